@@ -1,0 +1,228 @@
+//! Keyed operators: instances fed by a hash edge, with per-key state.
+
+use std::fmt::Display;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::codec::Data;
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::metrics::OperatorCounters;
+use crate::record::{Batch, Meta, RecordBatch, RecordRef, Timestamp};
+use crate::runtime::Consumer;
+use crate::runtime::heads::{InputOperator, emit};
+use crate::runtime::ops::{Failures, OpInfo};
+use crate::state::ValueState;
+
+fn decode_value<T: Data>(info: &OpInfo, r: &RecordRef<'_>) -> Result<T> {
+    T::decode(r.value).map_err(|source| Error::Codec {
+        operator: format!("{} (record from {})", info.name, info.sources.position(&r.meta)),
+        source,
+    })
+}
+
+fn decode_key<K: Key>(info: &OpInfo, r: &RecordRef<'_>) -> Result<K> {
+    crate::key::decode::<K>(r.key).map_err(|e| {
+        Error::Internal(format!(
+            "operator `{}` cannot decode the key of the record from {}: {e}",
+            info.name,
+            info.sources.position(&r.meta)
+        ))
+    })
+}
+
+/// Forwards watermark, flush and finish to the chain.
+macro_rules! forward_control {
+    () => {
+        fn on_watermark(&mut self, wm: Timestamp) -> Result<()> {
+            self.next.watermark(wm)
+        }
+        fn flush(&mut self) -> Result<()> {
+            self.next.flush()
+        }
+        fn finish(&mut self) -> Result<()> {
+            self.next.finish()
+        }
+    };
+}
+
+/// `reduce`: the running value per key.
+pub(crate) struct ReduceOp<T, F> {
+    pub(crate) info: OpInfo,
+    pub(crate) state: ValueState<T>,
+    pub(crate) f: Arc<F>,
+    pub(crate) out: Batch<T>,
+    pub(crate) next: Box<dyn Consumer<T>>,
+}
+
+impl<T, F> InputOperator for ReduceOp<T, F>
+where
+    T: Data,
+    F: Fn(T, T) -> T + Send + Sync + 'static,
+{
+    fn on_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        OperatorCounters::add(&self.info.counters.records_in, batch.len());
+        let f = &*self.f;
+        for r in batch.iter() {
+            let v: T = decode_value(&self.info, &r)?;
+            let new = self.state.update(r.group, r.key, |slot| {
+                let new = match slot.take() {
+                    Some(acc) => f(acc, v),
+                    None => v,
+                };
+                *slot = Some(new.clone());
+                new
+            })?;
+            self.out.push(new, r.meta);
+        }
+        emit(&self.info, &mut *self.next, &mut self.out)
+    }
+    forward_control!();
+}
+
+/// `fold`: an accumulator per key, emitted with the key.
+pub(crate) struct FoldOp<K, T, A, I, F> {
+    pub(crate) info: OpInfo,
+    pub(crate) state: ValueState<A>,
+    pub(crate) init: Arc<I>,
+    pub(crate) f: Arc<F>,
+    pub(crate) out: Batch<(K, A)>,
+    pub(crate) next: Box<dyn Consumer<(K, A)>>,
+    pub(crate) _t: PhantomData<fn(T)>,
+}
+
+impl<K, T, A, I, F> InputOperator for FoldOp<K, T, A, I, F>
+where
+    K: Key,
+    T: Data,
+    A: Data,
+    I: Fn() -> A + Send + Sync + 'static,
+    F: Fn(&mut A, T) + Send + Sync + 'static,
+{
+    fn on_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        OperatorCounters::add(&self.info.counters.records_in, batch.len());
+        let (init, f) = (&*self.init, &*self.f);
+        for r in batch.iter() {
+            let v: T = decode_value(&self.info, &r)?;
+            let key: K = decode_key(&self.info, &r)?;
+            let acc = self.state.update(r.group, r.key, |slot| {
+                let acc = slot.get_or_insert_with(init);
+                f(acc, v);
+                acc.clone()
+            })?;
+            self.out.push((key, acc), r.meta);
+        }
+        emit(&self.info, &mut *self.next, &mut self.out)
+    }
+    forward_control!();
+}
+
+/// What a keyed `process` function sees for one record.
+pub struct KeyedContext<'a, K, S, U> {
+    key: &'a K,
+    state: &'a mut Option<S>,
+    out: &'a mut Batch<U>,
+    meta: Meta,
+}
+
+impl<K, S, U> std::fmt::Debug for KeyedContext<'_, K, S, U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedContext").field("meta", &self.meta).finish_non_exhaustive()
+    }
+}
+
+impl<K, S, U> KeyedContext<'_, K, S, U> {
+    /// The record's key.
+    pub fn key(&self) -> &K {
+        self.key
+    }
+
+    /// The key's state: `None` until set; set it to `None` to clear it.
+    pub fn state(&mut self) -> &mut Option<S> {
+        self.state
+    }
+
+    /// Emits a result; it carries the input record's metadata.
+    pub fn emit(&mut self, value: U) {
+        self.out.push(value, self.meta);
+    }
+
+    /// The record's event time, if it has one.
+    pub fn timestamp(&self) -> Option<Timestamp> {
+        (self.meta.timestamp != crate::record::NO_TIMESTAMP).then_some(self.meta.timestamp)
+    }
+}
+
+/// Keyed `process`: a user function with per-key state and a failure policy.
+pub(crate) struct KeyedProcessOp<K, T, S, U, F> {
+    pub(crate) info: OpInfo,
+    pub(crate) state: ValueState<S>,
+    pub(crate) f: Arc<F>,
+    pub(crate) out: Batch<U>,
+    pub(crate) next: Box<dyn Consumer<U>>,
+    pub(crate) failures: Failures<T>,
+    pub(crate) _t: PhantomData<fn(K)>,
+}
+
+impl<K, T, S, U, E, F> InputOperator for KeyedProcessOp<K, T, S, U, F>
+where
+    K: Key,
+    T: Data,
+    S: Data,
+    U: Clone + Send + 'static,
+    E: Display,
+    F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> std::result::Result<(), E> + Send + Sync + 'static,
+{
+    fn on_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        OperatorCounters::add(&self.info.counters.records_in, batch.len());
+        let f = &*self.f;
+        for r in batch.iter() {
+            let v: T = decode_value(&self.info, &r)?;
+            let key: K = decode_key(&self.info, &r)?;
+            let out = &mut self.out;
+            let result = self.state.update(r.group, r.key, |state| {
+                let mut ctx = KeyedContext { key: &key, state, out, meta: r.meta };
+                f(&mut ctx, &v).map_err(|e| e.to_string())
+            })?;
+            if let Err(message) = result {
+                self.failures.fail(&self.info, v, r.meta, &message)?;
+            }
+        }
+        emit(&self.info, &mut *self.next, &mut self.out)?;
+        self.failures.push()
+    }
+
+    fn on_watermark(&mut self, wm: Timestamp) -> Result<()> {
+        self.next.watermark(wm)?;
+        self.failures.watermark(wm)
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.next.flush()?;
+        self.failures.flush()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.next.finish()?;
+        self.failures.finish()
+    }
+}
+
+/// Decodes records and passes them on, partitioned by key (a keyed sink).
+pub(crate) struct PartitionOp<T> {
+    pub(crate) info: OpInfo,
+    pub(crate) out: Batch<T>,
+    pub(crate) next: Box<dyn Consumer<T>>,
+}
+
+impl<T: Data> InputOperator for PartitionOp<T> {
+    fn on_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        OperatorCounters::add(&self.info.counters.records_in, batch.len());
+        for r in batch.iter() {
+            let v: T = decode_value(&self.info, &r)?;
+            self.out.push(v, r.meta);
+        }
+        emit(&self.info, &mut *self.next, &mut self.out)
+    }
+    forward_control!();
+}

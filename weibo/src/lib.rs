@@ -1,0 +1,42 @@
+#![doc = include_str!("../README.md")]
+//!
+//! ## Modules
+//!
+//! - [`stream`]: the typed DSL, [`Stream`] and [`KeyedStream`].
+//! - [`key`] and [`codec`]: how keys and values become bytes.
+//! - [`sources`] and [`sinks`]: built-in connectors that need no service.
+//! - [`state`]: keyed state backends.
+//! - [`metrics`]: per-operator and per-edge counters.
+//! - [`testing`]: run a pipeline on in-memory input in one call.
+
+#[allow(unused_extern_crates)] // lets `#[derive(Key)]` name `::weibo` inside this crate
+extern crate self as weibo;
+
+pub mod codec;
+pub mod error;
+mod graph;
+mod job;
+pub mod key;
+mod keyed;
+pub mod metrics;
+pub mod record;
+mod runtime;
+pub mod sinks;
+pub mod sources;
+pub mod state;
+pub mod stream;
+pub mod testing;
+
+pub use codec::Data;
+pub use error::{Error, Result};
+pub use job::{DEFAULT_MAX_KEY_GROUPS, Job, JobHandle, JobReport};
+pub use key::Key;
+pub use keyed::KeyedContext;
+pub use runtime::heads::BoxFuture;
+pub use stream::{DeadLetter, KeyedStream, SinkRef, Stream, on_error};
+pub use weibo_macros::{Key, RkyvData};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -1,0 +1,210 @@
+//! Records as the runtime sees them: typed batches inside a fused node, byte
+//! batches on edges between nodes.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// A timestamp in milliseconds since the Unix epoch (event time).
+pub type Timestamp = i64;
+
+/// The timestamp of a record that has none yet.
+pub const NO_TIMESTAMP: Timestamp = i64::MIN;
+
+/// Per-record metadata that travels beside every value: the record's event
+/// time and where it came from (source, partition, offset), so that failures
+/// and dead letters can name their input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meta {
+    /// Event time, or [`NO_TIMESTAMP`].
+    pub timestamp: Timestamp,
+    /// Position in the source partition (line byte offset, generator index, Kafka offset).
+    pub offset: u64,
+    /// The source partition.
+    pub partition: u32,
+    /// The source's index in the job (resolved to its name by [`SourceNames`]).
+    pub source: u32,
+}
+
+/// Where a record came from, for error messages and dead letters.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct SourcePosition {
+    /// The source's name in the job.
+    pub source: String,
+    /// The source partition.
+    pub partition: u32,
+    /// The record's offset within the partition.
+    pub offset: u64,
+}
+
+impl fmt::Display for SourcePosition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "source `{}` partition {} offset {}", self.source, self.partition, self.offset)
+    }
+}
+
+/// The names of a job's sources, by index.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SourceNames(pub(crate) Arc<[String]>);
+
+impl SourceNames {
+    pub(crate) fn position(&self, meta: &Meta) -> SourcePosition {
+        let source = usize::try_from(meta.source)
+            .ok()
+            .and_then(|i| self.0.get(i))
+            .cloned()
+            .unwrap_or_else(|| format!("#{}", meta.source));
+        SourcePosition { source, partition: meta.partition, offset: meta.offset }
+    }
+}
+
+/// A batch of typed values with their metadata, passed between fused
+/// operators without encoding. `values` and `meta` always have equal length.
+#[derive(Debug)]
+pub(crate) struct Batch<T> {
+    pub(crate) values: Vec<T>,
+    pub(crate) meta: Vec<Meta>,
+}
+
+impl<T> Batch<T> {
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Self { values: Vec::with_capacity(n), meta: Vec::with_capacity(n) }
+    }
+
+    #[inline]
+    pub(crate) fn push(&mut self, value: T, meta: Meta) {
+        self.values.push(value);
+        self.meta.push(meta);
+    }
+
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.values.clear();
+        self.meta.clear();
+    }
+}
+
+impl<T: Clone> Clone for Batch<T> {
+    fn clone(&self) -> Self {
+        Self { values: self.values.clone(), meta: self.meta.clone() }
+    }
+}
+
+/// One record's entry in a [`RecordBatch`].
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    key_start: u32,
+    value_start: u32,
+    value_end: u32,
+    group: u16,
+    meta: Meta,
+}
+
+/// A batch of encoded records: one contiguous byte arena holding every key
+/// and value, and an entry per record with offsets into it.
+#[derive(Debug, Default)]
+pub(crate) struct RecordBatch {
+    data: Vec<u8>,
+    entries: Vec<Entry>,
+}
+
+/// A borrowed record of a [`RecordBatch`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RecordRef<'a> {
+    pub(crate) key: &'a [u8],
+    pub(crate) value: &'a [u8],
+    pub(crate) group: u16,
+    pub(crate) meta: Meta,
+}
+
+impl RecordBatch {
+    pub(crate) fn with_capacity(records: usize, bytes: usize) -> Self {
+        Self { data: Vec::with_capacity(bytes), entries: Vec::with_capacity(records) }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub(crate) fn byte_len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Starts a record: the caller appends the key bytes to the returned
+    /// buffer, calls [`RecordBatch::mark_value`], appends the value bytes, then
+    /// [`RecordBatch::commit`].
+    #[inline]
+    pub(crate) fn data_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.data
+    }
+
+    /// Adds a record whose key is `data[key_start..value_start]` and value is
+    /// `data[value_start..]`.
+    #[inline]
+    pub(crate) fn commit(&mut self, key_start: usize, value_start: usize, group: u16, meta: Meta) {
+        // Batches are flushed long before 4 GiB, so offsets fit in u32.
+        self.entries.push(Entry {
+            key_start: key_start as u32,
+            value_start: value_start as u32,
+            value_end: self.data.len() as u32,
+            group,
+            meta,
+        });
+    }
+
+    /// Drops a record that was started but whose value failed to encode.
+    #[inline]
+    pub(crate) fn rollback(&mut self, key_start: usize) {
+        self.data.truncate(key_start);
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = RecordRef<'_>> + '_ {
+        self.entries.iter().map(|e| RecordRef {
+            key: self.data.get(e.key_start as usize..e.value_start as usize).unwrap_or_default(),
+            value: self.data.get(e.value_start as usize..e.value_end as usize).unwrap_or_default(),
+            group: e.group,
+            meta: e.meta,
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_batch_keeps_keys_and_values_apart() {
+        let mut b = RecordBatch::default();
+        let meta = Meta { timestamp: 5, offset: 9, partition: 1, source: 0 };
+        for (k, v) in [(&b"ab"[..], &b"xyz"[..]), (b"", b"1"), (b"k", b"")] {
+            let start = b.data_mut().len();
+            b.data_mut().extend_from_slice(k);
+            let value_start = b.data_mut().len();
+            b.data_mut().extend_from_slice(v);
+            b.commit(start, value_start, 3, meta);
+        }
+        let got: Vec<_> = b.iter().map(|r| (r.key.to_vec(), r.value.to_vec(), r.group)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (b"ab".to_vec(), b"xyz".to_vec(), 3),
+                (vec![], b"1".to_vec(), 3),
+                (b"k".to_vec(), vec![], 3)
+            ]
+        );
+        assert_eq!(b.len(), 3);
+    }
+}

@@ -1,0 +1,182 @@
+//! Head tasks: what drives a node's chain. A source head reads batches from
+//! a source partition; a channel head receives batches from its input edges
+//! and feeds a keyed operator.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::error::{Error, Result};
+use crate::metrics::OperatorCounters;
+use crate::record::{Batch, RecordBatch, Timestamp};
+use crate::runtime::ops::OpInfo;
+use crate::runtime::{Consumer, EdgeSender, Message, Outbox};
+use crate::sources::{ReadStatus, SourceOutput, SourceReader};
+
+/// A boxed, sendable future.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a head task owns besides its chain: the queue of outgoing messages
+/// and the edges they go to.
+pub(crate) struct NodeIo {
+    pub(crate) outbox: Outbox,
+    pub(crate) senders: Vec<EdgeSender>,
+    pub(crate) buffer_timeout: Duration,
+}
+
+/// A runnable head task.
+pub(crate) trait HeadRunner: Send {
+    fn run(self: Box<Self>, io: NodeIo) -> BoxFuture<'static, Result<()>>;
+}
+
+/// Yield to the scheduler after this many batches of a source that never
+/// waits (a generator feeding a fused sink), so it shares its worker thread.
+const YIELD_EVERY: u32 = 64;
+
+pub(crate) struct SourceHead<T> {
+    pub(crate) info: OpInfo,
+    pub(crate) reader: Box<dyn SourceReader<T>>,
+    pub(crate) chain: Box<dyn Consumer<T>>,
+    pub(crate) output: SourceOutput<T>,
+}
+
+impl<T: Send + 'static> HeadRunner for SourceHead<T> {
+    fn run(mut self: Box<Self>, io: NodeIo) -> BoxFuture<'static, Result<()>> {
+        Box::pin(async move {
+            let mut last_flush = Instant::now();
+            let mut since_yield = 0u32;
+            loop {
+                self.output.deadline = last_flush + io.buffer_timeout;
+                let status = self.reader.read(&mut self.output).await?;
+                let n = self.output.batch.len();
+                if n > 0 {
+                    OperatorCounters::add(&self.info.counters.records_out, n);
+                    self.chain.push(&mut self.output.batch)?;
+                    self.output.batch.clear();
+                }
+                if status != ReadStatus::More || last_flush.elapsed() >= io.buffer_timeout {
+                    self.chain.flush()?;
+                    last_flush = Instant::now();
+                }
+                io.outbox.drain(&io.senders).await?;
+                if status == ReadStatus::Done {
+                    self.chain.finish()?;
+                    return io.outbox.drain(&io.senders).await;
+                }
+                since_yield += 1;
+                if since_yield >= YIELD_EVERY {
+                    since_yield = 0;
+                    tokio::task::yield_now().await;
+                }
+            }
+        })
+    }
+}
+
+/// A keyed operator instance fed by channels.
+pub(crate) trait InputOperator: Send {
+    fn on_batch(&mut self, batch: &RecordBatch) -> Result<()>;
+    fn on_watermark(&mut self, wm: Timestamp) -> Result<()>;
+    fn flush(&mut self) -> Result<()>;
+    fn finish(&mut self) -> Result<()>;
+}
+
+/// One input edge of a channel head.
+pub(crate) struct Inbox {
+    pub(crate) from: String,
+    pub(crate) rx: mpsc::Receiver<Message>,
+}
+
+pub(crate) struct ChannelHead {
+    pub(crate) name: String,
+    pub(crate) op: Box<dyn InputOperator>,
+    pub(crate) inputs: Vec<Inbox>,
+}
+
+enum Next {
+    Message(usize, Option<Message>),
+    Timeout,
+}
+
+impl HeadRunner for ChannelHead {
+    fn run(mut self: Box<Self>, io: NodeIo) -> BoxFuture<'static, Result<()>> {
+        Box::pin(async move {
+            let n = self.inputs.len();
+            let mut open = vec![true; n];
+            let mut watermarks = vec![Timestamp::MIN; n];
+            let mut current = Timestamp::MIN;
+            let mut remaining = n;
+            let mut start = 0usize;
+            let mut last_flush = Instant::now();
+            while remaining > 0 {
+                let deadline = tokio::time::Instant::from_std(last_flush + io.buffer_timeout);
+                let inputs = &mut self.inputs;
+                let receive = std::future::poll_fn(|cx| {
+                    for k in 0..n {
+                        let i = (start + k) % n;
+                        if !open.get(i).copied().unwrap_or(false) {
+                            continue;
+                        }
+                        if let Some(inbox) = inputs.get_mut(i) {
+                            if let Poll::Ready(msg) = inbox.rx.poll_recv(cx) {
+                                start = i + 1;
+                                return Poll::Ready(Next::Message(i, msg));
+                            }
+                        }
+                    }
+                    Poll::Pending
+                });
+                let next = tokio::select! {
+                    biased;
+                    next = receive => next,
+                    () = tokio::time::sleep_until(deadline) => Next::Timeout,
+                };
+                match next {
+                    Next::Timeout => {}
+                    Next::Message(i, None) => {
+                        let from = self.inputs.get(i).map(|b| b.from.clone()).unwrap_or_default();
+                        return Err(Error::Disconnected { edge: format!("{from} -> {}", self.name) });
+                    }
+                    Next::Message(_, Some(Message::Data(batch))) => self.op.on_batch(&batch)?,
+                    Next::Message(i, Some(Message::Watermark(wm))) => {
+                        if let Some(w) = watermarks.get_mut(i) {
+                            *w = (*w).max(wm);
+                        }
+                    }
+                    Next::Message(i, Some(Message::EndOfInput)) => {
+                        if let (Some(o), Some(w)) = (open.get_mut(i), watermarks.get_mut(i)) {
+                            *o = false;
+                            *w = Timestamp::MAX;
+                        }
+                        remaining -= 1;
+                    }
+                    Next::Message(_, Some(Message::Barrier(_))) => {}
+                }
+                let min = watermarks.iter().copied().min().unwrap_or(Timestamp::MIN);
+                if min > current && remaining > 0 {
+                    current = min;
+                    self.op.on_watermark(min)?;
+                }
+                if last_flush.elapsed() >= io.buffer_timeout {
+                    self.op.flush()?;
+                    last_flush = Instant::now();
+                }
+                io.outbox.drain(&io.senders).await?;
+            }
+            self.op.finish()?;
+            io.outbox.drain(&io.senders).await
+        })
+    }
+}
+
+/// Pushes a typed batch into a chain and counts it as the operator's output.
+pub(crate) fn emit<T>(info: &OpInfo, chain: &mut dyn Consumer<T>, batch: &mut Batch<T>) -> Result<()> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    OperatorCounters::add(&info.counters.records_out, batch.len());
+    chain.push(batch)
+}

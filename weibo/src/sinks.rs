@@ -1,0 +1,329 @@
+//! Sinks that need no service: stdout, a blackhole, a JSON-lines file, and
+//! a collecting sink for tests.
+//!
+//! A [`Sink`] runs one [`SinkWriter`] per parallel instance of the stream it
+//! consumes.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::record::{Batch, Meta};
+
+/// Where a stream's records end up.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot consume a stream of `{T}`",
+    label = "this sink does not take `{T}`",
+    note = "a sink's record type must match the stream's; map the stream to the sink's type first, or use a sink built for `{T}`"
+)]
+pub trait Sink<T>: Send + Sync + 'static {
+    /// The name the sink gets in the job.
+    fn default_name(&self) -> String;
+
+    /// Opens the writer of parallel instance `instance` of `parallelism`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] or [`Error::Connector`] when the sink cannot be opened.
+    fn open(&self, instance: usize, parallelism: usize) -> Result<Box<dyn SinkWriter<T>>>;
+}
+
+/// Writes one instance's records.
+pub trait SinkWriter<T>: Send {
+    /// Writes (and takes) every record of `batch`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] or [`Error::Connector`] when writing fails.
+    fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()>;
+
+    /// Makes written records visible (the buffer timeout passed).
+    ///
+    /// # Errors
+    /// As [`SinkWriter::write`].
+    fn flush(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// End of input: flush and close.
+    ///
+    /// # Errors
+    /// As [`SinkWriter::write`].
+    fn finish(&mut self) -> Result<()> {
+        self.flush()
+    }
+}
+
+/// Records handed to a [`SinkWriter`]: values with their metadata.
+pub struct SinkBatch<'a, T> {
+    pub(crate) batch: &'a mut Batch<T>,
+}
+
+impl<T> fmt::Debug for SinkBatch<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SinkBatch").field("len", &self.batch.len()).finish()
+    }
+}
+
+impl<T> SinkBatch<'_, T> {
+    /// How many records.
+    pub fn len(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.batch.is_empty()
+    }
+
+    /// The values.
+    pub fn values(&self) -> &[T] {
+        &self.batch.values
+    }
+
+    /// The metadata (event time, source position) of each value.
+    pub fn meta(&self) -> &[Meta] {
+        &self.batch.meta
+    }
+
+    /// Takes the values out, leaving the batch empty.
+    pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        self.batch.meta.clear();
+        self.batch.values.drain(..)
+    }
+}
+
+/// Prints each record's `Debug` form on its own line of standard output.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stdout;
+
+impl<T: fmt::Debug + Send + 'static> Sink<T> for Stdout {
+    fn default_name(&self) -> String {
+        "stdout".into()
+    }
+
+    fn open(&self, _instance: usize, _parallelism: usize) -> Result<Box<dyn SinkWriter<T>>> {
+        Ok(Box::new(StdoutWriter { buf: Vec::new(), _t: PhantomData }))
+    }
+}
+
+struct StdoutWriter<T> {
+    buf: Vec<u8>,
+    _t: PhantomData<fn(T)>,
+}
+
+impl<T: fmt::Debug + Send> SinkWriter<T> for StdoutWriter<T> {
+    fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
+        for v in batch.drain() {
+            // Writing to a Vec cannot fail.
+            let _ = writeln!(self.buf, "{v:?}");
+        }
+        if self.buf.len() > 1 << 16 {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let mut out = std::io::stdout().lock();
+        out.write_all(&self.buf)
+            .and_then(|()| out.flush())
+            .map_err(|e| Error::Connector { name: "stdout".into(), message: e.to_string() })?;
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+/// Discards every record, counting them.
+///
+/// ```
+/// use weibo::sinks::Blackhole;
+/// let sink = Blackhole::new();
+/// let counter = sink.clone();
+/// weibo::testing::block_on(async move {
+///     let job = weibo::Job::new("discard");
+///     job.source(weibo::sources::IterSource::new(0..100u32)).sink(sink);
+///     job.run().await
+/// })?;
+/// assert_eq!(counter.count(), 100);
+/// # Ok::<(), weibo::Error>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct Blackhole {
+    count: Arc<AtomicU64>,
+}
+
+impl Blackhole {
+    /// A new blackhole with its count at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records discarded so far, over all instances.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
+impl<T: Send + 'static> Sink<T> for Blackhole {
+    fn default_name(&self) -> String {
+        "blackhole".into()
+    }
+
+    fn open(&self, _instance: usize, _parallelism: usize) -> Result<Box<dyn SinkWriter<T>>> {
+        Ok(Box::new(BlackholeWriter { count: self.count.clone(), _t: PhantomData }))
+    }
+}
+
+struct BlackholeWriter<T> {
+    count: Arc<AtomicU64>,
+    _t: PhantomData<fn(T)>,
+}
+
+impl<T: Send> SinkWriter<T> for BlackholeWriter<T> {
+    fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
+        self.count.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        batch.drain().for_each(drop);
+        Ok(())
+    }
+}
+
+/// Collects every record in memory, for tests: read them with
+/// [`CollectSink::values`] after the job ends. Clones share the same storage.
+///
+/// With several parallel instances, records arrive in no particular order
+/// across instances; sort before comparing.
+pub struct CollectSink<T> {
+    values: Arc<Mutex<Vec<T>>>,
+}
+
+impl<T> Clone for CollectSink<T> {
+    fn clone(&self) -> Self {
+        Self { values: self.values.clone() }
+    }
+}
+
+impl<T> Default for CollectSink<T> {
+    fn default() -> Self {
+        Self { values: Arc::new(Mutex::new(Vec::new())) }
+    }
+}
+
+impl<T> fmt::Debug for CollectSink<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CollectSink").finish_non_exhaustive()
+    }
+}
+
+impl<T: Clone> CollectSink<T> {
+    /// A new, empty sink.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A copy of everything collected so far.
+    pub fn values(&self) -> Vec<T> {
+        self.values.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Takes everything collected so far.
+    pub fn take(&self) -> Vec<T> {
+        std::mem::take(&mut *self.values.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl<T: Clone + Send + 'static> Sink<T> for CollectSink<T> {
+    fn default_name(&self) -> String {
+        "collect".into()
+    }
+
+    fn open(&self, _instance: usize, _parallelism: usize) -> Result<Box<dyn SinkWriter<T>>> {
+        Ok(Box::new(CollectWriter { values: self.values.clone() }))
+    }
+}
+
+struct CollectWriter<T> {
+    values: Arc<Mutex<Vec<T>>>,
+}
+
+impl<T: Send> SinkWriter<T> for CollectWriter<T> {
+    fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
+        self.values.lock().unwrap_or_else(PoisonError::into_inner).extend(batch.drain());
+        Ok(())
+    }
+}
+
+/// Writes each record as one line of JSON to a file (created or truncated
+/// when the job starts). All parallel instances write to the same file;
+/// lines of one batch stay together.
+#[derive(Clone, Debug)]
+pub struct FileSink {
+    path: PathBuf,
+    file: Arc<Mutex<Option<BufWriter<File>>>>,
+}
+
+impl FileSink {
+    /// A JSON-lines file at `path`.
+    pub fn json_lines(path: impl AsRef<Path>) -> Self {
+        Self { path: path.as_ref().to_path_buf(), file: Arc::new(Mutex::new(None)) }
+    }
+
+    fn io(&self, action: &'static str) -> impl FnOnce(std::io::Error) -> Error + '_ {
+        move |source| Error::Io { action, path: self.path.clone(), source }
+    }
+}
+
+impl<T: Serialize + Send + 'static> Sink<T> for FileSink {
+    fn default_name(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn open(&self, _instance: usize, _parallelism: usize) -> Result<Box<dyn SinkWriter<T>>> {
+        let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        if file.is_none() {
+            let f = File::create(&self.path).map_err(self.io("cannot create output file"))?;
+            *file = Some(BufWriter::new(f));
+        }
+        Ok(Box::new(FileWriter { sink: self.clone(), buf: Vec::new(), _t: PhantomData }))
+    }
+}
+
+struct FileWriter<T> {
+    sink: FileSink,
+    buf: Vec<u8>,
+    _t: PhantomData<fn(T)>,
+}
+
+impl<T: Serialize + Send> SinkWriter<T> for FileWriter<T> {
+    fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
+        for v in batch.drain() {
+            serde_json::to_writer(&mut self.buf, &v).map_err(|e| Error::Connector {
+                name: self.sink.path.display().to_string(),
+                message: format!("cannot write a record as JSON: {e}"),
+            })?;
+            self.buf.push(b'\n');
+        }
+        let mut file = self.sink.file.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(f) = file.as_mut() {
+            f.write_all(&self.buf).map_err(self.sink.io("cannot write output file"))?;
+        }
+        self.buf.clear();
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        let mut file = self.sink.file.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(f) = file.as_mut() {
+            f.flush().map_err(self.sink.io("cannot write output file"))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,523 @@
+//! Sources that need no service: in-memory values, a deterministic
+//! generator, and files (lines or JSON lines).
+//!
+//! A [`Source`] has one or more partitions; each partition is read by its
+//! own task through a [`SourceReader`], which fills a [`SourceOutput`] with
+//! values and their positions (offsets) in the partition.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, Result};
+use crate::record::{Batch, Meta, NO_TIMESTAMP, SourcePosition, Timestamp};
+use crate::runtime::heads::BoxFuture;
+
+/// Where a job's records come from.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a Weibo source",
+    note = "use a source from `weibo::sources` (`IterSource`, `Generator`, `FileSource`) or implement `weibo::sources::Source`"
+)]
+pub trait Source: Send + Sync + 'static {
+    /// The type of the records it produces.
+    type Item: Clone + Send + 'static;
+
+    /// The name the source gets in the job unless the user names it.
+    fn default_name(&self) -> String;
+
+    /// A short description for the job's graph (`"generator, 1000 events"`).
+    fn describe(&self) -> String;
+
+    /// How many partitions it has; each is read by its own task.
+    fn partitions(&self) -> usize;
+
+    /// Opens partition `partition` (in `0..partitions()`).
+    ///
+    /// # Errors
+    /// [`Error::Io`] or [`Error::Connector`] when the partition cannot be opened.
+    fn open(&self, partition: usize) -> Result<Box<dyn SourceReader<Self::Item>>>;
+}
+
+/// What a read produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadStatus {
+    /// More records may be read right away.
+    More,
+    /// Nothing is available now; the runtime flushes buffered output.
+    Idle,
+    /// The partition has ended: no more records will come.
+    Done,
+}
+
+/// Reads one partition of a source.
+pub trait SourceReader<T>: Send {
+    /// Appends up to [`SourceOutput::remaining`] records to `out`. A reader
+    /// that has to wait should not wait past [`SourceOutput::deadline`].
+    ///
+    /// # Errors
+    /// [`Error::Input`] for input the reader cannot understand (naming its
+    /// position); [`Error::Io`] or [`Error::Connector`] when reading fails.
+    fn read<'a>(&'a mut self, out: &'a mut SourceOutput<T>) -> BoxFuture<'a, Result<ReadStatus>>;
+}
+
+/// The batch a [`SourceReader`] fills.
+pub struct SourceOutput<T> {
+    pub(crate) batch: Batch<T>,
+    pub(crate) capacity: usize,
+    pub(crate) partition: u32,
+    pub(crate) source: u32,
+    pub(crate) name: Arc<str>,
+    pub(crate) deadline: Instant,
+}
+
+impl<T> fmt::Debug for SourceOutput<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SourceOutput")
+            .field("source", &self.name)
+            .field("partition", &self.partition)
+            .field("len", &self.batch.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> SourceOutput<T> {
+    pub(crate) fn new(name: Arc<str>, source: u32, partition: u32, capacity: usize) -> Self {
+        Self {
+            batch: Batch::with_capacity(capacity),
+            capacity: capacity.max(1),
+            partition,
+            source,
+            name,
+            deadline: Instant::now(),
+        }
+    }
+
+    /// Adds a record read at `offset`, with an event time if the source knows one.
+    #[inline]
+    pub fn push(&mut self, value: T, offset: u64, timestamp: Option<Timestamp>) {
+        let meta = Meta {
+            timestamp: timestamp.unwrap_or(NO_TIMESTAMP),
+            offset,
+            partition: self.partition,
+            source: self.source,
+        };
+        self.batch.push(value, meta);
+    }
+
+    /// How many more records fit in this batch.
+    #[inline]
+    pub fn remaining(&self) -> usize {
+        self.capacity.saturating_sub(self.batch.len())
+    }
+
+    /// When the runtime wants control back to flush buffered output.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The partition being read.
+    pub fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    /// The position of `offset` in this partition, for error messages.
+    pub fn position(&self, offset: u64) -> SourcePosition {
+        SourcePosition { source: self.name.to_string(), partition: self.partition, offset }
+    }
+}
+
+/// Values from an iterator (or a `Vec`), in one partition; the offset of a
+/// value is its index.
+///
+/// ```
+/// let out = weibo::testing::run_job(|job| {
+///     job.source(weibo::sources::IterSource::new(vec![1, 2, 3])).map(|x: i32| x * 10)
+/// })?;
+/// assert_eq!(out, vec![10, 20, 30]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
+pub struct IterSource<I: Iterator> {
+    iter: Mutex<Option<I>>,
+}
+
+impl<I: Iterator> fmt::Debug for IterSource<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("IterSource")
+    }
+}
+
+impl<I: Iterator> IterSource<I> {
+    /// A source of the values of `iter`.
+    pub fn new(iter: impl IntoIterator<IntoIter = I>) -> Self {
+        Self { iter: Mutex::new(Some(iter.into_iter())) }
+    }
+}
+
+impl<I> Source for IterSource<I>
+where
+    I: Iterator + Send + 'static,
+    I::Item: Clone + Send + 'static,
+{
+    type Item = I::Item;
+
+    fn default_name(&self) -> String {
+        "values".into()
+    }
+
+    fn describe(&self) -> String {
+        "in-memory values".into()
+    }
+
+    fn partitions(&self) -> usize {
+        1
+    }
+
+    fn open(&self, _partition: usize) -> Result<Box<dyn SourceReader<I::Item>>> {
+        let iter = self.iter.lock().unwrap_or_else(PoisonError::into_inner).take().ok_or_else(|| Error::Connector {
+            name: "values".into(),
+            message: "an IterSource can be read only once; build a new one for another run".into(),
+        })?;
+        Ok(Box::new(IterReader { iter, next: 0 }))
+    }
+}
+
+struct IterReader<I> {
+    iter: I,
+    next: u64,
+}
+
+impl<I> SourceReader<I::Item> for IterReader<I>
+where
+    I: Iterator + Send,
+    I::Item: Send,
+{
+    fn read<'a>(&'a mut self, out: &'a mut SourceOutput<I::Item>) -> BoxFuture<'a, Result<ReadStatus>> {
+        let mut status = ReadStatus::More;
+        while out.remaining() > 0 {
+            match self.iter.next() {
+                Some(v) => {
+                    out.push(v, self.next, None);
+                    self.next += 1;
+                }
+                None => {
+                    status = ReadStatus::Done;
+                    break;
+                }
+            }
+        }
+        Box::pin(std::future::ready(Ok(status)))
+    }
+}
+
+type GenFn<T> = dyn Fn(u64) -> T + Send + Sync;
+type TsFn = dyn Fn(u64) -> Timestamp + Send + Sync;
+
+/// A deterministic generator: event `i` (for `i` in `0..count`) is `f(i)`.
+///
+/// With `p` partitions, partition `k` produces `i = k, k + p, k + 2p, ...`,
+/// so every partition is an interleaved, increasing slice of the same
+/// sequence. The offset of event `i` is `i`. Optionally rate-limited
+/// (events per second, over all partitions) and timestamped.
+///
+/// ```
+/// use weibo::sources::Generator;
+/// let mut out = weibo::testing::run_job(|job| {
+///     job.source(Generator::new(5, |i| i * i).with_partitions(2))
+/// })?;
+/// out.sort();
+/// assert_eq!(out, vec![0, 1, 4, 9, 16]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
+pub struct Generator<T> {
+    count: u64,
+    partitions: usize,
+    rate: Option<f64>,
+    f: Arc<GenFn<T>>,
+    timestamps: Option<Arc<TsFn>>,
+}
+
+impl<T> fmt::Debug for Generator<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Generator")
+            .field("count", &self.count)
+            .field("partitions", &self.partitions)
+            .field("rate", &self.rate)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Clone + Send + 'static> Generator<T> {
+    /// `count` events, event `i` being `f(i)`.
+    pub fn new(count: u64, f: impl Fn(u64) -> T + Send + Sync + 'static) -> Self {
+        Self { count, partitions: 1, rate: None, f: Arc::new(f), timestamps: None }
+    }
+
+    /// Splits the sequence over `n` partitions (at least 1).
+    #[must_use]
+    pub fn with_partitions(mut self, n: usize) -> Self {
+        self.partitions = n.max(1);
+        self
+    }
+
+    /// Produces at most `events_per_second` events per second (over all partitions).
+    #[must_use]
+    pub fn with_rate(mut self, events_per_second: f64) -> Self {
+        self.rate = (events_per_second > 0.0).then_some(events_per_second);
+        self
+    }
+
+    /// Gives event `i` the event time `ts(i)`.
+    #[must_use]
+    pub fn with_timestamps(mut self, ts: impl Fn(u64) -> Timestamp + Send + Sync + 'static) -> Self {
+        self.timestamps = Some(Arc::new(ts));
+        self
+    }
+}
+
+impl<T: Clone + Send + 'static> Source for Generator<T> {
+    type Item = T;
+
+    fn default_name(&self) -> String {
+        "generator".into()
+    }
+
+    fn describe(&self) -> String {
+        match self.rate {
+            Some(r) => format!("generator, {} events at {r}/s", self.count),
+            None => format!("generator, {} events", self.count),
+        }
+    }
+
+    fn partitions(&self) -> usize {
+        self.partitions
+    }
+
+    fn open(&self, partition: usize) -> Result<Box<dyn SourceReader<T>>> {
+        let step = self.partitions as u64;
+        Ok(Box::new(GenReader {
+            next: partition as u64,
+            step,
+            count: self.count,
+            f: self.f.clone(),
+            timestamps: self.timestamps.clone(),
+            rate: self.rate.map(|r| r / step as f64),
+            started: Instant::now(),
+            emitted: 0,
+            _t: PhantomData,
+        }))
+    }
+}
+
+struct GenReader<T> {
+    next: u64,
+    step: u64,
+    count: u64,
+    f: Arc<GenFn<T>>,
+    timestamps: Option<Arc<TsFn>>,
+    /// Events per second for this partition.
+    rate: Option<f64>,
+    started: Instant,
+    emitted: u64,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T: Send + 'static> GenReader<T> {
+    #[inline]
+    fn fill(&mut self, out: &mut SourceOutput<T>, max: usize) {
+        let end = self.count.min(self.next.saturating_add(self.step.saturating_mul(max as u64)));
+        let f = &*self.f;
+        let n_before = out.batch.len();
+        match &self.timestamps {
+            None => {
+                let (partition, source) = (out.partition, out.source);
+                let mut i = self.next;
+                while i < end {
+                    out.batch.values.push(f(i));
+                    out.batch.meta.push(Meta { timestamp: NO_TIMESTAMP, offset: i, partition, source });
+                    i += self.step;
+                }
+                self.next = i;
+            }
+            Some(ts) => {
+                let mut i = self.next;
+                while i < end {
+                    out.push(f(i), i, Some(ts(i)));
+                    i += self.step;
+                }
+                self.next = i;
+            }
+        }
+        self.emitted += (out.batch.len() - n_before) as u64;
+    }
+}
+
+impl<T: Send + 'static> SourceReader<T> for GenReader<T> {
+    fn read<'a>(&'a mut self, out: &'a mut SourceOutput<T>) -> BoxFuture<'a, Result<ReadStatus>> {
+        Box::pin(async move {
+            if self.next >= self.count {
+                return Ok(ReadStatus::Done);
+            }
+            let mut max = out.remaining();
+            if let Some(rate) = self.rate {
+                let due = (self.started.elapsed().as_secs_f64() * rate) as u64;
+                let allowed = due.saturating_sub(self.emitted);
+                if allowed == 0 {
+                    let next_at = self.started + Duration::from_secs_f64((self.emitted + 1) as f64 / rate);
+                    let wake = next_at.min(out.deadline().max(Instant::now() + Duration::from_micros(100)));
+                    tokio::time::sleep_until(tokio::time::Instant::from_std(wake)).await;
+                    return Ok(ReadStatus::Idle);
+                }
+                max = max.min(usize::try_from(allowed).unwrap_or(usize::MAX));
+            }
+            self.fill(out, max);
+            Ok(if self.next >= self.count { ReadStatus::Done } else { ReadStatus::More })
+        })
+    }
+}
+
+/// How a [`FileSource`] turns a line into a record.
+trait LineParser<T>: Send + Sync {
+    fn parse(&self, line: &str) -> std::result::Result<T, String>;
+}
+
+struct Lines;
+impl LineParser<String> for Lines {
+    fn parse(&self, line: &str) -> std::result::Result<String, String> {
+        Ok(line.to_string())
+    }
+}
+
+struct JsonLines<T>(PhantomData<fn() -> T>);
+impl<T: DeserializeOwned> LineParser<T> for JsonLines<T> {
+    fn parse(&self, line: &str) -> std::result::Result<T, String> {
+        serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))
+    }
+}
+
+/// A text file read line by line, in one partition; a record's offset is the
+/// byte offset where its line starts.
+///
+/// [`FileSource::lines`] yields each line as a `String` (without its line
+/// ending); [`FileSource::json_lines`] parses each non-empty line as JSON
+/// into `T`. A line that is not UTF-8, or not valid JSON for `T`, stops the
+/// job with an error naming the file, line number and byte offset. To keep
+/// going past bad lines instead, read `lines()` and parse with `process`
+/// under a dead-letter policy.
+pub struct FileSource<T> {
+    path: PathBuf,
+    parser: Arc<dyn LineParser<T>>,
+    format: &'static str,
+}
+
+impl<T> fmt::Debug for FileSource<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileSource").field("path", &self.path).field("format", &self.format).finish()
+    }
+}
+
+impl FileSource<String> {
+    /// The lines of the file at `path`.
+    pub fn lines(path: impl AsRef<Path>) -> Self {
+        Self { path: path.as_ref().to_path_buf(), parser: Arc::new(Lines), format: "lines" }
+    }
+}
+
+impl<T: DeserializeOwned + Clone + Send + 'static> FileSource<T> {
+    /// The non-empty lines of the file at `path`, each parsed as JSON.
+    pub fn json_lines(path: impl AsRef<Path>) -> Self {
+        Self { path: path.as_ref().to_path_buf(), parser: Arc::new(JsonLines(PhantomData)), format: "JSON lines" }
+    }
+}
+
+impl<T: Clone + Send + 'static> Source for FileSource<T> {
+    type Item = T;
+
+    fn default_name(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn describe(&self) -> String {
+        format!("file, {}", self.format)
+    }
+
+    fn partitions(&self) -> usize {
+        1
+    }
+
+    fn open(&self, _partition: usize) -> Result<Box<dyn SourceReader<T>>> {
+        let file = File::open(&self.path).map_err(|source| Error::Io {
+            action: "cannot open input file",
+            path: self.path.clone(),
+            source,
+        })?;
+        Ok(Box::new(FileReader {
+            path: self.path.clone(),
+            reader: BufReader::with_capacity(1 << 16, file),
+            parser: self.parser.clone(),
+            offset: 0,
+            line_no: 0,
+            buf: Vec::new(),
+            skip_empty: self.format != "lines",
+        }))
+    }
+}
+
+struct FileReader<T> {
+    path: PathBuf,
+    reader: BufReader<File>,
+    parser: Arc<dyn LineParser<T>>,
+    offset: u64,
+    line_no: u64,
+    buf: Vec<u8>,
+    skip_empty: bool,
+}
+
+impl<T: Send + 'static> FileReader<T> {
+    fn read_sync(&mut self, out: &mut SourceOutput<T>) -> Result<ReadStatus> {
+        while out.remaining() > 0 {
+            self.buf.clear();
+            let n = self.reader.read_until(b'\n', &mut self.buf).map_err(|source| Error::Io {
+                action: "cannot read input file",
+                path: self.path.clone(),
+                source,
+            })?;
+            if n == 0 {
+                return Ok(ReadStatus::Done);
+            }
+            let start = self.offset;
+            self.offset += n as u64;
+            self.line_no += 1;
+            let mut line = self.buf.as_slice();
+            if let Some(rest) = line.strip_suffix(b"\n") {
+                line = rest;
+            }
+            if let Some(rest) = line.strip_suffix(b"\r") {
+                line = rest;
+            }
+            let bad = |message: String| Error::Input {
+                position: out.position(start),
+                message: format!("{}, line {}: {message}", self.path.display(), self.line_no),
+            };
+            let text = std::str::from_utf8(line).map_err(|e| bad(format!("not UTF-8 ({e})")))?;
+            if self.skip_empty && text.trim().is_empty() {
+                continue;
+            }
+            let value = self.parser.parse(text).map_err(bad)?;
+            out.push(value, start, None);
+        }
+        Ok(ReadStatus::More)
+    }
+}
+
+impl<T: Send + 'static> SourceReader<T> for FileReader<T> {
+    fn read<'a>(&'a mut self, out: &'a mut SourceOutput<T>) -> BoxFuture<'a, Result<ReadStatus>> {
+        let status = self.read_sync(out);
+        Box::pin(std::future::ready(status))
+    }
+}

@@ -1,0 +1,370 @@
+//! Keyed state, namespaced by (operator, key group).
+//!
+//! A [`StateBackend`] opens one [`StateTable`] per stateful operator instance
+//! and state name; a table stores bytes per (key group, key), so every key
+//! group is a separate namespace and a job can be rescaled by reassigning
+//! key groups to workers. Operators use typed handles ([`ValueState`]) over
+//! a table.
+//!
+//! [`MemoryBackend`] keeps live objects instead of bytes (like Flink's
+//! hash-map backend): nothing is encoded on the hot path, values are encoded
+//! only when a checkpoint copies them out. Backends that store bytes (the
+//! fjall backend) go through the codec on every access.
+
+use std::collections::BTreeMap;
+use std::collections::hash_map::Entry;
+use std::fmt;
+use std::ops::Range;
+
+use rustc_hash::FxHashMap;
+
+use crate::codec::Data;
+use crate::error::{Error, Result};
+
+/// Which state a table holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StateScope {
+    /// The job's name.
+    pub job: String,
+    /// The operator's name (unique in the job).
+    pub operator: String,
+    /// The state's name within the operator.
+    pub state: String,
+    /// The key groups this instance owns.
+    pub key_groups: Range<u16>,
+    /// The job's number of key groups.
+    pub max_key_groups: u16,
+}
+
+/// Where keyed state lives. Shared by every operator instance of a job.
+pub trait StateBackend: Send + Sync + fmt::Debug + 'static {
+    /// A short name for logs and the plan (`memory`, `fjall`).
+    fn name(&self) -> &'static str;
+
+    /// Whether typed handles should keep live objects (no codec on access)
+    /// instead of going through [`StateBackend::open_table`].
+    fn keeps_objects(&self) -> bool {
+        false
+    }
+
+    /// Opens the byte table of one operator instance's state.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the storage cannot be opened.
+    fn open_table(&self, scope: &StateScope) -> Result<Box<dyn StateTable>>;
+}
+
+/// Byte-level keyed state of one operator instance: values by (key group,
+/// encoded key).
+pub trait StateTable: Send {
+    /// The value of `key` in `group`.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the storage fails.
+    fn get(&mut self, group: u16, key: &[u8]) -> Result<Option<Vec<u8>>>;
+
+    /// Sets the value of `key` in `group`.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the storage fails.
+    fn put(&mut self, group: u16, key: &[u8], value: &[u8]) -> Result<()>;
+
+    /// Removes `key` from `group`.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the storage fails.
+    fn delete(&mut self, group: u16, key: &[u8]) -> Result<()>;
+
+    /// Calls `f` with every (key, value) of `group`, in key order.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the storage fails.
+    fn scan_group(&mut self, group: u16, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<()>;
+}
+
+/// State in memory: the fastest backend, bounded by RAM.
+///
+/// ```
+/// use weibo::{Job, state::MemoryBackend};
+/// let job = Job::new("counts").with_state_backend(MemoryBackend);
+/// # drop(job);
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemoryBackend;
+
+impl StateBackend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn keeps_objects(&self) -> bool {
+        true
+    }
+
+    fn open_table(&self, scope: &StateScope) -> Result<Box<dyn StateTable>> {
+        Ok(Box::new(MemoryTable { groups: BTreeMap::new(), operator: scope.operator.clone() }))
+    }
+}
+
+/// A byte table in memory, ordered by (group, key).
+#[derive(Debug)]
+struct MemoryTable {
+    groups: BTreeMap<u16, BTreeMap<Vec<u8>, Vec<u8>>>,
+    #[allow(dead_code)]
+    operator: String,
+}
+
+impl StateTable for MemoryTable {
+    fn get(&mut self, group: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.groups.get(&group).and_then(|g| g.get(key)).cloned())
+    }
+
+    fn put(&mut self, group: u16, key: &[u8], value: &[u8]) -> Result<()> {
+        self.groups.entry(group).or_default().insert(key.to_vec(), value.to_vec());
+        Ok(())
+    }
+
+    fn delete(&mut self, group: u16, key: &[u8]) -> Result<()> {
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.remove(key);
+        }
+        Ok(())
+    }
+
+    fn scan_group(&mut self, group: u16, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
+        if let Some(g) = self.groups.get(&group) {
+            for (k, v) in g {
+                f(k, v);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Encoded key bytes, stored inline when short (most keys are).
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum KeyBytes {
+    Inline { len: u8, bytes: [u8; 22] },
+    Heap(Box<[u8]>),
+}
+
+impl KeyBytes {
+    #[inline]
+    fn new(key: &[u8]) -> Self {
+        let mut bytes = [0u8; 22];
+        match bytes.get_mut(..key.len()) {
+            Some(prefix) => {
+                prefix.copy_from_slice(key);
+                // `key.len() <= 22` here.
+                Self::Inline { len: key.len() as u8, bytes }
+            }
+            None => Self::Heap(key.into()),
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or_default(),
+            Self::Heap(b) => b,
+        }
+    }
+}
+
+enum Store<V> {
+    /// One map per owned key group; `None` never stays in a map.
+    Objects(Vec<FxHashMap<KeyBytes, Option<V>>>),
+    Bytes { table: Box<dyn StateTable>, buf: Vec<u8> },
+}
+
+/// One value per key: the typed handle operators use.
+pub struct ValueState<V> {
+    store: Store<V>,
+    groups: Range<u16>,
+    operator: String,
+}
+
+impl<V> fmt::Debug for ValueState<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ValueState")
+            .field("operator", &self.operator)
+            .field("groups", &self.groups)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<V: Data> ValueState<V> {
+    /// Opens the state `scope` names on `backend`.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the backend cannot open it.
+    pub fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
+        let store = if backend.keeps_objects() {
+            Store::Objects(scope.key_groups.clone().map(|_| FxHashMap::default()).collect())
+        } else {
+            Store::Bytes { table: backend.open_table(scope)?, buf: Vec::new() }
+        };
+        Ok(Self { store, groups: scope.key_groups.clone(), operator: scope.operator.clone() })
+    }
+
+    fn map(&mut self, group: u16) -> Result<Option<&mut FxHashMap<KeyBytes, Option<V>>>> {
+        match &mut self.store {
+            Store::Objects(maps) => {
+                let index = usize::from(group.wrapping_sub(self.groups.start));
+                match maps.get_mut(index) {
+                    Some(m) if self.groups.contains(&group) => Ok(Some(m)),
+                    _ => Err(Error::Internal(format!(
+                        "operator `{}` got key group {group}, but owns {:?}",
+                        self.operator, self.groups
+                    ))),
+                }
+            }
+            Store::Bytes { .. } => Ok(None),
+        }
+    }
+
+    /// Reads, and possibly changes, the value of `key` in `group`: `f` gets
+    /// the current value (`None` if absent); whatever it leaves is stored
+    /// (`None` removes the key).
+    ///
+    /// # Errors
+    /// [`Error::State`] or [`Error::Codec`] when a byte backend fails.
+    #[inline]
+    pub fn update<R>(&mut self, group: u16, key: &[u8], f: impl FnOnce(&mut Option<V>) -> R) -> Result<R> {
+        if let Some(map) = self.map(group)? {
+            return Ok(match map.entry(KeyBytes::new(key)) {
+                Entry::Occupied(mut e) => {
+                    let r = f(e.get_mut());
+                    if e.get().is_none() {
+                        e.remove();
+                    }
+                    r
+                }
+                Entry::Vacant(e) => {
+                    let mut slot = None;
+                    let r = f(&mut slot);
+                    if slot.is_some() {
+                        e.insert(slot);
+                    }
+                    r
+                }
+            });
+        }
+        let operator = self.operator.clone();
+        let Store::Bytes { table, buf } = &mut self.store else {
+            return Err(Error::Internal("state store changed kind".into()));
+        };
+        let mut slot = match table.get(group, key)? {
+            Some(bytes) => Some(V::decode(&bytes).map_err(|source| Error::Codec { operator: operator.clone(), source })?),
+            None => None,
+        };
+        let r = f(&mut slot);
+        match slot {
+            Some(v) => {
+                buf.clear();
+                v.encode(buf).map_err(|source| Error::Codec { operator, source })?;
+                table.put(group, key, buf)?;
+            }
+            None => table.delete(group, key)?,
+        }
+        Ok(r)
+    }
+
+    /// The value of `key` in `group`, if any.
+    ///
+    /// # Errors
+    /// As [`ValueState::update`].
+    pub fn get(&mut self, group: u16, key: &[u8]) -> Result<Option<V>> {
+        if let Some(map) = self.map(group)? {
+            return Ok(map.get(&KeyBytes::new(key)).cloned().flatten());
+        }
+        self.update(group, key, |v| v.clone())
+    }
+
+    /// Calls `f` with every (encoded key, value) of `group`.
+    ///
+    /// # Errors
+    /// As [`ValueState::update`].
+    pub fn for_each_in_group(&mut self, group: u16, mut f: impl FnMut(&[u8], &V)) -> Result<()> {
+        let operator = self.operator.clone();
+        if let Some(map) = self.map(group)? {
+            for (k, v) in map.iter() {
+                if let Some(v) = v {
+                    f(k.as_slice(), v);
+                }
+            }
+            return Ok(());
+        }
+        let Store::Bytes { table, .. } = &mut self.store else {
+            return Err(Error::Internal("state store changed kind".into()));
+        };
+        let mut failure = None;
+        table.scan_group(group, &mut |k, bytes| match V::decode(bytes) {
+            Ok(v) => f(k, &v),
+            Err(e) => failure = Some(e),
+        })?;
+        match failure {
+            Some(source) => Err(Error::Codec { operator, source }),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A backend that stores bytes, to run the same tests through the codec path.
+    #[derive(Debug)]
+    struct BytesOnly;
+    impl StateBackend for BytesOnly {
+        fn name(&self) -> &'static str {
+            "bytes-only"
+        }
+        fn open_table(&self, scope: &StateScope) -> Result<Box<dyn StateTable>> {
+            MemoryBackend.open_table(scope)
+        }
+    }
+
+    fn scope() -> StateScope {
+        StateScope {
+            job: "j".into(),
+            operator: "op".into(),
+            state: "s".into(),
+            key_groups: 4..8,
+            max_key_groups: 8,
+        }
+    }
+
+    fn exercise(backend: &dyn StateBackend) {
+        let mut s = ValueState::<u64>::open(backend, &scope()).unwrap();
+        assert_eq!(s.get(4, b"a").unwrap(), None);
+        s.update(4, b"a", |v| *v = Some(v.unwrap_or(0) + 5)).unwrap();
+        s.update(4, b"a", |v| *v = Some(v.unwrap_or(0) + 5)).unwrap();
+        s.update(5, b"a", |v| *v = Some(1)).unwrap();
+        let long = vec![7u8; 40];
+        s.update(7, &long, |v| *v = Some(9)).unwrap();
+        assert_eq!(s.get(4, b"a").unwrap(), Some(10));
+        assert_eq!(s.get(5, b"a").unwrap(), Some(1), "key groups are separate namespaces");
+        assert_eq!(s.get(7, &long).unwrap(), Some(9));
+        s.update(4, b"a", |v| *v = None).unwrap();
+        assert_eq!(s.get(4, b"a").unwrap(), None);
+        let mut seen = Vec::new();
+        s.for_each_in_group(7, |k, v| seen.push((k.to_vec(), *v))).unwrap();
+        assert_eq!(seen, vec![(long.clone(), 9)]);
+    }
+
+    #[test]
+    fn memory_objects_and_byte_tables_behave_alike() {
+        exercise(&MemoryBackend);
+        exercise(&BytesOnly);
+    }
+
+    #[test]
+    fn a_group_outside_the_range_is_an_internal_error() {
+        let mut s = ValueState::<u64>::open(&MemoryBackend, &scope()).unwrap();
+        let err = s.update(9, b"a", |_| ()).unwrap_err();
+        assert!(err.to_string().contains("key group 9"), "{err}");
+    }
+}

@@ -1,0 +1,724 @@
+//! The typed DSL: [`Stream<T>`] and [`KeyedStream<K, T>`].
+//!
+//! A stream is only an address in the job's graph (node and port) with a
+//! phantom type; every operator adds a node whose closure is stored erased.
+//! Types are checked here, by the compiler; the runtime only sees bytes at
+//! node boundaries.
+
+use std::fmt::Display;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::Data;
+use crate::error::{Error, Result};
+use crate::graph::{ChainFactory, EdgeKind, Graph, Input, KeyedFactory, Node, NodeId, Op, Port, RouterFactory, TypedPort, typed};
+use crate::key::Key;
+use crate::keyed::{FoldOp, KeyedContext, KeyedProcessOp, PartitionOp, ReduceOp};
+use crate::record::{Batch, RecordBatch, SourcePosition};
+use crate::runtime::erase;
+use crate::runtime::ops::{BatchLimits, FilterOp, FlatMapOp, MapOp, OpInfo, Policy, ProcessOp, RouterOp, Failures};
+use crate::sinks::Sink;
+use crate::state::{StateScope, ValueState};
+
+/// A record a `process` function failed on, sent to the dead-letter output
+/// under the [`on_error::DeadLetter`] policy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter<T> {
+    /// The record, as the failing operator received it.
+    pub record: T,
+    /// The function's error, as text.
+    pub error: String,
+    /// The failing operator's name.
+    pub operator: String,
+    /// Where the record came from.
+    pub position: SourcePosition,
+}
+
+/// What `process` does with a record its function fails on.
+///
+/// - [`on_error::Drop`]: drop it and count it (`dropped` in the operator's metrics).
+/// - [`on_error::DeadLetter`]: send it, with the error and its source
+///   position, to a second stream of [`DeadLetter`]s that must be sunk.
+/// - [`on_error::Fail`]: stop the job with an error naming the operator and
+///   the record's source position.
+pub mod on_error {
+    use super::{DeadLetter as Letter, Stream};
+
+    /// The policy a marker stands for (internal).
+    #[doc(hidden)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Policy {
+        /// Drop and count.
+        Drop,
+        /// Send to the dead-letter output.
+        DeadLetter,
+        /// Stop the job.
+        Fail,
+    }
+
+    /// Drop failing records, counting them.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct Drop;
+    /// Send failing records to a dead-letter stream.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct DeadLetter;
+    /// Stop the job at the first failing record.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct Fail;
+
+    mod sealed {
+        pub trait Sealed {}
+        impl Sealed for super::Drop {}
+        impl Sealed for super::DeadLetter {}
+        impl Sealed for super::Fail {}
+    }
+
+    /// A failure policy; see the [module documentation](self).
+    pub trait OnError<T, U>: sealed::Sealed {
+        /// What `process` returns under this policy.
+        type Output;
+        #[doc(hidden)]
+        fn policy(&self) -> Policy;
+        #[doc(hidden)]
+        fn output(ok: Stream<U>, dead: Stream<Letter<T>>) -> Self::Output;
+    }
+
+    impl<T, U> OnError<T, U> for Drop {
+        type Output = Stream<U>;
+        fn policy(&self) -> Policy {
+            Policy::Drop
+        }
+        fn output(ok: Stream<U>, _dead: Stream<Letter<T>>) -> Stream<U> {
+            ok
+        }
+    }
+
+    impl<T, U> OnError<T, U> for Fail {
+        type Output = Stream<U>;
+        fn policy(&self) -> Policy {
+            Policy::Fail
+        }
+        fn output(ok: Stream<U>, _dead: Stream<Letter<T>>) -> Stream<U> {
+            ok
+        }
+    }
+
+    impl<T, U> OnError<T, U> for DeadLetter {
+        type Output = (Stream<U>, Stream<Letter<T>>);
+        fn policy(&self) -> Policy {
+            Policy::DeadLetter
+        }
+        fn output(ok: Stream<U>, dead: Stream<Letter<T>>) -> Self::Output {
+            (ok, dead)
+        }
+    }
+}
+
+/// Stateful operators exist only on keyed streams.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not keyed: `{Self}::{Op}` needs a `KeyedStream`",
+    label = "this stream has no key",
+    note = "call `.key_by(|record| record.some_key)` first; per-key state and aggregation need to know the key of each record"
+)]
+pub trait NeedsKeyedStream<Op> {}
+
+/// Marker for [`NeedsKeyedStream`]: `reduce`.
+#[allow(non_camel_case_types)]
+#[derive(Debug)]
+pub enum reduce {}
+/// Marker for [`NeedsKeyedStream`]: `fold`.
+#[allow(non_camel_case_types)]
+#[derive(Debug)]
+pub enum fold {}
+
+/// A stream of records of type `T`.
+///
+/// Streams come from [`Job::source`](crate::Job::source) and from operators
+/// on other streams; cloning a stream does not copy records, it names the
+/// same output again (consuming it twice sends every record to both).
+pub struct Stream<T> {
+    pub(crate) graph: Arc<Mutex<Graph>>,
+    pub(crate) node: NodeId,
+    pub(crate) port: usize,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for Stream<T> {
+    fn clone(&self) -> Self {
+        Self { graph: self.graph.clone(), node: self.node, port: self.port, _t: PhantomData }
+    }
+}
+
+impl<T> std::fmt::Debug for Stream<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("node", &self.node)
+            .field("port", &self.port)
+            .field("type", &std::any::type_name::<T>())
+            .finish()
+    }
+}
+
+pub(crate) fn port<T: Clone + Send + 'static>(label: &'static str, must_consume: bool) -> Port {
+    Port { type_name: std::any::type_name::<T>(), ty: TypedPort::<T>::new(), must_consume, label }
+}
+
+fn one(mut outs: Vec<crate::runtime::AnyConsumer>, what: &str) -> Result<crate::runtime::AnyConsumer> {
+    if outs.len() == 1 {
+        outs.pop().ok_or_else(|| Error::Internal(format!("{what}: no output")))
+    } else {
+        Err(Error::Internal(format!("{what}: expected one output, got {}", outs.len())))
+    }
+}
+
+fn two(
+    mut outs: Vec<crate::runtime::AnyConsumer>,
+    what: &str,
+) -> Result<(crate::runtime::AnyConsumer, crate::runtime::AnyConsumer)> {
+    match (outs.pop(), outs.pop(), outs.is_empty()) {
+        (Some(second), Some(first), true) => Ok((first, second)),
+        _ => Err(Error::Internal(format!("{what}: expected two outputs"))),
+    }
+}
+
+impl<T> Stream<T> {
+    pub(crate) fn new(graph: Arc<Mutex<Graph>>, node: NodeId, port: usize) -> Self {
+        Self { graph, node, port, _t: PhantomData }
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Graph> {
+        self.graph.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn add(&self, node: Node) -> NodeId {
+        self.lock().add(node)
+    }
+
+    fn forward(&self) -> Input {
+        Input { from: self.node, port: self.port, kind: EdgeKind::Forward }
+    }
+
+    /// Names the operator that produces this stream (names show in the
+    /// graph, in metrics and in errors, and must be unique in a job).
+    ///
+    /// # Panics
+    /// Never; a duplicate name is reported when the job is planned or run.
+    #[must_use]
+    pub fn name(self, name: &str) -> Self {
+        let result = self.lock().rename(self.node, name);
+        if let Err(message) = result {
+            self.lock().config.wiring_errors.push(message);
+        }
+        self
+    }
+}
+
+impl<T: Clone + Send + 'static> Stream<T> {
+    fn stateless<U: Clone + Send + 'static>(&self, kind: &'static str, factory: Arc<ChainFactory>) -> Stream<U> {
+        let node = self.add(Node {
+            kind,
+            name: kind.to_string(),
+            detail: String::new(),
+            inputs: vec![self.forward()],
+            outputs: vec![port::<U>("output", false)],
+            op: Op::Chain(factory),
+        });
+        Stream::new(self.graph.clone(), node, 0)
+    }
+
+    /// Transforms each record.
+    ///
+    /// ```
+    /// let out = weibo::testing::run(vec![1, 2, 3], |s| s.map(|x: i32| x * 2))?;
+    /// assert_eq!(out, vec![2, 4, 6]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn map<U, F>(&self, f: F) -> Stream<U>
+    where
+        U: Clone + Send + 'static,
+        F: Fn(T) -> U + Send + Sync + 'static,
+    {
+        let f = Arc::new(f);
+        self.stateless::<U>(
+            "map",
+            Arc::new(move |ctx, info, outs| {
+                let next = typed::<U>(one(outs, &info.name)?, &info.name)?;
+                Ok(erase::<T>(Box::new(MapOp {
+                    info,
+                    f: f.clone(),
+                    out: Batch::with_capacity(ctx.config.batch_size),
+                    next,
+                    _in: PhantomData,
+                })))
+            }),
+        )
+    }
+
+    /// Keeps the records `f` accepts.
+    ///
+    /// ```
+    /// let out = weibo::testing::run(vec![1, 2, 3, 4], |s| s.filter(|x: &i32| x % 2 == 0))?;
+    /// assert_eq!(out, vec![2, 4]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn filter<F>(&self, f: F) -> Stream<T>
+    where
+        F: Fn(&T) -> bool + Send + Sync + 'static,
+    {
+        let f = Arc::new(f);
+        self.stateless::<T>(
+            "filter",
+            Arc::new(move |ctx, info, outs| {
+                let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
+                Ok(erase::<T>(Box::new(FilterOp {
+                    info,
+                    f: f.clone(),
+                    keep: Vec::with_capacity(ctx.config.batch_size),
+                    next,
+                })))
+            }),
+        )
+    }
+
+    /// Turns each record into zero or more records.
+    ///
+    /// ```
+    /// let out = weibo::testing::run(vec!["a b".to_string(), "c".to_string()], |s| {
+    ///     s.flat_map(|line: String| line.split(' ').map(str::to_string).collect::<Vec<_>>())
+    /// })?;
+    /// assert_eq!(out, vec!["a", "b", "c"]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn flat_map<U, I, F>(&self, f: F) -> Stream<U>
+    where
+        U: Clone + Send + 'static,
+        I: IntoIterator<Item = U>,
+        F: Fn(T) -> I + Send + Sync + 'static,
+    {
+        let f = Arc::new(f);
+        self.stateless::<U>(
+            "flat_map",
+            Arc::new(move |ctx, info, outs| {
+                let next = typed::<U>(one(outs, &info.name)?, &info.name)?;
+                Ok(erase::<T>(Box::new(FlatMapOp {
+                    info,
+                    f: f.clone(),
+                    out: Batch::with_capacity(ctx.config.batch_size),
+                    next,
+                    _in: PhantomData,
+                })))
+            }),
+        )
+    }
+
+    /// Applies a fallible function; `policy` says what happens to records it
+    /// fails on (see [`on_error`]). With [`on_error::DeadLetter`] it returns
+    /// the results and a stream of [`DeadLetter`]s.
+    ///
+    /// ```
+    /// use weibo::on_error;
+    /// let mut t = weibo::testing::TestJob::new("parse");
+    /// let lines = t.input(vec!["1".to_string(), "x".to_string(), "3".to_string()]);
+    /// let (numbers, dead) = lines.process(on_error::DeadLetter, |l: &String| l.parse::<u32>());
+    /// let numbers = t.collect(&numbers);
+    /// let dead = t.collect(&dead);
+    /// let report = t.run()?;
+    /// assert_eq!(numbers.values(), vec![1, 3]);
+    /// assert_eq!(dead.values()[0].record, "x");
+    /// assert_eq!(dead.values()[0].position.offset, 1);
+    /// assert_eq!(report.metrics.operator("process").unwrap().dead_lettered, 1);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn process<U, E, F, P>(&self, policy: P, f: F) -> P::Output
+    where
+        U: Clone + Send + 'static,
+        E: Display,
+        F: Fn(&T) -> std::result::Result<U, E> + Send + Sync + 'static,
+        P: on_error::OnError<T, U>,
+    {
+        let policy = policy.policy();
+        let f = Arc::new(f);
+        let factory: Arc<ChainFactory> = Arc::new(move |ctx, info, outs| {
+            let (ok, dead) = two(outs, &info.name)?;
+            let next = typed::<U>(ok, &info.name)?;
+            let dead = match policy {
+                Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
+                _ => None,
+            };
+            Ok(erase::<T>(Box::new(ProcessOp {
+                info,
+                f: f.clone(),
+                out: Batch::with_capacity(ctx.config.batch_size),
+                next,
+                failures: Failures::new(policy, dead)?,
+            })))
+        });
+        let node = self.add(Node {
+            kind: "process",
+            name: "process".into(),
+            detail: policy_detail(policy),
+            inputs: vec![self.forward()],
+            outputs: vec![
+                port::<U>("output", false),
+                port::<DeadLetter<T>>("dead letters", policy == Policy::DeadLetter),
+            ],
+            op: Op::Chain(factory),
+        });
+        P::output(Stream::new(self.graph.clone(), node, 0), Stream::new(self.graph.clone(), node, 1))
+    }
+
+    /// Merges this stream with `other` (same record type).
+    ///
+    /// ```
+    /// let mut t = weibo::testing::TestJob::new("union");
+    /// let a = t.input(vec![1, 2]);
+    /// let b = t.input(vec![10]);
+    /// let all = t.collect(&a.union(&b));
+    /// t.run()?;
+    /// let mut got = all.values();
+    /// got.sort();
+    /// assert_eq!(got, vec![1, 2, 10]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn union(&self, other: &Stream<T>) -> Stream<T> {
+        if !Arc::ptr_eq(&self.graph, &other.graph) {
+            self.lock()
+                .config
+                .wiring_errors
+                .push("`union` of streams from two different jobs: both must come from the same `Job`".into());
+        }
+        let node = self.add(Node {
+            kind: "union",
+            name: "union".into(),
+            detail: String::new(),
+            inputs: vec![self.forward(), other.forward()],
+            outputs: vec![port::<T>("output", false)],
+            op: Op::Union,
+        });
+        Stream::new(self.graph.clone(), node, 0)
+    }
+
+    /// Partitions the stream by the key `f` computes, for per-key state and
+    /// parallelism. Records cross a shuffle edge here, so `T` needs a codec.
+    ///
+    /// ```
+    /// # use weibo::Key;
+    /// #[derive(Clone, Debug, Key)]
+    /// struct CustomerId(u64);
+    ///
+    /// let mut out = weibo::testing::run(vec![(1u64, 5i64), (2, 1), (1, 2)], |s| {
+    ///     s.key_by(|o: &(u64, i64)| CustomerId(o.0))
+    ///         .with_partitions(2)
+    ///         .reduce(|a, b| (a.0, a.1 + b.1))
+    /// })?;
+    /// out.sort();
+    /// assert_eq!(out, vec![(1, 5), (1, 7), (2, 1)]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn key_by<K, F>(&self, f: F) -> KeyedStream<K, T>
+    where
+        K: Key,
+        T: Data,
+        F: Fn(&T) -> K + Send + Sync + 'static,
+    {
+        KeyedStream { upstream: self.clone(), key_fn: Arc::new(f), partitions: 1 }
+    }
+
+    /// Sends every record to `sink`.
+    ///
+    /// ```
+    /// let sink = weibo::sinks::CollectSink::new();
+    /// let job = weibo::Job::new("to-sink");
+    /// job.source(weibo::sources::IterSource::new(vec!["a", "b"])).sink(sink.clone());
+    /// weibo::testing::block_on(job.run())?;
+    /// assert_eq!(sink.values(), vec!["a", "b"]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn sink<S: Sink<T>>(&self, sink: S) -> SinkRef {
+        let name = sink.default_name();
+        let sink = Arc::new(sink);
+        let factory: Arc<ChainFactory> = Arc::new(move |ctx, info, _outs| {
+            let writer = sink.open(ctx.instance, ctx.parallelism)?;
+            Ok(erase::<T>(Box::new(crate::runtime::ops::SinkOp { info, writer })))
+        });
+        let node = self.add(Node {
+            kind: "sink",
+            name,
+            detail: String::new(),
+            inputs: vec![self.forward()],
+            outputs: Vec::new(),
+            op: Op::Chain(factory),
+        });
+        SinkRef { graph: self.graph.clone(), node }
+    }
+
+    /// Not available: `reduce` needs a keyed stream. Call `key_by` first.
+    #[doc(hidden)]
+    pub fn reduce<F>(&self, _f: F) -> Stream<T>
+    where
+        Self: NeedsKeyedStream<reduce>,
+    {
+        self.clone()
+    }
+
+    /// Not available: `fold` needs a keyed stream. Call `key_by` first.
+    #[doc(hidden)]
+    pub fn fold<A, I, F>(&self, _init: I, _f: F) -> Stream<T>
+    where
+        Self: NeedsKeyedStream<fold>,
+    {
+        self.clone()
+    }
+}
+
+fn policy_detail(policy: Policy) -> String {
+    match policy {
+        Policy::Drop => "on error: drop".into(),
+        Policy::DeadLetter => "on error: dead letter".into(),
+        Policy::Fail => "on error: fail".into(),
+    }
+}
+
+/// A sink in a job's graph; use it to name the sink.
+pub struct SinkRef {
+    graph: Arc<Mutex<Graph>>,
+    node: NodeId,
+}
+
+impl std::fmt::Debug for SinkRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SinkRef").field("node", &self.node).finish()
+    }
+}
+
+impl SinkRef {
+    /// Names the sink (names show in the graph, metrics and errors).
+    pub fn name(self, name: &str) -> Self {
+        let mut graph = self.graph.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Err(message) = graph.rename(self.node, name) {
+            graph.config.wiring_errors.push(message);
+        }
+        drop(graph);
+        self
+    }
+}
+
+type KeyFn<K, T> = dyn Fn(&T) -> K + Send + Sync;
+
+/// A stream partitioned by a key of type `K`: every key has its own state,
+/// and the key space is split over [`with_partitions`](Self::with_partitions)
+/// workers by key group.
+pub struct KeyedStream<K, T> {
+    upstream: Stream<T>,
+    key_fn: Arc<KeyFn<K, T>>,
+    partitions: usize,
+}
+
+impl<K, T> Clone for KeyedStream<K, T> {
+    fn clone(&self) -> Self {
+        Self { upstream: self.upstream.clone(), key_fn: self.key_fn.clone(), partitions: self.partitions }
+    }
+}
+
+impl<K, T> std::fmt::Debug for KeyedStream<K, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedStream")
+            .field("key", &std::any::type_name::<K>())
+            .field("partitions", &self.partitions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Key, T: Data> KeyedStream<K, T> {
+    /// Runs the keyed operators that follow on `n` workers (at least 1, at
+    /// most the job's key groups). Each worker owns a contiguous range of
+    /// key groups.
+    #[must_use]
+    pub fn with_partitions(mut self, n: usize) -> Self {
+        self.partitions = n;
+        self
+    }
+
+    fn keyed<U: Clone + Send + 'static>(
+        &self,
+        kind: &'static str,
+        outputs: Vec<Port>,
+        factory: Arc<KeyedFactory>,
+    ) -> (Arc<Mutex<Graph>>, NodeId) {
+        let key_fn = self.key_fn.clone();
+        let router: Arc<RouterFactory> = Arc::new(move |ctx, info, senders| {
+            let limits = BatchLimits { records: ctx.config.batch_size, bytes: ctx.config.batch_bytes };
+            Ok(erase::<T>(Box::new(RouterOp::<T, K, KeyFn<K, T>> {
+                info,
+                key_fn: key_fn.clone(),
+                targets: senders.iter().map(|_| RecordBatch::with_capacity(limits.records, 4096)).collect(),
+                senders,
+                outbox: ctx.outbox.clone(),
+                max_key_groups: ctx.config.max_key_groups,
+                limits,
+                key_buf: Vec::with_capacity(32),
+                _t: PhantomData,
+            })))
+        });
+        let node = self.upstream.add(Node {
+            kind,
+            name: kind.to_string(),
+            detail: String::new(),
+            inputs: vec![Input {
+                from: self.upstream.node,
+                port: self.upstream.port,
+                kind: EdgeKind::Hash { key_type: std::any::type_name::<K>(), codec: T::codec_id() },
+            }],
+            outputs,
+            op: Op::Keyed { parallelism: self.partitions, router, factory },
+        });
+        let _ = PhantomData::<U>;
+        (self.upstream.graph.clone(), node)
+    }
+
+    /// Combines each record with the key's running value and emits the new
+    /// value (one output per input record).
+    ///
+    /// ```
+    /// # use weibo::Key;
+    /// let out = weibo::testing::run(vec![("a".to_string(), 1), ("a".to_string(), 2)], |s| {
+    ///     s.key_by(|r: &(String, i32)| r.0.clone()).reduce(|acc, r| (acc.0, acc.1 + r.1))
+    /// })?;
+    /// assert_eq!(out, vec![("a".to_string(), 1), ("a".to_string(), 3)]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn reduce<F>(&self, f: F) -> Stream<T>
+    where
+        F: Fn(T, T) -> T + Send + Sync + 'static,
+    {
+        let f = Arc::new(f);
+        let factory: Arc<KeyedFactory> = Arc::new(move |ctx, info, groups, outs| {
+            let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
+            let state = ValueState::<T>::open(ctx.state(), &scope(ctx, &info, "value", groups))?;
+            Ok(Box::new(ReduceOp { info, state, f: f.clone(), out: Batch::with_capacity(ctx.config.batch_size), next }))
+        });
+        let (graph, node) = self.keyed::<T>("reduce", vec![port::<T>("output", false)], factory);
+        Stream::new(graph, node, 0)
+    }
+
+    /// Folds each key's records into an accumulator that starts as
+    /// `init()`; emits `(key, accumulator)` after every record.
+    ///
+    /// ```
+    /// let mut out = weibo::testing::run(vec![3u32, 4, 5, 6], |s| {
+    ///     s.key_by(|x: &u32| x % 2 == 0).fold(Vec::new, |acc: &mut Vec<u32>, x| acc.push(x))
+    /// })?;
+    /// out.sort();
+    /// assert_eq!(out.last(), Some(&(true, vec![4, 6])));
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn fold<A, I, F>(&self, init: I, f: F) -> Stream<(K, A)>
+    where
+        A: Data,
+        I: Fn() -> A + Send + Sync + 'static,
+        F: Fn(&mut A, T) + Send + Sync + 'static,
+    {
+        let init = Arc::new(init);
+        let f = Arc::new(f);
+        let factory: Arc<KeyedFactory> = Arc::new(move |ctx, info, groups, outs| {
+            let next = typed::<(K, A)>(one(outs, &info.name)?, &info.name)?;
+            let state = ValueState::<A>::open(ctx.state(), &scope(ctx, &info, "accumulator", groups))?;
+            Ok(Box::new(FoldOp {
+                info,
+                state,
+                init: init.clone(),
+                f: f.clone(),
+                out: Batch::with_capacity(ctx.config.batch_size),
+                next,
+                _t: PhantomData,
+            }))
+        });
+        let (graph, node) = self.keyed::<(K, A)>("fold", vec![port::<(K, A)>("output", false)], factory);
+        Stream::new(graph, node, 0)
+    }
+
+    /// Runs `f` on each record with the key and its state (`Option<S>`,
+    /// `None` until first set; set it to `None` to clear it); `f` emits
+    /// results through the context. A failing `f` is handled by `policy` as
+    /// in [`Stream::process`]; state changes it made before failing are kept.
+    ///
+    /// ```
+    /// use weibo::{on_error, KeyedContext};
+    /// // Emit a record only the first time its key is seen (deduplication).
+    /// let out = weibo::testing::run(vec![1u32, 2, 1, 3, 2], |s| {
+    ///     s.key_by(|x: &u32| *x).process(
+    ///         on_error::Fail,
+    ///         |ctx: &mut KeyedContext<'_, u32, bool, u32>, x: &u32| {
+    ///             if ctx.state().is_none() {
+    ///                 *ctx.state() = Some(true);
+    ///                 ctx.emit(*x);
+    ///             }
+    ///             Ok::<(), String>(())
+    ///         },
+    ///     )
+    /// })?;
+    /// assert_eq!(out, vec![1, 2, 3]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn process<S, U, E, F, P>(&self, policy: P, f: F) -> P::Output
+    where
+        S: Data,
+        U: Clone + Send + 'static,
+        E: Display,
+        F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> std::result::Result<(), E> + Send + Sync + 'static,
+        P: on_error::OnError<T, U>,
+    {
+        let policy = policy.policy();
+        let f = Arc::new(f);
+        let factory: Arc<KeyedFactory> = Arc::new(move |ctx, info, groups, outs| {
+            let (ok, dead) = two(outs, &info.name)?;
+            let next = typed::<U>(ok, &info.name)?;
+            let dead = match policy {
+                Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
+                _ => None,
+            };
+            let state = ValueState::<S>::open(ctx.state(), &scope(ctx, &info, "value", groups))?;
+            Ok(Box::new(KeyedProcessOp {
+                info,
+                state,
+                f: f.clone(),
+                out: Batch::with_capacity(ctx.config.batch_size),
+                next,
+                failures: Failures::new(policy, dead)?,
+                _t: PhantomData,
+            }))
+        });
+        let (graph, node) = self.keyed::<U>(
+            "keyed_process",
+            vec![port::<U>("output", false), port::<DeadLetter<T>>("dead letters", policy == Policy::DeadLetter)],
+            factory,
+        );
+        if let Some(n) = graph.lock().unwrap_or_else(PoisonError::into_inner).nodes.get_mut(node) {
+            n.detail = policy_detail(policy);
+        }
+        P::output(Stream::new(graph.clone(), node, 0), Stream::new(graph, node, 1))
+    }
+
+    /// Sends every record to `sink`, partitioned by key: each sink instance
+    /// receives the keys of its key groups.
+    pub fn sink<Sk: Sink<T>>(&self, sink: Sk) -> SinkRef {
+        let factory: Arc<KeyedFactory> = Arc::new(move |ctx, info, _groups, outs| {
+            let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
+            Ok(Box::new(PartitionOp { info, out: Batch::with_capacity(ctx.config.batch_size), next }))
+        });
+        let (graph, node) = self.keyed::<T>("partition", vec![port::<T>("output", false)], factory);
+        Stream::<T>::new(graph, node, 0).sink(sink)
+    }
+}
+
+fn scope(ctx: &crate::graph::BuildCtx<'_>, info: &OpInfo, state: &str, groups: std::ops::Range<u16>) -> StateScope {
+    StateScope {
+        job: ctx.config.name.clone(),
+        operator: info.name.to_string(),
+        state: state.to_string(),
+        key_groups: groups,
+        max_key_groups: ctx.config.max_key_groups,
+    }
+}
