@@ -21,20 +21,23 @@
 //!
 //! Keys route by [`key_hash`] (xxh3, seed 0, over the encoded bytes) into one
 //! of a fixed number of key groups ([`key_group`]); `std::hash::Hash` is never
-//! used for routing, because it is not stable across Rust releases.
+//! used for routing or anything persisted, because it is not stable across
+//! Rust releases. (Keys also implement `Eq + Hash` so that in-memory state
+//! can look them up without decoding bytes; that hash never leaves the
+//! process.)
 
 use std::fmt;
 
 /// A type that can key a stream: it has a stable byte encoding.
 ///
 /// Derive it with `#[derive(Key)]` on structs, tuple structs and enums whose
-/// fields are keys themselves; see the [module documentation](self) for the
-/// byte layout.
+/// fields are keys themselves, next to `Clone, PartialEq, Eq, Hash`; see the
+/// [module documentation](self) for the byte layout.
 ///
 /// ```
 /// use weibo::Key;
 ///
-/// #[derive(Clone, Debug, PartialEq, Key)]
+/// #[derive(Clone, Debug, PartialEq, Eq, Hash, Key)]
 /// struct CustomerId(u64);
 ///
 /// let bytes = weibo::key::encode(&CustomerId(7));
@@ -45,10 +48,10 @@ use std::fmt;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as a key: it does not implement `weibo::Key`",
     label = "this is not a key type",
-    note = "add `#[derive(weibo::Key)]` to `{Self}` (all its fields must be keys: integers, bool, char, String, byte arrays, Option, tuples or other `Key` types)",
+    note = "add `#[derive(Clone, PartialEq, Eq, Hash, weibo::Key)]` to `{Self}` (all its fields must be keys: integers, bool, char, String, byte arrays, Option, tuples or other `Key` types)",
     note = "keys need a stable byte encoding for routing and state; floats are never keys"
 )]
-pub trait Key: Clone + Send + Sync + 'static {
+pub trait Key: Clone + Eq + std::hash::Hash + Send + Sync + 'static {
     /// Appends this key's bytes to `out`.
     fn encode_key(&self, out: &mut Vec<u8>);
 

@@ -47,25 +47,32 @@ macro_rules! forward_control {
 }
 
 /// `reduce`: the running value per key.
-pub(crate) struct ReduceOp<T, F> {
+pub(crate) struct ReduceOp<K, T, F> {
     pub(crate) info: OpInfo,
-    pub(crate) state: ValueState<T>,
+    pub(crate) state: ValueState<K, T>,
     pub(crate) f: Arc<F>,
     pub(crate) out: Batch<T>,
     pub(crate) next: Box<dyn Consumer<T>>,
+    /// The batch's records decoded first, so the state lookups that follow
+    /// run back to back and their cache misses overlap.
+    pub(crate) decoded: Vec<(K, T)>,
 }
 
-impl<T, F> InputOperator for ReduceOp<T, F>
+impl<K, T, F> InputOperator for ReduceOp<K, T, F>
 where
+    K: Key,
     T: Data,
     F: Fn(T, T) -> T + Send + Sync + 'static,
 {
     fn on_batch(&mut self, batch: &RecordBatch) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
-        let f = &*self.f;
+        self.decoded.clear();
         for r in batch.iter() {
-            let v: T = decode_value(&self.info, &r)?;
-            let new = self.state.update(r.group, r.key, |slot| {
+            self.decoded.push((decode_key(&self.info, &r)?, decode_value(&self.info, &r)?));
+        }
+        let f = &*self.f;
+        for ((key, v), r) in self.decoded.drain(..).zip(batch.iter()) {
+            let new = self.state.update(r.group, key, r.key, |slot| {
                 let new = match slot.take() {
                     Some(acc) => f(acc, v),
                     None => v,
@@ -83,7 +90,7 @@ where
 /// `fold`: an accumulator per key, emitted with the key.
 pub(crate) struct FoldOp<K, T, A, I, F> {
     pub(crate) info: OpInfo,
-    pub(crate) state: ValueState<A>,
+    pub(crate) state: ValueState<K, A>,
     pub(crate) init: Arc<I>,
     pub(crate) f: Arc<F>,
     pub(crate) out: Batch<(K, A)>,
@@ -105,7 +112,7 @@ where
         for r in batch.iter() {
             let v: T = decode_value(&self.info, &r)?;
             let key: K = decode_key(&self.info, &r)?;
-            let acc = self.state.update(r.group, r.key, |slot| {
+            let acc = self.state.update(r.group, key.clone(), r.key, |slot| {
                 let acc = slot.get_or_insert_with(init);
                 f(acc, v);
                 acc.clone()
@@ -156,7 +163,7 @@ impl<K, S, U> KeyedContext<'_, K, S, U> {
 /// Keyed `process`: a user function with per-key state and a failure policy.
 pub(crate) struct KeyedProcessOp<K, T, S, U, F> {
     pub(crate) info: OpInfo,
-    pub(crate) state: ValueState<S>,
+    pub(crate) state: ValueState<K, S>,
     pub(crate) f: Arc<F>,
     pub(crate) out: Batch<U>,
     pub(crate) next: Box<dyn Consumer<U>>,
@@ -180,7 +187,7 @@ where
             let v: T = decode_value(&self.info, &r)?;
             let key: K = decode_key(&self.info, &r)?;
             let out = &mut self.out;
-            let result = self.state.update(r.group, r.key, |state| {
+            let result = self.state.update(r.group, key.clone(), r.key, |state| {
                 let mut ctx = KeyedContext { key: &key, state, out, meta: r.meta };
                 f(&mut ctx, &v).map_err(|e| e.to_string())
             })?;

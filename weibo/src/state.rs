@@ -19,6 +19,7 @@ use std::ops::Range;
 use rustc_hash::FxHashMap;
 
 use crate::codec::Data;
+use crate::key::Key;
 use crate::error::{Error, Result};
 
 /// Which state a table holds.
@@ -142,49 +143,24 @@ impl StateTable for MemoryTable {
     }
 }
 
-/// Encoded key bytes, stored inline when short (most keys are).
-#[derive(Clone, PartialEq, Eq, Hash)]
-enum KeyBytes {
-    Inline { len: u8, bytes: [u8; 22] },
-    Heap(Box<[u8]>),
-}
-
-impl KeyBytes {
-    #[inline]
-    fn new(key: &[u8]) -> Self {
-        let mut bytes = [0u8; 22];
-        match bytes.get_mut(..key.len()) {
-            Some(prefix) => {
-                prefix.copy_from_slice(key);
-                // `key.len() <= 22` here.
-                Self::Inline { len: key.len() as u8, bytes }
-            }
-            None => Self::Heap(key.into()),
-        }
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Self::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or_default(),
-            Self::Heap(b) => b,
-        }
-    }
-}
-
-enum Store<V> {
-    /// One map per owned key group; `None` never stays in a map.
-    Objects(Vec<FxHashMap<KeyBytes, Option<V>>>),
+enum Store<K, V> {
+    /// One map per owned key group, by typed key; `None` never stays in a map.
+    Objects(Vec<FxHashMap<K, Option<V>>>),
     Bytes { table: Box<dyn StateTable>, buf: Vec<u8> },
 }
 
-/// One value per key: the typed handle operators use.
-pub struct ValueState<V> {
-    store: Store<V>,
+/// One value per key: the typed handle keyed operators use.
+///
+/// Every access names the key twice: typed (for backends that keep
+/// objects) and encoded (for backends that store bytes); the operator has
+/// both at hand.
+pub struct ValueState<K, V> {
+    store: Store<K, V>,
     groups: Range<u16>,
     operator: String,
 }
 
-impl<V> fmt::Debug for ValueState<V> {
+impl<K, V> fmt::Debug for ValueState<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ValueState")
             .field("operator", &self.operator)
@@ -193,7 +169,7 @@ impl<V> fmt::Debug for ValueState<V> {
     }
 }
 
-impl<V: Data> ValueState<V> {
+impl<K: Key, V: Data> ValueState<K, V> {
     /// Opens the state `scope` names on `backend`.
     ///
     /// # Errors
@@ -207,105 +183,109 @@ impl<V: Data> ValueState<V> {
         Ok(Self { store, groups: scope.key_groups.clone(), operator: scope.operator.clone() })
     }
 
-    fn map(&mut self, group: u16) -> Result<Option<&mut FxHashMap<KeyBytes, Option<V>>>> {
-        match &mut self.store {
-            Store::Objects(maps) => {
-                let index = usize::from(group.wrapping_sub(self.groups.start));
-                match maps.get_mut(index) {
-                    Some(m) if self.groups.contains(&group) => Ok(Some(m)),
-                    _ => Err(Error::Internal(format!(
-                        "operator `{}` got key group {group}, but owns {:?}",
-                        self.operator, self.groups
-                    ))),
-                }
-            }
-            Store::Bytes { .. } => Ok(None),
-        }
+    fn group_error(&self, group: u16) -> Error {
+        Error::Internal(format!("operator `{}` got key group {group}, but owns {:?}", self.operator, self.groups))
     }
 
-    /// Reads, and possibly changes, the value of `key` in `group`: `f` gets
-    /// the current value (`None` if absent); whatever it leaves is stored
-    /// (`None` removes the key).
+    /// Reads, and possibly changes, the value of `key` (encoded: `key_bytes`)
+    /// in `group`: `f` gets the current value (`None` if absent); whatever
+    /// it leaves is stored (`None` removes the key).
     ///
     /// # Errors
-    /// [`Error::State`] or [`Error::Codec`] when a byte backend fails.
+    /// [`Error::State`] or [`Error::Codec`] when a byte backend fails;
+    /// [`Error::Internal`] for a key group this instance does not own.
     #[inline]
-    pub fn update<R>(&mut self, group: u16, key: &[u8], f: impl FnOnce(&mut Option<V>) -> R) -> Result<R> {
-        if let Some(map) = self.map(group)? {
-            return Ok(match map.entry(KeyBytes::new(key)) {
-                Entry::Occupied(mut e) => {
-                    let r = f(e.get_mut());
-                    if e.get().is_none() {
-                        e.remove();
-                    }
-                    r
-                }
-                Entry::Vacant(e) => {
-                    let mut slot = None;
-                    let r = f(&mut slot);
-                    if slot.is_some() {
-                        e.insert(slot);
-                    }
-                    r
-                }
-            });
+    pub fn update<R>(&mut self, group: u16, key: K, key_bytes: &[u8], f: impl FnOnce(&mut Option<V>) -> R) -> Result<R> {
+        if !self.groups.contains(&group) {
+            return Err(self.group_error(group));
         }
-        let operator = self.operator.clone();
-        let Store::Bytes { table, buf } = &mut self.store else {
-            return Err(Error::Internal("state store changed kind".into()));
-        };
-        let mut slot = match table.get(group, key)? {
-            Some(bytes) => Some(V::decode(&bytes).map_err(|source| Error::Codec { operator: operator.clone(), source })?),
-            None => None,
-        };
-        let r = f(&mut slot);
-        match slot {
-            Some(v) => {
-                buf.clear();
-                v.encode(buf).map_err(|source| Error::Codec { operator, source })?;
-                table.put(group, key, buf)?;
+        let index = usize::from(group - self.groups.start);
+        match &mut self.store {
+            Store::Objects(maps) => {
+                let Some(map) = maps.get_mut(index) else {
+                    return Err(Error::Internal(format!("operator `{}` has no map for key group {group}", self.operator)));
+                };
+                Ok(match map.entry(key) {
+                    Entry::Occupied(mut e) => {
+                        let r = f(e.get_mut());
+                        if e.get().is_none() {
+                            e.remove();
+                        }
+                        r
+                    }
+                    Entry::Vacant(e) => {
+                        let mut slot = None;
+                        let r = f(&mut slot);
+                        if slot.is_some() {
+                            e.insert(slot);
+                        }
+                        r
+                    }
+                })
             }
-            None => table.delete(group, key)?,
+            Store::Bytes { table, buf } => {
+                let codec = |source| Error::Codec { operator: self.operator.clone(), source };
+                let mut slot = match table.get(group, key_bytes)? {
+                    Some(bytes) => Some(V::decode(&bytes).map_err(codec)?),
+                    None => None,
+                };
+                let r = f(&mut slot);
+                match slot {
+                    Some(v) => {
+                        buf.clear();
+                        v.encode(buf).map_err(codec)?;
+                        table.put(group, key_bytes, buf)?;
+                    }
+                    None => table.delete(group, key_bytes)?,
+                }
+                Ok(r)
+            }
         }
-        Ok(r)
     }
 
     /// The value of `key` in `group`, if any.
     ///
     /// # Errors
     /// As [`ValueState::update`].
-    pub fn get(&mut self, group: u16, key: &[u8]) -> Result<Option<V>> {
-        if let Some(map) = self.map(group)? {
-            return Ok(map.get(&KeyBytes::new(key)).cloned().flatten());
-        }
-        self.update(group, key, |v| v.clone())
+    pub fn get(&mut self, group: u16, key: &K, key_bytes: &[u8]) -> Result<Option<V>> {
+        self.update(group, key.clone(), key_bytes, |v| v.clone())
     }
 
-    /// Calls `f` with every (encoded key, value) of `group`.
+    /// Calls `f` with every key and value of `group` (for byte backends, in
+    /// key-byte order).
     ///
     /// # Errors
-    /// As [`ValueState::update`].
-    pub fn for_each_in_group(&mut self, group: u16, mut f: impl FnMut(&[u8], &V)) -> Result<()> {
-        let operator = self.operator.clone();
-        if let Some(map) = self.map(group)? {
-            for (k, v) in map.iter() {
-                if let Some(v) = v {
-                    f(k.as_slice(), v);
-                }
-            }
-            return Ok(());
+    /// As [`ValueState::update`], and [`Error::Internal`] when a stored key
+    /// does not decode.
+    pub fn for_each_in_group(&mut self, group: u16, mut f: impl FnMut(&K, &V)) -> Result<()> {
+        if !self.groups.contains(&group) {
+            return Err(self.group_error(group));
         }
-        let Store::Bytes { table, .. } = &mut self.store else {
-            return Err(Error::Internal("state store changed kind".into()));
-        };
-        let mut failure = None;
-        table.scan_group(group, &mut |k, bytes| match V::decode(bytes) {
-            Ok(v) => f(k, &v),
-            Err(e) => failure = Some(e),
-        })?;
-        match failure {
-            Some(source) => Err(Error::Codec { operator, source }),
-            None => Ok(()),
+        let index = usize::from(group - self.groups.start);
+        let operator = self.operator.clone();
+        match &mut self.store {
+            Store::Objects(maps) => {
+                for (k, v) in maps.get(index).into_iter().flatten() {
+                    if let Some(v) = v {
+                        f(k, v);
+                    }
+                }
+                Ok(())
+            }
+            Store::Bytes { table, .. } => {
+                let mut failure = None;
+                table.scan_group(group, &mut |k, bytes| {
+                    if failure.is_some() {
+                        return;
+                    }
+                    match (crate::key::decode::<K>(k), V::decode(bytes)) {
+                        (Ok(k), Ok(v)) => f(&k, &v),
+                        (Err(e), _) => failure = Some(Error::Internal(format!("operator `{operator}`: stored {e}"))),
+                        (_, Err(source)) => failure = Some(Error::Codec { operator: operator.clone(), source }),
+                    }
+                })?;
+                failure.map_or(Ok(()), Err)
+            }
         }
     }
 }
@@ -338,21 +318,27 @@ mod tests {
     }
 
     fn exercise(backend: &dyn StateBackend) {
-        let mut s = ValueState::<u64>::open(backend, &scope()).unwrap();
-        assert_eq!(s.get(4, b"a").unwrap(), None);
-        s.update(4, b"a", |v| *v = Some(v.unwrap_or(0) + 5)).unwrap();
-        s.update(4, b"a", |v| *v = Some(v.unwrap_or(0) + 5)).unwrap();
-        s.update(5, b"a", |v| *v = Some(1)).unwrap();
-        let long = vec![7u8; 40];
-        s.update(7, &long, |v| *v = Some(9)).unwrap();
-        assert_eq!(s.get(4, b"a").unwrap(), Some(10));
-        assert_eq!(s.get(5, b"a").unwrap(), Some(1), "key groups are separate namespaces");
-        assert_eq!(s.get(7, &long).unwrap(), Some(9));
-        s.update(4, b"a", |v| *v = None).unwrap();
-        assert_eq!(s.get(4, b"a").unwrap(), None);
+        let a = "a".to_string();
+        let ab = crate::key::encode(&a);
+        let long = "x".repeat(40);
+        let lb = crate::key::encode(&long);
+        let mut s = ValueState::<String, u64>::open(backend, &scope()).unwrap();
+        assert_eq!(s.get(4, &a, &ab).unwrap(), None);
+        s.update(4, a.clone(), &ab, |v| *v = Some(v.unwrap_or(0) + 5)).unwrap();
+        s.update(4, a.clone(), &ab, |v| *v = Some(v.unwrap_or(0) + 5)).unwrap();
+        s.update(5, a.clone(), &ab, |v| *v = Some(1)).unwrap();
+        s.update(7, long.clone(), &lb, |v| *v = Some(9)).unwrap();
+        assert_eq!(s.get(4, &a, &ab).unwrap(), Some(10));
+        assert_eq!(s.get(5, &a, &ab).unwrap(), Some(1), "key groups are separate namespaces");
+        assert_eq!(s.get(7, &long, &lb).unwrap(), Some(9));
+        s.update(4, a.clone(), &ab, |v| *v = None).unwrap();
+        assert_eq!(s.get(4, &a, &ab).unwrap(), None);
         let mut seen = Vec::new();
-        s.for_each_in_group(7, |k, v| seen.push((k.to_vec(), *v))).unwrap();
+        s.for_each_in_group(7, |k, v| seen.push((k.clone(), *v))).unwrap();
         assert_eq!(seen, vec![(long.clone(), 9)]);
+        let mut none = Vec::new();
+        s.for_each_in_group(4, |k, v| none.push((k.clone(), *v))).unwrap();
+        assert!(none.is_empty(), "a removed key is gone: {none:?}");
     }
 
     #[test]
@@ -363,8 +349,8 @@ mod tests {
 
     #[test]
     fn a_group_outside_the_range_is_an_internal_error() {
-        let mut s = ValueState::<u64>::open(&MemoryBackend, &scope()).unwrap();
-        let err = s.update(9, b"a", |_| ()).unwrap_err();
+        let mut s = ValueState::<u8, u64>::open(&MemoryBackend, &scope()).unwrap();
+        let err = s.update(9, 1.clone(), &[1], |_| ()).unwrap_err();
         assert!(err.to_string().contains("key group 9"), "{err}");
     }
 }

@@ -405,7 +405,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
     ///
     /// ```
     /// # use weibo::Key;
-    /// #[derive(Clone, Debug, Key)]
+    /// #[derive(Clone, Debug, PartialEq, Eq, Hash, Key)]
     /// struct CustomerId(u64);
     ///
     /// let mut out = weibo::testing::run(vec![(1u64, 5i64), (2, 1), (1, 2)], |s| {
@@ -596,8 +596,15 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         let f = Arc::new(f);
         let factory: Arc<KeyedFactory> = Arc::new(move |ctx, info, groups, outs| {
             let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
-            let state = ValueState::<T>::open(ctx.state(), &scope(ctx, &info, "value", groups))?;
-            Ok(Box::new(ReduceOp { info, state, f: f.clone(), out: Batch::with_capacity(ctx.config.batch_size), next }))
+            let state = ValueState::<K, T>::open(ctx.state(), &scope(ctx, &info, "value", groups))?;
+            Ok(Box::new(ReduceOp {
+                info,
+                state,
+                f: f.clone(),
+                out: Batch::with_capacity(ctx.config.batch_size),
+                next,
+                decoded: Vec::with_capacity(ctx.config.batch_size),
+            }))
         });
         let (graph, node) = self.keyed::<T>("reduce", vec![port::<T>("output", false)], factory);
         Stream::new(graph, node, 0)
@@ -624,7 +631,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         let f = Arc::new(f);
         let factory: Arc<KeyedFactory> = Arc::new(move |ctx, info, groups, outs| {
             let next = typed::<(K, A)>(one(outs, &info.name)?, &info.name)?;
-            let state = ValueState::<A>::open(ctx.state(), &scope(ctx, &info, "accumulator", groups))?;
+            let state = ValueState::<K, A>::open(ctx.state(), &scope(ctx, &info, "accumulator", groups))?;
             Ok(Box::new(FoldOp {
                 info,
                 state,
@@ -679,7 +686,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
                 _ => None,
             };
-            let state = ValueState::<S>::open(ctx.state(), &scope(ctx, &info, "value", groups))?;
+            let state = ValueState::<K, S>::open(ctx.state(), &scope(ctx, &info, "value", groups))?;
             Ok(Box::new(KeyedProcessOp {
                 info,
                 state,

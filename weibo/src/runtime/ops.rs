@@ -361,7 +361,7 @@ impl<T, K, KF: ?Sized> RouterOp<T, K, KF> {
             if !batch.is_empty() {
                 let full = std::mem::replace(
                     batch,
-                    RecordBatch::with_capacity(self.limits.records, self.limits.bytes.min(1 << 20)),
+                    RecordBatch::with_capacity(self.limits.records, 16 * self.limits.records),
                 );
                 self.outbox.push(sender, Message::Data(full));
             }

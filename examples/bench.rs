@@ -1,0 +1,170 @@
+//! Whole-pipeline benchmark: a workload of `shared/bench/README.md` through
+//! the public DSL, printing one `RESULT` line in the peers' format.
+//!
+//! ```sh
+//! cargo run --release -p weibo-examples --example bench -- <w2|w3> <events> <partitions> [threads]
+//! ```
+//!
+//! Event `i`: `key = (i * 2654435761) mod K`, `value = i mod 1000`, `ts = i`.
+//! The generator runs with `partitions` partitions (each an interleaved
+//! slice of the sequence), keyed operators with `partitions` workers, on a
+//! tokio runtime of `threads` worker threads (default: `partitions`).
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use weibo::sinks::{Sink, SinkBatch, SinkWriter};
+use weibo::sources::Generator;
+use weibo::{Job, Result};
+
+const MULT: u64 = 2_654_435_761;
+
+/// W3's running aggregate: (key, running sum, last delta, count), as the
+/// Flink peer computes it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+struct RunSum {
+    key: u64,
+    sum: u64,
+    delta: u64,
+    count: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Out {
+    count: u64,
+    sum: u64,
+    chk: u64,
+}
+
+impl Out {
+    fn merge(&mut self, o: Out) {
+        self.count = self.count.wrapping_add(o.count);
+        self.sum = self.sum.wrapping_add(o.sum);
+        self.chk = self.chk.wrapping_add(o.chk);
+    }
+}
+
+/// A sink that folds records into a checksum per instance and merges the
+/// instances' checksums when they finish.
+struct Checksum<F> {
+    total: Arc<Mutex<Out>>,
+    f: F,
+}
+
+impl<T, F> Sink<T> for Checksum<F>
+where
+    T: Send + 'static,
+    F: Fn(&mut Out, &T) + Clone + Send + Sync + 'static,
+{
+    fn default_name(&self) -> String {
+        "checksum".into()
+    }
+    fn open(&self, _instance: usize, _parallelism: usize) -> Result<Box<dyn SinkWriter<T>>> {
+        Ok(Box::new(ChecksumWriter { total: self.total.clone(), f: self.f.clone(), out: Out::default() }))
+    }
+}
+
+struct ChecksumWriter<F> {
+    total: Arc<Mutex<Out>>,
+    f: F,
+    out: Out,
+}
+
+impl<T, F> SinkWriter<T> for ChecksumWriter<F>
+where
+    F: Fn(&mut Out, &T) + Send,
+{
+    fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
+        for v in batch.values() {
+            (self.f)(&mut self.out, v);
+        }
+        batch.drain().for_each(drop);
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<()> {
+        self.total.lock().unwrap_or_else(PoisonError::into_inner).merge(self.out);
+        Ok(())
+    }
+}
+
+fn w2(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
+    job.source(Generator::new(n, |i| (i.wrapping_mul(MULT) % 100_000, i % 1000, i)).with_partitions(partitions))
+        .map(|(_key, value, _ts): (u64, u64, u64)| value * 3 + 1)
+        .filter(|v: &u64| v % 2 == 0)
+        .sink(Checksum {
+            total,
+            f: |o: &mut Out, v: &u64| {
+                o.count += 1;
+                o.sum = o.sum.wrapping_add(*v);
+                o.chk = o.sum;
+            },
+        });
+}
+
+fn w3(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
+    job.source(Generator::new(n, |i| (i.wrapping_mul(MULT) % 5_000_000, i % 1000, i)).with_partitions(partitions))
+        .map(|(key, value, _ts): (u64, u64, u64)| RunSum { key, sum: value, delta: value, count: 1 })
+        .key_by(|r: &RunSum| r.key)
+        .with_partitions(partitions)
+        .reduce(|acc, e| RunSum { key: acc.key, sum: acc.sum + e.sum, delta: e.sum, count: acc.count + 1 })
+        .sink(Checksum {
+            total,
+            f: |o: &mut Out, r: &RunSum| {
+                if r.count == 1 {
+                    o.count += 1;
+                }
+                o.sum = o.sum.wrapping_add(r.delta);
+                o.chk = o.chk.wrapping_add(r.key.wrapping_mul(r.delta));
+            },
+        });
+}
+
+fn usage() -> ! {
+    eprintln!("usage: bench <w2|w3> <events> <partitions> [threads]");
+    std::process::exit(2)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let workload = args.get(1).cloned().unwrap_or_else(|| usage());
+    let parse = |i: usize, default: Option<u64>| -> u64 {
+        match args.get(i).map(|s| s.replace('_', "").parse::<u64>()) {
+            Some(Ok(v)) => v,
+            Some(Err(_)) => usage(),
+            None => default.unwrap_or_else(|| usage()),
+        }
+    };
+    let n = parse(2, Some(20_000_000));
+    let partitions = usize::try_from(parse(3, Some(1))).unwrap_or(1).max(1);
+    let threads = usize::try_from(parse(4, Some(partitions as u64))).unwrap_or(1).max(1);
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start tokio: {e}");
+            std::process::exit(1)
+        }
+    };
+    let total = Arc::new(Mutex::new(Out::default()));
+    let job = Job::new(format!("bench-{workload}"));
+    match workload.as_str() {
+        "w2" => w2(&job, n, partitions, total.clone()),
+        "w3" => w3(&job, n, partitions, total.clone()),
+        _ => usage(),
+    }
+    let started = Instant::now();
+    if let Err(e) = runtime.block_on(job.run()) {
+        eprintln!("job failed: {e}");
+        std::process::exit(1);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let out = *total.lock().unwrap_or_else(PoisonError::into_inner);
+    println!(
+        "RESULT engine=weibo workload={workload} n={n} par={partitions} secs={secs:.4} eps={:.0} out_count={} out_sum={} out_chk={} threads={threads}",
+        n as f64 / secs,
+        out.count,
+        out.sum,
+        out.chk
+    );
+}

@@ -1,0 +1,1 @@
+//! Code the book includes (`{{#include}}` with anchors), compiled and tested here.
