@@ -91,7 +91,7 @@ where
 fn w2(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
     job.source(Generator::new(n, |i| (i.wrapping_mul(MULT) % 100_000, i % 1000, i)).with_partitions(partitions))
         .map(|(_key, value, _ts): (u64, u64, u64)| value * 3 + 1)
-        .filter(|v: &u64| v % 2 == 0)
+        .filter(|v: &u64| v.is_multiple_of(2))
         .sink(Checksum {
             total,
             f: |o: &mut Out, v: &u64| {

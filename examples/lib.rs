@@ -35,8 +35,5 @@ pub fn order(i: u64) -> Order {
     // 7th order a refund (negative), so the filter has work to do.
     let mixed = i.wrapping_mul(2_654_435_761);
     let amount = (mixed % 10_000) as i64;
-    Order {
-        customer: CustomerId((mixed % 5) as u32 + 1),
-        amount_cents: if i % 7 == 6 { -amount } else { amount },
-    }
+    Order { customer: CustomerId((mixed % 5) as u32 + 1), amount_cents: if i % 7 == 6 { -amount } else { amount } }
 }

@@ -33,13 +33,12 @@ pub fn derive_rkyv_data(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
     let ident = &input.ident;
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
-    let name = ident.to_string();
     quote! {
         const _: () = {
             #[automatically_derived]
             impl #impl_generics ::weibo::Data for #ident #ty_generics #where_clause {
                 fn codec_id() -> ::weibo::codec::CodecId {
-                    ::weibo::codec::CodecId::new(::weibo::codec::RKYV_FORMAT, #name)
+                    ::weibo::codec::CodecId::new(::weibo::codec::RKYV_FORMAT, ::std::any::type_name::<Self>())
                 }
                 fn encode(&self, out: &mut ::std::vec::Vec<u8>) -> ::std::result::Result<(), ::weibo::codec::CodecError> {
                     ::weibo::codec::rkyv_encode(self, out)
@@ -57,7 +56,9 @@ pub fn derive_rkyv_data(input: TokenStream) -> TokenStream {
 fn refused_type(ty: &Type) -> Option<&'static str> {
     let Type::Path(path) = ty else {
         return match ty {
-            Type::Reference(_) => Some("references cannot be keys: keys are owned values; use an owned type such as `String`"),
+            Type::Reference(_) => {
+                Some("references cannot be keys: keys are owned values; use an owned type such as `String`")
+            }
             _ => None,
         };
     };
@@ -140,10 +141,7 @@ fn expand_key(input: &DeriveInput) -> syn::Result<TokenStream2> {
             let (names, encodes, decodes) = field_code(&data.fields);
             let pat = pattern(quote!(#ident), &data.fields, &names);
             let build = construct(quote!(#ident), &data.fields, &decodes);
-            (
-                quote! { let #pat = self; #(#encodes)* },
-                quote! { ::std::result::Result::Ok(#build) },
-            )
+            (quote! { let #pat = self; #(#encodes)* }, quote! { ::std::result::Result::Ok(#build) })
         }
         Data::Enum(data) => {
             if data.variants.is_empty() {
@@ -167,9 +165,8 @@ fn expand_key(input: &DeriveInput) -> syn::Result<TokenStream2> {
             let mut encode_arms = Vec::new();
             let mut decode_arms = Vec::new();
             for (index, variant) in data.variants.iter().enumerate() {
-                let index = u32::try_from(index).map_err(|_| {
-                    syn::Error::new_spanned(variant, "`#[derive(Key)]` supports at most 2^32 variants")
-                })?;
+                let index = u32::try_from(index)
+                    .map_err(|_| syn::Error::new_spanned(variant, "`#[derive(Key)]` supports at most 2^32 variants"))?;
                 let vident = &variant.ident;
                 let (names, encodes, decodes) = field_code(&variant.fields);
                 let pat = pattern(quote!(#ident::#vident), &variant.fields, &names);

@@ -132,11 +132,8 @@ where
     }
 }
 
-type RkyvSerializer<'a> = rkyv::api::high::HighSerializer<
-    rkyv::util::AlignedVec,
-    rkyv::ser::allocator::ArenaHandle<'a>,
-    rkyv::rancor::Error,
->;
+type RkyvSerializer<'a> =
+    rkyv::api::high::HighSerializer<rkyv::util::AlignedVec, rkyv::ser::allocator::ArenaHandle<'a>, rkyv::rancor::Error>;
 
 /// Encodes with rkyv; used by `#[derive(RkyvData)]`.
 ///
@@ -170,10 +167,8 @@ where
 {
     let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(bytes.len());
     aligned.extend_from_slice(bytes);
-    rkyv::from_bytes::<T, rkyv::rancor::Error>(&aligned).map_err(|e| CodecError {
-        codec: CodecId::new(RKYV_FORMAT, std::any::type_name::<T>()),
-        reason: e.to_string(),
-    })
+    rkyv::from_bytes::<T, rkyv::rancor::Error>(&aligned)
+        .map_err(|e| CodecError { codec: CodecId::new(RKYV_FORMAT, std::any::type_name::<T>()), reason: e.to_string() })
 }
 
 #[cfg(test)]

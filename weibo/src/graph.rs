@@ -48,7 +48,7 @@ pub(crate) trait PortType: Send + Sync {
 pub(crate) struct TypedPort<T>(PhantomData<fn() -> T>);
 
 impl<T: Clone + Send + 'static> TypedPort<T> {
-    pub(crate) fn new() -> Arc<dyn PortType> {
+    pub(crate) fn shared() -> Arc<dyn PortType> {
         Arc::new(Self(PhantomData))
     }
 }
@@ -80,9 +80,8 @@ pub(crate) type SourceFactory =
 /// Builds the router at the end of an upstream chain, given its senders.
 pub(crate) type RouterFactory = dyn Fn(&mut BuildCtx<'_>, OpInfo, Vec<usize>) -> Result<AnyConsumer> + Send + Sync;
 /// Builds one instance of a keyed operator given its key groups and output consumers.
-pub(crate) type KeyedFactory = dyn Fn(&mut BuildCtx<'_>, OpInfo, Range<u16>, Vec<AnyConsumer>) -> Result<Box<dyn InputOperator>>
-    + Send
-    + Sync;
+pub(crate) type KeyedFactory =
+    dyn Fn(&mut BuildCtx<'_>, OpInfo, Range<u16>, Vec<AnyConsumer>) -> Result<Box<dyn InputOperator>> + Send + Sync;
 
 pub(crate) enum Op {
     Source { partitions: usize, factory: Arc<SourceFactory> },
@@ -174,10 +173,9 @@ impl Graph {
     }
 
     fn consumers(&self, node: NodeId, port: usize) -> impl Iterator<Item = (NodeId, &Input)> + '_ {
-        self.nodes
-            .iter()
-            .enumerate()
-            .flat_map(move |(id, n)| n.inputs.iter().filter(move |i| i.from == node && i.port == port).map(move |i| (id, i)))
+        self.nodes.iter().enumerate().flat_map(move |(id, n)| {
+            n.inputs.iter().filter(move |i| i.from == node && i.port == port).map(move |i| (id, i))
+        })
     }
 
     fn node(&self, id: NodeId) -> Result<&Node> {
@@ -209,14 +207,14 @@ impl Graph {
             if let Op::Source { partitions: 0, .. } = node.op {
                 return Err(self.graph_error(format!("source `{}` has no partitions", node.name)));
             }
-            if let Op::Keyed { parallelism, .. } = node.op {
-                if parallelism == 0 || parallelism > usize::from(max) {
-                    return Err(self.graph_error(format!(
-                        "`{}` runs with {parallelism} partitions, but partitions must be between 1 and the job's {max} key groups \
-                         (raise it with `Job::with_max_key_groups`)",
-                        node.name
-                    )));
-                }
+            if let Op::Keyed { parallelism, .. } = node.op
+                && (parallelism == 0 || parallelism > usize::from(max))
+            {
+                return Err(self.graph_error(format!(
+                    "`{}` runs with {parallelism} partitions, but partitions must be between 1 and the job's {max} key groups \
+                     (raise it with `Job::with_max_key_groups`)",
+                    node.name
+                )));
             }
             for input in &node.inputs {
                 if let EdgeKind::Hash { codec, .. } = &input.kind {
@@ -238,7 +236,8 @@ impl Graph {
     /// fused into it).
     pub(crate) fn plan_text(&self) -> Result<String> {
         self.validate()?;
-        let heads: Vec<NodeId> = (0..self.nodes.len()).filter(|&i| self.nodes.get(i).is_some_and(Node::is_head)).collect();
+        let heads: Vec<NodeId> =
+            (0..self.nodes.len()).filter(|&i| self.nodes.get(i).is_some_and(Node::is_head)).collect();
         let tasks: usize = heads.iter().filter_map(|&h| self.nodes.get(h)).map(Node::parallelism).sum();
         let mut out = format!("plan of job `{}`: {} nodes, {tasks} tasks\n", self.config.name, heads.len());
         for h in heads {
@@ -451,7 +450,8 @@ impl Graph {
                 let info = self.info(node, registry, &sources);
                 let built_head = match &node.op {
                     Op::Source { factory, .. } => {
-                        let out = outs.into_iter().next().ok_or_else(|| Error::Internal("source without port".into()))?;
+                        let out =
+                            outs.into_iter().next().ok_or_else(|| Error::Internal("source without port".into()))?;
                         Built::Runner(factory(&mut ctx, info, instance, out)?)
                     }
                     Op::Keyed { parallelism, factory, .. } => {
@@ -461,7 +461,8 @@ impl Graph {
                     }
                     _ => return Err(Error::Internal("non-head node built as a head".into())),
                 };
-                let io = NodeIo { outbox: ctx.outbox, senders: ctx.senders, buffer_timeout: self.config.buffer_timeout };
+                let io =
+                    NodeIo { outbox: ctx.outbox, senders: ctx.senders, buffer_timeout: self.config.buffer_timeout };
                 built.push((head, id, instance, built_head, io));
             }
         }
@@ -500,9 +501,6 @@ mod tests {
     #[test]
     fn type_names_lose_their_paths() {
         assert_eq!(short_type_name("alloc::string::String"), "String");
-        assert_eq!(
-            short_type_name("(u64, alloc::vec::Vec<my_crate::orders::Order>)"),
-            "(u64, Vec<Order>)"
-        );
+        assert_eq!(short_type_name("(u64, alloc::vec::Vec<my_crate::orders::Order>)"), "(u64, Vec<Order>)");
     }
 }

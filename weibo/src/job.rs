@@ -176,7 +176,9 @@ impl Job {
     pub fn spawn(self) -> Result<JobHandle> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Graph {
             job: self.lock().config.name.clone(),
-            message: "a job runs on tokio: call `run`/`spawn` inside a tokio runtime (for example under #[tokio::main])".into(),
+            message:
+                "a job runs on tokio: call `run`/`spawn` inside a tokio runtime (for example under #[tokio::main])"
+                    .into(),
         })?;
         let registry = Registry::default();
         let graph = self.lock();
@@ -207,7 +209,9 @@ fn check_wiring(graph: &Graph) -> Result<()> {
     }
 }
 
-async fn supervise(tasks: Vec<(String, Box<dyn crate::runtime::heads::HeadRunner>, crate::runtime::heads::NodeIo)>) -> Result<()> {
+async fn supervise(
+    tasks: Vec<(String, Box<dyn crate::runtime::heads::HeadRunner>, crate::runtime::heads::NodeIo)>,
+) -> Result<()> {
     let mut set = JoinSet::new();
     let mut names = HashMap::new();
     for (name, runner, io) in tasks {

@@ -129,10 +129,7 @@ pub fn key_group(bytes: &[u8], max_key_groups: u16) -> u16 {
 /// [`KeyDecodeError`] naming `T` when fewer than `n` bytes are left.
 pub fn take<'a, T: ?Sized>(input: &mut &'a [u8], n: usize) -> Result<&'a [u8], KeyDecodeError> {
     if input.len() < n {
-        return Err(KeyDecodeError::new::<T>(format!(
-            "needed {n} bytes, only {} left",
-            input.len()
-        )));
+        return Err(KeyDecodeError::new::<T>(format!("needed {n} bytes, only {} left", input.len())));
     }
     let (head, tail) = input.split_at(n);
     *input = tail;
@@ -389,7 +386,7 @@ mod tests {
         let err = decode::<u32>(&[1, 2]).unwrap_err();
         assert!(err.to_string().contains("u32"), "{err}");
         assert!(decode::<bool>(&[7]).is_err());
-        assert!(decode::<String>(&[b'a']).is_err());
+        assert!(decode::<String>(b"a").is_err());
         assert!(decode::<u8>(&[1, 2]).unwrap_err().reason.contains("trailing"));
     }
 

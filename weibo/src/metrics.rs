@@ -42,11 +42,14 @@ struct Named<T> {
     counters: Arc<T>,
 }
 
+/// An edge's counters with its sender and receiver instance names.
+type NamedEdge = (String, String, Arc<EdgeCounters>);
+
 /// The registry all counters of a job live in.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Registry {
     operators: Arc<Mutex<Vec<Named<OperatorCounters>>>>,
-    edges: Arc<Mutex<Vec<(String, String, Arc<EdgeCounters>)>>>,
+    edges: Arc<Mutex<Vec<NamedEdge>>>,
 }
 
 impl Registry {
@@ -64,10 +67,7 @@ impl Registry {
     /// New counters for the edge from `from` to `to`.
     pub(crate) fn edge(&self, from: String, to: String) -> Arc<EdgeCounters> {
         let counters = Arc::new(EdgeCounters::default());
-        self.edges
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((from, to, counters.clone()));
+        self.edges.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((from, to, counters.clone()));
         counters
     }
 

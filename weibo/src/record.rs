@@ -199,11 +199,7 @@ mod tests {
         let got: Vec<_> = b.iter().map(|r| (r.key.to_vec(), r.value.to_vec(), r.group)).collect();
         assert_eq!(
             got,
-            vec![
-                (b"ab".to_vec(), b"xyz".to_vec(), 3),
-                (vec![], b"1".to_vec(), 3),
-                (b"k".to_vec(), vec![], 3)
-            ]
+            vec![(b"ab".to_vec(), b"xyz".to_vec(), 3), (vec![], b"1".to_vec(), 3), (b"k".to_vec(), vec![], 3)]
         );
         assert_eq!(b.len(), 3);
     }

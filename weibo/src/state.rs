@@ -19,8 +19,8 @@ use std::ops::Range;
 use rustc_hash::FxHashMap;
 
 use crate::codec::Data;
-use crate::key::Key;
 use crate::error::{Error, Result};
+use crate::key::Key;
 
 /// Which state a table holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,7 +146,10 @@ impl StateTable for MemoryTable {
 enum Store<K, V> {
     /// One map per owned key group, by typed key; `None` never stays in a map.
     Objects(Vec<FxHashMap<K, Option<V>>>),
-    Bytes { table: Box<dyn StateTable>, buf: Vec<u8> },
+    Bytes {
+        table: Box<dyn StateTable>,
+        buf: Vec<u8>,
+    },
 }
 
 /// One value per key: the typed handle keyed operators use.
@@ -195,7 +198,13 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// [`Error::State`] or [`Error::Codec`] when a byte backend fails;
     /// [`Error::Internal`] for a key group this instance does not own.
     #[inline]
-    pub fn update<R>(&mut self, group: u16, key: K, key_bytes: &[u8], f: impl FnOnce(&mut Option<V>) -> R) -> Result<R> {
+    pub fn update<R>(
+        &mut self,
+        group: u16,
+        key: K,
+        key_bytes: &[u8],
+        f: impl FnOnce(&mut Option<V>) -> R,
+    ) -> Result<R> {
         if !self.groups.contains(&group) {
             return Err(self.group_error(group));
         }
@@ -203,7 +212,10 @@ impl<K: Key, V: Data> ValueState<K, V> {
         match &mut self.store {
             Store::Objects(maps) => {
                 let Some(map) = maps.get_mut(index) else {
-                    return Err(Error::Internal(format!("operator `{}` has no map for key group {group}", self.operator)));
+                    return Err(Error::Internal(format!(
+                        "operator `{}` has no map for key group {group}",
+                        self.operator
+                    )));
                 };
                 Ok(match map.entry(key) {
                     Entry::Occupied(mut e) => {
@@ -308,13 +320,7 @@ mod tests {
     }
 
     fn scope() -> StateScope {
-        StateScope {
-            job: "j".into(),
-            operator: "op".into(),
-            state: "s".into(),
-            key_groups: 4..8,
-            max_key_groups: 8,
-        }
+        StateScope { job: "j".into(), operator: "op".into(), state: "s".into(), key_groups: 4..8, max_key_groups: 8 }
     }
 
     fn exercise(backend: &dyn StateBackend) {
@@ -350,7 +356,7 @@ mod tests {
     #[test]
     fn a_group_outside_the_range_is_an_internal_error() {
         let mut s = ValueState::<u8, u64>::open(&MemoryBackend, &scope()).unwrap();
-        let err = s.update(9, 1.clone(), &[1], |_| ()).unwrap_err();
+        let err = s.update(9, 1, &[1], |_| ()).unwrap_err();
         assert!(err.to_string().contains("key group 9"), "{err}");
     }
 }

@@ -13,12 +13,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::Data;
 use crate::error::{Error, Result};
-use crate::graph::{ChainFactory, EdgeKind, Graph, Input, KeyedFactory, Node, NodeId, Op, Port, RouterFactory, TypedPort, typed};
+use crate::graph::{
+    ChainFactory, EdgeKind, Graph, Input, KeyedFactory, Node, NodeId, Op, Port, RouterFactory, TypedPort, typed,
+};
 use crate::key::Key;
 use crate::keyed::{FoldOp, KeyedContext, KeyedProcessOp, PartitionOp, ReduceOp};
 use crate::record::{Batch, RecordBatch, SourcePosition};
 use crate::runtime::erase;
-use crate::runtime::ops::{BatchLimits, FilterOp, FlatMapOp, MapOp, OpInfo, Policy, ProcessOp, RouterOp, Failures};
+use crate::runtime::ops::{BatchLimits, Failures, FilterOp, FlatMapOp, MapOp, OpInfo, Policy, ProcessOp, RouterOp};
 use crate::sinks::Sink;
 use crate::state::{StateScope, ValueState};
 
@@ -162,7 +164,7 @@ impl<T> std::fmt::Debug for Stream<T> {
 }
 
 pub(crate) fn port<T: Clone + Send + 'static>(label: &'static str, must_consume: bool) -> Port {
-    Port { type_name: std::any::type_name::<T>(), ty: TypedPort::<T>::new(), must_consume, label }
+    Port { type_name: std::any::type_name::<T>(), ty: TypedPort::<T>::shared(), must_consume, label }
 }
 
 fn one(mut outs: Vec<crate::runtime::AnyConsumer>, what: &str) -> Result<crate::runtime::AnyConsumer> {

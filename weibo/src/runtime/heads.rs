@@ -120,11 +120,11 @@ impl HeadRunner for ChannelHead {
                         if !open.get(i).copied().unwrap_or(false) {
                             continue;
                         }
-                        if let Some(inbox) = inputs.get_mut(i) {
-                            if let Poll::Ready(msg) = inbox.rx.poll_recv(cx) {
-                                start = i + 1;
-                                return Poll::Ready(Next::Message(i, msg));
-                            }
+                        if let Some(inbox) = inputs.get_mut(i)
+                            && let Poll::Ready(msg) = inbox.rx.poll_recv(cx)
+                        {
+                            start = i + 1;
+                            return Poll::Ready(Next::Message(i, msg));
                         }
                     }
                     Poll::Pending

@@ -122,9 +122,6 @@ pub(crate) fn erase<T: 'static>(c: Box<dyn Consumer<T>>) -> AnyConsumer {
 /// Recovers a typed consumer; a mismatch is a bug in the planner.
 pub(crate) fn unerase<T: 'static>(c: AnyConsumer, what: &str) -> Result<Box<dyn Consumer<T>>> {
     c.downcast::<Box<dyn Consumer<T>>>().map(|b| *b).map_err(|_| {
-        Error::Internal(format!(
-            "{what}: downstream consumer does not take `{}`",
-            std::any::type_name::<T>()
-        ))
+        Error::Internal(format!("{what}: downstream consumer does not take `{}`", std::any::type_name::<T>()))
     })
 }

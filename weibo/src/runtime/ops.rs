@@ -23,11 +23,14 @@ pub(crate) struct OpInfo {
 
 pub(crate) use crate::stream::on_error::Policy;
 
+/// Dead letters waiting to be pushed, and where they go.
+type DeadLetters<T> = (Batch<DeadLetter<T>>, Box<dyn Consumer<DeadLetter<T>>>);
+
 /// Where a failed record goes under a policy; shared by stateless and keyed
 /// `process`.
 pub(crate) struct Failures<T> {
     policy: Policy,
-    dead: Option<(Batch<DeadLetter<T>>, Box<dyn Consumer<DeadLetter<T>>>)>,
+    dead: Option<DeadLetters<T>>,
 }
 
 impl<T: Clone + Send + 'static> Failures<T> {
@@ -357,14 +360,12 @@ pub(crate) struct RouterOp<T, K, KF: ?Sized> {
 
 impl<T, K, KF: ?Sized> RouterOp<T, K, KF> {
     fn send(&mut self, target: usize) {
-        if let (Some(batch), Some(&sender)) = (self.targets.get_mut(target), self.senders.get(target)) {
-            if !batch.is_empty() {
-                let full = std::mem::replace(
-                    batch,
-                    RecordBatch::with_capacity(self.limits.records, 16 * self.limits.records),
-                );
-                self.outbox.push(sender, Message::Data(full));
-            }
+        if let (Some(batch), Some(&sender)) = (self.targets.get_mut(target), self.senders.get(target))
+            && !batch.is_empty()
+        {
+            let full =
+                std::mem::replace(batch, RecordBatch::with_capacity(self.limits.records, 16 * self.limits.records));
+            self.outbox.push(sender, Message::Data(full));
         }
     }
 
@@ -423,10 +424,7 @@ where
             if let Err(source) = v.encode(out.data_mut()) {
                 out.rollback(key_start);
                 let position = self.info.sources.position(&m);
-                return Err(Error::Codec {
-                    operator: format!("{} (record from {position})", self.info.name),
-                    source,
-                });
+                return Err(Error::Codec { operator: format!("{} (record from {position})", self.info.name), source });
             }
             out.commit(key_start, value_start, group, m);
             if out.len() >= self.limits.records || out.byte_len() >= self.limits.bytes {

@@ -1,0 +1,43 @@
+//! The logical graph and the fused plan print as readable text, pinned by
+//! snapshots.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+use weibo::sinks::{Blackhole, Stdout};
+use weibo::sources::{Generator, IterSource};
+use weibo::{Job, on_error};
+use weibo_tests::{Account, Event};
+
+fn job() -> Job {
+    let job = Job::new("accounts").with_max_key_groups(64);
+    let events = job
+        .source(
+            Generator::new(1000, |i| Event { account: Account((i % 10) as u16), amount: i as i64, seq: i as u32 })
+                .with_partitions(2),
+        )
+        .name("events");
+    let extra = job.source(IterSource::new(vec![Event { account: Account(1), amount: 5, seq: 0 }])).name("corrections");
+    let (valid, dead) = events
+        .union(&extra)
+        .filter(|e: &Event| e.amount != 0)
+        .process(on_error::DeadLetter, |e: &Event| if e.amount > 0 { Ok(e.clone()) } else { Err("negative") });
+    dead.sink(Blackhole::new()).name("dead-letters");
+    valid
+        .key_by(|e: &Event| e.account)
+        .with_partitions(3)
+        .fold(|| 0i64, |sum: &mut i64, e: Event| *sum += e.amount)
+        .name("balance")
+        .map(|(account, sum): (Account, i64)| format!("{account:?}={sum}"))
+        .sink(Stdout);
+    job
+}
+
+#[test]
+fn logical_graph_display() {
+    insta::assert_snapshot!(job().to_string());
+}
+
+#[test]
+fn fused_plan_display() {
+    insta::assert_snapshot!(job().plan().unwrap());
+}

@@ -1,0 +1,136 @@
+//! The three failure policies of `process`, each counting every record.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+use weibo::testing::TestJob;
+use weibo::{Error, KeyedContext, on_error};
+
+/// 100 lines; every 7th is not a number.
+fn lines() -> Vec<String> {
+    (0..100).map(|i| if i % 7 == 3 { format!("bad-{i}") } else { i.to_string() }).collect()
+}
+
+fn bad_count() -> usize {
+    (0..100).filter(|i| i % 7 == 3).count()
+}
+
+fn parse(line: &String) -> Result<u32, String> {
+    line.parse::<u32>().map_err(|e| format!("`{line}` is not a number: {e}"))
+}
+
+#[test]
+fn drop_policy_counts_what_it_drops() {
+    let mut t = TestJob::new("drop");
+    let out = t.input(lines()).process(on_error::Drop, parse).name("parse");
+    let out = t.collect(&out);
+    let report = t.run().unwrap();
+    let parse = report.metrics.operator("parse").unwrap();
+    assert_eq!(out.values().len(), 100 - bad_count());
+    assert_eq!(parse.dropped, bad_count() as u64);
+    assert_eq!(parse.records_in, 100);
+    assert_eq!(parse.records_out + parse.dropped, 100, "every record is either emitted or counted as dropped");
+}
+
+#[test]
+fn dead_letter_policy_keeps_record_error_and_position() {
+    let mut t = TestJob::new("dead-letter");
+    let input = t.input(lines()).name("lines");
+    let (ok, dead) = input.process(on_error::DeadLetter, parse);
+    let ok = t.collect(&ok);
+    let dead = t.collect(&dead);
+    let report = t.run().unwrap();
+    let dead = dead.values();
+    assert_eq!(ok.values().len() + dead.len(), 100);
+    assert_eq!(dead.len(), bad_count());
+    assert_eq!(report.metrics.operator("process").unwrap().dead_lettered, bad_count() as u64);
+    for letter in &dead {
+        let offset = letter.position.offset;
+        assert_eq!(letter.record, format!("bad-{offset}"), "the record is the one at its offset");
+        assert_eq!(letter.position.source, "lines");
+        assert_eq!(letter.operator, "process");
+        assert!(letter.error.contains("is not a number"), "{}", letter.error);
+    }
+}
+
+#[test]
+fn fail_policy_stops_the_job_naming_operator_source_and_offset() {
+    let mut t = TestJob::new("fail");
+    let out = t.input(lines()).name("lines").process(on_error::Fail, parse).name("parse");
+    let collected = t.collect(&out);
+    let err = t.run().unwrap_err();
+    match &err {
+        Error::RecordFailed { operator, position, message } => {
+            assert_eq!(operator, "parse");
+            assert_eq!(position.source, "lines");
+            assert_eq!(position.offset, 3, "the first bad line");
+            assert!(message.contains("bad-3"), "{message}");
+        }
+        other => panic!("expected RecordFailed, got {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(text.contains("`parse`") && text.contains("`lines`") && text.contains("offset 3"), "{text}");
+    assert!(collected.values().len() <= 3, "nothing after the failing record is emitted");
+}
+
+#[test]
+fn a_dead_letter_stream_that_is_not_sunk_is_a_wiring_error() {
+    let mut t = TestJob::new("unsunk");
+    let (ok, _dead) = t.input(lines()).process(on_error::DeadLetter, parse);
+    let _ = t.collect(&ok);
+    let err = t.run().unwrap_err();
+    assert!(matches!(err, Error::Graph { .. }), "{err}");
+    assert!(err.to_string().contains("dead letters of `process` are not consumed"), "{err}");
+}
+
+/// Keyed `process` under the three policies: every record accounted for.
+#[test]
+fn keyed_process_policies_count_every_record() {
+    // Sum per key; a negative amount is refused.
+    fn sum(ctx: &mut KeyedContext<'_, u8, i64, (u8, i64)>, x: &i64) -> Result<(), String> {
+        if *x < 0 {
+            return Err(format!("negative amount {x}"));
+        }
+        let key = *ctx.key();
+        let total = ctx.state().get_or_insert(0);
+        *total += x;
+        let out = (key, *total);
+        ctx.emit(out);
+        Ok(())
+    }
+    let input: Vec<i64> = (0..60).map(|i| if i % 5 == 0 { -i } else { i }).collect();
+    let refused = input.iter().filter(|x| **x < 0).count();
+
+    let mut t = TestJob::new("keyed-drop");
+    let out = t
+        .input(input.clone())
+        .key_by(|x: &i64| (x.unsigned_abs() % 3) as u8)
+        .with_partitions(2)
+        .process(on_error::Drop, sum);
+    let out = t.collect(&out);
+    let m = t.run().unwrap().metrics;
+    let op = m.operator("keyed_process").unwrap();
+    assert_eq!(out.values().len() + op.dropped as usize, input.len());
+    assert_eq!(op.dropped as usize, refused);
+
+    let mut t = TestJob::new("keyed-dead");
+    let (ok, dead) = t
+        .input(input.clone())
+        .key_by(|x: &i64| (x.unsigned_abs() % 3) as u8)
+        .with_partitions(3)
+        .process(on_error::DeadLetter, sum);
+    let ok = t.collect(&ok);
+    let dead = t.collect(&dead);
+    t.run().unwrap();
+    assert_eq!(ok.values().len() + dead.values().len(), input.len());
+    let mut refused_records: Vec<i64> = dead.values().into_iter().map(|d| d.record).collect();
+    refused_records.sort_unstable();
+    let mut want: Vec<i64> = input.iter().copied().filter(|x| *x < 0).collect();
+    want.sort_unstable();
+    assert_eq!(refused_records, want);
+
+    let mut t = TestJob::new("keyed-fail");
+    let out = t.input(input).key_by(|x: &i64| (x.unsigned_abs() % 3) as u8).process(on_error::Fail, sum).name("sum");
+    let _ = t.collect(&out);
+    let err = t.run().unwrap_err();
+    assert!(matches!(&err, Error::RecordFailed { operator, .. } if operator == "sum"), "{err}");
+}

@@ -1,0 +1,146 @@
+//! The runtime's flow control: bounded edges and their backpressure
+//! metrics, the buffer timeout that flushes quiet streams, and how a job
+//! stops on errors.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use weibo::sinks::{CollectSink, Sink, SinkBatch, SinkWriter};
+use weibo::sources::{Generator, IterSource};
+use weibo::{Error, Job};
+
+/// A sink that takes `delay` per batch: a slow downstream.
+#[derive(Clone)]
+struct Slow {
+    delay: Duration,
+    count: Arc<AtomicU64>,
+}
+
+impl Sink<u64> for Slow {
+    fn default_name(&self) -> String {
+        "slow".into()
+    }
+    fn open(&self, _: usize, _: usize) -> weibo::Result<Box<dyn SinkWriter<u64>>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+impl SinkWriter<u64> for Slow {
+    fn write(&mut self, batch: &mut SinkBatch<'_, u64>) -> weibo::Result<()> {
+        std::thread::sleep(self.delay);
+        self.count.fetch_add(batch.drain().count() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_sink_blocks_senders_and_the_blocked_time_is_visible_while_running() {
+    let count = Arc::new(AtomicU64::new(0));
+    let slow = Slow { delay: Duration::from_millis(5), count: count.clone() };
+    let job = Job::new("backpressure").with_batch_size(64).with_channel_capacity(1);
+    job.source(Generator::new(20_000, |i| i))
+        .name("numbers")
+        .key_by(|x: &u64| x % 7)
+        .with_partitions(2)
+        .reduce(|a, b| a + b)
+        .sink(slow);
+    let handle = job.spawn().unwrap();
+    // Read metrics from the running job.
+    let mut running = None;
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let m = handle.metrics();
+        if m.operator("reduce").is_some_and(|o| o.records_in > 0) && !handle.is_finished() {
+            running = Some(m);
+            break;
+        }
+    }
+    let running = running.expect("metrics of the running job showed progress");
+    assert!(running.operator("reduce").unwrap().records_in < 20_000, "read while running");
+    let report = handle.wait().await.unwrap();
+    let m = report.metrics;
+    assert_eq!(m.operator("reduce").unwrap().records_in, 20_000);
+    assert_eq!(count.load(Ordering::Relaxed), 20_000);
+    assert_eq!(m.edges.len(), 2, "numbers[0] -> reduce[0], numbers[0] -> reduce[1]");
+    assert_eq!(m.edges.iter().map(|e| e.records).sum::<u64>(), 20_000);
+    assert!(m.total_blocked() > Duration::ZERO, "the source must have waited on full edges: {m}");
+    for e in &m.edges {
+        assert_eq!(e.from, "numbers[0]");
+        assert!(e.to.starts_with("reduce["), "{}", e.to);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_stream_is_flushed_by_the_buffer_timeout() {
+    // 5 events per second: a batch of 1024 would take minutes to fill.
+    let out = CollectSink::new();
+    let job = Job::new("quiet").with_buffer_timeout(Duration::from_millis(20));
+    job.source(Generator::new(1_000, |i| i).with_rate(5.0))
+        .key_by(|x: &u64| *x)
+        .with_partitions(2)
+        .reduce(|a, _| a)
+        .sink(out.clone());
+    let handle = job.spawn().unwrap();
+    let mut arrived = false;
+    for _ in 0..500 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if !out.values().is_empty() {
+            arrived = true;
+            break;
+        }
+    }
+    assert!(!handle.is_finished(), "the source is still producing");
+    handle.abort();
+    assert!(arrived, "records crossed the keyed edge long before a batch was full");
+}
+
+#[test]
+fn a_panicking_user_function_fails_the_job_with_its_message() {
+    let err = weibo::testing::run(vec![1u32, 2, 3], |s| s.map(|x: u32| if x == 2 { panic!("boom at {x}") } else { x }))
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("boom at 2"), "{text}");
+}
+
+#[test]
+fn spawning_outside_a_runtime_is_a_clear_error() {
+    let job = Job::new("no-runtime");
+    job.source(IterSource::new(vec![1])).sink(CollectSink::new());
+    let err = job.spawn().unwrap_err();
+    assert!(matches!(err, Error::Graph { .. }) && err.to_string().contains("tokio runtime"), "{err}");
+}
+
+#[test]
+fn a_job_without_a_sink_is_a_wiring_error() {
+    let job = Job::new("no-sink");
+    let _ = job.source(IterSource::new(vec![1])).map(|x: i32| x + 1);
+    let err = weibo::testing::block_on(job.run()).unwrap_err();
+    assert!(err.to_string().contains("no sink"), "{err}");
+}
+
+#[test]
+fn duplicate_operator_names_are_refused() {
+    let job = Job::new("dupes");
+    let s = job.source(IterSource::new(vec![1])).map(|x: i32| x).name("step");
+    s.map(|x: i32| x).name("step").sink(CollectSink::new());
+    let err = weibo::testing::block_on(job.run()).unwrap_err();
+    assert!(err.to_string().contains("two operators are named `step`"), "{err}");
+}
+
+#[test]
+fn fan_out_sends_every_record_to_both_branches() {
+    let a = CollectSink::new();
+    let b = CollectSink::new();
+    let job = Job::new("fan-out");
+    let s = job.source(IterSource::new(0..500u32));
+    s.filter(|x: &u32| x.is_multiple_of(2)).sink(a.clone());
+    s.key_by(|x: &u32| *x).with_partitions(3).reduce(|x, _| x).sink(b.clone());
+    weibo::testing::block_on(job.run()).unwrap();
+    assert_eq!(a.values().len(), 250);
+    let mut got = b.values();
+    got.sort_unstable();
+    assert_eq!(got, (0..500).collect::<Vec<_>>());
+}
