@@ -1,7 +1,5 @@
 //! Shared types of the examples and the book's code, compiled and tested.
 
-pub mod book;
-
 use serde::{Deserialize, Serialize};
 use weibo::Key;
 

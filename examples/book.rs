@@ -1,1 +1,0 @@
-//! Code the book includes (`{{#include}}` with anchors), compiled and tested here.
