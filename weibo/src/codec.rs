@@ -109,14 +109,11 @@ where
 
     #[inline]
     fn encode(&self, out: &mut Vec<u8>) -> Result<(), CodecError> {
-        let buf = std::mem::take(out);
-        match postcard::to_extend(self, buf) {
-            Ok(buf) => {
-                *out = buf;
-                Ok(())
-            }
-            Err(e) => Err(CodecError { codec: Self::codec_id(), reason: e.to_string() }),
-        }
+        let start = out.len();
+        postcard::serialize_with_flavor(self, AppendFlavor(out)).map_err(|e| {
+            out.truncate(start);
+            CodecError { codec: Self::codec_id(), reason: e.to_string() }
+        })
     }
 
     #[inline]
@@ -129,6 +126,37 @@ where
             }),
             Err(e) => Err(CodecError { codec: Self::codec_id(), reason: e.to_string() }),
         }
+    }
+}
+
+/// A postcard output that appends to a `Vec`, copying short pieces (varints,
+/// small strings) byte by byte instead of through a `memcpy` call.
+struct AppendFlavor<'a>(&'a mut Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for AppendFlavor<'_> {
+    type Output = ();
+
+    #[inline]
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.0.push(data);
+        Ok(())
+    }
+
+    #[inline]
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        if data.len() <= 16 {
+            self.0.reserve(data.len());
+            for &b in data {
+                self.0.push(b);
+            }
+        } else {
+            self.0.extend_from_slice(data);
+        }
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
     }
 }
 

@@ -70,6 +70,7 @@ where
         for r in batch.iter() {
             self.decoded.push((decode_key(&self.info, &r)?, decode_value(&self.info, &r)?));
         }
+        self.state.prefetch(self.decoded.iter().zip(batch.iter()).map(|((k, _), r)| (r.group, k)));
         let f = &*self.f;
         for ((key, v), r) in self.decoded.drain(..).zip(batch.iter()) {
             let new = self.state.update(r.group, key, r.key, |slot| {

@@ -12,11 +12,15 @@
 //! fjall backend) go through the codec on every access.
 
 use std::collections::BTreeMap;
-use std::collections::hash_map::Entry;
 use std::fmt;
 use std::ops::Range;
 
-use rustc_hash::FxHashMap;
+use hashbrown::hash_map::Entry;
+use rustc_hash::FxBuildHasher;
+
+/// The in-memory store's map: hashbrown for `replace_entry_with`, which
+/// lets a value be moved out and back without storing `Option<V>`.
+type ObjectMap<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
 
 use crate::codec::Data;
 use crate::error::{Error, Result};
@@ -144,8 +148,8 @@ impl StateTable for MemoryTable {
 }
 
 enum Store<K, V> {
-    /// One map per owned key group, by typed key; `None` never stays in a map.
-    Objects(Vec<FxHashMap<K, Option<V>>>),
+    /// One map per owned key group, by typed key.
+    Objects(Vec<ObjectMap<K, V>>),
     Bytes {
         table: Box<dyn StateTable>,
         buf: Vec<u8>,
@@ -179,7 +183,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// [`Error::State`] when the backend cannot open it.
     pub fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
         let store = if backend.keeps_objects() {
-            Store::Objects(scope.key_groups.clone().map(|_| FxHashMap::default()).collect())
+            Store::Objects(scope.key_groups.clone().map(|_| ObjectMap::default()).collect())
         } else {
             Store::Bytes { table: backend.open_table(scope)?, buf: Vec::new() }
         };
@@ -218,18 +222,20 @@ impl<K: Key, V: Data> ValueState<K, V> {
                     )));
                 };
                 Ok(match map.entry(key) {
-                    Entry::Occupied(mut e) => {
-                        let r = f(e.get_mut());
-                        if e.get().is_none() {
-                            e.remove();
-                        }
-                        r
+                    Entry::Occupied(e) => {
+                        let mut result = None;
+                        let _ = e.replace_entry_with(|_, value| {
+                            let mut slot = Some(value);
+                            result = Some(f(&mut slot));
+                            slot
+                        });
+                        result.ok_or_else(|| Error::Internal("state update closure was not called".into()))?
                     }
                     Entry::Vacant(e) => {
                         let mut slot = None;
                         let r = f(&mut slot);
-                        if slot.is_some() {
-                            e.insert(slot);
+                        if let Some(value) = slot {
+                            e.insert(value);
                         }
                         r
                     }
@@ -255,6 +261,25 @@ impl<K: Key, V: Data> ValueState<K, V> {
         }
     }
 
+    /// Looks `keys` up without changing anything, so that the cache lines
+    /// they live on are loaded when [`ValueState::update`] needs them.
+    ///
+    /// The lookups are independent of each other, so the processor overlaps
+    /// their cache misses; done one by one inside `update` (between user
+    /// code and output), each miss would be paid in full. Only the
+    /// in-memory store does anything.
+    pub fn prefetch<'k>(&self, keys: impl IntoIterator<Item = (u16, &'k K)>) {
+        let Store::Objects(maps) = &self.store else { return };
+        let mut found = 0usize;
+        for (group, key) in keys {
+            let index = usize::from(group.wrapping_sub(self.groups.start));
+            if let Some(map) = maps.get(index) {
+                found += usize::from(map.contains_key(key));
+            }
+        }
+        std::hint::black_box(found);
+    }
+
     /// The value of `key` in `group`, if any.
     ///
     /// # Errors
@@ -278,9 +303,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
         match &mut self.store {
             Store::Objects(maps) => {
                 for (k, v) in maps.get(index).into_iter().flatten() {
-                    if let Some(v) = v {
-                        f(k, v);
-                    }
+                    f(k, v);
                 }
                 Ok(())
             }

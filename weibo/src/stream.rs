@@ -20,7 +20,9 @@ use crate::key::Key;
 use crate::keyed::{FoldOp, KeyedContext, KeyedProcessOp, PartitionOp, ReduceOp};
 use crate::record::{Batch, RecordBatch, SourcePosition};
 use crate::runtime::erase;
-use crate::runtime::ops::{BatchLimits, Failures, FilterOp, FlatMapOp, MapOp, OpInfo, Policy, ProcessOp, RouterOp};
+use crate::runtime::ops::{
+    BatchLimits, Failures, FilterOp, FlatMapOp, KeyGroupRoutes, MapOp, OpInfo, Policy, ProcessOp, RouterOp,
+};
 use crate::sinks::Sink;
 use crate::state::{StateScope, ValueState};
 
@@ -552,13 +554,14 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         let key_fn = self.key_fn.clone();
         let router: Arc<RouterFactory> = Arc::new(move |ctx, info, senders| {
             let limits = BatchLimits { records: ctx.config.batch_size, bytes: ctx.config.batch_bytes };
+            let routes = KeyGroupRoutes::new(ctx.config.max_key_groups, senders.len());
             Ok(erase::<T>(Box::new(RouterOp::<T, K, KeyFn<K, T>> {
                 info,
                 key_fn: key_fn.clone(),
                 targets: senders.iter().map(|_| RecordBatch::with_capacity(limits.records, 4096)).collect(),
                 senders,
                 outbox: ctx.outbox.clone(),
-                max_key_groups: ctx.config.max_key_groups,
+                routes,
                 limits,
                 key_buf: Vec::with_capacity(32),
                 _t: PhantomData,

@@ -352,7 +352,7 @@ pub(crate) struct RouterOp<T, K, KF: ?Sized> {
     pub(crate) targets: Vec<RecordBatch>,
     pub(crate) senders: Vec<usize>,
     pub(crate) outbox: Outbox,
-    pub(crate) max_key_groups: u16,
+    pub(crate) routes: KeyGroupRoutes,
     pub(crate) limits: BatchLimits,
     pub(crate) key_buf: Vec<u8>,
     pub(crate) _t: PhantomData<fn(T) -> K>,
@@ -379,6 +379,38 @@ impl<T, K, KF: ?Sized> RouterOp<T, K, KF> {
         for &sender in &self.senders {
             self.outbox.push(sender, make());
         }
+    }
+}
+
+/// Key bytes → (key group, worker), without a division per record: a mask
+/// when the number of key groups is a power of two (the default), and a
+/// table from key group to worker. Same results as [`key_group`] and
+/// [`worker_of`].
+#[derive(Clone, Debug)]
+pub(crate) struct KeyGroupRoutes {
+    max: u16,
+    mask: Option<u64>,
+    workers: Vec<usize>,
+}
+
+impl KeyGroupRoutes {
+    pub(crate) fn new(max: u16, parallelism: usize) -> Self {
+        let max = max.max(1);
+        Self {
+            max,
+            mask: max.is_power_of_two().then(|| u64::from(max) - 1),
+            workers: (0..max).map(|g| worker_of(g, parallelism, max)).collect(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn route(&self, key: &[u8]) -> (u16, usize) {
+        let group = match self.mask {
+            // The masked value is below `max`, a u16.
+            Some(mask) => (crate::key::key_hash(key) & mask) as u16,
+            None => key_group(key, self.max),
+        };
+        (group, self.workers.get(usize::from(group)).copied().unwrap_or(usize::MAX))
     }
 }
 
@@ -409,12 +441,10 @@ where
     fn push(&mut self, batch: &mut Batch<T>) -> Result<()> {
         let n = batch.len();
         OperatorCounters::add(&self.info.counters.records_in, n);
-        let parallelism = self.targets.len();
         for (v, m) in batch.values.drain(..).zip(batch.meta.drain(..)) {
             self.key_buf.clear();
             (self.key_fn)(&v).encode_key(&mut self.key_buf);
-            let group = key_group(&self.key_buf, self.max_key_groups);
-            let target = worker_of(group, parallelism, self.max_key_groups);
+            let (group, target) = self.routes.route(&self.key_buf);
             let Some(out) = self.targets.get_mut(target) else {
                 return Err(Error::Internal(format!("key group {group} maps to missing worker {target}")));
             };
@@ -456,6 +486,20 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_routes_agree_with_the_definitions() {
+        for max in [1u16, 7, 100, 128, 256] {
+            for p in 1..=5usize {
+                let routes = KeyGroupRoutes::new(max, p);
+                for k in 0u64..500 {
+                    let bytes = crate::key::encode(&k);
+                    let group = key_group(&bytes, max);
+                    assert_eq!(routes.route(&bytes), (group, worker_of(group, p, max)), "max {max} p {p} key {k}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn key_group_ranges_cover_every_group_once_and_agree_with_worker_of() {
