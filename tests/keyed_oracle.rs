@@ -135,3 +135,45 @@ fn too_many_partitions_is_a_wiring_error() {
     assert!(matches!(err, weibo::Error::Graph { .. }), "{text}");
     assert!(text.contains("200 partitions") && text.contains("with_max_key_groups"), "{text}");
 }
+
+/// Min and max amount per account, as an [`weibo::Aggregate`].
+struct Range;
+
+impl weibo::Aggregate<Event> for Range {
+    type Acc = Option<(i64, i64)>;
+    type Out = (i64, i64);
+    fn create(&self) -> Self::Acc {
+        None
+    }
+    fn add(&self, acc: &mut Self::Acc, e: Event) {
+        *acc = Some(acc.map_or((e.amount, e.amount), |(lo, hi)| (lo.min(e.amount), hi.max(e.amount))));
+    }
+    fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
+        if let Some((lo, hi)) = other {
+            *acc = Some(acc.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
+        }
+    }
+    fn result(&self, acc: &Self::Acc) -> (i64, i64) {
+        acc.unwrap_or((0, 0))
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn aggregate_matches_naive_min_max(input in events(), partitions in 1usize..=8) {
+        let mut want: BTreeMap<Account, (i64, i64)> = BTreeMap::new();
+        for e in &input {
+            let r = want.entry(e.account).or_insert((e.amount, e.amount));
+            *r = (r.0.min(e.amount), r.1.max(e.amount));
+        }
+        let got = testing::run(input.clone(), move |s| s.key_by(|e: &Event| e.account).with_partitions(partitions).aggregate(Range)).unwrap();
+        prop_assert_eq!(got.len(), input.len(), "one result per record");
+        let mut last: BTreeMap<Account, (i64, i64)> = BTreeMap::new();
+        for (account, range) in got {
+            last.insert(account, range);
+        }
+        prop_assert_eq!(last, want);
+    }
+}

@@ -88,37 +88,41 @@ where
     forward_control!();
 }
 
-/// `fold`: an accumulator per key, emitted with the key.
-pub(crate) struct FoldOp<K, T, A, I, F> {
+/// `fold` and `aggregate`: an accumulator per key; after each record,
+/// `output(key, &accumulator)` is emitted.
+pub(crate) struct FoldOp<K, T, A, O, I, F, R> {
     pub(crate) info: OpInfo,
     pub(crate) state: ValueState<K, A>,
     pub(crate) init: Arc<I>,
     pub(crate) f: Arc<F>,
-    pub(crate) out: Batch<(K, A)>,
-    pub(crate) next: Box<dyn Consumer<(K, A)>>,
+    pub(crate) output: Arc<R>,
+    pub(crate) out: Batch<O>,
+    pub(crate) next: Box<dyn Consumer<O>>,
     pub(crate) _t: PhantomData<fn(T)>,
 }
 
-impl<K, T, A, I, F> InputOperator for FoldOp<K, T, A, I, F>
+impl<K, T, A, O, I, F, R> InputOperator for FoldOp<K, T, A, O, I, F, R>
 where
     K: Key,
     T: Data,
     A: Data,
+    O: Send + 'static,
     I: Fn() -> A + Send + Sync + 'static,
     F: Fn(&mut A, T) + Send + Sync + 'static,
+    R: Fn(K, &A) -> O + Send + Sync + 'static,
 {
     fn on_batch(&mut self, batch: &RecordBatch) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
-        let (init, f) = (&*self.init, &*self.f);
+        let (init, f, output) = (&*self.init, &*self.f, &*self.output);
         for r in batch.iter() {
             let v: T = decode_value(&self.info, &r)?;
             let key: K = decode_key(&self.info, &r)?;
-            let acc = self.state.update(r.group, key.clone(), r.key, |slot| {
+            let out = self.state.update(r.group, key.clone(), r.key, |slot| {
                 let acc = slot.get_or_insert_with(init);
                 f(acc, v);
-                acc.clone()
+                output(key, acc)
             })?;
-            self.out.push((key, acc), r.meta);
+            self.out.push(out, r.meta);
         }
         emit(&self.info, &mut *self.next, &mut self.out)
     }

@@ -33,7 +33,7 @@ pub use job::{DEFAULT_MAX_KEY_GROUPS, Job, JobHandle, JobReport};
 pub use key::Key;
 pub use keyed::KeyedContext;
 pub use runtime::heads::BoxFuture;
-pub use stream::{DeadLetter, KeyedStream, SinkRef, Stream, on_error};
+pub use stream::{Aggregate, DeadLetter, KeyedStream, SinkRef, Stream, on_error};
 pub use weibo_macros::{Key, RkyvData};
 
 /// The README's examples, compiled and run as doctests.

@@ -137,6 +137,23 @@ pub enum reduce {}
 #[derive(Debug)]
 pub enum fold {}
 
+/// An aggregation with an accumulator: what [`KeyedStream::aggregate`] (and
+/// window aggregations) fold records into.
+pub trait Aggregate<T>: Send + Sync + 'static {
+    /// The accumulator, kept in state (so it needs a codec).
+    type Acc: Data;
+    /// What is emitted.
+    type Out: Clone + Send + 'static;
+    /// A new, empty accumulator.
+    fn create(&self) -> Self::Acc;
+    /// Adds one record.
+    fn add(&self, acc: &mut Self::Acc, value: T);
+    /// Merges another accumulator into `acc` (for merging windows).
+    fn merge(&self, acc: &mut Self::Acc, other: Self::Acc);
+    /// The result of an accumulator.
+    fn result(&self, acc: &Self::Acc) -> Self::Out;
+}
+
 /// A stream of records of type `T`.
 ///
 /// Streams come from [`Job::source`](crate::Job::source) and from operators
@@ -632,22 +649,70 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         I: Fn() -> A + Send + Sync + 'static,
         F: Fn(&mut A, T) + Send + Sync + 'static,
     {
-        let init = Arc::new(init);
-        let f = Arc::new(f);
+        self.fold_with("fold", init, f, |key: K, acc: &A| (key, acc.clone()))
+    }
+
+    /// Aggregates each key's records with `agg` (an accumulator type with
+    /// `create`, `add` and `result`); emits `(key, result)` after every
+    /// record.
+    ///
+    /// ```
+    /// use weibo::Aggregate;
+    ///
+    /// /// The mean of the readings seen so far.
+    /// struct Mean;
+    /// impl Aggregate<(String, f64)> for Mean {
+    ///     type Acc = (f64, u64);
+    ///     type Out = f64;
+    ///     fn create(&self) -> (f64, u64) { (0.0, 0) }
+    ///     fn add(&self, acc: &mut (f64, u64), reading: (String, f64)) { acc.0 += reading.1; acc.1 += 1; }
+    ///     fn merge(&self, acc: &mut (f64, u64), other: (f64, u64)) { acc.0 += other.0; acc.1 += other.1; }
+    ///     fn result(&self, acc: &(f64, u64)) -> f64 { acc.0 / acc.1 as f64 }
+    /// }
+    ///
+    /// let readings = vec![("a".to_string(), 1.0), ("a".to_string(), 3.0)];
+    /// let out = weibo::testing::run(readings, |s| s.key_by(|r: &(String, f64)| r.0.clone()).aggregate(Mean))?;
+    /// assert_eq!(out, vec![("a".to_string(), 1.0), ("a".to_string(), 2.0)]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn aggregate<G>(&self, agg: G) -> Stream<(K, G::Out)>
+    where
+        G: Aggregate<T>,
+    {
+        let agg = Arc::new(agg);
+        let (create, add, result) = (agg.clone(), agg.clone(), agg);
+        self.fold_with(
+            "aggregate",
+            move || create.create(),
+            move |acc: &mut G::Acc, v: T| add.add(acc, v),
+            move |key: K, acc: &G::Acc| (key, result.result(acc)),
+        )
+    }
+
+    fn fold_with<A, O, I, F, R>(&self, kind: &'static str, init: I, f: F, output: R) -> Stream<O>
+    where
+        A: Data,
+        O: Clone + Send + 'static,
+        I: Fn() -> A + Send + Sync + 'static,
+        F: Fn(&mut A, T) + Send + Sync + 'static,
+        R: Fn(K, &A) -> O + Send + Sync + 'static,
+    {
+        let (init, f, output) = (Arc::new(init), Arc::new(f), Arc::new(output));
         let factory: Arc<KeyedFactory> = Arc::new(move |ctx, info, groups, outs| {
-            let next = typed::<(K, A)>(one(outs, &info.name)?, &info.name)?;
+            let next = typed::<O>(one(outs, &info.name)?, &info.name)?;
             let state = ValueState::<K, A>::open(ctx.state(), &scope(ctx, &info, "accumulator", groups))?;
             Ok(Box::new(FoldOp {
                 info,
                 state,
                 init: init.clone(),
                 f: f.clone(),
+                output: output.clone(),
                 out: Batch::with_capacity(ctx.config.batch_size),
                 next,
                 _t: PhantomData,
             }))
         });
-        let (graph, node) = self.keyed::<(K, A)>("fold", vec![port::<(K, A)>("output", false)], factory);
+        let (graph, node) = self.keyed::<O>(kind, vec![port::<O>("output", false)], factory);
         Stream::new(graph, node, 0)
     }
 
