@@ -144,3 +144,18 @@ fn fan_out_sends_every_record_to_both_branches() {
     got.sort_unstable();
     assert_eq!(got, (0..500).collect::<Vec<_>>());
 }
+
+#[test]
+fn a_zero_buffer_timeout_flushes_every_step_and_finishes() {
+    let out = CollectSink::new();
+    let job = Job::new("no-buffering").with_buffer_timeout(Duration::ZERO).with_batch_size(16);
+    job.source(IterSource::new(0..300u32))
+        .key_by(|x: &u32| x % 5)
+        .with_partitions(2)
+        .reduce(|a, b| a.max(b))
+        .sink(out.clone());
+    weibo::testing::block_on(job.run()).unwrap();
+    let mut got = out.values();
+    got.sort_unstable();
+    assert_eq!(got, (0..300).collect::<Vec<_>>(), "max per key equals each record, which arrive in order");
+}

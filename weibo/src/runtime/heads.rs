@@ -129,10 +129,16 @@ impl HeadRunner for ChannelHead {
                     }
                     Poll::Pending
                 });
-                let next = tokio::select! {
-                    biased;
-                    next = receive => next,
-                    () = tokio::time::sleep_until(deadline) => Next::Timeout,
+                // With a zero buffer timeout every step flushes, so there is
+                // nothing to wake up for: just wait for input.
+                let next = if io.buffer_timeout.is_zero() {
+                    receive.await
+                } else {
+                    tokio::select! {
+                        biased;
+                        next = receive => next,
+                        () = tokio::time::sleep_until(deadline) => Next::Timeout,
+                    }
                 };
                 match next {
                     Next::Timeout => {}
