@@ -11,7 +11,7 @@ use crate::metrics::OperatorCounters;
 use crate::record::{Batch, Meta, RecordBatch, RecordRef, Timestamp};
 use crate::runtime::Consumer;
 use crate::runtime::heads::{InputOperator, emit};
-use crate::runtime::ops::{Failures, OpInfo};
+use crate::runtime::ops::{Failures, OpInfo, forward_control};
 use crate::state::ValueState;
 
 fn decode_value<T: Data>(info: &OpInfo, r: &RecordRef<'_>) -> Result<T> {
@@ -29,21 +29,6 @@ fn decode_key<K: Key>(info: &OpInfo, r: &RecordRef<'_>) -> Result<K> {
             info.sources.position(&r.meta)
         ))
     })
-}
-
-/// Forwards watermark, flush and finish to the chain.
-macro_rules! forward_control {
-    () => {
-        fn on_watermark(&mut self, wm: Timestamp) -> Result<()> {
-            self.next.watermark(wm)
-        }
-        fn flush(&mut self) -> Result<()> {
-            self.next.flush()
-        }
-        fn finish(&mut self) -> Result<()> {
-            self.next.finish()
-        }
-    };
 }
 
 /// `reduce`: the running value per key.
@@ -85,7 +70,7 @@ where
         }
         emit(&self.info, &mut *self.next, &mut self.out)
     }
-    forward_control!();
+    forward_control!(on_watermark);
 }
 
 /// `fold` and `aggregate`: an accumulator per key; after each record,
@@ -126,7 +111,7 @@ where
         }
         emit(&self.info, &mut *self.next, &mut self.out)
     }
-    forward_control!();
+    forward_control!(on_watermark);
 }
 
 /// What a keyed `process` function sees for one record.
@@ -204,20 +189,7 @@ where
         self.failures.push()
     }
 
-    fn on_watermark(&mut self, wm: Timestamp) -> Result<()> {
-        self.next.watermark(wm)?;
-        self.failures.watermark(wm)
-    }
-
-    fn flush(&mut self) -> Result<()> {
-        self.next.flush()?;
-        self.failures.flush()
-    }
-
-    fn finish(&mut self) -> Result<()> {
-        self.next.finish()?;
-        self.failures.finish()
-    }
+    forward_control!(on_watermark, failures);
 }
 
 /// Decodes records and passes them on, partitioned by key (a keyed sink).
@@ -236,5 +208,5 @@ impl<T: Data> InputOperator for PartitionOp<T> {
         }
         emit(&self.info, &mut *self.next, &mut self.out)
     }
-    forward_control!();
+    forward_control!(on_watermark);
 }

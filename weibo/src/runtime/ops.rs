@@ -13,6 +13,39 @@ use crate::record::{Batch, Meta, RecordBatch, SourceNames, Timestamp};
 use crate::runtime::{Consumer, Message, Outbox};
 use crate::stream::DeadLetter;
 
+/// Forwards watermark, flush and finish to `self.next` (and to the
+/// dead-letter output when given `failures`). The first argument names the
+/// watermark method: `watermark` for chain consumers, `on_watermark` for
+/// keyed operators.
+macro_rules! forward_control {
+    ($wm:ident) => {
+        fn $wm(&mut self, wm: Timestamp) -> Result<()> {
+            self.next.watermark(wm)
+        }
+        fn flush(&mut self) -> Result<()> {
+            self.next.flush()
+        }
+        fn finish(&mut self) -> Result<()> {
+            self.next.finish()
+        }
+    };
+    ($wm:ident, failures) => {
+        fn $wm(&mut self, wm: Timestamp) -> Result<()> {
+            self.next.watermark(wm)?;
+            self.failures.watermark(wm)
+        }
+        fn flush(&mut self) -> Result<()> {
+            self.next.flush()?;
+            self.failures.flush()
+        }
+        fn finish(&mut self) -> Result<()> {
+            self.next.finish()?;
+            self.failures.finish()
+        }
+    };
+}
+pub(crate) use forward_control;
+
 /// What every operator instance knows about itself.
 #[derive(Clone, Debug)]
 pub(crate) struct OpInfo {
@@ -126,15 +159,7 @@ where
         OperatorCounters::add(&self.info.counters.records_out, n);
         self.next.push(&mut self.out)
     }
-    fn watermark(&mut self, wm: Timestamp) -> Result<()> {
-        self.next.watermark(wm)
-    }
-    fn flush(&mut self) -> Result<()> {
-        self.next.flush()
-    }
-    fn finish(&mut self) -> Result<()> {
-        self.next.finish()
-    }
+    forward_control!(watermark);
 }
 
 /// `filter`: keeps the values the predicate accepts, in place.
@@ -169,15 +194,7 @@ where
         OperatorCounters::add(&self.info.counters.records_out, batch.len());
         self.next.push(batch)
     }
-    fn watermark(&mut self, wm: Timestamp) -> Result<()> {
-        self.next.watermark(wm)
-    }
-    fn flush(&mut self) -> Result<()> {
-        self.next.flush()
-    }
-    fn finish(&mut self) -> Result<()> {
-        self.next.finish()
-    }
+    forward_control!(watermark);
 }
 
 /// `flat_map`: each value becomes zero or more values with its metadata.
@@ -207,15 +224,7 @@ where
         OperatorCounters::add(&self.info.counters.records_out, self.out.len());
         self.next.push(&mut self.out)
     }
-    fn watermark(&mut self, wm: Timestamp) -> Result<()> {
-        self.next.watermark(wm)
-    }
-    fn flush(&mut self) -> Result<()> {
-        self.next.flush()
-    }
-    fn finish(&mut self) -> Result<()> {
-        self.next.finish()
-    }
+    forward_control!(watermark);
 }
 
 /// `process`: a fallible function with a failure policy.
@@ -247,18 +256,7 @@ where
         self.next.push(&mut self.out)?;
         self.failures.push()
     }
-    fn watermark(&mut self, wm: Timestamp) -> Result<()> {
-        self.next.watermark(wm)?;
-        self.failures.watermark(wm)
-    }
-    fn flush(&mut self) -> Result<()> {
-        self.next.flush()?;
-        self.failures.flush()
-    }
-    fn finish(&mut self) -> Result<()> {
-        self.next.finish()?;
-        self.failures.finish()
-    }
+    forward_control!(watermark, failures);
 }
 
 /// Fan-out: every downstream consumer gets every record.
