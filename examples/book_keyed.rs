@@ -1,0 +1,222 @@
+//! The book's "Keyed streams" chapter: reduce, fold, aggregate, process with
+//! per-key state, and keyed sinks, each checked against the same computation
+//! done without Weibo.
+//!
+//! Run it with `cargo run -p weibo-examples --example book_keyed`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use weibo::sinks::CollectSink;
+use weibo::sources::{Generator, IterSource};
+use weibo::testing::block_on;
+use weibo::{Aggregate, Job, KeyedContext, on_error};
+use weibo_examples::{CustomerId, Order, Totals, order};
+
+fn main() -> weibo::Result<()> {
+    reduce()?;
+    fold()?;
+    aggregate()?;
+    process()?;
+    keyed_sink()?;
+    Ok(())
+}
+
+// ANCHOR: oracle
+/// Orders and summed cents per customer, computed with a plain loop.
+fn expected_totals(orders: impl Iterator<Item = Order>) -> BTreeMap<CustomerId, (u64, i64)> {
+    let mut expected = BTreeMap::new();
+    for o in orders {
+        let e: &mut (u64, i64) = expected.entry(o.customer).or_default();
+        e.0 += 1;
+        e.1 += o.amount_cents;
+    }
+    expected
+}
+// ANCHOR_END: oracle
+
+// ANCHOR: reduce
+fn reduce() -> weibo::Result<()> {
+    let totals = CollectSink::new();
+    let job = Job::new("totals");
+    job.source(Generator::new(1_000, order))
+        .map(|o: Order| Totals { customer: o.customer, orders: 1, cents: o.amount_cents })
+        .key_by(|t: &Totals| t.customer)
+        .with_partitions(4)
+        .reduce(|a, b| Totals { customer: a.customer, orders: a.orders + b.orders, cents: a.cents + b.cents })
+        .sink(totals.clone());
+    block_on(job.run())?;
+
+    // `reduce` emits the key's new value after every record: 1000 outputs.
+    // Records of one key stay in order, so the last output per key is its total.
+    let outputs = totals.values();
+    assert_eq!(outputs.len(), 1_000);
+    let last: BTreeMap<CustomerId, (u64, i64)> =
+        outputs.into_iter().map(|t| (t.customer, (t.orders, t.cents))).collect();
+    assert_eq!(last, expected_totals((0..1_000).map(order)));
+    Ok(())
+}
+// ANCHOR_END: reduce
+
+// ANCHOR: fold
+fn fold() -> weibo::Result<()> {
+    let counts = CollectSink::new();
+    let job = Job::new("order-counts");
+    job.source(IterSource::new((0..100).map(order)))
+        .key_by(|o: &Order| o.customer)
+        .fold(|| 0u64, |count: &mut u64, _order: Order| *count += 1)
+        .sink(counts.clone());
+    block_on(job.run())?;
+
+    // `fold` emits `(key, accumulator)` after every record.
+    let last: BTreeMap<CustomerId, u64> = counts.values().into_iter().collect();
+    let expected: BTreeMap<CustomerId, u64> =
+        expected_totals((0..100).map(order)).into_iter().map(|(c, (n, _))| (c, n)).collect();
+    assert_eq!(last, expected);
+    Ok(())
+}
+// ANCHOR_END: fold
+
+// ANCHOR: aggregate_impl
+/// What `aggregate` emits per customer.
+#[derive(Clone, Debug, PartialEq)]
+struct Summary {
+    orders: u64,
+    mean_cents: i64,
+    largest_cents: i64,
+}
+
+/// Count, sum and largest amount of a customer's orders.
+struct OrderStats;
+
+impl Aggregate<Order> for OrderStats {
+    type Acc = (u64, i64, i64); // kept in state, so it needs a codec
+    type Out = Summary;
+
+    fn create(&self) -> Self::Acc {
+        (0, 0, i64::MIN)
+    }
+
+    fn add(&self, acc: &mut Self::Acc, order: Order) {
+        acc.0 += 1;
+        acc.1 += order.amount_cents;
+        acc.2 = acc.2.max(order.amount_cents);
+    }
+
+    fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
+        acc.0 += other.0;
+        acc.1 += other.1;
+        acc.2 = acc.2.max(other.2);
+    }
+
+    fn result(&self, acc: &Self::Acc) -> Summary {
+        Summary { orders: acc.0, mean_cents: acc.1 / acc.0.max(1) as i64, largest_cents: acc.2 }
+    }
+}
+// ANCHOR_END: aggregate_impl
+
+// ANCHOR: aggregate
+fn aggregate() -> weibo::Result<()> {
+    let summaries = CollectSink::new();
+    let job = Job::new("order-stats");
+    job.source(IterSource::new((0..100).map(order)))
+        .key_by(|o: &Order| o.customer)
+        .with_partitions(2)
+        .aggregate(OrderStats)
+        .sink(summaries.clone());
+    block_on(job.run())?;
+
+    // `aggregate` emits `(key, result)` after every record.
+    let last: BTreeMap<CustomerId, Summary> = summaries.values().into_iter().collect();
+    for (customer, (orders, cents)) in expected_totals((0..100).map(order)) {
+        let largest = (0..100).map(order).filter(|o| o.customer == customer).map(|o| o.amount_cents).max();
+        let expected = Summary { orders, mean_cents: cents / orders as i64, largest_cents: largest.unwrap_or(0) };
+        assert_eq!(last.get(&customer), Some(&expected));
+    }
+    Ok(())
+}
+// ANCHOR_END: aggregate
+
+// ANCHOR: process_types
+/// Per-customer state: kept by Weibo, one value per key.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Spend {
+    cents: i64,
+    alerted: bool,
+}
+
+/// What the pipeline emits.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Alert {
+    customer: CustomerId,
+    cents: i64,
+    at: Option<i64>,
+}
+
+const LIMIT: i64 = 100_000;
+// ANCHOR_END: process_types
+
+fn process() -> weibo::Result<()> {
+    let mut got = alerts()?;
+    got.sort();
+    for alert in &got {
+        println!("{alert:?}");
+    }
+
+    // The same alerts, computed with a plain loop.
+    let mut spent: BTreeMap<CustomerId, (i64, bool)> = BTreeMap::new();
+    let mut expected = Vec::new();
+    for i in 0..200u64 {
+        let o = order(i);
+        let (cents, alerted) = spent.entry(o.customer).or_default();
+        *cents += o.amount_cents;
+        if *cents > LIMIT && !*alerted {
+            *alerted = true;
+            let at = Some(1_700_000_000_000 + i as i64 * 1_000);
+            expected.push(Alert { customer: o.customer, cents: *cents, at });
+        }
+    }
+    expected.sort();
+    assert_eq!(got, expected);
+    Ok(())
+}
+
+// ANCHOR: process
+fn alerts() -> weibo::Result<Vec<Alert>> {
+    let alerts = CollectSink::new();
+    let job = Job::new("big-spenders");
+    job.source(Generator::new(200, order).with_timestamps(|i| 1_700_000_000_000 + i as i64 * 1_000))
+        .key_by(|o: &Order| o.customer)
+        .with_partitions(2)
+        .process(on_error::Fail, |ctx: &mut KeyedContext<'_, CustomerId, Spend, Alert>, o: &Order| {
+            let (customer, at) = (*ctx.key(), ctx.timestamp());
+            let spend = ctx.state().get_or_insert_with(Spend::default);
+            spend.cents += o.amount_cents;
+            if spend.cents > LIMIT && !spend.alerted {
+                spend.alerted = true;
+                let cents = spend.cents;
+                ctx.emit(Alert { customer, cents, at });
+            }
+            Ok::<(), String>(())
+        })
+        .name("alert-once")
+        .sink(alerts.clone());
+    block_on(job.run())?;
+    Ok(alerts.values())
+}
+// ANCHOR_END: process
+
+// ANCHOR: keyed_sink
+fn keyed_sink() -> weibo::Result<()> {
+    let by_customer = CollectSink::new();
+    let job = Job::new("partitioned-output");
+    job.source(IterSource::new((0..10).map(order)))
+        .key_by(|o: &Order| o.customer)
+        .with_partitions(2)
+        .sink(by_customer.clone());
+    println!("{}", job.plan()?);
+    block_on(job.run())?;
+    assert_eq!(by_customer.values().len(), 10);
+    Ok(())
+}
+// ANCHOR_END: keyed_sink

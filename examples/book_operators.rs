@@ -1,0 +1,135 @@
+//! The book's "Stream operators" chapter: map, filter, flat_map, process
+//! under each failure policy, union, fan-out and names.
+//!
+//! Run it with `cargo run -p weibo-examples --example book_operators`.
+
+use std::error::Error;
+use std::path::Path;
+
+use weibo::sinks::{Blackhole, CollectSink, FileSink};
+use weibo::sources::IterSource;
+use weibo::testing::block_on;
+use weibo::{Job, on_error};
+use weibo_examples::{Order, order};
+
+fn main() -> Result<(), Box<dyn Error>> {
+    stateless()?;
+    drop_policy()?;
+    let dir = std::env::temp_dir().join("weibo-book-operators");
+    std::fs::create_dir_all(&dir)?;
+    dead_letters(&dir.join("dead-letters.jsonl"))?;
+    std::fs::remove_dir_all(&dir)?;
+    fail_policy()?;
+    union()?;
+    fan_out()?;
+    Ok(())
+}
+
+/// Owned lines, as a file source would produce them.
+fn lines(values: &[&str]) -> Vec<String> {
+    values.iter().map(|s| s.to_string()).collect()
+}
+
+// ANCHOR: stateless
+fn stateless() -> weibo::Result<()> {
+    let words = CollectSink::new();
+    let job = Job::new("words");
+    job.source(IterSource::new(lines(&["the quick brown fox", "", "jumps over the lazy dog"])))
+        .flat_map(|line: String| line.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .filter(|word: &String| word != "the")
+        .map(|word: String| word.to_uppercase())
+        .sink(words.clone());
+    block_on(job.run())?;
+    assert_eq!(words.values(), ["QUICK", "BROWN", "FOX", "JUMPS", "OVER", "LAZY", "DOG"]);
+    Ok(())
+}
+// ANCHOR_END: stateless
+
+// ANCHOR: drop
+fn drop_policy() -> weibo::Result<()> {
+    let numbers = CollectSink::new();
+    let job = Job::new("parse");
+    job.source(IterSource::new(lines(&["1", "x", "3"])))
+        .name("lines")
+        .process(on_error::Drop, |line: &String| line.parse::<u32>())
+        .name("parse")
+        .sink(numbers.clone());
+    let report = block_on(job.run())?;
+    assert_eq!(numbers.values(), [1, 3]);
+    assert_eq!(report.metrics.operator("parse").map(|m| m.dropped), Some(1));
+    Ok(())
+}
+// ANCHOR_END: drop
+
+// ANCHOR: dead_letter
+fn dead_letters(dead_letter_file: &Path) -> Result<(), Box<dyn Error>> {
+    let numbers = CollectSink::new();
+    let job = Job::new("parse");
+    let (parsed, failed) = job
+        .source(IterSource::new(lines(&["1", "x", "3"])))
+        .name("lines")
+        .process(on_error::DeadLetter, |line: &String| line.parse::<u32>());
+    parsed.name("parse").sink(numbers.clone());
+    failed.sink(FileSink::json_lines(dead_letter_file)).name("dead-letters");
+    println!("{job}");
+    block_on(job.run())?;
+
+    assert_eq!(numbers.values(), [1, 3]);
+    let letters = std::fs::read_to_string(dead_letter_file)?;
+    print!("{letters}");
+    assert_eq!(
+        letters,
+        r#"{"record":"x","error":"invalid digit found in string","operator":"parse","position":{"source":"lines","partition":0,"offset":1}}"#
+            .to_string()
+            + "\n"
+    );
+    Ok(())
+}
+// ANCHOR_END: dead_letter
+
+// ANCHOR: fail
+fn fail_policy() -> Result<(), Box<dyn Error>> {
+    let job = Job::new("parse");
+    job.source(IterSource::new(lines(&["1", "x", "3"])))
+        .name("lines")
+        .process(on_error::Fail, |line: &String| line.parse::<u32>())
+        .name("parse")
+        .sink(Blackhole::new());
+    let err = block_on(job.run()).err().ok_or("the job should have failed")?;
+    assert!(matches!(err, weibo::Error::RecordFailed { .. }));
+    assert_eq!(
+        err.to_string(),
+        "operator `parse` failed on the record from source `lines` partition 0 offset 1: invalid digit found in string"
+    );
+    Ok(())
+}
+// ANCHOR_END: fail
+
+// ANCHOR: union
+fn union() -> weibo::Result<()> {
+    let all = CollectSink::new();
+    let job = Job::new("all-orders");
+    let web = job.source(IterSource::new(vec![order(1), order(2)])).name("web");
+    let app = job.source(IterSource::new(vec![order(3)])).name("app");
+    web.union(&app).filter(|o: &Order| o.amount_cents > 0).name("paid").sink(all.clone()).name("all");
+    println!("{job}");
+    println!("{}", job.plan()?);
+    block_on(job.run())?;
+    assert_eq!(all.values().len(), 3);
+    Ok(())
+}
+// ANCHOR_END: union
+
+// ANCHOR: fan_out
+fn fan_out() -> weibo::Result<()> {
+    let (paid, refunds) = (CollectSink::new(), CollectSink::new());
+    let job = Job::new("split");
+    let orders = job.source(IterSource::new((0..14).map(order))).name("orders");
+    orders.filter(|o: &Order| o.amount_cents >= 0).sink(paid.clone()).name("paid");
+    orders.filter(|o: &Order| o.amount_cents < 0).sink(refunds.clone()).name("refunds");
+    println!("{}", job.plan()?);
+    block_on(job.run())?;
+    assert_eq!((paid.values().len(), refunds.values().len()), (12, 2));
+    Ok(())
+}
+// ANCHOR_END: fan_out

@@ -1,0 +1,132 @@
+//! The book's "Sinks" chapter: stdout, blackhole, JSON-lines files, the
+//! collecting sink, and a sink of your own that reads record metadata.
+//!
+//! Run it with `cargo run -p weibo-examples --example book_sinks`.
+
+use std::error::Error;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use weibo::Job;
+use weibo::record::Timestamp;
+use weibo::sinks::{Blackhole, CollectSink, FileSink, Sink, SinkBatch, SinkWriter, Stdout};
+use weibo::sources::{Generator, IterSource};
+use weibo::testing::block_on;
+use weibo_examples::{Order, Totals, order};
+
+fn main() -> Result<(), Box<dyn Error>> {
+    stdout()?;
+    blackhole()?;
+    let dir = std::env::temp_dir().join("weibo-book-sinks");
+    std::fs::create_dir_all(&dir)?;
+    file(&dir.join("totals.jsonl"))?;
+    std::fs::remove_dir_all(&dir)?;
+    collect()?;
+    record_metadata()?;
+    Ok(())
+}
+
+// ANCHOR: stdout
+fn stdout() -> weibo::Result<()> {
+    let job = Job::new("print");
+    job.source(IterSource::new((0..3).map(order))).sink(Stdout);
+    block_on(job.run())?;
+    // prints, one `Debug` line per record:
+    // Order { customer: CustomerId(1), amount_cents: 0 }
+    // Order { customer: CustomerId(2), amount_cents: 5761 }
+    // Order { customer: CustomerId(3), amount_cents: 1522 }
+    Ok(())
+}
+// ANCHOR_END: stdout
+
+// ANCHOR: blackhole
+fn blackhole() -> weibo::Result<()> {
+    let sink = Blackhole::new();
+    let job = Job::new("discard");
+    job.source(Generator::new(10_000, order)).sink(sink.clone());
+    block_on(job.run())?;
+    assert_eq!(sink.count(), 10_000);
+    Ok(())
+}
+// ANCHOR_END: blackhole
+
+// ANCHOR: file
+fn file(path: &Path) -> Result<(), Box<dyn Error>> {
+    let job = Job::new("to-file");
+    job.source(IterSource::new((0..2).map(order)))
+        .map(|o: Order| Totals { customer: o.customer, orders: 1, cents: o.amount_cents })
+        .sink(FileSink::json_lines(path))
+        .name("totals-file");
+    block_on(job.run())?;
+    assert_eq!(
+        std::fs::read_to_string(path)?,
+        "{\"customer\":1,\"orders\":1,\"cents\":0}\n{\"customer\":2,\"orders\":1,\"cents\":5761}\n"
+    );
+    Ok(())
+}
+// ANCHOR_END: file
+
+// ANCHOR: collect
+fn collect() -> weibo::Result<()> {
+    let sink = CollectSink::new();
+    let job = Job::new("collect");
+    job.source(IterSource::new(vec!["a", "b"])).sink(sink.clone()); // clones share storage
+    block_on(job.run())?;
+    assert_eq!(sink.values(), ["a", "b"]); // a copy
+    assert_eq!(sink.take(), ["a", "b"]); // moves them out
+    assert!(sink.values().is_empty());
+    Ok(())
+}
+// ANCHOR_END: collect
+
+// ANCHOR: custom_sink
+/// A value, its source partition, its offset in the partition, its event time.
+type Seen = (u64, u32, u64, Timestamp);
+
+/// Records each value with the metadata that travelled with it.
+#[derive(Clone, Default)]
+struct Positions {
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Sink<u64> for Positions {
+    fn default_name(&self) -> String {
+        "positions".into()
+    }
+
+    /// Called once per parallel instance of the stream this sink consumes.
+    fn open(&self, _instance: usize, _parallelism: usize) -> weibo::Result<Box<dyn SinkWriter<u64>>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+impl SinkWriter<u64> for Positions {
+    fn write(&mut self, batch: &mut SinkBatch<'_, u64>) -> weibo::Result<()> {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        for (value, meta) in batch.values().iter().zip(batch.meta()) {
+            seen.push((*value, meta.partition, meta.offset, meta.timestamp));
+        }
+        batch.drain().for_each(drop);
+        Ok(())
+    }
+
+    // `flush` (the buffer timeout passed) and `finish` (end of input) have
+    // default implementations; override them for sinks that buffer.
+}
+// ANCHOR_END: custom_sink
+
+// ANCHOR: custom_sink_use
+fn record_metadata() -> weibo::Result<()> {
+    let positions = Positions::default();
+    let job = Job::new("metadata");
+    job.source(Generator::new(4, |i| i * 10).with_partitions(2).with_timestamps(|i| 1_000 * i as i64))
+        .sink(positions.clone());
+    block_on(job.run())?;
+
+    let mut seen = positions.seen.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    seen.sort();
+    // (value, source partition, offset in the partition, event time)
+    assert_eq!(seen, [(0, 0, 0, 0), (10, 1, 1, 1_000), (20, 0, 2, 2_000), (30, 1, 3, 3_000)]);
+    Ok(())
+}
+// ANCHOR_END: custom_sink_use
