@@ -23,7 +23,8 @@ fn lines_carry_their_byte_offsets() {
     let mut t = testing::TestJob::new("lines");
     let src = t.job().source(FileSource::lines(&path));
     // Turn each line into (line, offset) through a dead-letter side output.
-    let (_ok, dead) = src.process(weibo::on_error::DeadLetter, |_l: &String| Err::<(), _>("probe"));
+    let (ok, dead) = src.process(weibo::on_error::DeadLetter, |_l: &String| Err::<(), _>("probe"));
+    ok.sink(weibo::sinks::Blackhole::new());
     let dead = t.collect(&dead);
     t.run().unwrap();
     let got: Vec<(String, u64)> = dead.values().into_iter().map(|d| (d.record, d.position.offset)).collect();
@@ -84,4 +85,18 @@ fn a_missing_file_names_its_path() {
     let err = testing::run_job(|job| job.source(FileSource::lines("/no/such/dir/input.txt"))).unwrap_err();
     assert!(matches!(err, Error::Io { .. }), "{err}");
     assert!(err.to_string().contains("/no/such/dir/input.txt"), "{err}");
+}
+
+#[test]
+fn a_file_sink_used_by_a_second_job_starts_the_file_anew() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("out.jsonl");
+    let sink = FileSink::json_lines(&path);
+    for (run, n) in [(1, 5u32), (2, 3u32)] {
+        let job = weibo::Job::new(format!("run-{run}"));
+        job.source(weibo::sources::IterSource::new(0..n)).sink(sink.clone());
+        testing::block_on(job.run()).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), n as usize, "run {run} wrote a fresh file: {text:?}");
+    }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use weibo::sinks::{CollectSink, Sink, SinkBatch, SinkWriter};
+use weibo::sinks::{Blackhole, CollectSink, Sink, SinkBatch, SinkWriter};
 use weibo::sources::{Generator, IterSource};
 use weibo::{Error, Job};
 
@@ -102,6 +102,7 @@ fn a_panicking_user_function_fails_the_job_with_its_message() {
     let err = weibo::testing::run(vec![1u32, 2, 3], |s| s.map(|x: u32| if x == 2 { panic!("boom at {x}") } else { x }))
         .unwrap_err();
     let text = err.to_string();
+    assert!(matches!(&err, Error::Panicked { task, .. } if task == "values[0]"), "{err:?}");
     assert!(text.contains("boom at 2"), "{text}");
 }
 
@@ -110,7 +111,7 @@ fn spawning_outside_a_runtime_is_a_clear_error() {
     let job = Job::new("no-runtime");
     job.source(IterSource::new(vec![1])).sink(CollectSink::new());
     let err = job.spawn().unwrap_err();
-    assert!(matches!(err, Error::Graph { .. }) && err.to_string().contains("tokio runtime"), "{err}");
+    assert!(matches!(err, Error::Runtime { .. }) && err.to_string().contains("tokio runtime"), "{err}");
 }
 
 #[test]
@@ -158,4 +159,41 @@ fn a_zero_buffer_timeout_flushes_every_step_and_finishes() {
     let mut got = out.values();
     got.sort_unstable();
     assert_eq!(got, (0..300).collect::<Vec<_>>(), "max per key equals each record, which arrive in order");
+}
+
+/// Records which (instance, parallelism) each opened writer got.
+#[derive(Clone, Default)]
+struct Instances(Arc<std::sync::Mutex<Vec<(usize, usize)>>>);
+
+impl Sink<u32> for Instances {
+    fn default_name(&self) -> String {
+        "instances".into()
+    }
+    fn open(&self, instance: usize, parallelism: usize) -> weibo::Result<Box<dyn SinkWriter<u32>>> {
+        self.0.lock().unwrap().push((instance, parallelism));
+        Sink::<u32>::open(&Blackhole::new(), instance, parallelism)
+    }
+}
+
+#[test]
+fn sink_instances_are_numbered_across_the_heads_that_reach_them() {
+    let seen = Instances::default();
+    let job = Job::new("numbering");
+    let one = job.source(IterSource::new(0..10u32)).name("one");
+    let three = job.source(Generator::new(30, |i| i as u32).with_partitions(3)).name("three");
+    one.union(&three).sink(seen.clone());
+    weibo::testing::block_on(job.run()).unwrap();
+    let mut got = seen.0.lock().unwrap().clone();
+    got.sort_unstable();
+    assert_eq!(got, vec![(0, 4), (1, 4), (2, 4), (3, 4)]);
+}
+
+#[test]
+fn a_stream_nobody_consumes_is_a_wiring_error() {
+    let job = Job::new("dangling");
+    let s = job.source(IterSource::new(vec![1u8])).name("numbers");
+    s.sink(CollectSink::new());
+    let _forgotten = s.map(|x: u8| x + 1).name("plus-one");
+    let err = weibo::testing::block_on(job.run()).unwrap_err();
+    assert!(err.to_string().contains("the output of `plus-one` is not consumed"), "{err}");
 }

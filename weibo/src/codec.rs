@@ -77,7 +77,7 @@ impl std::error::Error for CodecError {}
 /// # Ok::<(), weibo::codec::CodecError>(())
 /// ```
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` has no codec, so it cannot cross a shuffle edge, enter state or reach this sink",
+    message = "`{Self}` has no codec, so it cannot cross a shuffle edge or be kept in state",
     label = "this type needs a codec",
     note = "add `#[derive(Clone, serde::Serialize, serde::Deserialize)]` to `{Self}` (postcard codec), or derive `rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, weibo::RkyvData` (rkyv codec)"
 )]

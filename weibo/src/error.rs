@@ -83,6 +83,25 @@ pub enum Error {
         message: String,
     },
 
+    /// A user function (an operator's closure, a source or a sink) panicked.
+    #[error("a user function in `{task}` panicked: {message}")]
+    Panicked {
+        /// The task it ran in, as `name[instance]`.
+        task: String,
+        /// The panic's message.
+        message: String,
+    },
+
+    /// The job cannot start in this environment (for example, outside a
+    /// tokio runtime).
+    #[error("job `{job}` cannot start: {message}")]
+    Runtime {
+        /// The job's name.
+        job: String,
+        /// What is missing.
+        message: String,
+    },
+
     /// An edge closed because the task on its other side stopped; the
     /// job's error is the one that stopped that task.
     #[error("the edge to `{edge}` closed because the task on its other side stopped")]

@@ -198,9 +198,13 @@ impl Graph {
         for (id, node) in self.nodes.iter().enumerate() {
             for (p, port) in node.outputs.iter().enumerate() {
                 if port.must_consume && self.consumers(id, p).next().is_none() {
+                    let what = if port.label == "output" {
+                        format!("the output of `{}` is not consumed, so its records would be lost", node.name)
+                    } else {
+                        format!("the {} of `{}` are not consumed, so they would be lost", port.label, node.name)
+                    };
                     return Err(self.graph_error(format!(
-                        "the {} of `{}` are not consumed, so they would be lost: sink them (for example `.sink(FileSink::json_lines(...))`)",
-                        port.label, node.name
+                        "{what}: end the stream with a sink (for example `.sink(weibo::sinks::Blackhole::new())` to discard on purpose)"
                     )));
                 }
             }
@@ -239,7 +243,9 @@ impl Graph {
         let heads: Vec<NodeId> =
             (0..self.nodes.len()).filter(|&i| self.nodes.get(i).is_some_and(Node::is_head)).collect();
         let tasks: usize = heads.iter().filter_map(|&h| self.nodes.get(h)).map(Node::parallelism).sum();
-        let mut out = format!("plan of job `{}`: {} nodes, {tasks} tasks\n", self.config.name, heads.len());
+        let plural = |n: usize, word: &str| if n == 1 { format!("1 {word}") } else { format!("{n} {word}s") };
+        let mut out =
+            format!("plan of job `{}`: {}, {}\n", self.config.name, plural(heads.len(), "node"), plural(tasks, "task"));
         for h in heads {
             let node = self.node(h)?;
             let _ = write!(out, "  node `{}` x{}: {}", node.name, node.parallelism(), node.name);
@@ -347,6 +353,11 @@ pub(crate) struct BuildCtx<'a> {
     pub(crate) instance: usize,
     pub(crate) parallelism: usize,
     inboxes: &'a mut HashMap<(NodeId, usize), Vec<Inbox>>,
+    /// For fused operators (sinks among them): how many instances each has
+    /// in all, and the next instance number to hand out. A fused operator
+    /// runs once per head instance that reaches it, so after a `union` its
+    /// instances come from several heads.
+    chain_instances: &'a mut HashMap<NodeId, (usize, usize)>,
 }
 
 impl BuildCtx<'_> {
@@ -391,7 +402,13 @@ impl Graph {
             Op::Chain(factory) => {
                 let outs = self.build_outputs(ctx, dst)?;
                 let info = self.info(node, ctx.registry, &ctx.sources);
-                factory(ctx, info, outs)
+                let (head_instance, head_parallelism) = (ctx.instance, ctx.parallelism);
+                let (next, total) = ctx.chain_instances.get(&dst).copied().unwrap_or((0, 1));
+                ctx.chain_instances.insert(dst, (next + 1, total));
+                (ctx.instance, ctx.parallelism) = (next, total);
+                let built = factory(ctx, info, outs);
+                (ctx.instance, ctx.parallelism) = (head_instance, head_parallelism);
+                built
             }
             Op::Union => self.build_port(ctx, dst, 0),
             Op::Keyed { parallelism, router, .. } => {
@@ -416,9 +433,46 @@ impl Graph {
         }
     }
 
+    /// Adds `copies` to the instance count of every fused operator reachable
+    /// from `node`'s `port` without crossing a shuffle edge.
+    fn count_chain_instances(
+        &self,
+        node: NodeId,
+        port: usize,
+        copies: usize,
+        counts: &mut HashMap<NodeId, (usize, usize)>,
+    ) {
+        let targets: Vec<NodeId> = self.consumers(node, port).map(|(id, _)| id).collect();
+        for dst in targets {
+            let Some(n) = self.nodes.get(dst) else { continue };
+            match n.op {
+                Op::Chain(_) => {
+                    counts.entry(dst).or_insert((0, 0)).1 += copies;
+                    for p in 0..n.outputs.len() {
+                        self.count_chain_instances(dst, p, copies, counts);
+                    }
+                }
+                Op::Union => self.count_chain_instances(dst, 0, copies, counts),
+                Op::Keyed { .. } | Op::Source { .. } => {}
+            }
+        }
+    }
+
     /// Fuses and expands the graph into head tasks with their chains.
     pub(crate) fn build(&self, registry: &Registry) -> Result<Physical> {
         self.validate()?;
+        // Register every operator in graph order, so metrics list them so.
+        for node in self.nodes.iter().filter(|n| !matches!(n.op, Op::Union)) {
+            let _ = registry.operator(&node.name);
+        }
+        let mut chain_instances = HashMap::new();
+        for (id, node) in self.nodes.iter().enumerate() {
+            if node.is_head() {
+                for p in 0..node.outputs.len() {
+                    self.count_chain_instances(id, p, node.parallelism(), &mut chain_instances);
+                }
+            }
+        }
         let sources = SourceNames(
             self.nodes
                 .iter()
@@ -445,6 +499,7 @@ impl Graph {
                     instance,
                     parallelism: node.parallelism(),
                     inboxes: &mut inboxes,
+                    chain_instances: &mut chain_instances,
                 };
                 let outs = self.build_outputs(&mut ctx, id)?;
                 let info = self.info(node, registry, &sources);

@@ -149,7 +149,7 @@ impl Job {
             name,
             detail,
             inputs: Vec::new(),
-            outputs: vec![port::<S::Item>("output", false)],
+            outputs: vec![port::<S::Item>("output", true)],
             op: Op::Source { partitions, factory },
         });
         drop(graph);
@@ -174,7 +174,7 @@ impl Job {
     /// [`Error::Graph`] for wiring that cannot run, and any error opening a
     /// source, sink or state; also when called outside a tokio runtime.
     pub fn spawn(self) -> Result<JobHandle> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Graph {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Runtime {
             job: self.lock().config.name.clone(),
             message:
                 "a job runs on tokio: call `run`/`spawn` inside a tokio runtime (for example under #[tokio::main])"
@@ -244,7 +244,7 @@ async fn supervise(
                         .map(|s| (*s).to_string())
                         .or_else(|| payload.downcast_ref::<String>().cloned())
                         .unwrap_or_else(|| "non-text panic".into());
-                    Error::Connector { name, message: format!("a user function panicked: {text}") }
+                    Error::Panicked { task: name, message: text }
                 } else {
                     Error::Internal(format!("task `{name}` was cancelled"))
                 }

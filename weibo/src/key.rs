@@ -48,8 +48,8 @@ use std::fmt;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as a key: it does not implement `weibo::Key`",
     label = "this is not a key type",
-    note = "add `#[derive(Clone, PartialEq, Eq, Hash, weibo::Key)]` to `{Self}` (all its fields must be keys: integers, bool, char, String, byte arrays, Option, tuples or other `Key` types)",
-    note = "keys need a stable byte encoding for routing and state; floats are never keys"
+    note = "keys need a stable byte encoding for routing and state: integers, bool, char, String, byte arrays, Option and tuples of keys are keys; floats never are",
+    note = "for your own type, add `#[derive(Clone, PartialEq, Eq, Hash, weibo::Key)]` (all its fields must be keys)"
 )]
 pub trait Key: Clone + Eq + std::hash::Hash + Send + Sync + 'static {
     /// Appends this key's bytes to `out`.

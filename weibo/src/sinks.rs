@@ -261,23 +261,36 @@ impl<T: Send> SinkWriter<T> for CollectWriter<T> {
     }
 }
 
-/// Writes each record as one line of JSON to a file (created or truncated
-/// when the job starts). All parallel instances write to the same file;
-/// lines of one batch stay together.
+/// Writes each record as one line of JSON to a file, created (or
+/// truncated) when a job opens the sink. All parallel instances write to the
+/// same file; the lines of one batch stay together. The file is closed when
+/// the last instance of the job is done with it, so the same `FileSink` can
+/// serve a later job, which starts the file anew.
 #[derive(Clone, Debug)]
 pub struct FileSink {
     path: PathBuf,
-    file: Arc<Mutex<Option<BufWriter<File>>>>,
+    file: Arc<Mutex<OpenFile>>,
+}
+
+/// The shared file and how many writers use it.
+#[derive(Debug, Default)]
+struct OpenFile {
+    writer: Option<BufWriter<File>>,
+    writers: usize,
 }
 
 impl FileSink {
     /// A JSON-lines file at `path`.
     pub fn json_lines(path: impl AsRef<Path>) -> Self {
-        Self { path: path.as_ref().to_path_buf(), file: Arc::new(Mutex::new(None)) }
+        Self { path: path.as_ref().to_path_buf(), file: Arc::new(Mutex::new(OpenFile::default())) }
     }
 
     fn io(&self, action: &'static str) -> impl FnOnce(std::io::Error) -> Error + '_ {
         move |source| Error::Io { action, path: self.path.clone(), source }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, OpenFile> {
+        self.file.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -287,11 +300,12 @@ impl<T: Serialize + Send + 'static> Sink<T> for FileSink {
     }
 
     fn open(&self, _instance: usize, _parallelism: usize) -> Result<Box<dyn SinkWriter<T>>> {
-        let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
-        if file.is_none() {
+        let mut file = self.lock();
+        if file.writer.is_none() {
             let f = File::create(&self.path).map_err(self.io("cannot create output file"))?;
-            *file = Some(BufWriter::new(f));
+            file.writer = Some(BufWriter::new(f));
         }
+        file.writers += 1;
         Ok(Box::new(FileWriter { sink: self.clone(), buf: Vec::new(), _t: PhantomData }))
     }
 }
@@ -311,8 +325,8 @@ impl<T: Serialize + Send> SinkWriter<T> for FileWriter<T> {
             })?;
             self.buf.push(b'\n');
         }
-        let mut file = self.sink.file.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(f) = file.as_mut() {
+        let mut file = self.sink.lock();
+        if let Some(f) = file.writer.as_mut() {
             f.write_all(&self.buf).map_err(self.sink.io("cannot write output file"))?;
         }
         self.buf.clear();
@@ -320,10 +334,22 @@ impl<T: Serialize + Send> SinkWriter<T> for FileWriter<T> {
     }
 
     fn flush(&mut self) -> Result<()> {
-        let mut file = self.sink.file.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(f) = file.as_mut() {
+        let mut file = self.sink.lock();
+        if let Some(f) = file.writer.as_mut() {
             f.flush().map_err(self.sink.io("cannot write output file"))?;
         }
         Ok(())
+    }
+}
+
+impl<T> Drop for FileWriter<T> {
+    fn drop(&mut self) {
+        let mut file = self.sink.lock();
+        file.writers = file.writers.saturating_sub(1);
+        if file.writers == 0 {
+            // Dropping the writer flushes it; errors here were already
+            // reported by `finish` when the job ended normally.
+            file.writer = None;
+        }
     }
 }

@@ -136,6 +136,14 @@ pub enum reduce {}
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub enum fold {}
+/// Marker for [`NeedsKeyedStream`]: `aggregate`.
+#[allow(non_camel_case_types)]
+#[derive(Debug)]
+pub enum aggregate {}
+/// Marker for [`NeedsKeyedStream`]: `with_partitions`.
+#[allow(non_camel_case_types)]
+#[derive(Debug)]
+pub enum with_partitions {}
 
 /// An aggregation with an accumulator: what [`KeyedStream::aggregate`] (and
 /// window aggregations) fold records into.
@@ -243,7 +251,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
             name: kind.to_string(),
             detail: String::new(),
             inputs: vec![self.forward()],
-            outputs: vec![port::<U>("output", false)],
+            outputs: vec![port::<U>("output", true)],
             op: Op::Chain(factory),
         });
         Stream::new(self.graph.clone(), node, 0)
@@ -382,7 +390,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
             detail: policy_detail(policy),
             inputs: vec![self.forward()],
             outputs: vec![
-                port::<U>("output", false),
+                port::<U>("output", true),
                 port::<DeadLetter<T>>("dead letters", policy == Policy::DeadLetter),
             ],
             op: Op::Chain(factory),
@@ -415,7 +423,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
             name: "union".into(),
             detail: String::new(),
             inputs: vec![self.forward(), other.forward()],
-            outputs: vec![port::<T>("output", false)],
+            outputs: vec![port::<T>("output", true)],
             op: Op::Union,
         });
         Stream::new(self.graph.clone(), node, 0)
@@ -491,6 +499,25 @@ impl<T: Clone + Send + 'static> Stream<T> {
         Self: NeedsKeyedStream<fold>,
     {
         self.clone()
+    }
+
+    /// Not available: `aggregate` needs a keyed stream. Call `key_by` first.
+    #[doc(hidden)]
+    pub fn aggregate<G>(&self, _agg: G) -> Stream<T>
+    where
+        Self: NeedsKeyedStream<aggregate>,
+    {
+        self.clone()
+    }
+
+    /// Not available: partitions split a key space. Call `key_by` first.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_partitions(self, _n: usize) -> Self
+    where
+        Self: NeedsKeyedStream<with_partitions>,
+    {
+        self
     }
 }
 
@@ -628,7 +655,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 decoded: Vec::with_capacity(ctx.config.batch_size),
             }))
         });
-        let (graph, node) = self.keyed::<T>("reduce", vec![port::<T>("output", false)], factory);
+        let (graph, node) = self.keyed::<T>("reduce", vec![port::<T>("output", true)], factory);
         Stream::new(graph, node, 0)
     }
 
@@ -712,7 +739,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 _t: PhantomData,
             }))
         });
-        let (graph, node) = self.keyed::<O>(kind, vec![port::<O>("output", false)], factory);
+        let (graph, node) = self.keyed::<O>(kind, vec![port::<O>("output", true)], factory);
         Stream::new(graph, node, 0)
     }
 
@@ -769,7 +796,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         });
         let (graph, node) = self.keyed::<U>(
             "keyed_process",
-            vec![port::<U>("output", false), port::<DeadLetter<T>>("dead letters", policy == Policy::DeadLetter)],
+            vec![port::<U>("output", true), port::<DeadLetter<T>>("dead letters", policy == Policy::DeadLetter)],
             factory,
         );
         if let Some(n) = graph.lock().unwrap_or_else(PoisonError::into_inner).nodes.get_mut(node) {
@@ -785,7 +812,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
             let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
             Ok(Box::new(PartitionOp { info, out: Batch::with_capacity(ctx.config.batch_size), next }))
         });
-        let (graph, node) = self.keyed::<T>("partition", vec![port::<T>("output", false)], factory);
+        let (graph, node) = self.keyed::<T>("partition", vec![port::<T>("output", true)], factory);
         Stream::<T>::new(graph, node, 0).sink(sink)
     }
 }
