@@ -12,6 +12,7 @@ use crate::record::{Batch, Meta, RecordBatch, RecordRef, Timestamp};
 use crate::runtime::Consumer;
 use crate::runtime::heads::{InputOperator, emit};
 use crate::runtime::ops::{Failures, OpInfo, forward_control};
+use crate::runtime::time::InputTime;
 use crate::state::ValueState;
 
 fn decode_value<T: Data>(info: &OpInfo, r: &RecordRef<'_>) -> Result<T> {
@@ -19,6 +20,14 @@ fn decode_value<T: Data>(info: &OpInfo, r: &RecordRef<'_>) -> Result<T> {
         operator: format!("{} (record from {})", info.name, info.sources.position(&r.meta)),
         source,
     })
+}
+
+/// The record's metadata as an output of this operator: its watermark is
+/// the operator's, after observing the record's.
+#[inline]
+pub(crate) fn stamped(time: &mut InputTime<'_>, meta: Meta) -> Meta {
+    let _ = time.observe(&meta);
+    Meta { watermark: time.current(), ..meta }
 }
 
 fn decode_key<K: Key>(info: &OpInfo, r: &RecordRef<'_>) -> Result<K> {
@@ -49,7 +58,7 @@ where
     T: Data,
     F: Fn(T, T) -> T + Send + Sync + 'static,
 {
-    fn on_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+    fn on_batch(&mut self, batch: &RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
         self.decoded.clear();
         for r in batch.iter() {
@@ -66,11 +75,11 @@ where
                 *slot = Some(new.clone());
                 new
             })?;
-            self.out.push(new, r.meta);
+            self.out.push(new, stamped(time, r.meta));
         }
         emit(&self.info, &mut *self.next, &mut self.out)
     }
-    forward_control!(on_watermark);
+    forward_control!(keyed);
 }
 
 /// `fold` and `aggregate`: an accumulator per key; after each record,
@@ -96,7 +105,7 @@ where
     F: Fn(&mut A, T) + Send + Sync + 'static,
     R: Fn(K, &A) -> O + Send + Sync + 'static,
 {
-    fn on_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+    fn on_batch(&mut self, batch: &RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
         let (init, f, output) = (&*self.init, &*self.f, &*self.output);
         for r in batch.iter() {
@@ -107,11 +116,11 @@ where
                 f(acc, v);
                 output(key, acc)
             })?;
-            self.out.push(out, r.meta);
+            self.out.push(out, stamped(time, r.meta));
         }
         emit(&self.info, &mut *self.next, &mut self.out)
     }
-    forward_control!(on_watermark);
+    forward_control!(keyed);
 }
 
 /// What a keyed `process` function sees for one record.
@@ -170,15 +179,16 @@ where
     E: Display,
     F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> std::result::Result<(), E> + Send + Sync + 'static,
 {
-    fn on_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+    fn on_batch(&mut self, batch: &RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
         let f = &*self.f;
         for r in batch.iter() {
             let v: T = decode_value(&self.info, &r)?;
             let key: K = decode_key(&self.info, &r)?;
             let out = &mut self.out;
+            let meta = stamped(time, r.meta);
             let result = self.state.update(r.group, key.clone(), r.key, |state| {
-                let mut ctx = KeyedContext { key: &key, state, out, meta: r.meta };
+                let mut ctx = KeyedContext { key: &key, state, out, meta };
                 f(&mut ctx, &v).map_err(|e| e.to_string())
             })?;
             if let Err(message) = result {
@@ -189,7 +199,7 @@ where
         self.failures.push()
     }
 
-    forward_control!(on_watermark, failures);
+    forward_control!(keyed, failures);
 }
 
 /// Decodes records and passes them on, partitioned by key (a keyed sink).
@@ -200,13 +210,13 @@ pub(crate) struct PartitionOp<T> {
 }
 
 impl<T: Data> InputOperator for PartitionOp<T> {
-    fn on_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+    fn on_batch(&mut self, batch: &RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
         for r in batch.iter() {
             let v: T = decode_value(&self.info, &r)?;
-            self.out.push(v, r.meta);
+            self.out.push(v, stamped(time, r.meta));
         }
         emit(&self.info, &mut *self.next, &mut self.out)
     }
-    forward_control!(on_watermark);
+    forward_control!(keyed);
 }

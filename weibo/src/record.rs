@@ -7,16 +7,26 @@ use std::sync::Arc;
 /// A timestamp in milliseconds since the Unix epoch (event time).
 pub type Timestamp = i64;
 
-/// The timestamp of a record that has none yet.
+/// The timestamp of a record that has none yet, and the watermark of a
+/// stream that has none: nothing is known about time.
 pub const NO_TIMESTAMP: Timestamp = i64::MIN;
 
+/// The watermark at the end of input: every window may fire.
+pub const END_OF_TIME: Timestamp = i64::MAX;
+
 /// Per-record metadata that travels beside every value: the record's event
-/// time and where it came from (source, partition, offset), so that failures
-/// and dead letters can name their input.
+/// time, the watermark it was read under, and where it came from (source,
+/// partition, offset), so that failures and dead letters can name their
+/// input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Meta {
     /// Event time, or [`NO_TIMESTAMP`].
     pub timestamp: Timestamp,
+    /// The watermark of the record's input before this record arrived
+    /// ([`NO_TIMESTAMP`] when its stream has none). Carrying it per record
+    /// lets a downstream operator judge every record under exactly the
+    /// watermark of the records before it, however records are batched.
+    pub watermark: Timestamp,
     /// Position in the source partition (line byte offset, generator index, Kafka offset).
     pub offset: u64,
     /// The source partition.
@@ -188,7 +198,7 @@ mod tests {
     #[test]
     fn record_batch_keeps_keys_and_values_apart() {
         let mut b = RecordBatch::default();
-        let meta = Meta { timestamp: 5, offset: 9, partition: 1, source: 0 };
+        let meta = Meta { timestamp: 5, watermark: 4, offset: 9, partition: 1, source: 0 };
         for (k, v) in [(&b"ab"[..], &b"xyz"[..]), (b"", b"1"), (b"k", b"")] {
             let start = b.data_mut().len();
             b.data_mut().extend_from_slice(k);

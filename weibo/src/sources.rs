@@ -69,6 +69,8 @@ pub trait SourceReader<T>: Send {
 /// The batch a [`SourceReader`] fills.
 pub struct SourceOutput<T> {
     pub(crate) batch: Batch<T>,
+    /// The partition's watermark, as the source last advanced it.
+    pub(crate) watermark: Timestamp,
     pub(crate) capacity: usize,
     pub(crate) partition: u32,
     pub(crate) source: u32,
@@ -90,6 +92,7 @@ impl<T> SourceOutput<T> {
     pub(crate) fn new(name: Arc<str>, source: u32, partition: u32, capacity: usize) -> Self {
         Self {
             batch: Batch::with_capacity(capacity),
+            watermark: NO_TIMESTAMP,
             capacity: capacity.max(1),
             partition,
             source,
@@ -103,11 +106,25 @@ impl<T> SourceOutput<T> {
     pub fn push(&mut self, value: T, offset: u64, timestamp: Option<Timestamp>) {
         let meta = Meta {
             timestamp: timestamp.unwrap_or(NO_TIMESTAMP),
+            watermark: self.watermark,
             offset,
             partition: self.partition,
             source: self.source,
         };
         self.batch.push(value, meta);
+    }
+
+    /// Declares that no record with a timestamp below `watermark` will
+    /// follow in this partition. Records pushed after this call carry it;
+    /// the runtime forwards it downstream. A watermark never moves back:
+    /// a smaller value is ignored.
+    pub fn advance_watermark(&mut self, watermark: Timestamp) {
+        self.watermark = self.watermark.max(watermark);
+    }
+
+    /// The partition's current watermark.
+    pub fn watermark(&self) -> Timestamp {
+        self.watermark
     }
 
     /// How many more records fit in this batch.
@@ -335,11 +352,11 @@ impl<T: Send + 'static> GenReader<T> {
         let n_before = out.batch.len();
         match &self.timestamps {
             None => {
-                let (partition, source) = (out.partition, out.source);
+                let (partition, source, watermark) = (out.partition, out.source, out.watermark);
                 let mut i = self.next;
                 while i < end {
                     out.batch.values.push(f(i));
-                    out.batch.meta.push(Meta { timestamp: NO_TIMESTAMP, offset: i, partition, source });
+                    out.batch.meta.push(Meta { timestamp: NO_TIMESTAMP, watermark, offset: i, partition, source });
                     i += self.step;
                 }
                 self.next = i;

@@ -608,6 +608,8 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 routes,
                 limits,
                 key_buf: Vec::with_capacity(32),
+                watermark: crate::record::NO_TIMESTAMP,
+                sent_watermark: crate::record::NO_TIMESTAMP,
                 _t: PhantomData,
             })))
         });

@@ -11,8 +11,9 @@ use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
-use crate::record::{Batch, RecordBatch, Timestamp};
+use crate::record::{Batch, END_OF_TIME, NO_TIMESTAMP, RecordBatch, Timestamp};
 use crate::runtime::ops::OpInfo;
+use crate::runtime::time::{InputTime, WatermarkTracker};
 use crate::runtime::{Consumer, EdgeSender, Message, Outbox};
 use crate::sources::{ReadStatus, SourceOutput, SourceReader};
 
@@ -48,6 +49,7 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
         Box::pin(async move {
             let mut last_flush = Instant::now();
             let mut since_yield = 0u32;
+            let mut forwarded = crate::record::NO_TIMESTAMP;
             loop {
                 self.output.deadline = last_flush + io.buffer_timeout;
                 let status = self.reader.read(&mut self.output).await?;
@@ -56,6 +58,10 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
                     OperatorCounters::add(&self.info.counters.records_out, n);
                     self.chain.push(&mut self.output.batch)?;
                     self.output.batch.clear();
+                }
+                if self.output.watermark > forwarded {
+                    forwarded = self.output.watermark;
+                    self.chain.watermark(forwarded)?;
                 }
                 if status != ReadStatus::More || last_flush.elapsed() >= io.buffer_timeout {
                     self.chain.flush()?;
@@ -78,7 +84,12 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
 
 /// A keyed operator instance fed by channels.
 pub(crate) trait InputOperator: Send {
-    fn on_batch(&mut self, batch: &RecordBatch) -> Result<()>;
+    /// Processes a batch from one input. Before each record the operator
+    /// observes the watermark it was read under (`time.observe`), firing
+    /// what became due, and stamps its outputs with `time.current()`.
+    fn on_batch(&mut self, batch: &RecordBatch, time: &mut InputTime<'_>) -> Result<()>;
+    /// The operator's watermark advanced to `wm` (from a watermark or idle
+    /// message, or at the end of a batch): fire what is due and forward it.
     fn on_watermark(&mut self, wm: Timestamp) -> Result<()>;
     fn flush(&mut self) -> Result<()>;
     fn finish(&mut self) -> Result<()>;
@@ -106,8 +117,8 @@ impl HeadRunner for ChannelHead {
         Box::pin(async move {
             let n = self.inputs.len();
             let mut open = vec![true; n];
-            let mut watermarks = vec![Timestamp::MIN; n];
-            let mut current = Timestamp::MIN;
+            let mut tracker = WatermarkTracker::new(n);
+            let mut forwarded = NO_TIMESTAMP;
             let mut remaining = n;
             let mut start = 0usize;
             let mut last_flush = Instant::now();
@@ -146,31 +157,37 @@ impl HeadRunner for ChannelHead {
                         let from = self.inputs.get(i).map(|b| b.from.clone()).unwrap_or_default();
                         return Err(Error::Disconnected { edge: format!("{from} -> {}", self.name) });
                     }
-                    Next::Message(_, Some(Message::Data(batch))) => self.op.on_batch(&batch)?,
+                    Next::Message(i, Some(Message::Data(batch))) => {
+                        tracker.activate(i);
+                        self.op.on_batch(&batch, &mut InputTime { tracker: &mut tracker, input: i })?;
+                    }
                     Next::Message(i, Some(Message::Watermark(wm))) => {
-                        if let Some(w) = watermarks.get_mut(i) {
-                            *w = (*w).max(wm);
-                        }
+                        let _ = tracker.advance(i, wm);
+                    }
+                    Next::Message(i, Some(Message::Idle)) => {
+                        let _ = tracker.idle(i);
                     }
                     Next::Message(i, Some(Message::EndOfInput)) => {
-                        if let (Some(o), Some(w)) = (open.get_mut(i), watermarks.get_mut(i)) {
+                        if let Some(o) = open.get_mut(i) {
                             *o = false;
-                            *w = Timestamp::MAX;
                         }
+                        let _ = tracker.advance(i, END_OF_TIME);
                         remaining -= 1;
                     }
                     Next::Message(_, Some(Message::Barrier(_))) => {}
                 }
-                let min = watermarks.iter().copied().min().unwrap_or(Timestamp::MIN);
-                if min > current && remaining > 0 {
-                    current = min;
-                    self.op.on_watermark(min)?;
+                if tracker.current() > forwarded {
+                    forwarded = tracker.current();
+                    self.op.on_watermark(forwarded)?;
                 }
                 if last_flush.elapsed() >= io.buffer_timeout {
                     self.op.flush()?;
                     last_flush = Instant::now();
                 }
                 io.outbox.drain(&io.senders).await?;
+            }
+            if forwarded < END_OF_TIME {
+                self.op.on_watermark(END_OF_TIME)?;
             }
             self.op.finish()?;
             io.outbox.drain(&io.senders).await

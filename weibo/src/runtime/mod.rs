@@ -10,6 +10,7 @@
 
 pub(crate) mod heads;
 pub(crate) mod ops;
+pub(crate) mod time;
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,6 +29,9 @@ pub(crate) enum Message {
     Data(RecordBatch),
     /// No record with a smaller timestamp will follow on this edge.
     Watermark(Timestamp),
+    /// The sender's input is idle: until it sends again, it must not hold
+    /// the receiver's watermark back.
+    Idle,
     /// Checkpoint barrier `n` (checkpoints arrive with the state issue).
     #[allow(dead_code)]
     Barrier(u64),
@@ -105,6 +109,8 @@ pub(crate) trait Consumer<T>: Send {
     fn push(&mut self, batch: &mut Batch<T>) -> Result<()>;
     /// The input's watermark advanced to `wm`.
     fn watermark(&mut self, wm: Timestamp) -> Result<()>;
+    /// The input went idle (it will not hold watermarks back downstream).
+    fn idle(&mut self) -> Result<()>;
     /// Hands partial output batches on (the buffer timeout passed).
     fn flush(&mut self) -> Result<()>;
     /// End of input: flush, then tell everything downstream.

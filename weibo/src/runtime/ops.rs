@@ -13,15 +13,45 @@ use crate::record::{Batch, Meta, RecordBatch, SourceNames, Timestamp};
 use crate::runtime::{Consumer, Message, Outbox};
 use crate::stream::DeadLetter;
 
-/// Forwards watermark, flush and finish to `self.next` (and to the
-/// dead-letter output when given `failures`). The first argument names the
-/// watermark method: `watermark` for chain consumers, `on_watermark` for
-/// keyed operators.
+/// Forwards watermark (and idleness), flush and finish to `self.next`, and
+/// to the dead-letter output when given `failures`. `consumer` generates the
+/// [`Consumer`] methods, `keyed` those of a keyed `InputOperator` (whose
+/// watermark comes from its channel head).
 macro_rules! forward_control {
-    ($wm:ident) => {
-        fn $wm(&mut self, wm: Timestamp) -> Result<()> {
+    (consumer) => {
+        fn watermark(&mut self, wm: Timestamp) -> Result<()> {
             self.next.watermark(wm)
         }
+        fn idle(&mut self) -> Result<()> {
+            self.next.idle()
+        }
+        forward_control!(@flush);
+    };
+    (consumer, failures) => {
+        fn watermark(&mut self, wm: Timestamp) -> Result<()> {
+            self.next.watermark(wm)?;
+            self.failures.watermark(wm)
+        }
+        fn idle(&mut self) -> Result<()> {
+            self.next.idle()?;
+            self.failures.idle()
+        }
+        forward_control!(@flush, failures);
+    };
+    (keyed) => {
+        fn on_watermark(&mut self, wm: Timestamp) -> Result<()> {
+            self.next.watermark(wm)
+        }
+        forward_control!(@flush);
+    };
+    (keyed, failures) => {
+        fn on_watermark(&mut self, wm: Timestamp) -> Result<()> {
+            self.next.watermark(wm)?;
+            self.failures.watermark(wm)
+        }
+        forward_control!(@flush, failures);
+    };
+    (@flush) => {
         fn flush(&mut self) -> Result<()> {
             self.next.flush()
         }
@@ -29,11 +59,7 @@ macro_rules! forward_control {
             self.next.finish()
         }
     };
-    ($wm:ident, failures) => {
-        fn $wm(&mut self, wm: Timestamp) -> Result<()> {
-            self.next.watermark(wm)?;
-            self.failures.watermark(wm)
-        }
+    (@flush, failures) => {
         fn flush(&mut self) -> Result<()> {
             self.next.flush()?;
             self.failures.flush()
@@ -118,6 +144,13 @@ impl<T: Clone + Send + 'static> Failures<T> {
         }
     }
 
+    pub(crate) fn idle(&mut self) -> Result<()> {
+        match &mut self.dead {
+            Some((_, next)) => next.idle(),
+            None => Ok(()),
+        }
+    }
+
     pub(crate) fn flush(&mut self) -> Result<()> {
         match &mut self.dead {
             Some((_, next)) => next.flush(),
@@ -159,7 +192,7 @@ where
         OperatorCounters::add(&self.info.counters.records_out, n);
         self.next.push(&mut self.out)
     }
-    forward_control!(watermark);
+    forward_control!(consumer);
 }
 
 /// `filter`: keeps the values the predicate accepts, in place.
@@ -194,7 +227,7 @@ where
         OperatorCounters::add(&self.info.counters.records_out, batch.len());
         self.next.push(batch)
     }
-    forward_control!(watermark);
+    forward_control!(consumer);
 }
 
 /// `flat_map`: each value becomes zero or more values with its metadata.
@@ -224,7 +257,7 @@ where
         OperatorCounters::add(&self.info.counters.records_out, self.out.len());
         self.next.push(&mut self.out)
     }
-    forward_control!(watermark);
+    forward_control!(consumer);
 }
 
 /// `process`: a fallible function with a failure policy.
@@ -256,7 +289,7 @@ where
         self.next.push(&mut self.out)?;
         self.failures.push()
     }
-    forward_control!(watermark, failures);
+    forward_control!(consumer, failures);
 }
 
 /// Fan-out: every downstream consumer gets every record.
@@ -279,6 +312,9 @@ impl<T: Clone + Send + 'static> Consumer<T> for TeeOp<T> {
     fn watermark(&mut self, wm: Timestamp) -> Result<()> {
         self.outs.iter_mut().try_for_each(|o| o.watermark(wm))
     }
+    fn idle(&mut self) -> Result<()> {
+        self.outs.iter_mut().try_for_each(|o| o.idle())
+    }
     fn flush(&mut self) -> Result<()> {
         self.outs.iter_mut().try_for_each(|o| o.flush())
     }
@@ -297,6 +333,9 @@ impl<T: Send + 'static> Consumer<T> for DiscardOp {
         Ok(())
     }
     fn watermark(&mut self, _wm: Timestamp) -> Result<()> {
+        Ok(())
+    }
+    fn idle(&mut self) -> Result<()> {
         Ok(())
     }
     fn flush(&mut self) -> Result<()> {
@@ -326,6 +365,9 @@ impl<T: Send + 'static> Consumer<T> for SinkOp<T> {
     fn watermark(&mut self, _wm: Timestamp) -> Result<()> {
         Ok(())
     }
+    fn idle(&mut self) -> Result<()> {
+        Ok(())
+    }
     fn flush(&mut self) -> Result<()> {
         self.writer.flush()
     }
@@ -353,6 +395,11 @@ pub(crate) struct RouterOp<T, K, KF: ?Sized> {
     pub(crate) routes: KeyGroupRoutes,
     pub(crate) limits: BatchLimits,
     pub(crate) key_buf: Vec<u8>,
+    /// The latest watermark from upstream, and the latest one sent. Records
+    /// carry their watermark, so while data flows the receivers know it;
+    /// the message goes out with the next flush, after the data before it.
+    pub(crate) watermark: Timestamp,
+    pub(crate) sent_watermark: Timestamp,
     pub(crate) _t: PhantomData<fn(T) -> K>,
 }
 
@@ -376,6 +423,16 @@ impl<T, K, KF: ?Sized> RouterOp<T, K, KF> {
     fn broadcast(&mut self, make: impl Fn() -> Message) {
         for &sender in &self.senders {
             self.outbox.push(sender, make());
+        }
+    }
+
+    /// Sends every partial batch, then the watermark if it moved.
+    fn send_all_and_watermark(&mut self) {
+        self.send_all();
+        if self.watermark > self.sent_watermark {
+            self.sent_watermark = self.watermark;
+            let wm = self.watermark;
+            self.broadcast(|| Message::Watermark(wm));
         }
     }
 }
@@ -464,18 +521,23 @@ where
     }
 
     fn watermark(&mut self, wm: Timestamp) -> Result<()> {
-        self.send_all();
-        self.broadcast(|| Message::Watermark(wm));
+        self.watermark = self.watermark.max(wm);
+        Ok(())
+    }
+
+    fn idle(&mut self) -> Result<()> {
+        self.send_all_and_watermark();
+        self.broadcast(|| Message::Idle);
         Ok(())
     }
 
     fn flush(&mut self) -> Result<()> {
-        self.send_all();
+        self.send_all_and_watermark();
         Ok(())
     }
 
     fn finish(&mut self) -> Result<()> {
-        self.send_all();
+        self.send_all_and_watermark();
         self.broadcast(|| Message::EndOfInput);
         Ok(())
     }

@@ -1,0 +1,120 @@
+//! Watermarks inside the runtime: the per-input tracker of a channel head.
+
+use crate::record::{Meta, NO_TIMESTAMP, Timestamp};
+
+#[derive(Clone, Copy, Debug)]
+struct InputClock {
+    watermark: Timestamp,
+    idle: bool,
+}
+
+/// The watermark of an operator instance: the minimum over its inputs'
+/// watermarks, leaving out inputs marked idle. It only moves forward.
+#[derive(Debug)]
+pub(crate) struct WatermarkTracker {
+    inputs: Vec<InputClock>,
+    current: Timestamp,
+}
+
+impl WatermarkTracker {
+    pub(crate) fn new(inputs: usize) -> Self {
+        Self { inputs: vec![InputClock { watermark: NO_TIMESTAMP, idle: false }; inputs], current: NO_TIMESTAMP }
+    }
+
+    /// The operator's watermark now.
+    #[inline]
+    pub(crate) fn current(&self) -> Timestamp {
+        self.current
+    }
+
+    /// Input `input` reached `watermark` (and is active). Returns the
+    /// operator's new watermark if it advanced.
+    #[inline]
+    pub(crate) fn advance(&mut self, input: usize, watermark: Timestamp) -> Option<Timestamp> {
+        let clock = self.inputs.get_mut(input)?;
+        let woke = std::mem::replace(&mut clock.idle, false);
+        if watermark <= clock.watermark {
+            // Waking alone can only lower the minimum, and the watermark
+            // never moves back; but a woken input may be the only active
+            // one, whose watermark is already ahead.
+            return if woke { self.recompute() } else { None };
+        }
+        clock.watermark = watermark;
+        self.recompute()
+    }
+
+    /// Input `input` has records again, without a new watermark.
+    #[inline]
+    pub(crate) fn activate(&mut self, input: usize) {
+        if let Some(clock) = self.inputs.get_mut(input) {
+            clock.idle = false;
+        }
+    }
+
+    /// Input `input` went idle: it no longer holds the watermark back.
+    pub(crate) fn idle(&mut self, input: usize) -> Option<Timestamp> {
+        let clock = self.inputs.get_mut(input)?;
+        clock.idle = true;
+        self.recompute()
+    }
+
+    fn recompute(&mut self) -> Option<Timestamp> {
+        let min = self.inputs.iter().filter(|c| !c.idle).map(|c| c.watermark).min()?;
+        (min > self.current).then(|| {
+            self.current = min;
+            min
+        })
+    }
+}
+
+/// What a keyed operator sees of time while it reads one batch from one
+/// input: it observes each record's watermark before processing the record.
+#[derive(Debug)]
+pub(crate) struct InputTime<'a> {
+    pub(crate) tracker: &'a mut WatermarkTracker,
+    pub(crate) input: usize,
+}
+
+impl InputTime<'_> {
+    /// Takes in the watermark `meta` was read under; returns the
+    /// operator's new watermark if it advanced (fire timers up to it before
+    /// processing the record).
+    #[inline]
+    pub(crate) fn observe(&mut self, meta: &Meta) -> Option<Timestamp> {
+        self.tracker.advance(self.input, meta.watermark)
+    }
+
+    /// The operator's watermark now.
+    #[inline]
+    pub(crate) fn current(&self) -> Timestamp {
+        self.tracker.current()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watermark_is_the_minimum_of_active_inputs_and_never_goes_back() {
+        let mut t = WatermarkTracker::new(3);
+        assert_eq!(t.advance(0, 10), None, "inputs 1 and 2 know nothing yet");
+        assert_eq!(t.advance(1, 5), None);
+        assert_eq!(t.advance(2, 7), Some(5));
+        assert_eq!(t.advance(1, 20), Some(7));
+        assert_eq!(t.idle(2), Some(10), "an idle input stops holding the watermark back");
+        assert_eq!(t.advance(2, 8), None, "a woken input below the watermark does not move it back");
+        assert_eq!(t.current(), 10);
+        assert_eq!(t.advance(0, 30), None, "input 2 (at 8) holds it again");
+        assert_eq!(t.advance(2, 25), Some(20));
+        assert_eq!(t.idle(0), None);
+        assert_eq!(t.idle(1), Some(25));
+        assert_eq!(t.idle(2), None, "all idle: the watermark stays");
+        assert_eq!(t.current(), 25);
+        assert_eq!(
+            t.advance(1, i64::MAX),
+            Some(i64::MAX),
+            "input 1 ended while the others are idle: as in Flink, nothing holds the watermark back"
+        );
+    }
+}
