@@ -15,7 +15,7 @@ use crate::runtime::ops::{Failures, OpInfo, forward_control};
 use crate::runtime::time::InputTime;
 use crate::state::ValueState;
 
-fn decode_value<T: Data>(info: &OpInfo, r: &RecordRef<'_>) -> Result<T> {
+pub(crate) fn decode_value<T: Data>(info: &OpInfo, r: &RecordRef<'_>) -> Result<T> {
     T::decode(r.value).map_err(|source| Error::Codec {
         operator: format!("{} (record from {})", info.name, info.sources.position(&r.meta)),
         source,
@@ -30,7 +30,7 @@ pub(crate) fn stamped(time: &mut InputTime<'_>, meta: Meta) -> Meta {
     Meta { watermark: time.current(), ..meta }
 }
 
-fn decode_key<K: Key>(info: &OpInfo, r: &RecordRef<'_>) -> Result<K> {
+pub(crate) fn decode_key<K: Key>(info: &OpInfo, r: &RecordRef<'_>) -> Result<K> {
     crate::key::decode::<K>(r.key).map_err(|e| {
         Error::Internal(format!(
             "operator `{}` cannot decode the key of the record from {}: {e}",

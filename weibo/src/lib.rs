@@ -26,6 +26,8 @@ pub mod sources;
 pub mod state;
 pub mod stream;
 pub mod testing;
+pub mod time;
+pub mod window;
 
 pub use codec::Data;
 pub use error::{Error, Result};

@@ -17,6 +17,7 @@ pub(crate) struct OperatorCounters {
     pub(crate) records_out: AtomicU64,
     pub(crate) dropped: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
+    pub(crate) late: AtomicU64,
 }
 
 impl OperatorCounters {
@@ -84,6 +85,7 @@ impl Registry {
                 records_out: n.counters.records_out.load(Ordering::Relaxed),
                 dropped: n.counters.dropped.load(Ordering::Relaxed),
                 dead_lettered: n.counters.dead_lettered.load(Ordering::Relaxed),
+                late: n.counters.late.load(Ordering::Relaxed),
             })
             .collect();
         let edges = self
@@ -117,6 +119,9 @@ pub struct OperatorMetrics {
     pub dropped: u64,
     /// Records its `process` function failed on and that went to the dead-letter output.
     pub dead_lettered: u64,
+    /// Records a window operator got too late for any window (sent to its
+    /// late output when that is used, dropped otherwise).
+    pub late: u64,
 }
 
 /// One edge's counters: one sender instance to one receiver instance.
@@ -163,8 +168,8 @@ impl fmt::Display for MetricsSnapshot {
         for o in &self.operators {
             writeln!(
                 f,
-                "  {:<24} in {:>12}  out {:>12}  dropped {:>8}  dead-lettered {:>8}",
-                o.name, o.records_in, o.records_out, o.dropped, o.dead_lettered
+                "  {:<24} in {:>12}  out {:>12}  dropped {:>8}  dead-lettered {:>8}  late {:>8}",
+                o.name, o.records_in, o.records_out, o.dropped, o.dead_lettered, o.late
             )?;
         }
         writeln!(f, "edges:")?;

@@ -25,6 +25,7 @@ type ObjectMap<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
 use crate::codec::Data;
 use crate::error::{Error, Result};
 use crate::key::Key;
+use crate::record::Timestamp;
 
 /// Which state a table holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -325,6 +326,130 @@ impl<K: Key, V: Data> ValueState<K, V> {
     }
 }
 
+/// Timers taken because they are due: their time, and each key with its key group.
+pub type DueTimers<K> = (Timestamp, Vec<(K, u16)>);
+
+/// Keys due at one time, with their key groups.
+type DueKeys<K> = hashbrown::HashMap<K, u16, FxBuildHasher>;
+
+/// Event-time timers per key: "call me back for key `k` when the watermark
+/// reaches `t`". Windows keep their firing and clean-up times here, and
+/// keyed `process` functions register their own.
+///
+/// The in-memory index orders timers by time; backends that store bytes
+/// also get every timer written through to a table (key: the time, in the
+/// order-preserving key encoding, then the encoded key), in the key's
+/// group, so that checkpoints include them.
+pub struct TimerState<K> {
+    by_time: BTreeMap<Timestamp, DueKeys<K>>,
+    table: Option<Box<dyn StateTable>>,
+    buf: Vec<u8>,
+    len: usize,
+}
+
+impl<K> fmt::Debug for TimerState<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TimerState").field("timers", &self.len).finish_non_exhaustive()
+    }
+}
+
+impl<K: Key> TimerState<K> {
+    /// Opens the timers `scope` names on `backend`.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the backend cannot open them.
+    pub fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
+        let table = if backend.keeps_objects() { None } else { Some(backend.open_table(scope)?) };
+        Ok(Self { by_time: BTreeMap::new(), table, buf: Vec::new(), len: 0 })
+    }
+
+    fn table_key(&mut self, time: Timestamp, key: &K) {
+        self.buf.clear();
+        time.encode_key(&mut self.buf);
+        key.encode_key(&mut self.buf);
+    }
+
+    /// Registers a timer for `key` (of key group `group`) at `time`;
+    /// registering the same one twice keeps one.
+    ///
+    /// # Errors
+    /// [`Error::State`] when a byte backend fails.
+    #[inline]
+    pub fn register(&mut self, time: Timestamp, group: u16, key: &K) -> Result<()> {
+        let keys = self.by_time.entry(time).or_default();
+        if keys.insert(key.clone(), group).is_none() {
+            self.len += 1;
+            if self.table.is_some() {
+                self.table_key(time, key);
+                if let Some(table) = self.table.as_mut() {
+                    table.put(group, &self.buf, &[])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the timer for `key` at `time`, if there is one.
+    ///
+    /// # Errors
+    /// [`Error::State`] when a byte backend fails.
+    pub fn delete(&mut self, time: Timestamp, key: &K) -> Result<()> {
+        let Some(keys) = self.by_time.get_mut(&time) else { return Ok(()) };
+        let Some(group) = keys.remove(key) else { return Ok(()) };
+        if keys.is_empty() {
+            self.by_time.remove(&time);
+        }
+        self.len -= 1;
+        if self.table.is_some() {
+            self.table_key(time, key);
+            if let Some(table) = self.table.as_mut() {
+                table.delete(group, &self.buf)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The earliest time any timer is set for.
+    #[inline]
+    pub fn next_time(&self) -> Option<Timestamp> {
+        self.by_time.first_key_value().map(|(t, _)| *t)
+    }
+
+    /// How many timers are set.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no timer is set.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Takes every timer of the earliest time, if that time is at or below
+    /// `watermark`: the time and its keys with their key groups.
+    ///
+    /// # Errors
+    /// [`Error::State`] when a byte backend fails.
+    pub fn pop_due(&mut self, watermark: Timestamp) -> Result<Option<DueTimers<K>>> {
+        let Some(entry) = self.by_time.first_entry() else { return Ok(None) };
+        if *entry.key() > watermark {
+            return Ok(None);
+        }
+        let (time, keys) = entry.remove_entry();
+        self.len -= keys.len();
+        let keys: Vec<(K, u16)> = keys.into_iter().collect();
+        if self.table.is_some() {
+            for (key, group) in &keys {
+                self.table_key(time, key);
+                if let Some(table) = self.table.as_mut() {
+                    table.delete(*group, &self.buf)?;
+                }
+            }
+        }
+        Ok(Some((time, keys)))
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -374,6 +499,31 @@ mod tests {
     fn memory_objects_and_byte_tables_behave_alike() {
         exercise(&MemoryBackend);
         exercise(&BytesOnly);
+    }
+
+    fn timers(backend: &dyn StateBackend) {
+        let mut t = TimerState::<String>::open(backend, &scope()).unwrap();
+        let (a, b) = ("a".to_string(), "b".to_string());
+        t.register(20, 4, &a).unwrap();
+        t.register(10, 5, &b).unwrap();
+        t.register(10, 4, &a).unwrap();
+        t.register(10, 4, &a).unwrap();
+        assert_eq!(t.len(), 3, "the same timer twice is one");
+        assert_eq!(t.next_time(), Some(10));
+        assert!(t.pop_due(9).unwrap().is_none(), "nothing is due before 10");
+        let (time, mut keys) = t.pop_due(15).unwrap().unwrap();
+        keys.sort();
+        assert_eq!((time, keys), (10, vec![(a.clone(), 4), (b.clone(), 5)]));
+        t.delete(20, &a).unwrap();
+        t.delete(20, &b).unwrap();
+        assert!(t.is_empty());
+        assert!(t.pop_due(i64::MAX).unwrap().is_none());
+    }
+
+    #[test]
+    fn timers_behave_alike_on_both_kinds_of_backend() {
+        timers(&MemoryBackend);
+        timers(&BytesOnly);
     }
 
     #[test]

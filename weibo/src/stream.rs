@@ -18,6 +18,7 @@ use crate::graph::{
 };
 use crate::key::Key;
 use crate::keyed::{FoldOp, KeyedContext, KeyedProcessOp, PartitionOp, ReduceOp};
+use crate::record::Timestamp;
 use crate::record::{Batch, RecordBatch, SourcePosition};
 use crate::runtime::erase;
 use crate::runtime::ops::{
@@ -25,6 +26,7 @@ use crate::runtime::ops::{
 };
 use crate::sinks::Sink;
 use crate::state::{StateScope, ValueState};
+use crate::time::{TimestampOp, WatermarkStrategy};
 
 /// A record a `process` function failed on, sent to the dead-letter output
 /// under the [`on_error::DeadLetter`] policy.
@@ -398,6 +400,48 @@ impl<T: Clone + Send + 'static> Stream<T> {
         P::output(Stream::new(self.graph.clone(), node, 0), Stream::new(self.graph.clone(), node, 1))
     }
 
+    /// Gives each record the event time `f` extracts, and generates
+    /// watermarks by `strategy` in every parallel instance of the stream
+    /// (applied right after a source: per source partition). Watermarks
+    /// from upstream are replaced.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::time::WatermarkStrategy;
+    /// use weibo::window::Tumbling;
+    ///
+    /// // (sensor, reading, time in ms); count readings per sensor and second.
+    /// let readings = vec![(1u32, 0.5, 100), (1, 0.7, 900), (1, 0.2, 1_100), (2, 0.1, 1_500)];
+    /// let mut out = weibo::testing::run(readings, |s| {
+    ///     s.with_timestamps(|r: &(u32, f64, i64)| r.2, WatermarkStrategy::monotonous())
+    ///         .key_by(|r| r.0)
+    ///         .window(Tumbling::of(Duration::from_secs(1)))
+    ///         .aggregate(weibo::window::Count)
+    ///         .into_stream()
+    /// })?;
+    /// out.sort_by_key(|r| (r.window.start, r.key));
+    /// let counts: Vec<_> = out.iter().map(|r| (r.key, r.window.start, r.value)).collect();
+    /// assert_eq!(counts, vec![(1, 0, 2), (1, 1_000, 1), (2, 1_000, 1)]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn with_timestamps<F>(&self, f: F, strategy: WatermarkStrategy) -> Stream<T>
+    where
+        F: Fn(&T) -> Timestamp + Send + Sync + 'static,
+    {
+        let f = Arc::new(f);
+        let stream = self.stateless::<T>(
+            "timestamps",
+            Arc::new(move |_ctx, info, outs| {
+                let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
+                Ok(erase::<T>(Box::new(TimestampOp::new(info, f.clone(), strategy, next))))
+            }),
+        );
+        if let Some(n) = stream.lock().nodes.get_mut(stream.node) {
+            n.detail = strategy.describe();
+        }
+        stream
+    }
+
     /// Merges this stream with `other` (same record type).
     ///
     /// ```
@@ -589,7 +633,11 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         self
     }
 
-    fn keyed<U: Clone + Send + 'static>(
+    pub(crate) fn upstream(&self) -> &Stream<T> {
+        &self.upstream
+    }
+
+    pub(crate) fn keyed_node(
         &self,
         kind: &'static str,
         outputs: Vec<Port>,
@@ -625,7 +673,6 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
             outputs,
             op: Op::Keyed { parallelism: self.partitions, router, factory },
         });
-        let _ = PhantomData::<U>;
         (self.upstream.graph.clone(), node)
     }
 
@@ -657,7 +704,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 decoded: Vec::with_capacity(ctx.config.batch_size),
             }))
         });
-        let (graph, node) = self.keyed::<T>("reduce", vec![port::<T>("output", true)], factory);
+        let (graph, node) = self.keyed_node("reduce", vec![port::<T>("output", true)], factory);
         Stream::new(graph, node, 0)
     }
 
@@ -741,7 +788,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 _t: PhantomData,
             }))
         });
-        let (graph, node) = self.keyed::<O>(kind, vec![port::<O>("output", true)], factory);
+        let (graph, node) = self.keyed_node(kind, vec![port::<O>("output", true)], factory);
         Stream::new(graph, node, 0)
     }
 
@@ -796,7 +843,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 _t: PhantomData,
             }))
         });
-        let (graph, node) = self.keyed::<U>(
+        let (graph, node) = self.keyed_node(
             "keyed_process",
             vec![port::<U>("output", true), port::<DeadLetter<T>>("dead letters", policy == Policy::DeadLetter)],
             factory,
@@ -814,7 +861,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
             let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
             Ok(Box::new(PartitionOp { info, out: Batch::with_capacity(ctx.config.batch_size), next }))
         });
-        let (graph, node) = self.keyed::<T>("partition", vec![port::<T>("output", true)], factory);
+        let (graph, node) = self.keyed_node("partition", vec![port::<T>("output", true)], factory);
         Stream::<T>::new(graph, node, 0).sink(sink)
     }
 }

@@ -1,0 +1,193 @@
+//! Event time: timestamps and watermark strategies.
+//!
+//! [`Stream::with_timestamps`](crate::Stream::with_timestamps) gives every
+//! record an event time and makes each parallel instance of the stream
+//! (each source partition, when applied right after a source) generate
+//! watermarks. A watermark `w` says: no record with a timestamp at or below
+//! `w` is expected any more.
+//!
+//! Semantics (the same as Apache Flink's):
+//! - bounded out-of-orderness `b`: the watermark is
+//!   `max_timestamp_seen - b - 1`, emitted after the record that raised it,
+//!   so each record is judged under the watermark of the records before it;
+//! - monotonous: `b = 0`;
+//! - idleness `d`: a partition that produced no record for `d` of
+//!   processing time is marked idle and no longer holds back the watermark
+//!   of the operators downstream, until it produces again;
+//! - an operator's watermark is the minimum over its inputs' (idle inputs
+//!   left out), and it never moves back;
+//! - the end of input is watermark `+∞`: every window fires.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::record::{Batch, NO_TIMESTAMP, Timestamp};
+use crate::runtime::Consumer;
+use crate::runtime::ops::OpInfo;
+
+/// Milliseconds of a duration, as a timestamp difference.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// How a stream's watermarks follow its timestamps.
+///
+/// ```
+/// use std::time::Duration;
+/// use weibo::time::WatermarkStrategy;
+///
+/// let strategy = WatermarkStrategy::bounded_out_of_orderness(Duration::from_secs(5))
+///     .with_idleness(Duration::from_secs(30));
+/// # let _ = strategy;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WatermarkStrategy {
+    bound: i64,
+    idleness: Option<Duration>,
+}
+
+impl WatermarkStrategy {
+    /// Timestamps never decrease: the watermark is the largest timestamp
+    /// seen minus one millisecond.
+    pub fn monotonous() -> Self {
+        Self { bound: 0, idleness: None }
+    }
+
+    /// Records may arrive up to `bound` late: the watermark is the largest
+    /// timestamp seen minus `bound` minus one millisecond.
+    pub fn bounded_out_of_orderness(bound: Duration) -> Self {
+        Self { bound: millis(bound), idleness: None }
+    }
+
+    /// Marks the stream idle after `timeout` without records (processing
+    /// time), so that it stops holding back watermarks downstream.
+    #[must_use]
+    pub fn with_idleness(mut self, timeout: Duration) -> Self {
+        self.idleness = Some(timeout);
+        self
+    }
+
+    /// How the graph shows it.
+    pub(crate) fn describe(&self) -> String {
+        let base =
+            if self.bound == 0 { "monotonous".to_string() } else { format!("out of order by {} ms", self.bound) };
+        match self.idleness {
+            Some(d) => format!("{base}, idle after {} ms", millis(d)),
+            None => base,
+        }
+    }
+
+    /// The watermark after seeing `max_timestamp`.
+    #[inline]
+    pub(crate) fn watermark_for(&self, max_timestamp: Timestamp) -> Timestamp {
+        max_timestamp.saturating_sub(self.bound).saturating_sub(1)
+    }
+}
+
+/// Assigns timestamps and generates watermarks, per parallel instance.
+pub(crate) struct TimestampOp<T, F> {
+    pub(crate) info: OpInfo,
+    pub(crate) f: Arc<F>,
+    pub(crate) strategy: WatermarkStrategy,
+    pub(crate) max_timestamp: Timestamp,
+    pub(crate) watermark: Timestamp,
+    pub(crate) reported: Timestamp,
+    pub(crate) last_record: Instant,
+    pub(crate) idle: bool,
+    pub(crate) next: Box<dyn Consumer<T>>,
+    pub(crate) _t: PhantomData<fn(T)>,
+}
+
+impl<T, F> TimestampOp<T, F> {
+    pub(crate) fn new(info: OpInfo, f: Arc<F>, strategy: WatermarkStrategy, next: Box<dyn Consumer<T>>) -> Self {
+        Self {
+            info,
+            f,
+            strategy,
+            max_timestamp: NO_TIMESTAMP,
+            watermark: NO_TIMESTAMP,
+            reported: NO_TIMESTAMP,
+            last_record: Instant::now(),
+            idle: false,
+            next,
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T, F> Consumer<T> for TimestampOp<T, F>
+where
+    T: Send + 'static,
+    F: Fn(&T) -> Timestamp + Send + Sync + 'static,
+{
+    #[inline]
+    fn push(&mut self, batch: &mut Batch<T>) -> Result<()> {
+        let n = batch.len();
+        crate::metrics::OperatorCounters::add(&self.info.counters.records_in, n);
+        let f = &*self.f;
+        for (v, m) in batch.values.iter().zip(batch.meta.iter_mut()) {
+            m.watermark = self.watermark;
+            let ts = f(v);
+            m.timestamp = ts;
+            if ts > self.max_timestamp {
+                self.max_timestamp = ts;
+                self.watermark = self.watermark.max(self.strategy.watermark_for(ts));
+            }
+        }
+        if n > 0 {
+            self.last_record = Instant::now();
+            self.idle = false;
+        }
+        crate::metrics::OperatorCounters::add(&self.info.counters.records_out, n);
+        self.next.push(batch)?;
+        if self.watermark > self.reported {
+            self.reported = self.watermark;
+            self.next.watermark(self.watermark)?;
+        }
+        Ok(())
+    }
+
+    /// Watermarks from upstream are replaced by this operator's own.
+    fn watermark(&mut self, _wm: Timestamp) -> Result<()> {
+        Ok(())
+    }
+
+    fn idle(&mut self) -> Result<()> {
+        if !self.idle {
+            self.idle = true;
+            self.next.idle()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if let Some(timeout) = self.strategy.idleness
+            && !self.idle
+            && self.last_record.elapsed() >= timeout
+        {
+            self.idle = true;
+            self.next.idle()?;
+        }
+        self.next.flush()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.next.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watermarks_follow_the_documented_formula() {
+        let m = WatermarkStrategy::monotonous();
+        assert_eq!(m.watermark_for(1000), 999);
+        let b = WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(250));
+        assert_eq!(b.watermark_for(1000), 749);
+        assert_eq!(b.watermark_for(i64::MIN + 3), i64::MIN, "saturates instead of wrapping");
+    }
+}
