@@ -13,7 +13,7 @@ use crate::runtime::Consumer;
 use crate::runtime::heads::{InputOperator, emit};
 use crate::runtime::ops::{Failures, OpInfo, forward_control};
 use crate::runtime::time::InputTime;
-use crate::state::ValueState;
+use crate::state::{TimerState, ValueState};
 
 pub(crate) fn decode_value<T: Data>(info: &OpInfo, r: &RecordRef<'_>) -> Result<T> {
     T::decode(r.value).map_err(|source| Error::Codec {
@@ -123,10 +123,14 @@ where
     forward_control!(keyed);
 }
 
-/// What a keyed `process` function sees for one record.
+/// What a keyed `process` function sees for one record (or one timer):
+/// the key, its state, its timers, and where to emit results.
 pub struct KeyedContext<'a, K, S, U> {
     key: &'a K,
+    group: u16,
     state: &'a mut Option<S>,
+    timers: &'a mut TimerState<K>,
+    timer_error: &'a mut Option<Error>,
     out: &'a mut Batch<U>,
     meta: Meta,
 }
@@ -137,7 +141,7 @@ impl<K, S, U> std::fmt::Debug for KeyedContext<'_, K, S, U> {
     }
 }
 
-impl<K, S, U> KeyedContext<'_, K, S, U> {
+impl<K: Key, S, U> KeyedContext<'_, K, S, U> {
     /// The record's key.
     pub fn key(&self) -> &K {
         self.key
@@ -148,29 +152,57 @@ impl<K, S, U> KeyedContext<'_, K, S, U> {
         self.state
     }
 
-    /// Emits a result; it carries the input record's metadata.
+    /// Emits a result; it carries the input record's metadata (for a timer:
+    /// the timer's time as timestamp).
     pub fn emit(&mut self, value: U) {
         self.out.push(value, self.meta);
     }
 
-    /// The record's event time, if it has one.
+    /// The record's event time (for a timer: the timer's time), if it has one.
     pub fn timestamp(&self) -> Option<Timestamp> {
         (self.meta.timestamp != crate::record::NO_TIMESTAMP).then_some(self.meta.timestamp)
     }
+
+    /// The operator's watermark: timers at or below it have fired.
+    pub fn watermark(&self) -> Timestamp {
+        self.meta.watermark
+    }
+
+    /// Calls the timer function for this key when the watermark reaches
+    /// `time` (at once, at the next watermark, if it already has).
+    /// Registering the same time twice sets one timer.
+    pub fn register_timer(&mut self, time: Timestamp) {
+        if let Err(e) = self.timers.register(time, self.group, self.key) {
+            self.timer_error.get_or_insert(e);
+        }
+    }
+
+    /// Removes this key's timer at `time`, if any.
+    pub fn delete_timer(&mut self, time: Timestamp) {
+        if let Err(e) = self.timers.delete(time, self.key) {
+            self.timer_error.get_or_insert(e);
+        }
+    }
 }
 
-/// Keyed `process`: a user function with per-key state and a failure policy.
-pub(crate) struct KeyedProcessOp<K, T, S, U, F> {
+/// Keyed `process`: a user function with per-key state, event-time timers
+/// and a failure policy. `G` runs when a timer fires.
+pub(crate) struct KeyedProcessOp<K, T, S, U, F, G> {
     pub(crate) info: OpInfo,
     pub(crate) state: ValueState<K, S>,
+    pub(crate) timers: TimerState<K>,
     pub(crate) f: Arc<F>,
+    pub(crate) on_timer: Arc<G>,
     pub(crate) out: Batch<U>,
     pub(crate) next: Box<dyn Consumer<U>>,
     pub(crate) failures: Failures<T>,
+    /// The watermark up to which timers have fired.
+    pub(crate) watermark: Timestamp,
+    pub(crate) key_buf: Vec<u8>,
     pub(crate) _t: PhantomData<fn(K)>,
 }
 
-impl<K, T, S, U, E, F> InputOperator for KeyedProcessOp<K, T, S, U, F>
+impl<K, T, S, U, E, F, G> KeyedProcessOp<K, T, S, U, F, G>
 where
     K: Key,
     T: Data,
@@ -178,19 +210,66 @@ where
     U: Clone + Send + 'static,
     E: Display,
     F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> std::result::Result<(), E> + Send + Sync + 'static,
+    G: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, Timestamp) -> std::result::Result<(), E> + Send + Sync + 'static,
+{
+    /// Fires every timer at or below `wm`, in time order.
+    fn advance(&mut self, wm: Timestamp) -> Result<()> {
+        while let Some((time, keys)) = self.timers.pop_due(wm)? {
+            for (key, group) in keys {
+                self.key_buf.clear();
+                key.encode_key(&mut self.key_buf);
+                let meta =
+                    Meta { timestamp: time, watermark: self.watermark, offset: 0, partition: 0, source: u32::MAX };
+                let (on_timer, out, timers) = (&*self.on_timer, &mut self.out, &mut self.timers);
+                let mut timer_error = None;
+                let k = key.clone();
+                let result = self.state.update(group, key, &self.key_buf, |state| {
+                    let mut ctx =
+                        KeyedContext { key: &k, group, state, timers, timer_error: &mut timer_error, out, meta };
+                    on_timer(&mut ctx, time).map_err(|e| e.to_string())
+                })?;
+                if let Some(e) = timer_error {
+                    return Err(e);
+                }
+                if let Err(message) = result {
+                    self.failures.fail_timer(&self.info, group, time, &message)?;
+                }
+            }
+        }
+        self.watermark = self.watermark.max(wm);
+        Ok(())
+    }
+}
+
+impl<K, T, S, U, E, F, G> InputOperator for KeyedProcessOp<K, T, S, U, F, G>
+where
+    K: Key,
+    T: Data,
+    S: Data,
+    U: Clone + Send + 'static,
+    E: Display,
+    F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> std::result::Result<(), E> + Send + Sync + 'static,
+    G: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, Timestamp) -> std::result::Result<(), E> + Send + Sync + 'static,
 {
     fn on_batch(&mut self, batch: &RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
-        let f = &*self.f;
         for r in batch.iter() {
+            if let Some(wm) = time.observe(&r.meta) {
+                self.advance(wm)?;
+            }
             let v: T = decode_value(&self.info, &r)?;
             let key: K = decode_key(&self.info, &r)?;
-            let out = &mut self.out;
-            let meta = stamped(time, r.meta);
+            let (f, out, timers) = (&*self.f, &mut self.out, &mut self.timers);
+            let meta = Meta { watermark: self.watermark, ..r.meta };
+            let mut timer_error = None;
             let result = self.state.update(r.group, key.clone(), r.key, |state| {
-                let mut ctx = KeyedContext { key: &key, state, out, meta };
+                let mut ctx =
+                    KeyedContext { key: &key, group: r.group, state, timers, timer_error: &mut timer_error, out, meta };
                 f(&mut ctx, &v).map_err(|e| e.to_string())
             })?;
+            if let Some(e) = timer_error {
+                return Err(e);
+            }
             if let Err(message) = result {
                 self.failures.fail(&self.info, v, r.meta, &message)?;
             }
@@ -199,7 +278,22 @@ where
         self.failures.push()
     }
 
-    forward_control!(keyed, failures);
+    fn on_watermark(&mut self, wm: Timestamp) -> Result<()> {
+        self.advance(wm)?;
+        emit(&self.info, &mut *self.next, &mut self.out)?;
+        self.next.watermark(wm)?;
+        self.failures.watermark(wm)
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.next.flush()?;
+        self.failures.flush()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.next.finish()?;
+        self.failures.finish()
+    }
 }
 
 /// Decodes records and passes them on, partitioned by key (a keyed sink).

@@ -25,7 +25,7 @@ use crate::runtime::ops::{
     BatchLimits, Failures, FilterOp, FlatMapOp, KeyGroupRoutes, MapOp, OpInfo, Policy, ProcessOp, RouterOp,
 };
 use crate::sinks::Sink;
-use crate::state::{StateScope, ValueState};
+use crate::state::{StateScope, TimerState, ValueState};
 use crate::time::{TimestampOp, WatermarkStrategy};
 
 /// A record a `process` function failed on, sent to the dead-letter output
@@ -823,8 +823,63 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> std::result::Result<(), E> + Send + Sync + 'static,
         P: on_error::OnError<T, U>,
     {
+        self.process_with_timers(policy, f, |_ctx: &mut KeyedContext<'_, K, S, U>, _time| Ok(()))
+    }
+
+    /// Like [`process`](Self::process), with event-time timers: `f` (and
+    /// `on_timer`) may call [`KeyedContext::register_timer`]; when the
+    /// operator's watermark reaches a timer's time, `on_timer` runs with
+    /// that key's context and the timer's time. Timers live in keyed state.
+    ///
+    /// A failing `on_timer` has no record to dead-letter: under
+    /// [`on_error::Fail`] it stops the job, under the other policies it is
+    /// counted as dropped.
+    ///
+    /// ```
+    /// use weibo::{KeyedContext, on_error, time::WatermarkStrategy};
+    ///
+    /// // Emit each key's count 10 ms (event time) after its first record.
+    /// // Record `i` is judged under the watermark of records `0..i` (ts - 1
+    /// // of the latest): a@30 still counts for a's timer at 10, which fires
+    /// // only when b@40 arrives (watermark 29); b@40 starts a new count.
+    /// let events = vec![("a", 0), ("a", 4), ("b", 5), ("a", 30), ("b", 40)];
+    /// let mut out = weibo::testing::run(events, |s| {
+    ///     s.with_timestamps(|e: &(&str, i64)| e.1, WatermarkStrategy::monotonous())
+    ///         .map(|e| (e.0.to_string(), e.1))
+    ///         .key_by(|e: &(String, i64)| e.0.clone())
+    ///         .process_with_timers(
+    ///             on_error::Fail,
+    ///             |ctx: &mut KeyedContext<'_, String, u32, (String, u32)>, e: &(String, i64)| {
+    ///                 if ctx.state().is_none() {
+    ///                     ctx.register_timer(e.1 + 10);
+    ///                 }
+    ///                 *ctx.state().get_or_insert(0) += 1;
+    ///                 Ok::<(), String>(())
+    ///             },
+    ///             |ctx, _time| {
+    ///                 let key = ctx.key().clone();
+    ///                 if let Some(n) = ctx.state().take() {
+    ///                     ctx.emit((key, n));
+    ///                 }
+    ///                 Ok(())
+    ///             },
+    ///         )
+    /// })?;
+    /// out.sort();
+    /// assert_eq!(out, vec![("a".to_string(), 3), ("b".to_string(), 1), ("b".to_string(), 1)]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn process_with_timers<S, U, E, F, G, P>(&self, policy: P, f: F, on_timer: G) -> P::Output
+    where
+        S: Data,
+        U: Clone + Send + 'static,
+        E: Display,
+        F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> std::result::Result<(), E> + Send + Sync + 'static,
+        G: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, Timestamp) -> std::result::Result<(), E> + Send + Sync + 'static,
+        P: on_error::OnError<T, U>,
+    {
         let policy = policy.policy();
-        let f = Arc::new(f);
+        let (f, on_timer) = (Arc::new(f), Arc::new(on_timer));
         let factory: Arc<KeyedFactory> = Arc::new(move |ctx, info, groups, outs| {
             let (ok, dead) = two(outs, &info.name)?;
             let next = typed::<U>(ok, &info.name)?;
@@ -832,14 +887,19 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
                 _ => None,
             };
-            let state = ValueState::<K, S>::open(ctx.state(), &scope(ctx, &info, "value", groups))?;
+            let state = ValueState::<K, S>::open(ctx.state(), &scope(ctx, &info, "value", groups.clone()))?;
+            let timers = TimerState::<K>::open(ctx.state(), &scope(ctx, &info, "timers", groups))?;
             Ok(Box::new(KeyedProcessOp {
                 info,
                 state,
+                timers,
                 f: f.clone(),
+                on_timer: on_timer.clone(),
                 out: Batch::with_capacity(ctx.config.batch_size),
                 next,
                 failures: Failures::new(policy, dead)?,
+                watermark: crate::record::NO_TIMESTAMP,
+                key_buf: Vec::new(),
                 _t: PhantomData,
             }))
         });

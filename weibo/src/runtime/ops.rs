@@ -130,6 +130,27 @@ impl<T: Clone + Send + 'static> Failures<T> {
         }
     }
 
+    /// Handles a failure of a timer function: there is no record to send
+    /// anywhere, so under `Drop` and `DeadLetter` it is counted as dropped,
+    /// and under `Fail` it stops the job.
+    pub(crate) fn fail_timer(&mut self, info: &OpInfo, group: u16, time: Timestamp, error: &dyn Display) -> Result<()> {
+        match self.policy {
+            Policy::Drop | Policy::DeadLetter => {
+                OperatorCounters::add(&info.counters.dropped, 1);
+                Ok(())
+            }
+            Policy::Fail => Err(Error::RecordFailed {
+                operator: info.name.to_string(),
+                position: crate::record::SourcePosition {
+                    source: format!("event-time timer in key group {group}"),
+                    partition: u32::from(group),
+                    offset: u64::try_from(time).unwrap_or(0),
+                },
+                message: format!("timer at {time}: {error}"),
+            }),
+        }
+    }
+
     pub(crate) fn push(&mut self) -> Result<()> {
         match &mut self.dead {
             Some((batch, next)) if !batch.is_empty() => next.push(batch),

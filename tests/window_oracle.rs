@@ -1,0 +1,261 @@
+//! Every window kind against a naive batch computation of the same
+//! semantics: random out-of-order input, every watermark strategy bound,
+//! allowed lateness, 1..4 partitions and any batch size. The naive model
+//! judges record `i` under the watermark of records `0..i`, exactly as the
+//! design defines it, and reports late records too.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use weibo::testing::TestJob;
+use weibo::time::WatermarkStrategy;
+use weibo::window::{Session, Sliding, Tumbling, Window, WindowContext, WindowResult};
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+struct Ev {
+    key: u8,
+    ts: i64,
+    value: i64,
+    seq: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Tumbling { size: i64, offset: i64 },
+    Sliding { size: i64, slide: i64, offset: i64 },
+    Session { gap: i64 },
+}
+
+/// A firing: key, window, and the sorted sequence numbers of its records.
+type Firing = (u8, i64, i64, Vec<u32>);
+
+#[derive(Debug, Default)]
+struct Naive {
+    firings: Vec<Firing>,
+    late: Vec<u32>,
+}
+
+fn aligned(ts: i64, size: i64, slide: i64, offset: i64) -> Vec<Window> {
+    let mut out = Vec::new();
+    let mut start = ts - (ts - offset).rem_euclid(slide);
+    while start + size > ts {
+        out.push(Window { start, end: start + size });
+        start -= slide;
+    }
+    out
+}
+
+/// One window's records and whether it fired.
+#[derive(Debug, Clone)]
+struct Open {
+    seqs: Vec<u32>,
+    fired: bool,
+}
+
+fn naive(input: &[Ev], bound: i64, lateness: i64, kind: Kind) -> Naive {
+    let mut out = Naive::default();
+    // (key, window) -> contents; for sessions the windows of a key are disjoint.
+    let mut open: BTreeMap<(u8, Window), Open> = BTreeMap::new();
+    let mut max_ts = i64::MIN;
+    let mut wm = i64::MIN;
+    let fire = |open: &mut BTreeMap<(u8, Window), Open>, wm: i64, out: &mut Naive| {
+        for ((k, w), o) in open.iter_mut() {
+            if !o.fired && w.end - 1 <= wm {
+                o.fired = true;
+                let mut s = o.seqs.clone();
+                s.sort_unstable();
+                out.firings.push((*k, w.start, w.end, s));
+            }
+        }
+        open.retain(|(_, w), _| w.end - 1 + lateness > wm);
+    };
+    for e in input {
+        fire(&mut open, wm, &mut out);
+        let mut added = false;
+        match kind {
+            Kind::Tumbling { size, offset } | Kind::Sliding { size, offset, .. } => {
+                let slide = match kind {
+                    Kind::Sliding { slide, .. } => slide,
+                    _ => size,
+                };
+                for w in aligned(e.ts, size, slide, offset) {
+                    if w.end - 1 + lateness <= wm {
+                        continue;
+                    }
+                    added = true;
+                    let o = open.entry((e.key, w)).or_insert(Open { seqs: Vec::new(), fired: false });
+                    o.seqs.push(e.seq);
+                    if w.end - 1 <= wm {
+                        o.fired = true;
+                        let mut s = o.seqs.clone();
+                        s.sort_unstable();
+                        out.firings.push((e.key, w.start, w.end, s));
+                    }
+                }
+            }
+            Kind::Session { gap } => {
+                let mut merged = Window { start: e.ts, end: e.ts + gap };
+                let mut parts = Vec::new();
+                for (k, w) in open.keys() {
+                    if *k == e.key && w.start <= merged.end && w.end >= merged.start {
+                        merged = Window { start: merged.start.min(w.start), end: merged.end.max(w.end) };
+                        parts.push(*w);
+                    }
+                }
+                if merged.end - 1 + lateness > wm {
+                    added = true;
+                    let mut seqs = vec![e.seq];
+                    for p in parts {
+                        seqs.extend(open.remove(&(e.key, p)).unwrap().seqs);
+                    }
+                    let mut o = Open { seqs, fired: false };
+                    if merged.end - 1 <= wm {
+                        o.fired = true;
+                        let mut s = o.seqs.clone();
+                        s.sort_unstable();
+                        out.firings.push((e.key, merged.start, merged.end, s));
+                    }
+                    open.insert((e.key, merged), o);
+                }
+            }
+        }
+        if !added && e.ts + lateness <= wm {
+            out.late.push(e.seq);
+        }
+        if e.ts > max_ts {
+            max_ts = e.ts;
+            wm = wm.max(max_ts - bound - 1);
+        }
+    }
+    fire(&mut open, i64::MAX, &mut out);
+    out.firings.sort();
+    out.late.sort_unstable();
+    out
+}
+
+fn input() -> impl Strategy<Value = Vec<Ev>> {
+    prop::collection::vec((0u8..4, 0i64..6, 0i64..40, -50i64..50), 0..120).prop_map(|steps| {
+        let mut base = -60i64;
+        steps
+            .into_iter()
+            .enumerate()
+            .map(|(i, (key, step, back, value))| {
+                base += step;
+                Ev { key, ts: base - back, value, seq: i as u32 }
+            })
+            .collect()
+    })
+}
+
+fn kind() -> impl Strategy<Value = Kind> {
+    prop_oneof![
+        (prop::sample::select(vec![1i64, 10, 25]), 0i64..10)
+            .prop_map(|(size, o)| Kind::Tumbling { size, offset: o % size }),
+        (prop::sample::select(vec![(20i64, 5i64), (20, 10), (10, 10), (6, 15)]), 0i64..5)
+            .prop_map(|((size, slide), offset)| Kind::Sliding { size, slide, offset }),
+        prop::sample::select(vec![1i64, 5, 10]).prop_map(|gap| Kind::Session { gap }),
+    ]
+}
+
+fn run(
+    input: &[Ev],
+    bound: i64,
+    lateness: i64,
+    kind: Kind,
+    partitions: usize,
+    batch: usize,
+    with_late: bool,
+) -> (Naive, u64) {
+    let ms = |v: i64| Duration::from_millis(v as u64);
+    let mut t = TestJob::new("windows").configure(|j| j.with_batch_size(batch));
+    let keyed = t
+        .input(input.to_vec())
+        .with_timestamps(|e: &Ev| e.ts, WatermarkStrategy::bounded_out_of_orderness(ms(bound)))
+        .key_by(|e: &Ev| e.key)
+        .with_partitions(partitions);
+    let windowed = match kind {
+        Kind::Tumbling { size, offset } => keyed.window(Tumbling::of(ms(size)).with_offset(ms(offset))),
+        Kind::Sliding { size, slide, offset } => keyed.window(Sliding::of(ms(size), ms(slide)).with_offset(ms(offset))),
+        Kind::Session { gap } => keyed.window(Session::with_gap(ms(gap))),
+    }
+    .allowed_lateness(ms(lateness));
+    let out = windowed.process(|ctx: &WindowContext<'_, u8>, evs: &[Ev], out: &mut Vec<Firing>| {
+        let mut seqs: Vec<u32> = evs.iter().map(|e| e.seq).collect();
+        seqs.sort_unstable();
+        out.push((*ctx.key, ctx.window.start, ctx.window.end, seqs));
+    });
+    let late = with_late.then(|| t.collect(&out.late_records()));
+    let firings = t.collect(&out);
+    let report = t.run().unwrap();
+    let late_count = report.metrics.operator("window_process").unwrap().late;
+    let mut got = Naive { firings: firings.sorted(), late: Vec::new() };
+    if let Some(late) = late {
+        got.late = late.values().into_iter().map(|e| e.seq).collect();
+        got.late.sort_unstable();
+    }
+    (got, late_count)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
+
+    #[test]
+    fn window_firings_and_late_records_match_the_naive_model(
+        input in input(),
+        bound in prop::sample::select(vec![0i64, 3, 20]),
+        lateness in prop::sample::select(vec![0i64, 7, 30]),
+        kind in kind(),
+        partitions in 1usize..=4,
+        batch in prop::sample::select(vec![1usize, 3, 64]),
+        with_late in any::<bool>(),
+    ) {
+        let want = naive(&input, bound, lateness, kind);
+        let (got, late_count) = run(&input, bound, lateness, kind, partitions, batch, with_late);
+        prop_assert_eq!(&got.firings, &want.firings);
+        prop_assert_eq!(late_count as usize, want.late.len());
+        if with_late {
+            prop_assert_eq!(&got.late, &want.late);
+        }
+    }
+}
+
+/// `reduce` and `aggregate` agree with `process` on the same windows.
+#[test]
+fn incremental_functions_agree_with_process() {
+    let input: Vec<Ev> =
+        (0..300).map(|i| Ev { key: (i % 3) as u8, ts: i64::from(i) * 7 % 500, value: i64::from(i), seq: i }).collect();
+    let ms = Duration::from_millis;
+    let build = |t: &mut TestJob| {
+        t.input(input.clone())
+            .with_timestamps(|e: &Ev| e.ts, WatermarkStrategy::bounded_out_of_orderness(ms(500)))
+            .key_by(|e: &Ev| e.key)
+            .with_partitions(2)
+            .window(Sliding::of(ms(100), ms(50)))
+    };
+    let mut t = TestJob::new("three-ways");
+    let reduced = build(&mut t).reduce(|a, b| Ev { value: a.value + b.value, ..a }).into_stream();
+    let reduced = t.collect(&reduced);
+    let counted = build(&mut t).aggregate(weibo::window::Count).into_stream();
+    let counted = t.collect(&counted);
+    let processed = build(&mut t)
+        .process(|ctx: &WindowContext<'_, u8>, evs: &[Ev], out| {
+            out.push((*ctx.key, ctx.window, evs.len() as u64, evs.iter().map(|e| e.value).sum::<i64>()));
+        })
+        .into_stream();
+    let processed = t.collect(&processed);
+    t.run().unwrap();
+    let mut a: Vec<(u8, Window, u64, i64)> = Vec::new();
+    let counts: BTreeMap<(u8, Window), u64> =
+        counted.values().into_iter().map(|r: WindowResult<u8, u64>| ((r.key, r.window), r.value)).collect();
+    for r in reduced.values() {
+        a.push((r.key, r.window, counts[&(r.key, r.window)], r.value.value));
+    }
+    a.sort();
+    let mut b = processed.values();
+    b.sort();
+    assert_eq!(a.len(), counts.len());
+    assert_eq!(a, b);
+}
