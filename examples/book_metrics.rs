@@ -37,6 +37,9 @@ async fn watch() -> weibo::Result<()> {
     let report = handle.wait().await?; // the job's result, final metrics and wall time
     println!("finished in {:?}\n{}", report.elapsed, report.metrics);
 
+    // Operators are listed in the order of the graph, sources first.
+    let names: Vec<&str> = report.metrics.operators.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["orders", "paid", "blackhole"]);
     let paid = report.metrics.operator("paid").map(|m| (m.records_in, m.records_out));
     let expected_out = (0..2_000).map(order).filter(|o| o.amount_cents > 0).count() as u64;
     assert_eq!(paid, Some((2_000, expected_out)));

@@ -20,6 +20,12 @@ fn main() -> Result<(), Box<dyn Error>> {
     dead_letters(&dir.join("dead-letters.jsonl"))?;
     std::fs::remove_dir_all(&dir)?;
     fail_policy()?;
+    // The default panic hook would print the panic this example expects; keep the output clean.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let panicked = panic_in_a_function();
+    std::panic::set_hook(hook);
+    panicked?;
     union()?;
     fan_out()?;
     Ok(())
@@ -105,6 +111,17 @@ fn fail_policy() -> Result<(), Box<dyn Error>> {
 }
 // ANCHOR_END: fail
 
+// ANCHOR: panic
+fn panic_in_a_function() -> Result<(), Box<dyn Error>> {
+    let job = Job::new("divide");
+    job.source(IterSource::new(vec![4u32, 0, 2])).map(|x: u32| 100 / x).sink(Blackhole::new());
+    let err = block_on(job.run()).err().ok_or("the job should have failed")?;
+    assert!(matches!(err, weibo::Error::Panicked { .. }));
+    assert_eq!(err.to_string(), "a user function in `values[0]` panicked: attempt to divide by zero");
+    Ok(())
+}
+// ANCHOR_END: panic
+
 // ANCHOR: union
 fn union() -> weibo::Result<()> {
     let all = CollectSink::new();
@@ -127,7 +144,12 @@ fn fan_out() -> weibo::Result<()> {
     let orders = job.source(IterSource::new((0..14).map(order))).name("orders");
     orders.filter(|o: &Order| o.amount_cents >= 0).sink(paid.clone()).name("paid");
     orders.filter(|o: &Order| o.amount_cents < 0).sink(refunds.clone()).name("refunds");
-    println!("{}", job.plan()?);
+    let plan = job.plan()?;
+    println!("{plan}");
+    assert_eq!(
+        plan,
+        "plan of job `split`: 1 node, 1 task\n  node `orders` x1: orders -> {filter -> paid, filter-2 -> refunds}\n"
+    );
     block_on(job.run())?;
     assert_eq!((paid.values().len(), refunds.values().len()), (12, 2));
     Ok(())

@@ -3,6 +3,7 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_sinks`.
 
+use std::collections::BTreeSet;
 use std::error::Error;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,6 +24,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     std::fs::remove_dir_all(&dir)?;
     collect()?;
     record_metadata()?;
+    union_instances()?;
     Ok(())
 }
 
@@ -52,16 +54,25 @@ fn blackhole() -> weibo::Result<()> {
 
 // ANCHOR: file
 fn file(path: &Path) -> Result<(), Box<dyn Error>> {
+    let totals_file = FileSink::json_lines(path);
     let job = Job::new("to-file");
     job.source(IterSource::new((0..2).map(order)))
         .map(|o: Order| Totals { customer: o.customer, orders: 1, cents: o.amount_cents })
-        .sink(FileSink::json_lines(path))
+        .sink(totals_file.clone())
         .name("totals-file");
     block_on(job.run())?;
     assert_eq!(
         std::fs::read_to_string(path)?,
         "{\"customer\":1,\"orders\":1,\"cents\":0}\n{\"customer\":2,\"orders\":1,\"cents\":5761}\n"
     );
+
+    // The job closed the file when it ended; a later job with the same sink starts it anew.
+    let job = Job::new("to-file-again");
+    job.source(IterSource::new((2..3).map(order)))
+        .map(|o: Order| Totals { customer: o.customer, orders: 1, cents: o.amount_cents })
+        .sink(totals_file);
+    block_on(job.run())?;
+    assert_eq!(std::fs::read_to_string(path)?, "{\"customer\":3,\"orders\":1,\"cents\":1522}\n");
     Ok(())
 }
 // ANCHOR_END: file
@@ -130,3 +141,56 @@ fn record_metadata() -> weibo::Result<()> {
     Ok(())
 }
 // ANCHOR_END: custom_sink_use
+
+// ANCHOR: instances
+/// Which writer got which records: (instance, parallelism, source index, source partition).
+type Route = (usize, usize, u32, u32);
+
+/// Notes, for every record, the writer it reached and where it came from.
+#[derive(Clone, Default)]
+struct Routes {
+    seen: Arc<Mutex<BTreeSet<Route>>>,
+}
+
+struct RoutesWriter {
+    instance: usize,
+    parallelism: usize,
+    seen: Arc<Mutex<BTreeSet<Route>>>,
+}
+
+impl Sink<u64> for Routes {
+    fn default_name(&self) -> String {
+        "routes".into()
+    }
+
+    fn open(&self, instance: usize, parallelism: usize) -> weibo::Result<Box<dyn SinkWriter<u64>>> {
+        Ok(Box::new(RoutesWriter { instance, parallelism, seen: self.seen.clone() }))
+    }
+}
+
+impl SinkWriter<u64> for RoutesWriter {
+    fn write(&mut self, batch: &mut SinkBatch<'_, u64>) -> weibo::Result<()> {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        for meta in batch.meta() {
+            seen.insert((self.instance, self.parallelism, meta.source, meta.partition));
+        }
+        batch.drain().for_each(drop);
+        Ok(())
+    }
+}
+
+fn union_instances() -> weibo::Result<()> {
+    let routes = Routes::default();
+    let job = Job::new("union-instances");
+    let one = job.source(IterSource::new(vec![1u64, 2])).name("one"); // source 0: 1 partition
+    let three = job.source(Generator::new(6, |i| i).with_partitions(3)).name("three"); // source 1: 3 partitions
+    one.union(&three).sink(routes.clone());
+    println!("{}", job.plan()?);
+    block_on(job.run())?;
+
+    // The sink runs in 1 + 3 tasks: 4 writers, instances 0 to 3 of 4.
+    let seen: Vec<Route> = routes.seen.lock().unwrap_or_else(PoisonError::into_inner).iter().copied().collect();
+    assert_eq!(seen, [(0, 4, 0, 0), (1, 4, 1, 0), (2, 4, 1, 1), (3, 4, 1, 2)]);
+    Ok(())
+}
+// ANCHOR_END: instances

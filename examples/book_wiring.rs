@@ -1,5 +1,6 @@
 //! The book's "Wiring errors" chapter: the mistakes the compiler cannot see,
-//! refused with `Error::Graph` before anything runs.
+//! refused with `Error::Graph` before anything runs, and the job started
+//! outside a tokio runtime (`Error::Runtime`).
 //!
 //! Run it with `cargo run -p weibo-examples --example book_wiring`.
 
@@ -11,7 +12,9 @@ use weibo::{Job, on_error};
 
 fn main() -> Result<(), Box<dyn Error>> {
     no_sink()?;
+    unconsumed()?;
     unread_dead_letters()?;
+    dropped_failures()?;
     too_many_partitions()?;
     same_names()?;
     outside_tokio()?;
@@ -28,6 +31,23 @@ fn no_sink() -> Result<(), Box<dyn Error>> {
 }
 // ANCHOR_END: no_sink
 
+// ANCHOR: unconsumed
+fn unconsumed() -> Result<(), Box<dyn Error>> {
+    let job = Job::new("half-sunk");
+    let orders = job.source(IterSource::new(vec![250i64, -5, 100])).name("orders");
+    orders.filter(|cents: &i64| *cents >= 0).name("paid").sink(Blackhole::new());
+    let _refunds = orders.filter(|cents: &i64| *cents < 0).name("refunds"); // never sunk
+    let err = job.plan().err().ok_or("expected a wiring error")?;
+    assert!(matches!(err, weibo::Error::Graph { .. }));
+    assert_eq!(
+        err.to_string(),
+        "invalid pipeline `half-sunk`: the output of `refunds` is not consumed, so its records would be lost: \
+         end the stream with a sink (for example `.sink(weibo::sinks::Blackhole::new())` to discard on purpose)"
+    );
+    Ok(())
+}
+// ANCHOR_END: unconsumed
+
 // ANCHOR: dead_letters
 fn unread_dead_letters() -> Result<(), Box<dyn Error>> {
     let job = Job::new("unread-dead-letters");
@@ -39,11 +59,23 @@ fn unread_dead_letters() -> Result<(), Box<dyn Error>> {
     assert_eq!(
         err.to_string(),
         "invalid pipeline `unread-dead-letters`: the dead letters of `process` are not consumed, so they would be lost: \
-         sink them (for example `.sink(FileSink::json_lines(...))`)"
+         end the stream with a sink (for example `.sink(weibo::sinks::Blackhole::new())` to discard on purpose)"
     );
     Ok(())
 }
 // ANCHOR_END: dead_letters
+
+// ANCHOR: dropped_failures
+fn dropped_failures() -> Result<(), Box<dyn Error>> {
+    // Under `on_error::Drop` (or `Fail`) `process` has no dead-letter output: only its results need a sink.
+    let job = Job::new("drop-failures");
+    job.source(IterSource::new(vec!["1".to_string(), "x".to_string()]))
+        .process(on_error::Drop, |s: &String| s.parse::<u32>())
+        .sink(Blackhole::new());
+    job.plan()?;
+    Ok(())
+}
+// ANCHOR_END: dropped_failures
 
 // ANCHOR: partitions
 fn too_many_partitions() -> Result<(), Box<dyn Error>> {
@@ -78,7 +110,12 @@ fn outside_tokio() -> Result<(), Box<dyn Error>> {
     let job = Job::new("outside-tokio");
     job.source(IterSource::new(vec![1u32])).sink(Blackhole::new());
     let err = job.spawn().err().ok_or("expected an error")?; // no tokio runtime on this thread
-    assert!(err.to_string().ends_with("call `run`/`spawn` inside a tokio runtime (for example under #[tokio::main])"));
+    assert!(matches!(err, weibo::Error::Runtime { .. }));
+    assert_eq!(
+        err.to_string(),
+        "job `outside-tokio` cannot start: a job runs on tokio: call `run`/`spawn` inside a tokio runtime \
+         (for example under #[tokio::main])"
+    );
     Ok(())
 }
 // ANCHOR_END: runtime
