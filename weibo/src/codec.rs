@@ -1,4 +1,4 @@
-//! Codecs: how values cross shuffle edges, enter state and reach sinks.
+//! Codecs: how values cross shuffle edges and enter state.
 //!
 //! A value type needs one codec, given by the [`Data`] trait. Every type that
 //! derives `serde::Serialize` and `serde::Deserialize` (and `Clone`) has one
@@ -58,8 +58,9 @@ impl fmt::Display for CodecError {
 
 impl std::error::Error for CodecError {}
 
-/// A value type that Weibo can move between nodes, keep in state and write
-/// to sinks: it has a codec.
+/// A value type that Weibo can move between nodes and keep in state: it has
+/// a codec. (Sinks ask for what they need themselves: `Debug` for `Stdout`,
+/// `serde::Serialize` for `FileSink`.)
 ///
 /// Implemented for every `Clone + Send + serde::Serialize +
 /// serde::DeserializeOwned` type (postcard encoding), and by

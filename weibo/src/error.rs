@@ -8,9 +8,12 @@ use crate::record::SourcePosition;
 /// Everything that can go wrong building or running a job.
 ///
 /// Variants say who is to blame: the pipeline's wiring ([`Error::Graph`]),
-/// data ([`Error::Codec`], [`Error::Input`], [`Error::RecordFailed`]),
-/// storage ([`Error::State`], [`Error::Io`]), a connector
-/// ([`Error::Connector`]), or Weibo itself ([`Error::Internal`]).
+/// data ([`Error::Codec`], [`Error::Input`], [`Error::RecordFailed`]), user
+/// code that panicked ([`Error::Panicked`]), storage ([`Error::State`],
+/// [`Error::Io`]), a connector ([`Error::Connector`]), the environment
+/// ([`Error::Runtime`]), a neighbour task that stopped
+/// ([`Error::Disconnected`], reported only when nothing better is known),
+/// or Weibo itself ([`Error::Internal`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

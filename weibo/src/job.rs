@@ -172,7 +172,8 @@ impl Job {
     ///
     /// # Errors
     /// [`Error::Graph`] for wiring that cannot run, and any error opening a
-    /// source, sink or state; also when called outside a tokio runtime.
+    /// source, sink or state; [`Error::Runtime`] when called outside a tokio
+    /// runtime.
     pub fn spawn(self) -> Result<JobHandle> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Runtime {
             job: self.lock().config.name.clone(),

@@ -176,8 +176,13 @@ impl fmt::Display for MetricsSnapshot {
         for e in &self.edges {
             writeln!(
                 f,
-                "  {} -> {}: {} records in {} batches, sender blocked {:?}",
-                e.from, e.to, e.records, e.batches, e.blocked
+                "  {} -> {}: {} records in {} batch{}, sender blocked {:?}",
+                e.from,
+                e.to,
+                e.records,
+                e.batches,
+                if e.batches == 1 { "" } else { "es" },
+                e.blocked
             )?;
         }
         Ok(())

@@ -42,6 +42,17 @@ pub trait SinkWriter<T>: Send {
     /// [`Error::Io`] or [`Error::Connector`] when writing fails.
     fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()>;
 
+    /// The watermark of the stream reached `watermark`: no record with a
+    /// timestamp at or below it will follow (what the sink does with that is
+    /// its own business; most ignore it).
+    ///
+    /// # Errors
+    /// As [`SinkWriter::write`].
+    fn on_watermark(&mut self, watermark: crate::record::Timestamp) -> Result<()> {
+        let _ = watermark;
+        Ok(())
+    }
+
     /// Makes written records visible (the buffer timeout passed).
     ///
     /// # Errors

@@ -127,6 +127,11 @@ impl<T> SourceOutput<T> {
         self.watermark
     }
 
+    /// Whether no record was added yet in this read.
+    pub fn is_empty(&self) -> bool {
+        self.batch.is_empty()
+    }
+
     /// How many more records fit in this batch.
     #[inline]
     pub fn remaining(&self) -> usize {

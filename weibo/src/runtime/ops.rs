@@ -383,8 +383,8 @@ impl<T: Send + 'static> Consumer<T> for SinkOp<T> {
         batch.clear();
         Ok(())
     }
-    fn watermark(&mut self, _wm: Timestamp) -> Result<()> {
-        Ok(())
+    fn watermark(&mut self, wm: Timestamp) -> Result<()> {
+        self.writer.on_watermark(wm)
     }
     fn idle(&mut self) -> Result<()> {
         Ok(())

@@ -9,7 +9,9 @@ struct InputClock {
 }
 
 /// The watermark of an operator instance: the minimum over its inputs'
-/// watermarks, leaving out inputs marked idle. It only moves forward.
+/// watermarks, leaving out inputs marked idle; when every input is idle,
+/// the maximum over all of them (as Flink does: nothing is coming, so
+/// nothing holds the watermark back). It only moves forward.
 #[derive(Debug)]
 pub(crate) struct WatermarkTracker {
     inputs: Vec<InputClock>,
@@ -59,7 +61,11 @@ impl WatermarkTracker {
     }
 
     fn recompute(&mut self) -> Option<Timestamp> {
-        let min = self.inputs.iter().filter(|c| !c.idle).map(|c| c.watermark).min()?;
+        let active = self.inputs.iter().filter(|c| !c.idle).map(|c| c.watermark).min();
+        let min = match active {
+            Some(min) => min,
+            None => self.inputs.iter().map(|c| c.watermark).max()?,
+        };
         (min > self.current).then(|| {
             self.current = min;
             min
@@ -109,8 +115,8 @@ mod tests {
         assert_eq!(t.advance(2, 25), Some(20));
         assert_eq!(t.idle(0), None);
         assert_eq!(t.idle(1), Some(25));
-        assert_eq!(t.idle(2), None, "all idle: the watermark stays");
-        assert_eq!(t.current(), 25);
+        assert_eq!(t.idle(2), Some(30), "all idle: the largest watermark of any input");
+        assert_eq!(t.advance(1, 28), None, "input 1 wakes below the watermark: it stays");
         assert_eq!(
             t.advance(1, i64::MAX),
             Some(i64::MAX),
