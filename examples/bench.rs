@@ -11,11 +11,13 @@
 //! tokio runtime of `threads` worker threads (default: `partitions`).
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use weibo::sinks::{Sink, SinkBatch, SinkWriter};
 use weibo::sources::Generator;
+use weibo::time::WatermarkStrategy;
+use weibo::window::{Tumbling, WindowResult};
 use weibo::{Job, Result};
 
 const MULT: u64 = 2_654_435_761;
@@ -120,8 +122,30 @@ fn w3(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
         });
 }
 
+/// W1: tumbling 1 s event-time windows, sum(value) per (key, window), watermark
+/// = max timestamp seen (monotonous). `keys` is 100,000 for w1 proper; the
+/// `w1-100keys` variant uses 100, so each key-window folds many events.
+fn w1(job: &Job, n: u64, partitions: usize, keys: u64, total: Arc<Mutex<Out>>) {
+    job.source(Generator::new(n, move |i| (i.wrapping_mul(MULT) % keys, i % 1000, i)).with_partitions(partitions))
+        .with_timestamps(|e: &(u64, u64, u64)| e.2 as i64, WatermarkStrategy::monotonous())
+        .key_by(|e: &(u64, u64, u64)| e.0)
+        .with_partitions(partitions)
+        .window(Tumbling::of(Duration::from_secs(1)))
+        .reduce(|a, b| (a.0, a.1 + b.1, a.2))
+        .sink(Checksum {
+            total,
+            f: |o: &mut Out, r: &WindowResult<u64, (u64, u64, u64)>| {
+                let window = r.window.start as u64 / 1000;
+                let sum = r.value.1;
+                o.count += 1;
+                o.sum = o.sum.wrapping_add(sum);
+                o.chk = o.chk.wrapping_add(r.key.wrapping_mul(1_000_003).wrapping_add(window).wrapping_mul(sum.wrapping_add(1)));
+            },
+        });
+}
+
 fn usage() -> ! {
-    eprintln!("usage: bench <w2|w3> <events> <partitions> [threads]");
+    eprintln!("usage: bench <w1|w1-100keys|w2|w3> <events> <partitions> [threads]");
     std::process::exit(2)
 }
 
@@ -149,6 +173,8 @@ fn main() {
     let total = Arc::new(Mutex::new(Out::default()));
     let job = Job::new(format!("bench-{workload}"));
     match workload.as_str() {
+        "w1" => w1(&job, n, partitions, 100_000, total.clone()),
+        "w1-100keys" => w1(&job, n, partitions, 100, total.clone()),
         "w2" => w2(&job, n, partitions, total.clone()),
         "w3" => w3(&job, n, partitions, total.clone()),
         _ => usage(),
@@ -160,8 +186,10 @@ fn main() {
     }
     let secs = started.elapsed().as_secs_f64();
     let out = *total.lock().unwrap_or_else(PoisonError::into_inner);
+    let engine = if workload == "w1-100keys" { "weibo-100keys" } else { "weibo" };
+    let workload = if workload == "w1-100keys" { "w1" } else { workload.as_str() };
     println!(
-        "RESULT engine=weibo workload={workload} n={n} par={partitions} secs={secs:.4} eps={:.0} out_count={} out_sum={} out_chk={} threads={threads}",
+        "RESULT engine={engine} workload={workload} n={n} par={partitions} secs={secs:.4} eps={:.0} out_count={} out_sum={} out_chk={} threads={threads}",
         n as f64 / secs,
         out.count,
         out.sum,
