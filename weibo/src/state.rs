@@ -450,6 +450,164 @@ impl<K: Key> TimerState<K> {
     }
 }
 
+/// One window's accumulators in memory: key → (key group, accumulator).
+type WindowMap<K, A> = hashbrown::HashMap<K, (u16, A), FxBuildHasher>;
+
+enum WindowStore<K, A> {
+    /// Window-major in memory: per window start, the keys' accumulators.
+    Objects { windows: BTreeMap<Timestamp, WindowMap<K, A>>, pool: Vec<WindowMap<K, A>> },
+    /// Accumulators in a byte table by (key, window start), with an index of
+    /// which keys each window holds.
+    Bytes { values: ValueState<(K, Timestamp), A>, index: BTreeMap<Timestamp, DueKeys<K>>, buf: Vec<u8> },
+}
+
+/// Accumulators of fixed-size (tumbling, sliding) windows, per window start
+/// and key. Windows of one size fire in start order, so the window index is
+/// also the timer index: no timer is stored per (key, window).
+pub struct WindowState<K, A> {
+    store: WindowStore<K, A>,
+}
+
+impl<K, A> fmt::Debug for WindowState<K, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WindowState").finish_non_exhaustive()
+    }
+}
+
+impl<K: Key, A: Data> WindowState<K, A> {
+    /// Opens the window state `scope` names on `backend`.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the backend cannot open it.
+    pub fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
+        let store = if backend.keeps_objects() {
+            WindowStore::Objects { windows: BTreeMap::new(), pool: Vec::new() }
+        } else {
+            WindowStore::Bytes { values: ValueState::open(backend, scope)?, index: BTreeMap::new(), buf: Vec::new() }
+        };
+        Ok(Self { store })
+    }
+
+    /// Reads and changes the accumulator of `key` (encoded: `key_bytes`,
+    /// of key group `group`) in the window starting at `start`; `None` left
+    /// behind removes it.
+    ///
+    /// # Errors
+    /// As [`ValueState::update`].
+    #[inline]
+    pub fn update<R>(
+        &mut self,
+        start: Timestamp,
+        group: u16,
+        key: K,
+        key_bytes: &[u8],
+        f: impl FnOnce(&mut Option<A>) -> R,
+    ) -> Result<R> {
+        match &mut self.store {
+            WindowStore::Objects { windows, pool } => {
+                let map = windows.entry(start).or_insert_with(|| pool.pop().unwrap_or_default());
+                Ok(match map.entry(key) {
+                    Entry::Occupied(e) => {
+                        let mut result = None;
+                        let _ = e.replace_entry_with(|_, (g, value)| {
+                            let mut slot = Some(value);
+                            result = Some(f(&mut slot));
+                            slot.map(|v| (g, v))
+                        });
+                        result.ok_or_else(|| Error::Internal("window update closure was not called".into()))?
+                    }
+                    Entry::Vacant(e) => {
+                        let mut slot = None;
+                        let r = f(&mut slot);
+                        if let Some(value) = slot {
+                            e.insert((group, value));
+                        }
+                        r
+                    }
+                })
+            }
+            WindowStore::Bytes { values, index, buf } => {
+                buf.clear();
+                buf.extend_from_slice(key_bytes);
+                start.encode_key(buf);
+                let k = key.clone();
+                let (r, present) = values.update(group, (key, start), buf, |slot| {
+                    let r = f(slot);
+                    (r, slot.is_some())
+                })?;
+                if present {
+                    index.entry(start).or_default().insert(k, group);
+                } else if let Some(keys) = index.get_mut(&start) {
+                    keys.remove(&k);
+                }
+                Ok(r)
+            }
+        }
+    }
+
+    /// The start of the earliest window holding anything.
+    #[inline]
+    pub fn first_window(&self) -> Option<Timestamp> {
+        match &self.store {
+            WindowStore::Objects { windows, .. } => windows.first_key_value().map(|(s, _)| *s),
+            WindowStore::Bytes { index, .. } => index.first_key_value().map(|(s, _)| *s),
+        }
+    }
+
+    /// The starts of the windows holding anything, from `from` on, in order.
+    pub fn windows_from(&self, from: Timestamp) -> Vec<Timestamp> {
+        match &self.store {
+            WindowStore::Objects { windows, .. } => windows.range(from..).map(|(s, _)| *s).collect(),
+            WindowStore::Bytes { index, .. } => index.range(from..).map(|(s, _)| *s).collect(),
+        }
+    }
+
+    /// Calls `f` with every key, key group and accumulator of the window
+    /// starting at `start`; with `purge`, removes the window.
+    ///
+    /// # Errors
+    /// As [`ValueState::update`].
+    pub fn for_each_in_window(&mut self, start: Timestamp, purge: bool, mut f: impl FnMut(&K, u16, &A)) -> Result<()> {
+        match &mut self.store {
+            WindowStore::Objects { windows, pool } => {
+                if purge {
+                    if let Some(mut map) = windows.remove(&start) {
+                        for (k, (g, a)) in map.drain() {
+                            f(&k, g, &a);
+                        }
+                        pool.push(map);
+                    }
+                } else if let Some(map) = windows.get(&start) {
+                    for (k, (g, a)) in map {
+                        f(k, *g, a);
+                    }
+                }
+                Ok(())
+            }
+            WindowStore::Bytes { values, index, buf } => {
+                let keys: Vec<(K, u16)> = match index.get(&start) {
+                    Some(keys) => keys.iter().map(|(k, g)| (k.clone(), *g)).collect(),
+                    None => return Ok(()),
+                };
+                for (k, g) in keys {
+                    buf.clear();
+                    k.encode_key(buf);
+                    start.encode_key(buf);
+                    let value = values
+                        .update(g, (k.clone(), start), buf, |slot| if purge { slot.take() } else { slot.clone() })?;
+                    if let Some(a) = value {
+                        f(&k, g, &a);
+                    }
+                }
+                if purge {
+                    index.remove(&start);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -524,6 +682,34 @@ mod tests {
     fn timers_behave_alike_on_both_kinds_of_backend() {
         timers(&MemoryBackend);
         timers(&BytesOnly);
+    }
+
+    fn windows(backend: &dyn StateBackend) {
+        let mut w = WindowState::<String, u64>::open(backend, &scope()).unwrap();
+        let (a, b) = ("a".to_string(), "b".to_string());
+        let (ab, bb) = (crate::key::encode(&a), crate::key::encode(&b));
+        for (start, key, bytes, group) in [(10, &a, &ab, 4), (0, &b, &bb, 5), (10, &a, &ab, 4), (10, &b, &bb, 5)] {
+            w.update(start, group, key.clone(), bytes, |acc| *acc = Some(acc.unwrap_or(0) + 1)).unwrap();
+        }
+        assert_eq!(w.first_window(), Some(0));
+        assert_eq!(w.windows_from(1), vec![10]);
+        let mut seen = Vec::new();
+        w.for_each_in_window(10, false, |k, g, n| seen.push((k.clone(), g, *n))).unwrap();
+        seen.sort();
+        assert_eq!(seen, vec![(a.clone(), 4, 2), (b.clone(), 5, 1)]);
+        w.update(10, 5, b.clone(), &bb, |acc| *acc = None).unwrap();
+        let mut seen = Vec::new();
+        w.for_each_in_window(10, true, |k, _, n| seen.push((k.clone(), *n))).unwrap();
+        assert_eq!(seen, vec![(a.clone(), 2)], "b was removed; purging takes the rest");
+        assert_eq!(w.windows_from(i64::MIN), vec![0]);
+        w.for_each_in_window(0, true, |_, _, _| {}).unwrap();
+        assert_eq!(w.first_window(), None);
+    }
+
+    #[test]
+    fn window_state_behaves_alike_on_both_kinds_of_backend() {
+        windows(&MemoryBackend);
+        windows(&BytesOnly);
     }
 
     #[test]

@@ -50,7 +50,7 @@ use crate::runtime::Consumer;
 use crate::runtime::heads::{InputOperator, emit};
 use crate::runtime::ops::OpInfo;
 use crate::runtime::time::InputTime;
-use crate::state::{StateScope, TimerState, ValueState};
+use crate::state::{StateScope, TimerState, ValueState, WindowState};
 use crate::stream::{Aggregate, KeyedStream, Stream};
 use crate::time::millis;
 
@@ -133,6 +133,37 @@ impl Spec {
             ),
             Spec::Session { gap } => format!("session gap {gap} ms"),
         }
+    }
+}
+
+/// The fixed-size windows of the latest timestamp, reused while records'
+/// timestamps stay in exactly the same windows.
+#[derive(Debug, Default)]
+pub(crate) struct AlignedCache {
+    windows: Vec<Window>,
+    /// The timestamps that lie in exactly `windows`.
+    range: Option<(Timestamp, Timestamp)>,
+}
+
+impl AlignedCache {
+    /// The windows of `ts`, latest first.
+    #[inline]
+    pub(crate) fn assign(&mut self, ts: Timestamp, size: i64, slide: i64, offset: i64) -> &[Window] {
+        if !self.range.is_some_and(|(lo, hi)| ts >= lo && ts < hi) {
+            aligned_windows(ts, size, slide, offset, &mut self.windows);
+            // From the end of the next older window (or the latest start)
+            // up to the first end or the next start, whichever comes first.
+            self.range = match (self.windows.iter().map(|w| w.start).min(), self.windows.first()) {
+                (Some(earliest), Some(latest)) => {
+                    let lo = latest.start.max(earliest.saturating_sub(slide).saturating_add(size));
+                    let hi =
+                        self.windows.iter().map(|w| w.end).min().unwrap_or(lo).min(latest.start.saturating_add(slide));
+                    (lo <= ts && ts < hi).then_some((lo, hi))
+                }
+                _ => None,
+            };
+        }
+        &self.windows
     }
 }
 
@@ -608,11 +639,11 @@ impl<K: Key, T: Data> WindowedStream<K, T> {
             };
             Ok(match spec {
                 Spec::Aligned { size, slide, offset } => Box::new(AlignedWindowOp {
-                    state: ValueState::open(ctx.state(), &scope("windows"))?,
+                    state: WindowState::open(ctx.state(), &scope("windows"))?,
                     size,
                     slide,
                     offset,
-                    windows: Vec::new(),
+                    windows: AlignedCache::default(),
                     common,
                 }) as Box<dyn InputOperator>,
                 Spec::Session { gap } => {
@@ -733,42 +764,42 @@ macro_rules! window_control {
     };
 }
 
-/// Tumbling and sliding windows: one accumulator per (key, window start).
+/// Tumbling and sliding windows: one accumulator per (window, key), kept
+/// window-major; a window fires (and is cleaned up) when the watermark
+/// passes its end, so the window index doubles as the timer index.
 struct AlignedWindowOp<K, T, W: WindowFn<K, T>> {
-    state: ValueState<(K, Timestamp), W::Acc>,
+    state: WindowState<K, W::Acc>,
     size: i64,
     slide: i64,
     offset: i64,
-    windows: Vec<Window>,
+    windows: AlignedCache,
     common: Common<K, T, W>,
 }
 
 impl<K: Key, T: Data, W: WindowFn<K, T>> AlignedWindowOp<K, T, W> {
-    fn state_key(buf: &mut Vec<u8>, key: &K, start: Timestamp) {
-        buf.clear();
-        key.encode_key(buf);
-        start.encode_key(buf);
-    }
-
-    /// Fires and cleans up everything due at `wm`, in time order.
+    /// Fires every window whose end the watermark passed since the last
+    /// advance, and cleans up those past their lateness, in start order.
     fn advance(&mut self, wm: Timestamp) -> Result<()> {
         let c = &mut self.common;
-        while let Some(is_fire) = c.next_due(wm) {
-            let timers = if is_fire { &mut c.fire } else { &mut c.cleanup };
-            let Some((time, keys)) = timers.pop_due(wm)? else { break };
-            let end = if is_fire { time.saturating_add(1) } else { time.saturating_sub(c.lateness).saturating_add(1) };
-            let window = Window { start: end.saturating_sub(self.size), end };
-            let purge = !is_fire || c.lateness == 0;
-            for (key, group) in keys {
-                Self::state_key(&mut c.key_buf, &key, window.start);
+        let before = c.watermark;
+        if self.state.first_window().is_some_and(|start| start.saturating_add(self.size - 1) <= wm) {
+            let size = self.size;
+            let last_start = wm.saturating_sub(size - 1);
+            for start in self.state.windows_from(Timestamp::MIN) {
+                if start > last_start {
+                    break;
+                }
+                let window = Window { start, end: start.saturating_add(size) };
+                let max = window.max_timestamp();
+                let fire = max > before;
+                let purge = max.saturating_add(c.lateness) <= wm;
+                if !fire && !purge {
+                    continue;
+                }
                 let (func, fired) = (&*c.func, &mut c.fired);
-                let k = key.clone();
-                self.state.update(group, (key, window.start), &c.key_buf, |acc| {
-                    if is_fire && let Some(a) = acc.as_ref() {
-                        func.fire(&k, window, a, fired);
-                    }
-                    if purge {
-                        *acc = None;
+                self.state.for_each_in_window(start, purge, |key, _group, acc| {
+                    if fire {
+                        func.fire(key, window, acc, fired);
                     }
                 })?;
                 c.collect(window);
@@ -792,14 +823,14 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
             }
             let key: K = decode_key(&self.common.info, &r)?;
             let value: T = decode_value(&self.common.info, &r)?;
-            aligned_windows(ts, self.size, self.slide, self.offset, &mut self.windows);
+            let windows = self.windows.assign(ts, self.size, self.slide, self.offset);
             let c = &mut self.common;
             let wm = c.watermark;
             let lateness = c.lateness;
             let mut added = false;
             let mut value = Some(value);
-            let last = self.windows.len().saturating_sub(1);
-            for (i, window) in self.windows.iter().enumerate() {
+            let last = windows.len().saturating_sub(1);
+            for (i, window) in windows.iter().enumerate() {
                 let max = window.max_timestamp();
                 if max.saturating_add(lateness) <= wm {
                     continue;
@@ -807,22 +838,17 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
                 added = true;
                 let v = if i == last { value.take() } else { value.clone() };
                 let Some(v) = v else { break };
-                Self::state_key(&mut c.key_buf, &key, window.start);
                 let (func, fired) = (&*c.func, &mut c.fired);
                 let fire_now = max <= wm;
-                self.state.update(r.group, (key.clone(), window.start), &c.key_buf, |acc| {
+                let k = if fire_now { Some(key.clone()) } else { None };
+                self.state.update(window.start, r.group, key.clone(), r.key, |acc| {
                     func.add(acc, v);
-                    if fire_now && let Some(a) = acc.as_ref() {
-                        func.fire(&key, *window, a, fired);
+                    if let (Some(k), Some(a)) = (k.as_ref(), acc.as_ref()) {
+                        func.fire(k, *window, a, fired);
                     }
                 })?;
                 if fire_now {
                     c.collect(*window);
-                } else {
-                    c.fire.register(max, r.group, &key)?;
-                }
-                if lateness > 0 {
-                    c.cleanup.register(max.saturating_add(lateness), r.group, &key)?;
                 }
             }
             if !added {
@@ -1032,6 +1058,25 @@ mod tests {
         s.encode(&mut bytes).unwrap();
         assert_eq!(Sessions::<u64>::decode(&bytes).unwrap(), s);
         assert!(Sessions::<u64>::decode(&bytes[..5]).is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_window_cache_always_agrees_with_the_formula(
+            steps in proptest::collection::vec(-30i64..30, 1..200),
+            (size, slide) in proptest::sample::select(vec![(10i64, 10i64), (20, 5), (10, 4), (6, 15), (7, 3), (1, 1)]),
+            offset in 0i64..20,
+        ) {
+            let offset = offset % slide;
+            let mut cache = AlignedCache::default();
+            let mut ts = -40;
+            for step in steps {
+                ts += step;
+                let mut want = Vec::new();
+                aligned_windows(ts, size, slide, offset, &mut want);
+                proptest::prop_assert_eq!(cache.assign(ts, size, slide, offset), &want[..], "ts {}", ts);
+            }
+        }
     }
 
     #[test]
