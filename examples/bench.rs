@@ -139,7 +139,9 @@ fn w1(job: &Job, n: u64, partitions: usize, keys: u64, total: Arc<Mutex<Out>>) {
                 let sum = r.value.1;
                 o.count += 1;
                 o.sum = o.sum.wrapping_add(sum);
-                o.chk = o.chk.wrapping_add(r.key.wrapping_mul(1_000_003).wrapping_add(window).wrapping_mul(sum.wrapping_add(1)));
+                o.chk = o
+                    .chk
+                    .wrapping_add(r.key.wrapping_mul(1_000_003).wrapping_add(window).wrapping_mul(sum.wrapping_add(1)));
             },
         });
 }

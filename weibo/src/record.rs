@@ -124,6 +124,37 @@ struct Entry {
 pub(crate) struct RecordBatch {
     data: Vec<u8>,
     entries: Vec<Entry>,
+    /// Where the batch's memory goes back once read, for its sender to reuse.
+    pool: Option<BatchPool>,
+}
+
+/// Spent batches of one edge, returned by the receiver for the sender to
+/// fill again: memory is reused instead of allocated and freed across
+/// threads for every batch.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct BatchPool(Arc<std::sync::Mutex<Vec<RecordBatch>>>);
+
+impl BatchPool {
+    /// Batches kept at most; more are freed.
+    const KEEP: usize = 16;
+
+    /// An empty batch: a returned one if any, else a new one.
+    pub(crate) fn take(&self, records: usize, bytes: usize) -> RecordBatch {
+        let reused = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+        let mut batch = reused.unwrap_or_else(|| RecordBatch::with_capacity(records, bytes));
+        batch.pool = Some(self.clone());
+        batch
+    }
+
+    fn put(&self, mut batch: RecordBatch) {
+        batch.data.clear();
+        batch.entries.clear();
+        batch.pool = None;
+        let mut kept = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if kept.len() < Self::KEEP {
+            kept.push(batch);
+        }
+    }
 }
 
 /// A borrowed record of a [`RecordBatch`].
@@ -137,7 +168,14 @@ pub(crate) struct RecordRef<'a> {
 
 impl RecordBatch {
     pub(crate) fn with_capacity(records: usize, bytes: usize) -> Self {
-        Self { data: Vec::with_capacity(bytes), entries: Vec::with_capacity(records) }
+        Self { data: Vec::with_capacity(bytes), entries: Vec::with_capacity(records), pool: None }
+    }
+
+    /// Gives the batch's memory back to its sender, if it came from a pool.
+    pub(crate) fn recycle(mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.put(self);
+        }
     }
 
     pub(crate) fn len(&self) -> usize {

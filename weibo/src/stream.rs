@@ -19,7 +19,7 @@ use crate::graph::{
 use crate::key::Key;
 use crate::keyed::{FoldOp, KeyedContext, KeyedProcessOp, PartitionOp, ReduceOp};
 use crate::record::Timestamp;
-use crate::record::{Batch, RecordBatch, SourcePosition};
+use crate::record::{Batch, SourcePosition};
 use crate::runtime::erase;
 use crate::runtime::ops::{
     BatchLimits, Failures, FilterOp, FlatMapOp, KeyGroupRoutes, MapOp, OpInfo, Policy, ProcessOp, RouterOp,
@@ -647,10 +647,12 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         let router: Arc<RouterFactory> = Arc::new(move |ctx, info, senders| {
             let limits = BatchLimits { records: ctx.config.batch_size, bytes: ctx.config.batch_bytes };
             let routes = KeyGroupRoutes::new(ctx.config.max_key_groups, senders.len());
+            let pool = crate::record::BatchPool::default();
             Ok(erase::<T>(Box::new(RouterOp::<T, K, KeyFn<K, T>> {
                 info,
                 key_fn: key_fn.clone(),
-                targets: senders.iter().map(|_| RecordBatch::with_capacity(limits.records, 4096)).collect(),
+                targets: senders.iter().map(|_| pool.take(limits.records, 16 * limits.records)).collect(),
+                pool,
                 senders,
                 outbox: ctx.outbox.clone(),
                 routes,

@@ -160,6 +160,7 @@ impl HeadRunner for ChannelHead {
                     Next::Message(i, Some(Message::Data(batch))) => {
                         tracker.activate(i);
                         self.op.on_batch(&batch, &mut InputTime { tracker: &mut tracker, input: i })?;
+                        batch.recycle();
                     }
                     Next::Message(i, Some(Message::Watermark(wm))) => {
                         let _ = tracker.advance(i, wm);

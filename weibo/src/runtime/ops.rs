@@ -414,6 +414,8 @@ pub(crate) struct RouterOp<T, K, KF: ?Sized> {
     pub(crate) senders: Vec<usize>,
     pub(crate) outbox: Outbox,
     pub(crate) routes: KeyGroupRoutes,
+    /// Spent batches returned by the receivers, for reuse.
+    pub(crate) pool: crate::record::BatchPool,
     pub(crate) limits: BatchLimits,
     pub(crate) key_buf: Vec<u8>,
     /// The latest watermark from upstream, and the latest one sent. Records
@@ -429,8 +431,7 @@ impl<T, K, KF: ?Sized> RouterOp<T, K, KF> {
         if let (Some(batch), Some(&sender)) = (self.targets.get_mut(target), self.senders.get(target))
             && !batch.is_empty()
         {
-            let full =
-                std::mem::replace(batch, RecordBatch::with_capacity(self.limits.records, 16 * self.limits.records));
+            let full = std::mem::replace(batch, self.pool.take(self.limits.records, 16 * self.limits.records));
             self.outbox.push(sender, Message::Data(full));
         }
     }
