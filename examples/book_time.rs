@@ -619,9 +619,10 @@ fn timer_failures() -> Result<(), Box<dyn Error>> {
     .err()
     .ok_or("the job should fail")?;
     println!("{err}");
-    assert!(
-        matches!(err, weibo::Error::RecordFailed { ref message, .. } if message == "timer at 11000: user 2 has no profile")
-    );
+    assert!(matches!(
+        err,
+        weibo::Error::TimerFailed { time: 11_000, ref message, .. } if message == "user 2 has no profile"
+    ));
     Ok(())
 }
 // ANCHOR_END: timer_failures

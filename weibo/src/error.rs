@@ -56,6 +56,19 @@ pub enum Error {
         message: String,
     },
 
+    /// A keyed `process` timer function failed under the `Fail` policy.
+    #[error("operator `{operator}` failed in its timer at {time} (key group {key_group}): {message}")]
+    TimerFailed {
+        /// The operator's name.
+        operator: String,
+        /// The key group of the key whose timer fired.
+        key_group: u16,
+        /// The timer's time.
+        time: crate::record::Timestamp,
+        /// The function's error, as text.
+        message: String,
+    },
+
     /// Keyed state could not be read or written.
     #[error("state of operator `{operator}`: {message}")]
     State {

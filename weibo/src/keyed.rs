@@ -132,7 +132,12 @@ pub struct KeyedContext<'a, K, S, U> {
     timers: &'a mut TimerState<K>,
     timer_error: &'a mut Option<Error>,
     out: &'a mut Batch<U>,
+    /// Stamped on what `emit` sends (its watermark is the one downstream
+    /// judges the output under).
     meta: Meta,
+    /// The operator's watermark as the function sees it: for a timer, the
+    /// watermark that fired it.
+    watermark: Timestamp,
 }
 
 impl<K, S, U> std::fmt::Debug for KeyedContext<'_, K, S, U> {
@@ -163,9 +168,10 @@ impl<K: Key, S, U> KeyedContext<'_, K, S, U> {
         (self.meta.timestamp != crate::record::NO_TIMESTAMP).then_some(self.meta.timestamp)
     }
 
-    /// The operator's watermark: timers at or below it have fired.
+    /// The operator's watermark: timers at or below it have fired (in a
+    /// timer function: the watermark that fired the timer).
     pub fn watermark(&self) -> Timestamp {
-        self.meta.watermark
+        self.watermark
     }
 
     /// Calls the timer function for this key when the watermark reaches
@@ -224,8 +230,16 @@ where
                 let mut timer_error = None;
                 let k = key.clone();
                 let result = self.state.update(group, key, &self.key_buf, |state| {
-                    let mut ctx =
-                        KeyedContext { key: &k, group, state, timers, timer_error: &mut timer_error, out, meta };
+                    let mut ctx = KeyedContext {
+                        key: &k,
+                        group,
+                        state,
+                        timers,
+                        timer_error: &mut timer_error,
+                        out,
+                        meta,
+                        watermark: wm,
+                    };
                     on_timer(&mut ctx, time).map_err(|e| e.to_string())
                 })?;
                 if let Some(e) = timer_error {
@@ -263,8 +277,16 @@ where
             let meta = Meta { watermark: self.watermark, ..r.meta };
             let mut timer_error = None;
             let result = self.state.update(r.group, key.clone(), r.key, |state| {
-                let mut ctx =
-                    KeyedContext { key: &key, group: r.group, state, timers, timer_error: &mut timer_error, out, meta };
+                let mut ctx = KeyedContext {
+                    key: &key,
+                    group: r.group,
+                    state,
+                    timers,
+                    timer_error: &mut timer_error,
+                    out,
+                    meta,
+                    watermark: meta.watermark,
+                };
                 f(&mut ctx, &v).map_err(|e| e.to_string())
             })?;
             if let Some(e) = timer_error {

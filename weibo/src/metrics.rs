@@ -115,7 +115,10 @@ pub struct OperatorMetrics {
     pub records_in: u64,
     /// Records it emitted.
     pub records_out: u64,
-    /// Records its `process` function failed on and that were dropped (`Drop` policy).
+    /// Records dropped and counted: a `process` function failed on them under
+    /// `on_error::Drop`; a timer function failed (no record to dead-letter)
+    /// under `Drop` or `DeadLetter`; or a record fell in no window (the gap
+    /// between sliding windows that slide further than their size).
     pub dropped: u64,
     /// Records its `process` function failed on and that went to the dead-letter output.
     pub dead_lettered: u64,

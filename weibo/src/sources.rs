@@ -114,7 +114,7 @@ impl<T> SourceOutput<T> {
         self.batch.push(value, meta);
     }
 
-    /// Declares that no record with a timestamp below `watermark` will
+    /// Declares that no record with a timestamp at or below `watermark` will
     /// follow in this partition. Records pushed after this call carry it;
     /// the runtime forwards it downstream. A watermark never moves back:
     /// a smaller value is ignored.

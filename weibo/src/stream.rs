@@ -428,6 +428,37 @@ impl<T: Clone + Send + 'static> Stream<T> {
     where
         F: Fn(&T) -> Timestamp + Send + Sync + 'static,
     {
+        self.timestamps(move |v: &T, _source_ts: Timestamp| f(v), strategy)
+    }
+
+    /// Keeps the event times the source gave its records (a generator with
+    /// `with_timestamps`, a connector's record timestamps) and generates
+    /// watermarks from them by `strategy`, as
+    /// [`with_timestamps`](Self::with_timestamps) does. Records without a
+    /// timestamp do not move the watermark.
+    ///
+    /// ```
+    /// use weibo::sources::Generator;
+    /// use weibo::time::WatermarkStrategy;
+    /// let out = weibo::testing::run_job(|job| {
+    ///     job.source(Generator::new(3, |i| i).with_timestamps(|i| i as i64 * 1000))
+    ///         .with_watermarks(WatermarkStrategy::monotonous())
+    ///         .key_by(|_: &u64| ())
+    ///         .window(weibo::window::Tumbling::of(std::time::Duration::from_secs(2)))
+    ///         .aggregate(weibo::window::Count)
+    ///         .into_stream()
+    /// })?;
+    /// assert_eq!(out.iter().map(|r| r.value).collect::<Vec<_>>(), vec![2, 1]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn with_watermarks(&self, strategy: WatermarkStrategy) -> Stream<T> {
+        self.timestamps(|_: &T, source_ts: Timestamp| source_ts, strategy)
+    }
+
+    fn timestamps<F>(&self, f: F, strategy: WatermarkStrategy) -> Stream<T>
+    where
+        F: Fn(&T, Timestamp) -> Timestamp + Send + Sync + 'static,
+    {
         let f = Arc::new(f);
         let stream = self.stateless::<T>(
             "timestamps",

@@ -120,7 +120,7 @@ impl<T, F> TimestampOp<T, F> {
 impl<T, F> Consumer<T> for TimestampOp<T, F>
 where
     T: Send + 'static,
-    F: Fn(&T) -> Timestamp + Send + Sync + 'static,
+    F: Fn(&T, Timestamp) -> Timestamp + Send + Sync + 'static,
 {
     #[inline]
     fn push(&mut self, batch: &mut Batch<T>) -> Result<()> {
@@ -129,9 +129,9 @@ where
         let f = &*self.f;
         for (v, m) in batch.values.iter().zip(batch.meta.iter_mut()) {
             m.watermark = self.watermark;
-            let ts = f(v);
+            let ts = f(v, m.timestamp);
             m.timestamp = ts;
-            if ts > self.max_timestamp {
+            if ts != NO_TIMESTAMP && ts > self.max_timestamp {
                 self.max_timestamp = ts;
                 self.watermark = self.watermark.max(self.strategy.watermark_for(ts));
             }

@@ -139,14 +139,11 @@ impl<T: Clone + Send + 'static> Failures<T> {
                 OperatorCounters::add(&info.counters.dropped, 1);
                 Ok(())
             }
-            Policy::Fail => Err(Error::RecordFailed {
+            Policy::Fail => Err(Error::TimerFailed {
                 operator: info.name.to_string(),
-                position: crate::record::SourcePosition {
-                    source: format!("event-time timer in key group {group}"),
-                    partition: u32::from(group),
-                    offset: u64::try_from(time).unwrap_or(0),
-                },
-                message: format!("timer at {time}: {error}"),
+                key_group: group,
+                time,
+                message: error.to_string(),
             }),
         }
     }
