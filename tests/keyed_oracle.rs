@@ -54,9 +54,14 @@ proptest! {
         input in events().prop_shuffle(),
         partitions in 1usize..=8,
         max_key_groups in prop::sample::select(vec![8u16, 16, 128]),
+        on_disk in prop::bool::weighted(0.25),
     ) {
         let expected = naive_running(&input);
-        let mut t = TestJob::new("oracle").configure(|j| j.with_max_key_groups(max_key_groups).with_batch_size(7));
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = TestJob::new("oracle").configure(|j| {
+            let j = j.with_max_key_groups(max_key_groups).with_batch_size(7);
+            if on_disk { j.with_state_backend(weibo::state::FjallBackend::open(dir.path()).unwrap()) } else { j }
+        });
         let out = t.input(input.clone())
             .map(|e: Event| Running { account: e.account, count: 1, sum: e.amount })
             .key_by(|r: &Running| r.account)

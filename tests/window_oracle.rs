@@ -160,6 +160,7 @@ fn kind() -> impl Strategy<Value = Kind> {
     ]
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(
     input: &[Ev],
     bound: i64,
@@ -168,9 +169,14 @@ fn run(
     partitions: usize,
     batch: usize,
     with_late: bool,
+    on_disk: bool,
 ) -> (Naive, u64) {
     let ms = |v: i64| Duration::from_millis(v as u64);
-    let mut t = TestJob::new("windows").configure(|j| j.with_batch_size(batch));
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = TestJob::new("windows").configure(|j| {
+        let j = j.with_batch_size(batch);
+        if on_disk { j.with_state_backend(weibo::state::FjallBackend::open(dir.path()).unwrap()) } else { j }
+    });
     let keyed = t
         .input(input.to_vec())
         .with_timestamps(|e: &Ev| e.ts, WatermarkStrategy::bounded_out_of_orderness(ms(bound)))
@@ -211,9 +217,10 @@ proptest! {
         partitions in 1usize..=4,
         batch in prop::sample::select(vec![1usize, 3, 64]),
         with_late in any::<bool>(),
+        on_disk in prop::bool::weighted(0.25),
     ) {
         let want = naive(&input, bound, lateness, kind);
-        let (got, late_count) = run(&input, bound, lateness, kind, partitions, batch, with_late);
+        let (got, late_count) = run(&input, bound, lateness, kind, partitions, batch, with_late, on_disk);
         prop_assert_eq!(&got.firings, &want.firings);
         prop_assert_eq!(late_count as usize, want.late.len());
         if with_late {

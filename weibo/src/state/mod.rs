@@ -11,6 +11,11 @@
 //! only when a checkpoint copies them out. Backends that store bytes (the
 //! fjall backend) go through the codec on every access.
 
+#[cfg(feature = "fjall")]
+mod fjall;
+#[cfg(feature = "fjall")]
+pub use self::fjall::FjallBackend;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
@@ -653,10 +658,23 @@ mod tests {
         assert!(none.is_empty(), "a removed key is gone: {none:?}");
     }
 
+    /// Every backend the shared suite runs on, with what keeps it alive.
+    fn backends() -> Vec<(Box<dyn StateBackend>, Option<tempfile::TempDir>)> {
+        let mut all: Vec<(Box<dyn StateBackend>, Option<tempfile::TempDir>)> =
+            vec![(Box::new(MemoryBackend), None), (Box::new(BytesOnly), None)];
+        #[cfg(feature = "fjall")]
+        {
+            let dir = tempfile::tempdir().unwrap();
+            all.push((Box::new(FjallBackend::open(dir.path()).unwrap()), Some(dir)));
+        }
+        all
+    }
+
     #[test]
-    fn memory_objects_and_byte_tables_behave_alike() {
-        exercise(&MemoryBackend);
-        exercise(&BytesOnly);
+    fn every_backend_passes_the_value_state_suite() {
+        for (backend, _dir) in backends() {
+            exercise(&*backend);
+        }
     }
 
     fn timers(backend: &dyn StateBackend) {
@@ -679,9 +697,10 @@ mod tests {
     }
 
     #[test]
-    fn timers_behave_alike_on_both_kinds_of_backend() {
-        timers(&MemoryBackend);
-        timers(&BytesOnly);
+    fn every_backend_passes_the_timer_suite() {
+        for (backend, _dir) in backends() {
+            timers(&*backend);
+        }
     }
 
     fn windows(backend: &dyn StateBackend) {
@@ -707,9 +726,65 @@ mod tests {
     }
 
     #[test]
-    fn window_state_behaves_alike_on_both_kinds_of_backend() {
-        windows(&MemoryBackend);
-        windows(&BytesOnly);
+    fn every_backend_passes_the_window_state_suite() {
+        for (backend, _dir) in backends() {
+            windows(&*backend);
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Put(u16, Vec<u8>, Vec<u8>),
+        Delete(u16, Vec<u8>),
+        Get(u16, Vec<u8>),
+        Scan(u16),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        let key = proptest::collection::vec(0u8..4, 0..4);
+        prop_oneof![
+            (0u16..3, key.clone(), proptest::collection::vec(any::<u8>(), 0..6)).prop_map(|(g, k, v)| Op::Put(g, k, v)),
+            (0u16..3, key.clone()).prop_map(|(g, k)| Op::Delete(g, k)),
+            (0u16..3, key).prop_map(|(g, k)| Op::Get(g, k)),
+            (0u16..3).prop_map(Op::Scan),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+        /// Byte tables against a `BTreeMap` oracle: same answers, and scans
+        /// in key order within one key group.
+        #[test]
+        fn byte_tables_agree_with_a_btreemap(ops in proptest::collection::vec(op(), 1..80)) {
+            for (backend, _dir) in backends() {
+                let mut table = backend.open_table(&scope()).unwrap();
+                let mut oracle: BTreeMap<(u16, Vec<u8>), Vec<u8>> = BTreeMap::new();
+                for op in &ops {
+                    match op {
+                        Op::Put(g, k, v) => {
+                            table.put(*g, k, v).unwrap();
+                            oracle.insert((*g, k.clone()), v.clone());
+                        }
+                        Op::Delete(g, k) => {
+                            table.delete(*g, k).unwrap();
+                            oracle.remove(&(*g, k.clone()));
+                        }
+                        Op::Get(g, k) => {
+                            proptest::prop_assert_eq!(table.get(*g, k).unwrap(), oracle.get(&(*g, k.clone())).cloned(), "{}", backend.name());
+                        }
+                        Op::Scan(g) => {
+                            let mut got = Vec::new();
+                            table.scan_group(*g, &mut |k, v| got.push((k.to_vec(), v.to_vec()))).unwrap();
+                            let want: Vec<(Vec<u8>, Vec<u8>)> =
+                                oracle.range((*g, Vec::new())..(*g + 1, Vec::new())).map(|((_, k), v)| (k.clone(), v.clone())).collect();
+                            proptest::prop_assert_eq!(got, want, "{}", backend.name());
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
