@@ -164,6 +164,9 @@ fn main() {
     let n = parse(2, Some(20_000_000));
     let partitions = usize::try_from(parse(3, Some(1))).unwrap_or(1).max(1);
     let threads = usize::try_from(parse(4, Some(partitions as u64))).unwrap_or(1).max(1);
+    // State backend: `WEIBO_STATE=fjall` keeps state on disk (in a fresh
+    // temporary directory), anything else in memory.
+    let on_disk = std::env::var("WEIBO_STATE").is_ok_and(|s| s == "fjall");
 
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build() {
         Ok(r) => r,
@@ -173,7 +176,17 @@ fn main() {
         }
     };
     let total = Arc::new(Mutex::new(Out::default()));
-    let job = Job::new(format!("bench-{workload}"));
+    let state_dir = std::env::temp_dir().join(format!("weibo-bench-{}", std::process::id()));
+    let mut job = Job::new(format!("bench-{workload}"));
+    if on_disk {
+        match weibo::state::FjallBackend::open(&state_dir) {
+            Ok(backend) => job = job.with_state_backend(backend),
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(1)
+            }
+        }
+    }
     match workload.as_str() {
         "w1" => w1(&job, n, partitions, 100_000, total.clone()),
         "w1-100keys" => w1(&job, n, partitions, 100, total.clone()),
@@ -187,8 +200,16 @@ fn main() {
         std::process::exit(1);
     }
     let secs = started.elapsed().as_secs_f64();
+    if on_disk {
+        let _ = std::fs::remove_dir_all(&state_dir);
+    }
     let out = *total.lock().unwrap_or_else(PoisonError::into_inner);
-    let engine = if workload == "w1-100keys" { "weibo-100keys" } else { "weibo" };
+    let engine = match (workload.as_str(), on_disk) {
+        ("w1-100keys", false) => "weibo-100keys",
+        ("w1-100keys", true) => "weibo-fjall-100keys",
+        (_, true) => "weibo-fjall",
+        _ => "weibo",
+    };
     let workload = if workload == "w1-100keys" { "w1" } else { workload.as_str() };
     println!(
         "RESULT engine={engine} workload={workload} n={n} par={partitions} secs={secs:.4} eps={:.0} out_count={} out_sum={} out_chk={} threads={threads}",
