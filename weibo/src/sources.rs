@@ -42,6 +42,21 @@ pub trait Source: Send + Sync + 'static {
     /// # Errors
     /// [`Error::Io`] or [`Error::Connector`] when the partition cannot be opened.
     fn open(&self, partition: usize) -> Result<Box<dyn SourceReader<Self::Item>>>;
+
+    /// Opens partition `partition` to resume at `position`, a value its
+    /// reader returned from [`SourceReader::position`] when a checkpoint
+    /// was taken. Sources that cannot resume refuse (the default), and a
+    /// job that restores from a checkpoint then fails naming the source.
+    ///
+    /// # Errors
+    /// [`Error::Connector`] when the source cannot resume there.
+    fn open_at(&self, partition: usize, position: u64) -> Result<Box<dyn SourceReader<Self::Item>>> {
+        let _ = (partition, position);
+        Err(Error::Connector {
+            name: self.default_name(),
+            message: "this source cannot resume from a checkpoint position".into(),
+        })
+    }
 }
 
 /// What a read produced.
@@ -64,6 +79,13 @@ pub trait SourceReader<T>: Send {
     /// [`Error::Input`] for input the reader cannot understand (naming its
     /// position); [`Error::Io`] or [`Error::Connector`] when reading fails.
     fn read<'a>(&'a mut self, out: &'a mut SourceOutput<T>) -> BoxFuture<'a, Result<ReadStatus>>;
+
+    /// Where the next record will be read from, for checkpoints: a value
+    /// [`Source::open_at`] resumes at. `None` (the default) means the
+    /// reader cannot say, and checkpoints of its job fail.
+    fn position(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The batch a [`SourceReader`] fills.
@@ -200,12 +222,23 @@ where
         1
     }
 
-    fn open(&self, _partition: usize) -> Result<Box<dyn SourceReader<I::Item>>> {
-        let iter = self.iter.lock().unwrap_or_else(PoisonError::into_inner).take().ok_or_else(|| Error::Connector {
-            name: "values".into(),
-            message: "an IterSource can be read only once; build a new one for another run".into(),
-        })?;
-        Ok(Box::new(IterReader { iter, next: 0 }))
+    fn open(&self, partition: usize) -> Result<Box<dyn SourceReader<I::Item>>> {
+        self.open_at(partition, 0)
+    }
+
+    /// Skips the first `position` values (an iterator cannot seek).
+    fn open_at(&self, _partition: usize, position: u64) -> Result<Box<dyn SourceReader<I::Item>>> {
+        let mut iter =
+            self.iter.lock().unwrap_or_else(PoisonError::into_inner).take().ok_or_else(|| Error::Connector {
+                name: "values".into(),
+                message: "an IterSource can be read only once; build a new one for another run".into(),
+            })?;
+        for _ in 0..position {
+            if iter.next().is_none() {
+                break;
+            }
+        }
+        Ok(Box::new(IterReader { iter, next: position }))
     }
 }
 
@@ -234,6 +267,10 @@ where
             }
         }
         Box::pin(std::future::ready(Ok(status)))
+    }
+
+    fn position(&self) -> Option<u64> {
+        Some(self.next)
     }
 }
 
@@ -321,9 +358,20 @@ impl<T: Clone + Send + 'static> Source for Generator<T> {
     }
 
     fn open(&self, partition: usize) -> Result<Box<dyn SourceReader<T>>> {
+        self.open_at(partition, partition as u64)
+    }
+
+    /// Resumes at event index `position` (which belongs to `partition`).
+    fn open_at(&self, partition: usize, position: u64) -> Result<Box<dyn SourceReader<T>>> {
         let step = self.partitions as u64;
+        if position % step != partition as u64 % step {
+            return Err(Error::Connector {
+                name: self.default_name(),
+                message: format!("event {position} does not belong to partition {partition} of {step}"),
+            });
+        }
         Ok(Box::new(GenReader {
-            next: partition as u64,
+            next: position,
             step,
             count: self.count,
             f: self.f.clone(),
@@ -401,6 +449,10 @@ impl<T: Send + 'static> SourceReader<T> for GenReader<T> {
             Ok(if self.next >= self.count { ReadStatus::Done } else { ReadStatus::More })
         })
     }
+
+    fn position(&self) -> Option<u64> {
+        Some(self.next)
+    }
 }
 
 /// How a [`FileSource`] turns a line into a record.
@@ -472,19 +524,47 @@ impl<T: Clone + Send + 'static> Source for FileSource<T> {
         1
     }
 
-    fn open(&self, _partition: usize) -> Result<Box<dyn SourceReader<T>>> {
-        let file = File::open(&self.path).map_err(|source| Error::Io {
-            action: "cannot open input file",
-            path: self.path.clone(),
-            source,
-        })?;
+    fn open(&self, partition: usize) -> Result<Box<dyn SourceReader<T>>> {
+        self.open_at(partition, 0)
+    }
+
+    /// Resumes at byte offset `position`, the start of a line (counting the
+    /// lines before it, so that errors still name the right line).
+    fn open_at(&self, _partition: usize, position: u64) -> Result<Box<dyn SourceReader<T>>> {
+        let io = |action: &'static str| {
+            let path = self.path.clone();
+            move |source| Error::Io { action, path, source }
+        };
+        let file = File::open(&self.path).map_err(io("cannot open input file"))?;
+        let mut reader = BufReader::with_capacity(1 << 16, file);
+        let mut line_no = 0;
+        let mut offset = 0;
+        let mut buf = Vec::new();
+        while offset < position {
+            buf.clear();
+            let n = reader.read_until(b'\n', &mut buf).map_err(io("cannot read input file"))?;
+            if n == 0 {
+                return Err(Error::Connector {
+                    name: self.default_name(),
+                    message: format!("cannot resume at byte {position}: the file has only {offset} bytes"),
+                });
+            }
+            offset += n as u64;
+            line_no += 1;
+        }
+        if offset != position {
+            return Err(Error::Connector {
+                name: self.default_name(),
+                message: format!("cannot resume at byte {position}: it is not the start of a line"),
+            });
+        }
         Ok(Box::new(FileReader {
             path: self.path.clone(),
-            reader: BufReader::with_capacity(1 << 16, file),
+            reader,
             parser: self.parser.clone(),
-            offset: 0,
-            line_no: 0,
-            buf: Vec::new(),
+            offset,
+            line_no,
+            buf,
             skip_empty: self.format != "lines",
         }))
     }
@@ -541,5 +621,61 @@ impl<T: Send + 'static> SourceReader<T> for FileReader<T> {
     fn read<'a>(&'a mut self, out: &'a mut SourceOutput<T>) -> BoxFuture<'a, Result<ReadStatus>> {
         let status = self.read_sync(out);
         Box::pin(std::future::ready(status))
+    }
+
+    fn position(&self) -> Option<u64> {
+        Some(self.offset)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    /// Reads a whole partition: values, offsets, and the position after each read.
+    fn drain<T: Clone + Send + 'static>(reader: &mut dyn SourceReader<T>) -> (Vec<T>, Vec<u64>) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut out = SourceOutput::new("test".into(), 0, 0, 3);
+        let (mut values, mut offsets) = (Vec::new(), Vec::new());
+        loop {
+            let status = rt.block_on(reader.read(&mut out)).unwrap();
+            offsets.extend(out.batch.meta.iter().map(|m| m.offset));
+            values.append(&mut out.batch.values);
+            out.batch.clear();
+            if status == ReadStatus::Done {
+                return (values, offsets);
+            }
+        }
+    }
+
+    #[test]
+    fn every_built_in_source_resumes_where_its_position_said() {
+        // Generator: partition 1 of 3 resumes at event 7.
+        let g = Generator::new(12, |i| i * 10).with_partitions(3);
+        let (values, _) = drain(&mut *g.open_at(1, 7).unwrap());
+        assert_eq!(values, vec![70, 100]);
+        assert!(g.open_at(1, 6).is_err(), "event 6 belongs to partition 0");
+
+        // Iterator: skips what was read.
+        let it = IterSource::new(vec!["a", "b", "c", "d"]);
+        let (values, offsets) = drain(&mut *it.open_at(0, 2).unwrap());
+        assert_eq!((values, offsets), (vec!["c", "d"], vec![2, 3]));
+
+        // File: the position after reading some lines resumes after them.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.txt");
+        std::fs::write(&path, "one\ntwo\nthree\nfour\n").unwrap();
+        let file = FileSource::lines(&path);
+        let mut reader = file.open(0).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut out = SourceOutput::new("test".into(), 0, 0, 2);
+        rt.block_on(reader.read(&mut out)).unwrap();
+        let position = reader.position().unwrap();
+        assert_eq!(position, 8, "after `one\\ntwo\\n`");
+        let (values, offsets) = drain(&mut *file.open_at(0, position).unwrap());
+        assert_eq!((values, offsets), (vec!["three".to_string(), "four".to_string()], vec![8, 14]));
+        let err = file.open_at(0, 5).err().unwrap();
+        assert!(err.to_string().contains("not the start of a line"), "{err}");
     }
 }
