@@ -69,6 +69,15 @@ pub enum Error {
         message: String,
     },
 
+    /// A checkpoint could not be written, or one cannot be restored.
+    #[error("checkpoint `{}`: {message}", path.display())]
+    Checkpoint {
+        /// The checkpoint's directory or file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+
     /// Keyed state could not be read or written.
     #[error("state of operator `{operator}`: {message}")]
     State {

@@ -11,12 +11,13 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+use crate::checkpoint::{Ack, Restore};
 use crate::codec::CodecId;
 use crate::error::{Error, Result};
 use crate::job::JobConfig;
 use crate::metrics::{OperatorCounters, Registry};
 use crate::record::SourceNames;
-use crate::runtime::heads::{ChannelHead, HeadRunner, Inbox, InputOperator, NodeIo};
+use crate::runtime::heads::{ChannelHead, CheckpointIo, HeadRunner, Inbox, InputOperator, NodeIo};
 use crate::runtime::ops::{DiscardOp, OpInfo, TeeOp};
 use crate::runtime::{AnyConsumer, Consumer, EdgeSender, Outbox, erase, unerase};
 use crate::state::StateBackend;
@@ -358,6 +359,8 @@ pub(crate) struct BuildCtx<'a> {
     /// runs once per head instance that reaches it, so after a `union` its
     /// instances come from several heads.
     chain_instances: &'a mut HashMap<NodeId, (usize, usize)>,
+    /// The checkpoint the job restores from, if any.
+    pub(crate) restore: Option<&'a Restore>,
 }
 
 impl BuildCtx<'_> {
@@ -459,7 +462,43 @@ impl Graph {
     }
 
     /// Fuses and expands the graph into head tasks with their chains.
-    pub(crate) fn build(&self, registry: &Registry) -> Result<Physical> {
+    /// A hash of the operators, their names, types and edges, leaving out
+    /// parallelism: a checkpoint restores only into the same pipeline, but
+    /// may restore with other partition counts.
+    pub(crate) fn fingerprint(&self) -> String {
+        let mut text = String::new();
+        for (id, n) in self.nodes.iter().enumerate() {
+            let _ = write!(text, "{id}:{}:{}:", n.kind, n.name);
+            for p in &n.outputs {
+                let _ = write!(text, "{},", p.type_name);
+            }
+            for i in &n.inputs {
+                let kind = match &i.kind {
+                    EdgeKind::Forward => "forward".to_string(),
+                    EdgeKind::Hash { key_type, codec } => format!("hash({key_type},{codec})"),
+                };
+                let _ = write!(text, "<{}.{}:{kind}", i.from, i.port);
+            }
+            text.push('\n');
+        }
+        format!("{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()))
+    }
+
+    /// How many head tasks the job runs, and how many of them read sources.
+    pub(crate) fn head_counts(&self) -> (usize, usize) {
+        let heads = self.nodes.iter().filter(|n| n.is_head()).map(Node::parallelism).sum();
+        let sources = self.nodes.iter().filter(|n| matches!(n.op, Op::Source { .. })).map(Node::parallelism).sum();
+        (heads, sources)
+    }
+
+    /// Builds the job, restoring from `restore` and taking part in
+    /// checkpoints through `checkpoints` when given.
+    pub(crate) fn build_with(
+        &self,
+        registry: &Registry,
+        restore: Option<&Restore>,
+        mut checkpoints: Option<CheckpointWiring>,
+    ) -> Result<Physical> {
         self.validate()?;
         // Register every operator in graph order, so metrics list them so.
         for node in self.nodes.iter().filter(|n| !matches!(n.op, Op::Union)) {
@@ -500,6 +539,7 @@ impl Graph {
                     parallelism: node.parallelism(),
                     inboxes: &mut inboxes,
                     chain_instances: &mut chain_instances,
+                    restore,
                 };
                 let outs = self.build_outputs(&mut ctx, id)?;
                 let info = self.info(node, registry, &sources);
@@ -512,12 +552,37 @@ impl Graph {
                     Op::Keyed { parallelism, factory, .. } => {
                         let groups =
                             crate::runtime::ops::key_group_range(instance, *parallelism, self.config.max_key_groups);
-                        Built::Keyed(factory(&mut ctx, info, groups, outs)?)
+                        let mut op = factory(&mut ctx, info, groups.clone(), outs)?;
+                        if let Some(r) = restore {
+                            op.restore(r, &groups)?;
+                        }
+                        Built::Keyed(op)
                     }
                     _ => return Err(Error::Internal("non-head node built as a head".into())),
                 };
-                let io =
-                    NodeIo { outbox: ctx.outbox, senders: ctx.senders, buffer_timeout: self.config.buffer_timeout };
+                let checkpoint = checkpoints.as_mut().map(|w| {
+                    let is_source = matches!(node.op, Op::Source { .. });
+                    CheckpointIo {
+                        trigger: if is_source { w.triggers.pop() } else { None },
+                        acks: w.acks.clone(),
+                        dir: w.dir.clone(),
+                        task: head.clone(),
+                        operator: node.name.clone(),
+                        instance,
+                        groups: match node.op {
+                            Op::Keyed { parallelism, .. } => {
+                                crate::runtime::ops::key_group_range(instance, parallelism, self.config.max_key_groups)
+                            }
+                            _ => 0..0,
+                        },
+                    }
+                });
+                let io = NodeIo {
+                    outbox: ctx.outbox,
+                    senders: ctx.senders,
+                    buffer_timeout: self.config.buffer_timeout,
+                    checkpoint,
+                };
                 built.push((head, id, instance, built_head, io));
             }
         }
@@ -537,6 +602,14 @@ impl Graph {
         }
         Ok(Physical { tasks })
     }
+}
+
+/// What the coordinator hands the tasks: a trigger per source instance, and
+/// where to acknowledge.
+pub(crate) struct CheckpointWiring {
+    pub(crate) triggers: Vec<tokio::sync::mpsc::UnboundedReceiver<u64>>,
+    pub(crate) acks: tokio::sync::mpsc::UnboundedSender<Ack>,
+    pub(crate) dir: std::path::PathBuf,
 }
 
 enum Built {

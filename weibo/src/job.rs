@@ -2,10 +2,16 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
+
+use crate::checkpoint::{CheckpointConfig, Coordinator, Restore};
+use crate::graph::CheckpointWiring;
 
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Node, Op};
@@ -28,6 +34,10 @@ pub(crate) struct JobConfig {
     pub(crate) state: Arc<dyn StateBackend>,
     /// Wiring mistakes found while building (reported when the job runs).
     pub(crate) wiring_errors: Vec<String>,
+    /// Where and how often checkpoints are taken, if at all.
+    pub(crate) checkpoint: Option<CheckpointConfig>,
+    /// A checkpoint (or a directory of them) to start from.
+    pub(crate) restore_from: Option<PathBuf>,
 }
 
 /// The default number of key groups: the most partitions a keyed operator
@@ -76,6 +86,8 @@ impl Job {
             channel_capacity: 8,
             state: Arc::new(MemoryBackend),
             wiring_errors: Vec::new(),
+            checkpoint: None,
+            restore_from: None,
         };
         Self { graph: Arc::new(Mutex::new(Graph::new(config))) }
     }
@@ -122,6 +134,40 @@ impl Job {
         self.configure(|c| c.state = Arc::new(backend))
     }
 
+    /// Takes a checkpoint every `interval` into directory `dir` (created if
+    /// needed), and, on start, restores from the newest complete checkpoint
+    /// found there (falling back to an older one if the newest is damaged).
+    /// The last 3 complete checkpoints are kept.
+    ///
+    /// Sources must be able to report and resume their position (all
+    /// built-in ones can). Checkpoints stop once a source has finished.
+    #[must_use]
+    pub fn with_checkpoints(self, dir: impl Into<PathBuf>, interval: Duration) -> Self {
+        let dir = dir.into();
+        self.configure(|c| c.checkpoint = Some(CheckpointConfig { dir, interval, retain: 3 }))
+    }
+
+    /// Keeps the last `n` (at least 1) complete checkpoints.
+    #[must_use]
+    pub fn with_retained_checkpoints(self, n: usize) -> Self {
+        self.configure(|c| {
+            if let Some(cp) = c.checkpoint.as_mut() {
+                cp.retain = n.max(1);
+            }
+        })
+    }
+
+    /// Starts from checkpoint `path`: a checkpoint's directory, or a
+    /// directory of checkpoints (then the newest complete one). The job
+    /// must be the same pipeline (operators, names, types); keyed
+    /// operators may have other partition counts, since state is kept per
+    /// key group.
+    #[must_use]
+    pub fn restore_from(self, path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        self.configure(|c| c.restore_from = Some(path))
+    }
+
     /// Adds a source; each of its partitions is read by its own task.
     pub fn source<S: Source>(&self, source: S) -> Stream<S::Item> {
         let name = source.default_name();
@@ -135,7 +181,11 @@ impl Job {
         let source_index = graph.nodes.iter().filter(|n| matches!(n.op, Op::Source { .. })).count();
         let factory: Arc<crate::graph::SourceFactory> = Arc::new(move |ctx, info, partition, out| {
             let chain = crate::graph::typed::<S::Item>(out, &info.name)?;
-            let reader = source.open(partition)?;
+            let position = ctx.restore.and_then(|r| r.positions.get(&(info.name.to_string(), partition as u32)));
+            let reader = match position {
+                Some(&p) => source.open_at(partition, p)?,
+                None => source.open(partition)?,
+            };
             let output = SourceOutput::new(
                 info.name.clone(),
                 u32::try_from(source_index).unwrap_or(u32::MAX),
@@ -184,13 +234,59 @@ impl Job {
         let registry = Registry::default();
         let graph = self.lock();
         check_wiring(&graph)?;
-        let physical = graph.build(&registry)?;
+        graph.validate()?;
+        let config = &graph.config;
+        let fingerprint = graph.fingerprint();
+        let restore = match (&config.restore_from, &config.checkpoint) {
+            (Some(path), _) if path.join("MANIFEST").is_file() => {
+                Some(Restore::load(path, &fingerprint, config.max_key_groups)?)
+            }
+            (Some(path), _) => Some(Restore::latest(path, &fingerprint, config.max_key_groups)?.ok_or_else(|| {
+                Error::Checkpoint { path: path.clone(), message: "holds no complete checkpoint".into() }
+            })?),
+            (None, Some(cp)) => Restore::latest(&cp.dir, &fingerprint, config.max_key_groups)?,
+            (None, None) => None,
+        };
+        if let Some(r) = &restore {
+            tracing::info!(job = %config.name, checkpoint = r.checkpoint, dir = %r.dir.display(), "restoring");
+        }
+        let completed = Arc::new(AtomicU64::new(restore.as_ref().map_or(0, |r| r.checkpoint)));
+        let (wiring, coordinator) = match &config.checkpoint {
+            Some(cp) => {
+                let (heads, sources) = graph.head_counts();
+                let (tx, rx): (Vec<_>, Vec<_>) = (0..sources).map(|_| mpsc::unbounded_channel()).unzip();
+                let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+                (
+                    Some(CheckpointWiring { triggers: rx, acks: ack_tx, dir: cp.dir.clone() }),
+                    Some(Coordinator {
+                        config: cp.clone(),
+                        job: config.name.clone(),
+                        fingerprint: fingerprint.clone(),
+                        max_key_groups: config.max_key_groups,
+                        triggers: tx,
+                        acks: ack_rx,
+                        tasks: heads,
+                        next: restore.as_ref().map_or(1, |r| r.checkpoint + 1),
+                        completed: completed.clone(),
+                    }),
+                )
+            }
+            None => (None, None),
+        };
+        let physical = graph.build_with(&registry, restore.as_ref(), wiring)?;
         let name = graph.config.name.clone();
         drop(graph);
         let started = Instant::now();
-        let supervisor = runtime.spawn(supervise(physical.tasks));
+        let supervisor = runtime.spawn(async move {
+            let coordinator = coordinator.map(|c| tokio::spawn(c.run()));
+            let result = supervise(physical.tasks).await;
+            if let Some(c) = coordinator {
+                c.abort();
+            }
+            result
+        });
         tracing::info!(job = %name, "job started");
-        Ok(JobHandle { name, registry, supervisor, started })
+        Ok(JobHandle { name, registry, supervisor, started, completed })
     }
 
     /// Runs the job to the end of its input.
@@ -275,9 +371,19 @@ pub struct JobHandle {
     registry: Registry,
     supervisor: JoinHandle<Result<()>>,
     started: Instant,
+    completed: Arc<AtomicU64>,
 }
 
 impl JobHandle {
+    /// The number of the newest complete checkpoint (the one restored from,
+    /// until a new one completes), if any.
+    pub fn last_checkpoint(&self) -> Option<u64> {
+        match self.completed.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
+        }
+    }
+
     /// The job's metrics now.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.registry.snapshot()

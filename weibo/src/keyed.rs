@@ -4,13 +4,14 @@ use std::fmt::Display;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use crate::checkpoint::Restore;
 use crate::codec::Data;
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::metrics::OperatorCounters;
 use crate::record::{Batch, Meta, RecordBatch, RecordRef, Timestamp};
 use crate::runtime::Consumer;
-use crate::runtime::heads::{InputOperator, emit};
+use crate::runtime::heads::{InputOperator, StateSnapshot, emit};
 use crate::runtime::ops::{Failures, OpInfo, forward_control};
 use crate::runtime::time::InputTime;
 use crate::state::{TimerState, ValueState};
@@ -21,6 +22,9 @@ pub(crate) fn decode_value<T: Data>(info: &OpInfo, r: &RecordRef<'_>) -> Result<
         source,
     })
 }
+
+/// The codec name recorded for timer state (times and keys in the key encoding).
+pub(crate) const TIMERS: &str = "weibo-timers/1";
 
 /// The record's metadata as an output of this operator: its watermark is
 /// the operator's, after observing the record's.
@@ -80,6 +84,14 @@ where
         emit(&self.info, &mut *self.next, &mut self.out)
     }
     forward_control!(keyed);
+
+    fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
+        Ok(vec![StateSnapshot { state: "value", codec: T::codec_id().to_string(), entries: self.state.export()? }])
+    }
+
+    fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
+        self.state.import(from.entries(&self.info.name, "value", &T::codec_id().to_string(), groups)?)
+    }
 }
 
 /// `fold` and `aggregate`: an accumulator per key; after each record,
@@ -121,6 +133,18 @@ where
         emit(&self.info, &mut *self.next, &mut self.out)
     }
     forward_control!(keyed);
+
+    fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
+        Ok(vec![StateSnapshot {
+            state: "accumulator",
+            codec: A::codec_id().to_string(),
+            entries: self.state.export()?,
+        }])
+    }
+
+    fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
+        self.state.import(from.entries(&self.info.name, "accumulator", &A::codec_id().to_string(), groups)?)
+    }
 }
 
 /// What a keyed `process` function sees for one record (or one timer):
@@ -315,6 +339,23 @@ where
     fn finish(&mut self) -> Result<()> {
         self.next.finish()?;
         self.failures.finish()
+    }
+
+    fn barrier(&mut self, n: u64) -> Result<()> {
+        self.next.barrier(n)?;
+        self.failures.barrier(n)
+    }
+
+    fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
+        Ok(vec![
+            StateSnapshot { state: "value", codec: S::codec_id().to_string(), entries: self.state.export()? },
+            StateSnapshot { state: "timers", codec: TIMERS.into(), entries: self.timers.export() },
+        ])
+    }
+
+    fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
+        self.state.import(from.entries(&self.info.name, "value", &S::codec_id().to_string(), groups)?)?;
+        self.timers.import(from.entries(&self.info.name, "timers", TIMERS, groups)?, &self.info.name)
     }
 }
 

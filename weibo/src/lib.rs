@@ -12,6 +12,7 @@
 #[allow(unused_extern_crates)] // lets `#[derive(Key)]` name `::weibo` inside this crate
 extern crate self as weibo;
 
+pub mod checkpoint;
 pub mod codec;
 pub mod error;
 mod graph;

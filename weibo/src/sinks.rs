@@ -53,6 +53,17 @@ pub trait SinkWriter<T>: Send {
         Ok(())
     }
 
+    /// Checkpoint barrier `n` reached the sink: everything written so far
+    /// belongs to checkpoint `n`. The default flushes; sinks that promise
+    /// exactly-once pre-commit here.
+    ///
+    /// # Errors
+    /// As [`SinkWriter::write`].
+    fn on_barrier(&mut self, checkpoint: u64) -> Result<()> {
+        let _ = checkpoint;
+        self.flush()
+    }
+
     /// Makes written records visible (the buffer timeout passed).
     ///
     /// # Errors

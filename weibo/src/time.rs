@@ -154,6 +154,10 @@ where
         Ok(())
     }
 
+    fn barrier(&mut self, n: u64) -> Result<()> {
+        self.next.barrier(n)
+    }
+
     fn idle(&mut self) -> Result<()> {
         if !self.idle {
             self.idle = true;

@@ -39,15 +39,17 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::Restore;
 use crate::codec::{CodecError, CodecId, Data};
 use crate::error::{Error, Result};
 use crate::graph::{KeyedFactory, typed};
 use crate::key::Key;
+use crate::keyed::TIMERS;
 use crate::keyed::{decode_key, decode_value};
 use crate::metrics::OperatorCounters;
 use crate::record::{Batch, Meta, RecordBatch, Timestamp};
 use crate::runtime::Consumer;
-use crate::runtime::heads::{InputOperator, emit};
+use crate::runtime::heads::{InputOperator, StateSnapshot, emit};
 use crate::runtime::ops::OpInfo;
 use crate::runtime::time::InputTime;
 use crate::state::{StateScope, TimerState, ValueState, WindowState};
@@ -756,6 +758,11 @@ macro_rules! window_control {
             self.common.next.flush()?;
             self.common.late_next.flush()
         }
+        fn barrier(&mut self, n: u64) -> Result<()> {
+            self.common.emit()?;
+            self.common.next.barrier(n)?;
+            self.common.late_next.barrier(n)
+        }
         fn finish(&mut self) -> Result<()> {
             self.common.emit()?;
             self.common.next.finish()?;
@@ -866,6 +873,17 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
     }
 
     window_control!();
+
+    fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
+        let entries = self.state.export(&self.common.info.name)?;
+        Ok(vec![StateSnapshot { state: "windows", codec: W::Acc::codec_id().to_string(), entries }])
+    }
+
+    fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
+        let name = self.common.info.name.clone();
+        let entries = from.entries(&name, "windows", &W::Acc::codec_id().to_string(), groups)?;
+        self.state.import(entries, &name)
+    }
 }
 
 /// Session windows: per key, its open sessions.
@@ -1021,6 +1039,27 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
     }
 
     window_control!();
+
+    fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
+        let c = &self.common;
+        Ok(vec![
+            StateSnapshot {
+                state: "sessions",
+                codec: Sessions::<W::Acc>::codec_id().to_string(),
+                entries: self.state.export()?,
+            },
+            StateSnapshot { state: "fire-timers", codec: TIMERS.into(), entries: c.fire.export() },
+            StateSnapshot { state: "cleanup-timers", codec: TIMERS.into(), entries: c.cleanup.export() },
+        ])
+    }
+
+    fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
+        let name = self.common.info.name.clone();
+        let codec = Sessions::<W::Acc>::codec_id().to_string();
+        self.state.import(from.entries(&name, "sessions", &codec, groups)?)?;
+        self.common.fire.import(from.entries(&name, "fire-timers", TIMERS, groups)?, &name)?;
+        self.common.cleanup.import(from.entries(&name, "cleanup-timers", TIMERS, groups)?, &name)
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use crate::checkpoint::{
+    Ack, GroupEntries, Restore, SourcePositionEntry, StateFile, StateFileEntry, checkpoint_dir, write_state_file,
+};
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
 use crate::record::{Batch, END_OF_TIME, NO_TIMESTAMP, RecordBatch, Timestamp};
@@ -16,6 +19,8 @@ use crate::runtime::ops::OpInfo;
 use crate::runtime::time::{InputTime, WatermarkTracker};
 use crate::runtime::{Consumer, EdgeSender, Message, Outbox};
 use crate::sources::{ReadStatus, SourceOutput, SourceReader};
+use crate::state::Entries;
+use std::path::PathBuf;
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -26,6 +31,75 @@ pub(crate) struct NodeIo {
     pub(crate) outbox: Outbox,
     pub(crate) senders: Vec<EdgeSender>,
     pub(crate) buffer_timeout: Duration,
+    /// Set when the job takes checkpoints.
+    pub(crate) checkpoint: Option<CheckpointIo>,
+}
+
+/// A task's part in checkpoints.
+pub(crate) struct CheckpointIo {
+    /// Source tasks: checkpoint numbers to inject barriers for.
+    pub(crate) trigger: Option<mpsc::UnboundedReceiver<u64>>,
+    pub(crate) acks: mpsc::UnboundedSender<Ack>,
+    pub(crate) dir: PathBuf,
+    pub(crate) task: String,
+    pub(crate) operator: String,
+    pub(crate) instance: usize,
+    /// Keyed tasks: the key groups they own.
+    pub(crate) groups: std::ops::Range<u16>,
+}
+
+impl CheckpointIo {
+    /// Writes the exported state of checkpoint `n` in the background, then
+    /// acknowledges (a failure is acknowledged as such).
+    fn write_and_ack(&self, n: u64, snapshots: Vec<StateSnapshot>) {
+        let dir = checkpoint_dir(&self.dir, n);
+        let (acks, operator, instance, groups) =
+            (self.acks.clone(), self.operator.clone(), self.instance, self.groups.clone());
+        let task = self.task.clone();
+        tokio::task::spawn_blocking(move || {
+            let result = (|| -> Result<Vec<StateFileEntry>> {
+                std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+                    action: "cannot create checkpoint directory",
+                    path: dir.clone(),
+                    source,
+                })?;
+                let safe: String =
+                    operator.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+                let mut files = Vec::new();
+                for snap in snapshots {
+                    let file = format!("{safe}-{instance}-{}.state", snap.state);
+                    let mut by_group: std::collections::BTreeMap<u16, crate::checkpoint::Pairs> = Default::default();
+                    for (g, k, v) in snap.entries {
+                        by_group.entry(g).or_default().push((k, v));
+                    }
+                    let content = StateFile {
+                        operator: operator.clone(),
+                        state: snap.state.to_string(),
+                        codec: snap.codec,
+                        groups: by_group.into_iter().map(|(group, entries)| GroupEntries { group, entries }).collect(),
+                    };
+                    write_state_file(&dir.join(&file), &content)?;
+                    files.push(StateFileEntry {
+                        operator: operator.clone(),
+                        state: snap.state.to_string(),
+                        file,
+                        key_groups: (groups.start, groups.end),
+                    });
+                }
+                Ok(files)
+            })();
+            let ack = match result {
+                Ok(states) => Ack { checkpoint: n, sources: Vec::new(), states, failure: None },
+                Err(e) => Ack {
+                    checkpoint: n,
+                    sources: Vec::new(),
+                    states: Vec::new(),
+                    failure: Some(format!("{task}: {e}")),
+                },
+            };
+            let _ = acks.send(ack);
+        });
+    }
 }
 
 /// A runnable head task.
@@ -50,7 +124,41 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
             let mut last_flush = Instant::now();
             let mut since_yield = 0u32;
             let mut forwarded = crate::record::NO_TIMESTAMP;
+            let mut io = io;
             loop {
+                if let Some(cp) = io.checkpoint.as_mut()
+                    && let Some(trigger) = cp.trigger.as_mut()
+                {
+                    while let Ok(n) = trigger.try_recv() {
+                        // Everything read so far is in the chain: the barrier
+                        // follows it, and the position is where reading resumes.
+                        let position = self.reader.position();
+                        self.chain.barrier(n)?;
+                        io.outbox.drain(&io.senders).await?;
+                        let ack = match position {
+                            Some(position) => Ack {
+                                checkpoint: n,
+                                sources: vec![SourcePositionEntry {
+                                    source: self.info.name.to_string(),
+                                    partition: self.output.partition,
+                                    position,
+                                }],
+                                states: Vec::new(),
+                                failure: None,
+                            },
+                            None => Ack {
+                                checkpoint: n,
+                                sources: Vec::new(),
+                                states: Vec::new(),
+                                failure: Some(format!(
+                                    "source `{}` partition {} cannot report its position, so it cannot resume from a checkpoint",
+                                    self.info.name, self.output.partition
+                                )),
+                            },
+                        };
+                        let _ = cp.acks.send(ack);
+                    }
+                }
                 self.output.deadline = last_flush + io.buffer_timeout;
                 let status = self.reader.read(&mut self.output).await?;
                 let n = self.output.batch.len();
@@ -93,6 +201,25 @@ pub(crate) trait InputOperator: Send {
     fn on_watermark(&mut self, wm: Timestamp) -> Result<()>;
     fn flush(&mut self) -> Result<()>;
     fn finish(&mut self) -> Result<()>;
+    /// Exports the operator's keyed state for a checkpoint.
+    fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
+        Ok(Vec::new())
+    }
+    /// Loads the operator's keyed state of key groups `groups` from a checkpoint.
+    fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
+        let _ = (from, groups);
+        Ok(())
+    }
+    /// Barrier `n` passed the operator: forward it.
+    fn barrier(&mut self, n: u64) -> Result<()>;
+}
+
+/// One state of an operator, exported for a checkpoint.
+#[derive(Debug)]
+pub(crate) struct StateSnapshot {
+    pub(crate) state: &'static str,
+    pub(crate) codec: String,
+    pub(crate) entries: Entries,
 }
 
 /// One input edge of a channel head.
@@ -122,13 +249,17 @@ impl HeadRunner for ChannelHead {
             let mut remaining = n;
             let mut start = 0usize;
             let mut last_flush = Instant::now();
+            // Checkpoint alignment: the barrier being aligned, and which
+            // inputs delivered it (they are not read until all have).
+            let mut aligning: Option<u64> = None;
+            let mut blocked = vec![false; n];
             while remaining > 0 {
                 let deadline = tokio::time::Instant::from_std(last_flush + io.buffer_timeout);
                 let inputs = &mut self.inputs;
                 let receive = std::future::poll_fn(|cx| {
                     for k in 0..n {
                         let i = (start + k) % n;
-                        if !open.get(i).copied().unwrap_or(false) {
+                        if !open.get(i).copied().unwrap_or(false) || blocked.get(i).copied().unwrap_or(false) {
                             continue;
                         }
                         if let Some(inbox) = inputs.get_mut(i)
@@ -175,7 +306,25 @@ impl HeadRunner for ChannelHead {
                         let _ = tracker.advance(i, END_OF_TIME);
                         remaining -= 1;
                     }
-                    Next::Message(_, Some(Message::Barrier(_))) => {}
+                    Next::Message(i, Some(Message::Barrier(b))) => {
+                        aligning = Some(b);
+                        if let Some(x) = blocked.get_mut(i) {
+                            *x = true;
+                        }
+                    }
+                }
+                if let Some(b) = aligning
+                    && open.iter().zip(&blocked).all(|(o, x)| !*o || *x)
+                {
+                    // Every input has delivered barrier `b`: snapshot, pass
+                    // the barrier on, read everything again.
+                    let snapshots = self.op.snapshot()?;
+                    self.op.barrier(b)?;
+                    if let Some(cp) = io.checkpoint.as_ref() {
+                        cp.write_and_ack(b, snapshots);
+                    }
+                    aligning = None;
+                    blocked.iter_mut().for_each(|x| *x = false);
                 }
                 if tracker.current() > forwarded {
                     forwarded = tracker.current();

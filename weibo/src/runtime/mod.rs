@@ -32,8 +32,7 @@ pub(crate) enum Message {
     /// The sender's input is idle: until it sends again, it must not hold
     /// the receiver's watermark back.
     Idle,
-    /// Checkpoint barrier `n` (checkpoints arrive with the state issue).
-    #[allow(dead_code)]
+    /// Checkpoint barrier `n`: everything before it belongs to checkpoint `n`.
     Barrier(u64),
     /// The sender has finished: nothing follows.
     EndOfInput,
@@ -111,6 +110,9 @@ pub(crate) trait Consumer<T>: Send {
     fn watermark(&mut self, wm: Timestamp) -> Result<()>;
     /// The input went idle (it will not hold watermarks back downstream).
     fn idle(&mut self) -> Result<()>;
+    /// Checkpoint barrier `n`: everything before it has been pushed; pass
+    /// it on after anything buffered.
+    fn barrier(&mut self, n: u64) -> Result<()>;
     /// Hands partial output batches on (the buffer timeout passed).
     fn flush(&mut self) -> Result<()>;
     /// End of input: flush, then tell everything downstream.

@@ -25,6 +25,9 @@ macro_rules! forward_control {
         fn idle(&mut self) -> Result<()> {
             self.next.idle()
         }
+        fn barrier(&mut self, n: u64) -> Result<()> {
+            self.next.barrier(n)
+        }
         forward_control!(@flush);
     };
     (consumer, failures) => {
@@ -36,11 +39,18 @@ macro_rules! forward_control {
             self.next.idle()?;
             self.failures.idle()
         }
+        fn barrier(&mut self, n: u64) -> Result<()> {
+            self.next.barrier(n)?;
+            self.failures.barrier(n)
+        }
         forward_control!(@flush, failures);
     };
     (keyed) => {
         fn on_watermark(&mut self, wm: Timestamp) -> Result<()> {
             self.next.watermark(wm)
+        }
+        fn barrier(&mut self, n: u64) -> Result<()> {
+            self.next.barrier(n)
         }
         forward_control!(@flush);
     };
@@ -48,6 +58,10 @@ macro_rules! forward_control {
         fn on_watermark(&mut self, wm: Timestamp) -> Result<()> {
             self.next.watermark(wm)?;
             self.failures.watermark(wm)
+        }
+        fn barrier(&mut self, n: u64) -> Result<()> {
+            self.next.barrier(n)?;
+            self.failures.barrier(n)
         }
         forward_control!(@flush, failures);
     };
@@ -165,6 +179,13 @@ impl<T: Clone + Send + 'static> Failures<T> {
     pub(crate) fn idle(&mut self) -> Result<()> {
         match &mut self.dead {
             Some((_, next)) => next.idle(),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn barrier(&mut self, n: u64) -> Result<()> {
+        match &mut self.dead {
+            Some((_, next)) => next.barrier(n),
             None => Ok(()),
         }
     }
@@ -333,6 +354,9 @@ impl<T: Clone + Send + 'static> Consumer<T> for TeeOp<T> {
     fn idle(&mut self) -> Result<()> {
         self.outs.iter_mut().try_for_each(|o| o.idle())
     }
+    fn barrier(&mut self, n: u64) -> Result<()> {
+        self.outs.iter_mut().try_for_each(|o| o.barrier(n))
+    }
     fn flush(&mut self) -> Result<()> {
         self.outs.iter_mut().try_for_each(|o| o.flush())
     }
@@ -354,6 +378,9 @@ impl<T: Send + 'static> Consumer<T> for DiscardOp {
         Ok(())
     }
     fn idle(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn barrier(&mut self, _n: u64) -> Result<()> {
         Ok(())
     }
     fn flush(&mut self) -> Result<()> {
@@ -382,6 +409,9 @@ impl<T: Send + 'static> Consumer<T> for SinkOp<T> {
     }
     fn watermark(&mut self, wm: Timestamp) -> Result<()> {
         self.writer.on_watermark(wm)
+    }
+    fn barrier(&mut self, n: u64) -> Result<()> {
+        self.writer.on_barrier(n)
     }
     fn idle(&mut self) -> Result<()> {
         Ok(())
@@ -547,6 +577,12 @@ where
     fn idle(&mut self) -> Result<()> {
         self.send_all_and_watermark();
         self.broadcast(|| Message::Idle);
+        Ok(())
+    }
+
+    fn barrier(&mut self, n: u64) -> Result<()> {
+        self.send_all_and_watermark();
+        self.broadcast(|| Message::Barrier(n));
         Ok(())
     }
 

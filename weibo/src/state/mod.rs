@@ -331,6 +331,129 @@ impl<K: Key, V: Data> ValueState<K, V> {
     }
 }
 
+/// State exported for a checkpoint, or imported from one: (key group,
+/// encoded key, encoded value).
+pub type Entries = Vec<(u16, Vec<u8>, Vec<u8>)>;
+
+fn codec_error(operator: &str, source: crate::codec::CodecError) -> Error {
+    Error::Codec { operator: operator.to_string(), source }
+}
+
+fn key_error(operator: &str, e: crate::key::KeyDecodeError) -> Error {
+    Error::State { operator: operator.to_string(), message: format!("a checkpointed key does not decode: {e}") }
+}
+
+impl<K: Key, V: Data> ValueState<K, V> {
+    /// Every entry, encoded, for a checkpoint.
+    ///
+    /// # Errors
+    /// As [`ValueState::update`].
+    pub fn export(&mut self) -> Result<Entries> {
+        let mut out = Vec::new();
+        match &mut self.store {
+            Store::Objects(maps) => {
+                for (group, map) in self.groups.clone().zip(maps.iter()) {
+                    for (k, v) in map {
+                        let mut key = Vec::new();
+                        k.encode_key(&mut key);
+                        let mut value = Vec::new();
+                        v.encode(&mut value).map_err(|e| codec_error(&self.operator, e))?;
+                        out.push((group, key, value));
+                    }
+                }
+            }
+            Store::Bytes { table, .. } => {
+                for group in self.groups.clone() {
+                    table.scan_group(group, &mut |k, v| out.push((group, k.to_vec(), v.to_vec())))?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Loads entries from a checkpoint (those outside this instance's key
+    /// groups are an internal error: the caller filters them).
+    ///
+    /// # Errors
+    /// [`Error::State`] or [`Error::Codec`] for entries that do not decode.
+    pub fn import(&mut self, entries: Entries) -> Result<()> {
+        for (group, key, value) in entries {
+            let k = crate::key::decode::<K>(&key).map_err(|e| key_error(&self.operator, e))?;
+            let v = V::decode(&value).map_err(|e| codec_error(&self.operator, e))?;
+            self.update(group, k, &key, |slot| *slot = Some(v))?;
+        }
+        Ok(())
+    }
+}
+
+impl<K: Key> TimerState<K> {
+    /// Every timer, for a checkpoint: key = time ++ encoded key, no value.
+    pub fn export(&self) -> Entries {
+        let mut out = Vec::with_capacity(self.len);
+        for (time, keys) in &self.by_time {
+            for (k, group) in keys {
+                let mut key = Vec::new();
+                time.encode_key(&mut key);
+                k.encode_key(&mut key);
+                out.push((*group, key, Vec::new()));
+            }
+        }
+        out
+    }
+
+    /// Loads timers from a checkpoint.
+    ///
+    /// # Errors
+    /// [`Error::State`] for entries that do not decode.
+    pub fn import(&mut self, entries: Entries, operator: &str) -> Result<()> {
+        for (group, key, _) in entries {
+            let (time, k) = crate::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(operator, e))?;
+            self.register(time, group, &k)?;
+        }
+        Ok(())
+    }
+}
+
+impl<K: Key, A: Data> WindowState<K, A> {
+    /// Every accumulator, for a checkpoint: key = encoded key ++ window start.
+    ///
+    /// # Errors
+    /// As [`ValueState::update`].
+    pub fn export(&mut self, operator: &str) -> Result<Entries> {
+        match &mut self.store {
+            WindowStore::Objects { windows, .. } => {
+                let mut out = Vec::new();
+                for (start, map) in windows.iter() {
+                    for (k, (group, acc)) in map {
+                        let mut key = Vec::new();
+                        k.encode_key(&mut key);
+                        start.encode_key(&mut key);
+                        let mut value = Vec::new();
+                        acc.encode(&mut value).map_err(|e| codec_error(operator, e))?;
+                        out.push((*group, key, value));
+                    }
+                }
+                Ok(out)
+            }
+            WindowStore::Bytes { values, .. } => values.export(),
+        }
+    }
+
+    /// Loads accumulators from a checkpoint.
+    ///
+    /// # Errors
+    /// [`Error::State`] or [`Error::Codec`] for entries that do not decode.
+    pub fn import(&mut self, entries: Entries, operator: &str) -> Result<()> {
+        for (group, key, value) in entries {
+            let (k, start) = crate::key::decode::<(K, Timestamp)>(&key).map_err(|e| key_error(operator, e))?;
+            let acc = A::decode(&value).map_err(|e| codec_error(operator, e))?;
+            let key_len = key.len().saturating_sub(8);
+            self.update(start, group, k, key.get(..key_len).unwrap_or_default(), |slot| *slot = Some(acc))?;
+        }
+        Ok(())
+    }
+}
+
 /// Timers taken because they are due: their time, and each key with its key group.
 pub type DueTimers<K> = (Timestamp, Vec<(K, u16)>);
 

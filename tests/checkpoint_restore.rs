@@ -1,0 +1,143 @@
+//! Checkpoints and restore within one process: a job is stopped after some
+//! checkpoints completed, a new job restores and runs to the end, and its
+//! final per-key state equals a run that was never stopped — also with
+//! another partition count, and when the newest checkpoint is damaged.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use weibo::Job;
+use weibo::sinks::CollectSink;
+use weibo::sources::Generator;
+
+const EVENTS: u64 = 3_000;
+
+/// Event `i`: key `i % 7`, value `i`.
+fn event(i: u64) -> (u64, u64) {
+    (i % 7, i)
+}
+
+/// The pipeline: per key, the count and sum so far.
+fn job(dir: &Path, partitions: usize, rate: f64, out: &CollectSink<(u64, (u64, u64))>) -> Job {
+    let job = Job::new("sums").with_checkpoints(dir, Duration::from_millis(30)).with_max_key_groups(16);
+    job.source(Generator::new(EVENTS, event).with_partitions(2).with_rate(rate))
+        .name("events")
+        .key_by(|e: &(u64, u64)| e.0)
+        .with_partitions(partitions)
+        .fold(
+            || (0u64, 0u64),
+            |acc: &mut (u64, u64), e: (u64, u64)| {
+                acc.0 += 1;
+                acc.1 += e.1;
+            },
+        )
+        .name("sums")
+        .sink(out.clone());
+    job
+}
+
+fn expected() -> BTreeMap<u64, (u64, u64)> {
+    let mut m: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for i in 0..EVENTS {
+        let (k, v) = event(i);
+        let e = m.entry(k).or_default();
+        e.0 += 1;
+        e.1 += v;
+    }
+    m
+}
+
+/// The final value per key: the one with the highest count.
+fn finals(out: Vec<(u64, (u64, u64))>) -> BTreeMap<u64, (u64, u64)> {
+    let mut m: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for (k, v) in out {
+        let e = m.entry(k).or_default();
+        if v.0 > e.0 {
+            *e = v;
+        }
+    }
+    m
+}
+
+/// Runs the job until `checkpoints` checkpoints completed, then stops it
+/// abruptly; returns the number of the last complete one.
+async fn run_then_stop(dir: &Path, partitions: usize, checkpoints: u64) -> u64 {
+    let out = CollectSink::new();
+    let handle = job(dir, partitions, 3_000.0, &out).spawn().unwrap();
+    for _ in 0..500 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if handle.last_checkpoint().is_some_and(|n| n >= checkpoints) {
+            break;
+        }
+    }
+    let last = handle.last_checkpoint().expect("checkpoints complete while the job runs");
+    assert!(!handle.is_finished(), "stopped before the end of input");
+    handle.abort();
+    last
+}
+
+async fn restore_and_finish(dir: &Path, partitions: usize) -> (BTreeMap<u64, (u64, u64)>, u64) {
+    let out = CollectSink::new();
+    let handle = job(dir, partitions, 1e9, &out).spawn().unwrap();
+    assert!(handle.last_checkpoint().is_some(), "the job restored from a checkpoint");
+    let report = handle.wait().await.unwrap();
+    let read = report.metrics.operator("events").unwrap().records_out;
+    (finals(out.values()), read)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_job_ends_with_the_same_state_as_one_never_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let last = run_then_stop(dir.path(), 2, 3).await;
+    assert!(last >= 3);
+    let (got, read) = restore_and_finish(dir.path(), 2).await;
+    assert_eq!(got, expected(), "no event lost or counted twice in the state");
+    assert!(read < EVENTS, "the sources resumed at their checkpointed positions (read {read})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_restores_with_another_partition_count() {
+    let dir = tempfile::tempdir().unwrap();
+    run_then_stop(dir.path(), 2, 2).await;
+    let (got, _) = restore_and_finish(dir.path(), 3).await;
+    assert_eq!(got, expected(), "key groups moved to other workers with their state");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_newest_checkpoint_falls_back_to_the_one_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let last = run_then_stop(dir.path(), 2, 3).await;
+    let newest = weibo::checkpoint::complete_checkpoints(dir.path());
+    assert_eq!(newest[0].0, last);
+    // Flip a byte in one of its state files.
+    let file = std::fs::read_dir(&newest[0].1)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "state"))
+        .unwrap();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes.len() - 1;
+    bytes[at] ^= 0xFF;
+    std::fs::write(&file, bytes).unwrap();
+    let (got, _) = restore_and_finish(dir.path(), 2).await;
+    assert_eq!(got, expected());
+}
+
+#[test]
+fn restoring_another_pipeline_is_refused_naming_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    weibo::testing::block_on(async { run_then_stop(dir.path(), 1, 1).await });
+    let other = Job::new("sums").restore_from(dir.path()).with_max_key_groups(16);
+    other
+        .source(Generator::new(10, |i| i))
+        .name("events")
+        .key_by(|x: &u64| *x)
+        .reduce(|a, b| a + b)
+        .sink(CollectSink::new());
+    let err = weibo::testing::block_on(other.run()).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("different pipeline") && text.contains("chk-"), "{text}");
+}

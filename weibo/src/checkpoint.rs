@@ -1,0 +1,505 @@
+//! Checkpoints: consistent snapshots of source positions and keyed state,
+//! taken with barriers that flow through the job in-band.
+//!
+//! Every `interval`, the coordinator asks each source partition for
+//! checkpoint `n`. A source records its position and sends `Barrier(n)`
+//! after the records before it. A keyed operator instance that receives
+//! `Barrier(n)` on an input stops reading that input until the barrier has
+//! come on all of them (alignment), then exports its state, forwards the
+//! barrier and goes on; its state files are written in the background. When
+//! every task has acknowledged `n`, the coordinator writes the checkpoint's
+//! manifest, atomically (write, sync, rename): only then is the checkpoint
+//! complete, and only complete checkpoints are restored from.
+//!
+//! Layout of the checkpoint directory:
+//!
+//! ```text
+//! <dir>/chk-00000000000000000007/MANIFEST        JSON: positions, state files, fingerprint
+//! <dir>/chk-00000000000000000007/<operator>-<instance>-<state>.state
+//! ```
+//!
+//! A state file is a 32-byte header — magic `WEIBOSTA`, format version (u32
+//! LE), reserved (u32), payload length (u64 LE), xxh3-64 of the payload (u64
+//! LE) — followed by an rkyv archive of [`StateFile`], read back into an
+//! aligned buffer and validated before use.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::error::{Error, Result};
+
+/// The version of the manifest and state-file formats this build writes
+/// and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+const MAGIC: &[u8; 8] = b"WEIBOSTA";
+const HEADER: usize = 32;
+
+/// (key, value) pairs of one key group, encoded.
+pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Entries of one key group: encoded key → encoded value.
+#[derive(Debug, Clone, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct GroupEntries {
+    /// The key group.
+    pub group: u16,
+    /// (key, value) pairs.
+    pub entries: Pairs,
+}
+
+/// One operator instance's state, as stored in a checkpoint.
+#[derive(Debug, Clone, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct StateFile {
+    /// The operator's name.
+    pub operator: String,
+    /// The state's name within the operator.
+    pub state: String,
+    /// The codec identity of the values (checked on restore).
+    pub codec: String,
+    /// The entries, by key group, in key-group order.
+    pub groups: Vec<GroupEntries>,
+}
+
+/// A source partition's position in a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourcePositionEntry {
+    /// The source's name.
+    pub source: String,
+    /// The partition.
+    pub partition: u32,
+    /// Where reading resumes.
+    pub position: u64,
+}
+
+/// A state file in a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateFileEntry {
+    /// The operator's name.
+    pub operator: String,
+    /// The state's name.
+    pub state: String,
+    /// The file, relative to the checkpoint's directory.
+    pub file: String,
+    /// The key groups it holds, `[start, end)`.
+    pub key_groups: (u16, u16),
+}
+
+/// What a complete checkpoint holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`FORMAT_VERSION`] of the build that wrote it.
+    pub format_version: u32,
+    /// The job's name.
+    pub job: String,
+    /// The checkpoint's number.
+    pub checkpoint: u64,
+    /// A hash of the job's operators and types (not their parallelism):
+    /// a checkpoint restores only into the same pipeline.
+    pub graph_fingerprint: String,
+    /// The job's number of key groups.
+    pub max_key_groups: u16,
+    /// Every source partition's position.
+    pub sources: Vec<SourcePositionEntry>,
+    /// Every state file.
+    pub states: Vec<StateFileEntry>,
+}
+
+/// Where checkpoints go and how often.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckpointConfig {
+    pub(crate) dir: PathBuf,
+    pub(crate) interval: Duration,
+    pub(crate) retain: usize,
+}
+
+fn io<'p>(action: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> Error + 'p {
+    move |source| Error::Io { action, path: path.to_path_buf(), source }
+}
+
+fn bad(path: &Path, what: String) -> Error {
+    Error::Checkpoint { path: path.to_path_buf(), message: what }
+}
+
+/// The directory of checkpoint `n` under `root`.
+pub(crate) fn checkpoint_dir(root: &Path, n: u64) -> PathBuf {
+    root.join(format!("chk-{n:020}"))
+}
+
+/// Writes a state file (header, payload) and syncs it.
+pub(crate) fn write_state_file(path: &Path, file: &StateFile) -> Result<()> {
+    let payload =
+        rkyv::to_bytes::<rkyv::rancor::Error>(file).map_err(|e| bad(path, format!("cannot encode the state: {e}")))?;
+    let mut out = Vec::with_capacity(HEADER + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&payload).to_le_bytes());
+    out.extend_from_slice(&payload);
+    let mut f = fs::File::create(path).map_err(io("cannot create checkpoint file", path))?;
+    f.write_all(&out).map_err(io("cannot write checkpoint file", path))?;
+    f.sync_all().map_err(io("cannot sync checkpoint file", path))
+}
+
+/// Reads and checks a state file: magic, version, length, checksum, then
+/// validates the archive in an aligned buffer.
+pub(crate) fn read_state_file(path: &Path) -> Result<StateFile> {
+    let bytes = fs::read(path).map_err(io("cannot read checkpoint file", path))?;
+    let (header, payload) = bytes
+        .split_at_checked(HEADER)
+        .ok_or_else(|| bad(path, format!("truncated: {} bytes, shorter than the header", bytes.len())))?;
+    let field = |at: usize| -> u64 {
+        let mut b = [0u8; 8];
+        if let Some(s) = header.get(at..at + 8) {
+            b.copy_from_slice(s);
+        }
+        u64::from_le_bytes(b)
+    };
+    if header.get(..8) != Some(MAGIC.as_slice()) {
+        return Err(bad(path, "not a Weibo state file (wrong magic)".into()));
+    }
+    let version = field(8) as u32;
+    if version != FORMAT_VERSION {
+        return Err(bad(path, format!("format version {version}, this build reads version {FORMAT_VERSION}")));
+    }
+    let len = field(16);
+    if len != payload.len() as u64 {
+        return Err(bad(
+            path,
+            format!("truncated: the header says {len} payload bytes, the file has {}", payload.len()),
+        ));
+    }
+    if field(24) != xxhash_rust::xxh3::xxh3_64(payload) {
+        return Err(bad(path, "checksum mismatch: the file is corrupt".into()));
+    }
+    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(payload.len());
+    aligned.extend_from_slice(payload);
+    rkyv::from_bytes::<StateFile, rkyv::rancor::Error>(&aligned)
+        .map_err(|e| bad(path, format!("the state does not validate: {e}")))
+}
+
+/// Writes the manifest of a checkpoint atomically: only a checkpoint with a
+/// manifest is complete.
+pub(crate) fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<()> {
+    let tmp = dir.join("MANIFEST.tmp");
+    let path = dir.join("MANIFEST");
+    let json = serde_json::to_vec_pretty(manifest).map_err(|e| bad(&path, format!("cannot encode: {e}")))?;
+    let mut f = fs::File::create(&tmp).map_err(io("cannot create checkpoint manifest", &tmp))?;
+    f.write_all(&json).map_err(io("cannot write checkpoint manifest", &tmp))?;
+    f.sync_all().map_err(io("cannot sync checkpoint manifest", &tmp))?;
+    fs::rename(&tmp, &path).map_err(io("cannot publish checkpoint manifest", &path))?;
+    if let Ok(d) = fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Reads a checkpoint's manifest and checks its version.
+pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    let path = dir.join("MANIFEST");
+    let bytes = fs::read(&path).map_err(io("cannot read checkpoint manifest", &path))?;
+    let manifest: Manifest =
+        serde_json::from_slice(&bytes).map_err(|e| bad(&path, format!("not a valid manifest: {e}")))?;
+    if manifest.format_version != FORMAT_VERSION {
+        return Err(bad(
+            &path,
+            format!("format version {}, this build reads version {FORMAT_VERSION}", manifest.format_version),
+        ));
+    }
+    Ok(manifest)
+}
+
+/// The complete checkpoints under `root`, newest first.
+pub fn complete_checkpoints(root: &Path) -> Vec<(u64, PathBuf)> {
+    let mut found: Vec<(u64, PathBuf)> = fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let n = name.strip_prefix("chk-")?.parse::<u64>().ok()?;
+            e.path().join("MANIFEST").is_file().then(|| (n, e.path()))
+        })
+        .collect();
+    found.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
+    found
+}
+
+/// What a task reports when checkpoint `n` has passed it.
+#[derive(Debug)]
+pub(crate) struct Ack {
+    pub(crate) checkpoint: u64,
+    pub(crate) sources: Vec<SourcePositionEntry>,
+    pub(crate) states: Vec<StateFileEntry>,
+    /// Set when the task could not take its part.
+    pub(crate) failure: Option<String>,
+}
+
+/// The coordinator's side of the job: triggers and acknowledgements.
+pub(crate) struct Coordinator {
+    pub(crate) config: CheckpointConfig,
+    pub(crate) job: String,
+    pub(crate) fingerprint: String,
+    pub(crate) max_key_groups: u16,
+    pub(crate) triggers: Vec<mpsc::UnboundedSender<u64>>,
+    pub(crate) acks: mpsc::UnboundedReceiver<Ack>,
+    /// How many acknowledgements complete a checkpoint (one per task).
+    pub(crate) tasks: usize,
+    /// The first checkpoint number to use (after the restored one).
+    pub(crate) next: u64,
+    pub(crate) completed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Coordinator {
+    /// Triggers checkpoints until a source has finished (its trigger
+    /// channel is gone) or the job ends.
+    pub(crate) async fn run(mut self) {
+        let mut ticker = tokio::time::interval(self.config.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        let mut n = self.next;
+        loop {
+            ticker.tick().await;
+            if self.triggers.iter().any(|t| t.send(n).is_err()) {
+                tracing::info!(job = %self.job, "a source has finished: no more checkpoints");
+                return;
+            }
+            let mut acks = Vec::with_capacity(self.tasks);
+            while acks.len() < self.tasks {
+                match self.acks.recv().await {
+                    Some(ack) if ack.checkpoint == n => acks.push(ack),
+                    Some(_) => {}
+                    None => return,
+                }
+            }
+            match self.complete(n, acks) {
+                Ok(()) => {
+                    self.completed.store(n, std::sync::atomic::Ordering::Relaxed);
+                    tracing::info!(job = %self.job, checkpoint = n, "checkpoint complete");
+                }
+                Err(e) => tracing::warn!(job = %self.job, checkpoint = n, error = %e, "checkpoint failed"),
+            }
+            n += 1;
+        }
+    }
+
+    fn complete(&self, n: u64, acks: Vec<Ack>) -> Result<()> {
+        let dir = checkpoint_dir(&self.config.dir, n);
+        let mut sources = Vec::new();
+        let mut states = Vec::new();
+        for ack in acks {
+            if let Some(failure) = ack.failure {
+                return Err(bad(&dir, failure));
+            }
+            sources.extend(ack.sources);
+            states.extend(ack.states);
+        }
+        sources.sort_by(|a, b| (&a.source, a.partition).cmp(&(&b.source, b.partition)));
+        states.sort_by(|a, b| (&a.operator, &a.state, a.key_groups).cmp(&(&b.operator, &b.state, b.key_groups)));
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            job: self.job.clone(),
+            checkpoint: n,
+            graph_fingerprint: self.fingerprint.clone(),
+            max_key_groups: self.max_key_groups,
+            sources,
+            states,
+        };
+        fs::create_dir_all(&dir).map_err(io("cannot create checkpoint directory", &dir))?;
+        write_manifest(&dir, &manifest)?;
+        self.retain(n);
+        Ok(())
+    }
+
+    /// Deletes all but the newest `retain` complete checkpoints, and any
+    /// older incomplete ones.
+    fn retain(&self, newest: u64) {
+        let complete = complete_checkpoints(&self.config.dir);
+        let keep: Vec<u64> = complete.iter().take(self.config.retain.max(1)).map(|(n, _)| *n).collect();
+        let oldest_kept = keep.last().copied().unwrap_or(newest);
+        for e in fs::read_dir(&self.config.dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(n) = name.strip_prefix("chk-").and_then(|s| s.parse::<u64>().ok()) else { continue };
+            if n < oldest_kept && !keep.contains(&n) {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
+/// What a restored job starts from.
+#[derive(Debug, Default)]
+pub(crate) struct Restore {
+    pub(crate) checkpoint: u64,
+    pub(crate) dir: PathBuf,
+    pub(crate) positions: HashMap<(String, u32), u64>,
+    /// Per operator: its state files.
+    pub(crate) states: BTreeMap<String, Vec<StateFileEntry>>,
+}
+
+impl Restore {
+    /// Reads checkpoint `dir` for a job with `fingerprint` and `max_key_groups`.
+    pub(crate) fn load(dir: &Path, fingerprint: &str, max_key_groups: u16) -> Result<Self> {
+        let manifest = read_manifest(dir)?;
+        if manifest.graph_fingerprint != fingerprint {
+            return Err(bad(
+                dir,
+                "it was taken by a different pipeline (operators or types changed): restore it into the job that wrote it"
+                    .into(),
+            ));
+        }
+        if manifest.max_key_groups != max_key_groups {
+            return Err(bad(
+                dir,
+                format!(
+                    "it was taken with {} key groups, the job has {max_key_groups}: key groups cannot change",
+                    manifest.max_key_groups
+                ),
+            ));
+        }
+        // Read every state file once now, so that a corrupt one is found
+        // before anything runs.
+        for s in &manifest.states {
+            read_state_file(&dir.join(&s.file))?;
+        }
+        let mut states: BTreeMap<String, Vec<StateFileEntry>> = BTreeMap::new();
+        for s in manifest.states {
+            states.entry(s.operator.clone()).or_default().push(s);
+        }
+        Ok(Self {
+            checkpoint: manifest.checkpoint,
+            dir: dir.to_path_buf(),
+            positions: manifest.sources.into_iter().map(|s| ((s.source, s.partition), s.position)).collect(),
+            states,
+        })
+    }
+
+    /// The newest complete checkpoint under `root` that loads, falling back
+    /// to older ones when one is damaged (each failure is logged).
+    pub(crate) fn latest(root: &Path, fingerprint: &str, max_key_groups: u16) -> Result<Option<Self>> {
+        let mut last_error = None;
+        for (_, dir) in complete_checkpoints(root) {
+            match Self::load(&dir, fingerprint, max_key_groups) {
+                Ok(r) => return Ok(Some(r)),
+                Err(e) => {
+                    tracing::warn!(checkpoint = %dir.display(), error = %e, "cannot restore; trying an older one");
+                    last_error = Some(e);
+                }
+            }
+        }
+        match last_error {
+            // Checkpoints exist but none loads: refuse to start from scratch silently.
+            Some(e) => Err(e),
+            None => Ok(None),
+        }
+    }
+
+    /// The entries of `operator`'s `state` in key groups `groups`.
+    pub(crate) fn entries(
+        &self,
+        operator: &str,
+        state: &str,
+        codec: &str,
+        groups: &std::ops::Range<u16>,
+    ) -> Result<crate::state::Entries> {
+        let mut out = Vec::new();
+        for s in self.states.get(operator).into_iter().flatten().filter(|s| s.state == state) {
+            if s.key_groups.1 <= groups.start || s.key_groups.0 >= groups.end {
+                continue;
+            }
+            let path = self.dir.join(&s.file);
+            let file = read_state_file(&path)?;
+            if file.codec != codec {
+                return Err(bad(
+                    &path,
+                    format!("its values were written with codec {}, the job reads {codec}", file.codec),
+                ));
+            }
+            for g in file.groups.into_iter().filter(|g| groups.contains(&g.group)) {
+                out.extend(g.entries.into_iter().map(|(k, v)| (g.group, k, v)));
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    fn sample() -> StateFile {
+        StateFile {
+            operator: "sum".into(),
+            state: "value".into(),
+            codec: "serde-postcard/1<u64>".into(),
+            groups: vec![GroupEntries { group: 3, entries: vec![(b"k".to_vec(), b"v".to_vec())] }],
+        }
+    }
+
+    #[test]
+    fn state_files_round_trip_and_refuse_damage_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sum-0-value.state");
+        write_state_file(&path, &sample()).unwrap();
+        assert_eq!(read_state_file(&path).unwrap(), sample());
+
+        let good = fs::read(&path).unwrap();
+        let mut flipped = good.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        fs::write(&path, &flipped).unwrap();
+        let err = read_state_file(&path).unwrap_err().to_string();
+        assert!(err.contains("checksum") && err.contains("sum-0-value.state"), "{err}");
+
+        fs::write(&path, &good[..good.len() - 3]).unwrap();
+        assert!(read_state_file(&path).unwrap_err().to_string().contains("truncated"));
+
+        let mut old = good.clone();
+        old[8] = 9;
+        fs::write(&path, &old).unwrap();
+        assert!(read_state_file(&path).unwrap_err().to_string().contains("format version 9"));
+
+        fs::write(&path, b"short").unwrap();
+        assert!(read_state_file(&path).unwrap_err().to_string().contains("truncated"));
+    }
+
+    #[test]
+    fn only_checkpoints_with_a_manifest_are_complete() {
+        let root = tempfile::tempdir().unwrap();
+        for n in [1u64, 2, 3] {
+            let dir = checkpoint_dir(root.path(), n);
+            fs::create_dir_all(&dir).unwrap();
+            if n != 3 {
+                let m = Manifest {
+                    format_version: FORMAT_VERSION,
+                    job: "j".into(),
+                    checkpoint: n,
+                    graph_fingerprint: "f".into(),
+                    max_key_groups: 8,
+                    sources: vec![],
+                    states: vec![],
+                };
+                write_manifest(&dir, &m).unwrap();
+            }
+        }
+        let found: Vec<u64> = complete_checkpoints(root.path()).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(found, vec![2, 1]);
+        assert!(
+            Restore::load(&checkpoint_dir(root.path(), 2), "other", 8)
+                .unwrap_err()
+                .to_string()
+                .contains("different pipeline")
+        );
+        assert!(
+            Restore::load(&checkpoint_dir(root.path(), 2), "f", 16).unwrap_err().to_string().contains("key groups")
+        );
+        assert_eq!(Restore::latest(root.path(), "f", 8).unwrap().unwrap().checkpoint, 2);
+    }
+}
