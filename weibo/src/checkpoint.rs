@@ -108,6 +108,19 @@ pub struct Manifest {
     pub sources: Vec<SourcePositionEntry>,
     /// Every state file.
     pub states: Vec<StateFileEntry>,
+    /// Exactly-once sink transactions this checkpoint commits (committed
+    /// again on restore, which is harmless: commits are idempotent).
+    #[serde(default)]
+    pub commits: Vec<CommitEntry>,
+}
+
+/// A sink transaction to commit with a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitEntry {
+    /// The sink's name.
+    pub sink: String,
+    /// The sink's handle of the transaction.
+    pub handle: String,
 }
 
 /// Where checkpoints go and how often.
@@ -254,6 +267,9 @@ pub(crate) struct Coordinator {
     /// The first checkpoint number to use (after the restored one).
     pub(crate) next: u64,
     pub(crate) completed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) committers: Vec<std::sync::Arc<dyn crate::sinks::Committer>>,
+    /// Transactions whose commit failed: carried into the next manifest.
+    pub(crate) uncommitted: Vec<CommitEntry>,
 }
 
 impl Coordinator {
@@ -289,7 +305,7 @@ impl Coordinator {
         }
     }
 
-    fn complete(&self, n: u64, acks: Vec<Ack>) -> Result<()> {
+    fn complete(&mut self, n: u64, acks: Vec<Ack>) -> Result<()> {
         let dir = checkpoint_dir(&self.config.dir, n);
         let mut sources = Vec::new();
         let mut states = Vec::new();
@@ -302,6 +318,10 @@ impl Coordinator {
         }
         sources.sort_by(|a, b| (&a.source, a.partition).cmp(&(&b.source, b.partition)));
         states.sort_by(|a, b| (&a.operator, &a.state, a.key_groups).cmp(&(&b.operator, &b.state, b.key_groups)));
+        let mut commits = std::mem::take(&mut self.uncommitted);
+        for c in &self.committers {
+            commits.extend(c.take_prepared(n).into_iter().map(|handle| CommitEntry { sink: c.name(), handle }));
+        }
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
             job: self.job.clone(),
@@ -310,9 +330,18 @@ impl Coordinator {
             max_key_groups: self.max_key_groups,
             sources,
             states,
+            commits: commits.clone(),
         };
         fs::create_dir_all(&dir).map_err(io("cannot create checkpoint directory", &dir))?;
         write_manifest(&dir, &manifest)?;
+        // The checkpoint is complete: now the sinks may show its records.
+        for entry in commits {
+            let Some(c) = self.committers.iter().find(|c| c.name() == entry.sink) else { continue };
+            if let Err(e) = c.commit(&entry.handle) {
+                tracing::warn!(sink = %entry.sink, handle = %entry.handle, error = %e, "commit failed; retried with the next checkpoint");
+                self.uncommitted.push(entry);
+            }
+        }
         self.retain(n);
         Ok(())
     }
@@ -341,6 +370,8 @@ pub(crate) struct Restore {
     pub(crate) positions: HashMap<(String, u32), u64>,
     /// Per operator: its state files.
     pub(crate) states: BTreeMap<String, Vec<StateFileEntry>>,
+    /// Sink transactions the checkpoint committed.
+    pub(crate) commits: Vec<CommitEntry>,
 }
 
 impl Restore {
@@ -377,6 +408,7 @@ impl Restore {
             dir: dir.to_path_buf(),
             positions: manifest.sources.into_iter().map(|s| ((s.source, s.partition), s.position)).collect(),
             states,
+            commits: manifest.commits,
         })
     }
 
@@ -485,6 +517,7 @@ mod tests {
                     max_key_groups: 8,
                     sources: vec![],
                     states: vec![],
+                    commits: vec![],
                 };
                 write_manifest(&dir, &m).unwrap();
             }

@@ -38,6 +38,14 @@ pub(crate) struct JobConfig {
     pub(crate) checkpoint: Option<CheckpointConfig>,
     /// A checkpoint (or a directory of them) to start from.
     pub(crate) restore_from: Option<PathBuf>,
+    /// The exactly-once sinks, for the coordinator to commit.
+    pub(crate) committers: Vec<Arc<dyn crate::sinks::Committer>>,
+}
+
+impl std::fmt::Debug for dyn crate::sinks::Committer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Committer({})", self.name())
+    }
 }
 
 /// The default number of key groups: the most partitions a keyed operator
@@ -88,6 +96,7 @@ impl Job {
             wiring_errors: Vec::new(),
             checkpoint: None,
             restore_from: None,
+            committers: Vec::new(),
         };
         Self { graph: Arc::new(Mutex::new(Graph::new(config))) }
     }
@@ -250,6 +259,14 @@ impl Job {
         if let Some(r) = &restore {
             tracing::info!(job = %config.name, checkpoint = r.checkpoint, dir = %r.dir.display(), "restoring");
         }
+        // Exactly-once sinks: finish what the restored checkpoint committed
+        // (again: commits are idempotent), drop what came after it.
+        for c in &config.committers {
+            for entry in restore.iter().flat_map(|r| r.commits.iter()).filter(|e| e.sink == c.name()) {
+                c.commit(&entry.handle)?;
+            }
+            c.abort_after(restore.as_ref().map_or(0, |r| r.checkpoint))?;
+        }
         let completed = Arc::new(AtomicU64::new(restore.as_ref().map_or(0, |r| r.checkpoint)));
         let (wiring, coordinator) = match &config.checkpoint {
             Some(cp) => {
@@ -268,6 +285,8 @@ impl Job {
                         tasks: heads,
                         next: restore.as_ref().map_or(1, |r| r.checkpoint + 1),
                         completed: completed.clone(),
+                        committers: config.committers.clone(),
+                        uncommitted: Vec::new(),
                     }),
                 )
             }

@@ -24,7 +24,7 @@ use crate::runtime::erase;
 use crate::runtime::ops::{
     BatchLimits, Failures, FilterOp, FlatMapOp, KeyGroupRoutes, MapOp, OpInfo, Policy, ProcessOp, RouterOp,
 };
-use crate::sinks::Sink;
+use crate::sinks::{Committer, Prepared, Sink, SinkCommitter, TwoPhaseCommitSink, TxnSinkWriter};
 use crate::state::{StateScope, TimerState, ValueState};
 use crate::time::{TimestampOp, WatermarkStrategy};
 
@@ -551,6 +551,50 @@ impl<T: Clone + Send + 'static> Stream<T> {
             kind: "sink",
             name,
             detail: String::new(),
+            inputs: vec![self.forward()],
+            outputs: Vec::new(),
+            op: Op::Chain(factory),
+        });
+        SinkRef { graph: self.graph.clone(), node }
+    }
+
+    /// Sends every record to an exactly-once sink: records are written in
+    /// epochs between checkpoint barriers, pre-committed at each barrier and
+    /// committed once the checkpoint is complete (see
+    /// [`TwoPhaseCommitSink`]). Without checkpoints, everything is committed
+    /// at the end of input.
+    ///
+    /// ```
+    /// let dir = std::env::temp_dir().join(format!("weibo-txn-doc-{}", std::process::id()));
+    /// let job = weibo::Job::new("exactly-once");
+    /// job.source(weibo::sources::IterSource::new(vec![1u32, 2, 3]))
+    ///     .sink_exactly_once(weibo::sinks::TxnFileSink::json_lines(&dir));
+    /// weibo::testing::block_on(job.run())?;
+    /// let committed = std::fs::read_to_string(dir.join(format!("part-0-{:020}.jsonl", 1)))?;
+    /// assert_eq!(committed, "1\n2\n3\n");
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sink_exactly_once<S>(&self, sink: S) -> SinkRef
+    where
+        S: TwoPhaseCommitSink<T>,
+    {
+        let name = sink.default_name();
+        let sink = Arc::new(sink);
+        let prepared = Arc::new(Prepared::default());
+        let committer: Arc<dyn Committer> =
+            Arc::new(SinkCommitter { sink: sink.clone(), prepared: prepared.clone(), _t: PhantomData::<fn(T)> });
+        self.lock().config.committers.push(committer);
+        let factory: Arc<ChainFactory> = Arc::new(move |ctx, info, _outs| {
+            let epoch = ctx.restore.map_or(1, |r| r.checkpoint + 1);
+            let writer = sink.open(ctx.instance, ctx.parallelism, epoch)?;
+            let writer = Box::new(TxnSinkWriter { sink: sink.clone(), writer, prepared: prepared.clone() });
+            Ok(erase::<T>(Box::new(crate::runtime::ops::SinkOp { info, writer })))
+        });
+        let node = self.add(Node {
+            kind: "sink",
+            name,
+            detail: "exactly once".into(),
             inputs: vec![self.forward()],
             outputs: Vec::new(),
             op: Op::Chain(factory),

@@ -4,6 +4,11 @@
 //! A [`Sink`] runs one [`SinkWriter`] per parallel instance of the stream it
 //! consumes.
 
+mod txn;
+
+pub(crate) use txn::{Committer, Prepared, SinkCommitter, TxnSinkWriter};
+pub use txn::{TransactionWriter, TwoPhaseCommitSink, TxnFileSink};
+
 use std::fmt;
 use std::fs::File;
 use std::io::{BufWriter, Write};

@@ -1,0 +1,194 @@
+//! Crash test: a child process runs a windowed pipeline from a file to the
+//! exactly-once file sink with checkpoints every 150 ms; it is killed with
+//! SIGKILL at random moments and started again, until it finishes. Its
+//! committed output must equal that of a run that never crashed: every
+//! window result once, none missing, none twice. Then the same with the
+//! keyed stage rescaled from 2 to 3 partitions between two lives.
+//!
+//! The child is this test binary itself, started with `WEIBO_CRASH_CHILD`
+//! set, running only the `child` test.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use weibo::Job;
+use weibo::sinks::TxnFileSink;
+use weibo::sources::FileSource;
+use weibo::time::WatermarkStrategy;
+use weibo::window::Tumbling;
+
+const LINES: usize = 12_000;
+
+/// Line `i`: `key,value,time`.
+fn write_input(path: &Path) {
+    let mut text = String::new();
+    for i in 0..LINES {
+        text.push_str(&format!("{},{},{}\n", i % 13, i % 100, i));
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+fn parse(line: &String) -> Result<(u32, u64, i64), String> {
+    let mut parts = line.split(',');
+    let mut next = || parts.next().ok_or_else(|| format!("short line `{line}`"));
+    let key = next()?.parse().map_err(|e| format!("{e}"))?;
+    let value = next()?.parse().map_err(|e| format!("{e}"))?;
+    let time = next()?.parse().map_err(|e| format!("{e}"))?;
+    Ok((key, value, time))
+}
+
+fn pipeline(input: &Path, out: &Path, checkpoints: &Path, partitions: usize, slow: bool) -> Job {
+    let job = Job::new("crash").with_checkpoints(checkpoints, Duration::from_millis(150)).with_max_key_groups(32);
+    job.source(FileSource::lines(input))
+        .name("lines")
+        .process(weibo::on_error::Fail, parse)
+        .name("parse")
+        .map(move |e: (u32, u64, i64)| {
+            if slow && e.2 % 10 == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            e
+        })
+        .name("pace")
+        .with_timestamps(|e: &(u32, u64, i64)| e.2, WatermarkStrategy::bounded_out_of_orderness(Duration::ZERO))
+        .key_by(|e: &(u32, u64, i64)| e.0)
+        .with_partitions(partitions)
+        .window(Tumbling::of(Duration::from_millis(100)))
+        .reduce(|a, b| (a.0, a.1 + b.1, a.2.max(b.2)))
+        .name("sums")
+        .map(|r: weibo::window::WindowResult<u32, (u32, u64, i64)>| (r.key, r.window.start, r.value.1))
+        .name("results")
+        .sink_exactly_once(TxnFileSink::json_lines(out));
+    job
+}
+
+/// The child's life: run the pipeline to the end.
+#[test]
+fn child() {
+    let Ok(spec) = std::env::var("WEIBO_CRASH_CHILD") else { return };
+    let parts: Vec<&str> = spec.split('|').collect();
+    let (input, out, cps, partitions) = (parts[0], parts[1], parts[2], parts[3].parse().unwrap());
+    let job = pipeline(Path::new(input), Path::new(out), Path::new(cps), partitions, true);
+    weibo::testing::block_on(job.run()).unwrap();
+}
+
+/// Committed output: every line of every committed file, counted.
+fn committed(out: &Path) -> BTreeMap<String, usize> {
+    let mut lines = BTreeMap::new();
+    for entry in std::fs::read_dir(out).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            for line in std::fs::read_to_string(&path).unwrap().lines() {
+                *lines.entry(line.to_string()).or_insert(0) += 1;
+            }
+        }
+    }
+    lines
+}
+
+struct Dirs {
+    _root: tempfile::TempDir,
+    input: PathBuf,
+    out: PathBuf,
+    checkpoints: PathBuf,
+}
+
+fn dirs() -> Dirs {
+    let root = tempfile::tempdir().unwrap();
+    let input = root.path().join("input.txt");
+    write_input(&input);
+    let (out, checkpoints) = (root.path().join("out"), root.path().join("checkpoints"));
+    Dirs { input, out, checkpoints, _root: root }
+}
+
+/// Starts the child and kills it after `after`, unless it finishes first;
+/// returns whether it finished (successfully).
+fn live(d: &Dirs, partitions: usize, after: Duration) -> bool {
+    let spec = format!("{}|{}|{}|{partitions}", d.input.display(), d.out.display(), d.checkpoints.display());
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .env("WEIBO_CRASH_CHILD", spec)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "the child failed: {status}");
+            return true;
+        }
+        if started.elapsed() >= after {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A cheap deterministic pseudo-random sequence for the kill times.
+fn kill_times(seed: u64) -> impl Iterator<Item = Duration> {
+    let mut x = seed;
+    std::iter::repeat_with(move || {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        Duration::from_millis(100 + (x >> 33) % 500)
+    })
+}
+
+fn reference() -> BTreeMap<String, usize> {
+    let d = dirs();
+    let job = pipeline(&d.input, &d.out, &d.checkpoints, 2, false);
+    weibo::testing::block_on(job.run()).unwrap();
+    let out = committed(&d.out);
+    assert!(out.len() > 1000, "the reference run produced its windows: {}", out.len());
+    assert!(out.values().all(|n| *n == 1));
+    out
+}
+
+#[test]
+fn killed_again_and_again_the_job_commits_exactly_what_a_clean_run_does() {
+    if std::env::var("WEIBO_CRASH_CHILD").is_ok() {
+        return;
+    }
+    let want = reference();
+    let d = dirs();
+    let mut kills = 0;
+    for after in kill_times(7) {
+        if live(&d, 2, after) {
+            break;
+        }
+        kills += 1;
+        assert!(kills < 60, "the job never finished");
+    }
+    assert!(kills >= 3, "the child was killed mid-run several times ({kills})");
+    let got = committed(&d.out);
+    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).take(5).collect();
+    assert!(twice.is_empty(), "results committed twice: {twice:?}");
+    assert_eq!(got.len(), want.len(), "every result committed");
+    assert_eq!(got, want);
+}
+
+#[test]
+fn rescaled_from_two_to_three_partitions_between_lives_the_output_is_the_same() {
+    if std::env::var("WEIBO_CRASH_CHILD").is_ok() {
+        return;
+    }
+    let want = reference();
+    let d = dirs();
+    let mut lives = 0;
+    for after in kill_times(11) {
+        let partitions = if lives < 2 { 2 } else { 3 };
+        lives += 1;
+        if live(&d, partitions, after) {
+            break;
+        }
+        assert!(lives < 60, "the job never finished");
+    }
+    assert!(lives >= 3, "at least one life on 2 partitions was cut short and one ran on 3");
+    assert_eq!(committed(&d.out), want);
+}

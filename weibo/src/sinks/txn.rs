@@ -1,0 +1,304 @@
+//! Exactly-once sinks: two-phase commit tied to checkpoints.
+//!
+//! A [`TwoPhaseCommitSink`] writes each checkpoint epoch (the records
+//! between two barriers) into a transaction. At barrier `n` the writer
+//! *pre-commits* (makes the epoch durable but invisible) and returns a
+//! handle; the handles are recorded in checkpoint `n`'s manifest, and once
+//! the manifest is published the sink *commits* them. `commit` must be
+//! idempotent: after a crash between publishing and committing, the job
+//! restores checkpoint `n` and commits its handles again. On restore the
+//! sink also discards what was pre-committed after the restored checkpoint,
+//! since those records are read again.
+//!
+//! At the end of input the writer commits its last epoch itself: the input
+//! is exhausted, and a restart from an earlier checkpoint would write the
+//! same records into the same epochs again, replacing them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::sinks::SinkBatch;
+
+/// A sink that commits in two phases, in step with checkpoints.
+pub trait TwoPhaseCommitSink<T>: Send + Sync + 'static {
+    /// The sink's name in the job.
+    fn default_name(&self) -> String;
+
+    /// Opens instance `instance` of `parallelism`, whose first epoch is
+    /// `epoch` (one after the checkpoint the job restored from, or 1).
+    ///
+    /// # Errors
+    /// [`Error::Io`] or [`Error::Connector`] when the sink cannot be opened.
+    fn open(&self, instance: usize, parallelism: usize, epoch: u64) -> Result<Box<dyn TransactionWriter<T>>>;
+
+    /// Makes a pre-committed transaction visible. Must be idempotent.
+    ///
+    /// # Errors
+    /// When committing fails (the checkpoint stays complete; the commit is
+    /// retried on restore).
+    fn commit(&self, handle: &str) -> Result<()>;
+
+    /// Discards everything pre-committed for epochs after `checkpoint`
+    /// (called on restore, before anything runs).
+    ///
+    /// # Errors
+    /// When the sink's storage fails.
+    fn abort_after(&self, checkpoint: u64) -> Result<()>;
+}
+
+/// Writes one instance's transactions.
+pub trait TransactionWriter<T>: Send {
+    /// Adds records to the current epoch's transaction.
+    ///
+    /// # Errors
+    /// When writing fails.
+    fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()>;
+
+    /// Barrier `checkpoint` arrived: pre-commits the current epoch and
+    /// starts the next; returns the handle to commit later.
+    ///
+    /// # Errors
+    /// When the transaction cannot be made durable.
+    fn pre_commit(&mut self, checkpoint: u64) -> Result<String>;
+
+    /// End of input: pre-commits the last epoch and returns its handle, to
+    /// be committed at once.
+    ///
+    /// # Errors
+    /// As [`TransactionWriter::pre_commit`].
+    fn finish(&mut self) -> Result<String>;
+}
+
+/// Pre-committed handles by checkpoint, shared between a sink's writers and
+/// the checkpoint coordinator.
+#[derive(Default)]
+pub(crate) struct Prepared {
+    pub(crate) by_checkpoint: Mutex<BTreeMap<u64, Vec<String>>>,
+}
+
+/// What the coordinator needs of an exactly-once sink.
+pub(crate) trait Committer: Send + Sync {
+    fn name(&self) -> String;
+    /// Takes the handles pre-committed for checkpoints up to `n`.
+    fn take_prepared(&self, n: u64) -> Vec<String>;
+    fn commit(&self, handle: &str) -> Result<()>;
+    fn abort_after(&self, checkpoint: u64) -> Result<()>;
+}
+
+pub(crate) struct SinkCommitter<T, S> {
+    pub(crate) sink: Arc<S>,
+    pub(crate) prepared: Arc<Prepared>,
+    pub(crate) _t: PhantomData<fn(T)>,
+}
+
+impl<T: 'static, S: TwoPhaseCommitSink<T>> Committer for SinkCommitter<T, S> {
+    fn name(&self) -> String {
+        self.sink.default_name()
+    }
+
+    fn take_prepared(&self, n: u64) -> Vec<String> {
+        let mut all = self.prepared.by_checkpoint.lock().unwrap_or_else(PoisonError::into_inner);
+        let later = all.split_off(&(n + 1));
+        let done = std::mem::replace(&mut *all, later);
+        done.into_values().flatten().collect()
+    }
+
+    fn commit(&self, handle: &str) -> Result<()> {
+        self.sink.commit(handle)
+    }
+
+    fn abort_after(&self, checkpoint: u64) -> Result<()> {
+        self.sink.abort_after(checkpoint)
+    }
+}
+
+/// The chain end of an exactly-once sink: writes, pre-commits at barriers,
+/// and commits its last epoch at the end of input.
+pub(crate) struct TxnSinkWriter<T, S> {
+    pub(crate) sink: Arc<S>,
+    pub(crate) writer: Box<dyn TransactionWriter<T>>,
+    pub(crate) prepared: Arc<Prepared>,
+}
+
+impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> for TxnSinkWriter<T, S> {
+    fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
+        self.writer.write(batch)
+    }
+
+    fn on_barrier(&mut self, checkpoint: u64) -> Result<()> {
+        let handle = self.writer.pre_commit(checkpoint)?;
+        self.prepared
+            .by_checkpoint
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(checkpoint)
+            .or_default()
+            .push(handle);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        let handle = self.writer.finish()?;
+        self.sink.commit(&handle)
+    }
+}
+
+/// Writes JSON lines into a directory, exactly once across crashes when
+/// the job takes checkpoints: each instance writes each epoch into
+/// `.pending/part-<instance>-<epoch>.jsonl`, and a committed epoch is
+/// renamed to `part-<instance>-<epoch>.jsonl`. The committed files hold
+/// every record of every completed checkpoint, each once.
+///
+/// Without checkpoints, every record goes into one epoch, committed at the
+/// end of input.
+#[derive(Clone)]
+pub struct TxnFileSink {
+    dir: PathBuf,
+}
+
+impl fmt::Debug for TxnFileSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TxnFileSink").field("dir", &self.dir).finish()
+    }
+}
+
+impl TxnFileSink {
+    /// A sink writing into directory `dir` (created if needed).
+    pub fn json_lines(dir: impl AsRef<Path>) -> Self {
+        Self { dir: dir.as_ref().to_path_buf() }
+    }
+
+    fn pending(&self) -> PathBuf {
+        self.dir.join(".pending")
+    }
+
+    fn io<'a>(&self, action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
+        move |source| Error::Io { action, path: path.to_path_buf(), source }
+    }
+
+    /// The epoch of a file name `part-<instance>-<epoch>.jsonl`.
+    fn epoch_of(name: &str) -> Option<u64> {
+        name.strip_prefix("part-")?.strip_suffix(".jsonl")?.rsplit('-').next()?.parse().ok()
+    }
+}
+
+impl<T: Serialize + Send + 'static> TwoPhaseCommitSink<T> for TxnFileSink {
+    fn default_name(&self) -> String {
+        self.dir.display().to_string()
+    }
+
+    fn open(&self, instance: usize, _parallelism: usize, epoch: u64) -> Result<Box<dyn TransactionWriter<T>>> {
+        let pending = self.pending();
+        fs::create_dir_all(&pending).map_err(self.io("cannot create output directory", &pending))?;
+        let mut w = TxnFileWriter { sink: self.clone(), instance, epoch, file: None, buf: Vec::new(), _t: PhantomData };
+        w.start()?;
+        Ok(Box::new(w))
+    }
+
+    fn commit(&self, handle: &str) -> Result<()> {
+        let from = self.pending().join(handle);
+        let to = self.dir.join(handle);
+        match fs::rename(&from, &to) {
+            Ok(()) => {
+                if let Ok(d) = File::open(&self.dir) {
+                    let _ = d.sync_all();
+                }
+                Ok(())
+            }
+            // Committed before (the rename happened, then the job restarted).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.is_file() => Ok(()),
+            Err(e) => Err(Error::Io { action: "cannot commit output file", path: from, source: e }),
+        }
+    }
+
+    fn abort_after(&self, checkpoint: u64) -> Result<()> {
+        let pending = self.pending();
+        for entry in fs::read_dir(&pending).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if Self::epoch_of(&name).is_some_and(|e| e > checkpoint) {
+                let path = entry.path();
+                fs::remove_file(&path).map_err(self.io("cannot discard pending output", &path))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+struct TxnFileWriter<T> {
+    sink: TxnFileSink,
+    instance: usize,
+    /// The epoch being written: records after barrier `epoch - 1`.
+    epoch: u64,
+    file: Option<BufWriter<File>>,
+    buf: Vec<u8>,
+    _t: PhantomData<fn(T)>,
+}
+
+impl<T> TxnFileWriter<T> {
+    fn name(&self) -> String {
+        format!("part-{}-{:020}.jsonl", self.instance, self.epoch)
+    }
+
+    fn start(&mut self) -> Result<()> {
+        let path = self.sink.pending().join(self.name());
+        let f = File::create(&path).map_err(self.sink.io("cannot create pending output", &path))?;
+        self.file = Some(BufWriter::new(f));
+        Ok(())
+    }
+
+    /// Makes the current epoch durable and returns its file name.
+    fn seal(&mut self) -> Result<String> {
+        let name = self.name();
+        let path = self.sink.pending().join(&name);
+        if let Some(f) = self.file.take() {
+            let f = f.into_inner().map_err(|e| Error::Io {
+                action: "cannot write pending output",
+                path: path.clone(),
+                source: e.into_error(),
+            })?;
+            f.sync_all().map_err(self.sink.io("cannot sync pending output", &path))?;
+        }
+        Ok(name)
+    }
+}
+
+impl<T: Serialize + Send> TransactionWriter<T> for TxnFileWriter<T> {
+    fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
+        for v in batch.drain() {
+            serde_json::to_writer(&mut self.buf, &v).map_err(|e| Error::Connector {
+                name: self.sink.dir.display().to_string(),
+                message: format!("cannot write a record as JSON: {e}"),
+            })?;
+            self.buf.push(b'\n');
+        }
+        let path = self.sink.pending().join(self.name());
+        if let Some(f) = self.file.as_mut() {
+            f.write_all(&self.buf).map_err(self.sink.io("cannot write pending output", &path))?;
+        }
+        self.buf.clear();
+        Ok(())
+    }
+
+    fn pre_commit(&mut self, checkpoint: u64) -> Result<String> {
+        let name = self.seal()?;
+        self.epoch = checkpoint + 1;
+        self.start()?;
+        Ok(name)
+    }
+
+    fn finish(&mut self) -> Result<String> {
+        self.seal()
+    }
+}
