@@ -270,6 +270,15 @@ pub(crate) struct Coordinator {
     pub(crate) committers: Vec<std::sync::Arc<dyn crate::sinks::Committer>>,
     /// Transactions whose commit failed: carried into the next manifest.
     pub(crate) uncommitted: Vec<CommitEntry>,
+    /// Requests for savepoints.
+    pub(crate) savepoints: mpsc::UnboundedReceiver<SavepointRequest>,
+}
+
+/// A request for a savepoint: a checkpoint now, copied under `name`.
+#[derive(Debug)]
+pub(crate) struct SavepointRequest {
+    pub(crate) name: String,
+    pub(crate) reply: tokio::sync::oneshot::Sender<Result<PathBuf>>,
 }
 
 impl Coordinator {
@@ -281,9 +290,22 @@ impl Coordinator {
         ticker.tick().await;
         let mut n = self.next;
         loop {
-            ticker.tick().await;
+            // A checkpoint on schedule, or a savepoint on request.
+            let savepoint = tokio::select! {
+                _ = ticker.tick() => None,
+                request = self.savepoints.recv() => match request {
+                    Some(request) => Some(request),
+                    None => std::future::pending().await,
+                },
+            };
             if self.triggers.iter().any(|t| t.send(n).is_err()) {
                 tracing::info!(job = %self.job, "a source has finished: no more checkpoints");
+                if let Some(request) = savepoint {
+                    let _ = request.reply.send(Err(Error::Runtime {
+                        job: self.job.clone(),
+                        message: "a source has finished, so no savepoint can be taken".into(),
+                    }));
+                }
                 return;
             }
             let mut acks = Vec::with_capacity(self.tasks);
@@ -294,12 +316,17 @@ impl Coordinator {
                     None => return,
                 }
             }
-            match self.complete(n, acks) {
+            let result = self.complete(n, acks);
+            match &result {
                 Ok(()) => {
                     self.completed.store(n, std::sync::atomic::Ordering::Relaxed);
                     tracing::info!(job = %self.job, checkpoint = n, "checkpoint complete");
                 }
                 Err(e) => tracing::warn!(job = %self.job, checkpoint = n, error = %e, "checkpoint failed"),
+            }
+            if let Some(request) = savepoint {
+                let reply = result.and_then(|()| self.copy_to_savepoint(n, &request.name));
+                let _ = request.reply.send(reply);
             }
             n += 1;
         }
@@ -344,6 +371,34 @@ impl Coordinator {
         }
         self.retain(n);
         Ok(())
+    }
+
+    /// Copies complete checkpoint `n` to `<dir>/savepoints/<name>`, outside
+    /// retention (the manifest last, so a half-copied savepoint is not one).
+    fn copy_to_savepoint(&self, n: u64, name: &str) -> Result<PathBuf> {
+        let from = checkpoint_dir(&self.config.dir, n);
+        let to = self.config.dir.join("savepoints").join(name);
+        if to.join("MANIFEST").exists() {
+            return Err(bad(&to, "a savepoint of this name exists already: choose another name".into()));
+        }
+        fs::create_dir_all(&to).map_err(io("cannot create savepoint directory", &to))?;
+        let mut manifest = None;
+        for entry in fs::read_dir(&from).map_err(io("cannot read checkpoint directory", &from))? {
+            let entry = entry.map_err(io("cannot read checkpoint directory", &from))?;
+            if entry.file_name() == "MANIFEST" {
+                manifest = Some(entry.path());
+                continue;
+            }
+            let target = to.join(entry.file_name());
+            fs::copy(entry.path(), &target).map_err(io("cannot copy into savepoint", &target))?;
+        }
+        let manifest = manifest.ok_or_else(|| bad(&from, "has no manifest".into()))?;
+        let bytes = fs::read(&manifest).map_err(io("cannot read checkpoint manifest", &manifest))?;
+        let m: Manifest =
+            serde_json::from_slice(&bytes).map_err(|e| bad(&manifest, format!("not a valid manifest: {e}")))?;
+        write_manifest(&to, &m)?;
+        tracing::info!(job = %self.job, savepoint = %to.display(), checkpoint = n, "savepoint taken");
+        Ok(to)
     }
 
     /// Deletes all but the newest `retain` complete checkpoints, and any

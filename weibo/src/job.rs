@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::checkpoint::{CheckpointConfig, Coordinator, Restore};
+use crate::checkpoint::{CheckpointConfig, Coordinator, Restore, SavepointRequest};
 use crate::graph::CheckpointWiring;
 
 use crate::error::{Error, Result};
@@ -268,6 +268,8 @@ impl Job {
             c.abort_after(restore.as_ref().map_or(0, |r| r.checkpoint))?;
         }
         let completed = Arc::new(AtomicU64::new(restore.as_ref().map_or(0, |r| r.checkpoint)));
+        let (savepoint_tx, savepoint_rx) = mpsc::unbounded_channel();
+        let savepoints = config.checkpoint.is_some().then_some(savepoint_tx);
         let (wiring, coordinator) = match &config.checkpoint {
             Some(cp) => {
                 let (heads, sources) = graph.head_counts();
@@ -287,6 +289,7 @@ impl Job {
                         completed: completed.clone(),
                         committers: config.committers.clone(),
                         uncommitted: Vec::new(),
+                        savepoints: savepoint_rx,
                     }),
                 )
             }
@@ -305,7 +308,7 @@ impl Job {
             result
         });
         tracing::info!(job = %name, "job started");
-        Ok(JobHandle { name, registry, supervisor, started, completed })
+        Ok(JobHandle { name, registry, supervisor, started, completed, savepoints })
     }
 
     /// Runs the job to the end of its input.
@@ -391,6 +394,7 @@ pub struct JobHandle {
     supervisor: JoinHandle<Result<()>>,
     started: Instant,
     completed: Arc<AtomicU64>,
+    savepoints: Option<mpsc::UnboundedSender<SavepointRequest>>,
 }
 
 impl JobHandle {
@@ -401,6 +405,28 @@ impl JobHandle {
             0 => None,
             n => Some(n),
         }
+    }
+
+    /// Takes a savepoint named `name`: a checkpoint taken now and kept in
+    /// `<checkpoint dir>/savepoints/<name>`, outside retention. Restore it
+    /// with [`Job::restore_from`], for example after changing a keyed
+    /// operator's partitions or upgrading the binary.
+    ///
+    /// # Errors
+    /// [`Error::Runtime`] when the job takes no checkpoints or has stopped
+    /// (or a source has finished); [`Error::Checkpoint`] when the
+    /// checkpoint fails or the name is taken.
+    pub async fn savepoint(&self, name: &str) -> Result<PathBuf> {
+        let runtime_error = |message: &str| Error::Runtime { job: self.name.clone(), message: message.into() };
+        let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        if !valid || name.starts_with('.') {
+            return Err(runtime_error("a savepoint name uses letters, digits, `-`, `_` and `.` (not first)"));
+        }
+        let tx = self.savepoints.as_ref().ok_or_else(|| runtime_error("savepoints need `Job::with_checkpoints`"))?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        tx.send(SavepointRequest { name: name.to_string(), reply })
+            .map_err(|_| runtime_error("the job has stopped taking checkpoints"))?;
+        answer.await.map_err(|_| runtime_error("the job stopped before the savepoint completed"))?
     }
 
     /// The job's metrics now.
