@@ -10,7 +10,7 @@
 //! takes savepoint `<name>` after one second, and stops; `resume` restores it
 //! with `<partitions>` workers, runs to the end and prints the totals.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use weibo::sinks::CollectSink;
@@ -18,7 +18,7 @@ use weibo::sources::Generator;
 use weibo::{Job, Result};
 use weibo_examples::{Order, Totals, order};
 
-fn job(dir: &PathBuf, partitions: usize, rate: f64, out: &CollectSink<Totals>) -> Job {
+fn job(dir: &Path, partitions: usize, rate: f64, out: &CollectSink<Totals>) -> Job {
     let job = Job::new("orders-per-customer").with_checkpoints(dir.join("checkpoints"), Duration::from_secs(10));
     job.source(Generator::new(20_000, order).with_rate(rate))
         .name("orders")
