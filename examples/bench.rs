@@ -146,8 +146,88 @@ fn w1(job: &Job, n: u64, partitions: usize, keys: u64, total: Arc<Mutex<Out>>) {
         });
 }
 
+/// Peak resident memory of this process so far, in kB (Linux).
+fn rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_string))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Checkpoint costs with `keys` keys of w3 state: the barrier pause, a full
+/// checkpoint (taken as a savepoint), and restoring from it.
+fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
+    let root = std::env::temp_dir().join(format!("weibo-ckpt-{}", std::process::id()));
+    let build = |restore: Option<&std::path::Path>| -> Job {
+        let mut job = Job::new("bench-ckpt").with_checkpoints(root.join("checkpoints"), Duration::from_secs(3600));
+        if on_disk {
+            match weibo::state::FjallBackend::open(root.join(format!("state-{}", restore.is_some()))) {
+                Ok(b) => job = job.with_state_backend(b),
+                Err(e) => {
+                    eprintln!("{e}");
+                    std::process::exit(1)
+                }
+            }
+        }
+        if let Some(r) = restore {
+            job = job.restore_from(r);
+        }
+        job.source(Generator::new(u64::MAX, move |i| (i % keys, i % 1000)).with_rate(if restore.is_some() {
+            1.0
+        } else {
+            1e12
+        }))
+        .map(|(key, value): (u64, u64)| RunSum { key, sum: value, delta: value, count: 1 })
+        .key_by(|r: &RunSum| r.key)
+        .reduce(|acc, e| RunSum { key: acc.key, sum: acc.sum + e.sum, delta: e.sum, count: acc.count + 1 })
+        .name("sums")
+        .sink(weibo::sinks::Blackhole::new());
+        job
+    };
+    let result = runtime.block_on(async {
+        let handle = build(None).spawn()?;
+        while handle.metrics().operator("sums").map_or(0, |m| m.records_in) < keys {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let started = Instant::now();
+        let savepoint = handle.savepoint("bench").await?;
+        let checkpoint = started.elapsed();
+        let pause = handle.metrics().operator("sums").map_or(Duration::ZERO, |m| m.max_checkpoint_pause);
+        let rss = rss_kb();
+        handle.abort();
+        let size: u64 = std::fs::read_dir(&savepoint)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.metadata().ok())
+            .map(|m| m.len())
+            .sum();
+        let started = Instant::now();
+        let restored = build(Some(&savepoint)).spawn()?;
+        let restore = started.elapsed();
+        restored.abort();
+        Ok::<_, weibo::Error>((pause, checkpoint, restore, rss, size))
+    });
+    let _ = std::fs::remove_dir_all(&root);
+    match result {
+        Ok((pause, checkpoint, restore, rss, size)) => println!(
+            "CHECKPOINT engine=weibo{} keys={keys} pause_ms={:.1} checkpoint_ms={:.1} restore_ms={:.1} files_mb={:.1} rss_kb={rss}",
+            if on_disk { "-fjall" } else { "" },
+            pause.as_secs_f64() * 1e3,
+            checkpoint.as_secs_f64() * 1e3,
+            restore.as_secs_f64() * 1e3,
+            size as f64 / 1e6
+        ),
+        Err(e) => {
+            eprintln!("checkpoint benchmark failed: {e}");
+            std::process::exit(1)
+        }
+    }
+}
+
 fn usage() -> ! {
-    eprintln!("usage: bench <w1|w1-100keys|w2|w3> <events> <partitions> [threads]");
+    eprintln!("usage: bench <w1|w1-100keys|w2|w3> <events> <partitions> [threads] | bench ckpt <keys> 1");
     std::process::exit(2)
 }
 
@@ -177,6 +257,10 @@ fn main() {
     };
     let total = Arc::new(Mutex::new(Out::default()));
     let state_dir = std::env::temp_dir().join(format!("weibo-bench-{}", std::process::id()));
+    if workload == "ckpt" {
+        ckpt(&runtime, n, std::env::var("WEIBO_STATE").is_ok_and(|s| s == "fjall"));
+        return;
+    }
     let mut job = Job::new(format!("bench-{workload}"));
     if on_disk {
         match weibo::state::FjallBackend::open(&state_dir) {

@@ -595,7 +595,8 @@ impl Graph {
                     if inputs.is_empty() {
                         return Err(Error::Internal(format!("`{head}` has no input edges")));
                     }
-                    Box::new(ChannelHead { name: head.clone(), op, inputs })
+                    let counters = registry.operator(&self.node(id)?.name);
+                    Box::new(ChannelHead { name: head.clone(), counters, op, inputs })
                 }
             };
             tasks.push((head, runner, io));

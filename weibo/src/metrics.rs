@@ -18,6 +18,8 @@ pub(crate) struct OperatorCounters {
     pub(crate) dropped: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
     pub(crate) late: AtomicU64,
+    /// The longest a checkpoint barrier held an instance (nanoseconds).
+    pub(crate) checkpoint_pause_nanos: AtomicU64,
 }
 
 impl OperatorCounters {
@@ -86,6 +88,7 @@ impl Registry {
                 dropped: n.counters.dropped.load(Ordering::Relaxed),
                 dead_lettered: n.counters.dead_lettered.load(Ordering::Relaxed),
                 late: n.counters.late.load(Ordering::Relaxed),
+                max_checkpoint_pause: Duration::from_nanos(n.counters.checkpoint_pause_nanos.load(Ordering::Relaxed)),
             })
             .collect();
         let edges = self
@@ -125,6 +128,10 @@ pub struct OperatorMetrics {
     /// Records a window operator got too late for any window (sent to its
     /// late output when that is used, dropped otherwise).
     pub late: u64,
+    /// The longest time a checkpoint barrier held one instance of the
+    /// operator: from the last input's barrier to passing it on (exporting
+    /// keyed state happens in between).
+    pub max_checkpoint_pause: Duration,
 }
 
 /// One edge's counters: one sender instance to one receiver instance.

@@ -230,6 +230,7 @@ pub(crate) struct Inbox {
 
 pub(crate) struct ChannelHead {
     pub(crate) name: String,
+    pub(crate) counters: std::sync::Arc<crate::metrics::OperatorCounters>,
     pub(crate) op: Box<dyn InputOperator>,
     pub(crate) inputs: Vec<Inbox>,
 }
@@ -318,8 +319,11 @@ impl HeadRunner for ChannelHead {
                 {
                     // Every input has delivered barrier `b`: snapshot, pass
                     // the barrier on, read everything again.
+                    let paused = Instant::now();
                     let snapshots = self.op.snapshot()?;
                     self.op.barrier(b)?;
+                    let nanos = u64::try_from(paused.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    self.counters.checkpoint_pause_nanos.fetch_max(nanos, std::sync::atomic::Ordering::Relaxed);
                     if let Some(cp) = io.checkpoint.as_ref() {
                         cp.write_and_ack(b, snapshots);
                     }
