@@ -262,6 +262,11 @@ fn main() {
         return;
     }
     let mut job = Job::new(format!("bench-{workload}"));
+    // `WEIBO_CHECKPOINT_MS=<ms>` takes checkpoints that often (into a
+    // temporary directory).
+    if let Some(ms) = std::env::var("WEIBO_CHECKPOINT_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+        job = job.with_checkpoints(state_dir.join("checkpoints"), Duration::from_millis(ms));
+    }
     if on_disk {
         match weibo::state::FjallBackend::open(&state_dir) {
             Ok(backend) => job = job.with_state_backend(backend),
@@ -284,9 +289,7 @@ fn main() {
         std::process::exit(1);
     }
     let secs = started.elapsed().as_secs_f64();
-    if on_disk {
-        let _ = std::fs::remove_dir_all(&state_dir);
-    }
+    let _ = std::fs::remove_dir_all(&state_dir);
     let out = *total.lock().unwrap_or_else(PoisonError::into_inner);
     let engine = match (workload.as_str(), on_disk) {
         ("w1-100keys", false) => "weibo-100keys",
