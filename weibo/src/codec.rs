@@ -82,7 +82,7 @@ impl std::error::Error for CodecError {}
     label = "this type needs a codec",
     note = "add `#[derive(Clone, serde::Serialize, serde::Deserialize)]` to `{Self}` (postcard codec), or derive `rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, weibo::RkyvData` (rkyv codec)"
 )]
-pub trait Data: Clone + Send + 'static {
+pub trait Data: Clone + Send + Sync + 'static {
     /// The identity of this type's codec.
     fn codec_id() -> CodecId;
 
@@ -102,7 +102,7 @@ pub trait Data: Clone + Send + 'static {
 
 impl<T> Data for T
 where
-    T: Serialize + DeserializeOwned + Clone + Send + 'static,
+    T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
 {
     fn codec_id() -> CodecId {
         CodecId::new(SERDE_POSTCARD_FORMAT, std::any::type_name::<T>())

@@ -23,6 +23,11 @@ pub(crate) fn decode_value<T: Data>(info: &OpInfo, r: &RecordRef<'_>) -> Result<
     })
 }
 
+/// An export of entries already taken.
+pub(crate) fn ready(entries: crate::state::Entries) -> crate::state::Export {
+    Box::new(move || Ok(entries))
+}
+
 /// The codec name recorded for timer state (times and keys in the key encoding).
 pub(crate) const TIMERS: &str = "weibo-timers/1";
 
@@ -86,7 +91,11 @@ where
     forward_control!(keyed);
 
     fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
-        Ok(vec![StateSnapshot { state: "value", codec: T::codec_id().to_string(), entries: self.state.export()? }])
+        Ok(vec![StateSnapshot {
+            state: "value",
+            codec: T::codec_id().to_string(),
+            entries: self.state.export_deferred()?,
+        }])
     }
 
     fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
@@ -138,7 +147,7 @@ where
         Ok(vec![StateSnapshot {
             state: "accumulator",
             codec: A::codec_id().to_string(),
-            entries: self.state.export()?,
+            entries: self.state.export_deferred()?,
         }])
     }
 
@@ -348,8 +357,8 @@ where
 
     fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
         Ok(vec![
-            StateSnapshot { state: "value", codec: S::codec_id().to_string(), entries: self.state.export()? },
-            StateSnapshot { state: "timers", codec: TIMERS.into(), entries: self.timers.export() },
+            StateSnapshot { state: "value", codec: S::codec_id().to_string(), entries: self.state.export_deferred()? },
+            StateSnapshot { state: "timers", codec: TIMERS.into(), entries: ready(self.timers.export()) },
         ])
     }
 

@@ -44,7 +44,7 @@ use crate::codec::{CodecError, CodecId, Data};
 use crate::error::{Error, Result};
 use crate::graph::{KeyedFactory, typed};
 use crate::key::Key;
-use crate::keyed::TIMERS;
+use crate::keyed::{TIMERS, ready};
 use crate::keyed::{decode_key, decode_value};
 use crate::metrics::OperatorCounters;
 use crate::record::{Batch, Meta, RecordBatch, Timestamp};
@@ -875,7 +875,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
     window_control!();
 
     fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
-        let entries = self.state.export(&self.common.info.name)?;
+        let entries = self.state.export_deferred(&self.common.info.name)?;
         Ok(vec![StateSnapshot { state: "windows", codec: W::Acc::codec_id().to_string(), entries }])
     }
 
@@ -1046,10 +1046,10 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
             StateSnapshot {
                 state: "sessions",
                 codec: Sessions::<W::Acc>::codec_id().to_string(),
-                entries: self.state.export()?,
+                entries: self.state.export_deferred()?,
             },
-            StateSnapshot { state: "fire-timers", codec: TIMERS.into(), entries: c.fire.export() },
-            StateSnapshot { state: "cleanup-timers", codec: TIMERS.into(), entries: c.cleanup.export() },
+            StateSnapshot { state: "fire-timers", codec: TIMERS.into(), entries: ready(c.fire.export()) },
+            StateSnapshot { state: "cleanup-timers", codec: TIMERS.into(), entries: ready(c.cleanup.export()) },
         ])
     }
 

@@ -19,7 +19,7 @@ use crate::runtime::ops::OpInfo;
 use crate::runtime::time::{InputTime, WatermarkTracker};
 use crate::runtime::{Consumer, EdgeSender, Message, Outbox};
 use crate::sources::{ReadStatus, SourceOutput, SourceReader};
-use crate::state::Entries;
+use crate::state::Export;
 use std::path::PathBuf;
 
 /// A boxed, sendable future.
@@ -69,7 +69,7 @@ impl CheckpointIo {
                 for snap in snapshots {
                     let file = format!("{safe}-{instance}-{}.state", snap.state);
                     let mut by_group: std::collections::BTreeMap<u16, crate::checkpoint::Pairs> = Default::default();
-                    for (g, k, v) in snap.entries {
+                    for (g, k, v) in (snap.entries)()? {
                         by_group.entry(g).or_default().push((k, v));
                     }
                     let content = StateFile {
@@ -215,11 +215,11 @@ pub(crate) trait InputOperator: Send {
 }
 
 /// One state of an operator, exported for a checkpoint.
-#[derive(Debug)]
 pub(crate) struct StateSnapshot {
     pub(crate) state: &'static str,
     pub(crate) codec: String,
-    pub(crate) entries: Entries,
+    /// Encodes the state as of the barrier; called on a blocking thread.
+    pub(crate) entries: Export,
 }
 
 /// One input edge of a channel head.

@@ -19,6 +19,7 @@ pub use self::fjall::FjallBackend;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
+use std::sync::Arc;
 
 use hashbrown::hash_map::Entry;
 use rustc_hash::FxBuildHasher;
@@ -155,7 +156,9 @@ impl StateTable for MemoryTable {
 
 enum Store<K, V> {
     /// One map per owned key group, by typed key.
-    Objects(Vec<ObjectMap<K, V>>),
+    /// Each map is shared with the checkpoint being written, if any, and
+    /// copied on the first write after it (copy-on-write per key group).
+    Objects(Vec<Arc<ObjectMap<K, V>>>),
     Bytes {
         table: Box<dyn StateTable>,
         buf: Vec<u8>,
@@ -189,7 +192,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// [`Error::State`] when the backend cannot open it.
     pub fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
         let store = if backend.keeps_objects() {
-            Store::Objects(scope.key_groups.clone().map(|_| ObjectMap::default()).collect())
+            Store::Objects(scope.key_groups.clone().map(|_| Arc::new(ObjectMap::default())).collect())
         } else {
             Store::Bytes { table: backend.open_table(scope)?, buf: Vec::new() }
         };
@@ -227,7 +230,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                         self.operator
                     )));
                 };
-                Ok(match map.entry(key) {
+                Ok(match Arc::make_mut(map).entry(key) {
                     Entry::Occupied(e) => {
                         let mut result = None;
                         let _ = e.replace_entry_with(|_, value| {
@@ -308,7 +311,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
         let operator = self.operator.clone();
         match &mut self.store {
             Store::Objects(maps) => {
-                for (k, v) in maps.get(index).into_iter().flatten() {
+                for (k, v) in maps.get(index).into_iter().flat_map(|m| m.iter()) {
                     f(k, v);
                 }
                 Ok(())
@@ -335,6 +338,9 @@ impl<K: Key, V: Data> ValueState<K, V> {
 /// encoded key, encoded value).
 pub type Entries = Vec<(u16, Vec<u8>, Vec<u8>)>;
 
+/// State taken at a barrier, encoded when called (off the operator's task).
+pub type Export = Box<dyn FnOnce() -> Result<Entries> + Send>;
+
 fn codec_error(operator: &str, source: crate::codec::CodecError) -> Error {
     Error::Codec { operator: operator.to_string(), source }
 }
@@ -349,26 +355,43 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// # Errors
     /// As [`ValueState::update`].
     pub fn export(&mut self) -> Result<Entries> {
-        let mut out = Vec::new();
+        self.export_deferred()?()
+    }
+
+    /// The state as of now, to encode later (on another thread): for the
+    /// in-memory store this only shares the per-key-group maps, which the
+    /// operator copies when it next writes them, so the caller pays O(key
+    /// groups) at the barrier. Byte backends read their entries now.
+    ///
+    /// # Errors
+    /// As [`ValueState::update`].
+    pub fn export_deferred(&mut self) -> Result<Export> {
         match &mut self.store {
             Store::Objects(maps) => {
-                for (group, map) in self.groups.clone().zip(maps.iter()) {
-                    for (k, v) in map {
-                        let mut key = Vec::new();
-                        k.encode_key(&mut key);
-                        let mut value = Vec::new();
-                        v.encode(&mut value).map_err(|e| codec_error(&self.operator, e))?;
-                        out.push((group, key, value));
+                let shared: Vec<(u16, Arc<ObjectMap<K, V>>)> = self.groups.clone().zip(maps.iter().cloned()).collect();
+                let operator = self.operator.clone();
+                Ok(Box::new(move || {
+                    let mut out = Vec::new();
+                    for (group, map) in shared {
+                        for (k, v) in map.iter() {
+                            let mut key = Vec::new();
+                            k.encode_key(&mut key);
+                            let mut value = Vec::new();
+                            v.encode(&mut value).map_err(|e| codec_error(&operator, e))?;
+                            out.push((group, key, value));
+                        }
                     }
-                }
+                    Ok(out)
+                }))
             }
             Store::Bytes { table, .. } => {
+                let mut out = Vec::new();
                 for group in self.groups.clone() {
                     table.scan_group(group, &mut |k, v| out.push((group, k.to_vec(), v.to_vec())))?;
                 }
+                Ok(Box::new(move || Ok(out)))
             }
         }
-        Ok(out)
     }
 
     /// Loads entries from a checkpoint (those outside this instance's key
@@ -420,22 +443,37 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// # Errors
     /// As [`ValueState::update`].
     pub fn export(&mut self, operator: &str) -> Result<Entries> {
+        self.export_deferred(operator)?()
+    }
+
+    /// The state as of now, to encode later (see
+    /// [`ValueState::export_deferred`]): the in-memory store shares each
+    /// window's map and copies it when next written.
+    ///
+    /// # Errors
+    /// As [`ValueState::update`].
+    pub fn export_deferred(&mut self, operator: &str) -> Result<Export> {
         match &mut self.store {
             WindowStore::Objects { windows, .. } => {
-                let mut out = Vec::new();
-                for (start, map) in windows.iter() {
-                    for (k, (group, acc)) in map {
-                        let mut key = Vec::new();
-                        k.encode_key(&mut key);
-                        start.encode_key(&mut key);
-                        let mut value = Vec::new();
-                        acc.encode(&mut value).map_err(|e| codec_error(operator, e))?;
-                        out.push((*group, key, value));
+                let shared: Vec<(Timestamp, Arc<WindowMap<K, A>>)> =
+                    windows.iter().map(|(s, m)| (*s, m.clone())).collect();
+                let operator = operator.to_string();
+                Ok(Box::new(move || {
+                    let mut out = Vec::new();
+                    for (start, map) in shared {
+                        for (k, (group, acc)) in map.iter() {
+                            let mut key = Vec::new();
+                            k.encode_key(&mut key);
+                            start.encode_key(&mut key);
+                            let mut value = Vec::new();
+                            acc.encode(&mut value).map_err(|e| codec_error(&operator, e))?;
+                            out.push((*group, key, value));
+                        }
                     }
-                }
-                Ok(out)
+                    Ok(out)
+                }))
             }
-            WindowStore::Bytes { values, .. } => values.export(),
+            WindowStore::Bytes { values, .. } => values.export_deferred(),
         }
     }
 
@@ -583,7 +621,9 @@ type WindowMap<K, A> = hashbrown::HashMap<K, (u16, A), FxBuildHasher>;
 
 enum WindowStore<K, A> {
     /// Window-major in memory: per window start, the keys' accumulators.
-    Objects { windows: BTreeMap<Timestamp, WindowMap<K, A>>, pool: Vec<WindowMap<K, A>> },
+    /// Each window's map is shared with the checkpoint being written, if
+    /// any, and copied on the first write after it.
+    Objects { windows: BTreeMap<Timestamp, Arc<WindowMap<K, A>>>, pool: Vec<WindowMap<K, A>> },
     /// Accumulators in a byte table by (key, window start), with an index of
     /// which keys each window holds.
     Bytes { values: ValueState<(K, Timestamp), A>, index: BTreeMap<Timestamp, DueKeys<K>>, buf: Vec<u8> },
@@ -633,8 +673,8 @@ impl<K: Key, A: Data> WindowState<K, A> {
     ) -> Result<R> {
         match &mut self.store {
             WindowStore::Objects { windows, pool } => {
-                let map = windows.entry(start).or_insert_with(|| pool.pop().unwrap_or_default());
-                Ok(match map.entry(key) {
+                let map = windows.entry(start).or_insert_with(|| Arc::new(pool.pop().unwrap_or_default()));
+                Ok(match Arc::make_mut(map).entry(key) {
                     Entry::Occupied(e) => {
                         let mut result = None;
                         let _ = e.replace_entry_with(|_, (g, value)| {
@@ -699,14 +739,18 @@ impl<K: Key, A: Data> WindowState<K, A> {
         match &mut self.store {
             WindowStore::Objects { windows, pool } => {
                 if purge {
-                    if let Some(mut map) = windows.remove(&start) {
-                        for (k, (g, a)) in map.drain() {
-                            f(&k, g, &a);
+                    if let Some(map) = windows.remove(&start) {
+                        for (k, (g, a)) in map.iter() {
+                            f(k, *g, a);
                         }
-                        pool.push(map);
+                        // Reuse the map unless a checkpoint still reads it.
+                        if let Ok(mut map) = Arc::try_unwrap(map) {
+                            map.clear();
+                            pool.push(map);
+                        }
                     }
                 } else if let Some(map) = windows.get(&start) {
-                    for (k, (g, a)) in map {
+                    for (k, (g, a)) in map.iter() {
                         f(k, *g, a);
                     }
                 }
