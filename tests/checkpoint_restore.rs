@@ -184,3 +184,29 @@ async fn savepoints_need_checkpoints_and_a_plain_name() {
     assert!(err.to_string().contains("savepoint name"), "{err}");
     handle.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_of_fjall_state_restore_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let first_state = tempfile::tempdir().unwrap();
+    let out = CollectSink::new();
+    let handle = job(dir.path(), 2, 3_000.0, &out)
+        .with_state_backend(weibo::state::FjallBackend::open(first_state.path()).unwrap())
+        .spawn()
+        .unwrap();
+    for _ in 0..500 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if handle.last_checkpoint().is_some_and(|n| n >= 3) {
+            break;
+        }
+    }
+    assert!(handle.last_checkpoint().is_some_and(|n| n >= 3));
+    handle.abort();
+    // A new process would start with an empty state directory: restore fills it.
+    let second_state = tempfile::tempdir().unwrap();
+    let out = CollectSink::new();
+    let restored = job(dir.path(), 3, 1e9, &out)
+        .with_state_backend(weibo::state::FjallBackend::open(second_state.path()).unwrap());
+    restored.run().await.unwrap();
+    assert_eq!(finals(out.values()), expected());
+}

@@ -90,12 +90,18 @@ impl StateBackend for FjallBackend {
             .db
             .keyspace(&name, fjall::KeyspaceCreateOptions::default)
             .map_err(|e| state_error(&scope.operator, &format!("cannot open keyspace `{name}`"), &e))?;
-        Ok(Box::new(FjallTable { keyspace, operator: scope.operator.clone(), buf: Vec::with_capacity(64) }))
+        Ok(Box::new(FjallTable {
+            db: self.db.clone(),
+            keyspace,
+            operator: scope.operator.clone(),
+            buf: Vec::with_capacity(64),
+        }))
     }
 }
 
 /// One state's keyspace.
 struct FjallTable {
+    db: fjall::Database,
     keyspace: fjall::Keyspace,
     operator: String,
     buf: Vec<u8>,
@@ -127,6 +133,24 @@ impl StateTable for FjallTable {
     fn delete(&mut self, group: u16, key: &[u8]) -> Result<()> {
         let k = self.key(group, key).to_vec();
         self.keyspace.remove(k).map_err(|e| state_error(&self.operator, "delete", &e))
+    }
+
+    /// Takes an fjall snapshot now (cheap: MVCC) and reads it later.
+    fn export_deferred(&mut self, groups: std::ops::Range<u16>) -> Result<crate::state::Export> {
+        let snapshot = self.db.snapshot();
+        let keyspace = self.keyspace.clone();
+        let operator = self.operator.clone();
+        Ok(Box::new(move || {
+            use fjall::Readable;
+            let mut out = Vec::new();
+            for group in groups {
+                for guard in snapshot.prefix(&keyspace, group.to_be_bytes()) {
+                    let (k, v) = guard.into_inner().map_err(|e| state_error(&operator, "snapshot read", &e))?;
+                    out.push((group, k.get(2..).unwrap_or_default().to_vec(), v.to_vec()));
+                }
+            }
+            Ok(out)
+        }))
     }
 
     fn scan_group(&mut self, group: u16, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {

@@ -93,6 +93,20 @@ pub trait StateTable: Send {
     /// # Errors
     /// [`Error::State`] when the storage fails.
     fn scan_group(&mut self, group: u16, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<()>;
+
+    /// The entries of key groups `groups` as of now, to read later (on
+    /// another thread), for a checkpoint. The default reads them now;
+    /// backends with snapshots take one and read it later.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the storage fails.
+    fn export_deferred(&mut self, groups: Range<u16>) -> Result<Export> {
+        let mut out = Vec::new();
+        for group in groups {
+            self.scan_group(group, &mut |k, v| out.push((group, k.to_vec(), v.to_vec())))?;
+        }
+        Ok(Box::new(move || Ok(out)))
+    }
 }
 
 /// State in memory: the fastest backend, bounded by RAM.
@@ -384,13 +398,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                     Ok(out)
                 }))
             }
-            Store::Bytes { table, .. } => {
-                let mut out = Vec::new();
-                for group in self.groups.clone() {
-                    table.scan_group(group, &mut |k, v| out.push((group, k.to_vec(), v.to_vec())))?;
-                }
-                Ok(Box::new(move || Ok(out)))
-            }
+            Store::Bytes { table, .. } => table.export_deferred(self.groups.clone()),
         }
     }
 
