@@ -1,0 +1,162 @@
+//! The book's "Savepoints and upgrades" and "Rescaling" chapters: a
+//! savepoint taken from a running job, restored with another partition
+//! count, what a savepoint refuses to restore into, and how key groups move
+//! between workers.
+//!
+//! Run it with `cargo run -p weibo-examples --example book_savepoints`.
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use weibo::Job;
+use weibo::sinks::CollectSink;
+use weibo::sources::Generator;
+use weibo_examples::{CustomerId, Order, Totals, order};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn Error>> {
+    let dir = std::env::temp_dir().join(format!("weibo-book-savepoints-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let savepoint = take(&dir).await?;
+    restore(&dir, &savepoint).await?;
+    refused(&dir, &savepoint).await?;
+    key_groups(&dir, &savepoint).await?;
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
+
+const ORDERS: u64 = 6_000;
+
+// ANCHOR: pipeline
+/// Running totals per customer, on `partitions` workers, checkpointed into
+/// `checkpoints`.
+fn pipeline(checkpoints: &Path, orders: Generator<Order>, partitions: usize, out: &CollectSink<Totals>) -> Job {
+    let job = Job::new("orders-per-customer").with_checkpoints(checkpoints, Duration::from_secs(10));
+    job.source(orders)
+        .name("orders")
+        .filter(|o: &Order| o.amount_cents > 0)
+        .name("paid-only")
+        .map(|o: Order| Totals { customer: o.customer, orders: 1, cents: o.amount_cents })
+        .key_by(|t: &Totals| t.customer)
+        .with_partitions(partitions)
+        .reduce(|a, b| Totals { customer: a.customer, orders: a.orders + b.orders, cents: a.cents + b.cents })
+        .name("totals")
+        .sink(out.clone());
+    job
+}
+// ANCHOR_END: pipeline
+
+/// The last totals per customer.
+fn finals(out: Vec<Totals>) -> BTreeMap<CustomerId, Totals> {
+    let mut last: BTreeMap<CustomerId, Totals> = BTreeMap::new();
+    for t in out {
+        if last.get(&t.customer).is_none_or(|l| l.orders < t.orders) {
+            last.insert(t.customer, t);
+        }
+    }
+    last
+}
+
+/// The totals of a run over every order that is never stopped.
+fn expected() -> BTreeMap<CustomerId, Totals> {
+    let mut totals: BTreeMap<CustomerId, Totals> = BTreeMap::new();
+    for o in (0..ORDERS).map(order).filter(|o| o.amount_cents > 0) {
+        let t = totals.entry(o.customer).or_insert(Totals { customer: o.customer, orders: 0, cents: 0 });
+        t.orders += 1;
+        t.cents += o.amount_cents;
+    }
+    totals
+}
+
+// ANCHOR: take
+async fn take(dir: &Path) -> Result<PathBuf, Box<dyn Error>> {
+    // Version 1 of the job, on 2 workers, reading 3,000 orders a second.
+    let out = CollectSink::new();
+    let slow = Generator::new(ORDERS, order).with_rate(3_000.0);
+    let handle = pipeline(&dir.join("checkpoints"), slow, 2, &out).spawn()?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // A checkpoint taken now, copied to `<checkpoint dir>/savepoints/<name>`.
+    let savepoint = handle.savepoint("before-rescale").await?;
+    println!("savepoint `before-rescale` taken: {}", savepoint.display());
+    assert_eq!(savepoint, dir.join("checkpoints").join("savepoints").join("before-rescale"));
+
+    // A name is used once.
+    let err = handle.savepoint("before-rescale").await.err().ok_or("a name is used once")?;
+    assert!(err.to_string().contains("exists already"), "{err}");
+    handle.abort(); // stop version 1
+    Ok(savepoint)
+}
+// ANCHOR_END: take
+
+// ANCHOR: restore
+async fn restore(dir: &Path, savepoint: &Path) -> Result<(), Box<dyn Error>> {
+    // Version 2: the same pipeline on 3 workers, with its own checkpoint
+    // directory, started from the savepoint.
+    let out = CollectSink::new();
+    let job = pipeline(&dir.join("checkpoints-v2"), Generator::new(ORDERS, order), 3, &out);
+    let report = job.restore_from(savepoint).run().await?;
+    let read = report.metrics.operator("orders").map_or(0, |m| m.records_out);
+    println!("version 2 resumed from the savepoint on 3 workers: read the remaining {read} of {ORDERS} orders");
+    assert!(read < ORDERS);
+    assert_eq!(finals(out.values()), expected(), "every order counted once, across the rescale");
+    Ok(())
+}
+// ANCHOR_END: restore
+
+// ANCHOR: refused
+async fn refused(dir: &Path, savepoint: &Path) -> Result<(), Box<dyn Error>> {
+    // An operator renamed: another pipeline, so another fingerprint.
+    let job = Job::new("orders-per-customer").with_checkpoints(dir.join("checkpoints-v3"), Duration::from_secs(10));
+    job.source(Generator::new(ORDERS, order))
+        .name("orders")
+        .filter(|o: &Order| o.amount_cents > 0)
+        .name("paid")
+        .map(|o: Order| Totals { customer: o.customer, orders: 1, cents: o.amount_cents })
+        .key_by(|t: &Totals| t.customer)
+        .reduce(|a, b| Totals { customer: a.customer, orders: a.orders + b.orders, cents: a.cents + b.cents })
+        .name("totals")
+        .sink(CollectSink::new());
+    let err = job.restore_from(savepoint).run().await.err().ok_or("a renamed operator must be refused")?;
+    println!("{err}");
+    assert!(err.to_string().contains("different pipeline"));
+
+    // The same pipeline with another number of key groups.
+    let out = CollectSink::new();
+    let job = pipeline(&dir.join("checkpoints-v4"), Generator::new(ORDERS, order), 2, &out).with_max_key_groups(256);
+    let err = job.restore_from(savepoint).run().await.err().ok_or("other key groups must be refused")?;
+    println!("{err}");
+    assert!(err.to_string().contains("key groups cannot change"));
+    Ok(())
+}
+// ANCHOR_END: refused
+
+// ANCHOR: key_groups
+async fn key_groups(dir: &Path, savepoint: &Path) -> Result<(), Box<dyn Error>> {
+    // The savepoint was taken on 2 workers: one state file per worker.
+    let before = weibo::checkpoint::read_manifest(savepoint)?;
+    let groups = |m: &weibo::checkpoint::Manifest| -> Vec<(String, (u16, u16))> {
+        m.states.iter().map(|s| (s.file.clone(), s.key_groups)).collect()
+    };
+    println!("on 2 workers: {:?}", groups(&before));
+    assert_eq!(groups(&before).iter().map(|g| g.1).collect::<Vec<_>>(), [(0, 64), (64, 128)]);
+
+    // Restored on 3 workers, the job's next checkpoint has three files:
+    // the same 128 key groups, split in three ranges.
+    let checkpoints = dir.join("checkpoints-v5");
+    let out = CollectSink::new();
+    let job = pipeline(&checkpoints, Generator::new(ORDERS, order).with_rate(3_000.0), 3, &out);
+    let handle = job.restore_from(savepoint).spawn()?;
+    let savepoint_id = handle.last_checkpoint();
+    let own = handle.savepoint("on-3-workers").await?; // a checkpoint, now
+    let after = weibo::checkpoint::read_manifest(&own)?;
+    println!("on 3 workers: {:?}", groups(&after));
+    assert_eq!(groups(&after).iter().map(|g| g.1).collect::<Vec<_>>(), [(0, 43), (43, 86), (86, 128)]);
+    assert!(after.checkpoint > savepoint_id.unwrap_or(0), "numbered after the one it restored");
+    handle.wait().await?;
+    assert_eq!(finals(out.values()), expected());
+    Ok(())
+}
+// ANCHOR_END: key_groups
