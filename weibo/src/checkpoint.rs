@@ -228,6 +228,17 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     Ok(manifest)
 }
 
+/// The highest checkpoint number under `root`, complete or not (0 if none).
+pub(crate) fn highest_checkpoint(root: &Path) -> u64 {
+    fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().strip_prefix("chk-")?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0)
+}
+
 /// The complete checkpoints under `root`, newest first.
 pub fn complete_checkpoints(root: &Path) -> Vec<(u64, PathBuf)> {
     let mut found: Vec<(u64, PathBuf)> = fs::read_dir(root)
@@ -284,21 +295,25 @@ pub(crate) struct SavepointRequest {
 impl Coordinator {
     /// Triggers checkpoints until a source has finished (its trigger
     /// channel is gone) or the job ends.
-    pub(crate) async fn run(mut self) {
+    pub(crate) async fn run(mut self, mut stop: tokio::sync::oneshot::Receiver<()>) {
         let mut ticker = tokio::time::interval(self.config.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
         let mut n = self.next;
         loop {
-            // A checkpoint on schedule, or a savepoint on request.
+            // A checkpoint on schedule, or a savepoint on request, until
+            // the job ends.
             let savepoint = tokio::select! {
+                _ = &mut stop => return,
                 _ = ticker.tick() => None,
                 request = self.savepoints.recv() => match request {
                     Some(request) => Some(request),
                     None => std::future::pending().await,
                 },
             };
-            if self.triggers.iter().any(|t| t.send(n).is_err()) {
+            // Trigger only when every source still runs: a barrier sent to
+            // some sources but not others could never complete.
+            if self.triggers.iter().any(|t| t.is_closed()) || self.triggers.iter().any(|t| t.send(n).is_err()) {
                 tracing::info!(job = %self.job, "a source has finished: no more checkpoints");
                 if let Some(request) = savepoint {
                     let _ = request.reply.send(Err(Error::Runtime {
@@ -309,12 +324,31 @@ impl Coordinator {
                 return;
             }
             let mut acks = Vec::with_capacity(self.tasks);
+            // A checkpoint that cannot complete (a source finished after
+            // the trigger) is abandoned after this long.
+            let deadline = tokio::time::Instant::now() + (self.config.interval * 10).max(Duration::from_secs(60));
             while acks.len() < self.tasks {
-                match self.acks.recv().await {
+                let ack = tokio::select! {
+                    _ = &mut stop => return,
+                    () = tokio::time::sleep_until(deadline) => break,
+                    ack = self.acks.recv() => ack,
+                };
+                match ack {
                     Some(ack) if ack.checkpoint == n => acks.push(ack),
                     Some(_) => {}
                     None => return,
                 }
+            }
+            if acks.len() < self.tasks {
+                tracing::warn!(job = %self.job, checkpoint = n, "checkpoint abandoned: not every task acknowledged in time");
+                if let Some(request) = savepoint {
+                    let _ = request.reply.send(Err(Error::Runtime {
+                        job: self.job.clone(),
+                        message: format!("checkpoint {n} did not complete in time"),
+                    }));
+                }
+                n += 1;
+                continue;
             }
             let result = self.complete(n, acks);
             match &result {

@@ -259,6 +259,7 @@ impl Job {
         if let Some(r) = &restore {
             tracing::info!(job = %config.name, checkpoint = r.checkpoint, dir = %r.dir.display(), "restoring");
         }
+        config.state.prepare(&config.name)?;
         // Exactly-once sinks: finish what the restored checkpoint committed
         // (again: commits are idempotent), drop what came after it.
         for c in &config.committers {
@@ -285,7 +286,12 @@ impl Job {
                         triggers: tx,
                         acks: ack_rx,
                         tasks: heads,
-                        next: restore.as_ref().map_or(1, |r| r.checkpoint + 1),
+                        // After every checkpoint already in the directory, so
+                        // that a run restored from a savepoint never writes into
+                        // (or is deleted as) an older run's checkpoint.
+                        next: crate::checkpoint::highest_checkpoint(&cp.dir)
+                            .max(restore.as_ref().map_or(0, |r| r.checkpoint))
+                            + 1,
                         completed: completed.clone(),
                         committers: config.committers.clone(),
                         uncommitted: Vec::new(),
@@ -300,10 +306,16 @@ impl Job {
         drop(graph);
         let started = Instant::now();
         let supervisor = runtime.spawn(async move {
-            let coordinator = coordinator.map(|c| tokio::spawn(c.run()));
+            // The coordinator lives as long as the supervisor: aborting the
+            // job aborts it too (`AbortOnDrop`).
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let coordinator = coordinator.map(|c| AbortOnDrop(tokio::spawn(c.run(stopped))));
             let result = supervise(physical.tasks).await;
+            // Let a checkpoint being completed finish (and commit) before
+            // the job reports its end.
+            let _ = stop.send(());
             if let Some(c) = coordinator {
-                c.abort();
+                let _ = tokio::time::timeout(Duration::from_secs(30), c).await;
             }
             result
         });
@@ -318,6 +330,22 @@ impl Job {
     /// error before anything runs.
     pub async fn run(self) -> Result<JobReport> {
         self.spawn()?.wait().await
+    }
+}
+
+/// A task handle that aborts its task when dropped, and can be awaited.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl std::future::Future for AbortOnDrop {
+    type Output = ();
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        std::pin::Pin::new(&mut self.0).poll(cx).map(|_| ())
     }
 }
 

@@ -126,6 +126,9 @@ pub(crate) struct TxnSinkWriter<T, S> {
     pub(crate) sink: Arc<S>,
     pub(crate) writer: Box<dyn TransactionWriter<T>>,
     pub(crate) prepared: Arc<Prepared>,
+    /// This writer's pre-committed handles: at the end of input they are
+    /// all committed, whether or not their checkpoints completed.
+    pub(crate) mine: Vec<String>,
 }
 
 impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> for TxnSinkWriter<T, S> {
@@ -135,6 +138,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> fo
 
     fn on_barrier(&mut self, checkpoint: u64) -> Result<()> {
         let handle = self.writer.pre_commit(checkpoint)?;
+        self.mine.push(handle.clone());
         self.prepared
             .by_checkpoint
             .lock()
@@ -150,8 +154,14 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> fo
     }
 
     fn finish(&mut self) -> Result<()> {
-        let handle = self.writer.finish()?;
-        self.sink.commit(&handle)
+        // The input is exhausted: every epoch is final, including those
+        // whose checkpoint did not complete (commits are idempotent, so the
+        // coordinator committing some of them too is harmless).
+        let last = self.writer.finish()?;
+        for handle in self.mine.drain(..).chain(std::iter::once(last)) {
+            self.sink.commit(&handle)?;
+        }
+        Ok(())
     }
 }
 

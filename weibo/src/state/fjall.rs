@@ -14,7 +14,9 @@ use crate::state::{StateBackend, StateScope, StateTable};
 /// so one key group is one contiguous range of the keyspace.
 ///
 /// Between checkpoints fjall's own journal is not synced: a checkpoint, not
-/// the database directory, is what a job restores from.
+/// the database directory, is what a job restores from. When a job starts,
+/// the backend drops whatever an earlier run of the same job left in the
+/// directory.
 ///
 /// ```
 /// # fn main() -> weibo::Result<()> {
@@ -82,6 +84,24 @@ impl FjallBackend {
 impl StateBackend for FjallBackend {
     fn name(&self) -> &'static str {
         "fjall"
+    }
+
+    /// Deletes the keyspaces a previous run of `job` left.
+    fn prepare(&self, job: &str) -> Result<()> {
+        let prefix = format!("{job}/");
+        for name in self.db.list_keyspace_names() {
+            let name: &str = &name;
+            if name.starts_with(&prefix) {
+                let keyspace = self
+                    .db
+                    .keyspace(name, fjall::KeyspaceCreateOptions::default)
+                    .map_err(|e| state_error(job, &format!("cannot open keyspace `{name}`"), &e))?;
+                self.db
+                    .delete_keyspace(keyspace)
+                    .map_err(|e| state_error(job, &format!("cannot drop old keyspace `{name}`"), &e))?;
+            }
+        }
+        Ok(())
     }
 
     fn open_table(&self, scope: &StateScope) -> Result<Box<dyn StateTable>> {

@@ -60,6 +60,18 @@ pub trait StateBackend: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// Called once when job `job` starts, before any table is opened:
+    /// a backend that keeps data between runs drops the job's old state
+    /// here, since a job starts from a checkpoint or from nothing, never
+    /// from what a previous run left behind.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the storage fails.
+    fn prepare(&self, job: &str) -> Result<()> {
+        let _ = job;
+        Ok(())
+    }
+
     /// Opens the byte table of one operator instance's state.
     ///
     /// # Errors
