@@ -23,6 +23,22 @@ pub(crate) fn decode_value<T: Data>(info: &OpInfo, r: &RecordRef<'_>) -> Result<
     })
 }
 
+/// A value state's part of a checkpoint, under `name`.
+fn value_snapshot<K: Key, V: Data>(state: &mut ValueState<K, V>, name: &'static str) -> Result<StateSnapshot> {
+    Ok(StateSnapshot { state: name, codec: V::codec_id().to_string(), entries: state.export_deferred()? })
+}
+
+/// Loads a value state's entries of `groups` from a checkpoint.
+fn value_restore<K: Key, V: Data>(
+    state: &mut ValueState<K, V>,
+    from: &Restore,
+    operator: &str,
+    name: &str,
+    groups: &std::ops::Range<u16>,
+) -> Result<()> {
+    state.import(from.entries(operator, name, &V::codec_id().to_string(), groups)?)
+}
+
 /// An export of entries already taken.
 pub(crate) fn ready(entries: crate::state::Entries) -> crate::state::Export {
     Box::new(move || Ok(entries))
@@ -91,15 +107,11 @@ where
     forward_control!(keyed);
 
     fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
-        Ok(vec![StateSnapshot {
-            state: "value",
-            codec: T::codec_id().to_string(),
-            entries: self.state.export_deferred()?,
-        }])
+        Ok(vec![value_snapshot(&mut self.state, "value")?])
     }
 
     fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
-        self.state.import(from.entries(&self.info.name, "value", &T::codec_id().to_string(), groups)?)
+        value_restore(&mut self.state, from, &self.info.name, "value", groups)
     }
 }
 
@@ -144,15 +156,11 @@ where
     forward_control!(keyed);
 
     fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
-        Ok(vec![StateSnapshot {
-            state: "accumulator",
-            codec: A::codec_id().to_string(),
-            entries: self.state.export_deferred()?,
-        }])
+        Ok(vec![value_snapshot(&mut self.state, "accumulator")?])
     }
 
     fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
-        self.state.import(from.entries(&self.info.name, "accumulator", &A::codec_id().to_string(), groups)?)
+        value_restore(&mut self.state, from, &self.info.name, "accumulator", groups)
     }
 }
 
@@ -357,13 +365,13 @@ where
 
     fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
         Ok(vec![
-            StateSnapshot { state: "value", codec: S::codec_id().to_string(), entries: self.state.export_deferred()? },
+            value_snapshot(&mut self.state, "value")?,
             StateSnapshot { state: "timers", codec: TIMERS.into(), entries: ready(self.timers.export()) },
         ])
     }
 
     fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
-        self.state.import(from.entries(&self.info.name, "value", &S::codec_id().to_string(), groups)?)?;
+        value_restore(&mut self.state, from, &self.info.name, "value", groups)?;
         self.timers.import(from.entries(&self.info.name, "timers", TIMERS, groups)?, &self.info.name)
     }
 }

@@ -723,6 +723,15 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> Common<K, T, W> {
         Ok(())
     }
 
+    /// A record's event time, key and value; a record without an event
+    /// time is an error naming its position.
+    fn decode(&self, r: &crate::record::RecordRef<'_>) -> Result<(Timestamp, K, T)> {
+        if r.meta.timestamp == crate::record::NO_TIMESTAMP {
+            return Err(self.no_time(&r.meta));
+        }
+        Ok((r.meta.timestamp, decode_key(&self.info, r)?, decode_value(&self.info, r)?))
+    }
+
     fn no_time(&self, meta: &Meta) -> Error {
         Error::Input {
             position: self.info.sources.position(meta),
@@ -824,12 +833,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
             if let Some(wm) = time.observe(&r.meta) {
                 self.advance(wm)?;
             }
-            let ts = r.meta.timestamp;
-            if ts == crate::record::NO_TIMESTAMP {
-                return Err(self.common.no_time(&r.meta));
-            }
-            let key: K = decode_key(&self.common.info, &r)?;
-            let value: T = decode_value(&self.common.info, &r)?;
+            let (ts, key, value) = self.common.decode(&r)?;
             let windows = self.windows.assign(ts, self.size, self.slide, self.offset);
             let c = &mut self.common;
             let wm = c.watermark;
@@ -951,12 +955,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
             if let Some(wm) = time.observe(&r.meta) {
                 self.advance(wm)?;
             }
-            let ts = r.meta.timestamp;
-            if ts == crate::record::NO_TIMESTAMP {
-                return Err(self.common.no_time(&r.meta));
-            }
-            let key: K = decode_key(&self.common.info, &r)?;
-            let value: T = decode_value(&self.common.info, &r)?;
+            let (ts, key, value) = self.common.decode(&r)?;
             let c = &mut self.common;
             let (wm, lateness) = (c.watermark, c.lateness);
             let fresh = Window { start: ts, end: ts.saturating_add(self.gap) };
