@@ -112,11 +112,13 @@ async fn a_damaged_newest_checkpoint_falls_back_to_the_one_before() {
     let last = run_then_stop(dir.path(), 2, 3).await;
     let newest = weibo::checkpoint::complete_checkpoints(dir.path());
     assert_eq!(newest[0].0, last);
-    // Flip a byte in one of its state files.
-    let file = std::fs::read_dir(&newest[0].1)
+    // Flip a byte in one of the state files it wrote (in `shared/`, named
+    // after the checkpoint that wrote them).
+    let suffix = format!("-{last:020}.state");
+    let file = std::fs::read_dir(dir.path().join("shared"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "state"))
+        .find(|p| p.to_string_lossy().ends_with(&suffix))
         .unwrap();
     let mut bytes = std::fs::read(&file).unwrap();
     let at = bytes.len() - 1;
@@ -209,4 +211,76 @@ async fn checkpoints_of_fjall_state_restore_too() {
         .with_state_backend(weibo::state::FjallBackend::open(second_state.path()).unwrap());
     restored.run().await.unwrap();
     assert_eq!(finals(out.values()), expected());
+}
+
+/// Events for the incremental test: the first 10,000 fill 10,000 keys, the
+/// next 20,000 touch 5 keys, the last 10,000 touch every key once more (so
+/// the final value of every key shows in the output).
+fn fill_then_trickle(i: u64) -> (u64, u64) {
+    let key = match i {
+        0..10_000 => i,
+        10_000..30_000 => i % 5,
+        _ => i - 30_000,
+    };
+    (key, i)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_after_the_first_write_only_what_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = |rate: f64, out: &CollectSink<(u64, (u64, u64))>| {
+        let job =
+            Job::new("incremental").with_checkpoints(dir.path(), Duration::from_millis(30)).with_max_key_groups(16);
+        job.source(Generator::new(40_000, fill_then_trickle).with_rate(rate))
+            .name("events")
+            .key_by(|e: &(u64, u64)| e.0)
+            .with_partitions(2)
+            .fold(
+                || (0u64, 0u64),
+                |acc: &mut (u64, u64), e: (u64, u64)| {
+                    acc.0 += 1;
+                    acc.1 += e.1;
+                },
+            )
+            .name("sums")
+            .sink(out.clone());
+        job
+    };
+    let out = CollectSink::new();
+    let handle = build(20_000.0, &out).spawn().unwrap();
+    // Past the fill, with several checkpoints of the trickle.
+    for _ in 0..1000 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let read = handle.metrics().operator("events").map_or(0, |m| m.records_out);
+        if read > 16_000 {
+            break;
+        }
+    }
+    handle.abort();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let (_, newest) = weibo::checkpoint::complete_checkpoints(dir.path()).into_iter().next().unwrap();
+    let manifest = weibo::checkpoint::read_manifest(&newest).unwrap();
+    let chain: Vec<_> = manifest.states.iter().filter(|s| s.operator == "sums").collect();
+    let size = |file: &str| std::fs::metadata(newest.join(file)).unwrap().len();
+    let bases: Vec<u64> = chain.iter().filter(|s| s.base).map(|s| size(&s.file)).collect();
+    let deltas: Vec<u64> = chain.iter().filter(|s| !s.base).map(|s| size(&s.file)).collect();
+    assert!(!deltas.is_empty(), "the newest checkpoint extends a chain: {chain:?}");
+    let (biggest_base, smallest_delta) = (bases.iter().max().unwrap(), deltas.iter().min().unwrap());
+    assert!(
+        smallest_delta * 10 < *biggest_base,
+        "a checkpoint of 5 changed keys writes far less than one of 10,000 ({smallest_delta} vs {biggest_base} bytes)"
+    );
+
+    // Restoring the chain gives the state a run that never stopped has.
+    let out = CollectSink::new();
+    build(1e9, &out).run().await.unwrap();
+    let mut want: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for i in 0..40_000 {
+        let (k, v) = fill_then_trickle(i);
+        let e = want.entry(k).or_default();
+        e.0 += 1;
+        e.1 += v;
+    }
+    assert_eq!(finals(out.values()), want);
 }

@@ -64,7 +64,21 @@ pub struct StateFile {
     pub codec: String,
     /// The entries, by key group, in key-group order.
     pub groups: Vec<GroupEntries>,
+    /// In a delta file: keys removed since the previous file of the chain.
+    pub removed: Vec<GroupKeys>,
 }
+
+/// Keys of one key group.
+#[derive(Debug, Clone, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct GroupKeys {
+    /// The key group.
+    pub group: u16,
+    /// Encoded keys.
+    pub keys: Vec<Vec<u8>>,
+}
+
+/// The directory, beside the checkpoints, that holds their state files.
+pub const SHARED: &str = "shared";
 
 /// A source partition's position in a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,6 +102,12 @@ pub struct StateFileEntry {
     pub file: String,
     /// The key groups it holds, `[start, end)`.
     pub key_groups: (u16, u16),
+    /// The checkpoint that wrote it.
+    pub checkpoint: u64,
+    /// Whether it holds all of its key groups' entries (a base), or the
+    /// changes since the previous file of its chain (a delta). Restore
+    /// applies a chain in checkpoint order: the newest base, then deltas.
+    pub base: bool,
 }
 
 /// What a complete checkpoint holds.
@@ -283,6 +303,8 @@ pub(crate) struct Coordinator {
     pub(crate) uncommitted: Vec<CommitEntry>,
     /// Requests for savepoints.
     pub(crate) savepoints: mpsc::UnboundedReceiver<SavepointRequest>,
+    /// The last complete checkpoint's manifest, whose chains deltas extend.
+    pub(crate) previous: Option<Manifest>,
 }
 
 /// A request for a savepoint: a checkpoint now, copied under `name`.
@@ -377,8 +399,30 @@ impl Coordinator {
             sources.extend(ack.sources);
             states.extend(ack.states);
         }
+        // A delta continues its chain: keep the files of the previous
+        // checkpoint's chain for the same state and key groups.
+        if let Some(previous) = &self.previous {
+            let carried: Vec<StateFileEntry> = previous
+                .states
+                .iter()
+                .filter(|p| {
+                    states.iter().any(|s| {
+                        !s.base && s.operator == p.operator && s.state == p.state && s.key_groups == p.key_groups
+                    })
+                })
+                .cloned()
+                .collect();
+            states.extend(carried);
+        }
         sources.sort_by(|a, b| (&a.source, a.partition).cmp(&(&b.source, b.partition)));
-        states.sort_by(|a, b| (&a.operator, &a.state, a.key_groups).cmp(&(&b.operator, &b.state, b.key_groups)));
+        states.sort_by(|a, b| {
+            (&a.operator, &a.state, a.key_groups, a.checkpoint).cmp(&(
+                &b.operator,
+                &b.state,
+                b.key_groups,
+                b.checkpoint,
+            ))
+        });
         let mut commits = std::mem::take(&mut self.uncommitted);
         for c in &self.committers {
             commits.extend(c.take_prepared(n).into_iter().map(|handle| CommitEntry { sink: c.name(), handle }));
@@ -395,6 +439,7 @@ impl Coordinator {
         };
         fs::create_dir_all(&dir).map_err(io("cannot create checkpoint directory", &dir))?;
         write_manifest(&dir, &manifest)?;
+        self.previous = Some(manifest);
         // The checkpoint is complete: now the sinks may show its records.
         for entry in commits {
             let Some(c) = self.committers.iter().find(|c| c.name() == entry.sink) else { continue };
@@ -416,21 +461,15 @@ impl Coordinator {
             return Err(bad(&to, "a savepoint of this name exists already: choose another name".into()));
         }
         fs::create_dir_all(&to).map_err(io("cannot create savepoint directory", &to))?;
-        let mut manifest = None;
-        for entry in fs::read_dir(&from).map_err(io("cannot read checkpoint directory", &from))? {
-            let entry = entry.map_err(io("cannot read checkpoint directory", &from))?;
-            if entry.file_name() == "MANIFEST" {
-                manifest = Some(entry.path());
-                continue;
-            }
-            let target = to.join(entry.file_name());
-            fs::copy(entry.path(), &target).map_err(io("cannot copy into savepoint", &target))?;
+        let mut manifest = read_manifest(&from)?;
+        for s in &mut manifest.states {
+            let source = from.join(&s.file);
+            let name = Path::new(&s.file).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+            let target = to.join(&name);
+            fs::copy(&source, &target).map_err(io("cannot copy into savepoint", &target))?;
+            s.file = name;
         }
-        let manifest = manifest.ok_or_else(|| bad(&from, "has no manifest".into()))?;
-        let bytes = fs::read(&manifest).map_err(io("cannot read checkpoint manifest", &manifest))?;
-        let m: Manifest =
-            serde_json::from_slice(&bytes).map_err(|e| bad(&manifest, format!("not a valid manifest: {e}")))?;
-        write_manifest(&to, &m)?;
+        write_manifest(&to, &manifest)?;
         tracing::info!(job = %self.job, savepoint = %to.display(), checkpoint = n, "savepoint taken");
         Ok(to)
     }
@@ -446,6 +485,29 @@ impl Coordinator {
             let Some(n) = name.strip_prefix("chk-").and_then(|s| s.parse::<u64>().ok()) else { continue };
             if n < oldest_kept && !keep.contains(&n) {
                 let _ = fs::remove_dir_all(e.path());
+            }
+        }
+        // State files no kept checkpoint refers to, up to the newest
+        // complete one (newer files belong to checkpoints in flight).
+        let mut referenced = std::collections::HashSet::new();
+        for (_, dir) in complete.iter().filter(|(n, _)| keep.contains(n)) {
+            match read_manifest(dir) {
+                Ok(m) => referenced.extend(
+                    m.states
+                        .into_iter()
+                        .filter_map(|s| Path::new(&s.file).file_name().map(|f| f.to_string_lossy().into_owned())),
+                ),
+                // Without knowing what it refers to, delete nothing.
+                Err(_) => return,
+            }
+        }
+        let shared = self.config.dir.join(SHARED);
+        for e in fs::read_dir(&shared).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let written =
+                name.strip_suffix(".state").and_then(|s| s.rsplit('-').next()).and_then(|n| n.parse::<u64>().ok());
+            if written.is_some_and(|w| w <= newest) && !referenced.contains(&name) {
+                let _ = fs::remove_file(e.path());
             }
         }
     }
@@ -529,11 +591,18 @@ impl Restore {
         codec: &str,
         groups: &std::ops::Range<u16>,
     ) -> Result<crate::state::Entries> {
-        let mut out = Vec::new();
-        for s in self.states.get(operator).into_iter().flatten().filter(|s| s.state == state) {
-            if s.key_groups.1 <= groups.start || s.key_groups.0 >= groups.end {
-                continue;
-            }
+        // Chains in checkpoint order: a base replaces its key groups'
+        // entries, a delta removes and then puts.
+        let mut files: Vec<&StateFileEntry> = self
+            .states
+            .get(operator)
+            .into_iter()
+            .flatten()
+            .filter(|s| s.state == state && s.key_groups.1 > groups.start && s.key_groups.0 < groups.end)
+            .collect();
+        files.sort_by_key(|s| s.checkpoint);
+        let mut merged: BTreeMap<(u16, Vec<u8>), Vec<u8>> = BTreeMap::new();
+        for s in files {
             let path = self.dir.join(&s.file);
             let file = read_state_file(&path)?;
             if file.codec != codec {
@@ -542,11 +611,22 @@ impl Restore {
                     format!("its values were written with codec {}, the job reads {codec}", file.codec),
                 ));
             }
-            for g in file.groups.into_iter().filter(|g| groups.contains(&g.group)) {
-                out.extend(g.entries.into_iter().map(|(k, v)| (g.group, k, v)));
+            let (lo, hi) = s.key_groups;
+            if s.base {
+                merged.retain(|(g, _), _| *g < lo || *g >= hi);
+            }
+            for r in file.removed {
+                for k in r.keys {
+                    merged.remove(&(r.group, k));
+                }
+            }
+            for g in file.groups {
+                for (k, v) in g.entries {
+                    merged.insert((g.group, k), v);
+                }
             }
         }
-        Ok(out)
+        Ok(merged.into_iter().filter(|((g, _), _)| groups.contains(g)).map(|((g, k), v)| (g, k, v)).collect())
     }
 }
 
@@ -561,6 +641,7 @@ mod tests {
             state: "value".into(),
             codec: "serde-postcard/1<u64>".into(),
             groups: vec![GroupEntries { group: 3, entries: vec![(b"k".to_vec(), b"v".to_vec())] }],
+            removed: vec![GroupKeys { group: 3, keys: vec![b"gone".to_vec()] }],
         }
     }
 

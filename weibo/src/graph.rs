@@ -566,6 +566,7 @@ impl Graph {
                         trigger: if is_source { w.triggers.pop() } else { None },
                         acks: w.acks.clone(),
                         dir: w.dir.clone(),
+                        completed: w.completed.clone(),
                         task: head.clone(),
                         operator: node.name.clone(),
                         instance,
@@ -611,6 +612,7 @@ pub(crate) struct CheckpointWiring {
     pub(crate) triggers: Vec<tokio::sync::mpsc::UnboundedReceiver<u64>>,
     pub(crate) acks: tokio::sync::mpsc::UnboundedSender<Ack>,
     pub(crate) dir: std::path::PathBuf,
+    pub(crate) completed: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 enum Built {

@@ -277,7 +277,12 @@ impl Job {
                 let (tx, rx): (Vec<_>, Vec<_>) = (0..sources).map(|_| mpsc::unbounded_channel()).unzip();
                 let (ack_tx, ack_rx) = mpsc::unbounded_channel();
                 (
-                    Some(CheckpointWiring { triggers: rx, acks: ack_tx, dir: cp.dir.clone() }),
+                    Some(CheckpointWiring {
+                        triggers: rx,
+                        acks: ack_tx,
+                        dir: cp.dir.clone(),
+                        completed: completed.clone(),
+                    }),
                     Some(Coordinator {
                         config: cp.clone(),
                         job: config.name.clone(),
@@ -296,6 +301,7 @@ impl Job {
                         committers: config.committers.clone(),
                         uncommitted: Vec::new(),
                         savepoints: savepoint_rx,
+                        previous: None,
                     }),
                 )
             }

@@ -11,7 +11,7 @@ use crate::key::Key;
 use crate::metrics::OperatorCounters;
 use crate::record::{Batch, Meta, RecordBatch, RecordRef, Timestamp};
 use crate::runtime::Consumer;
-use crate::runtime::heads::{InputOperator, StateSnapshot, emit};
+use crate::runtime::heads::{Barrier, InputOperator, StateSnapshot, emit};
 use crate::runtime::ops::{Failures, OpInfo, forward_control};
 use crate::runtime::time::InputTime;
 use crate::state::{TimerState, ValueState};
@@ -24,8 +24,12 @@ pub(crate) fn decode_value<T: Data>(info: &OpInfo, r: &RecordRef<'_>) -> Result<
 }
 
 /// A value state's part of a checkpoint, under `name`.
-fn value_snapshot<K: Key, V: Data>(state: &mut ValueState<K, V>, name: &'static str) -> Result<StateSnapshot> {
-    Ok(StateSnapshot { state: name, codec: V::codec_id().to_string(), entries: state.export_deferred()? })
+fn value_snapshot<K: Key, V: Data>(
+    state: &mut ValueState<K, V>,
+    name: &'static str,
+    at: Barrier,
+) -> Result<StateSnapshot> {
+    Ok(StateSnapshot { state: name, codec: V::codec_id().to_string(), entries: state.export_changes(at.n, at.since)? })
 }
 
 /// Loads a value state's entries of `groups` from a checkpoint.
@@ -41,7 +45,7 @@ fn value_restore<K: Key, V: Data>(
 
 /// An export of entries already taken.
 pub(crate) fn ready(entries: crate::state::Entries) -> crate::state::Export {
-    Box::new(move || Ok(entries))
+    Box::new(move || Ok(crate::state::Exported::full(entries)))
 }
 
 /// The codec name recorded for timer state (times and keys in the key encoding).
@@ -106,8 +110,8 @@ where
     }
     forward_control!(keyed);
 
-    fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
-        Ok(vec![value_snapshot(&mut self.state, "value")?])
+    fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
+        Ok(vec![value_snapshot(&mut self.state, "value", at)?])
     }
 
     fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
@@ -155,8 +159,8 @@ where
     }
     forward_control!(keyed);
 
-    fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
-        Ok(vec![value_snapshot(&mut self.state, "accumulator")?])
+    fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
+        Ok(vec![value_snapshot(&mut self.state, "accumulator", at)?])
     }
 
     fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
@@ -363,9 +367,9 @@ where
         self.failures.barrier(n)
     }
 
-    fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
+    fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
         Ok(vec![
-            value_snapshot(&mut self.state, "value")?,
+            value_snapshot(&mut self.state, "value", at)?,
             StateSnapshot { state: "timers", codec: TIMERS.into(), entries: ready(self.timers.export()) },
         ])
     }

@@ -49,7 +49,7 @@ use crate::keyed::{decode_key, decode_value};
 use crate::metrics::OperatorCounters;
 use crate::record::{Batch, Meta, RecordBatch, Timestamp};
 use crate::runtime::Consumer;
-use crate::runtime::heads::{InputOperator, StateSnapshot, emit};
+use crate::runtime::heads::{Barrier, InputOperator, StateSnapshot, emit};
 use crate::runtime::ops::OpInfo;
 use crate::runtime::time::InputTime;
 use crate::state::{StateScope, TimerState, ValueState, WindowState};
@@ -878,7 +878,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
 
     window_control!();
 
-    fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
+    fn snapshot(&mut self, _at: Barrier) -> Result<Vec<StateSnapshot>> {
         let entries = self.state.export_deferred(&self.common.info.name)?;
         Ok(vec![StateSnapshot { state: "windows", codec: W::Acc::codec_id().to_string(), entries }])
     }
@@ -1039,13 +1039,13 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
 
     window_control!();
 
-    fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
+    fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
         let c = &self.common;
         Ok(vec![
             StateSnapshot {
                 state: "sessions",
                 codec: Sessions::<W::Acc>::codec_id().to_string(),
-                entries: self.state.export_deferred()?,
+                entries: self.state.export_changes(at.n, at.since)?,
             },
             StateSnapshot { state: "fire-timers", codec: TIMERS.into(), entries: ready(c.fire.export()) },
             StateSnapshot { state: "cleanup-timers", codec: TIMERS.into(), entries: ready(c.cleanup.export()) },

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::checkpoint::{
-    Ack, GroupEntries, Restore, SourcePositionEntry, StateFile, StateFileEntry, checkpoint_dir, write_state_file,
+    Ack, GroupEntries, GroupKeys, Restore, SourcePositionEntry, StateFile, StateFileEntry, write_state_file,
 };
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
@@ -46,13 +46,17 @@ pub(crate) struct CheckpointIo {
     pub(crate) instance: usize,
     /// Keyed tasks: the key groups they own.
     pub(crate) groups: std::ops::Range<u16>,
+    /// The number of the last complete checkpoint.
+    pub(crate) completed: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl CheckpointIo {
     /// Writes the exported state of checkpoint `n` in the background, then
     /// acknowledges (a failure is acknowledged as such).
     fn write_and_ack(&self, n: u64, snapshots: Vec<StateSnapshot>) {
-        let dir = checkpoint_dir(&self.dir, n);
+        // State files live in `shared/`: a delta's chain reaches back into
+        // earlier checkpoints, so files outlive their checkpoint's directory.
+        let dir = self.dir.join(crate::checkpoint::SHARED);
         let (acks, operator, instance, groups) =
             (self.acks.clone(), self.operator.clone(), self.instance, self.groups.clone());
         let task = self.task.clone();
@@ -67,23 +71,31 @@ impl CheckpointIo {
                     operator.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
                 let mut files = Vec::new();
                 for snap in snapshots {
-                    let file = format!("{safe}-{instance}-{}.state", snap.state);
+                    let exported = (snap.entries)()?;
+                    let file = format!("{safe}-{instance}-{}-{n:020}.state", snap.state);
                     let mut by_group: std::collections::BTreeMap<u16, crate::checkpoint::Pairs> = Default::default();
-                    for (g, k, v) in (snap.entries)()? {
+                    for (g, k, v) in exported.entries {
                         by_group.entry(g).or_default().push((k, v));
+                    }
+                    let mut removed: std::collections::BTreeMap<u16, Vec<Vec<u8>>> = Default::default();
+                    for (g, k) in exported.removed {
+                        removed.entry(g).or_default().push(k);
                     }
                     let content = StateFile {
                         operator: operator.clone(),
                         state: snap.state.to_string(),
                         codec: snap.codec,
                         groups: by_group.into_iter().map(|(group, entries)| GroupEntries { group, entries }).collect(),
+                        removed: removed.into_iter().map(|(group, keys)| GroupKeys { group, keys }).collect(),
                     };
                     write_state_file(&dir.join(&file), &content)?;
                     files.push(StateFileEntry {
                         operator: operator.clone(),
                         state: snap.state.to_string(),
-                        file,
+                        file: format!("../{}/{file}", crate::checkpoint::SHARED),
                         key_groups: (groups.start, groups.end),
+                        checkpoint: n,
+                        base: exported.base,
                     });
                 }
                 Ok(files)
@@ -202,7 +214,8 @@ pub(crate) trait InputOperator: Send {
     fn flush(&mut self) -> Result<()>;
     fn finish(&mut self) -> Result<()>;
     /// Exports the operator's keyed state for a checkpoint.
-    fn snapshot(&mut self) -> Result<Vec<StateSnapshot>> {
+    fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
+        let _ = at;
         Ok(Vec::new())
     }
     /// Loads the operator's keyed state of key groups `groups` from a checkpoint.
@@ -212,6 +225,14 @@ pub(crate) trait InputOperator: Send {
     }
     /// Barrier `n` passed the operator: forward it.
     fn barrier(&mut self, n: u64) -> Result<()>;
+}
+
+/// The checkpoint a barrier belongs to, and the last complete one (whose
+/// state an incremental export builds on).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Barrier {
+    pub(crate) n: u64,
+    pub(crate) since: u64,
 }
 
 /// One state of an operator, exported for a checkpoint.
@@ -320,7 +341,9 @@ impl HeadRunner for ChannelHead {
                     // Every input has delivered barrier `b`: snapshot, pass
                     // the barrier on, read everything again.
                     let paused = Instant::now();
-                    let snapshots = self.op.snapshot()?;
+                    let since =
+                        io.checkpoint.as_ref().map_or(0, |c| c.completed.load(std::sync::atomic::Ordering::Relaxed));
+                    let snapshots = self.op.snapshot(Barrier { n: b, since })?;
                     self.op.barrier(b)?;
                     let nanos = u64::try_from(paused.elapsed().as_nanos()).unwrap_or(u64::MAX);
                     self.counters.checkpoint_pause_nanos.fetch_max(nanos, std::sync::atomic::Ordering::Relaxed);

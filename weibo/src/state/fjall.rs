@@ -169,7 +169,7 @@ impl StateTable for FjallTable {
                     out.push((group, k.get(2..).unwrap_or_default().to_vec(), v.to_vec()));
                 }
             }
-            Ok(out)
+            Ok(crate::state::Exported::full(out))
         }))
     }
 

@@ -117,7 +117,7 @@ pub trait StateTable: Send {
         for group in groups {
             self.scan_group(group, &mut |k, v| out.push((group, k.to_vec(), v.to_vec())))?;
         }
-        Ok(Box::new(move || Ok(out)))
+        Ok(Box::new(move || Ok(Exported::full(out))))
     }
 }
 
@@ -180,11 +180,16 @@ impl StateTable for MemoryTable {
     }
 }
 
+/// A key group's values, each with the epoch it last changed in.
+type StampedMap<K, V> = ObjectMap<K, (V, u32)>;
+
 enum Store<K, V> {
     /// One map per owned key group, by typed key.
     /// Each map is shared with the checkpoint being written, if any, and
     /// copied on the first write after it (copy-on-write per key group).
-    Objects(Vec<Arc<ObjectMap<K, V>>>),
+    /// Each value is stamped with the export epoch in which it last
+    /// changed, so an incremental checkpoint finds what changed.
+    Objects(Vec<Arc<StampedMap<K, V>>>),
     Bytes {
         table: Box<dyn StateTable>,
         buf: Vec<u8>,
@@ -200,7 +205,18 @@ pub struct ValueState<K, V> {
     store: Store<K, V>,
     groups: Range<u16>,
     operator: String,
+    /// The checkpoint being built (one after the last barrier): values
+    /// changed now are stamped with it.
+    epoch: u32,
+    /// Exports since the last full one.
+    since_full: u32,
+    /// Per owned key group, keys removed, with the epoch of their removal.
+    removed: Vec<Vec<(K, u32)>>,
 }
+
+/// Every how many checkpoints a value state writes all its entries instead
+/// of what changed (bounding the chain a restore replays).
+pub const FULL_CHECKPOINT_EVERY: u32 = 10;
 
 impl<K, V> fmt::Debug for ValueState<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -222,7 +238,14 @@ impl<K: Key, V: Data> ValueState<K, V> {
         } else {
             Store::Bytes { table: backend.open_table(scope)?, buf: Vec::new() }
         };
-        Ok(Self { store, groups: scope.key_groups.clone(), operator: scope.operator.clone() })
+        Ok(Self {
+            store,
+            groups: scope.key_groups.clone(),
+            operator: scope.operator.clone(),
+            epoch: 0,
+            since_full: 0,
+            removed: scope.key_groups.clone().map(|_| Vec::new()).collect(),
+        })
     }
 
     fn group_error(&self, group: u16) -> Error {
@@ -256,21 +279,29 @@ impl<K: Key, V: Data> ValueState<K, V> {
                         self.operator
                     )));
                 };
+                let epoch = self.epoch;
                 Ok(match Arc::make_mut(map).entry(key) {
                     Entry::Occupied(e) => {
                         let mut result = None;
-                        let _ = e.replace_entry_with(|_, value| {
+                        let mut gone = None;
+                        let _ = e.replace_entry_with(|k, (value, _)| {
                             let mut slot = Some(value);
                             result = Some(f(&mut slot));
-                            slot
+                            if slot.is_none() {
+                                gone = Some(k.clone());
+                            }
+                            slot.map(|v| (v, epoch))
                         });
+                        if let (Some(k), Some(removed)) = (gone, self.removed.get_mut(index)) {
+                            removed.push((k, epoch));
+                        }
                         result.ok_or_else(|| Error::Internal("state update closure was not called".into()))?
                     }
                     Entry::Vacant(e) => {
                         let mut slot = None;
                         let r = f(&mut slot);
                         if let Some(value) = slot {
-                            e.insert(value);
+                            e.insert((value, epoch));
                         }
                         r
                     }
@@ -337,7 +368,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
         let operator = self.operator.clone();
         match &mut self.store {
             Store::Objects(maps) => {
-                for (k, v) in maps.get(index).into_iter().flat_map(|m| m.iter()) {
+                for (k, (v, _)) in maps.get(index).into_iter().flat_map(|m| m.iter()) {
                     f(k, v);
                 }
                 Ok(())
@@ -364,8 +395,27 @@ impl<K: Key, V: Data> ValueState<K, V> {
 /// encoded key, encoded value).
 pub type Entries = Vec<(u16, Vec<u8>, Vec<u8>)>;
 
+/// State exported for a checkpoint.
+#[derive(Debug, Default)]
+pub struct Exported {
+    /// Whether `entries` is all the state (a base) or what changed since
+    /// the previous export (a delta, applied on top of the chain before it).
+    pub base: bool,
+    /// Entries (all of them, or the changed ones).
+    pub entries: Entries,
+    /// In a delta: keys removed since the previous export, by key group.
+    pub removed: Vec<(u16, Vec<u8>)>,
+}
+
+impl Exported {
+    /// A full export of `entries`.
+    pub fn full(entries: Entries) -> Self {
+        Self { base: true, entries, removed: Vec::new() }
+    }
+}
+
 /// State taken at a barrier, encoded when called (off the operator's task).
-pub type Export = Box<dyn FnOnce() -> Result<Entries> + Send>;
+pub type Export = Box<dyn FnOnce() -> Result<Exported> + Send>;
 
 fn codec_error(operator: &str, source: crate::codec::CodecError) -> Error {
     Error::Codec { operator: operator.to_string(), source }
@@ -376,35 +426,84 @@ fn key_error(operator: &str, e: crate::key::KeyDecodeError) -> Error {
 }
 
 impl<K: Key, V: Data> ValueState<K, V> {
-    /// Every entry, encoded, for a checkpoint.
+    /// Every entry, encoded (a full export).
     ///
     /// # Errors
     /// As [`ValueState::update`].
     pub fn export(&mut self) -> Result<Entries> {
-        self.export_deferred()?()
+        Ok(self.export_deferred()?()?.entries)
     }
 
-    /// The state as of now, to encode later (on another thread): for the
-    /// in-memory store this only shares the per-key-group maps, which the
-    /// operator copies when it next writes them, so the caller pays O(key
-    /// groups) at the barrier. Byte backends read their entries now.
+    /// All entries as of now, to encode later (see
+    /// [`ValueState::export_changes`]).
     ///
     /// # Errors
     /// As [`ValueState::update`].
     pub fn export_deferred(&mut self) -> Result<Export> {
+        self.export_at(None)
+    }
+
+    /// The state at barrier `checkpoint`, to encode later (on another
+    /// thread): every [`FULL_CHECKPOINT_EVERY`] exports (and the first)
+    /// all entries, otherwise what changed since checkpoint `since` (the
+    /// last complete one: changes made for checkpoints that did not
+    /// complete are included again). For the in-memory store this only
+    /// shares the per-key-group maps, which the operator copies when it
+    /// next writes them, so the caller pays O(key groups) at the barrier.
+    /// Byte backends export all their entries (from a snapshot where they
+    /// have one).
+    ///
+    /// # Errors
+    /// As [`ValueState::update`].
+    pub fn export_changes(&mut self, checkpoint: u64, since: u64) -> Result<Export> {
+        self.export_at(Some((checkpoint, since)))
+    }
+
+    fn export_at(&mut self, at: Option<(u64, u64)>) -> Result<Export> {
+        let since = match at {
+            Some((_, since)) if since > 0 && !self.since_full.is_multiple_of(FULL_CHECKPOINT_EVERY) => {
+                Some(since as u32)
+            }
+            _ => None,
+        };
+        if let Some((n, _)) = at {
+            self.since_full = if since.is_some() { self.since_full + 1 } else { 1 };
+            // Changes from now on belong to the next checkpoint.
+            self.epoch = (n + 1) as u32;
+        }
+        let base = since.is_none();
+        let removed: Vec<(u16, Vec<(K, u32)>)> = self
+            .groups
+            .clone()
+            .zip(self.removed.iter_mut().map(|r| {
+                // Removals a complete checkpoint already holds are not needed again.
+                r.retain(|(_, e)| since.is_some_and(|s| *e > s));
+                r.clone()
+            }))
+            .collect();
         match &mut self.store {
             Store::Objects(maps) => {
-                let shared: Vec<(u16, Arc<ObjectMap<K, V>>)> = self.groups.clone().zip(maps.iter().cloned()).collect();
+                let shared: Vec<(u16, Arc<StampedMap<K, V>>)> = self.groups.clone().zip(maps.iter().cloned()).collect();
                 let operator = self.operator.clone();
                 Ok(Box::new(move || {
-                    let mut out = Vec::new();
+                    let mut out = Exported { base, entries: Vec::new(), removed: Vec::new() };
                     for (group, map) in shared {
-                        for (k, v) in map.iter() {
+                        for (k, (v, stamp)) in map.iter() {
+                            if since.is_some_and(|s| *stamp <= s) {
+                                continue;
+                            }
                             let mut key = Vec::new();
                             k.encode_key(&mut key);
                             let mut value = Vec::new();
                             v.encode(&mut value).map_err(|e| codec_error(&operator, e))?;
-                            out.push((group, key, value));
+                            out.entries.push((group, key, value));
+                        }
+                    }
+                    if !base {
+                        for (group, keys) in removed {
+                            for (k, _) in keys {
+                                out.removed.push((group, crate::key::encode(&k)));
+                            }
                         }
                     }
                     Ok(out)
@@ -463,7 +562,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// # Errors
     /// As [`ValueState::update`].
     pub fn export(&mut self, operator: &str) -> Result<Entries> {
-        self.export_deferred(operator)?()
+        Ok(self.export_deferred(operator)?()?.entries)
     }
 
     /// The state as of now, to encode later (see
@@ -490,9 +589,10 @@ impl<K: Key, A: Data> WindowState<K, A> {
                             out.push((*group, key, value));
                         }
                     }
-                    Ok(out)
+                    Ok(Exported::full(out))
                 }))
             }
+            // Window state is written whole at every checkpoint.
             WindowStore::Bytes { values, .. } => values.export_deferred(),
         }
     }
