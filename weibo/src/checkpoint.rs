@@ -310,7 +310,8 @@ pub(crate) struct Coordinator {
 /// A request for a savepoint: a checkpoint now, copied under `name`.
 #[derive(Debug)]
 pub(crate) struct SavepointRequest {
-    pub(crate) name: String,
+    /// `None`: a plain checkpoint, now.
+    pub(crate) name: Option<String>,
     pub(crate) reply: tokio::sync::oneshot::Sender<Result<PathBuf>>,
 }
 
@@ -381,7 +382,10 @@ impl Coordinator {
                 Err(e) => tracing::warn!(job = %self.job, checkpoint = n, error = %e, "checkpoint failed"),
             }
             if let Some(request) = savepoint {
-                let reply = result.and_then(|()| self.copy_to_savepoint(n, &request.name));
+                let reply = result.and_then(|()| match &request.name {
+                    Some(name) => self.copy_to_savepoint(n, name),
+                    None => Ok(checkpoint_dir(&self.config.dir, n)),
+                });
                 let _ = request.reply.send(reply);
             }
             n += 1;
@@ -601,6 +605,27 @@ impl Restore {
             .filter(|s| s.state == state && s.key_groups.1 > groups.start && s.key_groups.0 < groups.end)
             .collect();
         files.sort_by_key(|s| s.checkpoint);
+        // Only bases, one per key-group range: nothing to merge.
+        let mut ranges: Vec<(u16, u16)> = files.iter().map(|s| s.key_groups).collect();
+        ranges.sort_unstable();
+        ranges.dedup();
+        if files.iter().all(|s| s.base) && ranges.len() == files.len() {
+            let mut out = Vec::new();
+            for s in files {
+                let path = self.dir.join(&s.file);
+                let file = read_state_file(&path)?;
+                if file.codec != codec {
+                    return Err(bad(
+                        &path,
+                        format!("its values were written with codec {}, the job reads {codec}", file.codec),
+                    ));
+                }
+                for g in file.groups.into_iter().filter(|g| groups.contains(&g.group)) {
+                    out.extend(g.entries.into_iter().map(|(k, v)| (g.group, k, v)));
+                }
+            }
+            return Ok(out);
+        }
         let mut merged: BTreeMap<(u16, Vec<u8>), Vec<u8>> = BTreeMap::new();
         for s in files {
             let path = self.dir.join(&s.file);

@@ -458,9 +458,23 @@ impl JobHandle {
         }
         let tx = self.savepoints.as_ref().ok_or_else(|| runtime_error("savepoints need `Job::with_checkpoints`"))?;
         let (reply, answer) = tokio::sync::oneshot::channel();
-        tx.send(SavepointRequest { name: name.to_string(), reply })
+        tx.send(SavepointRequest { name: Some(name.to_string()), reply })
             .map_err(|_| runtime_error("the job has stopped taking checkpoints"))?;
         answer.await.map_err(|_| runtime_error("the job stopped before the savepoint completed"))?
+    }
+
+    /// Takes a checkpoint now (instead of waiting for the interval) and
+    /// returns its directory once it is complete.
+    ///
+    /// # Errors
+    /// As [`JobHandle::savepoint`].
+    pub async fn checkpoint(&self) -> Result<PathBuf> {
+        let runtime_error = |message: &str| Error::Runtime { job: self.name.clone(), message: message.into() };
+        let tx = self.savepoints.as_ref().ok_or_else(|| runtime_error("checkpoints need `Job::with_checkpoints`"))?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        tx.send(SavepointRequest { name: None, reply })
+            .map_err(|_| runtime_error("the job has stopped taking checkpoints"))?;
+        answer.await.map_err(|_| runtime_error("the job stopped before the checkpoint completed"))?
     }
 
     /// The job's metrics now.
