@@ -126,23 +126,38 @@ async fn stop_and_restore(dir: &Path) -> Result<(), Box<dyn Error>> {
 
 // ANCHOR: show_checkpoints
 fn show_checkpoints(dir: &Path) -> Result<(), Box<dyn Error>> {
+    let names = |path: &Path| -> std::io::Result<Vec<String>> {
+        let mut names: Vec<String> = std::fs::read_dir(path)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<Result<_, _>>()?;
+        names.sort();
+        Ok(names)
+    };
     // Complete checkpoints (those with a MANIFEST), newest first.
     let complete = weibo::checkpoint::complete_checkpoints(dir);
     let Some((newest, path)) = complete.first() else { return Err("no complete checkpoint".into()) };
-    let mut files: Vec<String> = std::fs::read_dir(path)?
-        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect::<Result<_, _>>()?;
-    files.sort();
-    println!("{} complete checkpoints; the newest, {newest}, holds {files:?}", complete.len());
+    println!("{} complete checkpoints; the newest, {newest}, holds {:?}", complete.len(), names(path)?);
+    // The state files of all checkpoints.
+    println!("shared/ holds {:?}", names(&dir.join("shared"))?);
 
     let manifest = weibo::checkpoint::read_manifest(path)?;
     for s in &manifest.sources {
         println!("  source {} partition {} resumes at {}", s.source, s.partition, s.position);
     }
     for s in &manifest.states {
-        println!("  {} holds `{}` of `{}`, key groups {:?}", s.file, s.state, s.operator, s.key_groups);
+        let kind = if s.base { "base" } else { "delta" };
+        println!(
+            "  {} ({kind}, checkpoint {}) holds `{}` of `{}`, key groups {:?}",
+            s.file, s.checkpoint, s.state, s.operator, s.key_groups
+        );
     }
-    assert_eq!(manifest.states.len(), 2, "one state file per `sums` worker");
+    // Per `sums` worker, one chain: its newest base, then the deltas after it.
+    let chains: Vec<_> = manifest.states.chunk_by(|a, b| a.key_groups == b.key_groups).collect();
+    assert_eq!(chains.len(), 2, "one chain per `sums` worker");
+    for chain in chains {
+        assert!(chain.iter().enumerate().all(|(i, s)| s.base == (i == 0)), "a base, then deltas");
+        assert!(chain.iter().all(|s| path.join(&s.file).is_file()), "files named relative to the checkpoint");
+    }
     Ok(())
 }
 // ANCHOR_END: show_checkpoints
