@@ -14,9 +14,14 @@
 //! Layout of the checkpoint directory:
 //!
 //! ```text
-//! <dir>/chk-00000000000000000007/MANIFEST        JSON: positions, state files, fingerprint
-//! <dir>/chk-00000000000000000007/<operator>-<instance>-<state>.state
+//! <dir>/chk-00000000000000000007/MANIFEST   JSON: positions, state files, fingerprint, commits
+//! <dir>/shared/<operator>-<instance>-<state>-<checkpoint>.state
+//! <dir>/savepoints/<name>/                 a manifest and copies of its state files
 //! ```
+//!
+//! State files are shared between checkpoints: value state is written
+//! incrementally (a base every few checkpoints, deltas between), and a
+//! manifest lists each state's chain of files.
 //!
 //! A state file is a 32-byte header — magic `WEIBOSTA`, format version (u32
 //! LE), reserved (u32), payload length (u64 LE), xxh3-64 of the payload (u64

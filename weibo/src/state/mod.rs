@@ -472,15 +472,16 @@ impl<K: Key, V: Data> ValueState<K, V> {
             self.epoch = (n + 1) as u32;
         }
         let base = since.is_none();
-        let removed: Vec<(u16, Vec<(K, u32)>)> = self
-            .groups
-            .clone()
-            .zip(self.removed.iter_mut().map(|r| {
-                // Removals a complete checkpoint already holds are not needed again.
-                r.retain(|(_, e)| since.is_some_and(|s| *e > s));
-                r.clone()
-            }))
-            .collect();
+        // Removals a complete checkpoint holds are not needed again; the
+        // others are kept even when this export is a base, since a base
+        // whose checkpoint fails leaves the next delta building on an older
+        // complete checkpoint.
+        let completed = at.map(|(_, completed)| completed);
+        for r in &mut self.removed {
+            r.retain(|(_, e)| completed.is_some_and(|c| u64::from(*e) > c));
+        }
+        let removed: Vec<(u16, Vec<(K, u32)>)> =
+            if base { Vec::new() } else { self.groups.clone().zip(self.removed.iter().cloned()).collect() };
         match &mut self.store {
             Store::Objects(maps) => {
                 let shared: Vec<(u16, Arc<StampedMap<K, V>>)> = self.groups.clone().zip(maps.iter().cloned()).collect();
@@ -1072,6 +1073,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn deltas_hold_changes_and_removals_since_the_last_complete_checkpoint() {
+        let mut s = ValueState::<u8, u64>::open(&MemoryBackend, &scope()).unwrap();
+        let k = |key: u8| crate::key::encode(&key);
+        for key in [1u8, 2, 3] {
+            s.update(4, key, &k(key), |v| *v = Some(u64::from(key))).unwrap();
+        }
+        let first = s.export_changes(1, 0).unwrap()().unwrap();
+        assert!(first.base && first.entries.len() == 3, "the first export is a base");
+        // Checkpoint 1 completed. Remove 1, change 2.
+        s.update(4, 1, &k(1), |v| *v = None).unwrap();
+        s.update(4, 2, &k(2), |v| *v = Some(20)).unwrap();
+        let delta = s.export_changes(2, 1).unwrap()().unwrap();
+        assert!(!delta.base);
+        let mut twenty = Vec::new();
+        20u64.encode(&mut twenty).unwrap();
+        assert_eq!(delta.entries, vec![(4, k(2), twenty)]);
+        assert_eq!(delta.removed, vec![(4, k(1))]);
+        // Checkpoints 2..=10 never complete; export 11 is a base, which
+        // fails too: export 12 must still carry the removal of 1.
+        for n in 3..=10 {
+            assert!(!s.export_changes(n, 1).unwrap()().unwrap().base);
+        }
+        assert!(s.export_changes(11, 1).unwrap()().unwrap().base, "every tenth export is a base");
+        let after_failed_base = s.export_changes(12, 1).unwrap()().unwrap();
+        assert!(!after_failed_base.base);
+        assert_eq!(after_failed_base.removed, vec![(4, k(1))], "the removal survives the failed base");
+        assert!(after_failed_base.entries.iter().any(|(_, key, _)| *key == k(2)));
+        // Once a checkpoint after the removal completes, it is not written again.
+        let later = s.export_changes(13, 12).unwrap()().unwrap();
+        assert!(later.removed.is_empty() && later.entries.is_empty());
     }
 
     #[test]
