@@ -227,10 +227,27 @@ fn fill_then_trickle(i: u64) -> (u64, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_after_the_first_write_only_what_changed() {
+    incremental_checkpoints(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_of_fjall_state_after_the_first_write_only_what_changed() {
+    incremental_checkpoints(true).await;
+}
+
+async fn incremental_checkpoints(on_fjall: bool) {
     let dir = tempfile::tempdir().unwrap();
+    let states = tempfile::tempdir().unwrap();
+    let runs = std::cell::Cell::new(0);
     let build = |rate: f64, out: &CollectSink<(u64, (u64, u64))>| {
-        let job =
+        let mut job =
             Job::new("incremental").with_checkpoints(dir.path(), Duration::from_millis(30)).with_max_key_groups(16);
+        if on_fjall {
+            // A fresh database per run: the restored run has only the checkpoint.
+            runs.set(runs.get() + 1);
+            let state = states.path().join(format!("run-{}", runs.get()));
+            job = job.with_state_backend(weibo::state::FjallBackend::open(state).unwrap());
+        }
         job.source(Generator::new(40_000, fill_then_trickle).with_rate(rate))
             .name("events")
             .key_by(|e: &(u64, u64)| e.0)

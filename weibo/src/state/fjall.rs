@@ -150,6 +150,21 @@ impl StateTable for FjallTable {
         self.keyspace.insert(k, value).map_err(|e| state_error(&self.operator, "write", &e))
     }
 
+    /// Writes in batches of 16,384 (one journal write each).
+    fn put_all(&mut self, entries: &[(u16, Vec<u8>, Vec<u8>)]) -> Result<()> {
+        for chunk in entries.chunks(16_384) {
+            let mut batch = self.db.batch();
+            for (group, key, value) in chunk {
+                let mut k = Vec::with_capacity(2 + key.len());
+                k.extend_from_slice(&group.to_be_bytes());
+                k.extend_from_slice(key);
+                batch.insert(&self.keyspace, k, value.as_slice());
+            }
+            batch.commit().map_err(|e| state_error(&self.operator, "batch write", &e))?;
+        }
+        Ok(())
+    }
+
     fn delete(&mut self, group: u16, key: &[u8]) -> Result<()> {
         let k = self.key(group, key).to_vec();
         self.keyspace.remove(k).map_err(|e| state_error(&self.operator, "delete", &e))
@@ -170,6 +185,31 @@ impl StateTable for FjallTable {
                 }
             }
             Ok(crate::state::Exported::full(out))
+        }))
+    }
+
+    /// Takes an fjall snapshot now and reads the keys from it later, in
+    /// key order, which keeps the tree's blocks in cache.
+    fn export_keys_deferred(&mut self, keys: crate::state::ChangedKeysLater) -> Result<crate::state::Export> {
+        let snapshot = self.db.snapshot();
+        let keyspace = self.keyspace.clone();
+        let operator = self.operator.clone();
+        Ok(Box::new(move || {
+            use fjall::Readable;
+            let mut out = crate::state::Exported { base: false, entries: Vec::new(), removed: Vec::new() };
+            let mut k = Vec::with_capacity(64);
+            let mut keys = keys();
+            keys.sort_unstable();
+            for (group, key) in keys {
+                k.clear();
+                k.extend_from_slice(&group.to_be_bytes());
+                k.extend_from_slice(&key);
+                match snapshot.get(&keyspace, &k).map_err(|e| state_error(&operator, "snapshot read", &e))? {
+                    Some(value) => out.entries.push((group, key, value.to_vec())),
+                    None => out.removed.push((group, key)),
+                }
+            }
+            Ok(out)
         }))
     }
 
