@@ -1211,6 +1211,27 @@ mod tests {
     }
 
     #[test]
+    fn changes_are_logged_only_from_the_first_checkpoint_on() {
+        let k = |key: u8| crate::key::encode(&key);
+        for (backend, _dir) in backends() {
+            let name = backend.name();
+            let mut s = ValueState::<u8, u64>::open(&*backend, &scope()).unwrap();
+            let logged = |s: &ValueState<u8, u64>| {
+                s.removed.iter().map(Vec::len).sum::<usize>() + s.changed.iter().map(|c| c.len()).sum::<usize>()
+            };
+            for key in 0..50u8 {
+                s.update(4, key, &k(key), |v| *v = Some(1)).unwrap();
+                s.update(4, key, &k(key), |v| *v = None).unwrap();
+            }
+            assert_eq!(logged(&s), 0, "{name}: a job without checkpoints keeps no change log");
+            assert!(s.export_changes(1, 0).unwrap()().unwrap().base);
+            s.update(4, 1, &k(1), |v| *v = Some(1)).unwrap();
+            s.update(4, 1, &k(1), |v| *v = None).unwrap();
+            assert_eq!(logged(&s), 1, "{name}: after the first checkpoint the removal is logged");
+        }
+    }
+
+    #[test]
     fn a_group_outside_the_range_is_an_internal_error() {
         let mut s = ValueState::<u8, u64>::open(&MemoryBackend, &scope()).unwrap();
         let err = s.update(9, 1, &[1], |_| ()).unwrap_err();
