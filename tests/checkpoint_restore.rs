@@ -301,3 +301,68 @@ async fn incremental_checkpoints(on_fjall: bool) {
     }
     assert_eq!(finals(out.values()), want);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_go_on_after_a_source_has_finished() {
+    const SMALL: u64 = 100;
+    let small_event = |i: u64| (i % 3, 1_000_000 + i);
+    let dir = tempfile::tempdir().unwrap();
+    let build = |dir: &Path, rate: f64, out: &CollectSink<(u64, (u64, u64))>| {
+        let job = Job::new("mixed").with_checkpoints(dir, Duration::from_millis(30)).with_max_key_groups(16);
+        let small = job.source(Generator::new(SMALL, small_event)).name("small");
+        let big = job.source(Generator::new(EVENTS, event).with_rate(rate)).name("big");
+        small
+            .union(&big)
+            .key_by(|e: &(u64, u64)| e.0)
+            .with_partitions(2)
+            .fold(
+                || (0u64, 0u64),
+                |acc: &mut (u64, u64), e: (u64, u64)| {
+                    acc.0 += 1;
+                    acc.1 += e.1;
+                },
+            )
+            .name("sums")
+            .sink(out.clone());
+        job
+    };
+    let out = CollectSink::new();
+    let handle = build(dir.path(), 3_000.0, &out).spawn().unwrap();
+    for _ in 0..1000 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let read = |name: &str| handle.metrics().operator(name).map_or(0, |m| m.records_out);
+        if read("small") == SMALL && read("big") > 300 {
+            break;
+        }
+    }
+    // The small source has finished: checkpoints and savepoints go on.
+    let savepoint = handle.savepoint("after-small").await.unwrap();
+    let first = handle.last_checkpoint().unwrap();
+    for _ in 0..500 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if handle.last_checkpoint().is_some_and(|n| n >= first + 2) {
+            break;
+        }
+    }
+    assert!(handle.last_checkpoint().unwrap() >= first + 2, "checkpoints continue");
+    handle.abort();
+    let manifest = weibo::checkpoint::read_manifest(&savepoint).unwrap();
+    let position = |name: &str| manifest.sources.iter().find(|s| s.source == name).map(|s| s.position);
+    assert_eq!(position("small"), Some(SMALL), "a finished source is recorded at its end: {manifest:?}");
+    assert!(position("big").is_some_and(|p| p > 0 && p < EVENTS), "{manifest:?}");
+
+    // Restored, the job reads only the rest of `big` and ends with the state
+    // of a run never stopped.
+    let other = tempfile::tempdir().unwrap();
+    let out = CollectSink::new();
+    let report = build(other.path(), 1e9, &out).restore_from(&savepoint).run().await.unwrap();
+    assert_eq!(report.metrics.operator("small").map_or(0, |m| m.records_out), 0);
+    let mut want = expected();
+    for i in 0..SMALL {
+        let (k, v) = small_event(i);
+        let e = want.entry(k).or_default();
+        e.0 += 1;
+        e.1 += v;
+    }
+    assert_eq!(finals(out.values()), want);
+}

@@ -288,6 +288,13 @@ pub(crate) struct Ack {
     pub(crate) states: Vec<StateFileEntry>,
     /// Set when the task could not take its part.
     pub(crate) failure: Option<String>,
+    /// The task that acknowledges.
+    pub(crate) task: String,
+    /// Set once, when the task has finished: the last barrier it passed (0
+    /// for none). It takes part in no later checkpoint, and stands for
+    /// itself in each of them with `sources` (a source's final position)
+    /// and no state: all of its input has been processed and passed on.
+    pub(crate) finished: Option<u64>,
 }
 
 /// The coordinator's side of the job: triggers and acknowledgements.
@@ -321,13 +328,22 @@ pub(crate) struct SavepointRequest {
 }
 
 impl Coordinator {
-    /// Triggers checkpoints until a source has finished (its trigger
-    /// channel is gone) or the job ends.
+    /// Triggers checkpoints until every source has finished or the job
+    /// ends.
+    ///
+    /// A task that has finished (a source at the end of its input, an
+    /// operator whose inputs have all ended) says so once, with the last
+    /// barrier it passed; every later checkpoint counts it as acknowledged,
+    /// with a source's final position and no state. A task that passed
+    /// barrier `n` acknowledges `n` itself, even if it finished since.
     pub(crate) async fn run(mut self, mut stop: tokio::sync::oneshot::Receiver<()>) {
         let mut ticker = tokio::time::interval(self.config.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
         let mut n = self.next;
+        // Finished tasks, by task: the last barrier each passed, and its
+        // standing acknowledgement.
+        let mut finished: BTreeMap<String, (u64, Ack)> = BTreeMap::new();
         loop {
             // A checkpoint on schedule, or a savepoint on request, until
             // the job ends.
@@ -339,35 +355,49 @@ impl Coordinator {
                     None => std::future::pending().await,
                 },
             };
-            // Trigger only when every source still runs: a barrier sent to
-            // some sources but not others could never complete.
-            if self.triggers.iter().any(|t| t.is_closed()) || self.triggers.iter().any(|t| t.send(n).is_err()) {
-                tracing::info!(job = %self.job, "a source has finished: no more checkpoints");
+            // Sources that have finished get no trigger (their final
+            // position stands in); once all have, the job is ending.
+            let mut triggered = false;
+            for t in &self.triggers {
+                triggered |= t.send(n).is_ok();
+            }
+            if !triggered {
+                tracing::info!(job = %self.job, "every source has finished: no more checkpoints");
                 if let Some(request) = savepoint {
                     let _ = request.reply.send(Err(Error::Runtime {
                         job: self.job.clone(),
-                        message: "a source has finished, so no savepoint can be taken".into(),
+                        message: "every source has finished, so no savepoint can be taken".into(),
                     }));
                 }
                 return;
             }
-            let mut acks = Vec::with_capacity(self.tasks);
-            // A checkpoint that cannot complete (a source finished after
-            // the trigger) is abandoned after this long.
+            let mut acks: BTreeMap<String, Ack> = BTreeMap::new();
+            let counted = |acks: &BTreeMap<String, Ack>, finished: &BTreeMap<String, (u64, Ack)>| {
+                acks.len() + finished.iter().filter(|(task, (last, _))| *last < n && !acks.contains_key(*task)).count()
+            };
+            // A checkpoint that cannot complete (a task failed to take its
+            // part) is abandoned after this long.
             let deadline = tokio::time::Instant::now() + (self.config.interval * 10).max(Duration::from_secs(60));
-            while acks.len() < self.tasks {
+            while counted(&acks, &finished) < self.tasks {
                 let ack = tokio::select! {
                     _ = &mut stop => return,
                     () = tokio::time::sleep_until(deadline) => break,
                     ack = self.acks.recv() => ack,
                 };
                 match ack {
-                    Some(ack) if ack.checkpoint == n => acks.push(ack),
-                    Some(_) => {}
+                    Some(ack) => match ack.finished {
+                        Some(last) => {
+                            finished.insert(ack.task.clone(), (last, ack));
+                        }
+                        None if ack.checkpoint == n => {
+                            acks.insert(ack.task.clone(), ack);
+                        }
+                        None => {}
+                    },
                     None => return,
                 }
             }
-            if acks.len() < self.tasks {
+            if counted(&acks, &finished) < self.tasks {
                 tracing::warn!(job = %self.job, checkpoint = n, "checkpoint abandoned: not every task acknowledged in time");
                 if let Some(request) = savepoint {
                     let _ = request.reply.send(Err(Error::Runtime {
@@ -378,7 +408,21 @@ impl Coordinator {
                 n += 1;
                 continue;
             }
-            let result = self.complete(n, acks);
+            let mut all: Vec<Ack> = Vec::with_capacity(self.tasks);
+            for (task, (last, ack)) in &finished {
+                if *last < n && !acks.contains_key(task) {
+                    all.push(Ack {
+                        checkpoint: n,
+                        sources: ack.sources.clone(),
+                        states: Vec::new(),
+                        failure: ack.failure.clone(),
+                        task: task.clone(),
+                        finished: None,
+                    });
+                }
+            }
+            all.extend(acks.into_values());
+            let result = self.complete(n, all);
             match &result {
                 Ok(()) => {
                     self.completed.store(n, std::sync::atomic::Ordering::Relaxed);

@@ -149,7 +149,8 @@ impl Job {
     /// The last 3 complete checkpoints are kept.
     ///
     /// Sources must be able to report and resume their position (all
-    /// built-in ones can). Checkpoints stop once a source has finished.
+    /// built-in ones can). Checkpoints go on while any source still runs:
+    /// a finished source is recorded at its end.
     #[must_use]
     pub fn with_checkpoints(self, dir: impl Into<PathBuf>, interval: Duration) -> Self {
         let dir = dir.into();
@@ -448,7 +449,7 @@ impl JobHandle {
     ///
     /// # Errors
     /// [`Error::Runtime`] when the job takes no checkpoints or has stopped
-    /// (or a source has finished); [`Error::Checkpoint`] when the
+    /// (or every source has finished); [`Error::Checkpoint`] when the
     /// checkpoint fails or the name is taken.
     pub async fn savepoint(&self, name: &str) -> Result<PathBuf> {
         let runtime_error = |message: &str| Error::Runtime { job: self.name.clone(), message: message.into() };

@@ -101,12 +101,14 @@ impl CheckpointIo {
                 Ok(files)
             })();
             let ack = match result {
-                Ok(states) => Ack { checkpoint: n, sources: Vec::new(), states, failure: None },
+                Ok(states) => Ack { checkpoint: n, sources: Vec::new(), states, failure: None, task, finished: None },
                 Err(e) => Ack {
                     checkpoint: n,
                     sources: Vec::new(),
                     states: Vec::new(),
                     failure: Some(format!("{task}: {e}")),
+                    task,
+                    finished: None,
                 },
             };
             let _ = acks.send(ack);
@@ -137,6 +139,7 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
             let mut since_yield = 0u32;
             let mut forwarded = crate::record::NO_TIMESTAMP;
             let mut io = io;
+            let mut last_barrier = 0;
             loop {
                 if let Some(cp) = io.checkpoint.as_mut()
                     && let Some(trigger) = cp.trigger.as_mut()
@@ -144,30 +147,10 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
                     while let Ok(n) = trigger.try_recv() {
                         // Everything read so far is in the chain: the barrier
                         // follows it, and the position is where reading resumes.
-                        let position = self.reader.position();
+                        let ack = self.position_ack(n, &cp.task, None);
                         self.chain.barrier(n)?;
                         io.outbox.drain(&io.senders).await?;
-                        let ack = match position {
-                            Some(position) => Ack {
-                                checkpoint: n,
-                                sources: vec![SourcePositionEntry {
-                                    source: self.info.name.to_string(),
-                                    partition: self.output.partition,
-                                    position,
-                                }],
-                                states: Vec::new(),
-                                failure: None,
-                            },
-                            None => Ack {
-                                checkpoint: n,
-                                sources: Vec::new(),
-                                states: Vec::new(),
-                                failure: Some(format!(
-                                    "source `{}` partition {} cannot report its position, so it cannot resume from a checkpoint",
-                                    self.info.name, self.output.partition
-                                )),
-                            },
-                        };
+                        last_barrier = n;
                         let _ = cp.acks.send(ack);
                     }
                 }
@@ -190,7 +173,13 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
                 io.outbox.drain(&io.senders).await?;
                 if status == ReadStatus::Done {
                     self.chain.finish()?;
-                    return io.outbox.drain(&io.senders).await;
+                    io.outbox.drain(&io.senders).await?;
+                    // Later checkpoints go on without this source, at its
+                    // final position.
+                    if let Some(cp) = io.checkpoint.as_ref() {
+                        let _ = cp.acks.send(self.position_ack(0, &cp.task, Some(last_barrier)));
+                    }
+                    return Ok(());
                 }
                 since_yield += 1;
                 if since_yield >= YIELD_EVERY {
@@ -199,6 +188,34 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
                 }
             }
         })
+    }
+}
+
+impl<T> SourceHead<T> {
+    /// This source's part in checkpoint `n`: where reading resumes.
+    fn position_ack(&self, n: u64, task: &str, finished: Option<u64>) -> Ack {
+        let mut ack = Ack {
+            checkpoint: n,
+            sources: Vec::new(),
+            states: Vec::new(),
+            failure: None,
+            task: task.to_string(),
+            finished,
+        };
+        match self.reader.position() {
+            Some(position) => ack.sources.push(SourcePositionEntry {
+                source: self.info.name.to_string(),
+                partition: self.output.partition,
+                position,
+            }),
+            None => {
+                ack.failure = Some(format!(
+                    "source `{}` partition {} cannot report its position, so it cannot resume from a checkpoint",
+                    self.info.name, self.output.partition
+                ));
+            }
+        }
+        ack
     }
 }
 
@@ -275,6 +292,7 @@ impl HeadRunner for ChannelHead {
             // inputs delivered it (they are not read until all have).
             let mut aligning: Option<u64> = None;
             let mut blocked = vec![false; n];
+            let mut last_barrier = 0;
             while remaining > 0 {
                 let deadline = tokio::time::Instant::from_std(last_flush + io.buffer_timeout);
                 let inputs = &mut self.inputs;
@@ -350,6 +368,7 @@ impl HeadRunner for ChannelHead {
                     if let Some(cp) = io.checkpoint.as_ref() {
                         cp.write_and_ack(b, snapshots);
                     }
+                    last_barrier = b;
                     aligning = None;
                     blocked.iter_mut().for_each(|x| *x = false);
                 }
@@ -367,7 +386,20 @@ impl HeadRunner for ChannelHead {
                 self.op.on_watermark(END_OF_TIME)?;
             }
             self.op.finish()?;
-            io.outbox.drain(&io.senders).await
+            io.outbox.drain(&io.senders).await?;
+            // Every input has ended and everything is passed on: later
+            // checkpoints go on without this task.
+            if let Some(cp) = io.checkpoint.as_ref() {
+                let _ = cp.acks.send(Ack {
+                    checkpoint: 0,
+                    sources: Vec::new(),
+                    states: Vec::new(),
+                    failure: None,
+                    task: cp.task.clone(),
+                    finished: Some(last_barrier),
+                });
+            }
+            Ok(())
         })
     }
 }
