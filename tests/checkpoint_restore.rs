@@ -366,3 +366,90 @@ async fn checkpoints_go_on_after_a_source_has_finished() {
     }
     assert_eq!(finals(out.values()), want);
 }
+
+/// Counts up forever, one number per read; while `stalled` is set a read
+/// waits (without blocking its thread), so barriers queue behind it.
+struct Stalling {
+    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct StallingReader {
+    next: u64,
+    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl weibo::sources::Source for Stalling {
+    type Item = u64;
+    fn default_name(&self) -> String {
+        "stalling".into()
+    }
+    fn describe(&self) -> String {
+        "counts, stalling on request".into()
+    }
+    fn partitions(&self) -> usize {
+        1
+    }
+    fn open(&self, _: usize) -> weibo::Result<Box<dyn weibo::sources::SourceReader<u64>>> {
+        Ok(Box::new(StallingReader { next: 0, stalled: self.stalled.clone() }))
+    }
+}
+
+impl weibo::sources::SourceReader<u64> for StallingReader {
+    fn read<'a>(
+        &'a mut self,
+        out: &'a mut weibo::sources::SourceOutput<u64>,
+    ) -> weibo::BoxFuture<'a, weibo::Result<weibo::sources::ReadStatus>> {
+        Box::pin(async move {
+            while self.stalled.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            out.push(self.next, 0, None);
+            self.next += 1;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            Ok(weibo::sources::ReadStatus::More)
+        })
+    }
+    fn position(&self) -> Option<u64> {
+        Some(self.next)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_that_takes_too_long_is_abandoned_and_the_next_completes() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let job = Job::new("slow")
+        .with_checkpoints(dir.path(), Duration::from_secs(3600))
+        .with_checkpoint_timeout(Duration::from_millis(100));
+    job.source(Stalling { stalled: stalled.clone() })
+        .key_by(|n: &u64| n % 3)
+        .reduce(|a, b| a + b)
+        .sink(weibo::sinks::Blackhole::new());
+    let handle = job.spawn().unwrap();
+    // The source cannot pass the barrier on while it stalls.
+    let err = tokio::time::timeout(Duration::from_secs(10), handle.savepoint("while-stalled"))
+        .await
+        .expect("abandoned after the timeout set, not the default (ten intervals)")
+        .unwrap_err();
+    assert!(err.to_string().contains("did not complete in time"), "{err}");
+    assert_eq!(handle.last_checkpoint(), None, "nothing completed while the source stalled");
+    // Once it moves again, checkpoints complete again.
+    stalled.store(false, Ordering::SeqCst);
+    let after = handle.savepoint("after").await.unwrap();
+    assert!(after.join("MANIFEST").is_file());
+    assert!(handle.last_checkpoint().is_some());
+    handle.abort();
+}
+
+#[test]
+fn checkpoint_options_need_checkpoints_turned_on_first() {
+    for job in [
+        Job::new("early").with_retained_checkpoints(2),
+        Job::new("early").with_checkpoint_timeout(Duration::from_secs(1)),
+    ] {
+        job.source(Generator::new(10, |i| i)).sink(CollectSink::new());
+        let err = weibo::testing::block_on(job.run()).unwrap_err();
+        assert!(err.to_string().contains("before `with_checkpoints`"), "{err}");
+    }
+}

@@ -154,6 +154,9 @@ pub(crate) struct CheckpointConfig {
     pub(crate) dir: PathBuf,
     pub(crate) interval: Duration,
     pub(crate) retain: usize,
+    /// How long a checkpoint may take before it is abandoned; `None`: ten
+    /// intervals, at least a minute.
+    pub(crate) timeout: Option<Duration>,
 }
 
 fn io<'p>(action: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> Error + 'p {
@@ -375,9 +378,11 @@ impl Coordinator {
             let counted = |acks: &BTreeMap<String, Ack>, finished: &BTreeMap<String, (u64, Ack)>| {
                 acks.len() + finished.iter().filter(|(task, (last, _))| *last < n && !acks.contains_key(*task)).count()
             };
-            // A checkpoint that cannot complete (a task failed to take its
-            // part) is abandoned after this long.
-            let deadline = tokio::time::Instant::now() + (self.config.interval * 10).max(Duration::from_secs(60));
+            // A checkpoint that cannot complete in time (a task stuck in
+            // user code, a task that failed to take its part) is abandoned.
+            let timeout =
+                self.config.timeout.unwrap_or_else(|| (self.config.interval * 10).max(Duration::from_secs(60)));
+            let deadline = tokio::time::Instant::now() + timeout;
             while counted(&acks, &finished) < self.tasks {
                 let ack = tokio::select! {
                     _ = &mut stop => return,

@@ -154,16 +154,32 @@ impl Job {
     #[must_use]
     pub fn with_checkpoints(self, dir: impl Into<PathBuf>, interval: Duration) -> Self {
         let dir = dir.into();
-        self.configure(|c| c.checkpoint = Some(CheckpointConfig { dir, interval, retain: 3 }))
+        self.configure(|c| c.checkpoint = Some(CheckpointConfig { dir, interval, retain: 3, timeout: None }))
     }
 
-    /// Keeps the last `n` (at least 1) complete checkpoints.
+    /// Abandons a checkpoint (or savepoint) that has not completed `timeout`
+    /// after it was triggered; the job goes on and the next one is taken.
+    /// The default is ten intervals, at least a minute. Call after
+    /// [`Job::with_checkpoints`].
+    #[must_use]
+    pub fn with_checkpoint_timeout(self, timeout: Duration) -> Self {
+        self.configure(|c| match c.checkpoint.as_mut() {
+            Some(cp) => cp.timeout = Some(timeout),
+            None => c
+                .wiring_errors
+                .push("`with_checkpoint_timeout` before `with_checkpoints`: turn checkpoints on first".into()),
+        })
+    }
+
+    /// Keeps the last `n` (at least 1) complete checkpoints. Call after
+    /// [`Job::with_checkpoints`].
     #[must_use]
     pub fn with_retained_checkpoints(self, n: usize) -> Self {
-        self.configure(|c| {
-            if let Some(cp) = c.checkpoint.as_mut() {
-                cp.retain = n.max(1);
-            }
+        self.configure(|c| match c.checkpoint.as_mut() {
+            Some(cp) => cp.retain = n.max(1),
+            None => c
+                .wiring_errors
+                .push("`with_retained_checkpoints` before `with_checkpoints`: turn checkpoints on first".into()),
         })
     }
 
