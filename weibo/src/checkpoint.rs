@@ -472,6 +472,25 @@ impl Coordinator {
                 .collect();
             states.extend(carried);
         }
+        // A delta without its chain would restore only what changed.
+        for s in states.iter().filter(|s| !s.base) {
+            let chained = states.iter().any(|b| {
+                b.base
+                    && b.operator == s.operator
+                    && b.state == s.state
+                    && b.key_groups == s.key_groups
+                    && b.checkpoint < s.checkpoint
+            });
+            if !chained {
+                return Err(bad(
+                    &dir,
+                    format!(
+                        "the delta {} of `{}`/{} has no base in the previous checkpoint to build on",
+                        s.file, s.operator, s.state
+                    ),
+                ));
+            }
+        }
         sources.sort_by(|a, b| (&a.source, a.partition).cmp(&(&b.source, b.partition)));
         states.sort_by(|a, b| {
             (&a.operator, &a.state, a.key_groups, a.checkpoint).cmp(&(
@@ -659,6 +678,18 @@ impl Restore {
             .filter(|s| s.state == state && s.key_groups.1 > groups.start && s.key_groups.0 < groups.end)
             .collect();
         files.sort_by_key(|s| s.checkpoint);
+        // Every chain starts with a base: a delta alone is not the state.
+        for (i, s) in files.iter().enumerate() {
+            if !s.base && !files.iter().take(i).any(|b| b.base && b.key_groups == s.key_groups) {
+                return Err(bad(
+                    &self.dir,
+                    format!(
+                        "the delta {} of `{operator}`/{state} (key groups {:?}) has no base before it",
+                        s.file, s.key_groups
+                    ),
+                ));
+            }
+        }
         // Only bases, one per key-group range: nothing to merge.
         let mut ranges: Vec<(u16, u16)> = files.iter().map(|s| s.key_groups).collect();
         ranges.sort_unstable();

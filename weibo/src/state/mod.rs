@@ -241,6 +241,10 @@ pub struct ValueState<K, V> {
     epoch: u32,
     /// Exports since the last full one.
     since_full: u32,
+    /// The checkpoint of this run's first export (a base): a delta needs
+    /// a complete checkpoint at or after it to build on, since changes
+    /// before it were neither stamped nor logged.
+    first_base: Option<u64>,
     /// Whether changes are tracked for incremental checkpoints: from the
     /// first checkpoint on (that one is a base, which holds everything
     /// before it), so a job without checkpoints keeps no change log.
@@ -288,6 +292,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             operator: scope.operator.clone(),
             epoch: 0,
             since_full: 0,
+            first_base: None,
             tracking: false,
             removed: scope.key_groups.clone().map(|_| Vec::new()).collect(),
             changed: scope.key_groups.clone().map(|_| Arc::default()).collect(),
@@ -359,6 +364,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                     Some(bytes) => Some(V::decode(&bytes).map_err(codec)?),
                     None => None,
                 };
+                let existed = slot.is_some();
                 let r = f(&mut slot);
                 match slot {
                     Some(v) => {
@@ -366,7 +372,9 @@ impl<K: Key, V: Data> ValueState<K, V> {
                         v.encode(buf).map_err(codec)?;
                         table.put(group, key_bytes, buf)?;
                     }
-                    None => table.delete(group, key_bytes)?,
+                    None if existed => table.delete(group, key_bytes)?,
+                    // Absent before and after: nothing changed.
+                    None => return Ok(r),
                 }
                 if self.tracking
                     && let Some(changed) = self.changed.get_mut(index)
@@ -408,7 +416,20 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// # Errors
     /// As [`ValueState::update`].
     pub fn get(&mut self, group: u16, key: &K, key_bytes: &[u8]) -> Result<Option<V>> {
-        self.update(group, key.clone(), key_bytes, |v| v.clone())
+        if !self.groups.contains(&group) {
+            return Err(self.group_error(group));
+        }
+        let index = usize::from(group - self.groups.start);
+        // A read neither copies a shared map nor writes, nor counts as a change.
+        match &mut self.store {
+            Store::Objects(maps) => Ok(maps.get(index).and_then(|m| m.get(key)).map(|(v, _)| v.clone())),
+            Store::Bytes { table, .. } => match table.get(group, key_bytes)? {
+                Some(bytes) => V::decode(&bytes)
+                    .map(Some)
+                    .map_err(|source| Error::Codec { operator: self.operator.clone(), source }),
+                None => Ok(None),
+            },
+        }
     }
 
     /// Calls `f` with every key and value of `group` (for byte backends, in
@@ -460,7 +481,7 @@ pub struct Exported {
     pub base: bool,
     /// Entries (all of them, or the changed ones).
     pub entries: Entries,
-    /// In a delta: keys removed since the previous export, by key group.
+    /// In a delta: keys removed since the last complete checkpoint, by key group.
     pub removed: Vec<(u16, Vec<u8>)>,
 }
 
@@ -510,9 +531,13 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// last complete one: changes made for checkpoints that did not
     /// complete are included again). For the in-memory store this only
     /// shares the per-key-group maps, which the operator copies when it
-    /// next writes them, so the caller pays O(key groups) at the barrier.
-    /// Byte backends export all their entries (from a snapshot where they
-    /// have one).
+    /// next writes them, so the caller pays O(key groups) at the barrier,
+    /// plus O(changed keys) for byte backends, which read what changed (or
+    /// everything, for a base) from a snapshot where they have one.
+    ///
+    /// A delta needs a complete checkpoint taken in this run to build on:
+    /// until one completes (after a start or a restore), every export is a
+    /// base.
     ///
     /// # Errors
     /// As [`ValueState::update`].
@@ -522,12 +547,16 @@ impl<K: Key, V: Data> ValueState<K, V> {
 
     fn export_at(&mut self, at: Option<(u64, u64)>) -> Result<Export> {
         let since = match at {
-            Some((_, since)) if since > 0 && !self.since_full.is_multiple_of(FULL_CHECKPOINT_EVERY) => {
+            Some((_, since))
+                if self.first_base.is_some_and(|first| since >= first)
+                    && !self.since_full.is_multiple_of(FULL_CHECKPOINT_EVERY) =>
+            {
                 Some(since as u32)
             }
             _ => None,
         };
         if let Some((n, _)) = at {
+            self.first_base.get_or_insert(n);
             self.since_full = if since.is_some() { self.since_full + 1 } else { 1 };
             // Changes from now on belong to the next checkpoint.
             self.epoch = (n + 1) as u32;
@@ -538,13 +567,16 @@ impl<K: Key, V: Data> ValueState<K, V> {
         // others are kept even when this export is a base, since a base
         // whose checkpoint fails leaves the next delta building on an older
         // complete checkpoint.
-        let completed = at.map(|(_, completed)| completed);
-        for r in &mut self.removed {
-            r.retain(|(_, e)| completed.is_some_and(|c| u64::from(*e) > c));
-        }
-        for c in &mut self.changed {
-            if c.values().any(|e| completed.is_none_or(|c| u64::from(*e) <= c)) {
-                Arc::make_mut(c).retain(|_, e| completed.is_some_and(|c| u64::from(*e) > c));
+        // (A plain export, not for a checkpoint, leaves the logs alone.)
+        if let Some((_, completed)) = at {
+            let pending = |e: &u32| u64::from(*e) > completed;
+            for r in &mut self.removed {
+                r.retain(|(_, e)| pending(e));
+            }
+            for c in &mut self.changed {
+                if !c.values().all(pending) {
+                    Arc::make_mut(c).retain(|_, e| pending(e));
+                }
             }
         }
         let removed: Vec<(u16, Vec<(K, u32)>)> =
@@ -1208,6 +1240,27 @@ mod tests {
         // Once a checkpoint after the removal completes, it is not written again.
         let later = s.export_changes(13, 12).unwrap()().unwrap();
         assert!(later.removed.is_empty() && later.entries.is_empty(), "{name}: {later:?}");
+    }
+
+    #[test]
+    fn after_a_restore_deltas_wait_for_a_complete_checkpoint_of_this_run() {
+        let k = |key: u8| crate::key::encode(&key);
+        for (backend, _dir) in backends() {
+            let name = backend.name();
+            // Restored from checkpoint 5: the first checkpoint of this run is 6.
+            let mut s = ValueState::<u8, u64>::open(&*backend, &scope()).unwrap();
+            s.update(4, 1, &k(1), |v| *v = Some(1)).unwrap();
+            assert!(s.export_changes(6, 5).unwrap()().unwrap().base, "{name}");
+            s.update(4, 2, &k(2), |v| *v = Some(2)).unwrap();
+            // Checkpoint 6 failed: 7 cannot build on 5, which lacks key 1.
+            let seventh = s.export_changes(7, 5).unwrap()().unwrap();
+            assert!(seventh.base && seventh.entries.len() == 2, "{name}: {seventh:?}");
+            // Checkpoint 7 completed: 8 builds on it.
+            s.update(4, 3, &k(3), |v| *v = Some(3)).unwrap();
+            let eighth = s.export_changes(8, 7).unwrap()().unwrap();
+            assert!(!eighth.base, "{name}");
+            assert_eq!(eighth.entries.iter().map(|(_, key, _)| key.clone()).collect::<Vec<_>>(), vec![k(3)], "{name}");
+        }
     }
 
     #[test]
