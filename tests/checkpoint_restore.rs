@@ -27,25 +27,23 @@ fn job(dir: &Path, partitions: usize, rate: f64, out: &CollectSink<(u64, (u64, u
         .name("events")
         .key_by(|e: &(u64, u64)| e.0)
         .with_partitions(partitions)
-        .fold(
-            || (0u64, 0u64),
-            |acc: &mut (u64, u64), e: (u64, u64)| {
-                acc.0 += 1;
-                acc.1 += e.1;
-            },
-        )
+        .fold(|| (0u64, 0u64), count_and_sum)
         .name("sums")
         .sink(out.clone());
     job
+}
+
+/// The fold of every pipeline here: per key, the count and the sum of values.
+fn count_and_sum(acc: &mut (u64, u64), e: (u64, u64)) {
+    acc.0 += 1;
+    acc.1 += e.1;
 }
 
 fn expected() -> BTreeMap<u64, (u64, u64)> {
     let mut m: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     for i in 0..EVENTS {
         let (k, v) = event(i);
-        let e = m.entry(k).or_default();
-        e.0 += 1;
-        e.1 += v;
+        count_and_sum(m.entry(k).or_default(), (k, v));
     }
     m
 }
@@ -252,13 +250,7 @@ async fn incremental_checkpoints(on_fjall: bool) {
             .name("events")
             .key_by(|e: &(u64, u64)| e.0)
             .with_partitions(2)
-            .fold(
-                || (0u64, 0u64),
-                |acc: &mut (u64, u64), e: (u64, u64)| {
-                    acc.0 += 1;
-                    acc.1 += e.1;
-                },
-            )
+            .fold(|| (0u64, 0u64), count_and_sum)
             .name("sums")
             .sink(out.clone());
         job
@@ -295,9 +287,7 @@ async fn incremental_checkpoints(on_fjall: bool) {
     let mut want: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     for i in 0..40_000 {
         let (k, v) = fill_then_trickle(i);
-        let e = want.entry(k).or_default();
-        e.0 += 1;
-        e.1 += v;
+        count_and_sum(want.entry(k).or_default(), (k, v));
     }
     assert_eq!(finals(out.values()), want);
 }
@@ -315,13 +305,7 @@ async fn checkpoints_go_on_after_a_source_has_finished() {
             .union(&big)
             .key_by(|e: &(u64, u64)| e.0)
             .with_partitions(2)
-            .fold(
-                || (0u64, 0u64),
-                |acc: &mut (u64, u64), e: (u64, u64)| {
-                    acc.0 += 1;
-                    acc.1 += e.1;
-                },
-            )
+            .fold(|| (0u64, 0u64), count_and_sum)
             .name("sums")
             .sink(out.clone());
         job
@@ -360,9 +344,7 @@ async fn checkpoints_go_on_after_a_source_has_finished() {
     let mut want = expected();
     for i in 0..SMALL {
         let (k, v) = small_event(i);
-        let e = want.entry(k).or_default();
-        e.0 += 1;
-        e.1 += v;
+        count_and_sum(want.entry(k).or_default(), (k, v));
     }
     assert_eq!(finals(out.values()), want);
 }

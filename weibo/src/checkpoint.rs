@@ -661,6 +661,20 @@ impl Restore {
     }
 
     /// The entries of `operator`'s `state` in key groups `groups`.
+    /// Reads state file `file` (relative to the checkpoint), whose values
+    /// must have been written with `codec`.
+    fn read_checked(&self, file: &str, codec: &str) -> Result<StateFile> {
+        let path = self.dir.join(file);
+        let file = read_state_file(&path)?;
+        if file.codec != codec {
+            return Err(bad(
+                &path,
+                format!("its values were written with codec {}, the job reads {codec}", file.codec),
+            ));
+        }
+        Ok(file)
+    }
+
     pub(crate) fn entries(
         &self,
         operator: &str,
@@ -697,14 +711,7 @@ impl Restore {
         if files.iter().all(|s| s.base) && ranges.len() == files.len() {
             let mut out = Vec::new();
             for s in files {
-                let path = self.dir.join(&s.file);
-                let file = read_state_file(&path)?;
-                if file.codec != codec {
-                    return Err(bad(
-                        &path,
-                        format!("its values were written with codec {}, the job reads {codec}", file.codec),
-                    ));
-                }
+                let file = self.read_checked(&s.file, codec)?;
                 for g in file.groups.into_iter().filter(|g| groups.contains(&g.group)) {
                     out.extend(g.entries.into_iter().map(|(k, v)| (g.group, k, v)));
                 }
@@ -713,14 +720,7 @@ impl Restore {
         }
         let mut merged: BTreeMap<(u16, Vec<u8>), Vec<u8>> = BTreeMap::new();
         for s in files {
-            let path = self.dir.join(&s.file);
-            let file = read_state_file(&path)?;
-            if file.codec != codec {
-                return Err(bad(
-                    &path,
-                    format!("its values were written with codec {}, the job reads {codec}", file.codec),
-                ));
-            }
+            let file = self.read_checked(&s.file, codec)?;
             let (lo, hi) = s.key_groups;
             if s.base {
                 merged.retain(|(g, _), _| *g < lo || *g >= hi);
