@@ -188,31 +188,6 @@ impl StateTable for FjallTable {
         }))
     }
 
-    /// Takes an fjall snapshot now and reads the keys from it later, in
-    /// key order, which keeps the tree's blocks in cache.
-    fn export_keys_deferred(&mut self, keys: crate::state::ChangedKeysLater) -> Result<crate::state::Export> {
-        let snapshot = self.db.snapshot();
-        let keyspace = self.keyspace.clone();
-        let operator = self.operator.clone();
-        Ok(Box::new(move || {
-            use fjall::Readable;
-            let mut out = crate::state::Exported { base: false, entries: Vec::new(), removed: Vec::new() };
-            let mut k = Vec::with_capacity(64);
-            let mut keys = keys();
-            keys.sort_unstable();
-            for (group, key) in keys {
-                k.clear();
-                k.extend_from_slice(&group.to_be_bytes());
-                k.extend_from_slice(&key);
-                match snapshot.get(&keyspace, &k).map_err(|e| state_error(&operator, "snapshot read", &e))? {
-                    Some(value) => out.entries.push((group, key, value.to_vec())),
-                    None => out.removed.push((group, key)),
-                }
-            }
-            Ok(out)
-        }))
-    }
-
     fn scan_group(&mut self, group: u16, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
         for guard in self.keyspace.prefix(group.to_be_bytes()) {
             let (k, v) = guard.into_inner().map_err(|e| state_error(&self.operator, "scan", &e))?;

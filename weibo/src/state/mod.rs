@@ -132,24 +132,6 @@ pub trait StateTable: Send {
         }
         Ok(Box::new(move || Ok(Exported::full(out))))
     }
-
-    /// `keys` (by key group) as of now, to read later, for an incremental
-    /// checkpoint: a delta whose entries are the keys present and whose
-    /// removals are the keys absent. The default reads them now; backends
-    /// with snapshots take one and read it later.
-    ///
-    /// # Errors
-    /// [`Error::State`] when the storage fails.
-    fn export_keys_deferred(&mut self, keys: ChangedKeysLater) -> Result<Export> {
-        let mut out = Exported { base: false, entries: Vec::new(), removed: Vec::new() };
-        for (group, key) in keys() {
-            match self.get(group, &key)? {
-                Some(value) => out.entries.push((group, key, value)),
-                None => out.removed.push((group, key)),
-            }
-        }
-        Ok(Box::new(move || Ok(out)))
-    }
 }
 
 /// State in memory: the fastest backend, bounded by RAM.
@@ -253,14 +235,16 @@ pub struct ValueState<K, V> {
     /// of their removal.
     removed: Vec<Vec<(K, u32)>>,
     /// Byte store: per owned key group, keys written or removed, with the
-    /// epoch of their last change (the table says which are still there).
-    /// Shared with the checkpoint being taken and copied on the next write,
-    /// like the in-memory maps, so the barrier does not copy keys.
+    /// epoch of their last change and the encoded value written (`None`:
+    /// removed), so a delta needs no reads from the table. Shared with the
+    /// checkpoint being taken and copied on the next write, like the
+    /// in-memory maps, so the barrier does not copy keys.
     changed: Vec<Arc<ChangedKeys>>,
 }
 
-/// Encoded keys changed in one key group, with the epoch of their last change.
-type ChangedKeys = hashbrown::HashMap<Box<[u8]>, u32, FxBuildHasher>;
+/// Encoded keys changed in one key group: the epoch of their last change
+/// and the encoded value it left (`None`: removed).
+type ChangedKeys = hashbrown::HashMap<Box<[u8]>, (u32, Option<Box<[u8]>>), FxBuildHasher>;
 
 /// Every how many checkpoints a value state writes all its entries instead
 /// of what changed (bounding the chain a restore replays).
@@ -366,24 +350,29 @@ impl<K: Key, V: Data> ValueState<K, V> {
                 };
                 let existed = slot.is_some();
                 let r = f(&mut slot);
-                match slot {
+                let written = match slot {
                     Some(v) => {
                         buf.clear();
                         v.encode(buf).map_err(codec)?;
                         table.put(group, key_bytes, buf)?;
+                        Some(buf.as_slice())
                     }
-                    None if existed => table.delete(group, key_bytes)?,
+                    None if existed => {
+                        table.delete(group, key_bytes)?;
+                        None
+                    }
                     // Absent before and after: nothing changed.
                     None => return Ok(r),
-                }
+                };
                 if self.tracking
                     && let Some(changed) = self.changed.get_mut(index)
                 {
+                    let change = (self.epoch, written.map(Box::from));
                     let changed = Arc::make_mut(changed);
                     match changed.get_mut(key_bytes) {
-                        Some(epoch) => *epoch = self.epoch,
+                        Some(last) => *last = change,
                         None => {
-                            changed.insert(key_bytes.into(), self.epoch);
+                            changed.insert(key_bytes.into(), change);
                         }
                     }
                 }
@@ -495,10 +484,6 @@ impl Exported {
 /// State taken at a barrier, encoded when called (off the operator's task).
 pub type Export = Box<dyn FnOnce() -> Result<Exported> + Send>;
 
-/// The keys an incremental export reads, listed when called (off the
-/// operator's task): (key group, encoded key).
-pub type ChangedKeysLater = Box<dyn FnOnce() -> Vec<(u16, Vec<u8>)> + Send>;
-
 fn codec_error(operator: &str, source: crate::codec::CodecError) -> Error {
     Error::Codec { operator: operator.to_string(), source }
 }
@@ -532,8 +517,9 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// complete are included again). For the in-memory store this only
     /// shares the per-key-group maps, which the operator copies when it
     /// next writes them, so the caller pays O(key groups) at the barrier,
-    /// plus O(changed keys) for byte backends, which read what changed (or
-    /// everything, for a base) from a snapshot where they have one.
+    /// plus a scan of the change log for byte backends, which log each
+    /// change with its encoded value (a base reads everything from a
+    /// snapshot where the backend has one).
     ///
     /// A delta needs a complete checkpoint taken in this run to build on:
     /// until one completes (after a start or a restore), every export is a
@@ -574,8 +560,8 @@ impl<K: Key, V: Data> ValueState<K, V> {
                 r.retain(|(_, e)| pending(e));
             }
             for c in &mut self.changed {
-                if !c.values().all(pending) {
-                    Arc::make_mut(c).retain(|_, e| pending(e));
+                if !c.values().all(|(e, _)| pending(e)) {
+                    Arc::make_mut(c).retain(|_, (e, _)| pending(e));
                 }
             }
         }
@@ -614,13 +600,17 @@ impl<K: Key, V: Data> ValueState<K, V> {
                 Some(since) => {
                     let changed: Vec<(u16, Arc<ChangedKeys>)> =
                         self.groups.clone().zip(self.changed.iter().cloned()).collect();
-                    table.export_keys_deferred(Box::new(move || {
-                        changed
-                            .iter()
-                            .flat_map(|(group, keys)| {
-                                keys.iter().filter(move |(_, e)| **e > since).map(move |(k, _)| (*group, k.to_vec()))
-                            })
-                            .collect()
+                    Ok(Box::new(move || {
+                        let mut out = Exported { base: false, entries: Vec::new(), removed: Vec::new() };
+                        for (group, keys) in changed {
+                            for (key, (_, value)) in keys.iter().filter(|(_, (e, _))| *e > since) {
+                                match value {
+                                    Some(value) => out.entries.push((group, key.to_vec(), value.to_vec())),
+                                    None => out.removed.push((group, key.to_vec())),
+                                }
+                            }
+                        }
+                        Ok(out)
                     }))
                 }
             },
