@@ -23,14 +23,23 @@ fn event(i: u64) -> (u64, u64) {
 /// The pipeline: per key, the count and sum so far.
 fn job(dir: &Path, partitions: usize, rate: f64, out: &CollectSink<(u64, (u64, u64))>) -> Job {
     let job = Job::new("sums").with_checkpoints(dir, Duration::from_millis(30)).with_max_key_groups(16);
-    job.source(Generator::new(EVENTS, event).with_partitions(2).with_rate(rate))
-        .name("events")
-        .key_by(|e: &(u64, u64)| e.0)
-        .with_partitions(partitions)
-        .fold(|| (0u64, 0u64), count_and_sum)
-        .name("sums")
-        .sink(out.clone());
+    job.source(Generator::new(EVENTS, event).with_partitions(2).with_rate(rate)).name("events").sums(partitions, out);
     job
+}
+
+/// The keyed tail of every pipeline here: per key, the count and sum so far.
+trait Sums {
+    fn sums(&self, partitions: usize, out: &CollectSink<(u64, (u64, u64))>);
+}
+
+impl Sums for weibo::Stream<(u64, u64)> {
+    fn sums(&self, partitions: usize, out: &CollectSink<(u64, (u64, u64))>) {
+        self.key_by(|e: &(u64, u64)| e.0)
+            .with_partitions(partitions)
+            .fold(|| (0u64, 0u64), count_and_sum)
+            .name("sums")
+            .sink(out.clone());
+    }
 }
 
 /// The fold of every pipeline here: per key, the count and the sum of values.
@@ -246,13 +255,7 @@ async fn incremental_checkpoints(on_fjall: bool) {
             let state = states.path().join(format!("run-{}", runs.get()));
             job = job.with_state_backend(weibo::state::FjallBackend::open(state).unwrap());
         }
-        job.source(Generator::new(40_000, fill_then_trickle).with_rate(rate))
-            .name("events")
-            .key_by(|e: &(u64, u64)| e.0)
-            .with_partitions(2)
-            .fold(|| (0u64, 0u64), count_and_sum)
-            .name("sums")
-            .sink(out.clone());
+        job.source(Generator::new(40_000, fill_then_trickle).with_rate(rate)).name("events").sums(2, out);
         job
     };
     let out = CollectSink::new();
@@ -301,13 +304,7 @@ async fn checkpoints_go_on_after_a_source_has_finished() {
         let job = Job::new("mixed").with_checkpoints(dir, Duration::from_millis(30)).with_max_key_groups(16);
         let small = job.source(Generator::new(SMALL, small_event)).name("small");
         let big = job.source(Generator::new(EVENTS, event).with_rate(rate)).name("big");
-        small
-            .union(&big)
-            .key_by(|e: &(u64, u64)| e.0)
-            .with_partitions(2)
-            .fold(|| (0u64, 0u64), count_and_sum)
-            .name("sums")
-            .sink(out.clone());
+        small.union(&big).sums(2, out);
         job
     };
     let out = CollectSink::new();

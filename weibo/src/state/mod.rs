@@ -466,7 +466,8 @@ pub type Entries = Vec<(u16, Vec<u8>, Vec<u8>)>;
 #[derive(Debug, Default)]
 pub struct Exported {
     /// Whether `entries` is all the state (a base) or what changed since
-    /// the previous export (a delta, applied on top of the chain before it).
+    /// the last complete checkpoint (a delta, applied on top of the chain
+    /// before it).
     pub base: bool,
     /// Entries (all of them, or the changed ones).
     pub entries: Entries,
