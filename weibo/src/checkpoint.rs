@@ -330,6 +330,19 @@ pub(crate) struct SavepointRequest {
     pub(crate) reply: tokio::sync::oneshot::Sender<Result<PathBuf>>,
 }
 
+/// For crash tests: with `WEIBO_CRASH_BEFORE_COMMIT=<n>` in the
+/// environment, the process aborts right after publishing checkpoint `n`'s
+/// manifest, before any sink commits it: the narrowest window a real crash
+/// can hit, which recovery must close by committing on restore.
+fn crash_point_before_commit(n: u64) {
+    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| std::env::var("WEIBO_CRASH_BEFORE_COMMIT").ok().and_then(|v| v.parse().ok()));
+    if *at == Some(n) {
+        tracing::warn!(checkpoint = n, "WEIBO_CRASH_BEFORE_COMMIT: aborting the process before the commit");
+        std::process::abort();
+    }
+}
+
 impl Coordinator {
     /// Triggers checkpoints until every source has finished or the job
     /// ends.
@@ -516,6 +529,7 @@ impl Coordinator {
         };
         fs::create_dir_all(&dir).map_err(io("cannot create checkpoint directory", &dir))?;
         write_manifest(&dir, &manifest)?;
+        crash_point_before_commit(n);
         self.previous = Some(manifest);
         // The checkpoint is complete: now the sinks may show its records.
         for entry in commits {
