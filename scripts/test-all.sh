@@ -3,9 +3,10 @@
 # tests (unit, integration, doc, compile-fail), then the quickstart and the
 # book's examples, which assert what they print.
 #
-# Needs only the Rust toolchain pinned in rust-toolchain.toml (with clippy
-# and rustfmt). Later issues add services (Kafka, PostgreSQL) that this
-# script will fetch and start itself.
+# Needs the Rust toolchain pinned in rust-toolchain.toml (with clippy and
+# rustfmt), and Java 17 and Maven for the Kafka tests: the broker (Apache
+# Kafka, KRaft) is fetched from Maven Central once into
+# $HOME/.cache/weibo/ and started by the tests themselves on loopback.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -20,6 +21,9 @@ cargo fmt --all -- --check
 
 step "clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "Kafka broker for the tests"
+scripts/fetch-kafka.sh
 
 step "tests"
 cargo test --workspace --locked

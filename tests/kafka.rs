@@ -1,0 +1,630 @@
+//! Kafka connectors against a real Apache Kafka broker (started by
+//! `kafka_broker`): round trips with keys, headers and timestamps, clear
+//! errors, and exactly-once Kafka → Kafka across SIGKILLs, checked with a
+//! `read_committed` consumer.
+//!
+//! The crash test's child is this test binary itself, started with
+//! `WEIBO_KAFKA_CHILD` set, running only the `child` test.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+#[path = "kafka_broker.rs"]
+mod kafka_broker;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+use weibo::Job;
+use weibo_connectors::kafka::{DecodeErrors, Json, KafkaRecord, KafkaSink, KafkaSource, TxnKafkaSink};
+
+fn bootstrap() -> String {
+    kafka_broker::broker().bootstrap.clone()
+}
+
+/// A topic name no other test uses.
+fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+fn create_topic(name: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
+    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let results = weibo::testing::block_on(admin.create_topics([&topic], &opts)).unwrap();
+    for r in results {
+        r.unwrap();
+    }
+}
+
+/// A record to produce: key, payload, headers, timestamp.
+struct In<'a> {
+    key: Option<&'a [u8]>,
+    value: &'a [u8],
+    headers: Vec<(&'a str, &'a [u8])>,
+    timestamp: Option<i64>,
+}
+
+fn produce(topic: &str, records: &[In<'_>]) {
+    let p: ThreadedProducer<DefaultProducerContext> =
+        ClientConfig::new().set("bootstrap.servers", bootstrap()).set("enable.idempotence", "true").create().unwrap();
+    for r in records {
+        let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(r.value);
+        if let Some(k) = r.key {
+            rec = rec.key(k);
+        }
+        if let Some(ts) = r.timestamp {
+            rec = rec.timestamp(ts);
+        }
+        if !r.headers.is_empty() {
+            let hs =
+                r.headers.iter().fold(OwnedHeaders::new(), |hs, (k, v)| hs.insert(Header { key: k, value: Some(*v) }));
+            rec = rec.headers(hs);
+        }
+        let mut rec = rec;
+        loop {
+            match p.send(rec) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    rec = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+    p.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// Every record of `topic` as a consumer with `isolation` sees it.
+fn consume_all(topic: &str, isolation: &str) -> Vec<OwnedMessage> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", unique("checker"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", isolation)
+        .create()
+        .unwrap();
+    let md = c.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
+    let partitions: Vec<i32> = md.topics()[0].partitions().iter().map(|p| p.id()).collect();
+    let mut tpl = TopicPartitionList::new();
+    for p in &partitions {
+        tpl.add_partition_offset(topic, *p, Offset::Beginning).unwrap();
+    }
+    c.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let mut at_end = std::collections::HashSet::new();
+    let started = Instant::now();
+    while at_end.len() < partitions.len() {
+        assert!(started.elapsed() < Duration::from_secs(60), "reading {topic} took too long");
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => out.push(m.detach()),
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            None => {}
+        }
+    }
+    out
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Payload {
+    n: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Out {
+    n: u64,
+    key: Option<Vec<u8>>,
+    headers: Vec<(String, Vec<u8>)>,
+}
+
+#[test]
+fn a_round_trip_keeps_values_keys_headers_and_timestamps() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let (input, output) = (unique("roundtrip-in"), unique("roundtrip-out"));
+    create_topic(&input, 3);
+    create_topic(&output, 2);
+    let values: Vec<Vec<u8>> = (0..300u64).map(|n| serde_json::to_vec(&Payload { n }).unwrap()).collect();
+    let keys: Vec<Vec<u8>> = (0..300u64).map(|n| format!("k{}", n % 10).into_bytes()).collect();
+    let seqs: Vec<Vec<u8>> = (0..300u64).map(|n| n.to_string().into_bytes()).collect();
+    let records: Vec<In<'_>> = (0..300usize)
+        .map(|i| In {
+            key: Some(&keys[i]),
+            value: &values[i],
+            headers: vec![("seq", &seqs[i][..]), ("origin", b"test")],
+            timestamp: Some(1_700_000_000_000 + i as i64),
+        })
+        .collect();
+    produce(&input, &records);
+
+    let source = KafkaSource::builder(bootstrap(), [input.clone()], Json).until_end().build::<Payload>().unwrap();
+    assert_eq!(source.kafka_partitions().len(), 3);
+    let job = Job::new("roundtrip");
+    job.source(source).map(|r: KafkaRecord<Payload>| Out { n: r.value.n * 2, key: r.key, headers: r.headers }).sink(
+        KafkaSink::new(bootstrap(), output.clone(), Json)
+            .with_key(|o: &Out| o.key.clone())
+            .with_headers(|o: &Out| o.headers.clone()),
+    );
+    weibo::testing::block_on(job.run()).unwrap();
+
+    let got = consume_all(&output, "read_committed");
+    assert_eq!(got.len(), 300);
+    let mut seen = BTreeMap::new();
+    for m in &got {
+        let out: Out = serde_json::from_slice(m.payload().unwrap()).unwrap();
+        let n = out.n / 2;
+        assert_eq!(out.n % 2, 0);
+        assert_eq!(m.key(), Some(format!("k{}", n % 10).as_bytes()), "key of record {n}");
+        let hs: Vec<(String, Vec<u8>)> =
+            m.headers().unwrap().iter().map(|h| (h.key.to_string(), h.value.unwrap().to_vec())).collect();
+        assert_eq!(hs, vec![("seq".to_string(), n.to_string().into_bytes()), ("origin".to_string(), b"test".to_vec())]);
+        assert_eq!(m.timestamp().to_millis(), Some(1_700_000_000_000 + n as i64), "timestamp of record {n}");
+        *seen.entry(n).or_insert(0) += 1;
+    }
+    assert_eq!(seen.len(), 300);
+    assert!(seen.values().all(|c| *c == 1));
+}
+
+#[test]
+fn unreachable_brokers_and_missing_topics_are_named() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let err = KafkaSource::builder("127.0.0.1:9", ["t"], Json)
+        .connect_timeout(Duration::from_secs(2))
+        .build::<Payload>()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cannot reach the Kafka brokers at 127.0.0.1:9"), "{err}");
+
+    let missing = unique("missing");
+    let err = KafkaSource::builder(bootstrap(), [missing.clone()], Json).build::<Payload>().unwrap_err().to_string();
+    assert!(err.contains(&format!("topic `{missing}`")) && err.contains("does not exist"), "{err}");
+}
+
+#[test]
+fn an_undecodable_record_is_named_or_skipped_by_policy() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let input = unique("bad-json");
+    create_topic(&input, 1);
+    let good = serde_json::to_vec(&Payload { n: 1 }).unwrap();
+    let rec = |v: &'static [u8]| In { key: None, value: v, headers: vec![], timestamp: None };
+    let good: &'static [u8] = Box::leak(good.into_boxed_slice());
+    produce(&input, &[rec(good), rec(good), rec(b"{not json"), rec(good)]);
+
+    let run = |policy: DecodeErrors| {
+        let source = KafkaSource::builder(bootstrap(), [input.clone()], Json)
+            .until_end()
+            .on_decode_error(policy)
+            .build::<Payload>()
+            .unwrap();
+        let skipped = source.skipped();
+        let mut t = weibo::testing::TestJob::new("bad-json");
+        let s = t.job().source(source).map(|r: KafkaRecord<Payload>| r.offset);
+        let got = t.collect(&s);
+        (t.run().map(|_| got.values()), skipped.load(Ordering::Relaxed))
+    };
+    let (failed, _) = run(DecodeErrors::Fail);
+    let err = failed.unwrap_err().to_string();
+    assert!(err.contains(&format!("topic `{input}` partition 0 offset 2")) && err.contains("JSON"), "{err}");
+    let (ok, skipped) = run(DecodeErrors::Skip);
+    assert_eq!(ok.unwrap(), vec![0, 1, 3]);
+    assert_eq!(skipped, 1);
+}
+
+// ---- exactly-once Kafka -> Kafka -------------------------------------------
+
+const KEYS: u64 = 17;
+const EVENTS: u64 = 40_000;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Event {
+    key: u64,
+    id: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Count {
+    key: u64,
+    id: u64,
+    count: u64,
+}
+
+/// The input: event `id` for key `id % KEYS`, keyed so that each key's
+/// events are in one partition, in order.
+fn write_events(topic: &str) {
+    create_topic(topic, 4);
+    let values: Vec<(Vec<u8>, Vec<u8>)> = (0..EVENTS)
+        .map(|id| {
+            let e = Event { key: id % KEYS, id };
+            (e.key.to_string().into_bytes(), serde_json::to_vec(&e).unwrap())
+        })
+        .collect();
+    let records: Vec<In<'_>> =
+        values.iter().map(|(k, v)| In { key: Some(k), value: v, headers: vec![], timestamp: None }).collect();
+    produce(topic, &records);
+}
+
+/// Reads `input`, counts events per key, writes each event with its key's
+/// running count to `output` exactly once.
+fn counting_job(input: &str, output: &str, dir: &Path, slow: bool) -> Job {
+    // The paced map sleeps on the runtime's threads; small batches keep
+    // each poll short, so timers (the checkpoint trigger) stay on time.
+    let job =
+        Job::new("kafka-eos").with_checkpoints(dir.join("checkpoints"), Duration::from_millis(300)).with_batch_size(16);
+    let source = KafkaSource::builder(bootstrap(), [input.to_string()], Json).until_end().build::<Event>().unwrap();
+    job.source(source)
+        .map(move |r: KafkaRecord<Event>| {
+            if slow && r.offset % 4 == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Count { key: r.value.key, id: r.value.id, count: 1 }
+        })
+        .key_by(|c: &Count| c.key)
+        .with_partitions(2)
+        .reduce(|acc, c| Count { key: c.key, id: c.id, count: acc.count + 1 })
+        .sink_exactly_once(
+            TxnKafkaSink::new(bootstrap(), output, Json, format!("{output}-txn"), dir.join("redo"))
+                .with_key(|c: &Count| Some(c.key.to_string().into_bytes())),
+        );
+    job
+}
+
+/// What every correct run writes: event `id` with its key's running count.
+fn expected() -> BTreeMap<u64, Count> {
+    let mut counts: HashMap<u64, u64> = HashMap::new();
+    (0..EVENTS)
+        .map(|id| {
+            let c = counts.entry(id % KEYS).or_insert(0);
+            *c += 1;
+            (id, Count { key: id % KEYS, id, count: *c })
+        })
+        .collect()
+}
+
+/// Checks the committed output: every event once, with a crash-free run's
+/// running count; reports the first few differences only.
+fn assert_exactly_once(topic: &str) -> usize {
+    let (got, twice) = committed(topic);
+    assert!(twice.is_empty(), "events written twice: {:?} ({} in all)", &twice[..twice.len().min(5)], twice.len());
+    let want = expected();
+    let missing: Vec<u64> = want.keys().filter(|id| !got.contains_key(id)).copied().collect();
+    assert!(missing.is_empty(), "events missing: {:?} ({} in all)", &missing[..missing.len().min(5)], missing.len());
+    let wrong: Vec<(&Count, &Count)> =
+        want.iter().filter_map(|(id, w)| got.get(id).filter(|g| *g != w).map(|g| (g, w))).take(5).collect();
+    assert!(wrong.is_empty(), "running counts differ from a crash-free run's (got, want): {wrong:?}");
+    assert_eq!(got.len(), want.len());
+    got.len()
+}
+
+/// The committed output, with how often each event appears.
+fn committed(topic: &str) -> (BTreeMap<u64, Count>, Vec<u64>) {
+    let mut out = BTreeMap::new();
+    let mut twice = Vec::new();
+    for m in consume_all(topic, "read_committed") {
+        let c: Count = serde_json::from_slice(m.payload().unwrap()).unwrap();
+        if out.insert(c.id, c.clone()).is_some() {
+            twice.push(c.id);
+        }
+    }
+    (out, twice)
+}
+
+#[test]
+fn child() {
+    let Ok(spec) = std::env::var("WEIBO_KAFKA_CHILD") else { return };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+    let parts: Vec<&str> = spec.split('|').collect();
+    let job = counting_job(parts[0], parts[1], Path::new(parts[2]), true);
+    weibo::testing::block_on(job.run()).unwrap();
+}
+
+#[test]
+fn kafka_to_kafka_without_crashes_writes_every_event_once() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let (input, output) = (unique("eos-in"), unique("eos-out"));
+    write_events(&input);
+    create_topic(&output, 3);
+    let dir = tempfile::tempdir().unwrap();
+    weibo::testing::block_on(counting_job(&input, &output, dir.path(), false).run()).unwrap();
+    assert_exactly_once(&output);
+    // The redo logs of committed epochs are gone.
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("redo"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".redo"))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "redo logs left behind: {left:?}");
+}
+
+#[test]
+fn a_crash_between_checkpoint_and_commit_is_recommitted_from_the_redo_log() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let (input, output) = (unique("recommit-in"), unique("recommit-out"));
+    write_events(&input);
+    create_topic(&output, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!("{input}|{output}|{}", dir.path().display());
+    let run = |crash: Option<&str>| {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
+            .env("WEIBO_KAFKA_CHILD", &spec)
+            .env("WEIBO_KAFKA_BOOTSTRAP", bootstrap())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(n) = crash {
+            cmd.env("WEIBO_CRASH_BEFORE_COMMIT", n);
+        }
+        cmd.status().unwrap()
+    };
+    // Checkpoint 2 is published, then the process dies before committing
+    // its transactions; they die with it (the restart fences them).
+    assert!(!run(Some("2")).success(), "the first life aborts at its crash point");
+    let redo: Vec<String> = std::fs::read_dir(dir.path().join("redo"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with("00000000000000000002.redo"))
+        .collect();
+    assert!(!redo.is_empty(), "epoch 2 waits in its redo logs");
+    assert!(run(None).success(), "the second life finishes");
+    assert_exactly_once(&output);
+}
+
+/// A cheap deterministic pseudo-random sequence of delays (0 to 800 ms).
+fn delays(seed: u64) -> impl Iterator<Item = Duration> {
+    let mut x = seed;
+    std::iter::repeat_with(move || {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        Duration::from_millis((x >> 33) % 800)
+    })
+}
+
+/// The newest complete checkpoint in `dir`.
+fn newest_checkpoint(dir: &Path) -> u64 {
+    weibo::checkpoint::complete_checkpoints(dir).iter().map(|(n, _)| *n).max().unwrap_or(0)
+}
+
+#[test]
+fn killed_again_and_again_kafka_to_kafka_commits_every_event_exactly_once() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let (input, output) = (unique("crash-in"), unique("crash-out"));
+    write_events(&input);
+    create_topic(&output, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!("{input}|{output}|{}", dir.path().display());
+    // Each life is killed at a pseudo-random moment after it completed a
+    // checkpoint of its own (so every life makes progress, however fast
+    // the machine), up to 6 times; the last life runs to the end.
+    let mut kills = 0;
+    let mut delay = delays(5);
+    loop {
+        let before = newest_checkpoint(&dir.path().join("checkpoints"));
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+            .env("WEIBO_KAFKA_CHILD", &spec)
+            .env("WEIBO_KAFKA_BOOTSTRAP", bootstrap())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let mut kill_at = None;
+        let finished = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "the child failed: {status}");
+                break true;
+            }
+            if kills < 6 && kill_at.is_none() && newest_checkpoint(&dir.path().join("checkpoints")) > before {
+                kill_at = Some(Instant::now() + delay.next().unwrap());
+            }
+            if kill_at.is_some_and(|t| Instant::now() >= t) {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                break false;
+            }
+            assert!(started.elapsed() < Duration::from_secs(120), "a life of the job ran for two minutes");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        eprintln!("life {}: {:?}, {}", kills + 1, started.elapsed(), if finished { "finished" } else { "killed" });
+        if finished {
+            break;
+        }
+        kills += 1;
+    }
+    assert!(kills >= 3, "the child was killed mid-run several times ({kills})");
+    let committed = assert_exactly_once(&output);
+    // Aborted transactions were written and are hidden from read_committed.
+    let all = consume_all(&output, "read_uncommitted").len();
+    eprintln!("{kills} kills; read_uncommitted sees {all} records, read_committed {committed}");
+}
+
+// ---- benchmark ----------------------------------------------------------------
+
+/// Kafka → Kafka throughput on the test broker: a hand-written rdkafka
+/// consume → produce pipe, Weibo at least once, Weibo exactly once with a
+/// checkpoint every second; records of 100 bytes. Run in release:
+///
+/// ```sh
+/// cargo test --release -p weibo-tests --test kafka -- --ignored --nocapture kafka_pipe_throughput
+/// ```
+///
+/// `WEIBO_KAFKA_BENCH_RECORDS` (default 1,000,000) and `WEIBO_KAFKA_BENCH_REPS`
+/// (default 3) size it; it prints every run and the medians.
+#[test]
+#[ignore = "a benchmark: run it in release, by name"]
+fn kafka_pipe_throughput() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let n: usize = std::env::var("WEIBO_KAFKA_BENCH_RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let reps: usize = std::env::var("WEIBO_KAFKA_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let input = unique("bench-in");
+    create_topic(&input, 4);
+    let payloads: Vec<Vec<u8>> = (0..n).map(|i| format!("{i:0>100}").into_bytes()).collect();
+    let keys: Vec<Vec<u8>> = (0..n).map(|i| (i % 1000).to_string().into_bytes()).collect();
+    let records: Vec<In<'_>> =
+        (0..n).map(|i| In { key: Some(&keys[i]), value: &payloads[i], headers: vec![], timestamp: None }).collect();
+    let t = Instant::now();
+    produce(&input, &records);
+    eprintln!("produced {n} records of 100 bytes in {:.2?}", t.elapsed());
+
+    let mut results: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for rep in 0..reps {
+        for kind in ["raw rdkafka pipe", "weibo at-least-once", "weibo exactly-once (1 s checkpoints)"] {
+            let output = unique("bench-out");
+            create_topic(&output, 4);
+            let dir = tempfile::tempdir().unwrap();
+            let t = Instant::now();
+            match kind {
+                "raw rdkafka pipe" => raw_pipe(&input, &output, n),
+                "weibo at-least-once" => {
+                    let job = Job::new("bench-alo");
+                    let source = KafkaSource::builder(bootstrap(), [input.clone()], weibo_connectors::kafka::Bytes)
+                        .until_end()
+                        .build::<Vec<u8>>()
+                        .unwrap();
+                    job.source(source).map(|r: KafkaRecord<Vec<u8>>| (r.key, r.value)).sink(
+                        KafkaSink::new(bootstrap(), output.clone(), KeyedBytes)
+                            .with_key(|r: &(Option<Vec<u8>>, Vec<u8>)| r.0.clone()),
+                    );
+                    weibo::testing::block_on(job.run()).unwrap();
+                }
+                _ => {
+                    let job = Job::new("bench-eos").with_checkpoints(dir.path().join("cp"), Duration::from_secs(1));
+                    let source = KafkaSource::builder(bootstrap(), [input.clone()], weibo_connectors::kafka::Bytes)
+                        .until_end()
+                        .build::<Vec<u8>>()
+                        .unwrap();
+                    job.source(source).map(|r: KafkaRecord<Vec<u8>>| (r.key, r.value)).sink_exactly_once(
+                        TxnKafkaSink::new(
+                            bootstrap(),
+                            output.clone(),
+                            KeyedBytes,
+                            format!("{output}-txn"),
+                            dir.path().join("redo"),
+                        )
+                        .with_key(|r: &(Option<Vec<u8>>, Vec<u8>)| r.0.clone()),
+                    );
+                    weibo::testing::block_on(job.run()).unwrap();
+                }
+            }
+            let secs = t.elapsed().as_secs_f64();
+            let got = count_records(&output);
+            assert_eq!(got, n, "{kind} wrote every record");
+            eprintln!("rep {rep}: {kind}: {n} records in {secs:.2} s = {:.0} records/s", n as f64 / secs);
+            results.entry(kind).or_default().push(n as f64 / secs);
+        }
+    }
+    let median = |v: &Vec<f64>| {
+        let mut v = v.clone();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let raw = median(&results["raw rdkafka pipe"]);
+    for (kind, v) in &results {
+        eprintln!("median {kind}: {:.0} records/s ({:.0}% of the raw pipe)", median(v), 100.0 * median(v) / raw);
+    }
+}
+
+/// The value's bytes as they are; the key goes through `with_key`.
+struct KeyedBytes;
+
+impl weibo_connectors::kafka::Format<(Option<Vec<u8>>, Vec<u8>)> for KeyedBytes {
+    fn name(&self) -> &'static str {
+        "bytes"
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<(Option<Vec<u8>>, Vec<u8>), String> {
+        Ok((None, bytes.to_vec()))
+    }
+
+    fn encode(&self, value: &(Option<Vec<u8>>, Vec<u8>), out: &mut Vec<u8>) -> Result<(), String> {
+        out.extend_from_slice(&value.1);
+        Ok(())
+    }
+}
+
+/// The baseline: one consumer reading every partition, one idempotent
+/// producer, no framework.
+fn raw_pipe(input: &str, output: &str, n: usize) {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", unique("raw"))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for part in 0..4 {
+        tpl.add_partition_offset(input, part, Offset::Beginning).unwrap();
+    }
+    c.assign(&tpl).unwrap();
+    let mut done = 0;
+    while done < n {
+        match c.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let mut rec: BaseRecord<'_, [u8], [u8]> =
+                    BaseRecord::to(output).payload(m.payload().unwrap_or_default());
+                if let Some(k) = m.key() {
+                    rec = rec.key(k);
+                }
+                loop {
+                    match p.send(rec) {
+                        Ok(()) => break,
+                        Err((_, back)) => {
+                            rec = back;
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    }
+                }
+                done += 1;
+            }
+            Some(Err(e)) => panic!("{e}"),
+            None => {}
+        }
+    }
+    p.flush(Duration::from_secs(60)).unwrap();
+}
+
+/// How many records `topic` holds (high watermarks summed; the topic is
+/// written by one producer without transactions aborted).
+fn count_records(topic: &str) -> usize {
+    consume_all(topic, "read_committed").len()
+}

@@ -1,0 +1,111 @@
+//! A real Apache Kafka broker (KRaft, single node) for the integration
+//! tests, on loopback.
+//!
+//! The broker's jars are fetched once by `scripts/fetch-kafka.sh` (Java 17
+//! and Maven needed) into `$HOME/.cache/weibo/`. Each test binary that needs
+//! Kafka starts one broker in a temporary directory and shares it between
+//! its tests (every test uses its own topics). A watchdog shell stops the
+//! broker when the test process ends, however it ends.
+//!
+//! `WEIBO_KAFKA_BOOTSTRAP` set to `host:port` uses that broker instead
+//! (child processes of crash tests get it this way).
+
+#![allow(clippy::expect_used, clippy::panic)]
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// A running broker.
+#[derive(Debug)]
+pub(crate) struct Broker {
+    /// `127.0.0.1:<port>`.
+    pub(crate) bootstrap: String,
+    /// The watchdog shell that runs the broker (none for an outside broker).
+    _watchdog: Option<std::process::Child>,
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    l.local_addr().expect("local address").port()
+}
+
+/// The shared broker of this test process, started on first use.
+pub(crate) fn broker() -> &'static Broker {
+    static BROKER: OnceLock<Broker> = OnceLock::new();
+    BROKER.get_or_init(|| {
+        if let Ok(bootstrap) = std::env::var("WEIBO_KAFKA_BOOTSTRAP") {
+            return Broker { bootstrap, _watchdog: None };
+        }
+        start()
+    })
+}
+
+fn start() -> Broker {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let fetch = root.join("scripts/fetch-kafka.sh");
+    let out = Command::new("bash").arg(&fetch).stderr(Stdio::inherit()).output().expect("run scripts/fetch-kafka.sh");
+    assert!(
+        out.status.success(),
+        "cannot fetch the Kafka broker for the tests with {}: it needs Java 17 and Maven (apt-get install openjdk-17-jre-headless maven) and access to Maven Central",
+        fetch.display()
+    );
+    let jars = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let dir = std::env::temp_dir().join(format!("weibo-kafka-{}-{}", std::process::id(), free_port()));
+    std::fs::create_dir_all(&dir).expect("create the broker's directory");
+    let (port, controller) = (free_port(), free_port());
+    let props = format!(
+        "process.roles=broker,controller\nnode.id=1\n\
+         listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}\n\
+         advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
+         controller.listener.names=CONTROLLER\n\
+         listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
+         controller.quorum.voters=1@127.0.0.1:{controller}\n\
+         log.dirs={}/logs\n\
+         offsets.topic.replication.factor=1\noffsets.topic.num.partitions=4\n\
+         transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\ntransaction.state.log.num.partitions=4\n\
+         group.initial.rebalance.delay.ms=0\nnum.partitions=4\nauto.create.topics.enable=false\n",
+        dir.display()
+    );
+    std::fs::write(dir.join("server.properties"), props).expect("write server.properties");
+    let cp = format!("{jars}/*");
+    let format = Command::new("java")
+        .args(["-cp", &cp, "kafka.tools.StorageTool", "format", "-t", "weibo-test-cluster-0001", "-c"])
+        .arg(dir.join("server.properties"))
+        .output()
+        .expect("run java (Java 17 is needed for the test Kafka broker)");
+    assert!(
+        format.status.success(),
+        "formatting the broker's storage failed: {}",
+        String::from_utf8_lossy(&format.stderr)
+    );
+    // The watchdog: start the broker, and stop it when this process ends.
+    let script = format!(
+        "java -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -cp '{cp}' kafka.Kafka '{}/server.properties' > '{}/broker.log' 2>&1 &\n\
+         b=$!\nwhile kill -0 {me} 2>/dev/null && kill -0 $b 2>/dev/null; do sleep 0.5; done\nkill $b 2>/dev/null; sleep 3; kill -9 $b 2>/dev/null; rm -rf '{}'",
+        dir.display(),
+        dir.display(),
+        dir.display(),
+        me = std::process::id()
+    );
+    let watchdog = Command::new("bash")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the Kafka broker");
+    let bootstrap = format!("127.0.0.1:{port}");
+    let started = Instant::now();
+    while TcpStream::connect(&bootstrap).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the Kafka broker did not open {bootstrap} within 60 s; see {}/broker.log",
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Broker { bootstrap, _watchdog: Some(watchdog) }
+}

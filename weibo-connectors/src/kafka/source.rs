@@ -1,0 +1,418 @@
+//! The Kafka source: one Weibo source partition per Kafka partition.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+use weibo::sources::{ReadStatus, Source, SourceOutput, SourceReader};
+use weibo::{BoxFuture, Error, Result};
+
+use super::{Connection, Format, connector};
+
+/// A record read from Kafka: its value decoded by the source's format,
+/// with the key, headers, timestamp and where it was read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KafkaRecord<T> {
+    /// The topic it was read from.
+    pub topic: Arc<str>,
+    /// Its Kafka partition.
+    pub partition: i32,
+    /// Its offset in the partition.
+    pub offset: i64,
+    /// Its Kafka timestamp (milliseconds since the epoch), if it has one.
+    pub timestamp: Option<i64>,
+    /// Its key's bytes, if it has a key.
+    pub key: Option<Vec<u8>>,
+    /// Its headers, in order (a header without a value has an empty one).
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The decoded value.
+    pub value: T,
+}
+
+/// Where a partition is read from when the job has no checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum StartAt {
+    /// The oldest record still in the partition.
+    #[default]
+    Earliest,
+    /// The end of the partition: only records written after the job starts.
+    Latest,
+}
+
+/// What a source does with a payload its format cannot decode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DecodeErrors {
+    /// Fail the job with an error naming the topic, partition and offset.
+    #[default]
+    Fail,
+    /// Skip the record, log a warning naming it, and count it in the
+    /// source's `skipped` total ([`KafkaSource::skipped`]).
+    Skip,
+}
+
+/// Reads Kafka topics. Every Kafka partition of every topic is one
+/// partition of the source (topics in the order given, partitions in
+/// order), read by its own task with its own consumer, so the source's
+/// parallelism is the topics' partition count.
+///
+/// Where reading starts: the offsets in the checkpoint the job restores
+/// from, otherwise [`StartAt`]. A consumer group is only named for
+/// monitoring tools: the source assigns partitions itself and never reads
+/// or commits the group's offsets.
+///
+/// ```no_run
+/// use weibo_connectors::kafka::{KafkaSource, Json};
+/// # fn main() -> weibo::Result<()> {
+/// let source = KafkaSource::builder("127.0.0.1:9092", ["clicks"], Json)
+///     .group("click-counter")
+///     .build::<serde_json::Value>()?;
+/// # let _ = source; Ok(()) }
+/// ```
+pub struct KafkaSource<T> {
+    conn: Connection,
+    group: String,
+    start: StartAt,
+    bounded: bool,
+    decode_errors: DecodeErrors,
+    partitions: Vec<(String, i32)>,
+    format: Arc<dyn Format<T>>,
+    skipped: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<T> fmt::Debug for KafkaSource<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaSource")
+            .field("brokers", &self.conn.brokers)
+            .field("partitions", &self.partitions)
+            .field("group", &self.group)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settings of a [`KafkaSource`]; [`KafkaSourceBuilder::build`] contacts the
+/// brokers to learn the topics' partitions.
+pub struct KafkaSourceBuilder<F> {
+    conn: Connection,
+    topics: Vec<String>,
+    group: Option<String>,
+    start: StartAt,
+    bounded: bool,
+    decode_errors: DecodeErrors,
+    format: F,
+}
+
+impl<F> fmt::Debug for KafkaSourceBuilder<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaSourceBuilder")
+            .field("brokers", &self.conn.brokers)
+            .field("topics", &self.topics)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaSource<()> {
+    /// A source reading `topics` from the cluster at `brokers`
+    /// (`host:port[,host:port…]`), decoding values with `format`.
+    pub fn builder<F>(
+        brokers: impl Into<String>,
+        topics: impl IntoIterator<Item = impl Into<String>>,
+        format: F,
+    ) -> KafkaSourceBuilder<F> {
+        KafkaSourceBuilder {
+            conn: Connection::new(brokers),
+            topics: topics.into_iter().map(Into::into).collect(),
+            group: None,
+            start: StartAt::default(),
+            bounded: false,
+            decode_errors: DecodeErrors::default(),
+            format,
+        }
+    }
+}
+
+impl<F> KafkaSourceBuilder<F> {
+    /// The consumer group named to the brokers (default `weibo-<topics>`).
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
+    /// Where to start without a checkpoint (default [`StartAt::Earliest`]).
+    pub fn start_at(mut self, start: StartAt) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// Ends each partition at the end it had when its reader opened,
+    /// instead of waiting for more records: for backfills and tests.
+    pub fn until_end(mut self) -> Self {
+        self.bounded = true;
+        self
+    }
+
+    /// What to do with undecodable payloads (default [`DecodeErrors::Fail`]).
+    pub fn on_decode_error(mut self, policy: DecodeErrors) -> Self {
+        self.decode_errors = policy;
+        self
+    }
+
+    /// Sets a librdkafka consumer property (security, fetch sizes, …).
+    pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.conn.props.insert(key.into(), value.into());
+        self
+    }
+
+    /// How long to wait for the brokers' metadata (default 10 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.conn.timeout = timeout;
+        self
+    }
+
+    /// Contacts the brokers and returns the source.
+    ///
+    /// # Errors
+    /// [`Error::Connector`] when the brokers do not answer (naming their
+    /// address), when a topic does not exist, or when no topic was given.
+    pub fn build<T>(self) -> Result<KafkaSource<T>>
+    where
+        F: Format<T>,
+    {
+        let name = format!("kafka {}", self.topics.join(","));
+        if self.topics.is_empty() {
+            return Err(connector(&name, "no topic to read".into()));
+        }
+        let partitions = self.conn.partitions(&name, &self.topics)?;
+        Ok(KafkaSource {
+            group: self.group.unwrap_or_else(|| format!("weibo-{}", self.topics.join("-"))),
+            conn: self.conn,
+            start: self.start,
+            bounded: self.bounded,
+            decode_errors: self.decode_errors,
+            partitions,
+            format: Arc::new(self.format),
+            skipped: Arc::default(),
+        })
+    }
+}
+
+impl<T> KafkaSource<T> {
+    /// The Kafka partitions, in the order of the source's partitions.
+    pub fn kafka_partitions(&self) -> &[(String, i32)] {
+        &self.partitions
+    }
+
+    /// How many undecodable records were skipped (with [`DecodeErrors::Skip`]).
+    pub fn skipped(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        Arc::clone(&self.skipped)
+    }
+
+    fn name(&self) -> String {
+        let mut topics: Vec<&str> = self.partitions.iter().map(|(t, _)| t.as_str()).collect();
+        topics.dedup();
+        format!("kafka {}", topics.join(","))
+    }
+
+    fn reader(&self, partition: usize, position: Option<i64>) -> Result<Box<dyn SourceReader<KafkaRecord<T>>>>
+    where
+        T: Clone + Send + 'static,
+    {
+        let name = self.name();
+        let Some((topic, kp)) = self.partitions.get(partition) else {
+            return Err(connector(&name, format!("no partition {partition}")));
+        };
+        let consumer: StreamConsumer = self
+            .conn
+            .config(&[
+                ("group.id", &self.group),
+                ("enable.auto.commit", "false"),
+                ("enable.auto.offset.store", "false"),
+                ("enable.partition.eof", "true"),
+                ("isolation.level", "read_committed"),
+                ("auto.offset.reset", "earliest"),
+            ])
+            .create()
+            .map_err(|e| connector(&name, format!("cannot create a Kafka consumer: {e}")))?;
+        let (low, high) =
+            consumer.fetch_watermarks(topic, *kp, self.conn.timeout).map_err(|e| self.conn.unreachable(&name, &e))?;
+        let start = match (position, self.start) {
+            (Some(p), _) => p,
+            (None, StartAt::Earliest) => low,
+            (None, StartAt::Latest) => high,
+        };
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, *kp, Offset::Offset(start))
+            .map_err(|e| connector(&name, format!("cannot assign {topic}/{kp}: {e}")))?;
+        consumer.assign(&tpl).map_err(|e| connector(&name, format!("cannot assign {topic}/{kp}: {e}")))?;
+        Ok(Box::new(KafkaReader {
+            consumer,
+            d: Decoder {
+                name,
+                topic: Arc::from(topic.as_str()),
+                partition: *kp,
+                next: start,
+                format: Arc::clone(&self.format),
+                decode_errors: self.decode_errors,
+                skipped: Arc::clone(&self.skipped),
+            },
+            end: self.bounded.then_some(high),
+        }))
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> Source for KafkaSource<T> {
+    type Item = KafkaRecord<T>;
+
+    fn default_name(&self) -> String {
+        self.name()
+    }
+
+    fn describe(&self) -> String {
+        format!("{}, {} partitions at {}", self.name(), self.partitions.len(), self.conn.brokers)
+    }
+
+    fn partitions(&self) -> usize {
+        self.partitions.len()
+    }
+
+    fn open(&self, partition: usize) -> Result<Box<dyn SourceReader<KafkaRecord<T>>>> {
+        self.reader(partition, None)
+    }
+
+    fn open_at(&self, partition: usize, position: u64) -> Result<Box<dyn SourceReader<KafkaRecord<T>>>> {
+        let offset = i64::try_from(position)
+            .map_err(|_| connector(&self.name(), format!("checkpointed offset {position} is out of range")))?;
+        self.reader(partition, Some(offset))
+    }
+}
+
+struct KafkaReader<T> {
+    consumer: StreamConsumer,
+    d: Decoder<T>,
+    /// Where a bounded source ends.
+    end: Option<i64>,
+}
+
+/// Turns messages into records; apart from the consumer so that a message
+/// borrowed from the consumer can be decoded without a copy.
+struct Decoder<T> {
+    name: String,
+    topic: Arc<str>,
+    partition: i32,
+    /// The offset of the next record to read: the checkpointed position.
+    next: i64,
+    format: Arc<dyn Format<T>>,
+    decode_errors: DecodeErrors,
+    skipped: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<T> KafkaReader<T> {
+    fn done(&self) -> bool {
+        self.end.is_some_and(|end| self.d.next >= end)
+    }
+
+    /// After the end of the partition was reached: the fetch position,
+    /// which is past transaction markers and aborted records.
+    fn catch_up(&mut self) {
+        if let Ok(tpl) = self.consumer.position()
+            && let Some(e) = tpl.find_partition(&self.d.topic, self.d.partition)
+            && let Offset::Offset(o) = e.offset()
+        {
+            self.d.next = self.d.next.max(o);
+        }
+    }
+}
+
+impl<T: 'static> Decoder<T> {
+    fn take<M: Message>(&mut self, m: &M, out: &mut SourceOutput<KafkaRecord<T>>) -> Result<()> {
+        let offset = m.offset();
+        self.next = offset + 1;
+        let value = match self.format.decode(m.payload().unwrap_or_default()) {
+            Ok(v) => v,
+            Err(reason) => {
+                let at = format!("topic `{}` partition {} offset {offset}", self.topic, self.partition);
+                match self.decode_errors {
+                    DecodeErrors::Fail => {
+                        return Err(Error::Input {
+                            position: out.position(u64::try_from(offset).unwrap_or_default()),
+                            message: format!("{at}: cannot decode the value as {}: {reason}", self.format.name()),
+                        });
+                    }
+                    DecodeErrors::Skip => {
+                        tracing::warn!(source = %self.name, %at, %reason, "skipping a record that cannot be decoded");
+                        self.skipped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        let headers = m
+            .headers()
+            .map(|hs| hs.iter().map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec())).collect())
+            .unwrap_or_default();
+        let timestamp = m.timestamp().to_millis();
+        out.push(
+            KafkaRecord {
+                topic: Arc::clone(&self.topic),
+                partition: self.partition,
+                offset,
+                timestamp,
+                key: m.key().map(<[u8]>::to_vec),
+                headers,
+                value,
+            },
+            u64::try_from(offset).unwrap_or_default(),
+            timestamp,
+        );
+        Ok(())
+    }
+}
+
+impl<T: Send + 'static> SourceReader<KafkaRecord<T>> for KafkaReader<T> {
+    fn read<'a>(&'a mut self, out: &'a mut SourceOutput<KafkaRecord<T>>) -> BoxFuture<'a, Result<ReadStatus>> {
+        Box::pin(async move {
+            if self.done() {
+                return Ok(ReadStatus::Done);
+            }
+            let deadline = tokio::time::Instant::from_std(out.deadline());
+            while out.remaining() > 0 {
+                // Wait (until the deadline) for the first record of a
+                // batch; take the rest only while they are ready.
+                let next = if out.is_empty() {
+                    tokio::time::timeout_at(deadline, self.consumer.recv()).await
+                } else {
+                    tokio::time::timeout(Duration::ZERO, self.consumer.recv()).await
+                };
+                let Ok(result) = next else { break };
+                match result {
+                    Ok(m) => self.d.take(&m, out)?,
+                    Err(KafkaError::PartitionEOF(_)) => {
+                        self.catch_up();
+                        break;
+                    }
+                    Err(e) => {
+                        return Err(connector(
+                            &self.d.name,
+                            format!("reading {} partition {} failed: {e}", self.d.topic, self.d.partition),
+                        ));
+                    }
+                }
+                if self.done() {
+                    break;
+                }
+            }
+            if self.done() && out.is_empty() {
+                return Ok(ReadStatus::Done);
+            }
+            Ok(if out.is_empty() { ReadStatus::Idle } else { ReadStatus::More })
+        })
+    }
+
+    fn position(&self) -> Option<u64> {
+        u64::try_from(self.d.next).ok()
+    }
+}

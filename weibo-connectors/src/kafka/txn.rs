@@ -1,0 +1,720 @@
+//! The exactly-once Kafka sink: one Kafka transaction per checkpoint epoch.
+//!
+//! librdkafka cannot resume a transaction that another process opened, so
+//! a transaction pre-committed at barrier `n` by a process that then died
+//! cannot be committed by its successor: initialising the same
+//! transactional id aborts it. The sink therefore keeps a redo log: every
+//! record of epoch `n` is also appended to `<redo dir>/<instance>-<n>.redo`,
+//! made durable at the barrier before the checkpoint can complete. The
+//! commit of epoch `n` carries a marker in the same transaction: the
+//! offset `n` committed for the consumer group `<id>-<instance>` (on
+//! partition 0 of the output topic), so whether epoch `n` is visible is
+//! known exactly. Committing a handle after a restart fences the old
+//! producer, reads the marker, and, when epoch `n` is not visible,
+//! produces the redo log in a new transaction with the marker.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::producer::Producer;
+use rdkafka::{Offset, TopicPartitionList};
+use weibo::Data;
+use weibo::sinks::{SinkBatch, TransactionWriter, TwoPhaseCommitSink};
+use weibo::{Error, Result};
+
+use super::sink::{Deliveries, Encoder, FLUSH_TIMEOUT, KafkaProducer, OutRecord, encoder_settings, produce};
+use super::{Connection, Format, connector};
+
+/// How long transaction calls (init, commit, abort) may take.
+const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How many transactions one sink instance may have open at once (the
+/// epoch being written plus those waiting for their checkpoint to
+/// complete).
+const MAX_OPEN_TRANSACTIONS: usize = 8;
+
+/// The slot of a handle that commits nothing (an epoch replayed after an
+/// end-of-input commit).
+const NO_SLOT: usize = usize::MAX;
+
+/// The metadata of a marker committed by an end-of-input commit.
+const END_OF_INPUT: &str = "end-of-input";
+
+/// Writes records to a Kafka topic exactly once, with Kafka transactions
+/// committed in step with Weibo's checkpoints: records become visible to
+/// `read_committed` consumers when the checkpoint that covers them
+/// completes (so end-to-end latency is about the checkpoint interval).
+///
+/// `id` names the sink's transactions: transactional ids are
+/// `<id>-<instance>-<slot>`, stable across restarts, so a restarted
+/// instance fences its predecessor. Give every job and sink its own id.
+/// `redo_dir` keeps each epoch's records until its transaction is known to
+/// be committed (see the module notes); it must survive the process, like
+/// the checkpoint directory.
+///
+/// The brokers abort a transaction left open longer than
+/// `transaction.timeout.ms` (default here 60 s, set with
+/// [`TxnKafkaSink::transaction_timeout`]); it must exceed the checkpoint
+/// interval plus the time a checkpoint takes, and stay below the brokers'
+/// `transaction.max.timeout.ms` (15 min by default), or producers fail to
+/// start with an error saying so.
+pub struct TxnKafkaSink<T> {
+    conn: Connection,
+    enc: Encoder<T>,
+    core: Arc<Core>,
+}
+
+impl<T> fmt::Debug for TxnKafkaSink<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TxnKafkaSink")
+            .field("brokers", &self.conn.brokers)
+            .field("topic", &self.enc.topic)
+            .field("id", &self.core.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> TxnKafkaSink<T> {
+    /// An exactly-once sink producing to `topic` at `brokers`, with
+    /// transactional ids starting with `id` and its redo log in `redo_dir`.
+    pub fn new(
+        brokers: impl Into<String>,
+        topic: impl Into<String>,
+        format: impl Format<T>,
+        id: impl Into<String>,
+        redo_dir: impl AsRef<Path>,
+    ) -> Self {
+        let topic = topic.into();
+        let conn = Connection::new(brokers);
+        Self {
+            core: Arc::new(Core {
+                id: id.into(),
+                topic: topic.clone(),
+                redo: redo_dir.as_ref().to_path_buf(),
+                conn: Mutex::new(conn.clone()),
+                txn_timeout: Mutex::new(Duration::from_secs(60)),
+                state: Mutex::new(State::default()),
+            }),
+            conn,
+            enc: Encoder { topic, format: Arc::new(format), key: None, headers: None },
+        }
+    }
+
+    encoder_settings!();
+
+    /// Sets `transaction.timeout.ms` (default 60 s).
+    pub fn transaction_timeout(self, timeout: Duration) -> Self {
+        *self.core.txn_timeout.lock().unwrap_or_else(PoisonError::into_inner) = timeout;
+        self
+    }
+
+    fn sync_conn(&self) {
+        *self.core.conn.lock().unwrap_or_else(PoisonError::into_inner) = self.conn.clone();
+    }
+}
+
+/// One transactional producer.
+struct Slot {
+    instance: usize,
+    slot: usize,
+    producer: KafkaProducer,
+}
+
+/// A pre-committed transaction waiting for its checkpoint.
+struct Pending {
+    slot: Slot,
+    /// Committed at the end of input (its marker says so).
+    end: bool,
+}
+
+/// What the sink's writers and its committer share.
+struct Core {
+    id: String,
+    topic: String,
+    redo: PathBuf,
+    conn: Mutex<Connection>,
+    txn_timeout: Mutex<Duration>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Pre-committed transactions by handle, waiting for their commit.
+    prepared: HashMap<String, Arc<Mutex<Option<Pending>>>>,
+    /// Handles committed by this process.
+    committed: HashSet<String>,
+    /// Initialised producers without an open transaction, by instance.
+    free: HashMap<usize, Vec<Slot>>,
+    /// Every (instance, slot) with a producer initialised by this process.
+    live: HashSet<(usize, usize)>,
+    /// Marker consumers (their group metadata), by instance.
+    markers: HashMap<usize, Arc<BaseConsumer>>,
+}
+
+/// A handle: `i<instance>-s<slot>-e<epoch>`.
+fn handle(instance: usize, slot: usize, epoch: u64) -> String {
+    format!("i{instance}-s{slot}-e{epoch}")
+}
+
+fn parse_handle(h: &str) -> Option<(usize, usize, u64)> {
+    let mut parts = h.split('-');
+    let i = parts.next()?.strip_prefix('i')?.parse().ok()?;
+    let s = parts.next()?.strip_prefix('s')?.parse().ok()?;
+    let e = parts.next()?.strip_prefix('e')?.parse().ok()?;
+    parts.next().is_none().then_some((i, s, e))
+}
+
+impl Core {
+    fn name(&self) -> String {
+        format!("kafka {}", self.topic)
+    }
+
+    fn err(&self, message: String) -> Error {
+        connector(&self.name(), message)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn transactional_id(&self, instance: usize, slot: usize) -> String {
+        format!("{}-{instance}-{slot}", self.id)
+    }
+
+    fn redo_path(&self, instance: usize, epoch: u64) -> PathBuf {
+        self.redo.join(format!("{instance}-{epoch:020}.redo"))
+    }
+
+    fn ids_path(&self) -> PathBuf {
+        self.redo.join("transactional-ids")
+    }
+
+    fn io(&self, action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error + use<> {
+        let path = path.to_path_buf();
+        move |source| Error::Io { action, path, source }
+    }
+
+    /// The (instance, slot) pairs any run of this sink has used.
+    fn known_ids(&self) -> Result<BTreeSet<(usize, usize)>> {
+        let path = self.ids_path();
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
+            Err(e) => return Err(self.io("cannot read", &path)(e)),
+        };
+        let mut out = BTreeSet::new();
+        for (n, line) in text.lines().enumerate() {
+            let mut it = line.split_whitespace().map(str::parse::<usize>);
+            match (it.next(), it.next()) {
+                (Some(Ok(i)), Some(Ok(s))) => {
+                    out.insert((i, s));
+                }
+                _ => {
+                    return Err(Error::Checkpoint {
+                        path,
+                        message: format!("line {}: expected `<instance> <slot>`, found {line:?}", n + 1),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records that (instance, slot) is in use, before its producer exists,
+    /// so that a restart fences it.
+    fn remember_id(&self, instance: usize, slot: usize) -> Result<()> {
+        if self.known_ids()?.contains(&(instance, slot)) {
+            return Ok(());
+        }
+        fs::create_dir_all(&self.redo).map_err(self.io("cannot create redo directory", &self.redo))?;
+        let path = self.ids_path();
+        let mut f = OpenOptions::new().create(true).append(true).open(&path).map_err(self.io("cannot open", &path))?;
+        writeln!(f, "{instance} {slot}").and_then(|()| f.sync_all()).map_err(self.io("cannot write", &path))
+    }
+
+    /// A new producer for (instance, slot), initialised: any transaction
+    /// its transactional id left open is aborted and older producers with
+    /// the id are fenced.
+    fn create_slot(&self, instance: usize, slot: usize) -> Result<Slot> {
+        self.remember_id(instance, slot)?;
+        let id = self.transactional_id(instance, slot);
+        let timeout = *self.txn_timeout.lock().unwrap_or_else(PoisonError::into_inner);
+        let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let producer: KafkaProducer = conn
+            .config(&[
+                ("transactional.id", &id),
+                ("enable.idempotence", "true"),
+                ("transaction.timeout.ms", &timeout.as_millis().to_string()),
+                ("linger.ms", "5"),
+                ("retry.backoff.ms", "20"),
+            ])
+            .create_with_context(Deliveries::default())
+            .map_err(|e| self.err(format!("cannot create a transactional producer `{id}`: {e}")))?;
+        retry(TXN_CALL_TIMEOUT, || producer.init_transactions(TXN_CALL_TIMEOUT)).map_err(|e| {
+            self.err(format!(
+                "cannot initialise transactions of `{id}` at {} (is transaction.timeout.ms = {} ms above the brokers' transaction.max.timeout.ms?): {e}",
+                conn.brokers,
+                timeout.as_millis()
+            ))
+        })?;
+        self.state().live.insert((instance, slot));
+        Ok(Slot { instance, slot, producer })
+    }
+
+    /// A producer for `instance` without an open transaction.
+    fn acquire(&self, instance: usize) -> Result<Slot> {
+        let mut st = self.state();
+        if let Some(s) = st.free.get_mut(&instance).and_then(Vec::pop) {
+            return Ok(s);
+        }
+        let used: BTreeSet<usize> = st.live.iter().filter(|(i, _)| *i == instance).map(|(_, s)| *s).collect();
+        let busy = st
+            .prepared
+            .values()
+            .filter(|p| {
+                p.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|p| p.slot.instance == instance)
+            })
+            .count();
+        if busy + 1 >= MAX_OPEN_TRANSACTIONS {
+            return Err(self.err(format!(
+                "instance {instance} has {busy} transactions waiting for their checkpoints to complete: checkpoints are not completing"
+            )));
+        }
+        let slot = (0..).find(|s| !used.contains(s)).unwrap_or(used.len());
+        drop(st);
+        self.create_slot(instance, slot)
+    }
+
+    fn release(&self, s: Slot) {
+        self.state().free.entry(s.instance).or_default().push(s);
+    }
+
+    /// The consumer whose group metadata carries `instance`'s markers.
+    fn marker_consumer(&self, instance: usize) -> Result<Arc<BaseConsumer>> {
+        if let Some(c) = self.state().markers.get(&instance) {
+            return Ok(Arc::clone(c));
+        }
+        let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let group = format!("{}-{instance}", self.id);
+        let c: BaseConsumer = conn
+            .config(&[("group.id", &group), ("enable.auto.commit", "false"), ("isolation.level", "read_committed")])
+            .create()
+            .map_err(|e| self.err(format!("cannot create a Kafka consumer for group `{group}`: {e}")))?;
+        let c = Arc::new(c);
+        self.state().markers.insert(instance, Arc::clone(&c));
+        Ok(c)
+    }
+
+    /// The last epoch `instance` committed, and whether it was an
+    /// end-of-input commit.
+    fn committed_epoch(&self, instance: usize) -> Result<Option<(u64, bool)>> {
+        let c = self.marker_consumer(instance)?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.topic, 0);
+        let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let got = retry(conn.timeout, || c.committed_offsets(tpl.clone(), conn.timeout)).map_err(|e| {
+            self.err(format!("cannot read the commit marker of instance {instance} at {}: {e}", conn.brokers))
+        })?;
+        let out = got.elements().first().and_then(|e| match e.offset() {
+            Offset::Offset(o) => u64::try_from(o).ok().map(|o| (o, e.metadata() == END_OF_INPUT)),
+            _ => None,
+        });
+        drop(got);
+        Ok(out)
+    }
+
+    /// Sends the marker of `epoch` and commits the slot's transaction.
+    fn commit_slot(&self, s: &Slot, epoch: u64, end: bool) -> Result<()> {
+        let c = self.marker_consumer(s.instance)?;
+        let Some(cgm) = c.group_metadata() else {
+            return Err(self.err("no consumer group metadata for the commit marker".into()));
+        };
+        let mut tpl = TopicPartitionList::new();
+        let offset = i64::try_from(epoch).map_err(|_| self.err(format!("epoch {epoch} out of range")))?;
+        let mut e = tpl.add_partition(&self.topic, 0);
+        e.set_offset(Offset::Offset(offset)).map_err(|e| self.err(format!("cannot set the marker: {e}")))?;
+        if end {
+            e.set_metadata(END_OF_INPUT);
+        }
+        let id = self.transactional_id(s.instance, s.slot);
+        retry(TXN_CALL_TIMEOUT, || s.producer.send_offsets_to_transaction(&tpl, &cgm, TXN_CALL_TIMEOUT))
+            .map_err(|e| self.err(format!("cannot add the commit marker to transaction `{id}`: {e}")))?;
+        retry(TXN_CALL_TIMEOUT, || s.producer.commit_transaction(TXN_CALL_TIMEOUT))
+            .map_err(|e| self.err(format!("cannot commit transaction `{id}` (epoch {epoch}): {e}")))?;
+        s.producer.context().check(&self.name())
+    }
+
+    fn commit(&self, h: &str) -> Result<()> {
+        let Some((instance, slot, epoch)) = parse_handle(h) else {
+            return Err(self.err(format!("`{h}` is not a transaction handle of this sink")));
+        };
+        let entry = {
+            let st = self.state();
+            if st.committed.contains(h) {
+                return Ok(());
+            }
+            st.prepared.get(h).cloned()
+        };
+        let Some(entry) = entry else {
+            if slot == NO_SLOT {
+                return Ok(());
+            }
+            return self.recover(instance, slot, epoch, h);
+        };
+        let mut guard = entry.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(pending) = guard.as_ref() else { return Ok(()) };
+        // Markers say "everything up to epoch n is visible": commit an
+        // instance's epochs in order.
+        let earlier = self.state().prepared.iter().any(|(other, p)| {
+            other != h
+                && parse_handle(other).is_some_and(|(i, _, e)| i == instance && e < epoch)
+                && p.try_lock().map_or(true, |g| g.is_some())
+        });
+        if earlier {
+            return Err(self.err(format!("`{h}` waits for an earlier transaction of instance {instance} to commit")));
+        }
+        self.commit_slot(&pending.slot, epoch, pending.end)?;
+        if let Some(p) = guard.take() {
+            self.release(p.slot);
+        }
+        drop(guard);
+        let mut st = self.state();
+        st.prepared.remove(h);
+        st.committed.insert(h.to_string());
+        drop(st);
+        let redo = self.redo_path(instance, epoch);
+        let _ = fs::remove_file(&redo);
+        Ok(())
+    }
+
+    /// Commits `h` after a restart: its transaction died with the process
+    /// that opened it; the marker says whether it had been committed, and
+    /// if not the redo log is produced again.
+    fn recover(&self, instance: usize, slot: usize, epoch: u64, h: &str) -> Result<()> {
+        self.fence_all()?;
+        let s = self.take_or_create(instance, slot)?;
+        let done = self.committed_epoch(instance)?.is_some_and(|(e, _)| e >= epoch);
+        let redo = self.redo_path(instance, epoch);
+        if !done {
+            let records = read_redo(&redo)?;
+            let id = self.transactional_id(instance, slot);
+            s.producer.begin_transaction().map_err(|e| self.err(format!("cannot begin transaction `{id}`: {e}")))?;
+            for r in &records {
+                produce(&self.name(), &s.producer, &self.topic, r)?;
+            }
+            s.producer
+                .flush(FLUSH_TIMEOUT)
+                .map_err(|e| self.err(format!("records were not acknowledged within {FLUSH_TIMEOUT:?}: {e}")))?;
+            s.producer.context().check(&self.name())?;
+            self.commit_slot(&s, epoch, false)?;
+            tracing::info!(sink = %self.name(), instance, epoch, records = records.len(), "re-committed an epoch from its redo log");
+        }
+        self.release(s);
+        self.state().committed.insert(h.to_string());
+        let _ = fs::remove_file(&redo);
+        Ok(())
+    }
+
+    /// The free producer of (instance, slot), or a new one.
+    fn take_or_create(&self, instance: usize, slot: usize) -> Result<Slot> {
+        {
+            let mut st = self.state();
+            if let Some(v) = st.free.get_mut(&instance)
+                && let Some(pos) = v.iter().position(|s| s.slot == slot)
+            {
+                return Ok(v.swap_remove(pos));
+            }
+        }
+        self.create_slot(instance, slot)
+    }
+
+    /// Fences every transactional id an earlier run used and this process
+    /// has not: their open transactions are aborted. The brokers take about
+    /// half a second for each, so all are fenced at once.
+    fn fence_all(&self) -> Result<()> {
+        let stale: Vec<(usize, usize)> =
+            self.known_ids()?.into_iter().filter(|id| !self.state().live.contains(id)).collect();
+        let fenced: Vec<Result<Slot>> = std::thread::scope(|scope| {
+            let handles: Vec<_> =
+                stale.iter().map(|&(instance, slot)| scope.spawn(move || self.create_slot(instance, slot))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(self.err("fencing a transactional id panicked".into()))))
+                .collect()
+        });
+        for s in fenced {
+            self.release(s?);
+        }
+        Ok(())
+    }
+
+    fn abort_after(&self, checkpoint: u64) -> Result<()> {
+        // Drop the redo logs of epochs that will be written again.
+        for entry in fs::read_dir(&self.redo).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let epoch =
+                name.strip_suffix(".redo").and_then(|n| n.rsplit('-').next()).and_then(|e| e.parse::<u64>().ok());
+            if epoch.is_some_and(|e| e > checkpoint) {
+                let path = entry.path();
+                fs::remove_file(&path).map_err(self.io("cannot discard redo log", &path))?;
+            }
+        }
+        // Fence every transactional id an earlier run used: their open
+        // transactions (epochs after the checkpoint) are aborted.
+        self.fence_all()
+    }
+}
+
+/// Calls `f` again while it fails with an error the brokers say is
+/// temporary (a coordinator moving or loading), for up to `within`.
+fn retry<R>(within: Duration, mut f: impl FnMut() -> KafkaResult<R>) -> KafkaResult<R> {
+    let deadline = Instant::now() + within;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match f() {
+            Err(e) if temporary(&e) && Instant::now() + pause < deadline => {
+                tracing::debug!(error = %e, "temporary Kafka error; retrying");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn temporary(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    match e {
+        KafkaError::Transaction(t) => t.is_retriable(),
+        _ => matches!(
+            e.rdkafka_error_code(),
+            Some(
+                C::NotCoordinator
+                    | C::CoordinatorLoadInProgress
+                    | C::CoordinatorNotAvailable
+                    | C::RequestTimedOut
+                    | C::ConcurrentTransactions
+                    | C::UnstableOffsetCommit
+            )
+        ),
+    }
+}
+
+/// Reads a redo log: records as `u32` little-endian length + Weibo codec.
+fn read_redo(path: &Path) -> Result<Vec<OutRecord>> {
+    let f = File::open(path).map_err(|source| Error::Io {
+        action: "the records of a checkpointed epoch are missing: cannot open redo log",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut r = BufReader::new(f);
+    let mut out = Vec::new();
+    let mut len = [0u8; 4];
+    let mut buf = Vec::new();
+    loop {
+        match r.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(out),
+            Err(source) => return Err(Error::Io { action: "cannot read redo log", path: path.to_path_buf(), source }),
+        }
+        buf.resize(u32::from_le_bytes(len) as usize, 0);
+        r.read_exact(&mut buf).map_err(|source| Error::Io {
+            action: "redo log is truncated",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let rec = OutRecord::decode(&buf).map_err(|e| Error::Checkpoint {
+            path: path.to_path_buf(),
+            message: format!("record {} of the redo log is damaged: {e}", out.len() + 1),
+        })?;
+        out.push(rec);
+    }
+}
+
+impl<T: Send + 'static> TwoPhaseCommitSink<T> for TxnKafkaSink<T> {
+    fn default_name(&self) -> String {
+        self.core.name()
+    }
+
+    fn open(&self, instance: usize, _parallelism: usize, epoch: u64) -> Result<Box<dyn TransactionWriter<T>>> {
+        self.sync_conn();
+        let core = &self.core;
+        fs::create_dir_all(&core.redo).map_err(core.io("cannot create redo directory", &core.redo))?;
+        // An end-of-input commit of an earlier run covered every epoch from
+        // here on: this run replays what is already visible.
+        let replay = core.committed_epoch(instance)?.is_some_and(|(e, end)| end && e >= epoch);
+        if replay {
+            tracing::info!(sink = %core.name(), instance, epoch, "the input after this checkpoint was committed at its end before: writing nothing");
+        }
+        let mut w = TxnWriter {
+            core: Arc::clone(core),
+            enc: self.enc.clone(),
+            instance,
+            epoch,
+            slot: None,
+            redo: None,
+            rec: OutRecord::default(),
+            buf: Vec::new(),
+            replay,
+            _t: PhantomData,
+        };
+        w.start()?;
+        Ok(Box::new(w))
+    }
+
+    fn commit(&self, handle: &str) -> Result<()> {
+        self.sync_conn();
+        self.core.commit(handle)
+    }
+
+    fn abort_after(&self, checkpoint: u64) -> Result<()> {
+        self.sync_conn();
+        self.core.abort_after(checkpoint)
+    }
+}
+
+struct TxnWriter<T> {
+    core: Arc<Core>,
+    enc: Encoder<T>,
+    instance: usize,
+    /// The epoch being written: records before barrier `epoch`.
+    epoch: u64,
+    slot: Option<Slot>,
+    redo: Option<BufWriter<File>>,
+    rec: OutRecord,
+    buf: Vec<u8>,
+    /// Everything this run writes was committed by an earlier run.
+    replay: bool,
+    _t: PhantomData<fn(T)>,
+}
+
+impl<T> TxnWriter<T> {
+    fn start(&mut self) -> Result<()> {
+        if self.replay {
+            return Ok(());
+        }
+        let s = self.core.acquire(self.instance)?;
+        let id = self.core.transactional_id(s.instance, s.slot);
+        s.producer.begin_transaction().map_err(|e| self.core.err(format!("cannot begin transaction `{id}`: {e}")))?;
+        self.slot = Some(s);
+        let path = self.core.redo_path(self.instance, self.epoch);
+        let f = File::create(&path).map_err(self.core.io("cannot create redo log", &path))?;
+        self.redo = Some(BufWriter::with_capacity(1 << 16, f));
+        Ok(())
+    }
+
+    /// Makes the epoch durable: every record acknowledged by the brokers
+    /// (still invisible) and in the redo log on disk.
+    fn seal(&mut self, epoch: u64, end: bool) -> Result<String> {
+        let Some(s) = self.slot.take() else {
+            // Replaying what an earlier run committed: nothing to commit.
+            let h = handle(self.instance, NO_SLOT, epoch);
+            self.core.state().committed.insert(h.clone());
+            return Ok(h);
+        };
+        let name = self.core.name();
+        s.producer
+            .flush(FLUSH_TIMEOUT)
+            .map_err(|e| self.core.err(format!("records were not acknowledged within {FLUSH_TIMEOUT:?}: {e}")))?;
+        s.producer.context().check(&name)?;
+        let path = self.core.redo_path(self.instance, self.epoch);
+        if let Some(w) = self.redo.take() {
+            let f = w.into_inner().map_err(|e| Error::Io {
+                action: "cannot write redo log",
+                path: path.clone(),
+                source: e.into_error(),
+            })?;
+            f.sync_all().map_err(self.core.io("cannot sync redo log", &path))?;
+        }
+        if epoch != self.epoch {
+            // The redo log is named by the epoch the handle commits.
+            let to = self.core.redo_path(self.instance, epoch);
+            fs::rename(&path, &to).map_err(self.core.io("cannot rename redo log", &path))?;
+        }
+        let h = handle(self.instance, s.slot, epoch);
+        self.core.state().prepared.insert(h.clone(), Arc::new(Mutex::new(Some(Pending { slot: s, end }))));
+        Ok(h)
+    }
+}
+
+impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
+    fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
+        if self.replay {
+            batch.drain().for_each(drop);
+            return Ok(());
+        }
+        let name = self.core.name();
+        let (Some(s), Some(redo)) = (self.slot.as_ref(), self.redo.as_mut()) else {
+            return Err(self.core.err("write outside a transaction".into()));
+        };
+        s.producer.context().check(&name)?;
+        for (v, m) in batch.values().iter().zip(batch.meta()) {
+            self.enc.encode(&name, v, m.timestamp, &mut self.rec)?;
+            self.buf.clear();
+            self.rec.encode(&mut self.buf).map_err(|e| self.core.err(format!("cannot write the redo log: {e}")))?;
+            let len = u32::try_from(self.buf.len()).map_err(|_| self.core.err("record too large".into()))?;
+            redo.write_all(&len.to_le_bytes())
+                .and_then(|()| redo.write_all(&self.buf))
+                .map_err(|e| self.core.err(format!("cannot write the redo log: {e}")))?;
+            produce(&name, &s.producer, &self.enc.topic, &self.rec)?;
+        }
+        batch.drain().for_each(drop);
+        Ok(())
+    }
+
+    fn pre_commit(&mut self, checkpoint: u64) -> Result<String> {
+        let h = self.seal(checkpoint, false)?;
+        self.epoch = checkpoint + 1;
+        self.start()?;
+        Ok(h)
+    }
+
+    fn finish(&mut self) -> Result<String> {
+        self.seal(self.epoch, true)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_round_trip_and_strangers_are_refused() {
+        assert_eq!(parse_handle(&handle(3, 1, 17)), Some((3, 1, 17)));
+        assert_eq!(parse_handle("i3-s1"), None);
+        assert_eq!(parse_handle("i3-s1-e2-x"), None);
+        assert_eq!(parse_handle("part-0-1.jsonl"), None);
+    }
+
+    #[test]
+    fn redo_logs_read_back_and_damage_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("0-1.redo");
+        let mut bytes = Vec::new();
+        for i in 0..3u8 {
+            let r = OutRecord { key: Some(vec![i]), value: vec![i; 5], timestamp: Some(7), headers: vec![] };
+            let mut b = Vec::new();
+            r.encode(&mut b).unwrap();
+            bytes.extend_from_slice(&u32::try_from(b.len()).unwrap().to_le_bytes());
+            bytes.extend_from_slice(&b);
+        }
+        fs::write(&path, &bytes).unwrap();
+        let back = read_redo(&path).unwrap();
+        assert_eq!(back.len(), 3);
+        assert_eq!(back[2].value, vec![2; 5]);
+        fs::write(&path, &bytes[..bytes.len() - 2]).unwrap();
+        let err = read_redo(&path).unwrap_err().to_string();
+        assert!(err.contains("truncated") && err.contains("0-1.redo"), "{err}");
+        let err = read_redo(&dir.path().join("missing.redo")).unwrap_err().to_string();
+        assert!(err.contains("missing"), "{err}");
+    }
+}
