@@ -102,6 +102,7 @@ impl<T> TxnKafkaSink<T> {
                 conn: Mutex::new(conn.clone()),
                 txn_timeout: Mutex::new(Duration::from_secs(60)),
                 state: Mutex::new(State::default()),
+                ids_file: Mutex::new(()),
             }),
             conn,
             enc: Encoder { topic, format: Arc::new(format), key: None, headers: None },
@@ -143,6 +144,8 @@ struct Core {
     conn: Mutex<Connection>,
     txn_timeout: Mutex<Duration>,
     state: Mutex<State>,
+    /// Serialises appends to the transactional-ids file.
+    ids_file: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -210,8 +213,11 @@ impl Core {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
             Err(e) => return Err(self.io("cannot read", &path)(e)),
         };
+        // A last line without its newline was cut short by a crash before
+        // its producer existed: nothing to fence.
+        let complete = text.rfind('\n').map_or("", |end| text.get(..end).unwrap_or_default());
         let mut out = BTreeSet::new();
-        for (n, line) in text.lines().enumerate() {
+        for (n, line) in complete.lines().enumerate() {
             let mut it = line.split_whitespace().map(str::parse::<usize>);
             match (it.next(), it.next()) {
                 (Some(Ok(i)), Some(Ok(s))) => {
@@ -231,6 +237,7 @@ impl Core {
     /// Records that (instance, slot) is in use, before its producer exists,
     /// so that a restart fences it.
     fn remember_id(&self, instance: usize, slot: usize) -> Result<()> {
+        let _one_at_a_time = self.ids_file.lock().unwrap_or_else(PoisonError::into_inner);
         if self.known_ids()?.contains(&(instance, slot)) {
             return Ok(());
         }
@@ -276,13 +283,9 @@ impl Core {
             return Ok(s);
         }
         let used: BTreeSet<usize> = st.live.iter().filter(|(i, _)| *i == instance).map(|(_, s)| *s).collect();
-        let busy = st
-            .prepared
-            .values()
-            .filter(|p| {
-                p.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|p| p.slot.instance == instance)
-            })
-            .count();
+        // Counted by handle, without locking the entries: a commit holds
+        // its entry while it takes the state lock.
+        let busy = st.prepared.keys().filter(|h| parse_handle(h).is_some_and(|(i, _, _)| i == instance)).count();
         if busy + 1 >= MAX_OPEN_TRANSACTIONS {
             return Err(self.err(format!(
                 "instance {instance} has {busy} transactions waiting for their checkpoints to complete: checkpoints are not completing"
@@ -693,6 +696,18 @@ mod tests {
         assert_eq!(parse_handle("i3-s1"), None);
         assert_eq!(parse_handle("i3-s1-e2-x"), None);
         assert_eq!(parse_handle("part-0-1.jsonl"), None);
+    }
+
+    #[test]
+    fn the_ids_file_ignores_a_line_cut_short_and_refuses_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = TxnKafkaSink::<Vec<u8>>::new("127.0.0.1:1", "t", crate::kafka::Bytes, "job", dir.path());
+        assert!(sink.core.known_ids().unwrap().is_empty(), "no file yet");
+        fs::write(dir.path().join("transactional-ids"), "0 0\n1 0\n0 1").unwrap();
+        assert_eq!(sink.core.known_ids().unwrap().into_iter().collect::<Vec<_>>(), vec![(0, 0), (1, 0)]);
+        fs::write(dir.path().join("transactional-ids"), "0 0\nx 1\n").unwrap();
+        let err = sink.core.known_ids().unwrap_err().to_string();
+        assert!(err.contains("transactional-ids") && err.contains("line 2"), "{err}");
     }
 
     #[test]
