@@ -363,23 +363,36 @@ fn kafka_to_kafka_without_crashes_writes_every_event_once() {
     assert!(left.is_empty(), "redo logs left behind: {left:?}");
 }
 
+/// Topics with the input written and an empty output, a directory for the
+/// job, and the spec its child processes get.
+fn counting_setup(name: &str) -> (String, tempfile::TempDir, String) {
+    let (input, output) = (unique(&format!("{name}-in")), unique(&format!("{name}-out")));
+    write_events(&input);
+    create_topic(&output, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!("{input}|{output}|{}", dir.path().display());
+    (output, dir, spec)
+}
+
+/// This test binary as a child that runs `counting_job` per `spec`.
+fn child_command(spec: &str) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .env("WEIBO_KAFKA_CHILD", spec)
+        .env("WEIBO_KAFKA_BOOTSTRAP", bootstrap())
+        .stdout(Stdio::null());
+    cmd
+}
+
 #[test]
 fn a_crash_between_checkpoint_and_commit_is_recommitted_from_the_redo_log() {
     if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
         return;
     }
-    let (input, output) = (unique("recommit-in"), unique("recommit-out"));
-    write_events(&input);
-    create_topic(&output, 3);
-    let dir = tempfile::tempdir().unwrap();
-    let spec = format!("{input}|{output}|{}", dir.path().display());
+    let (output, dir, spec) = counting_setup("recommit");
     let run = |crash: Option<&str>| {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
-            .env("WEIBO_KAFKA_CHILD", &spec)
-            .env("WEIBO_KAFKA_BOOTSTRAP", bootstrap())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        let mut cmd = child_command(&spec);
+        cmd.stderr(Stdio::null());
         if let Some(n) = crash {
             cmd.env("WEIBO_CRASH_BEFORE_COMMIT", n);
         }
@@ -418,11 +431,7 @@ fn killed_again_and_again_kafka_to_kafka_commits_every_event_exactly_once() {
     if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
         return;
     }
-    let (input, output) = (unique("crash-in"), unique("crash-out"));
-    write_events(&input);
-    create_topic(&output, 3);
-    let dir = tempfile::tempdir().unwrap();
-    let spec = format!("{input}|{output}|{}", dir.path().display());
+    let (output, dir, spec) = counting_setup("crash");
     // Each life is killed at a pseudo-random moment after it completed a
     // checkpoint of its own (so every life makes progress, however fast
     // the machine), up to 6 times; the last life runs to the end.
@@ -430,14 +439,7 @@ fn killed_again_and_again_kafka_to_kafka_commits_every_event_exactly_once() {
     let mut delay = delays(5);
     loop {
         let before = newest_checkpoint(&dir.path().join("checkpoints"));
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child", "--nocapture", "--test-threads=1"])
-            .env("WEIBO_KAFKA_CHILD", &spec)
-            .env("WEIBO_KAFKA_BOOTSTRAP", bootstrap())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
+        let mut child = child_command(&spec).stderr(Stdio::inherit()).spawn().unwrap();
         let started = Instant::now();
         let mut kill_at = None;
         let finished = loop {
