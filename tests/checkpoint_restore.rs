@@ -106,6 +106,28 @@ async fn a_restored_job_ends_with_the_same_state_as_one_never_stopped() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_job_leaves_a_last_checkpoint_and_nothing_runs_after_stop_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = CollectSink::new();
+    let handle = job(dir.path(), 2, 3_000.0, &out).spawn().unwrap();
+    while handle.last_checkpoint().is_none_or(|n| n < 2) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let before = handle.last_checkpoint().unwrap();
+    handle.stop().await.unwrap();
+    let newest = weibo::checkpoint::complete_checkpoints(dir.path()).iter().map(|(n, _)| *n).max().unwrap();
+    assert!(newest > before, "stop took a checkpoint of its own ({newest} after {before})");
+    let seen = out.values().len();
+    assert!((seen as u64) < EVENTS, "stopped before the end of input");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(out.values().len(), seen, "nothing runs after stop returned");
+    let listed: Vec<u64> = weibo::checkpoint::complete_checkpoints(dir.path()).iter().map(|(n, _)| *n).collect();
+    assert_eq!(listed.iter().max(), Some(&newest), "no checkpoint after stop returned");
+    let (got, _) = restore_and_finish(dir.path(), 2).await;
+    assert_eq!(got, expected(), "the job goes on from the last checkpoint");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_restores_with_another_partition_count() {
     let dir = tempfile::tempdir().unwrap();
     run_then_stop(dir.path(), 2, 2).await;

@@ -27,7 +27,7 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use weibo::Job;
-use weibo_connectors::kafka::{DecodeErrors, Json, KafkaRecord, KafkaSink, KafkaSource, TxnKafkaSink};
+use weibo_connectors::kafka::{DecodeErrors, Json, KafkaGroup, KafkaRecord, KafkaSink, KafkaSource, TxnKafkaSink};
 
 fn bootstrap() -> String {
     kafka_broker::broker().bootstrap.clone()
@@ -268,14 +268,25 @@ fn write_events(topic: &str) {
 /// Reads `input`, counts events per key, writes each event with its key's
 /// running count to `output` exactly once.
 fn counting_job(input: &str, output: &str, dir: &Path, slow: bool) -> Job {
-    // The paced map sleeps on the runtime's threads; small batches keep
-    // each poll short, so timers (the checkpoint trigger) stay on time.
-    let job =
-        Job::new("kafka-eos").with_checkpoints(dir.join("checkpoints"), Duration::from_millis(300)).with_batch_size(16);
+    let job = paced_job("kafka-eos", dir.join("checkpoints"));
     let source = KafkaSource::builder(bootstrap(), [input.to_string()], Json).until_end().build::<Event>().unwrap();
+    let sink = TxnKafkaSink::new(bootstrap(), output, Json, format!("{output}-txn"), dir.join("redo"));
+    counting(&job, source, sink, if slow { 4 } else { 0 });
+    job
+}
+
+/// A job checkpointing every 300 ms. A paced map sleeps on the runtime's
+/// threads; small batches keep each poll short, so timers (the checkpoint
+/// trigger) stay on time.
+fn paced_job(name: &str, checkpoints: std::path::PathBuf) -> Job {
+    Job::new(name).with_checkpoints(checkpoints, Duration::from_millis(300)).with_batch_size(16)
+}
+
+/// The counting pipeline: sleeps 1 ms every `pace` records (0: never).
+fn counting(job: &Job, source: KafkaSource<Event>, sink: TxnKafkaSink<Count>, pace: i64) {
     job.source(source)
         .map(move |r: KafkaRecord<Event>| {
-            if slow && r.offset % 4 == 0 {
+            if pace > 0 && r.offset % pace == 0 {
                 std::thread::sleep(Duration::from_millis(1));
             }
             Count { key: r.value.key, id: r.value.id, count: 1 }
@@ -283,11 +294,7 @@ fn counting_job(input: &str, output: &str, dir: &Path, slow: bool) -> Job {
         .key_by(|c: &Count| c.key)
         .with_partitions(2)
         .reduce(|acc, c| Count { key: c.key, id: c.id, count: acc.count + 1 })
-        .sink_exactly_once(
-            TxnKafkaSink::new(bootstrap(), output, Json, format!("{output}-txn"), dir.join("redo"))
-                .with_key(|c: &Count| Some(c.key.to_string().into_bytes())),
-        );
-    job
+        .sink_exactly_once(sink.with_key(|c: &Count| Some(c.key.to_string().into_bytes())));
 }
 
 /// What every correct run writes: event `id` with its key's running count.
@@ -338,8 +345,44 @@ fn child() {
         .with_writer(std::io::stderr)
         .try_init();
     let parts: Vec<&str> = spec.split('|').collect();
+    if parts[0] == "group" {
+        group_member(parts[1], parts[2], Path::new(parts[3]), parts[4]);
+        return;
+    }
     let job = counting_job(parts[0], parts[1], Path::new(parts[2]), true);
     weibo::testing::block_on(job.run()).unwrap();
+}
+
+/// A member of the counting group: runs the tasks the group gives it and
+/// writes the partitions it owns to `<dir>/owners-<name>` as they change;
+/// runs until killed.
+fn group_member(input: &str, output: &str, dir: &Path, name: &str) {
+    let (input, output) = (input.to_string(), output.to_string());
+    let owners = dir.join(format!("owners-{name}"));
+    weibo::testing::block_on(async move {
+        let group = KafkaGroup::new(bootstrap(), format!("{output}-group"), [input], dir.join("group"))
+            .session_timeout(Duration::from_secs(3))
+            .spawn(move |task| {
+                let job = paced_job(&task.id(), task.checkpoint_dir());
+                let source = task.source(Json).build::<Event>()?;
+                let sink = TxnKafkaSink::new(bootstrap(), &output, Json, task.id(), task.redo_dir());
+                counting(&job, source, sink, 1);
+                Ok(job)
+            })
+            .unwrap();
+        let mut last = None;
+        while !group.is_finished() {
+            let owned = group.owned();
+            if last.as_ref() != Some(&owned) {
+                let text: Vec<String> = owned.iter().map(ToString::to_string).collect();
+                std::fs::write(owners.with_extension("tmp"), text.join(",")).unwrap();
+                std::fs::rename(owners.with_extension("tmp"), &owners).unwrap();
+                last = Some(owned);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        group.wait().await.unwrap();
+    });
 }
 
 #[test]
@@ -469,6 +512,85 @@ fn killed_again_and_again_kafka_to_kafka_commits_every_event_exactly_once() {
     // Aborted transactions were written and are hidden from read_committed.
     let all = consume_all(&output, "read_uncommitted").len();
     eprintln!("{kills} kills; read_uncommitted sees {all} records, read_committed {committed}");
+}
+
+/// The partitions a group member wrote it owns (empty before it wrote).
+fn owners(dir: &Path, name: &str) -> Vec<i32> {
+    std::fs::read_to_string(dir.join(format!("owners-{name}")))
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Waits (up to `limit`) until `done` holds, failing with `what`.
+fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < limit, "waited {limit:?} for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The sum of `group`'s committed offsets on `topic`'s four partitions.
+fn group_offsets(group: &str, topic: &str) -> i64 {
+    let consumer: BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", bootstrap()).set("group.id", group).create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..4 {
+        tpl.add_partition(topic, p);
+    }
+    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    committed.elements().iter().filter_map(|e| if let Offset::Offset(o) = e.offset() { Some(o) } else { None }).sum()
+}
+
+#[test]
+fn two_group_members_split_the_partitions_and_a_survivor_takes_over_with_the_state() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let (output, dir, spec) = counting_setup("group");
+    let task_checkpoint = |p: i32| newest_checkpoint(&dir.path().join(format!("group/partition-{p}/checkpoints")));
+    let member = |name: &str| child_command(&format!("group|{spec}|{name}")).stderr(Stdio::inherit()).spawn().unwrap();
+    // A alone owns all four partitions and checkpoints each task.
+    let mut a = member("a");
+    wait_for("a to run and checkpoint all four tasks", Duration::from_secs(60), || {
+        owners(dir.path(), "a").len() == 4 && (0..4).all(|p| task_checkpoint(p) > 0)
+    });
+    // B joins: A stops some tasks with a last checkpoint, B restores them.
+    let mut b = member("b");
+    wait_for("b to take partitions from a", Duration::from_secs(60), || {
+        !owners(dir.path(), "b").is_empty() && owners(dir.path(), "a").len() < 4
+    });
+    let taken = owners(dir.path(), "b");
+    let at_handover: Vec<u64> = taken.iter().map(|p| task_checkpoint(*p)).collect();
+    wait_for("b to checkpoint its tasks", Duration::from_secs(60), || {
+        taken.iter().zip(&at_handover).all(|(p, before)| task_checkpoint(*p) > *before)
+    });
+    let (done, _) = committed(&output);
+    assert!(
+        (done.len() as u64) < EVENTS,
+        "the input was all processed before b was killed ({} events): the test needs a slower pace",
+        done.len()
+    );
+    // B dies; after the session timeout A owns everything again and goes
+    // on from B's checkpoints.
+    b.kill().unwrap();
+    b.wait().unwrap();
+    wait_for("a to take b's partitions back", Duration::from_secs(60), || owners(dir.path(), "a").len() == 4);
+    wait_for("every event in the output", Duration::from_secs(180), || {
+        assert!(a.try_wait().unwrap().is_none(), "member a ended");
+        committed(&output).0.len() as u64 >= EVENTS
+    });
+    // For monitoring, the group's committed offsets follow the reading.
+    let input = spec.split('|').next().unwrap().to_string();
+    wait_for("the group's offsets to reach the end of the input", Duration::from_secs(30), || {
+        group_offsets(&format!("{output}-group"), &input) >= EVENTS as i64
+    });
+    a.kill().unwrap();
+    a.wait().unwrap();
+    eprintln!("b owned {taken:?}, from checkpoints {at_handover:?}");
+    assert_exactly_once(&output);
 }
 
 // ---- benchmark ----------------------------------------------------------------

@@ -328,12 +328,13 @@ impl Job {
         let name = graph.config.name.clone();
         drop(graph);
         let started = Instant::now();
+        let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
         let supervisor = runtime.spawn(async move {
             // The coordinator lives as long as the supervisor: aborting the
             // job aborts it too (`AbortOnDrop`).
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let coordinator = coordinator.map(|c| AbortOnDrop(tokio::spawn(c.run(stopped))));
-            let result = supervise(physical.tasks).await;
+            let result = supervise(physical.tasks, cancelled).await;
             // Let a checkpoint being completed finish (and commit) before
             // the job reports its end.
             let _ = stop.send(());
@@ -343,7 +344,7 @@ impl Job {
             result
         });
         tracing::info!(job = %name, "job started");
-        Ok(JobHandle { name, registry, supervisor, started, completed, savepoints })
+        Ok(JobHandle { name, registry, supervisor, started, completed, savepoints, cancel })
     }
 
     /// Runs the job to the end of its input.
@@ -379,9 +380,20 @@ fn check_wiring(graph: &Graph) -> Result<()> {
     }
 }
 
+/// Runs the tasks until they end, one fails, or `cancel` fires; on
+/// cancellation every task is aborted and awaited, so nothing of the job
+/// runs when this returns.
 async fn supervise(
     tasks: Vec<(String, Box<dyn crate::runtime::heads::HeadRunner>, crate::runtime::heads::NodeIo)>,
+    cancel: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<()> {
+    // A dropped handle is no request to stop.
+    let cancelled = async {
+        if cancel.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::pin!(cancelled);
     let mut set = JoinSet::new();
     let mut names = HashMap::new();
     for (name, runner, io) in tasks {
@@ -399,7 +411,14 @@ async fn supervise(
                 Ok(next) => next,
                 Err(_) => break,
             },
-            None => set.join_next_with_id().await,
+            None => tokio::select! {
+                next = set.join_next_with_id() => next,
+                () = &mut cancelled => {
+                    set.abort_all();
+                    while set.join_next().await.is_some() {}
+                    return Ok(());
+                }
+            },
         };
         let Some(joined) = next else { break };
         let error = match joined {
@@ -446,6 +465,7 @@ pub struct JobHandle {
     started: Instant,
     completed: Arc<AtomicU64>,
     savepoints: Option<mpsc::UnboundedSender<SavepointRequest>>,
+    cancel: tokio::sync::oneshot::Sender<()>,
 }
 
 impl JobHandle {
@@ -507,6 +527,39 @@ impl JobHandle {
     /// Stops the job now, without flushing.
     pub fn abort(&self) {
         self.supervisor.abort();
+    }
+
+    /// Stops the job cleanly: takes a last checkpoint (when the job takes
+    /// checkpoints), then stops as [`JobHandle::cancel`] does. A job
+    /// restored from that checkpoint, here or in another process, goes on
+    /// where this one stopped.
+    ///
+    /// # Errors
+    /// The job's error if it had failed before it was stopped.
+    pub async fn stop(self) -> Result<()> {
+        if self.savepoints.is_some()
+            && !self.is_finished()
+            && let Err(e) = self.checkpoint().await
+        {
+            tracing::warn!(job = %self.name, error = %e, "no last checkpoint before stopping");
+        }
+        self.cancel().await
+    }
+
+    /// Stops the job now, without a last checkpoint, and returns once
+    /// none of its tasks and not its checkpoint coordinator runs any more:
+    /// after `cancel` returns, nothing this job does reaches its checkpoint
+    /// directory or its sinks. (Unlike [`JobHandle::abort`], which only
+    /// asks.)
+    ///
+    /// # Errors
+    /// The job's error if it had failed before it was cancelled.
+    pub async fn cancel(self) -> Result<()> {
+        let _ = self.cancel.send(());
+        match self.supervisor.await {
+            Ok(r) => r,
+            Err(e) => Err(Error::Internal(format!("job `{}` supervisor failed: {e}", self.name))),
+        }
     }
 
     /// Waits for the job to end.

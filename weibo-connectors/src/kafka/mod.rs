@@ -12,13 +12,19 @@
 //! - [`TxnKafkaSink`] writes each checkpoint epoch in a Kafka transaction,
 //!   committed when the checkpoint completes: `read_committed` consumers
 //!   see every record exactly once, across crashes.
+//! - [`KafkaGroup`] scales a job out: processes in one consumer group
+//!   split the input partitions, and each runs one job (a [`Task`]) per
+//!   partition it owns, checkpointed to storage they share, so a
+//!   partition's state moves with it.
 
 mod format;
+mod group;
 mod sink;
 mod source;
 mod txn;
 
 pub use format::{Bytes, Format, Json, Native, Text};
+pub use group::{DEFAULT_SESSION_TIMEOUT, GroupHandle, KafkaGroup, Task};
 pub use sink::KafkaSink;
 pub use source::{DecodeErrors, KafkaRecord, KafkaSource, KafkaSourceBuilder, StartAt};
 pub use txn::TxnKafkaSink;

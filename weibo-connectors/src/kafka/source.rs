@@ -1,7 +1,9 @@
 //! The Kafka source: one Weibo source partition per Kafka partition.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -82,6 +84,25 @@ pub struct KafkaSource<T> {
     partitions: Vec<(String, i32)>,
     format: Arc<dyn Format<T>>,
     skipped: Arc<std::sync::atomic::AtomicU64>,
+    /// Read progress for a [`super::KafkaGroup`] to commit to the group.
+    progress: Option<Arc<Progress>>,
+}
+
+/// How far each Kafka partition of a source has been read: the next
+/// offset, or -1 before the reader has opened. Shared with the
+/// [`super::KafkaGroup`] that commits it to the consumer group so that
+/// monitoring tools see the lag.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    pub(crate) next: std::sync::Mutex<BTreeMap<(String, i32), Arc<AtomicI64>>>,
+}
+
+impl Progress {
+    /// The slot a reader of `topic`/`partition` updates.
+    fn slot(&self, topic: &str, partition: i32) -> Arc<AtomicI64> {
+        let mut next = self.next.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(next.entry((topic.to_string(), partition)).or_insert_with(|| Arc::new(AtomicI64::new(-1))))
+    }
 }
 
 impl<T> fmt::Debug for KafkaSource<T> {
@@ -104,6 +125,8 @@ pub struct KafkaSourceBuilder<F> {
     bounded: bool,
     decode_errors: DecodeErrors,
     format: F,
+    only: Option<i32>,
+    progress: Option<Arc<Progress>>,
 }
 
 impl<F> fmt::Debug for KafkaSourceBuilder<F> {
@@ -131,6 +154,8 @@ impl KafkaSource<()> {
             bounded: false,
             decode_errors: DecodeErrors::default(),
             format,
+            only: None,
+            progress: None,
         }
     }
 }
@@ -173,6 +198,13 @@ impl<F> KafkaSourceBuilder<F> {
         self
     }
 
+    /// Reads only partition `partition` of each topic (a [`super::Task`]'s share).
+    pub(crate) fn only(mut self, partition: i32, progress: Arc<Progress>) -> Self {
+        self.only = Some(partition);
+        self.progress = Some(progress);
+        self
+    }
+
     /// Contacts the brokers and returns the source.
     ///
     /// # Errors
@@ -186,7 +218,15 @@ impl<F> KafkaSourceBuilder<F> {
         if self.topics.is_empty() {
             return Err(connector(&name, "no topic to read".into()));
         }
-        let partitions = self.conn.partitions(&name, &self.topics)?;
+        let mut partitions = self.conn.partitions(&name, &self.topics)?;
+        if let Some(only) = self.only {
+            partitions.retain(|(_, p)| *p == only);
+            for topic in &self.topics {
+                if !partitions.iter().any(|(t, _)| t == topic) {
+                    return Err(connector(&name, format!("topic `{topic}` has no partition {only}")));
+                }
+            }
+        }
         Ok(KafkaSource {
             group: self.group.unwrap_or_else(|| format!("weibo-{}", self.topics.join("-"))),
             conn: self.conn,
@@ -196,6 +236,7 @@ impl<F> KafkaSourceBuilder<F> {
             partitions,
             format: Arc::new(self.format),
             skipped: Arc::default(),
+            progress: self.progress,
         })
     }
 }
@@ -259,6 +300,7 @@ impl<T> KafkaSource<T> {
                 decode_errors: self.decode_errors,
                 skipped: Arc::clone(&self.skipped),
             },
+            progress: self.progress.as_ref().map(|p| p.slot(topic, *kp)),
             end: self.bounded.then_some(high),
         }))
     }
@@ -295,6 +337,7 @@ struct KafkaReader<T> {
     d: Decoder<T>,
     /// Where a bounded source ends.
     end: Option<i64>,
+    progress: Option<Arc<AtomicI64>>,
 }
 
 /// Turns messages into records; apart from the consumer so that a message
@@ -404,6 +447,9 @@ impl<T: Send + 'static> SourceReader<KafkaRecord<T>> for KafkaReader<T> {
                 if self.done() {
                     break;
                 }
+            }
+            if let Some(p) = &self.progress {
+                p.store(self.d.next, std::sync::atomic::Ordering::Relaxed);
             }
             if self.done() && out.is_empty() {
                 return Ok(ReadStatus::Done);
