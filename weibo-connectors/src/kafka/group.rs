@@ -284,29 +284,57 @@ impl Shared {
         }
     }
 
-    /// Starts the tasks of newly assigned partitions.
+    /// Starts the tasks of newly assigned partitions: builds their jobs one
+    /// after the other, then starts them side by side (a start restores a
+    /// checkpoint and recovers the sinks' transactions, which waits on the
+    /// brokers).
     fn start(&self, partitions: &[i32]) {
+        let mut built = Vec::new();
         for &p in partitions {
             if lock(&self.tasks).contains_key(&p) {
                 continue;
             }
             let task = self.task(p);
-            let started = (lock(&self.build))(&task).and_then(|job| {
-                let _runtime = self.runtime.enter();
-                job.spawn()
-            });
-            match started {
-                Ok(job) => {
-                    tracing::info!(group = %self.group, partition = p, "task started");
-                    lock(&self.tasks).insert(p, Running { job: Some(job), progress: task.progress });
-                }
-                Err(e) => {
-                    let e = connector(&self.name, format!("cannot start the task of partition {p}: {e}"));
-                    lock(&self.failure).get_or_insert(e);
-                    return;
-                }
+            match (lock(&self.build))(&task) {
+                Ok(job) => built.push((p, task.progress, job)),
+                Err(e) => return self.fail(p, &e),
             }
         }
+        let started: Vec<(i32, Arc<Progress>, Result<JobHandle>)> = std::thread::scope(|scope| {
+            let starting: Vec<_> = built
+                .into_iter()
+                .map(|(p, progress, job)| {
+                    let start = scope.spawn(move || {
+                        let _runtime = self.runtime.enter();
+                        job.spawn()
+                    });
+                    (p, progress, start)
+                })
+                .collect();
+            starting
+                .into_iter()
+                .map(|(p, progress, start)| {
+                    let job = start.join().unwrap_or_else(|_| {
+                        Err(Error::Internal(format!("starting the job of partition {p} panicked")))
+                    });
+                    (p, progress, job)
+                })
+                .collect()
+        });
+        for (p, progress, job) in started {
+            match job {
+                Ok(job) => {
+                    tracing::info!(group = %self.group, partition = p, "task started");
+                    lock(&self.tasks).insert(p, Running { job: Some(job), progress });
+                }
+                Err(e) => self.fail(p, &e),
+            }
+        }
+    }
+
+    fn fail(&self, partition: i32, e: &Error) {
+        let e = connector(&self.name, format!("cannot start the task of partition {partition}: {e}"));
+        lock(&self.failure).get_or_insert(e);
     }
 
     /// Stops the tasks of revoked partitions: with a last checkpoint, or at
@@ -461,6 +489,26 @@ impl GroupHandle {
     pub async fn stop(self) -> Result<()> {
         self.stop.store(true, Ordering::Relaxed);
         self.wait().await
+    }
+
+    /// Runs until `signal` completes (then stops as [`GroupHandle::stop`]
+    /// does) or a task fails.
+    ///
+    /// # Errors
+    /// A task's error, if one failed.
+    pub async fn stop_on(self, signal: impl std::future::Future<Output = ()>) -> Result<()> {
+        let name = self.shared.name.clone();
+        let ended = |r: std::result::Result<Result<()>, _>| {
+            r.unwrap_or_else(|_| Err(connector(&name, "the group's thread ended without a result".into())))
+        };
+        let mut done = self.done;
+        tokio::select! {
+            r = &mut done => ended(r),
+            () = signal => {
+                self.stop.store(true, Ordering::Relaxed);
+                ended(done.await)
+            }
+        }
     }
 
     /// Waits until the membership ends: after [`GroupHandle::stop`], or
