@@ -29,8 +29,13 @@ use serde::{Deserialize, Serialize};
 use weibo::Job;
 use weibo_connectors::kafka::{DecodeErrors, Json, KafkaGroup, KafkaRecord, KafkaSink, KafkaSource, TxnKafkaSink};
 
+thread_local! {
+    /// A test's own broker, for the helpers called on the test's thread.
+    static OWN_BROKER: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
 fn bootstrap() -> String {
-    kafka_broker::broker().bootstrap.clone()
+    OWN_BROKER.with(|b| b.borrow().clone()).unwrap_or_else(|| kafka_broker::broker().bootstrap.clone())
 }
 
 /// A topic name no other test uses.
@@ -512,6 +517,36 @@ fn killed_again_and_again_kafka_to_kafka_commits_every_event_exactly_once() {
     // Aborted transactions were written and are hidden from read_committed.
     let all = consume_all(&output, "read_uncommitted").len();
     eprintln!("{kills} kills; read_uncommitted sees {all} records, read_committed {committed}");
+}
+
+#[test]
+fn a_broker_restart_in_the_middle_of_an_exactly_once_job_loses_and_repeats_nothing() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+    let broker = kafka_broker::Broker::private();
+    OWN_BROKER.with(|b| *b.borrow_mut() = Some(broker.bootstrap.clone()));
+    let (input, output) = (unique("restart-in"), unique("restart-out"));
+    write_events(&input);
+    create_topic(&output, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let job = counting_job(&input, &output, dir.path(), true);
+    let run = std::thread::spawn(move || weibo::testing::block_on(job.run()));
+    let checkpoints = dir.path().join("checkpoints");
+    wait_for("two checkpoints", Duration::from_secs(60), || newest_checkpoint(&checkpoints) >= 2);
+    let (before, _) = committed(&output);
+    // Down for a few seconds, in the middle of the run.
+    broker.down();
+    std::thread::sleep(Duration::from_secs(3));
+    broker.up();
+    wait_for("the job to finish after the restart", Duration::from_secs(120), || run.is_finished());
+    run.join().unwrap().expect("the job rides out the broker's restart");
+    assert!((before.len() as u64) < EVENTS, "the restart came before the end ({} events were out)", before.len());
+    assert_exactly_once(&output);
 }
 
 /// The partitions a group member wrote it owns (empty before it wrote).

@@ -23,8 +23,50 @@ use std::time::{Duration, Instant};
 pub(crate) struct Broker {
     /// `127.0.0.1:<port>`.
     pub(crate) bootstrap: String,
+    /// The broker's directory (none for an outside broker).
+    dir: Option<PathBuf>,
     /// The watchdog shell that runs the broker (none for an outside broker).
     _watchdog: Option<std::process::Child>,
+}
+
+impl Broker {
+    /// A broker of its own, for a test that stops and restarts it.
+    pub(crate) fn private() -> Broker {
+        start()
+    }
+
+    /// Stops the broker (a controlled shutdown) and waits until its port
+    /// is closed.
+    #[allow(dead_code)]
+    pub(crate) fn down(&self) {
+        let dir = self.dir.as_ref().expect("a broker started here");
+        std::fs::write(dir.join("down"), b"").expect("write the down flag");
+        wait_port(&self.bootstrap, false, dir);
+    }
+
+    /// Starts the stopped broker again, on the same port and data, and
+    /// waits until it accepts connections.
+    #[allow(dead_code)]
+    pub(crate) fn up(&self) {
+        let dir = self.dir.as_ref().expect("a broker started here");
+        std::fs::remove_file(dir.join("down")).expect("remove the down flag");
+        wait_port(&self.bootstrap, true, dir);
+    }
+}
+
+/// Waits up to 60 s until `bootstrap` accepts connections (`open`) or
+/// refuses them.
+fn wait_port(bootstrap: &str, open: bool, dir: &std::path::Path) {
+    let started = Instant::now();
+    while TcpStream::connect(bootstrap).is_ok() != open {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the Kafka broker did not {} {bootstrap} within 60 s; see {}/broker.log",
+            if open { "open" } else { "close" },
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn free_port() -> u16 {
@@ -37,7 +79,7 @@ pub(crate) fn broker() -> &'static Broker {
     static BROKER: OnceLock<Broker> = OnceLock::new();
     BROKER.get_or_init(|| {
         if let Ok(bootstrap) = std::env::var("WEIBO_KAFKA_BOOTSTRAP") {
-            return Broker { bootstrap, _watchdog: None };
+            return Broker { bootstrap, dir: None, _watchdog: None };
         }
         start()
     })
@@ -81,13 +123,22 @@ fn start() -> Broker {
         "formatting the broker's storage failed: {}",
         String::from_utf8_lossy(&format.stderr)
     );
-    // The watchdog: start the broker, and stop it when this process ends.
+    // The watchdog: runs the broker (again) unless `<dir>/down` exists,
+    // and stops it when this process ends.
     let script = format!(
-        "java -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -cp '{cp}' kafka.Kafka '{}/server.properties' > '{}/broker.log' 2>&1 &\n\
-         b=$!\nwhile kill -0 {me} 2>/dev/null && kill -0 $b 2>/dev/null; do sleep 0.5; done\nkill $b 2>/dev/null; sleep 3; kill -9 $b 2>/dev/null; rm -rf '{}'",
-        dir.display(),
-        dir.display(),
-        dir.display(),
+        "b=\n\
+         while kill -0 {me} 2>/dev/null; do\n\
+           if [ -f '{d}/down' ]; then\n\
+             if [ -n \"$b\" ]; then kill $b; wait $b; b=; fi\n\
+           elif [ -z \"$b\" ] || ! kill -0 $b 2>/dev/null; then\n\
+             java -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -cp '{cp}' kafka.Kafka '{d}/server.properties' >> '{d}/broker.log' 2>&1 &\n\
+             b=$!\n\
+           fi\n\
+           sleep 0.2\n\
+         done\n\
+         if [ -n \"$b\" ]; then kill $b 2>/dev/null; sleep 3; kill -9 $b 2>/dev/null; fi\n\
+         rm -rf '{d}'",
+        d = dir.display(),
         me = std::process::id()
     );
     let watchdog = Command::new("bash")
@@ -98,14 +149,6 @@ fn start() -> Broker {
         .spawn()
         .expect("start the Kafka broker");
     let bootstrap = format!("127.0.0.1:{port}");
-    let started = Instant::now();
-    while TcpStream::connect(&bootstrap).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the Kafka broker did not open {bootstrap} within 60 s; see {}/broker.log",
-            dir.display()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Broker { bootstrap, _watchdog: Some(watchdog) }
+    wait_port(&bootstrap, true, &dir);
+    Broker { bootstrap, dir: Some(dir), _watchdog: Some(watchdog) }
 }

@@ -532,13 +532,16 @@ impl Coordinator {
         crash_point_before_commit(n);
         self.previous = Some(manifest);
         // The checkpoint is complete: now the sinks may show its records.
-        for entry in commits {
-            let Some(c) = self.committers.iter().find(|c| c.name() == entry.sink) else { continue };
-            if let Err(e) = c.commit(&entry.handle) {
-                tracing::warn!(sink = %entry.sink, handle = %entry.handle, error = %e, "commit failed; retried with the next checkpoint");
-                self.uncommitted.push(entry);
+        // Commits wait on external systems: off the runtime's workers.
+        crate::runtime::blocking(|| {
+            for entry in commits {
+                let Some(c) = self.committers.iter().find(|c| c.name() == entry.sink) else { continue };
+                if let Err(e) = c.commit(&entry.handle) {
+                    tracing::warn!(sink = %entry.sink, handle = %entry.handle, error = %e, "commit failed; retried with the next checkpoint");
+                    self.uncommitted.push(entry);
+                }
             }
-        }
+        });
         self.retain(n);
         Ok(())
     }

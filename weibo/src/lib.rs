@@ -35,6 +35,7 @@ pub use error::{Error, Result};
 pub use job::{DEFAULT_MAX_KEY_GROUPS, Job, JobHandle, JobReport};
 pub use key::Key;
 pub use keyed::KeyedContext;
+pub use runtime::blocking;
 pub use runtime::heads::BoxFuture;
 pub use stream::{Aggregate, DeadLetter, KeyedStream, SinkRef, Stream, on_error};
 pub use weibo_macros::{Key, RkyvData};

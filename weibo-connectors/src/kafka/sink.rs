@@ -237,7 +237,7 @@ impl<T: Send + 'static> SinkWriter<T> for KafkaWriter<T> {
 
 impl<T> KafkaWriter<T> {
     fn wait_for_acks(&mut self) -> Result<()> {
-        self.producer.flush(FLUSH_TIMEOUT).map_err(|e| {
+        weibo::blocking(|| self.producer.flush(FLUSH_TIMEOUT)).map_err(|e| {
             connector(&self.name, format!("records were not acknowledged within {FLUSH_TIMEOUT:?}: {e}"))
         })?;
         self.producer.context().check(&self.name)

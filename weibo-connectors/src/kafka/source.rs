@@ -332,6 +332,26 @@ impl<T: Clone + Send + Sync + 'static> Source for KafkaSource<T> {
     }
 }
 
+/// Errors a consumer recovers from by itself (a broker restarting, a
+/// leader moving).
+fn transient(e: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::AllBrokersDown
+                | C::BrokerTransportFailure
+                | C::NetworkException
+                | C::RequestTimedOut
+                | C::OperationTimedOut
+                | C::NotLeaderForPartition
+                | C::LeaderNotAvailable
+                | C::NotCoordinator
+                | C::CoordinatorNotAvailable
+        )
+    )
+}
+
 struct KafkaReader<T> {
     consumer: StreamConsumer,
     d: Decoder<T>,
@@ -435,6 +455,11 @@ impl<T: Send + 'static> SourceReader<KafkaRecord<T>> for KafkaReader<T> {
                     Ok(m) => self.d.take(&m, out)?,
                     Err(KafkaError::PartitionEOF(_)) => {
                         self.catch_up();
+                        break;
+                    }
+                    // librdkafka reconnects and fetches again by itself.
+                    Err(e) if transient(&e) => {
+                        tracing::warn!(source = %self.d.name, topic = %self.d.topic, partition = self.d.partition, error = %e, "temporary Kafka error; reading on");
                         break;
                     }
                     Err(e) => {

@@ -35,6 +35,9 @@ use super::{Connection, Format, connector};
 
 /// How long transaction calls (init, commit, abort) may take.
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a pre-commit waits for the brokers before it counts the
+/// transaction as stuck and writes it again (see `Core::settle`).
+const SETTLE_STEP: Duration = Duration::from_secs(10);
 
 /// How many transactions one sink instance may have open at once (the
 /// epoch being written plus those waiting for their checkpoint to
@@ -126,7 +129,8 @@ impl<T> TxnKafkaSink<T> {
 struct Slot {
     instance: usize,
     slot: usize,
-    producer: KafkaProducer,
+    /// Shared only with a call that outlived its time (see `bounded`).
+    producer: Arc<KafkaProducer>,
 }
 
 /// A pre-committed transaction waiting for its checkpoint.
@@ -273,7 +277,7 @@ impl Core {
             ))
         })?;
         self.state().live.insert((instance, slot));
-        Ok(Slot { instance, slot, producer })
+        Ok(Slot { instance, slot, producer: Arc::new(producer) })
     }
 
     /// A producer for `instance` without an open transaction.
@@ -335,9 +339,9 @@ impl Core {
     }
 
     /// Sends the marker of `epoch` and commits the slot's transaction.
-    fn commit_slot(&self, s: &Slot, epoch: u64, end: bool) -> Result<()> {
+    fn commit_slot(&self, s: &mut Slot, epoch: u64, end: bool) -> Result<()> {
         let c = self.marker_consumer(s.instance)?;
-        let Some(cgm) = c.group_metadata() else {
+        let Some(cgm) = c.group_metadata().map(Arc::new) else {
             return Err(self.err("no consumer group metadata for the commit marker".into()));
         };
         let mut tpl = TopicPartitionList::new();
@@ -348,11 +352,62 @@ impl Core {
             e.set_metadata(END_OF_INPUT);
         }
         let id = self.transactional_id(s.instance, s.slot);
-        retry(TXN_CALL_TIMEOUT, || s.producer.send_offsets_to_transaction(&tpl, &cgm, TXN_CALL_TIMEOUT))
-            .map_err(|e| self.err(format!("cannot add the commit marker to transaction `{id}`: {e}")))?;
-        retry(TXN_CALL_TIMEOUT, || s.producer.commit_transaction(TXN_CALL_TIMEOUT))
-            .map_err(|e| self.err(format!("cannot commit transaction `{id}` (epoch {epoch}): {e}")))?;
-        s.producer.context().check(&self.name())
+        let redo = self.redo_path(s.instance, epoch);
+        let deadline = Instant::now() + TXN_CALL_TIMEOUT;
+        loop {
+            // librdkafka resumes a call that timed out or failed for a
+            // retriable reason when it is made again.
+            let step = |what: &str, e: KafkaError| -> Result<bool> {
+                let abort = matches!(&e, KafkaError::Transaction(t) if t.txn_requires_abort());
+                if Instant::now() >= deadline || !(abort || temporary(&e) || is_timeout(&e)) {
+                    return Err(self.err(format!("cannot {what} transaction `{id}` (epoch {epoch}): {e}")));
+                }
+                tracing::warn!(transaction = %id, epoch, error = %e, abort, "retrying the commit");
+                Ok(abort)
+            };
+            let call = SETTLE_STEP.min(deadline.saturating_duration_since(Instant::now()));
+            // librdkafka can wait for ever here, past the timeout, when the
+            // group coordinator went away (librdkafka issues 5456 and 5511):
+            // wait on another thread, and if it does not come back in
+            // time, replace the producer (the new one fences the stuck
+            // one, which aborts its transaction) and write it again.
+            let (producer, offsets, group) = (Arc::clone(&s.producer), tpl.clone(), Arc::clone(&cgm));
+            let sent = bounded(call + Duration::from_secs(1), move || {
+                producer.send_offsets_to_transaction(&offsets, &group, call)
+            });
+            let result = match sent {
+                Some(Ok(())) => s.producer.commit_transaction(call).map_err(|e| ("commit", e)),
+                Some(Err(e)) => Err(("add the commit marker to", e)),
+                None if Instant::now() < deadline => {
+                    tracing::warn!(transaction = %id, epoch, "adding the commit marker hangs; replacing the producer and writing the transaction again");
+                    self.replace_producer(s)?;
+                    self.rewrite(s, &redo)?;
+                    self.settle(s, &redo)?;
+                    continue;
+                }
+                None => {
+                    return Err(self.err(format!(
+                        "cannot add the commit marker to transaction `{id}` (epoch {epoch}): no answer within {TXN_CALL_TIMEOUT:?}"
+                    )));
+                }
+            };
+            match result {
+                Ok(()) => return s.producer.context().check(&self.name()),
+                Err((what, e)) => {
+                    if step(what, e)? {
+                        // The transaction can only be aborted (a broker
+                        // restarted under it): nothing of it is visible,
+                        // so write it again from its redo log.
+                        retry(TXN_CALL_TIMEOUT, || s.producer.abort_transaction(SETTLE_STEP))
+                            .map_err(|e| self.err(format!("cannot abort transaction `{id}` to write it again: {e}")))?;
+                        self.rewrite(s, &redo)?;
+                        self.settle(s, &redo)?;
+                    } else {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                }
+            }
+        }
     }
 
     fn commit(&self, h: &str) -> Result<()> {
@@ -373,7 +428,7 @@ impl Core {
             return self.recover(instance, slot, epoch, h);
         };
         let mut guard = entry.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(pending) = guard.as_ref() else { return Ok(()) };
+        let Some(pending) = guard.as_mut() else { return Ok(()) };
         // Markers say "everything up to epoch n is visible": commit an
         // instance's epochs in order.
         let earlier = self.state().prepared.iter().any(|(other, p)| {
@@ -384,7 +439,8 @@ impl Core {
         if earlier {
             return Err(self.err(format!("`{h}` waits for an earlier transaction of instance {instance} to commit")));
         }
-        self.commit_slot(&pending.slot, epoch, pending.end)?;
+        let end = pending.end;
+        self.commit_slot(&mut pending.slot, epoch, end)?;
         if let Some(p) = guard.take() {
             self.release(p.slot);
         }
@@ -403,7 +459,7 @@ impl Core {
     /// if not the redo log is produced again.
     fn recover(&self, instance: usize, slot: usize, epoch: u64, h: &str) -> Result<()> {
         self.fence_all()?;
-        let s = self.take_or_create(instance, slot)?;
+        let mut s = self.take_or_create(instance, slot)?;
         let done = self.committed_epoch(instance)?.is_some_and(|(e, _)| e >= epoch);
         let redo = self.redo_path(instance, epoch);
         if !done {
@@ -413,16 +469,78 @@ impl Core {
             for r in &records {
                 produce(&self.name(), &s.producer, &self.topic, r)?;
             }
-            s.producer
-                .flush(FLUSH_TIMEOUT)
-                .map_err(|e| self.err(format!("records were not acknowledged within {FLUSH_TIMEOUT:?}: {e}")))?;
-            s.producer.context().check(&self.name())?;
-            self.commit_slot(&s, epoch, false)?;
+            self.settle(&mut s, &redo)?;
+            self.commit_slot(&mut s, epoch, false)?;
             tracing::info!(sink = %self.name(), instance, epoch, records = records.len(), "re-committed an epoch from its redo log");
         }
         self.release(s);
         self.state().committed.insert(h.to_string());
         let _ = fs::remove_file(&redo);
+        Ok(())
+    }
+
+    /// Waits until the brokers have every record of `s`'s open
+    /// transaction, whose records are all in the redo log at `redo`.
+    ///
+    /// A transaction can get stuck: after a broker restart, a producer
+    /// whose requests were in flight cannot know what the broker kept, and
+    /// librdkafka holds the transaction until it is aborted (or, seen here,
+    /// never gets the records acknowledged again). Such a transaction (not
+    /// acknowledged within [`SETTLE_STEP`], or with a refused record) is
+    /// given up: a new producer with the same transactional id fences the
+    /// old one, which aborts its transaction, and writes the records again
+    /// from the redo log, as often as needed within [`FLUSH_TIMEOUT`].
+    /// Nothing of an aborted transaction was visible, so nothing is
+    /// written twice.
+    fn settle(&self, s: &mut Slot, redo: &Path) -> Result<()> {
+        let name = self.name();
+        let id = self.transactional_id(s.instance, s.slot);
+        let deadline = Instant::now() + FLUSH_TIMEOUT;
+        loop {
+            let wait = SETTLE_STEP.min(deadline.saturating_duration_since(Instant::now()));
+            let problem = match s.producer.flush(wait) {
+                Ok(()) => match s.producer.context().check(&name) {
+                    Ok(()) => return Ok(()),
+                    Err(e) => e.to_string(),
+                },
+                Err(e) => format!("records were not acknowledged within {wait:?}: {e}"),
+            };
+            if Instant::now() >= deadline {
+                return Err(
+                    self.err(format!("transaction `{id}` did not complete within {FLUSH_TIMEOUT:?}: {problem}"))
+                );
+            }
+            tracing::warn!(sink = %name, transaction = %id, %problem, "replacing the producer and writing the transaction again from the redo log");
+            self.replace_producer(s)?;
+            self.rewrite(s, redo)?;
+        }
+    }
+
+    /// Gives `s` a new producer with the same transactional id: its
+    /// initialisation fences the old one and aborts the old one's open
+    /// transaction. The old one is dropped on a thread of its own, since
+    /// a stuck producer can take its time to close.
+    fn replace_producer(&self, s: &mut Slot) -> Result<()> {
+        let fresh = self.create_slot(s.instance, s.slot)?.producer;
+        let old = std::mem::replace(&mut s.producer, fresh);
+        let _ = std::thread::Builder::new().name("weibo-kafka-close".into()).spawn(move || drop(old));
+        Ok(())
+    }
+
+    /// After an abort (or with a new producer): a new transaction with
+    /// every record of the redo log at `redo`.
+    fn rewrite(&self, s: &Slot, redo: &Path) -> Result<()> {
+        let name = self.name();
+        let id = self.transactional_id(s.instance, s.slot);
+        // The delivery reports of the purged records are served, then
+        // forgotten: they belong to the aborted attempt.
+        let _ = s.producer.flush(Duration::from_secs(5));
+        let _ = s.producer.context().check(&name);
+        let records = read_redo(redo)?;
+        s.producer.begin_transaction().map_err(|e| self.err(format!("cannot begin transaction `{id}`: {e}")))?;
+        for r in &records {
+            produce(&name, &s.producer, &self.topic, r)?;
+        }
         Ok(())
     }
 
@@ -491,6 +609,23 @@ fn retry<R>(within: Duration, mut f: impl FnMut() -> KafkaResult<R>) -> KafkaRes
             other => return other,
         }
     }
+}
+
+/// Runs `f` on a thread of its own and waits at most `limit` for its
+/// result; `None` if it did not come (the thread goes on, detached).
+fn bounded<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("weibo-kafka-call".into())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .ok()?;
+    rx.recv_timeout(limit).ok()
+}
+
+fn is_timeout(e: &KafkaError) -> bool {
+    matches!(e.rdkafka_error_code(), Some(RDKafkaErrorCode::OperationTimedOut | RDKafkaErrorCode::RequestTimedOut))
 }
 
 fn temporary(e: &KafkaError) -> bool {
@@ -617,17 +752,12 @@ impl<T> TxnWriter<T> {
     /// Makes the epoch durable: every record acknowledged by the brokers
     /// (still invisible) and in the redo log on disk.
     fn seal(&mut self, epoch: u64, end: bool) -> Result<String> {
-        let Some(s) = self.slot.take() else {
+        let Some(mut s) = self.slot.take() else {
             // Replaying what an earlier run committed: nothing to commit.
             let h = handle(self.instance, NO_SLOT, epoch);
             self.core.state().committed.insert(h.clone());
             return Ok(h);
         };
-        let name = self.core.name();
-        s.producer
-            .flush(FLUSH_TIMEOUT)
-            .map_err(|e| self.core.err(format!("records were not acknowledged within {FLUSH_TIMEOUT:?}: {e}")))?;
-        s.producer.context().check(&name)?;
         let path = self.core.redo_path(self.instance, self.epoch);
         if let Some(w) = self.redo.take() {
             let f = w.into_inner().map_err(|e| Error::Io {
@@ -637,6 +767,7 @@ impl<T> TxnWriter<T> {
             })?;
             f.sync_all().map_err(self.core.io("cannot sync redo log", &path))?;
         }
+        self.core.settle(&mut s, &path)?;
         if epoch != self.epoch {
             // The redo log is named by the epoch the handle commits.
             let to = self.core.redo_path(self.instance, epoch);
@@ -674,14 +805,16 @@ impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
     }
 
     fn pre_commit(&mut self, checkpoint: u64) -> Result<String> {
-        let h = self.seal(checkpoint, false)?;
-        self.epoch = checkpoint + 1;
-        self.start()?;
-        Ok(h)
+        weibo::blocking(|| {
+            let h = self.seal(checkpoint, false)?;
+            self.epoch = checkpoint + 1;
+            self.start()?;
+            Ok(h)
+        })
     }
 
     fn finish(&mut self) -> Result<String> {
-        self.seal(self.epoch, true)
+        weibo::blocking(|| self.seal(self.epoch, true))
     }
 }
 

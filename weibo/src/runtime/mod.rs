@@ -133,3 +133,16 @@ pub(crate) fn unerase<T: 'static>(c: AnyConsumer, what: &str) -> Result<Box<dyn 
         Error::Internal(format!("{what}: downstream consumer does not take `{}`", std::any::type_name::<T>()))
     })
 }
+
+/// Runs `f`, which blocks its thread (a broker round trip, an fsync), from
+/// inside a task: on a multi-threaded tokio runtime the worker hands its
+/// other tasks to another worker first, so that timers and the rest of
+/// the job keep running while `f` waits; elsewhere `f` just runs.
+///
+/// Sinks and sources call it around calls that can wait for seconds.
+pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}

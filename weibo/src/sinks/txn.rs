@@ -158,10 +158,12 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> fo
         // whose checkpoint did not complete (commits are idempotent, so the
         // coordinator committing some of them too is harmless).
         let last = self.writer.finish()?;
-        for handle in self.mine.drain(..).chain(std::iter::once(last)) {
-            self.sink.commit(&handle)?;
-        }
-        Ok(())
+        crate::runtime::blocking(|| {
+            for handle in self.mine.drain(..).chain(std::iter::once(last)) {
+                self.sink.commit(&handle)?;
+            }
+            Ok(())
+        })
     }
 }
 
