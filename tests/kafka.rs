@@ -520,6 +520,28 @@ fn killed_again_and_again_kafka_to_kafka_commits_every_event_exactly_once() {
 }
 
 #[test]
+fn a_transaction_timeout_above_the_brokers_maximum_is_refused_naming_both() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let (input, output) = (unique("timeout-in"), unique("timeout-out"));
+    create_topic(&input, 1);
+    create_topic(&output, 1);
+    produce(&input, &[In { key: None, value: b"x", headers: vec![], timestamp: None }]);
+    let dir = tempfile::tempdir().unwrap();
+    let job = Job::new("too-long").with_checkpoints(dir.path().join("checkpoints"), Duration::from_secs(1));
+    let source = KafkaSource::builder(bootstrap(), [input], weibo_connectors::kafka::Text).until_end().build().unwrap();
+    job.source(source).map(|r: KafkaRecord<String>| r.value).sink_exactly_once(
+        TxnKafkaSink::new(bootstrap(), output, weibo_connectors::kafka::Text, "too-long", dir.path().join("redo"))
+            .transaction_timeout(Duration::from_secs(20 * 60)),
+    );
+    let err = weibo::testing::block_on(job.run()).unwrap_err().to_string();
+    assert!(err.contains("transaction.timeout.ms = 1200000 ms"), "{err}");
+    assert!(err.contains("transaction.max.timeout.ms"), "{err}");
+    eprintln!("{err}");
+}
+
+#[test]
 fn a_broker_restart_in_the_middle_of_an_exactly_once_job_loses_and_repeats_nothing() {
     if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
         return;
