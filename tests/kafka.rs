@@ -542,6 +542,31 @@ fn a_transaction_timeout_above_the_brokers_maximum_is_refused_naming_both() {
 }
 
 #[test]
+fn a_transaction_the_brokers_abort_for_its_timeout_is_written_again() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+    let (input, output) = (unique("expire-in"), unique("expire-out"));
+    write_events(&input);
+    create_topic(&output, 3);
+    let dir = tempfile::tempdir().unwrap();
+    // Checkpoints every 4 s, transactions time out after 1.5 s: the
+    // brokers abort every epoch's transaction before its checkpoint.
+    let job =
+        Job::new("expire").with_checkpoints(dir.path().join("checkpoints"), Duration::from_secs(4)).with_batch_size(16);
+    let source = KafkaSource::builder(bootstrap(), [input], Json).until_end().build::<Event>().unwrap();
+    let sink = TxnKafkaSink::new(bootstrap(), &output, Json, format!("{output}-txn"), dir.path().join("redo"))
+        .transaction_timeout(Duration::from_millis(1500));
+    counting(&job, source, sink, 2);
+    weibo::testing::block_on(job.run()).expect("expired transactions are written again");
+    assert_exactly_once(&output);
+}
+
+#[test]
 fn a_broker_restart_in_the_middle_of_an_exactly_once_job_loses_and_repeats_nothing() {
     if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
         return;

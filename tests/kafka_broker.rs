@@ -108,7 +108,7 @@ fn start() -> Broker {
          log.dirs={}/logs\n\
          offsets.topic.replication.factor=1\noffsets.topic.num.partitions=4\n\
          transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\ntransaction.state.log.num.partitions=4\n\
-         group.initial.rebalance.delay.ms=0\ngroup.min.session.timeout.ms=1000\nnum.partitions=4\nauto.create.topics.enable=false\n",
+         group.initial.rebalance.delay.ms=0\ngroup.min.session.timeout.ms=1000\ntransaction.abort.timed.out.transaction.cleanup.interval.ms=1000\nnum.partitions=4\nauto.create.topics.enable=false\n",
         dir.display()
     );
     std::fs::write(dir.join("server.properties"), props).expect("write server.properties");

@@ -510,9 +510,24 @@ impl Core {
                     self.err(format!("transaction `{id}` did not complete within {FLUSH_TIMEOUT:?}: {problem}"))
                 );
             }
-            tracing::warn!(sink = %name, transaction = %id, %problem, "replacing the producer and writing the transaction again from the redo log");
+            let hint = self.hint(&problem);
+            tracing::warn!(sink = %name, transaction = %id, %problem, "replacing the producer and writing the transaction again from the redo log{hint}");
             self.replace_producer(s)?;
             self.rewrite(s, redo)?;
+        }
+    }
+
+    /// For a warning about a refused record: the likely cause when it
+    /// repeats.
+    fn hint(&self, problem: &str) -> String {
+        if problem.contains("epoch") || problem.contains("enced") || problem.contains("Fatal") {
+            let timeout = *self.txn_timeout.lock().unwrap_or_else(PoisonError::into_inner);
+            format!(
+                " (if this repeats, transactions outlive transaction.timeout.ms = {} ms: keep it well above the checkpoint interval)",
+                timeout.as_millis()
+            )
+        } else {
+            String::new()
         }
     }
 
@@ -702,6 +717,7 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for TxnKafkaSink<T> {
             rec: OutRecord::default(),
             buf: Vec::new(),
             replay,
+            broken: None,
             _t: PhantomData,
         };
         w.start()?;
@@ -731,6 +747,9 @@ struct TxnWriter<T> {
     buf: Vec<u8>,
     /// Everything this run writes was committed by an earlier run.
     replay: bool,
+    /// Why the open transaction cannot be committed as it is (its
+    /// producer refused a record): the pre-commit writes it again.
+    broken: Option<String>,
     _t: PhantomData<fn(T)>,
 }
 
@@ -767,6 +786,12 @@ impl<T> TxnWriter<T> {
             })?;
             f.sync_all().map_err(self.core.io("cannot sync redo log", &path))?;
         }
+        if let Some(problem) = self.broken.take() {
+            let hint = self.core.hint(&problem);
+            tracing::warn!(sink = %self.core.name(), %problem, "the producer refused a record; replacing it and writing the transaction again from the redo log{hint}");
+            self.core.replace_producer(&mut s)?;
+            self.core.rewrite(&s, &path)?;
+        }
         self.core.settle(&mut s, &path)?;
         if epoch != self.epoch {
             // The redo log is named by the epoch the handle commits.
@@ -789,7 +814,9 @@ impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
         let (Some(s), Some(redo)) = (self.slot.as_ref(), self.redo.as_mut()) else {
             return Err(self.core.err("write outside a transaction".into()));
         };
-        s.producer.context().check(&name)?;
+        // A refused record is not checked here: every record is in the
+        // redo log, and the pre-commit writes the epoch again when one was
+        // refused (see `Core::settle`).
         for (v, m) in batch.values().iter().zip(batch.meta()) {
             self.enc.encode(&name, v, m.timestamp, &mut self.rec)?;
             self.buf.clear();
@@ -798,7 +825,12 @@ impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
             redo.write_all(&len.to_le_bytes())
                 .and_then(|()| redo.write_all(&self.buf))
                 .map_err(|e| self.core.err(format!("cannot write the redo log: {e}")))?;
-            produce(&name, &s.producer, &self.enc.topic, &self.rec)?;
+            if self.broken.is_none()
+                && let Err(e) = produce(&name, &s.producer, &self.enc.topic, &self.rec)
+            {
+                // Only the redo log from here on; see `seal`.
+                self.broken = Some(e.to_string());
+            }
         }
         batch.drain().for_each(drop);
         Ok(())
