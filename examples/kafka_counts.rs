@@ -27,7 +27,11 @@ fn job(brokers: &str, input: &str, output: &str, dir: &Path) -> weibo::Result<Jo
     let job = Job::new("click-counts").with_checkpoints(dir.join("checkpoints"), Duration::from_secs(1));
     // One source partition per Kafka partition; offsets live in checkpoints.
     let clicks = KafkaSource::builder(brokers, [input], Json).group("click-counts").build::<Click>()?;
-    count_clicks(&job, clicks, TxnKafkaSink::new(brokers, output, Json, "click-counts", dir.join("kafka-redo")));
+    // Exactly-once output; the consumed offsets go to the group in the
+    // same transactions, for lag monitoring.
+    let out =
+        TxnKafkaSink::new(brokers, output, Json, "click-counts", dir.join("kafka-redo")).with_consumed_offsets(&clicks);
+    count_clicks(&job, clicks, out);
     Ok(job)
 }
 // ANCHOR_END: job

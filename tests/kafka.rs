@@ -275,7 +275,8 @@ fn write_events(topic: &str) {
 fn counting_job(input: &str, output: &str, dir: &Path, slow: bool) -> Job {
     let job = paced_job("kafka-eos", dir.join("checkpoints"));
     let source = KafkaSource::builder(bootstrap(), [input.to_string()], Json).until_end().build::<Event>().unwrap();
-    let sink = TxnKafkaSink::new(bootstrap(), output, Json, format!("{output}-txn"), dir.join("redo"));
+    let sink = TxnKafkaSink::new(bootstrap(), output, Json, format!("{output}-txn"), dir.join("redo"))
+        .with_consumed_offsets(&source);
     counting(&job, source, sink, if slow { 4 } else { 0 });
     job
 }
@@ -401,6 +402,21 @@ fn kafka_to_kafka_without_crashes_writes_every_event_once() {
     let dir = tempfile::tempdir().unwrap();
     weibo::testing::block_on(counting_job(&input, &output, dir.path(), false).run()).unwrap();
     assert_exactly_once(&output);
+    // The consumed offsets went to the source's group with the output of
+    // their checkpoint: they are the positions of one of its checkpoints.
+    let group = group_offsets_by_partition(&format!("weibo-{input}"), &input);
+    let checkpoints: Vec<Vec<i64>> = weibo::checkpoint::complete_checkpoints(&dir.path().join("checkpoints"))
+        .iter()
+        .map(|(_, d)| {
+            let m = weibo::checkpoint::read_manifest(d).unwrap();
+            (0..4).map(|p| m.sources.iter().find(|e| e.partition == p).map_or(-1, |e| e.position as i64)).collect()
+        })
+        .collect();
+    assert!(group.iter().sum::<i64>() > 0, "offsets were committed: {group:?}");
+    assert!(
+        checkpoints.contains(&group),
+        "the group's offsets {group:?} are a checkpoint's positions: {checkpoints:?}"
+    );
     // The redo logs of committed epochs are gone.
     let left: Vec<_> = std::fs::read_dir(dir.path().join("redo"))
         .unwrap()
@@ -616,6 +632,11 @@ fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
 
 /// The sum of `group`'s committed offsets on `topic`'s four partitions.
 fn group_offsets(group: &str, topic: &str) -> i64 {
+    group_offsets_by_partition(group, topic).iter().filter(|o| **o > 0).sum()
+}
+
+/// `group`'s committed offsets on `topic`'s four partitions (-1: none).
+fn group_offsets_by_partition(group: &str, topic: &str) -> Vec<i64> {
     let consumer: BaseConsumer =
         ClientConfig::new().set("bootstrap.servers", bootstrap()).set("group.id", group).create().unwrap();
     let mut tpl = TopicPartitionList::new();
@@ -623,7 +644,13 @@ fn group_offsets(group: &str, topic: &str) -> i64 {
         tpl.add_partition(topic, p);
     }
     let committed = consumer.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
-    committed.elements().iter().filter_map(|e| if let Offset::Offset(o) = e.offset() { Some(o) } else { None }).sum()
+    let mut by_partition = vec![-1; 4];
+    for e in committed.elements() {
+        if let (Offset::Offset(o), Ok(p)) = (e.offset(), usize::try_from(e.partition())) {
+            by_partition[p] = o;
+        }
+    }
+    by_partition
 }
 
 #[test]

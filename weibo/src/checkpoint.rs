@@ -514,6 +514,7 @@ impl Coordinator {
             ))
         });
         let mut commits = std::mem::take(&mut self.uncommitted);
+        let retried = commits.clone();
         for c in &self.committers {
             commits.extend(c.take_prepared(n).into_iter().map(|handle| CommitEntry { sink: c.name(), handle }));
         }
@@ -530,13 +531,17 @@ impl Coordinator {
         fs::create_dir_all(&dir).map_err(io("cannot create checkpoint directory", &dir))?;
         write_manifest(&dir, &manifest)?;
         crash_point_before_commit(n);
+        let positions = manifest.sources.clone();
         self.previous = Some(manifest);
         // The checkpoint is complete: now the sinks may show its records.
         // Commits wait on external systems: off the runtime's workers.
         crate::runtime::blocking(|| {
             for entry in commits {
                 let Some(c) = self.committers.iter().find(|c| c.name() == entry.sink) else { continue };
-                if let Err(e) = c.commit(&entry.handle) {
+                // Only this checkpoint's own handles go with its positions:
+                // a commit retried from an earlier one must not claim more.
+                let fresh = !retried.contains(&entry);
+                if let Err(e) = c.commit(&entry.handle, if fresh { &positions } else { &[] }) {
                     tracing::warn!(sink = %entry.sink, handle = %entry.handle, error = %e, "commit failed; retried with the next checkpoint");
                     self.uncommitted.push(entry);
                 }

@@ -281,7 +281,7 @@ impl Job {
         // (again: commits are idempotent), drop what came after it.
         for c in &config.committers {
             for entry in restore.iter().flat_map(|r| r.commits.iter()).filter(|e| e.sink == c.name()) {
-                c.commit(&entry.handle)?;
+                c.commit(&entry.handle, &[])?;
             }
             c.abort_after(restore.as_ref().map_or(0, |r| r.checkpoint))?;
         }

@@ -247,6 +247,11 @@ impl<T> KafkaSource<T> {
         &self.partitions
     }
 
+    /// The consumer group the source names to the brokers.
+    pub fn group_name(&self) -> &str {
+        &self.group
+    }
+
     /// How many undecodable records were skipped (with [`DecodeErrors::Skip`]).
     pub fn skipped(&self) -> Arc<std::sync::atomic::AtomicU64> {
         Arc::clone(&self.skipped)

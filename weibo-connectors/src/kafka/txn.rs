@@ -27,11 +27,12 @@ use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 use weibo::Data;
+use weibo::checkpoint::SourcePositionEntry;
 use weibo::sinks::{SinkBatch, TransactionWriter, TwoPhaseCommitSink};
 use weibo::{Error, Result};
 
 use super::sink::{Deliveries, Encoder, FLUSH_TIMEOUT, KafkaProducer, OutRecord, encoder_settings, produce};
-use super::{Connection, Format, connector};
+use super::{Connection, Format, KafkaSource, connector};
 
 /// How long transaction calls (init, commit, abort) may take.
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -106,6 +107,7 @@ impl<T> TxnKafkaSink<T> {
                 txn_timeout: Mutex::new(Duration::from_secs(60)),
                 state: Mutex::new(State::default()),
                 ids_file: Mutex::new(()),
+                consumed: Mutex::new(None),
             }),
             conn,
             enc: Encoder { topic, format: Arc::new(format), key: None, headers: None },
@@ -120,6 +122,35 @@ impl<T> TxnKafkaSink<T> {
         self
     }
 
+    /// Commits the offsets `source` consumed to its consumer group, in the
+    /// same transaction as the records of the same checkpoint (the first
+    /// sink instance's), so that the group's offsets and the visible
+    /// output always agree, and lag tools show the job's progress. Only
+    /// for monitoring: the job itself restarts from its checkpoints.
+    ///
+    /// The source is found in the checkpoints by its default name
+    /// (`kafka <topics>`); if you renamed it with `.name(…)`, use
+    /// [`TxnKafkaSink::with_consumed_offsets_named`].
+    pub fn with_consumed_offsets<S>(self, source: &KafkaSource<S>) -> Self
+    where
+        S: Clone + Send + Sync + 'static,
+    {
+        let name = weibo::sources::Source::default_name(source);
+        self.with_consumed_offsets_named(name, source)
+    }
+
+    /// As [`TxnKafkaSink::with_consumed_offsets`], for a source named
+    /// `name` in the job.
+    pub fn with_consumed_offsets_named<S>(self, name: impl Into<String>, source: &KafkaSource<S>) -> Self {
+        *self.core.consumed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Consumed {
+            source: name.into(),
+            group: source.group_name().to_string(),
+            partitions: source.kafka_partitions().to_vec(),
+            warned: std::sync::atomic::AtomicBool::new(false),
+        });
+        self
+    }
+
     fn sync_conn(&self) {
         *self.core.conn.lock().unwrap_or_else(PoisonError::into_inner) = self.conn.clone();
     }
@@ -131,6 +162,12 @@ struct Slot {
     slot: usize,
     /// Shared only with a call that outlived its time (see `bounded`).
     producer: Arc<KafkaProducer>,
+}
+
+/// Consumed offsets to commit in a transaction, under their group.
+struct Offsets {
+    tpl: TopicPartitionList,
+    group: Arc<rdkafka::consumer::ConsumerGroupMetadata>,
 }
 
 /// A pre-committed transaction waiting for its checkpoint.
@@ -150,6 +187,20 @@ struct Core {
     state: Mutex<State>,
     /// Serialises appends to the transactional-ids file.
     ids_file: Mutex<()>,
+    /// Whose consumed offsets go into the transactions.
+    consumed: Mutex<Option<Consumed>>,
+}
+
+/// A Kafka source whose consumed offsets the sink commits to the source's
+/// consumer group, in the transaction of the checkpoint they belong to.
+struct Consumed {
+    /// The source's node name in the job.
+    source: String,
+    group: String,
+    /// The Kafka partition of each source partition.
+    partitions: Vec<(String, i32)>,
+    /// Warned that the checkpoints hold no source of that name.
+    warned: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -339,7 +390,7 @@ impl Core {
     }
 
     /// Sends the marker of `epoch` and commits the slot's transaction.
-    fn commit_slot(&self, s: &mut Slot, epoch: u64, end: bool) -> Result<()> {
+    fn commit_slot(&self, s: &mut Slot, epoch: u64, end: bool, consumed: Option<&Offsets>) -> Result<()> {
         let c = self.marker_consumer(s.instance)?;
         let Some(cgm) = c.group_metadata().map(Arc::new) else {
             return Err(self.err("no consumer group metadata for the commit marker".into()));
@@ -372,12 +423,20 @@ impl Core {
             // time, replace the producer (the new one fences the stuck
             // one, which aborts its transaction) and write it again.
             let (producer, offsets, group) = (Arc::clone(&s.producer), tpl.clone(), Arc::clone(&cgm));
+            let consumed = consumed.map(|o| (o.tpl.clone(), Arc::clone(&o.group)));
             let sent = bounded(call + Duration::from_secs(1), move || {
-                producer.send_offsets_to_transaction(&offsets, &group, call)
+                if let Some((tpl, group)) = consumed {
+                    producer
+                        .send_offsets_to_transaction(&tpl, &group, call)
+                        .map_err(|e| ("add the consumed offsets to", e))?;
+                }
+                producer
+                    .send_offsets_to_transaction(&offsets, &group, call)
+                    .map_err(|e| ("add the commit marker to", e))
             });
             let result = match sent {
                 Some(Ok(())) => s.producer.commit_transaction(call).map_err(|e| ("commit", e)),
-                Some(Err(e)) => Err(("add the commit marker to", e)),
+                Some(Err(e)) => Err(e),
                 None if Instant::now() < deadline => {
                     tracing::warn!(transaction = %id, epoch, "adding the commit marker hangs; replacing the producer and writing the transaction again");
                     self.replace_producer(s)?;
@@ -410,7 +469,7 @@ impl Core {
         }
     }
 
-    fn commit(&self, h: &str) -> Result<()> {
+    fn commit(&self, h: &str, sources: &[SourcePositionEntry]) -> Result<()> {
         let Some((instance, slot, epoch)) = parse_handle(h) else {
             return Err(self.err(format!("`{h}` is not a transaction handle of this sink")));
         };
@@ -440,7 +499,8 @@ impl Core {
             return Err(self.err(format!("`{h}` waits for an earlier transaction of instance {instance} to commit")));
         }
         let end = pending.end;
-        self.commit_slot(&mut pending.slot, epoch, end)?;
+        let consumed = if instance == 0 { self.consumed_offsets(sources)? } else { None };
+        self.commit_slot(&mut pending.slot, epoch, end, consumed.as_ref())?;
         if let Some(p) = guard.take() {
             self.release(p.slot);
         }
@@ -452,6 +512,44 @@ impl Core {
         let redo = self.redo_path(instance, epoch);
         let _ = fs::remove_file(&redo);
         Ok(())
+    }
+
+    /// The consumed offsets among a checkpoint's `sources`, with the
+    /// group metadata to commit them under (none without
+    /// `with_consumed_offsets`, or without positions).
+    fn consumed_offsets(&self, sources: &[SourcePositionEntry]) -> Result<Option<Offsets>> {
+        let consumed = self.consumed.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(c) = consumed.as_ref() else { return Ok(None) };
+        if sources.is_empty() {
+            return Ok(None);
+        }
+        let mut tpl = TopicPartitionList::new();
+        for e in sources.iter().filter(|e| e.source == c.source) {
+            let (Some((topic, kp)), Ok(offset)) =
+                (usize::try_from(e.partition).ok().and_then(|i| c.partitions.get(i)), i64::try_from(e.position))
+            else {
+                continue;
+            };
+            tpl.add_partition_offset(topic, *kp, Offset::Offset(offset))
+                .map_err(|e| self.err(format!("cannot list the consumed offset of {topic}/{kp}: {e}")))?;
+        }
+        if tpl.count() == 0 {
+            if !c.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(sink = %self.name(), source = %c.source, "the checkpoints hold no source of this name: consumed offsets are not committed (name it with with_consumed_offsets_named)");
+            }
+            return Ok(None);
+        }
+        let consumer: BaseConsumer = self
+            .conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .config(&[("group.id", &c.group), ("enable.auto.commit", "false")])
+            .create()
+            .map_err(|e| self.err(format!("cannot create a Kafka consumer for group `{}`: {e}", c.group)))?;
+        let Some(group) = consumer.group_metadata() else {
+            return Err(self.err(format!("no consumer group metadata for group `{}`", c.group)));
+        };
+        Ok(Some(Offsets { tpl, group: Arc::new(group) }))
     }
 
     /// Commits `h` after a restart: its transaction died with the process
@@ -470,7 +568,7 @@ impl Core {
                 produce(&self.name(), &s.producer, &self.topic, r)?;
             }
             self.settle(&mut s, &redo)?;
-            self.commit_slot(&mut s, epoch, false)?;
+            self.commit_slot(&mut s, epoch, false, None)?;
             tracing::info!(sink = %self.name(), instance, epoch, records = records.len(), "re-committed an epoch from its redo log");
         }
         self.release(s);
@@ -726,7 +824,12 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for TxnKafkaSink<T> {
 
     fn commit(&self, handle: &str) -> Result<()> {
         self.sync_conn();
-        self.core.commit(handle)
+        self.core.commit(handle, &[])
+    }
+
+    fn commit_at(&self, handle: &str, sources: &[SourcePositionEntry]) -> Result<()> {
+        self.sync_conn();
+        self.core.commit(handle, sources)
     }
 
     fn abort_after(&self, checkpoint: u64) -> Result<()> {

@@ -46,6 +46,20 @@ pub trait TwoPhaseCommitSink<T>: Send + Sync + 'static {
     /// retried on restore).
     fn commit(&self, handle: &str) -> Result<()>;
 
+    /// Commits `handle`, pre-committed for the checkpoint whose sources
+    /// stood at `sources` (every source partition's position in that
+    /// checkpoint's manifest): a sink can commit them with its records,
+    /// as the Kafka sink does with consumed offsets. `sources` is empty
+    /// when they are not known (end of input, a commit retried later).
+    /// The default ignores them.
+    ///
+    /// # Errors
+    /// As [`TwoPhaseCommitSink::commit`].
+    fn commit_at(&self, handle: &str, sources: &[crate::checkpoint::SourcePositionEntry]) -> Result<()> {
+        let _ = sources;
+        self.commit(handle)
+    }
+
     /// Discards everything pre-committed for epochs after `checkpoint`
     /// (called on restore, before anything runs).
     ///
@@ -89,7 +103,7 @@ pub(crate) trait Committer: Send + Sync {
     fn name(&self) -> String;
     /// Takes the handles pre-committed for checkpoints up to `n`.
     fn take_prepared(&self, n: u64) -> Vec<String>;
-    fn commit(&self, handle: &str) -> Result<()>;
+    fn commit(&self, handle: &str, sources: &[crate::checkpoint::SourcePositionEntry]) -> Result<()>;
     fn abort_after(&self, checkpoint: u64) -> Result<()>;
 }
 
@@ -111,8 +125,8 @@ impl<T: 'static, S: TwoPhaseCommitSink<T>> Committer for SinkCommitter<T, S> {
         done.into_values().flatten().collect()
     }
 
-    fn commit(&self, handle: &str) -> Result<()> {
-        self.sink.commit(handle)
+    fn commit(&self, handle: &str, sources: &[crate::checkpoint::SourcePositionEntry]) -> Result<()> {
+        self.sink.commit_at(handle, sources)
     }
 
     fn abort_after(&self, checkpoint: u64) -> Result<()> {
