@@ -295,9 +295,15 @@ impl Shared {
                 continue;
             }
             let task = self.task(p);
-            match (lock(&self.build))(&task) {
-                Ok(job) => built.push((p, task.progress, job)),
-                Err(e) => return self.fail(p, &e),
+            // This runs inside a librdkafka callback: a panic must not
+            // unwind into C.
+            let build = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (lock(&self.build))(&task)));
+            match build {
+                Ok(Ok(job)) => built.push((p, task.progress, job)),
+                Ok(Err(e)) => return self.fail(p, &e),
+                Err(_) => {
+                    return self.fail(p, &Error::Internal("the closure that builds the task's job panicked".into()));
+                }
             }
         }
         let started: Vec<(i32, Arc<Progress>, Result<JobHandle>)> = std::thread::scope(|scope| {
