@@ -84,8 +84,9 @@ pub struct KafkaSource<T> {
     partitions: Vec<(String, i32)>,
     format: Arc<dyn Format<T>>,
     skipped: Arc<std::sync::atomic::AtomicU64>,
-    /// Read progress for a [`super::KafkaGroup`] to commit to the group.
-    progress: Option<Arc<Progress>>,
+    /// How far each partition has been read: a [`super::KafkaGroup`]
+    /// commits it to the group, a [`super::TxnKafkaSink`] at the end of input.
+    progress: Arc<Progress>,
 }
 
 /// How far each Kafka partition of a source has been read: the next
@@ -236,7 +237,7 @@ impl<F> KafkaSourceBuilder<F> {
             partitions,
             format: Arc::new(self.format),
             skipped: Arc::default(),
-            progress: self.progress,
+            progress: self.progress.unwrap_or_default(),
         })
     }
 }
@@ -245,6 +246,11 @@ impl<T> KafkaSource<T> {
     /// The Kafka partitions, in the order of the source's partitions.
     pub fn kafka_partitions(&self) -> &[(String, i32)] {
         &self.partitions
+    }
+
+    /// How far each partition has been read.
+    pub(crate) fn progress(&self) -> Arc<Progress> {
+        Arc::clone(&self.progress)
     }
 
     /// The consumer group the source names to the brokers.
@@ -305,7 +311,7 @@ impl<T> KafkaSource<T> {
                 decode_errors: self.decode_errors,
                 skipped: Arc::clone(&self.skipped),
             },
-            progress: self.progress.as_ref().map(|p| p.slot(topic, *kp)),
+            progress: self.progress.slot(topic, *kp),
             end: self.bounded.then_some(high),
         }))
     }
@@ -362,7 +368,7 @@ struct KafkaReader<T> {
     d: Decoder<T>,
     /// Where a bounded source ends.
     end: Option<i64>,
-    progress: Option<Arc<AtomicI64>>,
+    progress: Arc<AtomicI64>,
 }
 
 /// Turns messages into records; apart from the consumer so that a message
@@ -478,9 +484,7 @@ impl<T: Send + 'static> SourceReader<KafkaRecord<T>> for KafkaReader<T> {
                     break;
                 }
             }
-            if let Some(p) = &self.progress {
-                p.store(self.d.next, std::sync::atomic::Ordering::Relaxed);
-            }
+            self.progress.store(self.d.next, std::sync::atomic::Ordering::Relaxed);
             if self.done() && out.is_empty() {
                 return Ok(ReadStatus::Done);
             }

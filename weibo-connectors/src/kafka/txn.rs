@@ -146,6 +146,7 @@ impl<T> TxnKafkaSink<T> {
             source: name.into(),
             group: source.group_name().to_string(),
             partitions: source.kafka_partitions().to_vec(),
+            progress: source.progress(),
             warned: std::sync::atomic::AtomicBool::new(false),
         });
         self
@@ -199,6 +200,8 @@ struct Consumed {
     group: String,
     /// The Kafka partition of each source partition.
     partitions: Vec<(String, i32)>,
+    /// The source's read positions: at the end of input, the offsets.
+    progress: Arc<super::source::Progress>,
     /// Warned that the checkpoints hold no source of that name.
     warned: std::sync::atomic::AtomicBool,
 }
@@ -499,7 +502,7 @@ impl Core {
             return Err(self.err(format!("`{h}` waits for an earlier transaction of instance {instance} to commit")));
         }
         let end = pending.end;
-        let consumed = if instance == 0 { self.consumed_offsets(sources)? } else { None };
+        let consumed = if instance == 0 { self.consumed_offsets(sources, end)? } else { None };
         self.commit_slot(&mut pending.slot, epoch, end, consumed.as_ref())?;
         if let Some(p) = guard.take() {
             self.release(p.slot);
@@ -517,24 +520,39 @@ impl Core {
     /// The consumed offsets among a checkpoint's `sources`, with the
     /// group metadata to commit them under (none without
     /// `with_consumed_offsets`, or without positions).
-    fn consumed_offsets(&self, sources: &[SourcePositionEntry]) -> Result<Option<Offsets>> {
+    fn consumed_offsets(&self, sources: &[SourcePositionEntry], end: bool) -> Result<Option<Offsets>> {
         let consumed = self.consumed.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(c) = consumed.as_ref() else { return Ok(None) };
-        if sources.is_empty() {
+        if sources.is_empty() && !end {
             return Ok(None);
         }
         let mut tpl = TopicPartitionList::new();
-        for e in sources.iter().filter(|e| e.source == c.source) {
-            let (Some((topic, kp)), Ok(offset)) =
-                (usize::try_from(e.partition).ok().and_then(|i| c.partitions.get(i)), i64::try_from(e.position))
-            else {
-                continue;
-            };
-            tpl.add_partition_offset(topic, *kp, Offset::Offset(offset))
-                .map_err(|e| self.err(format!("cannot list the consumed offset of {topic}/{kp}: {e}")))?;
+        let mut add = |topic: &str, kp: i32, offset: i64| {
+            tpl.add_partition_offset(topic, kp, Offset::Offset(offset))
+                .map_err(|e| self.err(format!("cannot list the consumed offset of {topic}/{kp}: {e}")))
+        };
+        if end {
+            // The input has ended: every record the source read is in
+            // this last epoch or an earlier one.
+            let read = c.progress.next.lock().unwrap_or_else(PoisonError::into_inner);
+            for ((topic, kp), next) in read.iter() {
+                let next = next.load(std::sync::atomic::Ordering::Relaxed);
+                if next >= 0 {
+                    add(topic, *kp, next)?;
+                }
+            }
+        } else {
+            for e in sources.iter().filter(|e| e.source == c.source) {
+                let (Some((topic, kp)), Ok(offset)) =
+                    (usize::try_from(e.partition).ok().and_then(|i| c.partitions.get(i)), i64::try_from(e.position))
+                else {
+                    continue;
+                };
+                add(topic, *kp, offset)?;
+            }
         }
         if tpl.count() == 0 {
-            if !c.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            if !end && !c.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 tracing::warn!(sink = %self.name(), source = %c.source, "the checkpoints hold no source of this name: consumed offsets are not committed (name it with with_consumed_offsets_named)");
             }
             return Ok(None);
