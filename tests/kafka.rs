@@ -718,17 +718,9 @@ fn kafka_pipe_throughput() {
     if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
         return;
     }
-    let n: usize = std::env::var("WEIBO_KAFKA_BENCH_RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
-    let reps: usize = std::env::var("WEIBO_KAFKA_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    let input = unique("bench-in");
-    create_topic(&input, 4);
-    let payloads: Vec<Vec<u8>> = (0..n).map(|i| format!("{i:0>100}").into_bytes()).collect();
-    let keys: Vec<Vec<u8>> = (0..n).map(|i| (i % 1000).to_string().into_bytes()).collect();
-    let records: Vec<In<'_>> =
-        (0..n).map(|i| In { key: Some(&keys[i]), value: &payloads[i], headers: vec![], timestamp: None }).collect();
-    let t = Instant::now();
-    produce(&input, &records);
-    eprintln!("produced {n} records of 100 bytes in {:.2?}", t.elapsed());
+    let n: usize = env_or("WEIBO_KAFKA_BENCH_RECORDS", 1_000_000);
+    let reps: usize = env_or("WEIBO_KAFKA_BENCH_REPS", 3);
+    let input = bench_input(n);
 
     let mut results: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for rep in 0..reps {
@@ -754,6 +746,26 @@ fn kafka_pipe_throughput() {
     for (kind, v) in &results {
         eprintln!("median {kind}: {:.0} records/s ({:.0}% of the raw pipe)", median(v), 100.0 * median(v) / raw);
     }
+}
+
+/// A benchmark setting from the environment.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// A new 4-partition topic holding `n` records of 100 bytes, keyed by
+/// `i % 1000`.
+fn bench_input(n: usize) -> String {
+    let input = unique("bench-in");
+    create_topic(&input, 4);
+    let payloads: Vec<Vec<u8>> = (0..n).map(|i| format!("{i:0>100}").into_bytes()).collect();
+    let keys: Vec<Vec<u8>> = (0..n).map(|i| (i % 1000).to_string().into_bytes()).collect();
+    let records: Vec<In<'_>> =
+        (0..n).map(|i| In { key: Some(&keys[i]), value: &payloads[i], headers: vec![], timestamp: None }).collect();
+    let t = Instant::now();
+    produce(&input, &records);
+    eprintln!("produced {n} records of 100 bytes in {:.2?}", t.elapsed());
+    input
 }
 
 /// The pipelines the benchmarks compare.
@@ -808,16 +820,10 @@ fn kafka_pipe_latency() {
     if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
         return;
     }
-    let n: usize = std::env::var("WEIBO_KAFKA_BENCH_RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(300_000);
-    let secs: u64 = std::env::var("WEIBO_KAFKA_LATENCY_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
-    let share: f64 = std::env::var("WEIBO_KAFKA_LATENCY_SHARE").ok().and_then(|v| v.parse().ok()).unwrap_or(0.5);
-    let input = unique("lat-max-in");
-    create_topic(&input, 4);
-    let payloads: Vec<Vec<u8>> = (0..n).map(|i| format!("{i:0>100}").into_bytes()).collect();
-    let keys: Vec<Vec<u8>> = (0..n).map(|i| (i % 1000).to_string().into_bytes()).collect();
-    let records: Vec<In<'_>> =
-        (0..n).map(|i| In { key: Some(&keys[i]), value: &payloads[i], headers: vec![], timestamp: None }).collect();
-    produce(&input, &records);
+    let n: usize = env_or("WEIBO_KAFKA_BENCH_RECORDS", 300_000);
+    let secs: u64 = env_or("WEIBO_KAFKA_LATENCY_SECS", 15);
+    let share: f64 = env_or("WEIBO_KAFKA_LATENCY_SHARE", 0.5);
+    let input = bench_input(n);
     let mut report = Vec::new();
     for kind in PIPES {
         let output = unique("lat-max-out");

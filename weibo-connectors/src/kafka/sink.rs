@@ -63,8 +63,10 @@ impl<T: 'static> Encoder<T> {
     }
 }
 
-/// Remembers the first record the brokers refused, so that the next write,
-/// barrier or flush fails the job instead of losing it.
+/// Remembers the first record the brokers refused, so that nothing is lost
+/// without a word: the at-least-once sink fails the job at its next write,
+/// barrier or flush; the exactly-once sink writes the epoch again from its
+/// redo log at the pre-commit.
 #[derive(Default)]
 pub(crate) struct Deliveries {
     failed: Mutex<Option<String>>,
