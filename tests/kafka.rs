@@ -610,6 +610,44 @@ fn a_broker_restart_in_the_middle_of_an_exactly_once_job_loses_and_repeats_nothi
     assert_exactly_once(&output);
 }
 
+#[test]
+fn a_group_can_leave_its_offsets_to_the_transactions_of_its_tasks() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let (input, output) = (unique("txoffsets-in"), unique("txoffsets-out"));
+    write_events(&input);
+    create_topic(&output, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let group_name = format!("{output}-group");
+    let (i, o, g, d) = (input.clone(), output.clone(), group_name.clone(), dir.path().to_path_buf());
+    let out = output.clone();
+    weibo::testing::block_on(async move {
+        let group = KafkaGroup::new(bootstrap(), g, [i], d)
+            .session_timeout(Duration::from_secs(3))
+            .offsets_in_transactions()
+            .spawn(move |task| {
+                let job = paced_job(&task.id(), task.checkpoint_dir());
+                let source = task.source(Json).until_end().build::<Event>()?;
+                let sink =
+                    TxnKafkaSink::new(bootstrap(), &o, Json, task.id(), task.redo_dir()).with_consumed_offsets(&source);
+                counting(&job, source, sink, 0);
+                Ok(job)
+            })
+            .unwrap();
+        let started = Instant::now();
+        while committed(&out).0.len() < EVENTS as usize {
+            assert!(started.elapsed() < Duration::from_secs(120), "the group's tasks wrote everything");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        group.stop().await.unwrap();
+    });
+    assert_exactly_once(&output);
+    // Each task's last transaction carried its partition's end.
+    let offsets = group_offsets_by_partition(&group_name, &input);
+    assert_eq!(offsets.iter().sum::<i64>(), EVENTS as i64, "the group's offsets are the input's ends: {offsets:?}");
+}
+
 /// The partitions a group member wrote it owns (empty before it wrote).
 fn owners(dir: &Path, name: &str) -> Vec<i32> {
     std::fs::read_to_string(dir.join(format!("owners-{name}")))

@@ -68,7 +68,8 @@ pub struct KafkaGroup {
     topics: Vec<String>,
     dir: PathBuf,
     session_timeout: Duration,
-    commit_interval: Duration,
+    /// `None`: the tasks' sinks commit the offsets.
+    commit_interval: Option<Duration>,
 }
 
 impl fmt::Debug for KafkaGroup {
@@ -98,7 +99,7 @@ impl KafkaGroup {
             topics: topics.into_iter().map(Into::into).collect(),
             dir: dir.into(),
             session_timeout: DEFAULT_SESSION_TIMEOUT,
-            commit_interval: Duration::from_secs(5),
+            commit_interval: Some(Duration::from_secs(5)),
         }
     }
 
@@ -114,7 +115,17 @@ impl KafkaGroup {
     /// monitoring (default 5 s). Only monitoring reads them: a task always
     /// starts from its checkpoint's offsets.
     pub fn commit_interval(mut self, interval: Duration) -> Self {
-        self.commit_interval = interval;
+        self.commit_interval = Some(interval);
+        self
+    }
+
+    /// Leaves the group's offsets to the tasks' exactly-once sinks: build
+    /// each task's [`super::TxnKafkaSink`] with
+    /// [`super::TxnKafkaSink::with_consumed_offsets`], and the offsets of
+    /// each checkpoint are committed to the group in the transaction of
+    /// its output, instead of read positions every few seconds.
+    pub fn offsets_in_transactions(mut self) -> Self {
+        self.commit_interval = None;
         self
     }
 
@@ -224,7 +235,7 @@ fn membership(
     consumer: &BaseConsumer<GroupContext>,
     shared: &Shared,
     stop: &AtomicBool,
-    interval: Duration,
+    interval: Option<Duration>,
 ) -> Result<()> {
     let mut committed = Instant::now();
     while !stop.load(Ordering::Relaxed) {
@@ -236,7 +247,9 @@ fn membership(
             return Err(e);
         }
         shared.reap()?;
-        if committed.elapsed() >= interval {
+        if let Some(interval) = interval
+            && committed.elapsed() >= interval
+        {
             committed = Instant::now();
             let tpl = shared.progress();
             if tpl.count() > 0
