@@ -648,6 +648,70 @@ fn a_group_can_leave_its_offsets_to_the_transactions_of_its_tasks() {
     assert_eq!(offsets.iter().sum::<i64>(), EVENTS as i64, "the group's offsets are the input's ends: {offsets:?}");
 }
 
+#[test]
+fn input_not_partitioned_by_key_is_repartitioned_through_a_topic_by_two_groups() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let (input, middle, output) = (unique("rep-in"), unique("rep-mid"), unique("rep-out"));
+    create_topic(&input, 4);
+    create_topic(&middle, 4);
+    create_topic(&output, 3);
+    // No Kafka key: the events of one key are spread over every partition.
+    let values: Vec<Vec<u8>> =
+        (0..EVENTS).map(|id| serde_json::to_vec(&Event { key: id % KEYS, id }).unwrap()).collect();
+    let records: Vec<In<'_>> =
+        values.iter().map(|v| In { key: None, value: v, headers: vec![], timestamp: None }).collect();
+    produce(&input, &records);
+    let dir = tempfile::tempdir().unwrap();
+    let (d, m, o) = (dir.path().to_path_buf(), middle.clone(), output.clone());
+    let out = output.clone();
+    weibo::testing::block_on(async move {
+        // Stage 1: re-key each event by its key into `middle`, exactly once.
+        let m1 = m.clone();
+        let first = KafkaGroup::new(bootstrap(), format!("{m}-group"), [input], d.join("first"))
+            .spawn(move |task| {
+                let job = paced_job(&task.id(), task.checkpoint_dir());
+                job.source(task.source(Json).build::<Event>()?).map(|r: KafkaRecord<Event>| r.value).sink_exactly_once(
+                    TxnKafkaSink::new(bootstrap(), &m1, Json, task.id(), task.redo_dir())
+                        .with_key(|e: &Event| Some(e.key.to_string().into_bytes())),
+                );
+                Ok(job)
+            })
+            .unwrap();
+        // Stage 2: each key is in one partition of `middle` now: count.
+        let second = KafkaGroup::new(bootstrap(), format!("{o}-group"), [m], d.join("second"))
+            .spawn(move |task| {
+                let job = paced_job(&task.id(), task.checkpoint_dir());
+                let sink = TxnKafkaSink::new(bootstrap(), &o, Json, task.id(), task.redo_dir());
+                counting(&job, task.source(Json).build::<Event>()?, sink, 0);
+                Ok(job)
+            })
+            .unwrap();
+        let started = Instant::now();
+        while committed(&out).0.len() < EVENTS as usize {
+            assert!(started.elapsed() < Duration::from_secs(120), "both stages wrote everything");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        first.stop().await.unwrap();
+        second.stop().await.unwrap();
+    });
+    let (got, twice) = committed(&output);
+    assert!(twice.is_empty(), "events written twice: {:?}", &twice[..twice.len().min(5)]);
+    assert_eq!(got.len() as u64, EVENTS, "every event once");
+    // Every key's events were counted by one task: its counts run 1..=n.
+    let mut counts: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for c in got.values() {
+        counts.entry(c.key).or_default().push(c.count);
+    }
+    for (key, mut cs) in counts {
+        cs.sort_unstable();
+        let n = cs.len() as u64;
+        let first: Vec<u64> = cs.iter().take(8).copied().collect();
+        assert!(cs.iter().copied().eq(1..=n), "key {key}: counts are not 1..={n}, each once (they start {first:?})");
+    }
+}
+
 /// The partitions a group member wrote it owns (empty before it wrote).
 fn owners(dir: &Path, name: &str) -> Vec<i32> {
     std::fs::read_to_string(dir.join(format!("owners-{name}")))
