@@ -79,18 +79,27 @@ fn produce(topic: &str, records: &[In<'_>]) {
                 r.headers.iter().fold(OwnedHeaders::new(), |hs, (k, v)| hs.insert(Header { key: k, value: Some(*v) }));
             rec = rec.headers(hs);
         }
-        let mut rec = rec;
-        loop {
-            match p.send(rec) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    rec = back;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            }
-        }
+        send(&p, rec);
     }
     p.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// Sends `rec`, waiting while the producer's queue is full.
+fn send<K, P>(p: &ThreadedProducer<DefaultProducerContext>, mut rec: BaseRecord<'_, K, P>)
+where
+    K: rdkafka::message::ToBytes + ?Sized,
+    P: rdkafka::message::ToBytes + ?Sized,
+{
+    loop {
+        match p.send(rec) {
+            Ok(()) => return,
+            Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), back)) => {
+                rec = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((e, _)) => panic!("cannot produce: {e}"),
+        }
+    }
 }
 
 /// Every record of `topic` as a consumer with `isolation` sees it.
@@ -1013,16 +1022,7 @@ fn latency_run(kind: &str, rate: f64, length: Duration) -> (Vec<u64>, usize) {
         while sent < due {
             let payload = format!("{:016}{:0>84}", now_micros(), sent);
             let key = (sent % 1000).to_string();
-            let mut rec: BaseRecord<'_, str, str> = BaseRecord::to(&input).payload(payload.as_str()).key(key.as_str());
-            loop {
-                match p.send(rec) {
-                    Ok(()) => break,
-                    Err((_, back)) => {
-                        rec = back;
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }
-            }
+            send(&p, BaseRecord::<'_, str, str>::to(&input).payload(payload.as_str()).key(key.as_str()));
             sent += 1;
         }
         std::thread::sleep(Duration::from_millis(1));
@@ -1091,15 +1091,7 @@ fn raw_pipe(input: &str, output: &str, n: usize, stop: &AtomicBool) {
                 if let Some(k) = m.key() {
                     rec = rec.key(k);
                 }
-                loop {
-                    match p.send(rec) {
-                        Ok(()) => break,
-                        Err((_, back)) => {
-                            rec = back;
-                            std::thread::sleep(Duration::from_millis(1));
-                        }
-                    }
-                }
+                send(&p, rec);
                 done += 1;
             }
             Some(Err(e)) => panic!("{e}"),
