@@ -148,6 +148,7 @@ impl<T> TxnKafkaSink<T> {
             partitions: source.kafka_partitions().to_vec(),
             progress: source.progress(),
             warned: std::sync::atomic::AtomicBool::new(false),
+            metadata: std::sync::OnceLock::new(),
         });
         self
     }
@@ -204,6 +205,8 @@ struct Consumed {
     progress: Arc<super::source::Progress>,
     /// Warned that the checkpoints hold no source of that name.
     warned: std::sync::atomic::AtomicBool,
+    /// The group's metadata, made once.
+    metadata: std::sync::OnceLock<Arc<rdkafka::consumer::ConsumerGroupMetadata>>,
 }
 
 #[derive(Default)]
@@ -557,6 +560,9 @@ impl Core {
             }
             return Ok(None);
         }
+        if let Some(group) = c.metadata.get() {
+            return Ok(Some(Offsets { tpl, group: Arc::clone(group) }));
+        }
         let consumer: BaseConsumer = self
             .conn
             .lock()
@@ -567,7 +573,8 @@ impl Core {
         let Some(group) = consumer.group_metadata() else {
             return Err(self.err(format!("no consumer group metadata for group `{}`", c.group)));
         };
-        Ok(Some(Offsets { tpl, group: Arc::new(group) }))
+        let group = Arc::clone(c.metadata.get_or_init(|| Arc::new(group)));
+        Ok(Some(Offsets { tpl, group }))
     }
 
     /// Commits `h` after a restart: its transaction died with the process
