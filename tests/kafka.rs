@@ -355,10 +355,7 @@ fn committed(topic: &str) -> (BTreeMap<u64, Count>, Vec<u64>) {
 #[test]
 fn child() {
     let Ok(spec) = std::env::var("WEIBO_KAFKA_CHILD") else { return };
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .try_init();
+    init_logs();
     let parts: Vec<&str> = spec.split('|').collect();
     if parts[0] == "group" {
         group_member(parts[1], parts[2], Path::new(parts[3]), parts[4]);
@@ -405,10 +402,7 @@ fn kafka_to_kafka_without_crashes_writes_every_event_once() {
     if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
         return;
     }
-    let (input, output) = (unique("eos-in"), unique("eos-out"));
-    write_events(&input);
-    create_topic(&output, 3);
-    let dir = tempfile::tempdir().unwrap();
+    let (input, output, dir) = events_setup("eos");
     weibo::testing::block_on(counting_job(&input, &output, dir.path(), false).run()).unwrap();
     assert_exactly_once(&output);
     // The consumed offsets went to the source's group with the output:
@@ -426,15 +420,28 @@ fn kafka_to_kafka_without_crashes_writes_every_event_once() {
     assert!(left.is_empty(), "redo logs left behind: {left:?}");
 }
 
-/// Topics with the input written and an empty output, a directory for the
-/// job, and the spec its child processes get.
-fn counting_setup(name: &str) -> (String, tempfile::TempDir, String) {
+/// An input topic with the events written, an empty output topic, and a
+/// directory for the job.
+fn events_setup(name: &str) -> (String, String, tempfile::TempDir) {
     let (input, output) = (unique(&format!("{name}-in")), unique(&format!("{name}-out")));
     write_events(&input);
     create_topic(&output, 3);
-    let dir = tempfile::tempdir().unwrap();
+    (input, output, tempfile::tempdir().unwrap())
+}
+
+/// As `events_setup`, with the spec child processes get.
+fn counting_setup(name: &str) -> (String, tempfile::TempDir, String) {
+    let (input, output, dir) = events_setup(name);
     let spec = format!("{input}|{output}|{}", dir.path().display());
     (output, dir, spec)
+}
+
+/// Logs to stderr as `RUST_LOG` says.
+fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// This test binary as a child that runs `counting_job` per `spec`.
@@ -569,14 +576,8 @@ fn a_transaction_the_brokers_abort_for_its_timeout_is_written_again() {
     if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
         return;
     }
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .try_init();
-    let (input, output) = (unique("expire-in"), unique("expire-out"));
-    write_events(&input);
-    create_topic(&output, 3);
-    let dir = tempfile::tempdir().unwrap();
+    init_logs();
+    let (input, output, dir) = events_setup("expire");
     // Checkpoints every 4 s, transactions time out after 1.5 s: the
     // brokers abort every epoch's transaction before its checkpoint.
     let job =
@@ -594,16 +595,10 @@ fn a_broker_restart_in_the_middle_of_an_exactly_once_job_loses_and_repeats_nothi
     if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
         return;
     }
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .try_init();
+    init_logs();
     let broker = kafka_broker::Broker::private();
     OWN_BROKER.with(|b| *b.borrow_mut() = Some(broker.bootstrap.clone()));
-    let (input, output) = (unique("restart-in"), unique("restart-out"));
-    write_events(&input);
-    create_topic(&output, 3);
-    let dir = tempfile::tempdir().unwrap();
+    let (input, output, dir) = events_setup("restart");
     let job = counting_job(&input, &output, dir.path(), true);
     let run = std::thread::spawn(move || weibo::testing::block_on(job.run()));
     let checkpoints = dir.path().join("checkpoints");
@@ -624,10 +619,7 @@ fn a_group_can_leave_its_offsets_to_the_transactions_of_its_tasks() {
     if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
         return;
     }
-    let (input, output) = (unique("txoffsets-in"), unique("txoffsets-out"));
-    write_events(&input);
-    create_topic(&output, 3);
-    let dir = tempfile::tempdir().unwrap();
+    let (input, output, dir) = events_setup("txoffsets");
     let group_name = format!("{output}-group");
     let (i, o, g, d) = (input.clone(), output.clone(), group_name.clone(), dir.path().to_path_buf());
     let out = output.clone();
