@@ -22,6 +22,53 @@ use weibo::{Job, Result};
 
 const MULT: u64 = 2_654_435_761;
 
+/// The system allocator, counting the bytes allocated (live and peak) so
+/// the benchmark can report heap, not only resident memory (which also
+/// holds freed memory the allocator keeps). Counting is two relaxed atomic
+/// operations per allocation.
+struct Counting;
+
+static LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static PEAK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to `System`; the counters do
+// not affect the memory handed out.
+#[allow(unsafe_code)]
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
+        PEAK.fetch_max(live, Relaxed);
+        // SAFETY: the caller's contract for `alloc` holds.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        LIVE.fetch_sub(layout.size(), std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: the caller's contract for `dealloc` holds.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        use std::sync::atomic::Ordering::Relaxed;
+        if new_size >= layout.size() {
+            let live = LIVE.fetch_add(new_size - layout.size(), Relaxed) + new_size - layout.size();
+            PEAK.fetch_max(live, Relaxed);
+        } else {
+            LIVE.fetch_sub(layout.size() - new_size, Relaxed);
+        }
+        // SAFETY: the caller's contract for `realloc` holds.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Heap in use now and at its peak, in kB.
+fn heap_kb() -> (usize, usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (LIVE.load(Relaxed) / 1024, PEAK.load(Relaxed) / 1024)
+}
+
 /// W3's running aggregate: (key, running sum, last delta, count), as the
 /// Flink peer computes it.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
@@ -146,6 +193,24 @@ fn w1(job: &Job, n: u64, partitions: usize, keys: u64, total: Arc<Mutex<Out>>) {
         });
 }
 
+/// The fjall backend in `dir`, with the memory budgets the environment
+/// sets (in MiB; unset: the defaults): `WEIBO_FJALL_OBJECT_CACHE_MB`,
+/// `WEIBO_FJALL_BLOCK_CACHE_MB`, `WEIBO_FJALL_MEMTABLE_MB`.
+fn fjall(dir: impl AsRef<std::path::Path>) -> weibo::Result<weibo::state::FjallBackend> {
+    let mb = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok()).map(|v| v << 20);
+    let mut options = weibo::state::FjallBackend::builder(dir);
+    if let Some(bytes) = mb("WEIBO_FJALL_OBJECT_CACHE_MB") {
+        options = options.object_cache(usize::try_from(bytes).unwrap_or(usize::MAX));
+    }
+    if let Some(bytes) = mb("WEIBO_FJALL_BLOCK_CACHE_MB") {
+        options = options.block_cache(bytes);
+    }
+    if let Some(bytes) = mb("WEIBO_FJALL_MEMTABLE_MB") {
+        options = options.memtable(bytes);
+    }
+    options.open()
+}
+
 /// Peak resident memory of this process so far, in kB (Linux).
 fn rss_kb() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -162,7 +227,7 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
     let build = |restore: Option<&std::path::Path>| -> Job {
         let mut job = Job::new("bench-ckpt").with_checkpoints(root.join("checkpoints"), Duration::from_secs(3600));
         if on_disk {
-            match weibo::state::FjallBackend::open(root.join(format!("state-{}", restore.is_some()))) {
+            match fjall(root.join(format!("state-{}", restore.is_some()))) {
                 Ok(b) => job = job.with_state_backend(b),
                 Err(e) => {
                     eprintln!("{e}");
@@ -194,6 +259,7 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
         while handle.metrics().operator("sums").map_or(0, |m| m.records_in) < keys {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let steady = heap_kb().0;
         let started = Instant::now();
         let savepoint = handle.savepoint("bench").await?;
         let checkpoint = started.elapsed();
@@ -215,18 +281,19 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
         let restored = build(Some(&savepoint)).spawn()?;
         let restore = started.elapsed();
         restored.abort();
-        Ok::<_, weibo::Error>((pause, checkpoint, incremental, restore, rss, size))
+        Ok::<_, weibo::Error>((pause, checkpoint, incremental, restore, rss, size, steady))
     });
     let _ = std::fs::remove_dir_all(&root);
     match result {
-        Ok((pause, checkpoint, incremental, restore, rss, size)) => println!(
-            "CHECKPOINT engine=weibo{} keys={keys} pause_ms={:.1} checkpoint_ms={:.1} incremental_1pct_ms={:.1} restore_ms={:.1} files_mb={:.1} rss_kb={rss}",
+        Ok((pause, checkpoint, incremental, restore, rss, size, steady)) => println!(
+            "CHECKPOINT engine=weibo{} keys={keys} pause_ms={:.1} checkpoint_ms={:.1} incremental_1pct_ms={:.1} restore_ms={:.1} files_mb={:.1} rss_kb={rss} heap_steady_kb={steady} heap_peak_kb={}",
             if on_disk { "-fjall" } else { "" },
             pause.as_secs_f64() * 1e3,
             checkpoint.as_secs_f64() * 1e3,
             incremental.as_secs_f64() * 1e3,
             restore.as_secs_f64() * 1e3,
-            size as f64 / 1e6
+            size as f64 / 1e6,
+            heap_kb().1
         ),
         Err(e) => {
             eprintln!("checkpoint benchmark failed: {e}");
@@ -277,7 +344,7 @@ fn main() {
         job = job.with_checkpoints(state_dir.join("checkpoints"), Duration::from_millis(ms));
     }
     if on_disk {
-        match weibo::state::FjallBackend::open(&state_dir) {
+        match fjall(&state_dir) {
             Ok(backend) => job = job.with_state_backend(backend),
             Err(e) => {
                 eprintln!("{e}");
@@ -308,10 +375,11 @@ fn main() {
     };
     let workload = if workload == "w1-100keys" { "w1" } else { workload.as_str() };
     println!(
-        "RESULT engine={engine} workload={workload} n={n} par={partitions} secs={secs:.4} eps={:.0} out_count={} out_sum={} out_chk={} threads={threads}",
+        "RESULT engine={engine} workload={workload} n={n} par={partitions} secs={secs:.4} eps={:.0} out_count={} out_sum={} out_chk={} threads={threads} heap_peak_kb={}",
         n as f64 / secs,
         out.count,
         out.sum,
-        out.chk
+        out.chk,
+        heap_kb().1
     );
 }

@@ -75,15 +75,34 @@ fn backends(dir: &Path) -> Result<(), Box<dyn Error>> {
     testing::block_on(job.run())?;
     let in_memory = (totals.values(), sorted(per_second.values()));
 
-    // On disk: values and accumulators are encoded and kept in fjall.
+    // On disk: values and accumulators are kept in fjall, the recently
+    // used ones also as live objects in a cache in front of it.
     let (job, (totals, per_second)) = pipeline(FjallBackend::open(dir.join("fjall"))?);
     testing::block_on(job.run())?;
     let on_disk = (totals.values(), sorted(per_second.values()));
 
+    // With a cache of a few values, fjall is read and written all the time.
+    let (job, (totals, per_second)) = pipeline(small_cache(&dir.join("fjall-small"))?);
+    testing::block_on(job.run())?;
+    let small = (totals.values(), sorted(per_second.values()));
+
     assert_eq!(in_memory, on_disk, "the backend changes where state lives, not the results");
+    assert_eq!(in_memory, small, "so does the size of fjall's cache");
     println!("{} totals and {} window counts, the same on both backends", on_disk.0.len(), on_disk.1.len());
     Ok(())
 }
+
+// ANCHOR: fjall_budgets
+/// A fjall backend with its memory budgets set (here: room for a few
+/// values only, to show that the cache changes speed, not results).
+fn small_cache(dir: &Path) -> weibo::Result<FjallBackend> {
+    FjallBackend::builder(dir)
+        .object_cache(4 << 10) // live values in front of fjall, for all states
+        .block_cache(8 << 20) // fjall's decompressed blocks
+        .memtable(4 << 20) // per state, before fjall writes a table file
+        .open()
+}
+// ANCHOR_END: fjall_budgets
 
 /// Window results as (customer, window start, count), in that order.
 fn sorted(results: Vec<WindowResult<CustomerId, u64>>) -> Vec<(CustomerId, i64, u64)> {

@@ -41,8 +41,18 @@ fn parse(line: &String) -> Result<(u32, u64, i64), String> {
     Ok((key, value, time))
 }
 
-fn pipeline(input: &Path, out: &Path, checkpoints: &Path, partitions: usize, slow: bool) -> Job {
-    let job = Job::new("crash").with_checkpoints(checkpoints, Duration::from_millis(150)).with_max_key_groups(32);
+/// Where the child keeps its state: in memory, or on fjall in a directory
+/// with a cache of two or three values per state (so values are written back to fjall
+/// and read again all the time).
+fn backend(state: Option<&Path>) -> Option<weibo::state::FjallBackend> {
+    state.map(|dir| weibo::state::FjallBackend::builder(dir).object_cache(512).open().unwrap())
+}
+
+fn pipeline(input: &Path, out: &Path, checkpoints: &Path, partitions: usize, slow: bool, state: Option<&Path>) -> Job {
+    let mut job = Job::new("crash").with_checkpoints(checkpoints, Duration::from_millis(150)).with_max_key_groups(32);
+    if let Some(fjall) = backend(state) {
+        job = job.with_state_backend(fjall);
+    }
     job.source(FileSource::lines(input))
         .name("lines")
         .process(weibo::on_error::Fail, parse)
@@ -55,6 +65,12 @@ fn pipeline(input: &Path, out: &Path, checkpoints: &Path, partitions: usize, slo
         })
         .name("pace")
         .with_timestamps(|e: &(u32, u64, i64)| e.2, WatermarkStrategy::bounded_out_of_orderness(Duration::ZERO))
+        .key_by(|e: &(u32, u64, i64)| e.0)
+        .with_partitions(partitions)
+        // A running sum per key (value state, checkpointed incrementally),
+        // then windowed sums of the running sums (window state).
+        .reduce(|a, b| (a.0, a.1 + b.1, b.2))
+        .name("running")
         .key_by(|e: &(u32, u64, i64)| e.0)
         .with_partitions(partitions)
         .window(Tumbling::of(Duration::from_millis(100)))
@@ -72,7 +88,8 @@ fn child() {
     let Ok(spec) = std::env::var("WEIBO_CRASH_CHILD") else { return };
     let parts: Vec<&str> = spec.split('|').collect();
     let (input, out, cps, partitions) = (parts[0], parts[1], parts[2], parts[3].parse().unwrap());
-    let job = pipeline(Path::new(input), Path::new(out), Path::new(cps), partitions, true);
+    let state = parts.get(4).filter(|s| !s.is_empty()).map(Path::new);
+    let job = pipeline(Path::new(input), Path::new(out), Path::new(cps), partitions, true, state);
     weibo::testing::block_on(job.run()).unwrap();
 }
 
@@ -95,6 +112,8 @@ struct Dirs {
     input: PathBuf,
     out: PathBuf,
     checkpoints: PathBuf,
+    /// fjall's directory, for a child on fjall.
+    state: Option<PathBuf>,
 }
 
 fn dirs() -> Dirs {
@@ -102,13 +121,14 @@ fn dirs() -> Dirs {
     let input = root.path().join("input.txt");
     write_input(&input);
     let (out, checkpoints) = (root.path().join("out"), root.path().join("checkpoints"));
-    Dirs { input, out, checkpoints, _root: root }
+    Dirs { input, out, checkpoints, state: None, _root: root }
 }
 
 /// Starts the child and kills it after `after`, unless it finishes first;
 /// returns whether it finished (successfully).
 fn live(d: &Dirs, partitions: usize, after: Duration) -> bool {
-    let spec = format!("{}|{}|{}|{partitions}", d.input.display(), d.out.display(), d.checkpoints.display());
+    let state = d.state.as_ref().map(|s| s.display().to_string()).unwrap_or_default();
+    let spec = format!("{}|{}|{}|{partitions}|{state}", d.input.display(), d.out.display(), d.checkpoints.display());
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child", "--nocapture", "--test-threads=1"])
         .env("WEIBO_CRASH_CHILD", spec)
@@ -131,18 +151,19 @@ fn live(d: &Dirs, partitions: usize, after: Duration) -> bool {
     }
 }
 
-/// A cheap deterministic pseudo-random sequence for the kill times.
-fn kill_times(seed: u64) -> impl Iterator<Item = Duration> {
+/// A cheap deterministic pseudo-random sequence for the kill times: from
+/// `least` to `least` + 500 ms.
+fn kill_times(seed: u64, least: u64) -> impl Iterator<Item = Duration> {
     let mut x = seed;
     std::iter::repeat_with(move || {
         x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        Duration::from_millis(100 + (x >> 33) % 500)
+        Duration::from_millis(least + (x >> 33) % 500)
     })
 }
 
 fn reference() -> BTreeMap<String, usize> {
     let d = dirs();
-    let job = pipeline(&d.input, &d.out, &d.checkpoints, 2, false);
+    let job = pipeline(&d.input, &d.out, &d.checkpoints, 2, false, None);
     weibo::testing::block_on(job.run()).unwrap();
     let out = committed(&d.out);
     assert!(out.len() > 1000, "the reference run produced its windows: {}", out.len());
@@ -155,10 +176,30 @@ fn killed_again_and_again_the_job_commits_exactly_what_a_clean_run_does() {
     if std::env::var("WEIBO_CRASH_CHILD").is_ok() {
         return;
     }
+    killed_again_and_again(dirs(), 7);
+}
+
+#[test]
+fn on_fjall_with_a_small_cache_killed_again_and_again_the_job_commits_exactly_what_a_clean_run_does() {
+    if std::env::var("WEIBO_CRASH_CHILD").is_ok() {
+        return;
+    }
+    let mut d = dirs();
+    d.state = Some(d._root.path().join("state"));
+    killed_again_and_again(d, 13);
+}
+
+/// Kills the child at pseudo-random moments (`seed`) until it finishes,
+/// then compares its committed output with a run in memory that never
+/// crashed.
+fn killed_again_and_again(d: Dirs, seed: u64) {
     let want = reference();
-    let d = dirs();
     let mut kills = 0;
-    for after in kill_times(7) {
+    // A child on fjall starts more slowly (fjall replays its journal and
+    // drops the previous life's state before the job restores), so it is
+    // given longer lives.
+    let least = if d.state.is_some() { 500 } else { 100 };
+    for after in kill_times(seed, least) {
         if live(&d, 2, after) {
             break;
         }
@@ -181,7 +222,7 @@ fn rescaled_from_two_to_three_partitions_between_lives_the_output_is_the_same() 
     let want = reference();
     let d = dirs();
     let mut lives = 0;
-    for after in kill_times(11) {
+    for after in kill_times(11, 100) {
         let partitions = if lives < 2 { 2 } else { 3 };
         lives += 1;
         if live(&d, partitions, after) {

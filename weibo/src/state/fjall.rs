@@ -2,16 +2,23 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::state::{StateBackend, StateScope, StateTable};
+use crate::state::{ObjectCache, StateBackend, StateScope, StateTable, Writes};
 
-/// Keyed state in fjall, an LSM tree on local disk: state larger than memory,
-/// paid for with an encode, a decode and a tree lookup per access.
+/// Keyed state in fjall, an LSM tree on local disk: state larger than memory.
 ///
 /// Every (job, operator, state) gets its own fjall keyspace; inside it a
 /// key is the key group (two bytes, big-endian) followed by the encoded key,
 /// so one key group is one contiguous range of the keyspace.
+///
+/// In front of fjall, value and window state keep recently used values as
+/// live objects in a write-back cache (see [`ObjectCache`]): a hit costs
+/// what the in-memory backend costs; a miss reads fjall (unless fjall holds
+/// nothing of the key group yet) and decodes; changed values are encoded
+/// and written to fjall in batches when the cache is over its budget.
+/// [`FjallBackend::builder`] sets the memory it may use.
 ///
 /// Between checkpoints fjall's own journal is not synced: a checkpoint, not
 /// the database directory, is what a job restores from. When a job starts,
@@ -34,11 +41,86 @@ use crate::state::{StateBackend, StateScope, StateTable};
 pub struct FjallBackend {
     db: fjall::Database,
     path: PathBuf,
+    cache: Arc<ObjectCache>,
+    memtable: u64,
+}
+
+/// The memory budgets of a [`FjallBackend`], set before it opens.
+///
+/// ```
+/// # fn main() -> weibo::Result<()> {
+/// # let dir = tempfile::tempdir().map_err(|e| weibo::Error::Internal(e.to_string()))?;
+/// let backend = weibo::state::FjallBackend::builder(dir.path())
+///     .object_cache(256 << 20) // live values in front of fjall
+///     .block_cache(64 << 20) // fjall's cache of decompressed blocks
+///     .memtable(16 << 20) // per state, before fjall writes a table file
+///     .open()?;
+/// # drop(backend);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct FjallOptions {
+    path: PathBuf,
+    object_cache: usize,
+    block_cache: u64,
+    memtable: u64,
+}
+
+impl FjallOptions {
+    /// The budget of the cache of live values, shared by every state of
+    /// the job (default [`FjallOptions::DEFAULT_OBJECT_CACHE`]). With 0,
+    /// every state access reads and writes fjall.
+    pub fn object_cache(mut self, bytes: usize) -> Self {
+        self.object_cache = bytes;
+        self
+    }
+
+    /// The size of fjall's block cache (default
+    /// [`FjallOptions::DEFAULT_BLOCK_CACHE`]).
+    pub fn block_cache(mut self, bytes: u64) -> Self {
+        self.block_cache = bytes;
+        self
+    }
+
+    /// The size a state's fjall memtable grows to before it is written
+    /// out as a table file (default [`FjallOptions::DEFAULT_MEMTABLE`];
+    /// at least 1 MiB).
+    pub fn memtable(mut self, bytes: u64) -> Self {
+        self.memtable = bytes.max(1 << 20);
+        self
+    }
+
+    /// Default budget of the cache of live values: 32 MiB.
+    pub const DEFAULT_OBJECT_CACHE: usize = 32 << 20;
+    /// Default size of fjall's block cache: 16 MiB.
+    pub const DEFAULT_BLOCK_CACHE: u64 = 16 << 20;
+    /// Default memtable size: 8 MiB.
+    pub const DEFAULT_MEMTABLE: u64 = 8 << 20;
+
+    /// Opens (or creates) the database.
+    ///
+    /// # Errors
+    /// [`Error::State`] naming the directory when fjall cannot open it.
+    pub fn open(self) -> Result<FjallBackend> {
+        let path = self.path;
+        let db =
+            fjall::Database::builder(&path).manual_journal_persist(true).cache_size(self.block_cache).open().map_err(
+                |e| Error::State {
+                    operator: String::new(),
+                    message: format!("cannot open the fjall database in `{}`: {e}", path.display()),
+                },
+            )?;
+        Ok(FjallBackend { db, path, cache: Arc::new(ObjectCache::new(self.object_cache)), memtable: self.memtable })
+    }
 }
 
 impl fmt::Debug for FjallBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FjallBackend").field("path", &self.path).finish_non_exhaustive()
+        f.debug_struct("FjallBackend")
+            .field("path", &self.path)
+            .field("object_cache", &self.cache.bytes())
+            .finish_non_exhaustive()
     }
 }
 
@@ -47,17 +129,24 @@ fn state_error(operator: &str, what: &str, e: &fjall::Error) -> Error {
 }
 
 impl FjallBackend {
-    /// Opens (or creates) the database in directory `dir`.
+    /// Opens (or creates) the database in directory `dir`, with the
+    /// default memory budgets (see [`FjallOptions`]).
     ///
     /// # Errors
     /// [`Error::State`] naming the directory when fjall cannot open it.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
-        let path = dir.as_ref().to_path_buf();
-        let db = fjall::Database::builder(&path).manual_journal_persist(true).open().map_err(|e| Error::State {
-            operator: String::new(),
-            message: format!("cannot open the fjall database in `{}`: {e}", path.display()),
-        })?;
-        Ok(Self { db, path })
+        Self::builder(dir).open()
+    }
+
+    /// Options for a database in directory `dir`: set the memory budgets,
+    /// then [`FjallOptions::open`].
+    pub fn builder(dir: impl AsRef<Path>) -> FjallOptions {
+        FjallOptions {
+            path: dir.as_ref().to_path_buf(),
+            object_cache: FjallOptions::DEFAULT_OBJECT_CACHE,
+            block_cache: FjallOptions::DEFAULT_BLOCK_CACHE,
+            memtable: FjallOptions::DEFAULT_MEMTABLE,
+        }
     }
 
     /// The database's directory.
@@ -104,11 +193,25 @@ impl StateBackend for FjallBackend {
         Ok(())
     }
 
+    fn object_cache(&self) -> Option<Arc<ObjectCache>> {
+        Some(self.cache.clone())
+    }
+
     fn open_table(&self, scope: &StateScope) -> Result<Box<dyn StateTable>> {
         let name = Self::keyspace_name(scope);
+        let memtable = self.memtable;
         let keyspace = self
             .db
-            .keyspace(&name, fjall::KeyspaceCreateOptions::default)
+            .keyspace(&name, || {
+                // Filters and indexes stay in memory at every level (about
+                // 10 bits a key, and a few bytes a block): otherwise a point
+                // read of a large table reads and checksums its whole filter
+                // block again whenever the block cache has dropped it.
+                fjall::KeyspaceCreateOptions::default()
+                    .max_memtable_size(memtable)
+                    .filter_block_pinning_policy(fjall::config::PinningPolicy::all(true))
+                    .index_block_pinning_policy(fjall::config::PinningPolicy::all(true))
+            })
             .map_err(|e| state_error(&scope.operator, &format!("cannot open keyspace `{name}`"), &e))?;
         Ok(Box::new(FjallTable {
             db: self.db.clone(),
@@ -159,6 +262,25 @@ impl StateTable for FjallTable {
                 k.extend_from_slice(&group.to_be_bytes());
                 k.extend_from_slice(key);
                 batch.insert(&self.keyspace, k, value.as_slice());
+            }
+            batch.commit().map_err(|e| state_error(&self.operator, "batch write", &e))?;
+        }
+        Ok(())
+    }
+
+    /// Writes in batches of 16,384 (one journal write each).
+    fn apply(&mut self, writes: Writes) -> Result<()> {
+        let mut writes = writes.into_iter().peekable();
+        while writes.peek().is_some() {
+            let mut batch = self.db.batch();
+            for (group, key, value) in writes.by_ref().take(16_384) {
+                let mut k = Vec::with_capacity(2 + key.len());
+                k.extend_from_slice(&group.to_be_bytes());
+                k.extend_from_slice(&key);
+                match value {
+                    Some(value) => batch.insert(&self.keyspace, k, value),
+                    None => batch.remove(&self.keyspace, k),
+                }
             }
             batch.commit().map_err(|e| state_error(&self.operator, "batch write", &e))?;
         }

@@ -1,0 +1,415 @@
+//! The write-back cache of live objects in front of a byte table.
+//!
+//! A backend that stores bytes (fjall) would otherwise pay a table read, a
+//! decode, an encode and a table write on every state access. With a cache
+//! ([`StateBackend::object_cache`](super::StateBackend::object_cache)), a
+//! value state keeps recently used values as live objects, per key group,
+//! like the in-memory backend, and goes to the table only on a miss (a read,
+//! skipped for key groups the table holds nothing of) and when the cache is
+//! over its budget (whole key groups are written back in one batch and
+//! dropped, in turn).
+//!
+//! Checkpoints see the table (an MVCC snapshot) with the cache's changed
+//! entries laid over it, both taken at the barrier: the cache's per-group
+//! maps are shared with the checkpoint and copied on the next write
+//! (copy-on-write), as in memory. Entries written back are logged with
+//! their epoch while changes are tracked, so a delta needs no table reads.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use hashbrown::hash_map::Entry;
+
+use super::{ChangedKeys, Entries, Export, Exported, ObjectMap, StateTable};
+use crate::codec::Data;
+use crate::error::{Error, Result};
+use crate::key::Key;
+
+/// The memory a backend's value caches may use together, shared by every
+/// state opened on it.
+///
+/// The budget counts each cached entry at its inline size (key, value and
+/// bookkeeping, plus the hash map's overhead), not what a `String` or `Vec`
+/// inside points to; it is split evenly between the states that are open.
+#[derive(Debug)]
+pub struct ObjectCache {
+    bytes: usize,
+    states: AtomicUsize,
+}
+
+impl ObjectCache {
+    /// A budget of `bytes` for all cached values together (0: no values
+    /// are kept between accesses; every update reads and writes the table).
+    pub fn new(bytes: usize) -> Self {
+        Self { bytes, states: AtomicUsize::new(0) }
+    }
+
+    /// The budget, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// How many entries one of the open states may keep, out of `entries`
+    /// for all of them.
+    fn limit(&self, entries: usize) -> usize {
+        entries / self.states.load(Ordering::Relaxed).max(1)
+    }
+}
+
+/// A value in the cache.
+#[derive(Clone)]
+pub(super) struct CachedValue<V> {
+    /// The value; `None`: removed, to be deleted from the table.
+    value: Option<V>,
+    /// The epoch it last changed in.
+    stamp: u32,
+    /// The epoch it entered the cache in.
+    born: u32,
+    /// Whether it differs from the table.
+    dirty: bool,
+    /// Whether the table may hold the key.
+    stored: bool,
+}
+
+type CacheMap<K, V> = ObjectMap<K, CachedValue<V>>;
+
+/// The cached store of one value state.
+pub(super) struct CacheStore<K, V> {
+    /// Per owned key group; shared with the checkpoint being written, if
+    /// any, and copied on the first write after it.
+    maps: Vec<Arc<CacheMap<K, V>>>,
+    table: Box<dyn StateTable>,
+    /// Per owned key group: whether the table may hold entries of it (if
+    /// not, a miss needs no read).
+    in_table: Vec<bool>,
+    /// Entries in `maps`.
+    len: usize,
+    /// Entries the whole budget holds (at this state's entry size).
+    entries: usize,
+    cache: Arc<ObjectCache>,
+    /// The key group to write back next (round robin).
+    next: usize,
+    /// The first owned key group.
+    first: u16,
+    operator: String,
+}
+
+impl<K, V> Drop for CacheStore<K, V> {
+    fn drop(&mut self) {
+        self.cache.states.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl<K, V> fmt::Debug for CacheStore<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheStore").field("len", &self.len).field("entries", &self.entries).finish_non_exhaustive()
+    }
+}
+
+fn codec_error(operator: &str, source: crate::codec::CodecError) -> Error {
+    Error::Codec { operator: operator.to_string(), source }
+}
+
+/// What the change log needs to hear about a write-back.
+pub(super) struct Tracking<'a> {
+    /// Whether changes are logged at all.
+    pub(super) on: bool,
+    /// Per owned key group, the log.
+    pub(super) changed: &'a mut [Arc<ChangedKeys>],
+}
+
+impl<K: Key, V: Data> CacheStore<K, V> {
+    /// The inline size of one cached entry, with the hash map's overhead.
+    const ENTRY: usize = (size_of::<K>() + size_of::<CachedValue<V>>() + 1) * 8 / 7;
+
+    pub(super) fn new(table: Box<dyn StateTable>, cache: Arc<ObjectCache>, groups: Range<u16>, operator: &str) -> Self {
+        cache.states.fetch_add(1, Ordering::Relaxed);
+        let entries = cache.bytes / Self::ENTRY;
+        Self {
+            maps: groups.clone().map(|_| Arc::default()).collect(),
+            table,
+            in_table: groups.clone().map(|_| false).collect(),
+            first: groups.start,
+            len: 0,
+            entries,
+            cache,
+            next: 0,
+            operator: operator.to_string(),
+        }
+    }
+
+    fn read(&mut self, index: usize, group: u16, key_bytes: &[u8]) -> Result<Option<V>> {
+        if !self.in_table.get(index).copied().unwrap_or(true) {
+            return Ok(None);
+        }
+        match self.table.get(group, key_bytes)? {
+            Some(bytes) => V::decode(&bytes).map(Some).map_err(|e| codec_error(&self.operator, e)),
+            None => Ok(None),
+        }
+    }
+
+    /// See [`super::ValueState::update`]; `index` is `group`'s position
+    /// among the owned key groups, `epoch` the one changes are stamped with.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub(super) fn update<R>(
+        &mut self,
+        index: usize,
+        group: u16,
+        key: K,
+        key_bytes: &[u8],
+        epoch: u32,
+        tracking: Tracking<'_>,
+        f: impl FnOnce(&mut Option<V>) -> R,
+    ) -> Result<R> {
+        let Some(map) = self.maps.get_mut(index) else {
+            return Err(Error::Internal(format!("operator `{}` has no cache for key group {group}", self.operator)));
+        };
+        let r = match Arc::make_mut(map).entry(key) {
+            Entry::Occupied(mut e) => {
+                let entry = e.get_mut();
+                let existed = entry.value.is_some();
+                let r = f(&mut entry.value);
+                if entry.value.is_none() && !existed {
+                    return Ok(r);
+                }
+                if entry.value.is_none() && !entry.stored && entry.born == epoch {
+                    // Created since the last barrier and never written back:
+                    // no checkpoint and no table holds it, so it just goes.
+                    e.remove();
+                    self.len -= 1;
+                } else {
+                    entry.stamp = epoch;
+                    entry.dirty = true;
+                }
+                r
+            }
+            Entry::Vacant(e) => {
+                // The borrow of `maps` ends before the table is read.
+                let key = e.into_key();
+                let mut slot = self.read(index, group, key_bytes)?;
+                let stored = slot.is_some();
+                let r = f(&mut slot);
+                if slot.is_some() || stored {
+                    let entry = CachedValue { value: slot, stamp: epoch, born: epoch, dirty: true, stored };
+                    if let Some(map) = self.maps.get_mut(index) {
+                        Arc::make_mut(map).insert(key, entry);
+                        self.len += 1;
+                    }
+                    // The share of the budget changes as states open and
+                    // close, so it is read again on every insert.
+                    if self.len > self.cache.limit(self.entries) {
+                        self.shrink(tracking)?;
+                    }
+                }
+                r
+            }
+        };
+        Ok(r)
+    }
+
+    /// Whether `key` is cached (for prefetching).
+    #[inline]
+    pub(super) fn contains(&self, index: usize, key: &K) -> bool {
+        self.maps.get(index).is_some_and(|m| m.contains_key(key))
+    }
+
+    /// The value of `key`, from the cache or the table (which does not
+    /// bring it into the cache).
+    pub(super) fn get(&mut self, index: usize, group: u16, key: &K, key_bytes: &[u8]) -> Result<Option<V>> {
+        if let Some(entry) = self.maps.get(index).and_then(|m| m.get(key)) {
+            return Ok(entry.value.clone());
+        }
+        self.read(index, group, key_bytes)
+    }
+
+    /// Writes back key groups in turn until the cache is a quarter below
+    /// its limit (so write-backs come in batches).
+    fn shrink(&mut self, tracking: Tracking<'_>) -> Result<()> {
+        let limit = self.cache.limit(self.entries);
+        let target = limit - limit / 4;
+        let groups = self.maps.len();
+        let mut tracking = tracking;
+        for _ in 0..groups {
+            if self.len <= target {
+                break;
+            }
+            let index = self.next;
+            self.next = (self.next + 1) % groups;
+            self.write_back(index, &mut tracking)?;
+        }
+        Ok(())
+    }
+
+    /// Writes every cached key group back to the table and empties the cache.
+    pub(super) fn write_back_all(&mut self, mut tracking: Tracking<'_>) -> Result<()> {
+        for index in 0..self.maps.len() {
+            self.write_back(index, &mut tracking)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the changed entries of key group `index` back to the table
+    /// (logging them, while changes are tracked) and drops its map.
+    pub(super) fn write_back(&mut self, index: usize, tracking: &mut Tracking<'_>) -> Result<()> {
+        let Some(slot) = self.maps.get_mut(index) else { return Ok(()) };
+        if slot.is_empty() {
+            return Ok(());
+        }
+        // A checkpoint that shares the map keeps its own reference.
+        let map = std::mem::take(slot);
+        self.len -= map.len();
+        let group = self.table_group(index);
+        let mut writes: super::Writes = Vec::new();
+        let mut log = tracking.on.then(|| tracking.changed.get_mut(index)).flatten().map(Arc::make_mut);
+        for (k, entry) in map.iter() {
+            if !entry.dirty {
+                continue;
+            }
+            let key = crate::key::encode(k);
+            let value = match &entry.value {
+                Some(v) => {
+                    let mut bytes = Vec::new();
+                    v.encode(&mut bytes).map_err(|e| codec_error(&self.operator, e))?;
+                    Some(bytes)
+                }
+                None => None,
+            };
+            if let Some(log) = log.as_mut() {
+                let change = (entry.stamp, value.as_deref().map(Box::from));
+                log.insert(key.clone().into_boxed_slice(), change);
+            }
+            if value.is_some() || entry.stored {
+                writes.push((group, key, value));
+            }
+        }
+        if writes.iter().any(|(_, _, v)| v.is_some())
+            && let Some(flag) = self.in_table.get_mut(index)
+        {
+            *flag = true;
+        }
+        self.table.apply(writes)
+    }
+
+    fn table_group(&self, index: usize) -> u16 {
+        self.first.saturating_add(u16::try_from(index).unwrap_or(u16::MAX))
+    }
+
+    /// Calls `f` with every (key, value) of key group `index` in the table,
+    /// after writing the group back.
+    pub(super) fn scan(
+        &mut self,
+        index: usize,
+        mut tracking: Tracking<'_>,
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Result<()> {
+        self.write_back(index, &mut tracking)?;
+        let group = self.table_group(index);
+        self.table.scan_group(group, f)
+    }
+
+    /// Loads checkpoint entries (already checked) into the table, after
+    /// writing the cache back.
+    pub(super) fn import(&mut self, entries: &Entries, tracking: Tracking<'_>) -> Result<()> {
+        self.write_back_all(tracking)?;
+        for (group, _, _) in entries {
+            if let Some(flag) = group.checked_sub(self.first).and_then(|i| self.in_table.get_mut(usize::from(i))) {
+                *flag = true;
+            }
+        }
+        self.table.put_all(entries)
+    }
+
+    /// Every entry as of now (a base), to encode later: a snapshot of the
+    /// table with the cache's changed entries laid over it.
+    pub(super) fn export_base(&mut self, groups: Range<u16>) -> Result<Export> {
+        let snapshot = self.table.export_deferred(groups)?;
+        let overlay = self.maps.clone();
+        let (first, operator) = (self.first, self.operator.clone());
+        Ok(Box::new(move || {
+            let mut out = snapshot()?;
+            out.base = true;
+            let mut over = encode_overlay(&overlay, None, &operator)?;
+            if over.iter().all(|layer| layer.is_empty()) {
+                return Ok(out);
+            }
+            out.entries.retain_mut(|(group, key, value)| {
+                let layer = group.checked_sub(first).and_then(|i| over.get_mut(usize::from(i)));
+                match layer.and_then(|m| m.remove(key.as_slice())) {
+                    Some(Some(newer)) => {
+                        *value = newer;
+                        true
+                    }
+                    Some(None) => false,
+                    None => true,
+                }
+            });
+            for (group, layer) in (first..).zip(over) {
+                out.entries.extend(layer.into_iter().filter_map(|(k, v)| v.map(|v| (group, k, v))));
+            }
+            Ok(out)
+        }))
+    }
+
+    /// What changed after checkpoint `since` (a delta), to encode later:
+    /// the change log's write-backs, overridden by the cache's entries.
+    pub(super) fn export_delta(&self, since: u32, changed: Vec<Arc<ChangedKeys>>) -> Export {
+        let overlay = self.maps.clone();
+        let (first, operator) = (self.first, self.operator.clone());
+        Box::new(move || {
+            let over = encode_overlay(&overlay, Some(since), &operator)?;
+            let mut out = Exported { base: false, entries: Vec::new(), removed: Vec::new() };
+            for ((group, log), layer) in (first..).zip(&changed).zip(&over) {
+                for (key, (_, value)) in log.iter().filter(|(k, (e, _))| *e > since && !layer.contains_key(&***k)) {
+                    match value {
+                        Some(value) => out.entries.push((group, key.to_vec(), value.to_vec())),
+                        None => out.removed.push((group, key.to_vec())),
+                    }
+                }
+            }
+            for (group, layer) in (first..).zip(over) {
+                for (key, value) in layer {
+                    match value {
+                        Some(value) => out.entries.push((group, key, value)),
+                        None => out.removed.push((group, key)),
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
+}
+
+/// One key group's changed entries, encoded: key → value, `None` if removed.
+type Layer = ObjectMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// The encoded changed entries of the cache (changed after `since`, if
+/// given), per key group: encoded key → encoded value, `None` if removed.
+fn encode_overlay<K: Key, V: Data>(
+    maps: &[Arc<CacheMap<K, V>>],
+    since: Option<u32>,
+    operator: &str,
+) -> Result<Vec<Layer>> {
+    maps.iter()
+        .map(|map| {
+            let mut layer = Layer::default();
+            for (k, entry) in map.iter() {
+                if !entry.dirty || since.is_some_and(|s| entry.stamp <= s) {
+                    continue;
+                }
+                let value = match &entry.value {
+                    Some(v) => {
+                        let mut bytes = Vec::new();
+                        v.encode(&mut bytes).map_err(|e| codec_error(operator, e))?;
+                        Some(bytes)
+                    }
+                    None => None,
+                };
+                layer.insert(crate::key::encode(k), value);
+            }
+            Ok(layer)
+        })
+        .collect()
+}
