@@ -23,10 +23,16 @@
 //! incrementally (a base every few checkpoints, deltas between), and a
 //! manifest lists each state's chain of files.
 //!
-//! A state file is a 32-byte header — magic `WEIBOSTA`, format version (u32
-//! LE), reserved (u32), payload length (u64 LE), xxh3-64 of the payload (u64
-//! LE) — followed by an rkyv archive of [`StateFile`], read back into an
-//! aligned buffer and validated before use.
+//! A state file is a 32-byte header — magic `WEIBOSTA`, state-file version
+//! (u32 LE), reserved (u32), payload length (u64 LE), xxh3-64 of the payload
+//! (u64 LE) — followed by the payload. In version 2 (written now) the payload
+//! is a sequence of frames, each a length (u64 LE) and an rkyv archive of a
+//! [`StateFile`]: the first names the state and its codec, the others carry
+//! its entries a chunk at a time (a key group, or part of one), so neither
+//! writing nor reading a file holds all of it in memory. In version 1 (still
+//! read) the payload is one archive. Each frame is read into an aligned
+//! buffer and validated before use, after the whole payload's length and
+//! checksum were checked.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -45,6 +51,9 @@ pub const FORMAT_VERSION: u32 = 1;
 
 const MAGIC: &[u8; 8] = b"WEIBOSTA";
 const HEADER: usize = 32;
+
+/// The state-file version this build writes (frames); it reads 1 and 2.
+const STATE_FILE_VERSION: u32 = 2;
 
 /// (key, value) pairs of one key group, encoded.
 pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -172,29 +181,84 @@ pub(crate) fn checkpoint_dir(root: &Path, n: u64) -> PathBuf {
     root.join(format!("chk-{n:020}"))
 }
 
-/// Writes a state file (header, payload) and syncs it.
-pub(crate) fn write_state_file(path: &Path, file: &StateFile) -> Result<()> {
-    let payload =
-        rkyv::to_bytes::<rkyv::rancor::Error>(file).map_err(|e| bad(path, format!("cannot encode the state: {e}")))?;
-    let mut out = Vec::with_capacity(HEADER + payload.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&payload).to_le_bytes());
-    out.extend_from_slice(&payload);
-    let mut f = fs::File::create(path).map_err(io("cannot create checkpoint file", path))?;
-    f.write_all(&out).map_err(io("cannot write checkpoint file", path))?;
-    f.sync_all().map_err(io("cannot sync checkpoint file", path))
+/// Writes a state file frame by frame: the header is written last, once
+/// the payload's length and checksum are known.
+pub(crate) struct StateFileWriter {
+    out: std::io::BufWriter<fs::File>,
+    hasher: xxhash_rust::xxh3::Xxh3,
+    len: u64,
+    path: PathBuf,
 }
 
-/// Reads and checks a state file: magic, version, length, checksum, then
-/// validates the archive in an aligned buffer.
-pub(crate) fn read_state_file(path: &Path) -> Result<StateFile> {
-    let bytes = fs::read(path).map_err(io("cannot read checkpoint file", path))?;
-    let (header, payload) = bytes
-        .split_at_checked(HEADER)
-        .ok_or_else(|| bad(path, format!("truncated: {} bytes, shorter than the header", bytes.len())))?;
+impl StateFileWriter {
+    /// Creates the file, with a first frame naming the state (`meta`).
+    pub(crate) fn create(path: &Path, meta: &StateFile) -> Result<Self> {
+        let file = fs::File::create(path).map_err(io("cannot create checkpoint file", path))?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+        out.write_all(&[0u8; HEADER]).map_err(io("cannot write checkpoint file", path))?;
+        let mut writer = Self { out, hasher: xxhash_rust::xxh3::Xxh3::new(), len: 0, path: path.to_path_buf() };
+        writer.frame(meta)?;
+        Ok(writer)
+    }
+
+    /// Appends a frame.
+    pub(crate) fn frame(&mut self, part: &StateFile) -> Result<()> {
+        let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(part)
+            .map_err(|e| bad(&self.path, format!("cannot encode the state: {e}")))?;
+        let len = (bytes.len() as u64).to_le_bytes();
+        self.hasher.update(&len);
+        self.hasher.update(&bytes);
+        self.out.write_all(&len).map_err(io("cannot write checkpoint file", &self.path))?;
+        self.out.write_all(&bytes).map_err(io("cannot write checkpoint file", &self.path))?;
+        self.len += 8 + bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Writes the header and syncs the file.
+    pub(crate) fn finish(self) -> Result<()> {
+        use std::io::{Seek, SeekFrom};
+        let path = self.path;
+        let mut file = self.out.into_inner().map_err(|e| io("cannot write checkpoint file", &path)(e.into_error()))?;
+        let mut header = Vec::with_capacity(HEADER);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&STATE_FILE_VERSION.to_le_bytes());
+        header.extend_from_slice(&0u32.to_le_bytes());
+        header.extend_from_slice(&self.len.to_le_bytes());
+        header.extend_from_slice(&self.hasher.digest().to_le_bytes());
+        file.seek(SeekFrom::Start(0)).map_err(io("cannot write checkpoint file", &path))?;
+        file.write_all(&header).map_err(io("cannot write checkpoint file", &path))?;
+        file.sync_all().map_err(io("cannot sync checkpoint file", &path))
+    }
+}
+
+/// Writes a whole state file (its state's name, then its entries in one
+/// frame) and syncs it.
+#[cfg(test)]
+pub(crate) fn write_state_file(path: &Path, file: &StateFile) -> Result<()> {
+    let meta = StateFile {
+        operator: file.operator.clone(),
+        state: file.state.clone(),
+        codec: file.codec.clone(),
+        groups: Vec::new(),
+        removed: Vec::new(),
+    };
+    let mut writer = StateFileWriter::create(path, &meta)?;
+    writer.frame(file)?;
+    writer.finish()
+}
+
+/// Opens a state file and checks its header, its length and the checksum
+/// of its payload (read in pieces); returns its version and the file,
+/// positioned at the payload.
+fn open_checked(path: &Path) -> Result<(u32, u64, std::io::BufReader<fs::File>)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = fs::File::open(path).map_err(io("cannot read checkpoint file", path))?;
+    let size = file.metadata().map_err(io("cannot read checkpoint file", path))?.len();
+    let mut header = [0u8; HEADER];
+    if size < HEADER as u64 {
+        return Err(bad(path, format!("truncated: {size} bytes, shorter than the header")));
+    }
+    file.read_exact(&mut header).map_err(io("cannot read checkpoint file", path))?;
     let field = |at: usize| -> u64 {
         let mut b = [0u8; 8];
         if let Some(s) = header.get(at..at + 8) {
@@ -206,23 +270,88 @@ pub(crate) fn read_state_file(path: &Path) -> Result<StateFile> {
         return Err(bad(path, "not a Weibo state file (wrong magic)".into()));
     }
     let version = field(8) as u32;
-    if version != FORMAT_VERSION {
-        return Err(bad(path, format!("format version {version}, this build reads version {FORMAT_VERSION}")));
-    }
-    let len = field(16);
-    if len != payload.len() as u64 {
+    if !(1..=STATE_FILE_VERSION).contains(&version) {
         return Err(bad(
             path,
-            format!("truncated: the header says {len} payload bytes, the file has {}", payload.len()),
+            format!("format version {version}, this build reads versions 1 to {STATE_FILE_VERSION}"),
         ));
     }
-    if field(24) != xxhash_rust::xxh3::xxh3_64(payload) {
+    let len = field(16);
+    let payload = size - HEADER as u64;
+    if len != payload {
+        return Err(bad(path, format!("truncated: the header says {len} payload bytes, the file has {payload}")));
+    }
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(io("cannot read checkpoint file", path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(buf.get(..n).unwrap_or_default());
+    }
+    if field(24) != hasher.digest() {
         return Err(bad(path, "checksum mismatch: the file is corrupt".into()));
     }
-    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(payload.len());
-    aligned.extend_from_slice(payload);
+    file.seek(SeekFrom::Start(HEADER as u64)).map_err(io("cannot read checkpoint file", path))?;
+    Ok((version, len, std::io::BufReader::with_capacity(1 << 20, file)))
+}
+
+/// Reads `len` bytes into an aligned buffer and validates them as a
+/// [`StateFile`] archive (`what` names the part in errors).
+fn read_archive(path: &Path, input: &mut impl std::io::Read, len: u64, what: &str) -> Result<StateFile> {
+    let len = usize::try_from(len).map_err(|_| bad(path, format!("{what} is {len} bytes long")))?;
+    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(len);
+    aligned.resize(len, 0);
+    input.read_exact(&mut aligned).map_err(|e| bad(path, format!("{what} is cut short: {e}")))?;
     rkyv::from_bytes::<StateFile, rkyv::rancor::Error>(&aligned)
-        .map_err(|e| bad(path, format!("the state does not validate: {e}")))
+        .map_err(|e| bad(path, format!("{what} does not validate: {e}")))
+}
+
+/// Checks a state file (header, length, checksum), then passes its parts to
+/// `f` one at a time: first the part naming the state and codec, then the
+/// parts holding entries (a version-1 file is one part holding both).
+pub(crate) fn read_state_file_parts(path: &Path, f: &mut dyn FnMut(StateFile) -> Result<()>) -> Result<()> {
+    use std::io::Read;
+    let (version, mut left, mut input) = open_checked(path)?;
+    if version == 1 {
+        let mut payload = Vec::new();
+        input.read_to_end(&mut payload).map_err(io("cannot read checkpoint file", path))?;
+        return f(read_archive(path, &mut payload.as_slice(), payload.len() as u64, "the state")?);
+    }
+    let mut index = 0usize;
+    loop {
+        let mut len = [0u8; 8];
+        match input.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && index > 0 => return Ok(()),
+            Err(e) => return Err(bad(path, format!("frame {index} is cut short: {e}"))),
+        }
+        let len = u64::from_le_bytes(len);
+        left = left.saturating_sub(8);
+        if len > left {
+            return Err(bad(path, format!("frame {index} claims {len} bytes, the file has {left} left")));
+        }
+        left -= len;
+        f(read_archive(path, &mut input, len, &format!("frame {index}"))?)?;
+        index += 1;
+    }
+}
+
+/// Reads and checks a whole state file.
+pub(crate) fn read_state_file(path: &Path) -> Result<StateFile> {
+    let mut whole: Option<StateFile> = None;
+    read_state_file_parts(path, &mut |part| {
+        match whole.as_mut() {
+            None => whole = Some(part),
+            Some(w) => {
+                w.groups.extend(part.groups);
+                w.removed.extend(part.removed);
+            }
+        }
+        Ok(())
+    })?;
+    whole.ok_or_else(|| bad(path, "the file holds no state".into()))
 }
 
 /// Writes the manifest of a checkpoint atomically: only a checkpoint with a
@@ -647,7 +776,7 @@ impl Restore {
         // Read every state file once now, so that a corrupt one is found
         // before anything runs.
         for s in &manifest.states {
-            read_state_file(&dir.join(&s.file))?;
+            read_state_file_parts(&dir.join(&s.file), &mut |_| Ok(()))?;
         }
         let mut states: BTreeMap<String, Vec<StateFileEntry>> = BTreeMap::new();
         for s in manifest.states {
@@ -682,7 +811,6 @@ impl Restore {
         }
     }
 
-    /// The entries of `operator`'s `state` in key groups `groups`.
     /// Reads state file `file` (relative to the checkpoint), whose values
     /// must have been written with `codec`.
     fn read_checked(&self, file: &str, codec: &str) -> Result<StateFile> {
@@ -697,15 +825,9 @@ impl Restore {
         Ok(file)
     }
 
-    pub(crate) fn entries(
-        &self,
-        operator: &str,
-        state: &str,
-        codec: &str,
-        groups: &std::ops::Range<u16>,
-    ) -> Result<crate::state::Entries> {
-        // Chains in checkpoint order: a base replaces its key groups'
-        // entries, a delta removes and then puts.
+    /// The files of `operator`'s `state` that hold key groups of `groups`,
+    /// in checkpoint order, each delta after a base of its key groups.
+    fn chain(&self, operator: &str, state: &str, groups: &std::ops::Range<u16>) -> Result<Vec<&StateFileEntry>> {
         let mut files: Vec<&StateFileEntry> = self
             .states
             .get(operator)
@@ -726,6 +848,74 @@ impl Restore {
                 ));
             }
         }
+        Ok(files)
+    }
+
+    /// Passes the entries of `operator`'s `state` in key groups `groups` to
+    /// `f` a part at a time, as (entries to put, keys to remove first), so
+    /// that the whole state is never in memory: each file of its chain in
+    /// checkpoint order, each base or delta part as written. Applying the
+    /// parts in order (removals, then puts) gives the state. Chains whose
+    /// bases overlap (none that this build writes) are merged in memory
+    /// and passed whole.
+    pub(crate) fn load_entries(
+        &self,
+        operator: &str,
+        state: &str,
+        codec: &str,
+        groups: &std::ops::Range<u16>,
+        f: &mut dyn FnMut(crate::state::Entries, crate::state::RemovedKeys) -> Result<()>,
+    ) -> Result<()> {
+        let files = self.chain(operator, state, groups)?;
+        let bases: Vec<(u16, u16)> = files.iter().filter(|s| s.base).map(|s| s.key_groups).collect();
+        let overlapping =
+            bases.iter().enumerate().any(|(i, a)| bases.iter().skip(i + 1).any(|b| a.0 < b.1 && b.0 < a.1));
+        if overlapping {
+            return f(self.entries(operator, state, codec, groups)?, Vec::new());
+        }
+        for s in files {
+            let path = self.dir.join(&s.file);
+            let mut first = true;
+            read_state_file_parts(&path, &mut |part| {
+                if std::mem::take(&mut first) && part.codec != codec {
+                    return Err(bad(
+                        &path,
+                        format!("its values were written with codec {}, the job reads {codec}", part.codec),
+                    ));
+                }
+                let removed: crate::state::RemovedKeys = part
+                    .removed
+                    .into_iter()
+                    .filter(|r| groups.contains(&r.group))
+                    .flat_map(|r| r.keys.into_iter().map(move |k| (r.group, k)))
+                    .collect();
+                let entries: crate::state::Entries = part
+                    .groups
+                    .into_iter()
+                    .filter(|g| groups.contains(&g.group))
+                    .flat_map(|g| g.entries.into_iter().map(move |(k, v)| (g.group, k, v)))
+                    .collect();
+                if entries.is_empty() && removed.is_empty() {
+                    return Ok(());
+                }
+                f(entries, removed)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The entries of `operator`'s `state` in key groups `groups`, merged
+    /// in memory.
+    pub(crate) fn entries(
+        &self,
+        operator: &str,
+        state: &str,
+        codec: &str,
+        groups: &std::ops::Range<u16>,
+    ) -> Result<crate::state::Entries> {
+        // Chains in checkpoint order: a base replaces its key groups'
+        // entries, a delta removes and then puts.
+        let files = self.chain(operator, state, groups)?;
         // Only bases, one per key-group range: nothing to merge.
         let mut ranges: Vec<(u16, u16)> = files.iter().map(|s| s.key_groups).collect();
         ranges.sort_unstable();
@@ -802,6 +992,60 @@ mod tests {
 
         fs::write(&path, b"short").unwrap();
         assert!(read_state_file(&path).unwrap_err().to_string().contains("truncated"));
+    }
+
+    #[test]
+    fn state_files_are_written_and_read_a_frame_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sum-0-value.state");
+        let whole = sample();
+        let meta = StateFile { groups: Vec::new(), removed: Vec::new(), ..whole.clone() };
+        let mut writer = StateFileWriter::create(&path, &meta).unwrap();
+        // One frame per key group, as an export passes them.
+        for g in &whole.groups {
+            let part = StateFile { groups: vec![g.clone()], removed: Vec::new(), ..meta.clone() };
+            writer.frame(&part).unwrap();
+        }
+        writer.frame(&StateFile { groups: Vec::new(), ..whole.clone() }).unwrap();
+        writer.finish().unwrap();
+        let mut parts = Vec::new();
+        read_state_file_parts(&path, &mut |p| {
+            parts.push(p);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(parts.len(), whole.groups.len() + 2, "the meta frame and one per part");
+        assert_eq!(read_state_file(&path).unwrap(), whole);
+
+        // A version-1 file (one archive) still reads.
+        let payload = rkyv::to_bytes::<rkyv::rancor::Error>(&whole).unwrap();
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(MAGIC);
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(&0u32.to_le_bytes());
+        v1.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        v1.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&payload).to_le_bytes());
+        v1.extend_from_slice(&payload);
+        fs::write(&path, &v1).unwrap();
+        assert_eq!(read_state_file(&path).unwrap(), whole);
+
+        // A frame whose length lies, with a checksum to match, is refused
+        // naming the frame.
+        let good = {
+            let mut w = StateFileWriter::create(&path, &meta).unwrap();
+            w.frame(&whole).unwrap();
+            w.finish().unwrap();
+            fs::read(&path).unwrap()
+        };
+        let mut lying = good.clone();
+        let at =
+            HEADER + 8 + usize::try_from(u64::from_le_bytes(good[HEADER..HEADER + 8].try_into().unwrap())).unwrap();
+        lying[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let digest = xxhash_rust::xxh3::xxh3_64(&lying[HEADER..]);
+        lying[24..32].copy_from_slice(&digest.to_le_bytes());
+        fs::write(&path, &lying).unwrap();
+        let err = read_state_file(&path).unwrap_err().to_string();
+        assert!(err.contains("frame 1") && err.contains("sum-0-value.state"), "{err}");
     }
 
     #[test]

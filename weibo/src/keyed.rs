@@ -40,12 +40,15 @@ fn value_restore<K: Key, V: Data>(
     name: &str,
     groups: &std::ops::Range<u16>,
 ) -> Result<()> {
-    state.import(from.entries(operator, name, &V::codec_id().to_string(), groups)?)
+    // A part at a time: a large state is never all in memory.
+    from.load_entries(operator, name, &V::codec_id().to_string(), groups, &mut |entries, removed| {
+        state.import_part(entries, removed)
+    })
 }
 
 /// An export of entries already taken.
 pub(crate) fn ready(entries: crate::state::Entries) -> crate::state::Export {
-    Box::new(move || Ok(crate::state::Exported::full(entries)))
+    crate::state::ready(crate::state::Exported::full(entries))
 }
 
 /// The codec name recorded for timer state (times and keys in the key encoding).

@@ -1055,7 +1055,9 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
     fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
         let name = self.common.info.name.clone();
         let codec = Sessions::<W::Acc>::codec_id().to_string();
-        self.state.import(from.entries(&name, "sessions", &codec, groups)?)?;
+        from.load_entries(&name, "sessions", &codec, groups, &mut |entries, removed| {
+            self.state.import_part(entries, removed)
+        })?;
         self.common.fire.import(from.entries(&name, "fire-timers", TIMERS, groups)?, &name)?;
         self.common.cleanup.import(from.entries(&name, "cleanup-timers", TIMERS, groups)?, &name)
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::checkpoint::{
-    Ack, GroupEntries, GroupKeys, Restore, SourcePositionEntry, StateFile, StateFileEntry, write_state_file,
+    Ack, GroupEntries, GroupKeys, Restore, SourcePositionEntry, StateFile, StateFileEntry, StateFileWriter,
 };
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
@@ -71,31 +71,26 @@ impl CheckpointIo {
                     operator.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
                 let mut files = Vec::new();
                 for snap in snapshots {
-                    let exported = (snap.entries)()?;
                     let file = format!("{safe}-{instance}-{}-{n:020}.state", snap.state);
-                    let mut by_group: std::collections::BTreeMap<u16, crate::checkpoint::Pairs> = Default::default();
-                    for (g, k, v) in exported.entries {
-                        by_group.entry(g).or_default().push((k, v));
-                    }
-                    let mut removed: std::collections::BTreeMap<u16, Vec<Vec<u8>>> = Default::default();
-                    for (g, k) in exported.removed {
-                        removed.entry(g).or_default().push(k);
-                    }
-                    let content = StateFile {
+                    let meta = StateFile {
                         operator: operator.clone(),
                         state: snap.state.to_string(),
                         codec: snap.codec,
-                        groups: by_group.into_iter().map(|(group, entries)| GroupEntries { group, entries }).collect(),
-                        removed: removed.into_iter().map(|(group, keys)| GroupKeys { group, keys }).collect(),
+                        groups: Vec::new(),
+                        removed: Vec::new(),
                     };
-                    write_state_file(&dir.join(&file), &content)?;
+                    // A frame per part of the export: the state is never
+                    // all in memory, encoded or not.
+                    let mut writer = StateFileWriter::create(&dir.join(&file), &meta)?;
+                    let base = (snap.entries)(&mut |part| writer.frame(&frame(part)))?;
+                    writer.finish()?;
                     files.push(StateFileEntry {
                         operator: operator.clone(),
                         state: snap.state.to_string(),
                         file: format!("../{}/{file}", crate::checkpoint::SHARED),
                         key_groups: (groups.start, groups.end),
                         checkpoint: n,
-                        base: exported.base,
+                        base,
                     });
                 }
                 Ok(files)
@@ -113,6 +108,26 @@ impl CheckpointIo {
             };
             let _ = acks.send(ack);
         });
+    }
+}
+
+/// A part of an export as a state-file frame: entries and removed keys by
+/// key group.
+fn frame(part: crate::state::Exported) -> StateFile {
+    let mut by_group: std::collections::BTreeMap<u16, crate::checkpoint::Pairs> = Default::default();
+    for (g, k, v) in part.entries {
+        by_group.entry(g).or_default().push((k, v));
+    }
+    let mut removed: std::collections::BTreeMap<u16, Vec<Vec<u8>>> = Default::default();
+    for (g, k) in part.removed {
+        removed.entry(g).or_default().push(k);
+    }
+    StateFile {
+        operator: String::new(),
+        state: String::new(),
+        codec: String::new(),
+        groups: by_group.into_iter().map(|(group, entries)| GroupEntries { group, entries }).collect(),
+        removed: removed.into_iter().map(|(group, keys)| GroupKeys { group, keys }).collect(),
     }
 }
 

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hashbrown::hash_map::Entry;
 
-use super::{ChangedKeys, Entries, Export, Exported, ObjectMap, StateTable};
+use super::{ChangedKeys, Entries, Export, ExportSink, Exported, ObjectMap, StateTable, flush_part, push_part};
 use crate::codec::Data;
 use crate::error::{Error, Result};
 use crate::key::Key;
@@ -310,10 +310,18 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         self.table.scan_group(group, f)
     }
 
-    /// Loads checkpoint entries (already checked) into the table, after
-    /// writing the cache back.
-    pub(super) fn import(&mut self, entries: &Entries, tracking: Tracking<'_>) -> Result<()> {
+    /// Loads a part of a checkpoint (already checked) into the table, after
+    /// writing the cache back: `removed` first, then `entries`.
+    pub(super) fn import(
+        &mut self,
+        entries: &Entries,
+        removed: super::RemovedKeys,
+        tracking: Tracking<'_>,
+    ) -> Result<()> {
         self.write_back_all(tracking)?;
+        if !removed.is_empty() {
+            self.table.apply(removed.into_iter().map(|(g, k)| (g, k, None)).collect())?;
+        }
         for (group, _, _) in entries {
             if let Some(flag) = group.checked_sub(self.first).and_then(|i| self.in_table.get_mut(usize::from(i))) {
                 *flag = true;
@@ -323,93 +331,135 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     }
 
     /// Every entry as of now (a base), to encode later: a snapshot of the
-    /// table with the cache's changed entries laid over it.
+    /// table with the cache's changed entries laid over it, a key group at
+    /// a time (the table's export passes each key group's entries in
+    /// order; the cache's entries of a key group are encoded when the
+    /// snapshot reaches it).
     pub(super) fn export_base(&mut self, groups: Range<u16>) -> Result<Export> {
         let snapshot = self.table.export_deferred(groups)?;
         let overlay = self.maps.clone();
         let (first, operator) = (self.first, self.operator.clone());
-        Ok(Box::new(move || {
-            let mut out = snapshot()?;
-            out.base = true;
-            let mut over = encode_overlay(&overlay, None, &operator)?;
-            if over.iter().all(|layer| layer.is_empty()) {
-                return Ok(out);
-            }
-            out.entries.retain_mut(|(group, key, value)| {
-                let layer = group.checked_sub(first).and_then(|i| over.get_mut(usize::from(i)));
-                match layer.and_then(|m| m.remove(key.as_slice())) {
-                    Some(Some(newer)) => {
-                        *value = newer;
-                        true
+        Ok(Box::new(move |sink| {
+            // The key group the snapshot is in, with what of its layer is
+            // not written yet; and the index of the next layer to start.
+            let mut open: Option<(u16, Layer)> = None;
+            let mut next = 0usize;
+            let layer_of = |index: usize| match overlay.get(index) {
+                Some(map) => encode_layer(map, None, &operator),
+                None => Ok(Layer::default()),
+            };
+            let mut failure = None;
+            let base = snapshot(&mut |mut part: Exported| {
+                let Some(group) = part.entries.first().map(|e| e.0) else { return sink(part) };
+                if open.as_ref().is_none_or(|(g, _)| *g != group) {
+                    if let Some((g, layer)) = open.take() {
+                        rest(g, layer, sink)?;
                     }
-                    Some(None) => false,
-                    None => true,
+                    // Key groups the table holds nothing of: their layers alone.
+                    let index = usize::from(group.saturating_sub(first));
+                    while next < index {
+                        rest(first.saturating_add(next as u16), layer_of(next)?, sink)?;
+                        next += 1;
+                    }
+                    let layer = if next == index {
+                        next += 1;
+                        layer_of(index)?
+                    } else {
+                        failure = Some(group);
+                        Layer::default()
+                    };
+                    open = Some((group, layer));
                 }
-            });
-            for (group, layer) in (first..).zip(over) {
-                out.entries.extend(layer.into_iter().filter_map(|(k, v)| v.map(|v| (group, k, v))));
+                if let Some((_, layer)) = open.as_mut() {
+                    part.entries.retain_mut(|(_, key, value)| match layer.remove(key.as_slice()) {
+                        Some(Some(newer)) => {
+                            *value = newer;
+                            true
+                        }
+                        Some(None) => false,
+                        None => true,
+                    });
+                }
+                flush_part(part, sink)
+            })?;
+            if let Some(group) = failure {
+                return Err(Error::Internal(format!(
+                    "operator `{operator}`: the table exported key group {group} out of order"
+                )));
             }
-            Ok(out)
+            if let Some((g, layer)) = open.take() {
+                rest(g, layer, sink)?;
+            }
+            while next < overlay.len() {
+                rest(first.saturating_add(next as u16), layer_of(next)?, sink)?;
+                next += 1;
+            }
+            Ok(base)
         }))
     }
 
     /// What changed after checkpoint `since` (a delta), to encode later:
-    /// the change log's write-backs, overridden by the cache's entries.
+    /// the change log's write-backs, overridden by the cache's entries, a
+    /// key group at a time.
     pub(super) fn export_delta(&self, since: u32, changed: Vec<Arc<ChangedKeys>>) -> Export {
         let overlay = self.maps.clone();
         let (first, operator) = (self.first, self.operator.clone());
-        Box::new(move || {
-            let over = encode_overlay(&overlay, Some(since), &operator)?;
-            let mut out = Exported { base: false, entries: Vec::new(), removed: Vec::new() };
-            for ((group, log), layer) in (first..).zip(&changed).zip(&over) {
+        Box::new(move |sink| {
+            for ((group, log), map) in (first..).zip(&changed).zip(&overlay) {
+                let layer = encode_layer(map, Some(since), &operator)?;
+                // A key is either written or removed.
+                let mut out = Exported { base: false, entries: Vec::new(), removed: Vec::new() };
                 for (key, (_, value)) in log.iter().filter(|(k, (e, _))| *e > since && !layer.contains_key(&***k)) {
                     match value {
                         Some(value) => out.entries.push((group, key.to_vec(), value.to_vec())),
                         None => out.removed.push((group, key.to_vec())),
                     }
                 }
-            }
-            for (group, layer) in (first..).zip(over) {
                 for (key, value) in layer {
                     match value {
                         Some(value) => out.entries.push((group, key, value)),
                         None => out.removed.push((group, key)),
                     }
                 }
+                flush_part(out, sink)?;
             }
-            Ok(out)
+            Ok(false)
         })
     }
+}
+
+/// Passes on what is left of key group `group`'s layer (the cache's
+/// changed entries the table did not hold), in parts.
+fn rest(group: u16, layer: Layer, sink: &mut ExportSink<'_>) -> Result<()> {
+    let mut part = Exported::full(Vec::new());
+    for (key, value) in layer {
+        if let Some(value) = value {
+            push_part(&mut part, (group, key, value), sink)?;
+        }
+    }
+    flush_part(part, sink)
 }
 
 /// One key group's changed entries, encoded: key → value, `None` if removed.
 type Layer = ObjectMap<Vec<u8>, Option<Vec<u8>>>;
 
-/// The encoded changed entries of the cache (changed after `since`, if
-/// given), per key group: encoded key → encoded value, `None` if removed.
-fn encode_overlay<K: Key, V: Data>(
-    maps: &[Arc<CacheMap<K, V>>],
-    since: Option<u32>,
-    operator: &str,
-) -> Result<Vec<Layer>> {
-    maps.iter()
-        .map(|map| {
-            let mut layer = Layer::default();
-            for (k, entry) in map.iter() {
-                if !entry.dirty || since.is_some_and(|s| entry.stamp <= s) {
-                    continue;
-                }
-                let value = match &entry.value {
-                    Some(v) => {
-                        let mut bytes = Vec::new();
-                        v.encode(&mut bytes).map_err(|e| codec_error(operator, e))?;
-                        Some(bytes)
-                    }
-                    None => None,
-                };
-                layer.insert(crate::key::encode(k), value);
+/// The encoded changed entries of one key group's map (changed after
+/// `since`, if given).
+fn encode_layer<K: Key, V: Data>(map: &CacheMap<K, V>, since: Option<u32>, operator: &str) -> Result<Layer> {
+    let mut layer = Layer::default();
+    for (k, entry) in map.iter() {
+        if !entry.dirty || since.is_some_and(|s| entry.stamp <= s) {
+            continue;
+        }
+        let value = match &entry.value {
+            Some(v) => {
+                let mut bytes = Vec::new();
+                v.encode(&mut bytes).map_err(|e| codec_error(operator, e))?;
+                Some(bytes)
             }
-            Ok(layer)
-        })
-        .collect()
+            None => None,
+        };
+        layer.insert(crate::key::encode(k), value);
+    }
+    Ok(layer)
 }

@@ -292,21 +292,29 @@ impl StateTable for FjallTable {
         self.keyspace.remove(k).map_err(|e| state_error(&self.operator, "delete", &e))
     }
 
-    /// Takes an fjall snapshot now (cheap: MVCC) and reads it later.
+    /// Takes an fjall snapshot now (cheap: MVCC) and reads it later, a key
+    /// group (or [`EXPORT_PART`](crate::state::EXPORT_PART) entries of one)
+    /// at a time.
     fn export_deferred(&mut self, groups: std::ops::Range<u16>) -> Result<crate::state::Export> {
         let snapshot = self.db.snapshot();
         let keyspace = self.keyspace.clone();
         let operator = self.operator.clone();
-        Ok(Box::new(move || {
+        Ok(Box::new(move |sink| {
             use fjall::Readable;
-            let mut out = Vec::new();
             for group in groups {
+                let mut part = Vec::new();
                 for guard in snapshot.prefix(&keyspace, group.to_be_bytes()) {
                     let (k, v) = guard.into_inner().map_err(|e| state_error(&operator, "snapshot read", &e))?;
-                    out.push((group, k.get(2..).unwrap_or_default().to_vec(), v.to_vec()));
+                    part.push((group, k.get(2..).unwrap_or_default().to_vec(), v.to_vec()));
+                    if part.len() >= crate::state::EXPORT_PART {
+                        sink(crate::state::Exported::full(std::mem::take(&mut part)))?;
+                    }
+                }
+                if !part.is_empty() {
+                    sink(crate::state::Exported::full(part))?;
                 }
             }
-            Ok(crate::state::Exported::full(out))
+            Ok(true)
         }))
     }
 

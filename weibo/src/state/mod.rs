@@ -151,12 +151,23 @@ pub trait StateTable: Send {
     ///
     /// # Errors
     /// [`Error::State`] when the storage fails.
+    /// The export passes one part per key group that has entries, or
+    /// several of at most [`EXPORT_PART`] entries, in key-group order.
     fn export_deferred(&mut self, groups: Range<u16>) -> Result<Export> {
-        let mut out = Vec::new();
+        let mut parts = Vec::new();
         for group in groups {
+            let mut out = Vec::new();
             self.scan_group(group, &mut |k, v| out.push((group, k.to_vec(), v.to_vec())))?;
+            if !out.is_empty() {
+                parts.push(Exported::full(out));
+            }
         }
-        Ok(Box::new(move || Ok(Exported::full(out))))
+        Ok(Box::new(move |sink| {
+            for part in parts {
+                sink(part)?;
+            }
+            Ok(true)
+        }))
     }
 }
 
@@ -518,6 +529,9 @@ impl<K: Key, V: Data> ValueState<K, V> {
 /// encoded key, encoded value).
 pub type Entries = Vec<(u16, Vec<u8>, Vec<u8>)>;
 
+/// Keys removed, by key group: (key group, encoded key).
+pub type RemovedKeys = Vec<(u16, Vec<u8>)>;
+
 /// State exported for a checkpoint.
 #[derive(Debug, Default)]
 pub struct Exported {
@@ -538,8 +552,57 @@ impl Exported {
     }
 }
 
-/// State taken at a barrier, encoded when called (off the operator's task).
-pub type Export = Box<dyn FnOnce() -> Result<Exported> + Send>;
+/// Receives an export's entries a part at a time.
+pub type ExportSink<'a> = dyn FnMut(Exported) -> Result<()> + 'a;
+
+/// State taken at a barrier, encoded when called (off the operator's
+/// task): it passes the entries to the sink a part at a time, so that they
+/// are never all in memory at once (for value state, a part holds one key
+/// group, or some of one, in key-group order; a part's removals apply
+/// before its entries, and a delta's removals come before its entries), and
+/// returns whether they are a base.
+pub type Export = Box<dyn FnOnce(&mut ExportSink<'_>) -> Result<bool> + Send>;
+
+/// The most entries an export passes in one part.
+pub const EXPORT_PART: usize = 65_536;
+
+/// An export of state already taken, in one part.
+pub fn ready(out: Exported) -> Export {
+    Box::new(move |sink| {
+        let base = out.base;
+        sink(out)?;
+        Ok(base)
+    })
+}
+
+/// Runs an export and gathers its parts into one.
+///
+/// # Errors
+/// The export's.
+pub fn collect(export: Export) -> Result<Exported> {
+    let mut all = Exported::default();
+    all.base = export(&mut |part: Exported| {
+        all.entries.extend(part.entries);
+        all.removed.extend(part.removed);
+        Ok(())
+    })?;
+    Ok(all)
+}
+
+/// Adds `entry` to `part`, passing `part` on when it is full.
+fn push_part(part: &mut Exported, entry: (u16, Vec<u8>, Vec<u8>), sink: &mut ExportSink<'_>) -> Result<()> {
+    part.entries.push(entry);
+    if part.entries.len() >= EXPORT_PART {
+        let full = std::mem::replace(part, Exported { base: part.base, entries: Vec::new(), removed: Vec::new() });
+        sink(full)?;
+    }
+    Ok(())
+}
+
+/// Passes `part` on unless it is empty.
+fn flush_part(part: Exported, sink: &mut ExportSink<'_>) -> Result<()> {
+    if part.entries.is_empty() && part.removed.is_empty() { Ok(()) } else { sink(part) }
+}
 
 fn codec_error(operator: &str, source: crate::codec::CodecError) -> Error {
     Error::Codec { operator: operator.to_string(), source }
@@ -555,7 +618,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// # Errors
     /// As [`ValueState::update`].
     pub fn export(&mut self) -> Result<Entries> {
-        Ok(self.export_deferred()?()?.entries)
+        Ok(collect(self.export_deferred()?)?.entries)
     }
 
     /// All entries as of now, to encode later (see
@@ -628,9 +691,16 @@ impl<K: Key, V: Data> ValueState<K, V> {
             Store::Objects(maps) => {
                 let shared: Vec<(u16, Arc<StampedMap<K, V>>)> = self.groups.clone().zip(maps.iter().cloned()).collect();
                 let operator = self.operator.clone();
-                Ok(Box::new(move || {
-                    let mut out = Exported { base, entries: Vec::new(), removed: Vec::new() };
+                Ok(Box::new(move |sink| {
+                    // A delta's removals first: a key removed and then set
+                    // again is in both.
+                    let mut gone = Exported { base, entries: Vec::new(), removed: Vec::new() };
+                    for (group, keys) in removed {
+                        gone.removed.extend(keys.iter().map(|(k, _)| (group, crate::key::encode(k))));
+                    }
+                    flush_part(gone, sink)?;
                     for (group, map) in shared {
+                        let mut part = Exported { base, entries: Vec::new(), removed: Vec::new() };
                         for (k, (v, stamp)) in map.iter() {
                             if since.is_some_and(|s| *stamp <= s) {
                                 continue;
@@ -639,17 +709,11 @@ impl<K: Key, V: Data> ValueState<K, V> {
                             k.encode_key(&mut key);
                             let mut value = Vec::new();
                             v.encode(&mut value).map_err(|e| codec_error(&operator, e))?;
-                            out.entries.push((group, key, value));
+                            push_part(&mut part, (group, key, value), sink)?;
                         }
+                        flush_part(part, sink)?;
                     }
-                    if !base {
-                        for (group, keys) in removed {
-                            for (k, _) in keys {
-                                out.removed.push((group, crate::key::encode(&k)));
-                            }
-                        }
-                    }
-                    Ok(out)
+                    Ok(base)
                 }))
             }
             Store::Cached(store) => match since {
@@ -661,17 +725,19 @@ impl<K: Key, V: Data> ValueState<K, V> {
                 Some(since) => {
                     let changed: Vec<(u16, Arc<ChangedKeys>)> =
                         self.groups.clone().zip(self.changed.iter().cloned()).collect();
-                    Ok(Box::new(move || {
-                        let mut out = Exported { base: false, entries: Vec::new(), removed: Vec::new() };
+                    Ok(Box::new(move |sink| {
+                        // A key is either written or removed: one part per key group.
                         for (group, keys) in changed {
+                            let mut out = Exported { base: false, entries: Vec::new(), removed: Vec::new() };
                             for (key, (_, value)) in keys.iter().filter(|(_, (e, _))| *e > since) {
                                 match value {
                                     Some(value) => out.entries.push((group, key.to_vec(), value.to_vec())),
                                     None => out.removed.push((group, key.to_vec())),
                                 }
                             }
+                            flush_part(out, sink)?;
                         }
-                        Ok(out)
+                        Ok(false)
                     }))
                 }
             },
@@ -684,25 +750,53 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// # Errors
     /// [`Error::State`] or [`Error::Codec`] for entries that do not decode.
     pub fn import(&mut self, entries: Entries) -> Result<()> {
+        self.import_part(entries, Vec::new())
+    }
+
+    /// Loads a part of a checkpoint: removes `removed`, then sets `entries`
+    /// (see [`Restore`](crate::checkpoint) chains: a delta's part removes
+    /// and then puts).
+    ///
+    /// # Errors
+    /// As [`ValueState::import`].
+    pub fn import_part(&mut self, entries: Entries, removed: RemovedKeys) -> Result<()> {
+        let owned = |group: &u16| {
+            if self.groups.contains(group) {
+                Ok(())
+            } else {
+                Err(Error::Internal(format!(
+                    "operator `{}` got key group {group}, but owns {:?}",
+                    self.operator, self.groups
+                )))
+            }
+        };
+        for (group, key) in &removed {
+            owned(group)?;
+            crate::key::decode::<K>(key).map_err(|e| key_error(&self.operator, e))?;
+        }
         if matches!(self.store, Store::Bytes { .. } | Store::Cached(_)) {
             // Checked, then stored as they came, with no read first.
             for (group, key, value) in &entries {
-                if !self.groups.contains(group) {
-                    return Err(Error::Internal(format!(
-                        "operator `{}` got key group {group}, but owns {:?}",
-                        self.operator, self.groups
-                    )));
-                }
+                owned(group)?;
                 crate::key::decode::<K>(key).map_err(|e| key_error(&self.operator, e))?;
                 V::decode(value).map_err(|e| codec_error(&self.operator, e))?;
             }
             return match &mut self.store {
                 Store::Cached(store) => {
-                    store.import(&entries, cache::Tracking { on: self.tracking, changed: &mut self.changed })
+                    store.import(&entries, removed, cache::Tracking { on: self.tracking, changed: &mut self.changed })
                 }
-                Store::Bytes { table, .. } => table.put_all(&entries),
+                Store::Bytes { table, .. } => {
+                    if !removed.is_empty() {
+                        table.apply(removed.into_iter().map(|(g, k)| (g, k, None)).collect())?;
+                    }
+                    table.put_all(&entries)
+                }
                 Store::Objects(_) => Ok(()),
             };
+        }
+        for (group, key) in removed {
+            let k = crate::key::decode::<K>(&key).map_err(|e| key_error(&self.operator, e))?;
+            self.update(group, k, &key, |slot| *slot = None)?;
         }
         for (group, key, value) in entries {
             let k = crate::key::decode::<K>(&key).map_err(|e| key_error(&self.operator, e))?;
@@ -747,7 +841,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// # Errors
     /// As [`ValueState::update`].
     pub fn export(&mut self, operator: &str) -> Result<Entries> {
-        Ok(self.export_deferred(operator)?()?.entries)
+        Ok(collect(self.export_deferred(operator)?)?.entries)
     }
 
     /// The state as of now, to encode later (see
@@ -762,19 +856,22 @@ impl<K: Key, A: Data> WindowState<K, A> {
                 let shared: Vec<(Timestamp, Arc<WindowMap<K, A>>)> =
                     windows.iter().map(|(s, m)| (*s, m.clone())).collect();
                 let operator = operator.to_string();
-                Ok(Box::new(move || {
-                    let mut out = Vec::new();
+                Ok(Box::new(move |sink| {
+                    // One part per window (of many key groups: window state
+                    // is read back whole, not a part at a time).
                     for (start, map) in shared {
+                        let mut part = Exported::full(Vec::new());
                         for (k, (group, acc)) in map.iter() {
                             let mut key = Vec::new();
                             k.encode_key(&mut key);
                             start.encode_key(&mut key);
                             let mut value = Vec::new();
                             acc.encode(&mut value).map_err(|e| codec_error(&operator, e))?;
-                            out.push((*group, key, value));
+                            push_part(&mut part, (*group, key, value), sink)?;
                         }
+                        flush_part(part, sink)?;
                     }
-                    Ok(Exported::full(out))
+                    Ok(true)
                 }))
             }
             // Window state is written whole at every checkpoint.
@@ -1329,18 +1426,23 @@ mod tests {
                 }
                 StateOp::Checkpoint(completes) => {
                     n += 1;
-                    let export = s.export_changes(n, last).unwrap()().unwrap();
+                    let mut parts = Vec::new();
+                    let base = s.export_changes(n, last).unwrap()(&mut |part| {
+                        parts.push(part);
+                        Ok(())
+                    })
+                    .unwrap();
                     if *completes {
-                        let mut restored = if export.base {
-                            BTreeMap::new()
-                        } else {
-                            complete.get(&last).cloned().unwrap_or_default()
-                        };
-                        for (_, key) in &export.removed {
-                            restored.remove(&crate::key::decode::<u8>(key).unwrap());
+                        // As a restore applies them: part by part, removals first.
+                        let mut restored =
+                            if base { BTreeMap::new() } else { complete.get(&last).cloned().unwrap_or_default() };
+                        for part in &parts {
+                            for (_, key) in &part.removed {
+                                restored.remove(&crate::key::decode::<u8>(key).unwrap());
+                            }
+                            restored.extend(decoded(&part.entries));
                         }
-                        restored.extend(decoded(&export.entries));
-                        prop_assert_eq!(&restored, &oracle, "{}: checkpoint {} (base: {})", name, n, export.base);
+                        prop_assert_eq!(&restored, &oracle, "{}: checkpoint {} (base: {})", name, n, base);
                         complete.insert(n, restored);
                         last = n;
                     }
@@ -1394,12 +1496,12 @@ mod tests {
         for key in [1u8, 2, 3] {
             s.update(4, key, &k(key), |v| *v = Some(u64::from(key))).unwrap();
         }
-        let first = s.export_changes(1, 0).unwrap()().unwrap();
+        let first = collect(s.export_changes(1, 0).unwrap()).unwrap();
         assert!(first.base && first.entries.len() == 3, "the first export is a base");
         // Checkpoint 1 completed. Remove 1, change 2.
         s.update(4, 1, &k(1), |v| *v = None).unwrap();
         s.update(4, 2, &k(2), |v| *v = Some(20)).unwrap();
-        let delta = s.export_changes(2, 1).unwrap()().unwrap();
+        let delta = collect(s.export_changes(2, 1).unwrap()).unwrap();
         assert!(!delta.base);
         let mut twenty = Vec::new();
         20u64.encode(&mut twenty).unwrap();
@@ -1408,15 +1510,15 @@ mod tests {
         // Checkpoints 2..=10 never complete; export 11 is a base, which
         // fails too: export 12 must still carry the removal of 1.
         for n in 3..=10 {
-            assert!(!s.export_changes(n, 1).unwrap()().unwrap().base);
+            assert!(!collect(s.export_changes(n, 1).unwrap()).unwrap().base);
         }
-        assert!(s.export_changes(11, 1).unwrap()().unwrap().base, "every tenth export is a base");
-        let after_failed_base = s.export_changes(12, 1).unwrap()().unwrap();
+        assert!(collect(s.export_changes(11, 1).unwrap()).unwrap().base, "every tenth export is a base");
+        let after_failed_base = collect(s.export_changes(12, 1).unwrap()).unwrap();
         assert!(!after_failed_base.base);
         assert_eq!(after_failed_base.removed, vec![(4, k(1))], "{name}: the removal survives the failed base");
         assert!(after_failed_base.entries.iter().any(|(_, key, _)| *key == k(2)));
         // Once a checkpoint after the removal completes, it is not written again.
-        let later = s.export_changes(13, 12).unwrap()().unwrap();
+        let later = collect(s.export_changes(13, 12).unwrap()).unwrap();
         assert!(later.removed.is_empty() && later.entries.is_empty(), "{name}: {later:?}");
     }
 
@@ -1428,14 +1530,14 @@ mod tests {
             // Restored from checkpoint 5: the first checkpoint of this run is 6.
             let mut s = ValueState::<u8, u64>::open(&*backend, &scope()).unwrap();
             s.update(4, 1, &k(1), |v| *v = Some(1)).unwrap();
-            assert!(s.export_changes(6, 5).unwrap()().unwrap().base, "{name}");
+            assert!(collect(s.export_changes(6, 5).unwrap()).unwrap().base, "{name}");
             s.update(4, 2, &k(2), |v| *v = Some(2)).unwrap();
             // Checkpoint 6 failed: 7 cannot build on 5, which lacks key 1.
-            let seventh = s.export_changes(7, 5).unwrap()().unwrap();
+            let seventh = collect(s.export_changes(7, 5).unwrap()).unwrap();
             assert!(seventh.base && seventh.entries.len() == 2, "{name}: {seventh:?}");
             // Checkpoint 7 completed: 8 builds on it.
             s.update(4, 3, &k(3), |v| *v = Some(3)).unwrap();
-            let eighth = s.export_changes(8, 7).unwrap()().unwrap();
+            let eighth = collect(s.export_changes(8, 7).unwrap()).unwrap();
             assert!(!eighth.base, "{name}");
             assert_eq!(eighth.entries.iter().map(|(_, key, _)| key.clone()).collect::<Vec<_>>(), vec![k(3)], "{name}");
         }
@@ -1456,12 +1558,12 @@ mod tests {
             }
             assert_eq!(logged(&s), 0, "{name}: a job without checkpoints keeps no change log");
             s.update(4, 60, &k(60), |v| *v = Some(1)).unwrap();
-            let first = s.export_changes(1, 0).unwrap()().unwrap();
+            let first = collect(s.export_changes(1, 0).unwrap()).unwrap();
             assert!(first.base && first.entries.len() == 1, "{name}: {first:?}");
             s.update(4, 60, &k(60), |v| *v = None).unwrap();
             s.update(4, 1, &k(1), |v| *v = Some(1)).unwrap();
             s.update(4, 1, &k(1), |v| *v = None).unwrap();
-            let delta = s.export_changes(2, 1).unwrap()().unwrap();
+            let delta = collect(s.export_changes(2, 1).unwrap()).unwrap();
             assert!(delta.entries.is_empty(), "{name}: {delta:?}");
             assert!(
                 delta.removed.contains(&(4, k(60))),
