@@ -30,9 +30,11 @@ use crate::key::Key;
 /// The memory a backend's value caches may use together, shared by every
 /// state opened on it.
 ///
-/// The budget counts each cached entry at its inline size (key, value and
-/// bookkeeping, plus the hash map's overhead), not what a `String` or `Vec`
-/// inside points to; it is split evenly between the states that are open.
+/// The budget counts what the caches' hash maps allocate: the room they
+/// have (a map doubles when it grows), at each entry's inline size (key,
+/// value and bookkeeping, plus the map's control byte), not what a `String`
+/// or `Vec` inside an entry points to. It is split evenly between the
+/// states that are open.
 #[derive(Debug)]
 pub struct ObjectCache {
     bytes: usize,
@@ -84,8 +86,9 @@ pub(super) struct CacheStore<K, V> {
     /// Per owned key group: whether the table may hold entries of it (if
     /// not, a miss needs no read).
     in_table: Vec<bool>,
-    /// Entries in `maps`.
-    len: usize,
+    /// Entries `maps` have room for (their capacity, which is what they
+    /// allocate: a map doubles when it grows).
+    held: usize,
     /// Entries the whole budget holds (at this state's entry size).
     entries: usize,
     cache: Arc<ObjectCache>,
@@ -104,7 +107,7 @@ impl<K, V> Drop for CacheStore<K, V> {
 
 impl<K, V> fmt::Debug for CacheStore<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CacheStore").field("len", &self.len).field("entries", &self.entries).finish_non_exhaustive()
+        f.debug_struct("CacheStore").field("held", &self.held).field("entries", &self.entries).finish_non_exhaustive()
     }
 }
 
@@ -132,7 +135,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
             table,
             in_table: groups.clone().map(|_| false).collect(),
             first: groups.start,
-            len: 0,
+            held: 0,
             entries,
             cache,
             next: 0,
@@ -179,7 +182,6 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                     // Created since the last barrier and never written back:
                     // no checkpoint and no table holds it, so it just goes.
                     e.remove();
-                    self.len -= 1;
                 } else {
                     entry.stamp = epoch;
                     entry.dirty = true;
@@ -195,12 +197,14 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 if slot.is_some() || stored {
                     let entry = CachedValue { value: slot, stamp: epoch, born: epoch, dirty: true, stored };
                     if let Some(map) = self.maps.get_mut(index) {
-                        Arc::make_mut(map).insert(key, entry);
-                        self.len += 1;
+                        let map = Arc::make_mut(map);
+                        let before = map.capacity();
+                        map.insert(key, entry);
+                        self.held += map.capacity().saturating_sub(before);
                     }
                     // The share of the budget changes as states open and
                     // close, so it is read again on every insert.
-                    if self.len > self.cache.limit(self.entries) {
+                    if self.held > self.cache.limit(self.entries) {
                         self.shrink(tracking)?;
                     }
                 }
@@ -233,7 +237,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         let groups = self.maps.len();
         let mut tracking = tracking;
         for _ in 0..groups {
-            if self.len <= target {
+            if self.held <= target {
                 break;
             }
             let index = self.next;
@@ -260,7 +264,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         }
         // A checkpoint that shares the map keeps its own reference.
         let map = std::mem::take(slot);
-        self.len -= map.len();
+        self.held = self.held.saturating_sub(map.capacity());
         let group = self.table_group(index);
         let mut writes: super::Writes = Vec::new();
         let mut log = tracking.on.then(|| tracking.changed.get_mut(index)).flatten().map(Arc::make_mut);
