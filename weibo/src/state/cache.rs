@@ -60,7 +60,9 @@ impl ObjectCache {
     }
 }
 
-/// A value in the cache.
+/// A value in the cache. Only [`super::ValueState::update`] brings a value
+/// into the cache, so every cached value is taken to differ from the
+/// table's, and is written back.
 #[derive(Clone)]
 pub(super) struct CachedValue<V> {
     /// The value; `None`: removed, to be deleted from the table.
@@ -69,8 +71,6 @@ pub(super) struct CachedValue<V> {
     stamp: u32,
     /// The epoch it entered the cache in.
     born: u32,
-    /// Whether it differs from the table.
-    dirty: bool,
     /// Whether the table may hold the key.
     stored: bool,
 }
@@ -184,7 +184,6 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                     e.remove();
                 } else {
                     entry.stamp = epoch;
-                    entry.dirty = true;
                 }
                 r
             }
@@ -195,7 +194,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 let stored = slot.is_some();
                 let r = f(&mut slot);
                 if slot.is_some() || stored {
-                    let entry = CachedValue { value: slot, stamp: epoch, born: epoch, dirty: true, stored };
+                    let entry = CachedValue { value: slot, stamp: epoch, born: epoch, stored };
                     if let Some(map) = self.maps.get_mut(index) {
                         let map = Arc::make_mut(map);
                         let before = map.capacity();
@@ -269,9 +268,6 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         let mut writes: super::Writes = Vec::new();
         let mut log = tracking.on.then(|| tracking.changed.get_mut(index)).flatten().map(Arc::make_mut);
         for (k, entry) in map.iter() {
-            if !entry.dirty {
-                continue;
-            }
             let key = crate::key::encode(k);
             let value = match &entry.value {
                 Some(v) => {
@@ -452,7 +448,7 @@ type Layer = ObjectMap<Vec<u8>, Option<Vec<u8>>>;
 fn encode_layer<K: Key, V: Data>(map: &CacheMap<K, V>, since: Option<u32>, operator: &str) -> Result<Layer> {
     let mut layer = Layer::default();
     for (k, entry) in map.iter() {
-        if !entry.dirty || since.is_some_and(|s| entry.stamp <= s) {
+        if since.is_some_and(|s| entry.stamp <= s) {
             continue;
         }
         let value = match &entry.value {
