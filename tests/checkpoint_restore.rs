@@ -318,6 +318,84 @@ async fn incremental_checkpoints(on_fjall: bool) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_checkpoints_after_the_first_write_only_what_changed() {
+    incremental_window_checkpoints(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_checkpoints_of_fjall_state_after_the_first_write_only_what_changed() {
+    incremental_window_checkpoints(true).await;
+}
+
+/// One hour-long window over the events of [`fill_then_trickle`]: its
+/// state is 10,000 accumulators once filled, of which the trickle changes
+/// 5, so checkpoints after the fill are deltas far smaller than a base.
+async fn incremental_window_checkpoints(on_fjall: bool) {
+    use weibo::time::WatermarkStrategy;
+    use weibo::window::{Tumbling, WindowResult};
+    let dir = tempfile::tempdir().unwrap();
+    let states = tempfile::tempdir().unwrap();
+    let runs = std::cell::Cell::new(0);
+    let build = |rate: f64, out: &CollectSink<(u64, u64)>| {
+        let mut job = Job::new("incremental-windows")
+            .with_checkpoints(dir.path(), Duration::from_millis(30))
+            .with_max_key_groups(16);
+        if on_fjall {
+            runs.set(runs.get() + 1);
+            let state = states.path().join(format!("run-{}", runs.get()));
+            job = job.with_state_backend(weibo::state::FjallBackend::open(state).unwrap());
+        }
+        job.source(Generator::new(40_000, fill_then_trickle).with_rate(rate))
+            .name("events")
+            .with_timestamps(|_: &(u64, u64)| 0, WatermarkStrategy::monotonous())
+            .key_by(|e: &(u64, u64)| e.0)
+            .with_partitions(2)
+            .window(Tumbling::of(Duration::from_secs(3600)))
+            .reduce(|a, b| (a.0, a.1 + b.1))
+            .name("hourly")
+            .map(|r: WindowResult<u64, (u64, u64)>| (r.key, r.value.1))
+            .sink(out.clone());
+        job
+    };
+    let out = CollectSink::new();
+    let handle = build(20_000.0, &out).spawn().unwrap();
+    for _ in 0..1000 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let read = handle.metrics().operator("events").map_or(0, |m| m.records_out);
+        if read > 16_000 {
+            break;
+        }
+    }
+    handle.abort();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let (_, newest) = weibo::checkpoint::complete_checkpoints(dir.path()).into_iter().next().unwrap();
+    let manifest = weibo::checkpoint::read_manifest(&newest).unwrap();
+    let chain: Vec<_> = manifest.states.iter().filter(|s| s.operator == "hourly").collect();
+    let size = |file: &str| std::fs::metadata(newest.join(file)).unwrap().len();
+    let bases: Vec<u64> = chain.iter().filter(|s| s.base).map(|s| size(&s.file)).collect();
+    let deltas: Vec<u64> = chain.iter().filter(|s| !s.base).map(|s| size(&s.file)).collect();
+    assert!(!deltas.is_empty(), "the newest checkpoint extends a chain: {chain:?}");
+    let (biggest_base, smallest_delta) = (bases.iter().max().unwrap(), deltas.iter().min().unwrap());
+    assert!(
+        smallest_delta * 10 < *biggest_base,
+        "a checkpoint of 5 changed accumulators writes far less than one of 10,000 ({smallest_delta} vs {biggest_base} bytes)"
+    );
+
+    // Restoring the chain gives the window results of a run that never stopped.
+    let out = CollectSink::new();
+    build(1e9, &out).run().await.unwrap();
+    let mut want: BTreeMap<u64, u64> = BTreeMap::new();
+    for i in 0..40_000 {
+        let (k, v) = fill_then_trickle(i);
+        *want.entry(k).or_default() += v;
+    }
+    let got: BTreeMap<u64, u64> = out.values().into_iter().collect();
+    assert_eq!(got.len(), out.values().len(), "one result per key");
+    assert_eq!(got, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_go_on_after_a_source_has_finished() {
     const SMALL: u64 = 100;
     let small_event = |i: u64| (i % 3, 1_000_000 + i);

@@ -878,8 +878,8 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
 
     window_control!();
 
-    fn snapshot(&mut self, _at: Barrier) -> Result<Vec<StateSnapshot>> {
-        let entries = self.state.export_deferred(&self.common.info.name)?;
+    fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
+        let entries = self.state.export_changes(&self.common.info.name, at.n, at.since)?;
         Ok(vec![StateSnapshot { state: "windows", codec: W::Acc::codec_id().to_string(), entries }])
     }
 

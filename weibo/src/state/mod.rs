@@ -851,32 +851,95 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// # Errors
     /// As [`ValueState::update`].
     pub fn export_deferred(&mut self, operator: &str) -> Result<Export> {
-        match &mut self.store {
-            WindowStore::Objects { windows, .. } => {
-                let shared: Vec<(Timestamp, Arc<WindowMap<K, A>>)> =
-                    windows.iter().map(|(s, m)| (*s, m.clone())).collect();
-                let operator = operator.to_string();
-                Ok(Box::new(move |sink| {
-                    // One part per window (of many key groups: window state
-                    // is read back whole, not a part at a time).
-                    for (start, map) in shared {
-                        let mut part = Exported::full(Vec::new());
-                        for (k, (group, acc)) in map.iter() {
-                            let mut key = Vec::new();
-                            k.encode_key(&mut key);
-                            start.encode_key(&mut key);
-                            let mut value = Vec::new();
-                            acc.encode(&mut value).map_err(|e| codec_error(&operator, e))?;
-                            push_part(&mut part, (*group, key, value), sink)?;
-                        }
-                        flush_part(part, sink)?;
-                    }
-                    Ok(true)
-                }))
+        self.export_at(operator, None)
+    }
+
+    /// The state at barrier `checkpoint`, to encode later: all of it (a
+    /// base), or what changed since checkpoint `since`, the last complete
+    /// one (a delta), chosen as for value state (see
+    /// [`ValueState::export_changes`]), except that in memory a base is
+    /// also written whenever more accumulators were removed since the last
+    /// base than the windows hold.
+    ///
+    /// # Errors
+    /// As [`ValueState::update`].
+    pub fn export_changes(&mut self, operator: &str, checkpoint: u64, since: u64) -> Result<Export> {
+        self.export_at(operator, Some((checkpoint, since)))
+    }
+
+    fn export_at(&mut self, operator: &str, at: Option<(u64, u64)>) -> Result<Export> {
+        let (windows, log) = match &mut self.store {
+            WindowStore::Objects { windows, log, .. } => (windows, log),
+            WindowStore::Bytes { values, .. } => {
+                return match at {
+                    Some((n, since)) => values.export_changes(n, since),
+                    None => values.export_deferred(),
+                };
             }
-            // Window state is written whole at every checkpoint.
-            WindowStore::Bytes { values, .. } => values.export_deferred(),
+        };
+        let since = match at {
+            Some((_, since))
+                if log.first_base.is_some_and(|first| since >= first)
+                    && !log.since_full.is_multiple_of(FULL_CHECKPOINT_EVERY) =>
+            {
+                Some(since as u32)
+            }
+            _ => None,
+        };
+        let mut purged = Vec::new();
+        let mut removed = Vec::new();
+        if let Some((n, completed)) = at {
+            log.first_base.get_or_insert(n);
+            log.since_full = if since.is_some() { log.since_full + 1 } else { 1 };
+            log.epoch = (n + 1) as u32;
+            // Removals a complete checkpoint holds are not needed again.
+            let pending = |e: u32| u64::from(e) > completed;
+            log.purged.retain(|(e, _, _)| pending(*e));
+            log.removed.retain(|(e, _, _, _)| pending(*e));
+            log.removed_len = log.purged.iter().map(|(_, _, m)| m.len()).sum::<usize>() + log.removed.len();
+            if since.is_some() {
+                purged = log.purged.iter().map(|(_, start, map)| (*start, map.clone())).collect();
+                removed = log.removed.iter().map(|(_, g, start, k)| (*g, *start, k.clone())).collect();
+            }
         }
+        let shared: Vec<(Timestamp, Arc<WindowMap<K, A>>)> = windows.iter().map(|(s, m)| (*s, m.clone())).collect();
+        let operator = operator.to_string();
+        let base = since.is_none();
+        let key_of = |k: &K, start: Timestamp| {
+            let mut key = Vec::new();
+            k.encode_key(&mut key);
+            start.encode_key(&mut key);
+            key
+        };
+        Ok(Box::new(move |sink| {
+            // A delta's removals first: a window purged and opened again
+            // (late records) has its new accumulators among the entries.
+            let mut gone = Exported { base, entries: Vec::new(), removed: Vec::new() };
+            for (start, map) in &purged {
+                for (k, (group, _, _)) in map.iter() {
+                    gone.removed.push((*group, key_of(k, *start)));
+                }
+            }
+            for (group, start, k) in &removed {
+                gone.removed.push((*group, key_of(k, *start)));
+            }
+            flush_part(gone, sink)?;
+            // One part per window (of many key groups: window state is
+            // read back whole, not a part at a time).
+            for (start, map) in shared {
+                let mut part = Exported { base, entries: Vec::new(), removed: Vec::new() };
+                for (k, (group, acc, stamp)) in map.iter() {
+                    if since.is_some_and(|s| *stamp <= s) {
+                        continue;
+                    }
+                    let mut value = Vec::new();
+                    acc.encode(&mut value).map_err(|e| codec_error(&operator, e))?;
+                    push_part(&mut part, (*group, key_of(k, start), value), sink)?;
+                }
+                flush_part(part, sink)?;
+            }
+            Ok(base)
+        }))
     }
 
     /// Loads accumulators from a checkpoint.
@@ -992,13 +1055,80 @@ impl<K: Key> TimerState<K> {
 }
 
 /// One window's accumulators in memory: key → (key group, accumulator).
-type WindowMap<K, A> = hashbrown::HashMap<K, (u16, A), FxBuildHasher>;
+/// One window's accumulators in memory: key → (key group, accumulator,
+/// epoch of its last change).
+type WindowMap<K, A> = hashbrown::HashMap<K, (u16, A, u32), FxBuildHasher>;
+
+/// A window purged: the epoch, its start, and its accumulators (whose keys
+/// deltas remove).
+type PurgedWindow<K, A> = (u32, Timestamp, Arc<WindowMap<K, A>>);
+
+/// What incremental checkpoints of in-memory windows need: the epoch
+/// changes are stamped with, which checkpoint a delta may build on, and
+/// what was removed since the last complete checkpoint (whole windows
+/// purged, single accumulators removed), each with its epoch.
+struct WindowLog<K, A> {
+    epoch: u32,
+    since_full: u32,
+    /// The first base exported since the log was last dropped: a delta
+    /// needs a complete checkpoint at or after it. `None`: the next export
+    /// is a base, and nothing needs logging until then.
+    first_base: Option<u64>,
+    purged: Vec<PurgedWindow<K, A>>,
+    removed: Vec<(u32, u16, Timestamp, K)>,
+    /// Accumulators in `purged` and `removed`.
+    removed_len: usize,
+    /// Accumulators in the open windows.
+    live: usize,
+}
+
+impl<K, A> Default for WindowLog<K, A> {
+    fn default() -> Self {
+        Self {
+            epoch: 0,
+            since_full: 0,
+            first_base: None,
+            purged: Vec::new(),
+            removed: Vec::new(),
+            removed_len: 0,
+            live: 0,
+        }
+    }
+}
+
+impl<K, A> WindowLog<K, A> {
+    /// Whether removals are logged: once a base has been exported.
+    fn logging(&self) -> bool {
+        self.first_base.is_some()
+    }
+
+    /// `n` more accumulators removed. When the log holds more than the
+    /// windows do, a delta would outweigh a base: the log is dropped and
+    /// the next export is a base (windows that fire soon after they open,
+    /// like short tumbling windows, are written whole).
+    fn grew(&mut self, n: usize) {
+        self.removed_len += n;
+        if self.removed_len > self.live.max(WINDOW_LOG_MIN) {
+            self.first_base = None;
+            self.purged.clear();
+            self.removed.clear();
+            self.removed_len = 0;
+        }
+    }
+}
+
+/// Removals a window log holds before it may give up on deltas (few in
+/// tests, so that they give up often).
+#[cfg(not(test))]
+const WINDOW_LOG_MIN: usize = EXPORT_PART;
+#[cfg(test)]
+const WINDOW_LOG_MIN: usize = 4;
 
 enum WindowStore<K, A> {
     /// Window-major in memory: per window start, the keys' accumulators.
     /// Each window's map is shared with the checkpoint being written, if
     /// any, and copied on the first write after it.
-    Objects { windows: BTreeMap<Timestamp, Arc<WindowMap<K, A>>>, pool: Vec<WindowMap<K, A>> },
+    Objects { windows: BTreeMap<Timestamp, Arc<WindowMap<K, A>>>, pool: Vec<WindowMap<K, A>>, log: WindowLog<K, A> },
     /// Accumulators in a byte table by (key, window start), with an index of
     /// which keys each window holds.
     Bytes { values: ValueState<(K, Timestamp), A>, index: BTreeMap<Timestamp, DueKeys<K>>, buf: Vec<u8> },
@@ -1024,7 +1154,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// [`Error::State`] when the backend cannot open it.
     pub fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
         let store = if backend.keeps_objects() {
-            WindowStore::Objects { windows: BTreeMap::new(), pool: Vec::new() }
+            WindowStore::Objects { windows: BTreeMap::new(), pool: Vec::new(), log: WindowLog::default() }
         } else {
             WindowStore::Bytes { values: ValueState::open(backend, scope)?, index: BTreeMap::new(), buf: Vec::new() }
         };
@@ -1047,23 +1177,36 @@ impl<K: Key, A: Data> WindowState<K, A> {
         f: impl FnOnce(&mut Option<A>) -> R,
     ) -> Result<R> {
         match &mut self.store {
-            WindowStore::Objects { windows, pool } => {
+            WindowStore::Objects { windows, pool, log } => {
                 let map = windows.entry(start).or_insert_with(|| Arc::new(pool.pop().unwrap_or_default()));
+                let epoch = log.epoch;
                 Ok(match Arc::make_mut(map).entry(key) {
                     Entry::Occupied(e) => {
                         let mut result = None;
-                        let _ = e.replace_entry_with(|_, (g, value)| {
+                        let mut gone = None;
+                        let _ = e.replace_entry_with(|k, (g, value, _)| {
                             let mut slot = Some(value);
                             result = Some(f(&mut slot));
-                            slot.map(|v| (g, v))
+                            if slot.is_none() {
+                                gone = Some((g, k.clone()));
+                            }
+                            slot.map(|v| (g, v, epoch))
                         });
+                        if let Some((g, k)) = gone {
+                            log.live = log.live.saturating_sub(1);
+                            if log.logging() {
+                                log.removed.push((epoch, g, start, k));
+                                log.grew(1);
+                            }
+                        }
                         result.ok_or_else(|| Error::Internal("window update closure was not called".into()))?
                     }
                     Entry::Vacant(e) => {
                         let mut slot = None;
                         let r = f(&mut slot);
                         if let Some(value) = slot {
-                            e.insert((group, value));
+                            e.insert((group, value, epoch));
+                            log.live += 1;
                         }
                         r
                     }
@@ -1112,20 +1255,26 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// As [`ValueState::update`].
     pub fn for_each_in_window(&mut self, start: Timestamp, purge: bool, mut f: impl FnMut(&K, u16, &A)) -> Result<()> {
         match &mut self.store {
-            WindowStore::Objects { windows, pool } => {
+            WindowStore::Objects { windows, pool, log } => {
                 if purge {
                     if let Some(map) = windows.remove(&start) {
-                        for (k, (g, a)) in map.iter() {
+                        for (k, (g, a, _)) in map.iter() {
                             f(k, *g, a);
                         }
-                        // Reuse the map unless a checkpoint still reads it.
-                        if let Ok(mut map) = Arc::try_unwrap(map) {
+                        log.live = log.live.saturating_sub(map.len());
+                        if log.logging() && !map.is_empty() {
+                            // Its keys are removed in the next deltas.
+                            let n = map.len();
+                            log.purged.push((log.epoch, start, map));
+                            log.grew(n);
+                        } else if let Ok(mut map) = Arc::try_unwrap(map) {
+                            // Reuse the map unless a checkpoint still reads it.
                             map.clear();
                             pool.push(map);
                         }
                     }
                 } else if let Some(map) = windows.get(&start) {
-                    for (k, (g, a)) in map.iter() {
+                    for (k, (g, a, _)) in map.iter() {
                         f(k, *g, a);
                     }
                 }
@@ -1478,6 +1627,134 @@ mod tests {
         ) {
             for (backend, _dir) in backends() {
                 model_run(&*backend, &ops)?;
+            }
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum WindowOp {
+        Add(i64, u8, u64),
+        Remove(i64, u8),
+        Purge(i64),
+        Checkpoint(bool),
+        Restore,
+    }
+
+    fn window_op() -> impl proptest::strategy::Strategy<Value = WindowOp> {
+        use proptest::prelude::*;
+        let start = prop::sample::select(vec![0i64, 10, 20, 30]);
+        prop_oneof![
+            8 => (start.clone(), 0u8..12, 1u64..100).prop_map(|(s, k, v)| WindowOp::Add(s, k, v)),
+            1 => (start.clone(), 0u8..12).prop_map(|(s, k)| WindowOp::Remove(s, k)),
+            2 => start.prop_map(WindowOp::Purge),
+            2 => proptest::bool::weighted(0.8).prop_map(WindowOp::Checkpoint),
+            1 => Just(WindowOp::Restore),
+        ]
+    }
+
+    /// Window state against a `BTreeMap` of (window start, key) → sum,
+    /// across checkpoints (bases and deltas) and restores, as
+    /// [`model_run`] does for value state.
+    fn window_model_run(
+        backend: &dyn StateBackend,
+        ops: &[WindowOp],
+    ) -> std::result::Result<(), proptest::test_runner::TestCaseError> {
+        use proptest::prop_assert_eq;
+        let name = backend.name();
+        let kb = |key: u8| crate::key::encode(&key);
+        let open = |run: u32| {
+            let scope = StateScope { state: format!("w{run}"), ..scope() };
+            WindowState::<u8, u64>::open(backend, &scope).unwrap()
+        };
+        let contents = |w: &mut WindowState<u8, u64>| {
+            let mut all = BTreeMap::new();
+            for start in w.windows_from(i64::MIN) {
+                w.for_each_in_window(start, false, |k, g, v| {
+                    assert_eq!(g, group_of(*k));
+                    all.insert((start, *k), *v);
+                })
+                .unwrap();
+            }
+            all
+        };
+        let mut run = 0;
+        let mut w = open(run);
+        let mut oracle: BTreeMap<(i64, u8), u64> = BTreeMap::new();
+        let mut complete: BTreeMap<u64, BTreeMap<(i64, u8), u64>> = BTreeMap::new();
+        let (mut n, mut last) = (0u64, 0u64);
+        for op in ops {
+            match op {
+                WindowOp::Add(start, key, v) => {
+                    w.update(*start, group_of(*key), *key, &kb(*key), |acc| *acc = Some(acc.unwrap_or(0) + v)).unwrap();
+                    *oracle.entry((*start, *key)).or_insert(0) += v;
+                }
+                WindowOp::Remove(start, key) => {
+                    w.update(*start, group_of(*key), *key, &kb(*key), |acc| *acc = None).unwrap();
+                    oracle.remove(&(*start, *key));
+                }
+                WindowOp::Purge(start) => {
+                    w.for_each_in_window(*start, true, |_, _, _| {}).unwrap();
+                    oracle.retain(|(s, _), _| s != start);
+                }
+                WindowOp::Checkpoint(completes) => {
+                    n += 1;
+                    let mut parts = Vec::new();
+                    let base = w.export_changes("op", n, last).unwrap()(&mut |part| {
+                        parts.push(part);
+                        Ok(())
+                    })
+                    .unwrap();
+                    if *completes {
+                        let mut restored =
+                            if base { BTreeMap::new() } else { complete.get(&last).cloned().unwrap_or_default() };
+                        for part in &parts {
+                            for (_, key) in &part.removed {
+                                let (k, start) = crate::key::decode::<(u8, i64)>(key).unwrap();
+                                restored.remove(&(start, k));
+                            }
+                            for (_, key, value) in &part.entries {
+                                let (k, start) = crate::key::decode::<(u8, i64)>(key).unwrap();
+                                restored.insert((start, k), u64::decode(value).unwrap());
+                            }
+                        }
+                        prop_assert_eq!(&restored, &oracle, "{}: checkpoint {} (base: {})", name, n, base);
+                        complete.insert(n, restored);
+                        last = n;
+                    }
+                }
+                WindowOp::Restore => {
+                    run += 1;
+                    w = open(run);
+                    oracle = complete.get(&last).cloned().unwrap_or_default();
+                    let entries: Entries = oracle
+                        .iter()
+                        .map(|((start, k), v)| {
+                            let mut key = kb(*k);
+                            start.encode_key(&mut key);
+                            let mut value = Vec::new();
+                            v.encode(&mut value).unwrap();
+                            (group_of(*k), key, value)
+                        })
+                        .collect();
+                    w.import(entries, "op").unwrap();
+                }
+            }
+            prop_assert_eq!(contents(&mut w), oracle.clone(), "{}: after {:?}", name, op);
+        }
+        Ok(())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+
+        /// Window state on every backend against a `BTreeMap`, across
+        /// checkpoints and restores.
+        #[test]
+        fn window_state_agrees_with_a_btreemap_across_checkpoints_and_restores(
+            ops in proptest::collection::vec(window_op(), 1..160),
+        ) {
+            for (backend, _dir) in backends() {
+                window_model_run(&*backend, &ops)?;
             }
         }
     }
