@@ -254,6 +254,35 @@ fn fill_then_trickle(i: u64) -> (u64, u64) {
     (key, i)
 }
 
+/// Lets `handle` run past the fill of [`fill_then_trickle`] and several
+/// checkpoints of the trickle, aborts it, and checks that the newest
+/// complete checkpoint under `dir` holds `operator`'s state as a chain whose
+/// deltas (5 changed keys) are far smaller than its bases (10,000 keys).
+async fn past_the_fill_deltas_are_small(handle: weibo::JobHandle, dir: &Path, operator: &str) {
+    for _ in 0..1000 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let read = handle.metrics().operator("events").map_or(0, |m| m.records_out);
+        if read > 16_000 {
+            break;
+        }
+    }
+    handle.abort();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let (_, newest) = weibo::checkpoint::complete_checkpoints(dir).into_iter().next().unwrap();
+    let manifest = weibo::checkpoint::read_manifest(&newest).unwrap();
+    let chain: Vec<_> = manifest.states.iter().filter(|s| s.operator == operator).collect();
+    let size = |file: &str| std::fs::metadata(newest.join(file)).unwrap().len();
+    let bases: Vec<u64> = chain.iter().filter(|s| s.base).map(|s| size(&s.file)).collect();
+    let deltas: Vec<u64> = chain.iter().filter(|s| !s.base).map(|s| size(&s.file)).collect();
+    assert!(!deltas.is_empty(), "the newest checkpoint extends a chain: {chain:?}");
+    let (biggest_base, smallest_delta) = (bases.iter().max().unwrap(), deltas.iter().min().unwrap());
+    assert!(
+        smallest_delta * 10 < *biggest_base,
+        "{operator}: a checkpoint of 5 changed keys writes far less than one of 10,000 ({smallest_delta} vs {biggest_base} bytes)"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_after_the_first_write_only_what_changed() {
     incremental_checkpoints(false).await;
@@ -281,30 +310,7 @@ async fn incremental_checkpoints(on_fjall: bool) {
         job
     };
     let out = CollectSink::new();
-    let handle = build(20_000.0, &out).spawn().unwrap();
-    // Past the fill, with several checkpoints of the trickle.
-    for _ in 0..1000 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let read = handle.metrics().operator("events").map_or(0, |m| m.records_out);
-        if read > 16_000 {
-            break;
-        }
-    }
-    handle.abort();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-
-    let (_, newest) = weibo::checkpoint::complete_checkpoints(dir.path()).into_iter().next().unwrap();
-    let manifest = weibo::checkpoint::read_manifest(&newest).unwrap();
-    let chain: Vec<_> = manifest.states.iter().filter(|s| s.operator == "sums").collect();
-    let size = |file: &str| std::fs::metadata(newest.join(file)).unwrap().len();
-    let bases: Vec<u64> = chain.iter().filter(|s| s.base).map(|s| size(&s.file)).collect();
-    let deltas: Vec<u64> = chain.iter().filter(|s| !s.base).map(|s| size(&s.file)).collect();
-    assert!(!deltas.is_empty(), "the newest checkpoint extends a chain: {chain:?}");
-    let (biggest_base, smallest_delta) = (bases.iter().max().unwrap(), deltas.iter().min().unwrap());
-    assert!(
-        smallest_delta * 10 < *biggest_base,
-        "a checkpoint of 5 changed keys writes far less than one of 10,000 ({smallest_delta} vs {biggest_base} bytes)"
-    );
+    past_the_fill_deltas_are_small(build(20_000.0, &out).spawn().unwrap(), dir.path(), "sums").await;
 
     // Restoring the chain gives the state a run that never stopped has.
     let out = CollectSink::new();
@@ -358,29 +364,7 @@ async fn incremental_window_checkpoints(on_fjall: bool) {
         job
     };
     let out = CollectSink::new();
-    let handle = build(20_000.0, &out).spawn().unwrap();
-    for _ in 0..1000 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let read = handle.metrics().operator("events").map_or(0, |m| m.records_out);
-        if read > 16_000 {
-            break;
-        }
-    }
-    handle.abort();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-
-    let (_, newest) = weibo::checkpoint::complete_checkpoints(dir.path()).into_iter().next().unwrap();
-    let manifest = weibo::checkpoint::read_manifest(&newest).unwrap();
-    let chain: Vec<_> = manifest.states.iter().filter(|s| s.operator == "hourly").collect();
-    let size = |file: &str| std::fs::metadata(newest.join(file)).unwrap().len();
-    let bases: Vec<u64> = chain.iter().filter(|s| s.base).map(|s| size(&s.file)).collect();
-    let deltas: Vec<u64> = chain.iter().filter(|s| !s.base).map(|s| size(&s.file)).collect();
-    assert!(!deltas.is_empty(), "the newest checkpoint extends a chain: {chain:?}");
-    let (biggest_base, smallest_delta) = (bases.iter().max().unwrap(), deltas.iter().min().unwrap());
-    assert!(
-        smallest_delta * 10 < *biggest_base,
-        "a checkpoint of 5 changed accumulators writes far less than one of 10,000 ({smallest_delta} vs {biggest_base} bytes)"
-    );
+    past_the_fill_deltas_are_small(build(20_000.0, &out).spawn().unwrap(), dir.path(), "hourly").await;
 
     // Restoring the chain gives the window results of a run that never stopped.
     let out = CollectSink::new();

@@ -1514,16 +1514,71 @@ mod tests {
         4 + u16::from(key % 4)
     }
 
-    /// Decodes a checkpoint's entries into a map.
-    fn decoded(entries: &Entries) -> BTreeMap<u8, u64> {
-        entries
-            .iter()
-            .map(|(g, k, v)| {
-                let key = crate::key::decode::<u8>(k).unwrap();
-                assert_eq!(*g, group_of(key), "an entry carries its key's group");
-                (key, u64::decode(v).unwrap())
+    /// The complete checkpoints of a model test, as a restore sees them.
+    struct Chain<M> {
+        /// Checkpoint number → the state it restores.
+        complete: BTreeMap<u64, BTreeMap<M, u64>>,
+        n: u64,
+        last: u64,
+    }
+
+    impl<M: Ord + Clone> Chain<M> {
+        fn new() -> Self {
+            Self { complete: BTreeMap::new(), n: 0, last: 0 }
+        }
+
+        /// Takes the next checkpoint with `export(n, last complete)`; if it
+        /// completes, applies its parts as a restore does (part by part,
+        /// removals first, on the last complete checkpoint for a delta) and
+        /// returns (its number, whether a base, the state it restores).
+        fn take(
+            &mut self,
+            export: impl FnOnce(u64, u64) -> Export,
+            completes: bool,
+            key: impl Fn(&[u8]) -> M,
+        ) -> Option<(u64, bool, BTreeMap<M, u64>)> {
+            self.n += 1;
+            let mut parts = Vec::new();
+            let base = export(self.n, self.last)(&mut |part| {
+                parts.push(part);
+                Ok(())
             })
-            .collect()
+            .unwrap();
+            if !completes {
+                return None;
+            }
+            let mut restored = if base { BTreeMap::new() } else { self.restored() };
+            for part in &parts {
+                for (_, k) in &part.removed {
+                    restored.remove(&key(k));
+                }
+                for (_, k, v) in &part.entries {
+                    restored.insert(key(k), u64::decode(v).unwrap());
+                }
+            }
+            self.complete.insert(self.n, restored.clone());
+            self.last = self.n;
+            Some((self.n, base, restored))
+        }
+
+        /// The state the last complete checkpoint restores.
+        fn restored(&self) -> BTreeMap<M, u64> {
+            self.complete.get(&self.last).cloned().unwrap_or_default()
+        }
+
+        /// `state` as checkpoint entries, with `key` giving each key's group
+        /// and encoding.
+        fn entries(state: &BTreeMap<M, u64>, key: impl Fn(&M) -> (u16, Vec<u8>)) -> Entries {
+            state
+                .iter()
+                .map(|(m, v)| {
+                    let (group, k) = key(m);
+                    let mut value = Vec::new();
+                    v.encode(&mut value).unwrap();
+                    (group, k, value)
+                })
+                .collect()
+        }
     }
 
     /// Runs `ops` on value state over `backend` and on a `BTreeMap`: every
@@ -1544,9 +1599,7 @@ mod tests {
         };
         let mut s = open(run);
         let mut oracle: BTreeMap<u8, u64> = BTreeMap::new();
-        // Complete checkpoints: number → the state they restore.
-        let mut complete: BTreeMap<u64, BTreeMap<u8, u64>> = BTreeMap::new();
-        let (mut n, mut last) = (0u64, 0u64);
+        let mut chain = Chain::new();
         for op in ops {
             match op {
                 StateOp::Set(key, value) => {
@@ -1574,41 +1627,17 @@ mod tests {
                     prop_assert_eq!(got, want, "{}: scan of group {}", name, group);
                 }
                 StateOp::Checkpoint(completes) => {
-                    n += 1;
-                    let mut parts = Vec::new();
-                    let base = s.export_changes(n, last).unwrap()(&mut |part| {
-                        parts.push(part);
-                        Ok(())
-                    })
-                    .unwrap();
-                    if *completes {
-                        // As a restore applies them: part by part, removals first.
-                        let mut restored =
-                            if base { BTreeMap::new() } else { complete.get(&last).cloned().unwrap_or_default() };
-                        for part in &parts {
-                            for (_, key) in &part.removed {
-                                restored.remove(&crate::key::decode::<u8>(key).unwrap());
-                            }
-                            restored.extend(decoded(&part.entries));
-                        }
+                    let decode = |key: &[u8]| crate::key::decode::<u8>(key).unwrap();
+                    let taken = chain.take(|n, last| s.export_changes(n, last).unwrap(), *completes, decode);
+                    if let Some((n, base, restored)) = taken {
                         prop_assert_eq!(&restored, &oracle, "{}: checkpoint {} (base: {})", name, n, base);
-                        complete.insert(n, restored);
-                        last = n;
                     }
                 }
                 StateOp::Restore => {
                     run += 1;
                     s = open(run);
-                    oracle = complete.get(&last).cloned().unwrap_or_default();
-                    let entries: Entries = oracle
-                        .iter()
-                        .map(|(key, v)| {
-                            let mut value = Vec::new();
-                            v.encode(&mut value).unwrap();
-                            (group_of(*key), k(*key), value)
-                        })
-                        .collect();
-                    s.import(entries).unwrap();
+                    oracle = chain.restored();
+                    s.import(Chain::entries(&oracle, |key| (group_of(*key), k(*key)))).unwrap();
                 }
             }
         }
@@ -1680,8 +1709,7 @@ mod tests {
         let mut run = 0;
         let mut w = open(run);
         let mut oracle: BTreeMap<(i64, u8), u64> = BTreeMap::new();
-        let mut complete: BTreeMap<u64, BTreeMap<(i64, u8), u64>> = BTreeMap::new();
-        let (mut n, mut last) = (0u64, 0u64);
+        let mut chain = Chain::new();
         for op in ops {
             match op {
                 WindowOp::Add(start, key, v) => {
@@ -1697,45 +1725,24 @@ mod tests {
                     oracle.retain(|(s, _), _| s != start);
                 }
                 WindowOp::Checkpoint(completes) => {
-                    n += 1;
-                    let mut parts = Vec::new();
-                    let base = w.export_changes("op", n, last).unwrap()(&mut |part| {
-                        parts.push(part);
-                        Ok(())
-                    })
-                    .unwrap();
-                    if *completes {
-                        let mut restored =
-                            if base { BTreeMap::new() } else { complete.get(&last).cloned().unwrap_or_default() };
-                        for part in &parts {
-                            for (_, key) in &part.removed {
-                                let (k, start) = crate::key::decode::<(u8, i64)>(key).unwrap();
-                                restored.remove(&(start, k));
-                            }
-                            for (_, key, value) in &part.entries {
-                                let (k, start) = crate::key::decode::<(u8, i64)>(key).unwrap();
-                                restored.insert((start, k), u64::decode(value).unwrap());
-                            }
-                        }
+                    let decode = |key: &[u8]| {
+                        let (k, start) = crate::key::decode::<(u8, i64)>(key).unwrap();
+                        (start, k)
+                    };
+                    let taken = chain.take(|n, last| w.export_changes("op", n, last).unwrap(), *completes, decode);
+                    if let Some((n, base, restored)) = taken {
                         prop_assert_eq!(&restored, &oracle, "{}: checkpoint {} (base: {})", name, n, base);
-                        complete.insert(n, restored);
-                        last = n;
                     }
                 }
                 WindowOp::Restore => {
                     run += 1;
                     w = open(run);
-                    oracle = complete.get(&last).cloned().unwrap_or_default();
-                    let entries: Entries = oracle
-                        .iter()
-                        .map(|((start, k), v)| {
-                            let mut key = kb(*k);
-                            start.encode_key(&mut key);
-                            let mut value = Vec::new();
-                            v.encode(&mut value).unwrap();
-                            (group_of(*k), key, value)
-                        })
-                        .collect();
+                    oracle = chain.restored();
+                    let entries = Chain::entries(&oracle, |(start, k)| {
+                        let mut key = kb(*k);
+                        start.encode_key(&mut key);
+                        (group_of(*k), key)
+                    });
                     w.import(entries, "op").unwrap();
                 }
             }
