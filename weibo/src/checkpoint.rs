@@ -321,14 +321,16 @@ pub(crate) fn read_state_file_parts(path: &Path, f: &mut dyn FnMut(StateFile) ->
     }
     let mut index = 0usize;
     loop {
-        let mut len = [0u8; 8];
-        match input.read_exact(&mut len) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && index > 0 => return Ok(()),
-            Err(e) => return Err(bad(path, format!("frame {index} is cut short: {e}"))),
+        if left == 0 && index > 0 {
+            return Ok(());
         }
+        let mut len = [0u8; 8];
+        if left < 8 {
+            return Err(bad(path, format!("frame {index} is cut short: {left} bytes left, a frame's length takes 8")));
+        }
+        input.read_exact(&mut len).map_err(|e| bad(path, format!("frame {index} is cut short: {e}")))?;
         let len = u64::from_le_bytes(len);
-        left = left.saturating_sub(8);
+        left -= 8;
         if len > left {
             return Err(bad(path, format!("frame {index} claims {len} bytes, the file has {left} left")));
         }
@@ -1046,6 +1048,17 @@ mod tests {
         fs::write(&path, &lying).unwrap();
         let err = read_state_file(&path).unwrap_err().to_string();
         assert!(err.contains("frame 1") && err.contains("sum-0-value.state"), "{err}");
+
+        // Bytes after the last frame, with a checksum to match, are refused.
+        let mut trailing = good.clone();
+        trailing.extend_from_slice(&[1, 2, 3]);
+        let len = (trailing.len() - HEADER) as u64;
+        trailing[16..24].copy_from_slice(&len.to_le_bytes());
+        let digest = xxhash_rust::xxh3::xxh3_64(&trailing[HEADER..]);
+        trailing[24..32].copy_from_slice(&digest.to_le_bytes());
+        fs::write(&path, &trailing).unwrap();
+        let err = read_state_file(&path).unwrap_err().to_string();
+        assert!(err.contains("frame 2 is cut short"), "{err}");
     }
 
     #[test]

@@ -30,11 +30,14 @@ use crate::key::Key;
 /// The memory a backend's value caches may use together, shared by every
 /// state opened on it.
 ///
-/// The budget counts what the caches' hash maps allocate: the room they
-/// have (a map doubles when it grows), at each entry's inline size (key,
-/// value and bookkeeping, plus the map's control byte), not what a `String`
-/// or `Vec` inside an entry points to. It is split evenly between the
-/// states that are open.
+/// The budget counts what the caches' hash maps allocate (a map doubles
+/// when it grows; each entry takes its inline size: key, value and
+/// bookkeeping, plus the map's control byte), not what a `String` or `Vec`
+/// inside an entry points to. It is split evenly between the states that
+/// are open. It does not cover the log of values written back since the
+/// last complete checkpoint, which incremental checkpoints need: that log
+/// grows with the write-backs between two complete checkpoints (at most an
+/// encoded copy of every key written back, while checkpoints keep failing).
 #[derive(Debug)]
 pub struct ObjectCache {
     bytes: usize,
@@ -53,10 +56,9 @@ impl ObjectCache {
         self.bytes
     }
 
-    /// How many entries one of the open states may keep, out of `entries`
-    /// for all of them.
-    fn limit(&self, entries: usize) -> usize {
-        entries / self.states.load(Ordering::Relaxed).max(1)
+    /// How many bytes one of the open states may allocate.
+    fn limit(&self) -> usize {
+        self.bytes / self.states.load(Ordering::Relaxed).max(1)
     }
 }
 
@@ -86,11 +88,9 @@ pub(super) struct CacheStore<K, V> {
     /// Per owned key group: whether the table may hold entries of it (if
     /// not, a miss needs no read).
     in_table: Vec<bool>,
-    /// Entries `maps` have room for (their capacity, which is what they
-    /// allocate: a map doubles when it grows).
+    /// Bytes `maps` allocate, as last counted per key group (`counted`).
     held: usize,
-    /// Entries the whole budget holds (at this state's entry size).
-    entries: usize,
+    counted: Vec<usize>,
     cache: Arc<ObjectCache>,
     /// The key group to write back next (round robin).
     next: usize,
@@ -107,7 +107,7 @@ impl<K, V> Drop for CacheStore<K, V> {
 
 impl<K, V> fmt::Debug for CacheStore<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CacheStore").field("held", &self.held).field("entries", &self.entries).finish_non_exhaustive()
+        f.debug_struct("CacheStore").field("held", &self.held).field("groups", &self.maps.len()).finish_non_exhaustive()
     }
 }
 
@@ -124,19 +124,15 @@ pub(super) struct Tracking<'a> {
 }
 
 impl<K: Key, V: Data> CacheStore<K, V> {
-    /// The inline size of one cached entry, with the hash map's overhead.
-    const ENTRY: usize = (size_of::<K>() + size_of::<CachedValue<V>>() + 1) * 8 / 7;
-
     pub(super) fn new(table: Box<dyn StateTable>, cache: Arc<ObjectCache>, groups: Range<u16>, operator: &str) -> Self {
         cache.states.fetch_add(1, Ordering::Relaxed);
-        let entries = cache.bytes / Self::ENTRY;
         Self {
             maps: groups.clone().map(|_| Arc::default()).collect(),
             table,
             in_table: groups.clone().map(|_| false).collect(),
             first: groups.start,
             held: 0,
-            entries,
+            counted: groups.clone().map(|_| 0).collect(),
             cache,
             next: 0,
             operator: operator.to_string(),
@@ -195,15 +191,19 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 let r = f(&mut slot);
                 if slot.is_some() || stored {
                     let entry = CachedValue { value: slot, stamp: epoch, born: epoch, stored };
-                    if let Some(map) = self.maps.get_mut(index) {
+                    if let (Some(map), Some(counted)) = (self.maps.get_mut(index), self.counted.get_mut(index)) {
                         let map = Arc::make_mut(map);
-                        let before = map.capacity();
                         map.insert(key, entry);
-                        self.held += map.capacity().saturating_sub(before);
+                        // Only a growth reallocates: count the group again then.
+                        let size = map.allocation_size();
+                        if size != *counted {
+                            self.held = self.held - *counted + size;
+                            *counted = size;
+                        }
                     }
                     // The share of the budget changes as states open and
                     // close, so it is read again on every insert.
-                    if self.held > self.cache.limit(self.entries) {
+                    if self.held > self.cache.limit() {
                         self.shrink(tracking)?;
                     }
                 }
@@ -231,7 +231,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     /// Writes back key groups in turn until the cache is a quarter below
     /// its limit (so write-backs come in batches).
     fn shrink(&mut self, tracking: Tracking<'_>) -> Result<()> {
-        let limit = self.cache.limit(self.entries);
+        let limit = self.cache.limit();
         let target = limit - limit / 4;
         let groups = self.maps.len();
         let mut tracking = tracking;
@@ -263,7 +263,9 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         }
         // A checkpoint that shares the map keeps its own reference.
         let map = std::mem::take(slot);
-        self.held = self.held.saturating_sub(map.capacity());
+        if let Some(counted) = self.counted.get_mut(index) {
+            self.held -= std::mem::take(counted);
+        }
         let group = self.table_group(index);
         let mut writes: super::Writes = Vec::new();
         let mut log = tracking.on.then(|| tracking.changed.get_mut(index)).flatten().map(Arc::make_mut);
@@ -462,4 +464,48 @@ fn encode_layer<K: Key, V: Data>(map: &CacheMap<K, V>, since: Option<u32>, opera
         layer.insert(crate::key::encode(k), value);
     }
     Ok(layer)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::state::{MemoryBackend, StateBackend, StateScope};
+
+    fn store(bytes: usize) -> CacheStore<u64, u64> {
+        let scope = StateScope {
+            job: "j".into(),
+            operator: "op".into(),
+            state: "s".into(),
+            key_groups: 0..4,
+            max_key_groups: 4,
+        };
+        CacheStore::new(MemoryBackend.open_table(&scope).unwrap(), Arc::new(ObjectCache::new(bytes)), 0..4, "op")
+    }
+
+    /// What the maps allocate, counted afresh.
+    fn allocated(s: &CacheStore<u64, u64>) -> usize {
+        s.maps.iter().map(|m| m.allocation_size()).sum()
+    }
+
+    #[test]
+    fn the_budget_counts_what_the_maps_allocate_through_churn() {
+        let mut s = store(16 << 10);
+        let mut changed: Vec<Arc<ChangedKeys>> = (0..4).map(|_| Arc::default()).collect();
+        for i in 0..50_000u64 {
+            let (key, index) = (i % 3_000, (i % 4) as usize);
+            let bytes = crate::key::encode(&key);
+            let tracking = Tracking { on: false, changed: &mut changed };
+            // Keys come and go (windows opening and firing), and stay a while.
+            s.update(index, index as u16, key, &bytes, 0, tracking, |v| {
+                *v = if i % 7 == 0 { None } else { Some(i) };
+            })
+            .unwrap();
+            assert_eq!(s.held, allocated(&s), "after update {i}");
+            assert!(s.held <= 2 * s.cache.limit(), "after update {i}: {} bytes held", s.held);
+        }
+        // Key 0 was last set at update 48,000 (in key group 0 every time).
+        let last = s.get(0, 0, &0, &crate::key::encode(&0u64)).unwrap();
+        assert_eq!(last, Some(48_000), "values are written back, not lost");
+    }
 }

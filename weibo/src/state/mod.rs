@@ -8,8 +8,10 @@
 //!
 //! [`MemoryBackend`] keeps live objects instead of bytes (like Flink's
 //! hash-map backend): nothing is encoded on the hot path, values are encoded
-//! only when a checkpoint copies them out. Backends that store bytes (the
-//! fjall backend) go through the codec on every access.
+//! only when a checkpoint copies them out. Backends that store bytes go
+//! through the codec on every access, unless they ask for a cache of live
+//! values in front of their tables ([`StateBackend::object_cache`], as the
+//! fjall backend does): then only misses and write-backs do.
 
 mod cache;
 #[cfg(feature = "fjall")]
@@ -149,10 +151,14 @@ pub trait StateTable: Send {
     /// another thread), for a checkpoint. The default reads them now;
     /// backends with snapshots take one and read it later.
     ///
+    /// The export must pass each key group's entries in one or more parts
+    /// holding that key group only, key groups in order (a cache laid over
+    /// the table relies on it). The default passes one part per key group
+    /// that has entries; the fjall backend splits a key group into parts of
+    /// at most [`EXPORT_PART`] entries.
+    ///
     /// # Errors
     /// [`Error::State`] when the storage fails.
-    /// The export passes one part per key group that has entries, or
-    /// several of at most [`EXPORT_PART`] entries, in key-group order.
     fn export_deferred(&mut self, groups: Range<u16>) -> Result<Export> {
         let mut parts = Vec::new();
         for group in groups {
@@ -273,9 +279,10 @@ pub struct ValueState<K, V> {
     /// In-memory store: per owned key group, keys removed, with the epoch
     /// of their removal.
     removed: Vec<Vec<(K, u32)>>,
-    /// Byte store: per owned key group, keys written or removed, with the
-    /// epoch of their last change and the encoded value written (`None`:
-    /// removed), so a delta needs no reads from the table. Shared with the
+    /// Byte store: per owned key group, keys written or removed (without a
+    /// cache: every change; with one: every write-back), with the epoch of
+    /// their last change and the encoded value written (`None`: removed),
+    /// so a delta needs no reads from the table. Shared with the
     /// checkpoint being taken and copied on the next write, like the
     /// in-memory maps, so the barrier does not copy keys.
     changed: Vec<Arc<ChangedKeys>>,
@@ -440,7 +447,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// The lookups are independent of each other, so the processor overlaps
     /// their cache misses; done one by one inside `update` (between user
     /// code and output), each miss would be paid in full. Only the
-    /// in-memory store does anything.
+    /// in-memory store and the cache of live values do anything.
     pub fn prefetch<'k>(&self, keys: impl IntoIterator<Item = (u16, &'k K)>) {
         let mut found = 0usize;
         match &self.store {
@@ -558,9 +565,10 @@ pub type ExportSink<'a> = dyn FnMut(Exported) -> Result<()> + 'a;
 /// State taken at a barrier, encoded when called (off the operator's
 /// task): it passes the entries to the sink a part at a time, so that they
 /// are never all in memory at once (for value state, a part holds one key
-/// group, or some of one, in key-group order; a part's removals apply
-/// before its entries, and a delta's removals come before its entries), and
-/// returns whether they are a base.
+/// group, or some of one, in key-group order), and returns whether they are
+/// a base. Parts apply in order, each part's removals before its entries;
+/// a key removed and then set again has its removal in an earlier part
+/// than its entry, or in the same one.
 pub type Export = Box<dyn FnOnce(&mut ExportSink<'_>) -> Result<bool> + Send>;
 
 /// The most entries an export passes in one part.
@@ -858,8 +866,9 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// base), or what changed since checkpoint `since`, the last complete
     /// one (a delta), chosen as for value state (see
     /// [`ValueState::export_changes`]), except that in memory a base is
-    /// also written whenever more accumulators were removed since the last
-    /// base than the windows hold.
+    /// also written once the accumulators removed and not yet in a complete
+    /// checkpoint outnumber both those the windows hold and 65,536 (the log
+    /// of removals is then dropped).
     ///
     /// # Errors
     /// As [`ValueState::update`].
@@ -1289,8 +1298,12 @@ impl<K: Key, A: Data> WindowState<K, A> {
                     buf.clear();
                     k.encode_key(buf);
                     start.encode_key(buf);
-                    let value = values
-                        .update(g, (k.clone(), start), buf, |slot| if purge { slot.take() } else { slot.clone() })?;
+                    // A read is not a change: it neither stamps nor caches.
+                    let value = if purge {
+                        values.update(g, (k.clone(), start), buf, Option::take)?
+                    } else {
+                        values.get(g, &(k.clone(), start), buf)?
+                    };
                     if let Some(a) = value {
                         f(&k, g, &a);
                     }
