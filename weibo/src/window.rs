@@ -885,8 +885,10 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
 
     fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
         let name = self.common.info.name.clone();
-        let entries = from.entries(&name, "windows", &W::Acc::codec_id().to_string(), groups)?;
-        self.state.import(entries, &name)
+        // A part at a time: a large window state is never all in memory.
+        from.load_entries(&name, "windows", &W::Acc::codec_id().to_string(), groups, &mut |entries, removed| {
+            self.state.import_part(entries, removed, &name)
+        })
     }
 }
 
