@@ -46,11 +46,6 @@ fn value_restore<K: Key, V: Data>(
     })
 }
 
-/// An export of entries already taken.
-pub(crate) fn ready(entries: crate::state::Entries) -> crate::state::Export {
-    crate::state::ready(crate::state::Exported::full(entries))
-}
-
 /// The codec name recorded for timer state (times and keys in the key encoding).
 pub(crate) const TIMERS: &str = "weibo-timers/1";
 
@@ -373,7 +368,7 @@ where
     fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
         Ok(vec![
             value_snapshot(&mut self.state, "value", at)?,
-            StateSnapshot { state: "timers", codec: TIMERS.into(), entries: ready(self.timers.export()) },
+            StateSnapshot { state: "timers", codec: TIMERS.into(), entries: self.timers.export_deferred() },
         ])
     }
 

@@ -44,7 +44,7 @@ use crate::codec::{CodecError, CodecId, Data};
 use crate::error::{Error, Result};
 use crate::graph::{KeyedFactory, typed};
 use crate::key::Key;
-use crate::keyed::{TIMERS, ready};
+use crate::keyed::TIMERS;
 use crate::keyed::{decode_key, decode_value};
 use crate::metrics::OperatorCounters;
 use crate::record::{Batch, Meta, RecordBatch, Timestamp};
@@ -1049,8 +1049,8 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
                 codec: Sessions::<W::Acc>::codec_id().to_string(),
                 entries: self.state.export_changes(at.n, at.since)?,
             },
-            StateSnapshot { state: "fire-timers", codec: TIMERS.into(), entries: ready(c.fire.export()) },
-            StateSnapshot { state: "cleanup-timers", codec: TIMERS.into(), entries: ready(c.cleanup.export()) },
+            StateSnapshot { state: "fire-timers", codec: TIMERS.into(), entries: c.fire.export_deferred() },
+            StateSnapshot { state: "cleanup-timers", codec: TIMERS.into(), entries: c.cleanup.export_deferred() },
         ])
     }
 

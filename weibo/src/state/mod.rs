@@ -817,17 +817,32 @@ impl<K: Key, V: Data> ValueState<K, V> {
 
 impl<K: Key> TimerState<K> {
     /// Every timer, for a checkpoint: key = time ++ encoded key, no value.
-    pub fn export(&self) -> Entries {
-        let mut out = Vec::with_capacity(self.len);
-        for (time, keys) in &self.by_time {
-            for (k, group) in keys {
-                let mut key = Vec::new();
-                time.encode_key(&mut key);
-                k.encode_key(&mut key);
-                out.push((*group, key, Vec::new()));
+    ///
+    /// # Errors
+    /// None today (keys encode infallibly); as [`TimerState::export_deferred`].
+    pub fn export(&self) -> Result<Entries> {
+        Ok(collect(self.export_deferred())?.entries)
+    }
+
+    /// Every timer as of now, to encode later (on another thread): the
+    /// index is copied shallowly (one reference per time), and the keys of
+    /// a time are copied when a timer of that time is next set or deleted
+    /// while the checkpoint still holds them.
+    pub fn export_deferred(&self) -> Export {
+        let shared: Vec<(Timestamp, Arc<DueKeys<K>>)> = self.by_time.iter().map(|(t, k)| (*t, k.clone())).collect();
+        Box::new(move |sink| {
+            let mut part = Exported::full(Vec::new());
+            for (time, keys) in shared {
+                for (k, group) in keys.iter() {
+                    let mut key = Vec::new();
+                    time.encode_key(&mut key);
+                    k.encode_key(&mut key);
+                    push_part(&mut part, (*group, key, Vec::new()), sink)?;
+                }
             }
-        }
-        out
+            flush_part(part, sink)?;
+            Ok(true)
+        })
     }
 
     /// Loads timers from a checkpoint.
@@ -994,7 +1009,9 @@ type DueKeys<K> = hashbrown::HashMap<K, u16, FxBuildHasher>;
 /// time (a checkpoint writes them all: key = the time, in the
 /// order-preserving key encoding, then the encoded key).
 pub struct TimerState<K> {
-    by_time: BTreeMap<Timestamp, DueKeys<K>>,
+    /// Per time, its keys; shared with the checkpoint being written, if
+    /// any, and copied on the next change (copy-on-write per time).
+    by_time: BTreeMap<Timestamp, Arc<DueKeys<K>>>,
     len: usize,
 }
 
@@ -1022,7 +1039,7 @@ impl<K: Key> TimerState<K> {
     /// [`Error::State`] when a byte backend fails.
     #[inline]
     pub fn register(&mut self, time: Timestamp, group: u16, key: &K) -> Result<()> {
-        let keys = self.by_time.entry(time).or_default();
+        let keys = Arc::make_mut(self.by_time.entry(time).or_default());
         if keys.insert(key.clone(), group).is_none() {
             self.len += 1;
         }
@@ -1035,9 +1052,11 @@ impl<K: Key> TimerState<K> {
     /// [`Error::State`] when a byte backend fails.
     pub fn delete(&mut self, time: Timestamp, key: &K) -> Result<()> {
         let Some(keys) = self.by_time.get_mut(&time) else { return Ok(()) };
-        if keys.remove(key).is_none() {
+        if !keys.contains_key(key) {
             return Ok(());
         }
+        let keys = Arc::make_mut(keys);
+        keys.remove(key);
         if keys.is_empty() {
             self.by_time.remove(&time);
         }
@@ -1073,11 +1092,11 @@ impl<K: Key> TimerState<K> {
         }
         let (time, keys) = entry.remove_entry();
         self.len -= keys.len();
+        let keys = Arc::try_unwrap(keys).unwrap_or_else(|shared| (*shared).clone());
         Ok(Some((time, keys.into_iter().collect())))
     }
 }
 
-/// One window's accumulators in memory: key → (key group, accumulator).
 /// One window's accumulators in memory: key → (key group, accumulator,
 /// epoch of its last change).
 type WindowMap<K, A> = hashbrown::HashMap<K, (u16, A, u32), FxBuildHasher>;
@@ -1419,6 +1438,29 @@ mod tests {
         t.delete(20, &b).unwrap();
         assert!(t.is_empty());
         assert!(t.pop_due(i64::MAX).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_timer_export_holds_the_timers_as_of_the_barrier() {
+        let mut t = TimerState::<String>::open(&MemoryBackend, &scope()).unwrap();
+        let (a, b, c) = ("a".to_string(), "b".to_string(), "c".to_string());
+        t.register(10, 4, &a).unwrap();
+        t.register(10, 5, &b).unwrap();
+        t.register(20, 4, &a).unwrap();
+        let at_barrier = t.export_deferred();
+        // After the barrier: one timer set at a shared time, one deleted, one due.
+        t.register(10, 6, &c).unwrap();
+        t.delete(20, &a).unwrap();
+        let (time, due) = t.pop_due(15).unwrap().unwrap();
+        assert_eq!((time, due.len()), (10, 3), "the live timers changed");
+        let mut got: Vec<(Timestamp, String)> = collect(at_barrier)
+            .unwrap()
+            .entries
+            .iter()
+            .map(|(_, k, _)| crate::key::decode::<(Timestamp, String)>(k).unwrap())
+            .collect();
+        got.sort();
+        assert_eq!(got, vec![(10, a.clone()), (10, b), (20, a)], "the export did not");
     }
 
     #[test]
