@@ -25,14 +25,17 @@
 //!
 //! A state file is a 32-byte header — magic `WEIBOSTA`, state-file version
 //! (u32 LE), reserved (u32), payload length (u64 LE), xxh3-64 of the payload
-//! (u64 LE) — followed by the payload. In version 2 (written now) the payload
-//! is a sequence of frames, each a length (u64 LE) and an rkyv archive of a
-//! [`StateFile`]: the first names the state and its codec, the others carry
-//! its entries a chunk at a time (a key group, or part of one), so neither
-//! writing nor reading a file holds all of it in memory. In version 1 (still
-//! read) the payload is one archive. Each frame is read into an aligned
-//! buffer and validated before use, after the whole payload's length and
-//! checksum were checked.
+//! (u64 LE) — followed by the payload. In version 3 (written now) the payload
+//! is a sequence of frames, each a length (u64 LE) and an rkyv archive: the
+//! first a [`StateFile`] naming the state and its codec, the others each a
+//! [`StatePart`] carrying entries a chunk at a time (a key group, or part of
+//! one), their keys and values concatenated with their end offsets, so
+//! neither writing nor reading a file holds all of it in memory, and writing
+//! costs a few allocations per frame, not two per entry. Version 2 (still
+//! read) has the same frames, each a [`StateFile`]; in version 1 (still read)
+//! the payload is one archive. Each frame is read into an aligned buffer and
+//! validated (archive and offsets) before use, after the whole payload's
+//! length and checksum were checked.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -52,8 +55,9 @@ pub const FORMAT_VERSION: u32 = 1;
 const MAGIC: &[u8; 8] = b"WEIBOSTA";
 const HEADER: usize = 32;
 
-/// The state-file version this build writes (frames); it reads 1 and 2.
-const STATE_FILE_VERSION: u32 = 2;
+/// The state-file version this build writes (frames of concatenated
+/// entries); it reads 1 to 3.
+const STATE_FILE_VERSION: u32 = 3;
 
 /// (key, value) pairs of one key group, encoded.
 pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -80,6 +84,177 @@ pub struct StateFile {
     pub groups: Vec<GroupEntries>,
     /// In a delta file: keys removed since the previous file of the chain.
     pub removed: Vec<GroupKeys>,
+}
+
+/// Entries and removed keys, their bytes concatenated: a frame of a
+/// version-3 state file, and a part of an export. Entry `i` is in key group
+/// `groups[i]`; its key is `keys[key_ends[i - 1]..key_ends[i]]` (from 0 for
+/// the first), its value likewise in `values`; removed keys likewise.
+/// Building one costs an allocation per buffer, not two per entry, and
+/// archiving it copies each buffer whole.
+#[derive(Debug, Clone, Default, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct StatePart {
+    /// Each entry's key group.
+    pub groups: Vec<u16>,
+    /// Where each entry's key ends in `keys`.
+    pub key_ends: Vec<u32>,
+    /// The entries' keys, concatenated.
+    pub keys: Vec<u8>,
+    /// Where each entry's value ends in `values`.
+    pub value_ends: Vec<u32>,
+    /// The entries' values, concatenated.
+    pub values: Vec<u8>,
+    /// Each removed key's key group.
+    pub removed_groups: Vec<u16>,
+    /// Where each removed key ends in `removed`.
+    pub removed_ends: Vec<u32>,
+    /// The removed keys, concatenated.
+    pub removed: Vec<u8>,
+}
+
+/// A buffer's length as an end offset; a part is passed on long before its
+/// buffers reach 4 GiB, so only a single entry that large fails.
+fn end_of(buffer: &[u8]) -> Result<u32> {
+    u32::try_from(buffer.len()).map_err(|_| {
+        Error::Internal(format!("a checkpoint part grew to {} bytes: an entry is larger than 4 GiB", buffer.len()))
+    })
+}
+
+/// The slices of `bytes` that `ends` delimit, or `None` if the ends are not
+/// in order or run past `bytes`.
+fn slices<'a>(bytes: &'a [u8], ends: impl Iterator<Item = u32> + 'a) -> impl Iterator<Item = Option<&'a [u8]>> + 'a {
+    let mut start = 0usize;
+    ends.map(move |end| {
+        let end = end as usize;
+        let slice = bytes.get(start..end);
+        start = end;
+        slice
+    })
+}
+
+impl StatePart {
+    /// The number of entries.
+    pub fn len(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Whether it holds neither entries nor removed keys.
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty() && self.removed_groups.is_empty()
+    }
+
+    /// The bytes its buffers hold.
+    pub fn bytes(&self) -> usize {
+        self.keys.len() + self.values.len() + self.removed.len()
+    }
+
+    /// Empties it, keeping its buffers' capacity.
+    pub fn clear(&mut self) {
+        self.groups.clear();
+        self.key_ends.clear();
+        self.keys.clear();
+        self.value_ends.clear();
+        self.values.clear();
+        self.removed_groups.clear();
+        self.removed_ends.clear();
+        self.removed.clear();
+    }
+
+    /// Ends an entry of key group `group` whose key and value were appended
+    /// to `keys` and `values` (so that encoders write in place).
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when a buffer passed 4 GiB.
+    pub fn end_entry(&mut self, group: u16) -> Result<()> {
+        let (key_end, value_end) = (end_of(&self.keys)?, end_of(&self.values)?);
+        self.groups.push(group);
+        self.key_ends.push(key_end);
+        self.value_ends.push(value_end);
+        Ok(())
+    }
+
+    /// Adds an entry.
+    ///
+    /// # Errors
+    /// As [`StatePart::end_entry`].
+    pub fn push(&mut self, group: u16, key: &[u8], value: &[u8]) -> Result<()> {
+        self.keys.extend_from_slice(key);
+        self.values.extend_from_slice(value);
+        self.end_entry(group)
+    }
+
+    /// Ends a removed key of key group `group` appended to `removed`.
+    ///
+    /// # Errors
+    /// As [`StatePart::end_entry`].
+    pub fn end_removed(&mut self, group: u16) -> Result<()> {
+        let end = end_of(&self.removed)?;
+        self.removed_groups.push(group);
+        self.removed_ends.push(end);
+        Ok(())
+    }
+
+    /// Adds a removed key.
+    ///
+    /// # Errors
+    /// As [`StatePart::end_entry`].
+    pub fn push_removed(&mut self, group: u16, key: &[u8]) -> Result<()> {
+        self.removed.extend_from_slice(key);
+        self.end_removed(group)
+    }
+
+    /// The entries: (key group, key, value).
+    pub fn entries(&self) -> impl Iterator<Item = (u16, &[u8], &[u8])> {
+        let keys = slices(&self.keys, self.key_ends.iter().copied());
+        let values = slices(&self.values, self.value_ends.iter().copied());
+        self.groups.iter().zip(keys.zip(values)).map(|(g, (k, v))| (*g, k.unwrap_or_default(), v.unwrap_or_default()))
+    }
+
+    /// The removed keys: (key group, key).
+    pub fn removed_keys(&self) -> impl Iterator<Item = (u16, &[u8])> {
+        let keys = slices(&self.removed, self.removed_ends.iter().copied());
+        self.removed_groups.iter().zip(keys).map(|(g, k)| (*g, k.unwrap_or_default()))
+    }
+}
+
+/// A version-3 frame's entries and removed keys, by key group (in the order
+/// they come), checked: `None` if its offsets are inconsistent.
+fn archived_part_as_file(part: &ArchivedStatePart) -> Option<StateFile> {
+    fn by_group<'a>(
+        groups: impl Iterator<Item = u16>,
+        mut items: impl Iterator<Item = Option<&'a [u8]>>,
+        mut push: impl FnMut(u16, &'a [u8]),
+    ) -> Option<()> {
+        for g in groups {
+            push(g, items.next()??);
+        }
+        items.next().is_none().then_some(())
+    }
+    let n = part.groups.len();
+    if part.key_ends.len() != n || part.value_ends.len() != n || part.removed_ends.len() != part.removed_groups.len() {
+        return None;
+    }
+    let mut groups: Vec<GroupEntries> = Vec::new();
+    let keys = slices(&part.keys, part.key_ends.iter().map(|e| e.to_native()));
+    let values = slices(&part.values, part.value_ends.iter().map(|e| e.to_native()));
+    let mut pairs = keys.zip(values).map(|(k, v)| Some((k?, v?)));
+    for g in part.groups.iter().map(|g| g.to_native()) {
+        let (k, v) = pairs.next()??;
+        match groups.last_mut() {
+            Some(last) if last.group == g => last.entries.push((k.to_vec(), v.to_vec())),
+            _ => groups.push(GroupEntries { group: g, entries: vec![(k.to_vec(), v.to_vec())] }),
+        }
+    }
+    let mut removed: Vec<GroupKeys> = Vec::new();
+    by_group(
+        part.removed_groups.iter().map(|g| g.to_native()),
+        slices(&part.removed, part.removed_ends.iter().map(|e| e.to_native())),
+        |g, k| match removed.last_mut() {
+            Some(last) if last.group == g => last.keys.push(k.to_vec()),
+            _ => removed.push(GroupKeys { group: g, keys: vec![k.to_vec()] }),
+        },
+    )?;
+    Some(StateFile { operator: String::new(), state: String::new(), codec: String::new(), groups, removed })
 }
 
 /// Keys of one key group.
@@ -188,6 +363,7 @@ pub(crate) struct StateFileWriter {
     hasher: xxhash_rust::xxh3::Xxh3,
     len: u64,
     path: PathBuf,
+    version: u32,
 }
 
 impl StateFileWriter {
@@ -196,20 +372,47 @@ impl StateFileWriter {
         let file = fs::File::create(path).map_err(io("cannot create checkpoint file", path))?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
         out.write_all(&[0u8; HEADER]).map_err(io("cannot write checkpoint file", path))?;
-        let mut writer = Self { out, hasher: xxhash_rust::xxh3::Xxh3::new(), len: 0, path: path.to_path_buf() };
+        let mut writer = Self {
+            out,
+            hasher: xxhash_rust::xxh3::Xxh3::new(),
+            len: 0,
+            path: path.to_path_buf(),
+            version: STATE_FILE_VERSION,
+        };
         writer.frame(meta)?;
         Ok(writer)
     }
 
-    /// Appends a frame.
+    /// A writer of a version-2 file (frames of [`StateFile`]s), to test
+    /// that such files still read.
+    #[cfg(test)]
+    pub(crate) fn create_version_2(path: &Path, meta: &StateFile) -> Result<Self> {
+        let mut writer = Self::create(path, meta)?;
+        writer.version = 2;
+        Ok(writer)
+    }
+
+    /// Appends a frame holding a [`StateFile`] (the first frame; every
+    /// frame in version 2).
     pub(crate) fn frame(&mut self, part: &StateFile) -> Result<()> {
         let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(part)
             .map_err(|e| bad(&self.path, format!("cannot encode the state: {e}")))?;
+        self.raw_frame(&bytes)
+    }
+
+    /// Appends a frame holding entries (version 3).
+    pub(crate) fn part(&mut self, part: &StatePart) -> Result<()> {
+        let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(part)
+            .map_err(|e| bad(&self.path, format!("cannot encode the state: {e}")))?;
+        self.raw_frame(&bytes)
+    }
+
+    fn raw_frame(&mut self, bytes: &[u8]) -> Result<()> {
         let len = (bytes.len() as u64).to_le_bytes();
         self.hasher.update(&len);
-        self.hasher.update(&bytes);
+        self.hasher.update(bytes);
         self.out.write_all(&len).map_err(io("cannot write checkpoint file", &self.path))?;
-        self.out.write_all(&bytes).map_err(io("cannot write checkpoint file", &self.path))?;
+        self.out.write_all(bytes).map_err(io("cannot write checkpoint file", &self.path))?;
         self.len += 8 + bytes.len() as u64;
         Ok(())
     }
@@ -221,7 +424,7 @@ impl StateFileWriter {
         let mut file = self.out.into_inner().map_err(|e| io("cannot write checkpoint file", &path)(e.into_error()))?;
         let mut header = Vec::with_capacity(HEADER);
         header.extend_from_slice(MAGIC);
-        header.extend_from_slice(&STATE_FILE_VERSION.to_le_bytes());
+        header.extend_from_slice(&self.version.to_le_bytes());
         header.extend_from_slice(&0u32.to_le_bytes());
         header.extend_from_slice(&self.len.to_le_bytes());
         header.extend_from_slice(&self.hasher.digest().to_le_bytes());
@@ -242,8 +445,19 @@ pub(crate) fn write_state_file(path: &Path, file: &StateFile) -> Result<()> {
         groups: Vec::new(),
         removed: Vec::new(),
     };
+    let mut part = StatePart::default();
+    for g in &file.groups {
+        for (k, v) in &g.entries {
+            part.push(g.group, k, v)?;
+        }
+    }
+    for r in &file.removed {
+        for k in &r.keys {
+            part.push_removed(r.group, k)?;
+        }
+    }
     let mut writer = StateFileWriter::create(path, &meta)?;
-    writer.frame(file)?;
+    writer.part(&part)?;
     writer.finish()
 }
 
@@ -297,20 +511,43 @@ fn open_checked(path: &Path) -> Result<(u32, u64, std::io::BufReader<fs::File>)>
     Ok((version, len, std::io::BufReader::with_capacity(1 << 20, file)))
 }
 
-/// Reads `len` bytes into an aligned buffer and validates them as a
-/// [`StateFile`] archive (`what` names the part in errors).
-fn read_archive(path: &Path, input: &mut impl std::io::Read, len: u64, what: &str) -> Result<StateFile> {
+/// Reads `len` bytes into an aligned buffer (`what` names the part in errors).
+fn read_aligned(
+    path: &Path,
+    input: &mut impl std::io::Read,
+    len: u64,
+    what: &str,
+) -> Result<rkyv::util::AlignedVec<16>> {
     let len = usize::try_from(len).map_err(|_| bad(path, format!("{what} is {len} bytes long")))?;
     let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(len);
     aligned.resize(len, 0);
     input.read_exact(&mut aligned).map_err(|e| bad(path, format!("{what} is cut short: {e}")))?;
+    Ok(aligned)
+}
+
+/// Reads `len` bytes into an aligned buffer and validates them as a
+/// [`StateFile`] archive (`what` names the part in errors).
+fn read_archive(path: &Path, input: &mut impl std::io::Read, len: u64, what: &str) -> Result<StateFile> {
+    let aligned = read_aligned(path, input, len, what)?;
     rkyv::from_bytes::<StateFile, rkyv::rancor::Error>(&aligned)
         .map_err(|e| bad(path, format!("{what} does not validate: {e}")))
 }
 
+/// Reads `len` bytes into an aligned buffer and validates them as a
+/// [`StatePart`] archive with consistent offsets; returns its entries by
+/// key group.
+fn read_part_archive(path: &Path, input: &mut impl std::io::Read, len: u64, what: &str) -> Result<StateFile> {
+    let aligned = read_aligned(path, input, len, what)?;
+    let part = rkyv::access::<ArchivedStatePart, rkyv::rancor::Error>(&aligned)
+        .map_err(|e| bad(path, format!("{what} does not validate: {e}")))?;
+    archived_part_as_file(part)
+        .ok_or_else(|| bad(path, format!("{what} does not validate: its entries' offsets are inconsistent")))
+}
+
 /// Checks a state file (header, length, checksum), then passes its parts to
 /// `f` one at a time: first the part naming the state and codec, then the
-/// parts holding entries (a version-1 file is one part holding both).
+/// parts holding entries (a version-1 file is one part holding both; the
+/// entries of version 3's frames come grouped by key group, in their order).
 pub(crate) fn read_state_file_parts(path: &Path, f: &mut dyn FnMut(StateFile) -> Result<()>) -> Result<()> {
     use std::io::Read;
     let (version, mut left, mut input) = open_checked(path)?;
@@ -335,7 +572,12 @@ pub(crate) fn read_state_file_parts(path: &Path, f: &mut dyn FnMut(StateFile) ->
             return Err(bad(path, format!("frame {index} claims {len} bytes, the file has {left} left")));
         }
         left -= len;
-        f(read_archive(path, &mut input, len, &format!("frame {index}"))?)?;
+        let what = format!("frame {index}");
+        f(if version >= 3 && index > 0 {
+            read_part_archive(path, &mut input, len, &what)?
+        } else {
+            read_archive(path, &mut input, len, &what)?
+        })?;
         index += 1;
     }
 }
@@ -996,19 +1238,50 @@ mod tests {
         assert!(read_state_file(&path).unwrap_err().to_string().contains("truncated"));
     }
 
+    /// `file`'s entries and removed keys as one part.
+    fn part_of(file: &StateFile) -> StatePart {
+        let mut part = StatePart::default();
+        for g in &file.groups {
+            for (k, v) in &g.entries {
+                part.push(g.group, k, v).unwrap();
+            }
+        }
+        for r in &file.removed {
+            for k in &r.keys {
+                part.push_removed(r.group, k).unwrap();
+            }
+        }
+        part
+    }
+
+    #[test]
+    fn parts_hold_entries_and_removed_keys_in_order() {
+        let mut part = StatePart::default();
+        part.push(3, b"a", b"1").unwrap();
+        part.push(3, b"", b"").unwrap();
+        part.push(5, b"bc", b"234").unwrap();
+        part.push_removed(4, b"gone").unwrap();
+        let entries: Vec<(u16, &[u8], &[u8])> = part.entries().collect();
+        assert_eq!(entries, vec![(3, &b"a"[..], &b"1"[..]), (3, &b""[..], &b""[..]), (5, &b"bc"[..], &b"234"[..])]);
+        assert_eq!(part.removed_keys().collect::<Vec<_>>(), vec![(4, &b"gone"[..])]);
+        assert_eq!((part.len(), part.bytes()), (3, 3 + 4 + 4));
+        part.clear();
+        assert!(part.is_empty() && part.entries().next().is_none());
+    }
+
     #[test]
     fn state_files_are_written_and_read_a_frame_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sum-0-value.state");
-        let whole = sample();
+        let mut whole = sample();
+        whole.groups.push(GroupEntries { group: 4, entries: vec![(b"k2".to_vec(), b"v2".to_vec())] });
         let meta = StateFile { groups: Vec::new(), removed: Vec::new(), ..whole.clone() };
         let mut writer = StateFileWriter::create(&path, &meta).unwrap();
         // One frame per key group, as an export passes them.
         for g in &whole.groups {
-            let part = StateFile { groups: vec![g.clone()], removed: Vec::new(), ..meta.clone() };
-            writer.frame(&part).unwrap();
+            writer.part(&part_of(&StateFile { groups: vec![g.clone()], removed: Vec::new(), ..meta.clone() })).unwrap();
         }
-        writer.frame(&StateFile { groups: Vec::new(), ..whole.clone() }).unwrap();
+        writer.part(&part_of(&StateFile { groups: Vec::new(), ..whole.clone() })).unwrap();
         writer.finish().unwrap();
         let mut parts = Vec::new();
         read_state_file_parts(&path, &mut |p| {
@@ -1017,6 +1290,16 @@ mod tests {
         })
         .unwrap();
         assert_eq!(parts.len(), whole.groups.len() + 2, "the meta frame and one per part");
+        assert_eq!(read_state_file(&path).unwrap(), whole);
+
+        // A version-2 file (frames of whole archives) still reads.
+        let mut v2 = StateFileWriter::create_version_2(&path, &meta).unwrap();
+        for g in &whole.groups {
+            v2.frame(&StateFile { groups: vec![g.clone()], removed: Vec::new(), ..meta.clone() }).unwrap();
+        }
+        v2.frame(&StateFile { groups: Vec::new(), ..whole.clone() }).unwrap();
+        v2.finish().unwrap();
+        assert_eq!(fs::read(&path).unwrap()[8], 2);
         assert_eq!(read_state_file(&path).unwrap(), whole);
 
         // A version-1 file (one archive) still reads.
@@ -1035,7 +1318,7 @@ mod tests {
         // naming the frame.
         let good = {
             let mut w = StateFileWriter::create(&path, &meta).unwrap();
-            w.frame(&whole).unwrap();
+            w.part(&part_of(&whole)).unwrap();
             w.finish().unwrap();
             fs::read(&path).unwrap()
         };
@@ -1059,6 +1342,15 @@ mod tests {
         fs::write(&path, &trailing).unwrap();
         let err = read_state_file(&path).unwrap_err().to_string();
         assert!(err.contains("frame 2 is cut short"), "{err}");
+
+        // A frame whose offsets run past its bytes is refused naming the frame.
+        let mut bad_part = part_of(&whole);
+        bad_part.value_ends[0] = 1_000;
+        let mut w = StateFileWriter::create(&path, &meta).unwrap();
+        w.part(&bad_part).unwrap();
+        w.finish().unwrap();
+        let err = read_state_file(&path).unwrap_err().to_string();
+        assert!(err.contains("frame 1") && err.contains("offsets"), "{err}");
     }
 
     #[test]

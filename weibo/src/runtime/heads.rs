@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::checkpoint::{
-    Ack, GroupEntries, GroupKeys, Restore, SourcePositionEntry, StateFile, StateFileEntry, StateFileWriter,
-};
+use crate::checkpoint::{Ack, Restore, SourcePositionEntry, StateFile, StateFileEntry, StateFileWriter};
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
 use crate::record::{Batch, END_OF_TIME, NO_TIMESTAMP, RecordBatch, Timestamp};
@@ -82,7 +80,7 @@ impl CheckpointIo {
                     // A frame per part of the export: the state is never
                     // all in memory, encoded or not.
                     let mut writer = StateFileWriter::create(&dir.join(&file), &meta)?;
-                    let base = (snap.entries)(&mut |part| writer.frame(&frame(part)))?;
+                    let base = (snap.entries)(&mut |part| writer.part(&part.part))?;
                     writer.finish()?;
                     files.push(StateFileEntry {
                         operator: operator.clone(),
@@ -108,26 +106,6 @@ impl CheckpointIo {
             };
             let _ = acks.send(ack);
         });
-    }
-}
-
-/// A part of an export as a state-file frame: entries and removed keys by
-/// key group.
-fn frame(part: crate::state::Exported) -> StateFile {
-    let mut by_group: std::collections::BTreeMap<u16, crate::checkpoint::Pairs> = Default::default();
-    for (g, k, v) in part.entries {
-        by_group.entry(g).or_default().push((k, v));
-    }
-    let mut removed: std::collections::BTreeMap<u16, Vec<Vec<u8>>> = Default::default();
-    for (g, k) in part.removed {
-        removed.entry(g).or_default().push(k);
-    }
-    StateFile {
-        operator: String::new(),
-        state: String::new(),
-        codec: String::new(),
-        groups: by_group.into_iter().map(|(group, entries)| GroupEntries { group, entries }).collect(),
-        removed: removed.into_iter().map(|(group, keys)| GroupKeys { group, keys }).collect(),
     }
 }
 

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hashbrown::hash_map::Entry;
 
-use super::{ChangedKeys, Entries, Export, ExportSink, Exported, ObjectMap, StateTable, flush_part, push_part};
+use super::{ChangedKeys, Entries, Export, ExportSink, Exported, ObjectMap, StateTable, flush_part, pass_if_full};
 use crate::codec::Data;
 use crate::error::{Error, Result};
 use crate::key::Key;
@@ -333,137 +333,132 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     }
 
     /// Every entry as of now (a base), to encode later: a snapshot of the
-    /// table with the cache's changed entries laid over it, a key group at
-    /// a time (the table's export passes each key group's entries in
-    /// order; the cache's entries of a key group are encoded when the
-    /// snapshot reaches it).
+    /// table with the cache's entries laid over it, a key group at a time
+    /// (the table's export passes each key group's entries in order): when
+    /// the snapshot reaches a key group, the cache's values of it are
+    /// encoded, then the table's entries the cache does not hold are copied.
     pub(super) fn export_base(&mut self, groups: Range<u16>) -> Result<Export> {
         let snapshot = self.table.export_deferred(groups)?;
         let overlay = self.maps.clone();
         let (first, operator) = (self.first, self.operator.clone());
         Ok(Box::new(move |sink| {
-            // The key group the snapshot is in, with what of its layer is
-            // not written yet; and the index of the next layer to start.
-            let mut open: Option<(u16, Layer)> = None;
+            let mut out = Exported::new(true);
+            // The cache of the key group the snapshot is in, and the index
+            // of the next key group whose cache is not passed on yet.
+            let mut open: Option<(u16, usize)> = None;
             let mut next = 0usize;
-            let layer_of = |index: usize| match overlay.get(index) {
-                Some(map) => encode_layer(map, None, &operator),
-                None => Ok(Layer::default()),
-            };
             let mut failure = None;
-            let base = snapshot(&mut |mut part: Exported| {
-                let Some(group) = part.entries.first().map(|e| e.0) else { return sink(part) };
-                if open.as_ref().is_none_or(|(g, _)| *g != group) {
-                    if let Some((g, layer)) = open.take() {
-                        rest(g, layer, sink)?;
-                    }
-                    // Key groups the table holds nothing of: their layers alone.
+            let base = snapshot(&mut |part: &Exported| {
+                let Some(group) = part.part.groups.first().copied() else { return Ok(()) };
+                if open.is_none_or(|(g, _)| g != group) {
                     let index = usize::from(group.saturating_sub(first));
-                    while next < index {
-                        rest(first.saturating_add(next as u16), layer_of(next)?, sink)?;
+                    if index < next || index >= overlay.len() {
+                        failure.get_or_insert(group);
+                        return Ok(());
+                    }
+                    // Key groups up to this one: their caches (alone, for
+                    // those the table holds nothing of).
+                    while next <= index {
+                        flush_part(&mut out, sink)?;
+                        if let Some(map) = overlay.get(next) {
+                            cached(first.saturating_add(next as u16), map, &mut out, sink, &operator)?;
+                        }
                         next += 1;
                     }
-                    let layer = if next == index {
-                        next += 1;
-                        layer_of(index)?
-                    } else {
-                        failure = Some(group);
-                        Layer::default()
-                    };
-                    open = Some((group, layer));
+                    open = Some((group, index));
                 }
-                if let Some((_, layer)) = open.as_mut() {
-                    part.entries.retain_mut(|(_, key, value)| match layer.remove(key.as_slice()) {
-                        Some(Some(newer)) => {
-                            *value = newer;
-                            true
-                        }
-                        Some(None) => false,
-                        None => true,
-                    });
+                let Some(map) = open.and_then(|(_, index)| overlay.get(index)) else { return Ok(()) };
+                for (g, key, value) in part.part.entries() {
+                    if g != group {
+                        failure.get_or_insert(g);
+                        break;
+                    }
+                    let k = crate::key::decode::<K>(key).map_err(|e| Error::State {
+                        operator: operator.clone(),
+                        message: format!("a stored key does not decode: {e}"),
+                    })?;
+                    if !map.contains_key(&k) {
+                        out.part.push(group, key, value)?;
+                        pass_if_full(&mut out, sink)?;
+                    }
                 }
-                flush_part(part, sink)
+                Ok(())
             })?;
             if let Some(group) = failure {
                 return Err(Error::Internal(format!(
                     "operator `{operator}`: the table exported key group {group} out of order"
                 )));
             }
-            if let Some((g, layer)) = open.take() {
-                rest(g, layer, sink)?;
+            for (index, map) in overlay.iter().enumerate().skip(next) {
+                flush_part(&mut out, sink)?;
+                cached(first.saturating_add(index as u16), map, &mut out, sink, &operator)?;
             }
-            while next < overlay.len() {
-                rest(first.saturating_add(next as u16), layer_of(next)?, sink)?;
-                next += 1;
-            }
+            flush_part(&mut out, sink)?;
             Ok(base)
         }))
     }
 
     /// What changed after checkpoint `since` (a delta), to encode later:
-    /// the change log's write-backs, overridden by the cache's entries, a
-    /// key group at a time.
+    /// the cache's entries changed since, and the change log's write-backs
+    /// of keys the cache has not changed since, a key group at a time.
     pub(super) fn export_delta(&self, since: u32, changed: Vec<Arc<ChangedKeys>>) -> Export {
         let overlay = self.maps.clone();
         let (first, operator) = (self.first, self.operator.clone());
         Box::new(move |sink| {
+            let mut out = Exported::new(false);
             for ((group, log), map) in (first..).zip(&changed).zip(&overlay) {
-                let layer = encode_layer(map, Some(since), &operator)?;
+                let newer = |k: &K| map.get(k).is_some_and(|e| e.stamp > since);
                 // A key is either written or removed.
-                let mut out = Exported { base: false, entries: Vec::new(), removed: Vec::new() };
-                for (key, (_, value)) in log.iter().filter(|(k, (e, _))| *e > since && !layer.contains_key(&***k)) {
+                for (key, (_, value)) in log.iter().filter(|(_, (e, _))| *e > since) {
+                    let k = crate::key::decode::<K>(key).map_err(|e| Error::State {
+                        operator: operator.clone(),
+                        message: format!("a logged key does not decode: {e}"),
+                    })?;
+                    if newer(&k) {
+                        continue;
+                    }
                     match value {
-                        Some(value) => out.entries.push((group, key.to_vec(), value.to_vec())),
-                        None => out.removed.push((group, key.to_vec())),
+                        Some(value) => out.part.push(group, key, value)?,
+                        None => out.part.push_removed(group, key)?,
                     }
                 }
-                for (key, value) in layer {
-                    match value {
-                        Some(value) => out.entries.push((group, key, value)),
-                        None => out.removed.push((group, key)),
+                for (k, entry) in map.iter().filter(|(_, e)| e.stamp > since) {
+                    match &entry.value {
+                        Some(v) => {
+                            k.encode_key(&mut out.part.keys);
+                            v.encode(&mut out.part.values).map_err(|e| codec_error(&operator, e))?;
+                            out.part.end_entry(group)?;
+                        }
+                        None => {
+                            k.encode_key(&mut out.part.removed);
+                            out.part.end_removed(group)?;
+                        }
                     }
                 }
-                flush_part(out, sink)?;
+                flush_part(&mut out, sink)?;
             }
             Ok(false)
         })
     }
 }
 
-/// Passes on what is left of key group `group`'s layer (the cache's
-/// changed entries the table did not hold), in parts.
-fn rest(group: u16, layer: Layer, sink: &mut ExportSink<'_>) -> Result<()> {
-    let mut part = Exported::full(Vec::new());
-    for (key, value) in layer {
-        if let Some(value) = value {
-            push_part(&mut part, (group, key, value), sink)?;
-        }
-    }
-    flush_part(part, sink)
-}
-
-/// One key group's changed entries, encoded: key → value, `None` if removed.
-type Layer = ObjectMap<Vec<u8>, Option<Vec<u8>>>;
-
-/// The encoded changed entries of one key group's map (changed after
-/// `since`, if given).
-fn encode_layer<K: Key, V: Data>(map: &CacheMap<K, V>, since: Option<u32>, operator: &str) -> Result<Layer> {
-    let mut layer = Layer::default();
+/// Passes on the cached values of key group `group` (`map`), in parts.
+fn cached<K: Key, V: Data>(
+    group: u16,
+    map: &CacheMap<K, V>,
+    out: &mut Exported,
+    sink: &mut ExportSink<'_>,
+    operator: &str,
+) -> Result<()> {
     for (k, entry) in map.iter() {
-        if since.is_some_and(|s| entry.stamp <= s) {
-            continue;
+        if let Some(v) = &entry.value {
+            k.encode_key(&mut out.part.keys);
+            v.encode(&mut out.part.values).map_err(|e| codec_error(operator, e))?;
+            out.part.end_entry(group)?;
+            pass_if_full(out, sink)?;
         }
-        let value = match &entry.value {
-            Some(v) => {
-                let mut bytes = Vec::new();
-                v.encode(&mut bytes).map_err(|e| codec_error(operator, e))?;
-                Some(bytes)
-            }
-            None => None,
-        };
-        layer.insert(crate::key::encode(k), value);
     }
-    Ok(layer)
+    Ok(())
 }
 
 #[cfg(test)]

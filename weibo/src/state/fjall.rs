@@ -303,18 +303,14 @@ impl StateTable for FjallTable {
         let operator = self.operator.clone();
         Ok(Box::new(move |sink| {
             use fjall::Readable;
+            let mut part = crate::state::Exported::new(true);
             for group in groups {
-                let mut part = Vec::new();
                 for guard in snapshot.prefix(&keyspace, group.to_be_bytes()) {
                     let (k, v) = guard.into_inner().map_err(|e| state_error(&operator, "snapshot read", &e))?;
-                    part.push((group, k.get(2..).unwrap_or_default().to_vec(), v.to_vec()));
-                    if part.len() >= crate::state::EXPORT_PART {
-                        sink(crate::state::Exported::full(std::mem::take(&mut part)))?;
-                    }
+                    part.part.push(group, k.get(2..).unwrap_or_default(), &v)?;
+                    crate::state::pass_if_full(&mut part, sink)?;
                 }
-                if !part.is_empty() {
-                    sink(crate::state::Exported::full(part))?;
-                }
+                crate::state::flush_part(&mut part, sink)?;
             }
             Ok(true)
         }))

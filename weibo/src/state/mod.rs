@@ -162,14 +162,22 @@ pub trait StateTable: Send {
     fn export_deferred(&mut self, groups: Range<u16>) -> Result<Export> {
         let mut parts = Vec::new();
         for group in groups {
-            let mut out = Vec::new();
-            self.scan_group(group, &mut |k, v| out.push((group, k.to_vec(), v.to_vec())))?;
-            if !out.is_empty() {
-                parts.push(Exported::full(out));
+            let mut out = Exported::new(true);
+            let mut failure = None;
+            self.scan_group(group, &mut |k, v| {
+                if let Err(e) = out.part.push(group, k, v) {
+                    failure.get_or_insert(e);
+                }
+            })?;
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            if !out.part.is_empty() {
+                parts.push(out);
             }
         }
         Ok(Box::new(move |sink| {
-            for part in parts {
+            for part in &parts {
                 sink(part)?;
             }
             Ok(true)
@@ -539,28 +547,35 @@ pub type Entries = Vec<(u16, Vec<u8>, Vec<u8>)>;
 /// Keys removed, by key group: (key group, encoded key).
 pub type RemovedKeys = Vec<(u16, Vec<u8>)>;
 
-/// State exported for a checkpoint.
-#[derive(Debug, Default)]
+/// A part of the state exported for a checkpoint: entries (and, in a
+/// delta, removed keys), their bytes concatenated.
+#[derive(Debug, Default, Clone)]
 pub struct Exported {
-    /// Whether `entries` is all the state (a base) or what changed since
+    /// Whether the export is all the state (a base) or what changed since
     /// the last complete checkpoint (a delta, applied on top of the chain
     /// before it).
     pub base: bool,
-    /// Entries (all of them, or the changed ones).
-    pub entries: Entries,
-    /// In a delta: keys removed since the last complete checkpoint, by key group.
-    pub removed: Vec<(u16, Vec<u8>)>,
+    /// Entries (all of them, or the changed ones) and, in a delta, keys
+    /// removed since the last complete checkpoint.
+    pub part: crate::checkpoint::StatePart,
 }
 
 impl Exported {
-    /// A full export of `entries`.
-    pub fn full(entries: Entries) -> Self {
-        Self { base: true, entries, removed: Vec::new() }
+    /// An empty part of a base (`base`) or a delta.
+    pub fn new(base: bool) -> Self {
+        Self { base, part: crate::checkpoint::StatePart::default() }
+    }
+
+    /// Whether it has reached the size at which it is passed on: [`EXPORT_PART`]
+    /// entries or [`EXPORT_PART_BYTES`] bytes.
+    fn is_full(&self) -> bool {
+        self.part.len() >= EXPORT_PART || self.part.bytes() >= EXPORT_PART_BYTES
     }
 }
 
-/// Receives an export's entries a part at a time.
-pub type ExportSink<'a> = dyn FnMut(Exported) -> Result<()> + 'a;
+/// Receives an export's parts one at a time (a part's buffers are reused
+/// for the next once the sink returns).
+pub type ExportSink<'a> = dyn FnMut(&Exported) -> Result<()> + 'a;
 
 /// State taken at a barrier, encoded when called (off the operator's
 /// task): it passes the entries to the sink a part at a time, so that they
@@ -574,42 +589,46 @@ pub type Export = Box<dyn FnOnce(&mut ExportSink<'_>) -> Result<bool> + Send>;
 /// The most entries an export passes in one part.
 pub const EXPORT_PART: usize = 65_536;
 
-/// An export of state already taken, in one part.
-pub fn ready(out: Exported) -> Export {
-    Box::new(move |sink| {
-        let base = out.base;
-        sink(out)?;
-        Ok(base)
-    })
+/// The bytes at which an export passes a part on, whatever its entries.
+pub const EXPORT_PART_BYTES: usize = 16 << 20;
+
+/// An export gathered whole (see [`collect`]).
+#[derive(Debug, Default)]
+pub struct Collected {
+    /// Whether it is a base.
+    pub base: bool,
+    /// Its entries, in order.
+    pub entries: Entries,
+    /// Its removed keys, in order.
+    pub removed: RemovedKeys,
 }
 
 /// Runs an export and gathers its parts into one.
 ///
 /// # Errors
 /// The export's.
-pub fn collect(export: Export) -> Result<Exported> {
-    let mut all = Exported::default();
-    all.base = export(&mut |part: Exported| {
-        all.entries.extend(part.entries);
-        all.removed.extend(part.removed);
+pub fn collect(export: Export) -> Result<Collected> {
+    let mut all = Collected::default();
+    all.base = export(&mut |part: &Exported| {
+        all.entries.extend(part.part.entries().map(|(g, k, v)| (g, k.to_vec(), v.to_vec())));
+        all.removed.extend(part.part.removed_keys().map(|(g, k)| (g, k.to_vec())));
         Ok(())
     })?;
     Ok(all)
 }
 
-/// Adds `entry` to `part`, passing `part` on when it is full.
-fn push_part(part: &mut Exported, entry: (u16, Vec<u8>, Vec<u8>), sink: &mut ExportSink<'_>) -> Result<()> {
-    part.entries.push(entry);
-    if part.entries.len() >= EXPORT_PART {
-        let full = std::mem::replace(part, Exported { base: part.base, entries: Vec::new(), removed: Vec::new() });
-        sink(full)?;
-    }
-    Ok(())
+/// Passes `part` on, and empties it, if it is full.
+pub(crate) fn pass_if_full(part: &mut Exported, sink: &mut ExportSink<'_>) -> Result<()> {
+    if part.is_full() { flush_part(part, sink) } else { Ok(()) }
 }
 
-/// Passes `part` on unless it is empty.
-fn flush_part(part: Exported, sink: &mut ExportSink<'_>) -> Result<()> {
-    if part.entries.is_empty() && part.removed.is_empty() { Ok(()) } else { sink(part) }
+/// Passes `part` on, and empties it, unless it is empty.
+pub(crate) fn flush_part(part: &mut Exported, sink: &mut ExportSink<'_>) -> Result<()> {
+    if !part.part.is_empty() {
+        sink(part)?;
+        part.part.clear();
+    }
+    Ok(())
 }
 
 fn codec_error(operator: &str, source: crate::codec::CodecError) -> Error {
@@ -702,24 +721,25 @@ impl<K: Key, V: Data> ValueState<K, V> {
                 Ok(Box::new(move |sink| {
                     // A delta's removals first: a key removed and then set
                     // again is in both.
-                    let mut gone = Exported { base, entries: Vec::new(), removed: Vec::new() };
+                    let mut part = Exported::new(base);
                     for (group, keys) in removed {
-                        gone.removed.extend(keys.iter().map(|(k, _)| (group, crate::key::encode(k))));
+                        for (k, _) in keys.iter() {
+                            k.encode_key(&mut part.part.removed);
+                            part.part.end_removed(group)?;
+                        }
                     }
-                    flush_part(gone, sink)?;
+                    flush_part(&mut part, sink)?;
                     for (group, map) in shared {
-                        let mut part = Exported { base, entries: Vec::new(), removed: Vec::new() };
                         for (k, (v, stamp)) in map.iter() {
                             if since.is_some_and(|s| *stamp <= s) {
                                 continue;
                             }
-                            let mut key = Vec::new();
-                            k.encode_key(&mut key);
-                            let mut value = Vec::new();
-                            v.encode(&mut value).map_err(|e| codec_error(&operator, e))?;
-                            push_part(&mut part, (group, key, value), sink)?;
+                            k.encode_key(&mut part.part.keys);
+                            v.encode(&mut part.part.values).map_err(|e| codec_error(&operator, e))?;
+                            part.part.end_entry(group)?;
+                            pass_if_full(&mut part, sink)?;
                         }
-                        flush_part(part, sink)?;
+                        flush_part(&mut part, sink)?;
                     }
                     Ok(base)
                 }))
@@ -735,15 +755,15 @@ impl<K: Key, V: Data> ValueState<K, V> {
                         self.groups.clone().zip(self.changed.iter().cloned()).collect();
                     Ok(Box::new(move |sink| {
                         // A key is either written or removed: one part per key group.
+                        let mut out = Exported::new(false);
                         for (group, keys) in changed {
-                            let mut out = Exported { base: false, entries: Vec::new(), removed: Vec::new() };
                             for (key, (_, value)) in keys.iter().filter(|(_, (e, _))| *e > since) {
                                 match value {
-                                    Some(value) => out.entries.push((group, key.to_vec(), value.to_vec())),
-                                    None => out.removed.push((group, key.to_vec())),
+                                    Some(value) => out.part.push(group, key, value)?,
+                                    None => out.part.push_removed(group, key)?,
                                 }
                             }
-                            flush_part(out, sink)?;
+                            flush_part(&mut out, sink)?;
                         }
                         Ok(false)
                     }))
@@ -831,16 +851,16 @@ impl<K: Key> TimerState<K> {
     pub fn export_deferred(&self) -> Export {
         let shared: Vec<(Timestamp, Arc<DueKeys<K>>)> = self.by_time.iter().map(|(t, k)| (*t, k.clone())).collect();
         Box::new(move |sink| {
-            let mut part = Exported::full(Vec::new());
+            let mut part = Exported::new(true);
             for (time, keys) in shared {
                 for (k, group) in keys.iter() {
-                    let mut key = Vec::new();
-                    time.encode_key(&mut key);
-                    k.encode_key(&mut key);
-                    push_part(&mut part, (*group, key, Vec::new()), sink)?;
+                    time.encode_key(&mut part.part.keys);
+                    k.encode_key(&mut part.part.keys);
+                    part.part.end_entry(*group)?;
+                    pass_if_full(&mut part, sink)?;
                 }
             }
-            flush_part(part, sink)?;
+            flush_part(&mut part, sink)?;
             Ok(true)
         })
     }
@@ -929,38 +949,38 @@ impl<K: Key, A: Data> WindowState<K, A> {
         let shared: Vec<(Timestamp, Arc<WindowMap<K, A>>)> = windows.iter().map(|(s, m)| (*s, m.clone())).collect();
         let operator = operator.to_string();
         let base = since.is_none();
-        let key_of = |k: &K, start: Timestamp| {
-            let mut key = Vec::new();
-            k.encode_key(&mut key);
-            start.encode_key(&mut key);
-            key
+        let key_of = |k: &K, start: Timestamp, out: &mut Vec<u8>| {
+            k.encode_key(out);
+            start.encode_key(out);
         };
         Ok(Box::new(move |sink| {
             // A delta's removals first: a window purged and opened again
             // (late records) has its new accumulators among the entries.
-            let mut gone = Exported { base, entries: Vec::new(), removed: Vec::new() };
+            let mut part = Exported::new(base);
             for (start, map) in &purged {
                 for (k, (group, _, _)) in map.iter() {
-                    gone.removed.push((*group, key_of(k, *start)));
+                    key_of(k, *start, &mut part.part.removed);
+                    part.part.end_removed(*group)?;
                 }
             }
             for (group, start, k) in &removed {
-                gone.removed.push((*group, key_of(k, *start)));
+                key_of(k, *start, &mut part.part.removed);
+                part.part.end_removed(*group)?;
             }
-            flush_part(gone, sink)?;
+            flush_part(&mut part, sink)?;
             // One part per window (of many key groups: window state is
             // read back whole, not a part at a time).
             for (start, map) in shared {
-                let mut part = Exported { base, entries: Vec::new(), removed: Vec::new() };
                 for (k, (group, acc, stamp)) in map.iter() {
                     if since.is_some_and(|s| *stamp <= s) {
                         continue;
                     }
-                    let mut value = Vec::new();
-                    acc.encode(&mut value).map_err(|e| codec_error(&operator, e))?;
-                    push_part(&mut part, (*group, key_of(k, start), value), sink)?;
+                    key_of(k, start, &mut part.part.keys);
+                    acc.encode(&mut part.part.values).map_err(|e| codec_error(&operator, e))?;
+                    part.part.end_entry(*group)?;
+                    pass_if_full(&mut part, sink)?;
                 }
-                flush_part(part, sink)?;
+                flush_part(&mut part, sink)?;
             }
             Ok(base)
         }))
@@ -1609,7 +1629,7 @@ mod tests {
             self.n += 1;
             let mut parts = Vec::new();
             let base = export(self.n, self.last)(&mut |part| {
-                parts.push(part);
+                parts.push(part.clone());
                 Ok(())
             })
             .unwrap();
@@ -1618,10 +1638,10 @@ mod tests {
             }
             let mut restored = if base { BTreeMap::new() } else { self.restored() };
             for part in &parts {
-                for (_, k) in &part.removed {
+                for (_, k) in part.part.removed_keys() {
                     restored.remove(&key(k));
                 }
-                for (_, k, v) in &part.entries {
+                for (_, k, v) in part.part.entries() {
                     restored.insert(key(k), u64::decode(v).unwrap());
                 }
             }
