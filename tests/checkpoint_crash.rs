@@ -19,15 +19,16 @@ use weibo::Job;
 use weibo::sinks::TxnFileSink;
 use weibo::sources::FileSource;
 use weibo::time::WatermarkStrategy;
-use weibo::window::Tumbling;
+use weibo::window::{Session, Tumbling};
 
 const LINES: usize = 12_000;
 
-/// Line `i`: `key,value,time`.
+/// Line `i`: `key,value,time`; time goes up by 1 ms a line, and by 50 ms
+/// more every 100 lines (so that sessions close).
 fn write_input(path: &Path) {
     let mut text = String::new();
     for i in 0..LINES {
-        text.push_str(&format!("{},{},{}\n", i % 13, i % 100, i));
+        text.push_str(&format!("{},{},{}\n", i % 13, i % 100, i + i / 100 * 50));
     }
     std::fs::write(path, text).unwrap();
 }
@@ -68,9 +69,17 @@ fn pipeline(input: &Path, out: &Path, checkpoints: &Path, partitions: usize, slo
         .key_by(|e: &(u32, u64, i64)| e.0)
         .with_partitions(partitions)
         // A running sum per key (value state, checkpointed incrementally),
-        // then windowed sums of the running sums (window state).
+        // then sums per session (session state and timers, set, moved and
+        // fired all the time), then windowed sums of those (window state).
         .reduce(|a, b| (a.0, a.1 + b.1, b.2))
         .name("running")
+        .key_by(|e: &(u32, u64, i64)| e.0)
+        .with_partitions(partitions)
+        .window(Session::with_gap(Duration::from_millis(20)))
+        .reduce(|a, b| (a.0, a.1 + b.1, a.2.max(b.2)))
+        .name("sessions")
+        .map(|r: weibo::window::WindowResult<u32, (u32, u64, i64)>| r.value)
+        .name("session-sums")
         .key_by(|e: &(u32, u64, i64)| e.0)
         .with_partitions(partitions)
         .window(Tumbling::of(Duration::from_millis(100)))

@@ -368,7 +368,11 @@ where
     fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
         Ok(vec![
             value_snapshot(&mut self.state, "value", at)?,
-            StateSnapshot { state: "timers", codec: TIMERS.into(), entries: self.timers.export_deferred() },
+            StateSnapshot {
+                state: "timers",
+                codec: TIMERS.into(),
+                entries: self.timers.export_changes(at.n, at.since),
+            },
         ])
     }
 

@@ -1042,15 +1042,22 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
     window_control!();
 
     fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
-        let c = &self.common;
         Ok(vec![
             StateSnapshot {
                 state: "sessions",
                 codec: Sessions::<W::Acc>::codec_id().to_string(),
                 entries: self.state.export_changes(at.n, at.since)?,
             },
-            StateSnapshot { state: "fire-timers", codec: TIMERS.into(), entries: c.fire.export_deferred() },
-            StateSnapshot { state: "cleanup-timers", codec: TIMERS.into(), entries: c.cleanup.export_deferred() },
+            StateSnapshot {
+                state: "fire-timers",
+                codec: TIMERS.into(),
+                entries: self.common.fire.export_changes(at.n, at.since),
+            },
+            StateSnapshot {
+                state: "cleanup-timers",
+                codec: TIMERS.into(),
+                entries: self.common.cleanup.export_changes(at.n, at.since),
+            },
         ])
     }
 

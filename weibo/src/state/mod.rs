@@ -840,7 +840,7 @@ impl<K: Key> TimerState<K> {
     ///
     /// # Errors
     /// None today (keys encode infallibly); as [`TimerState::export_deferred`].
-    pub fn export(&self) -> Result<Entries> {
+    pub fn export(&mut self) -> Result<Entries> {
         Ok(collect(self.export_deferred())?.entries)
     }
 
@@ -848,12 +848,70 @@ impl<K: Key> TimerState<K> {
     /// index is copied shallowly (one reference per time), and the keys of
     /// a time are copied when a timer of that time is next set or deleted
     /// while the checkpoint still holds them.
-    pub fn export_deferred(&self) -> Export {
-        let shared: Vec<(Timestamp, Arc<DueKeys<K>>)> = self.by_time.iter().map(|(t, k)| (*t, k.clone())).collect();
+    pub fn export_deferred(&mut self) -> Export {
+        self.export_at(None)
+    }
+
+    /// The timers at barrier `checkpoint`, to encode later: all of them (a
+    /// base), or those set and removed since checkpoint `since`, the last
+    /// complete one (a delta), chosen as for value state (see
+    /// [`ValueState::export_changes`]), except that a base is also written
+    /// once the timers removed and not yet in a complete checkpoint
+    /// outnumber both those set and 65,536 (the log of removals is then
+    /// dropped). The barrier copies one reference per time and per
+    /// checkpoint the log spans, not the timers.
+    pub fn export_changes(&mut self, checkpoint: u64, since: u64) -> Export {
+        self.export_at(Some((checkpoint, since)))
+    }
+
+    fn export_at(&mut self, at: Option<(u64, u64)>) -> Export {
+        let log = &mut self.log;
+        let since = match at {
+            Some((_, since))
+                if log.first_base.is_some_and(|first| since >= first)
+                    && !log.since_full.is_multiple_of(FULL_CHECKPOINT_EVERY) =>
+            {
+                Some(since as u32)
+            }
+            _ => None,
+        };
+        let mut removed = Vec::new();
+        if let Some((n, completed)) = at {
+            log.first_base.get_or_insert(n);
+            log.since_full = if since.is_some() { log.since_full + 1 } else { 1 };
+            // Removals so far belong to the checkpoint being taken.
+            if !log.current.is_empty() {
+                let current = Arc::new(std::mem::take(&mut log.current));
+                log.removed.push((log.epoch, current));
+            }
+            log.epoch = (n + 1) as u32;
+            // Removals a complete checkpoint holds are not needed again.
+            log.removed.retain(|(e, _)| u64::from(*e) > completed);
+            log.removed_len = log.removed.iter().map(|(_, r)| r.len()).sum();
+            if since.is_some() {
+                removed = log.removed.iter().map(|(_, r)| r.clone()).collect();
+            }
+        }
+        let shared: Vec<(Timestamp, Arc<TimerKeys<K>>)> = self.by_time.iter().map(|(t, k)| (*t, k.clone())).collect();
+        let base = since.is_none();
         Box::new(move |sink| {
-            let mut part = Exported::new(true);
+            let mut part = Exported::new(base);
+            // A delta's removals first: a timer deleted and set again is
+            // among the entries too.
+            for chunk in &removed {
+                for (time, k, group) in chunk.iter() {
+                    time.encode_key(&mut part.part.removed);
+                    k.encode_key(&mut part.part.removed);
+                    part.part.end_removed(*group)?;
+                    pass_if_full(&mut part, sink)?;
+                }
+            }
+            flush_part(&mut part, sink)?;
             for (time, keys) in shared {
-                for (k, group) in keys.iter() {
+                for (k, (group, stamp)) in keys.iter() {
+                    if since.is_some_and(|s| *stamp <= s) {
+                        continue;
+                    }
                     time.encode_key(&mut part.part.keys);
                     k.encode_key(&mut part.part.keys);
                     part.part.end_entry(*group)?;
@@ -861,7 +919,7 @@ impl<K: Key> TimerState<K> {
                 }
             }
             flush_part(&mut part, sink)?;
-            Ok(true)
+            Ok(base)
         })
     }
 
@@ -1021,18 +1079,70 @@ pub type DueTimers<K> = (Timestamp, Vec<(K, u16)>);
 /// Keys due at one time, with their key groups.
 type DueKeys<K> = hashbrown::HashMap<K, u16, FxBuildHasher>;
 
+/// The keys of one time's timers: key → (key group, epoch it was set in).
+type TimerKeys<K> = hashbrown::HashMap<K, (u16, u32), FxBuildHasher>;
+
+/// Timers removed in one epoch: (time, key, key group).
+type RemovedTimers<K> = Vec<(Timestamp, K, u16)>;
+
+/// What incremental checkpoints of timers need (as for windows): the epoch
+/// timers set now are stamped with, which checkpoint a delta may build on,
+/// and the timers removed (deleted or fired) that a complete checkpoint may
+/// hold, per epoch.
+struct TimerLog<K> {
+    epoch: u32,
+    since_full: u32,
+    /// The first base exported since the log was last dropped (`None`: the
+    /// next export is a base, and nothing needs logging until then).
+    first_base: Option<u64>,
+    /// Removals of past epochs, shared with the checkpoints that write them.
+    removed: Vec<(u32, Arc<RemovedTimers<K>>)>,
+    /// Removals of this epoch.
+    current: RemovedTimers<K>,
+    /// Timers in `removed`.
+    removed_len: usize,
+}
+
+impl<K> Default for TimerLog<K> {
+    fn default() -> Self {
+        Self { epoch: 0, since_full: 0, first_base: None, removed: Vec::new(), current: Vec::new(), removed_len: 0 }
+    }
+}
+
+impl<K> TimerLog<K> {
+    /// Whether removing a timer set in epoch `stamp` must be logged: a
+    /// timer set since the last barrier is in no checkpoint.
+    fn logs(&self, stamp: u32) -> bool {
+        self.first_base.is_some() && stamp < self.epoch
+    }
+
+    /// Logs a removal; when the log outgrows the `live` timers (and
+    /// [`WINDOW_LOG_MIN`]), a delta would outweigh a base: the log is
+    /// dropped and the next export is a base.
+    fn push(&mut self, time: Timestamp, key: K, group: u16, live: usize) {
+        self.current.push((time, key, group));
+        if self.removed_len + self.current.len() > live.max(WINDOW_LOG_MIN) {
+            self.first_base = None;
+            self.removed.clear();
+            self.current.clear();
+            self.removed_len = 0;
+        }
+    }
+}
+
 /// Event-time timers per key: "call me back for key `k` when the watermark
 /// reaches `t`". Windows keep their firing and clean-up times here, and
 /// keyed `process` functions register their own.
 ///
 /// Timers are kept in memory on every backend, in an index ordered by
-/// time (a checkpoint writes them all: key = the time, in the
-/// order-preserving key encoding, then the encoded key).
+/// time, and checkpointed incrementally (an entry's key is the time, in the
+/// order-preserving key encoding, then the encoded key; it has no value).
 pub struct TimerState<K> {
     /// Per time, its keys; shared with the checkpoint being written, if
     /// any, and copied on the next change (copy-on-write per time).
-    by_time: BTreeMap<Timestamp, Arc<DueKeys<K>>>,
+    by_time: BTreeMap<Timestamp, Arc<TimerKeys<K>>>,
     len: usize,
+    log: TimerLog<K>,
 }
 
 impl<K> fmt::Debug for TimerState<K> {
@@ -1049,7 +1159,7 @@ impl<K: Key> TimerState<K> {
     /// None today; a backend that keeps timers elsewhere may fail.
     pub fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
         let _ = (backend, scope);
-        Ok(Self { by_time: BTreeMap::new(), len: 0 })
+        Ok(Self { by_time: BTreeMap::new(), len: 0, log: TimerLog::default() })
     }
 
     /// Registers a timer for `key` (of key group `group`) at `time`;
@@ -1060,7 +1170,8 @@ impl<K: Key> TimerState<K> {
     #[inline]
     pub fn register(&mut self, time: Timestamp, group: u16, key: &K) -> Result<()> {
         let keys = Arc::make_mut(self.by_time.entry(time).or_default());
-        if keys.insert(key.clone(), group).is_none() {
+        if !keys.contains_key(key) {
+            keys.insert(key.clone(), (group, self.log.epoch));
             self.len += 1;
         }
         Ok(())
@@ -1072,15 +1183,16 @@ impl<K: Key> TimerState<K> {
     /// [`Error::State`] when a byte backend fails.
     pub fn delete(&mut self, time: Timestamp, key: &K) -> Result<()> {
         let Some(keys) = self.by_time.get_mut(&time) else { return Ok(()) };
-        if !keys.contains_key(key) {
-            return Ok(());
-        }
+        let Some(&(group, stamp)) = keys.get(key) else { return Ok(()) };
         let keys = Arc::make_mut(keys);
         keys.remove(key);
         if keys.is_empty() {
             self.by_time.remove(&time);
         }
         self.len -= 1;
+        if self.log.logs(stamp) {
+            self.log.push(time, key.clone(), group, self.len);
+        }
         Ok(())
     }
 
@@ -1113,7 +1225,14 @@ impl<K: Key> TimerState<K> {
         let (time, keys) = entry.remove_entry();
         self.len -= keys.len();
         let keys = Arc::try_unwrap(keys).unwrap_or_else(|shared| (*shared).clone());
-        Ok(Some((time, keys.into_iter().collect())))
+        let mut due = Vec::with_capacity(keys.len());
+        for (k, (group, stamp)) in keys {
+            if self.log.logs(stamp) {
+                self.log.push(time, k.clone(), group, self.len);
+            }
+            due.push((k, group));
+        }
+        Ok(Some((time, due)))
     }
 }
 
@@ -1851,6 +1970,108 @@ mod tests {
         ) {
             for (backend, _dir) in backends() {
                 window_model_run(&*backend, &ops)?;
+            }
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum TimerOp {
+        Set(i64, u8),
+        Delete(i64, u8),
+        Fire(i64),
+        Checkpoint(bool),
+        Restore,
+    }
+
+    fn timer_op() -> impl proptest::strategy::Strategy<Value = TimerOp> {
+        use proptest::prelude::*;
+        let time = prop::sample::select(vec![0i64, 10, 20, 30, 40]);
+        prop_oneof![
+            6 => (time.clone(), 0u8..10).prop_map(|(t, k)| TimerOp::Set(t, k)),
+            2 => (time.clone(), 0u8..10).prop_map(|(t, k)| TimerOp::Delete(t, k)),
+            1 => time.prop_map(TimerOp::Fire),
+            2 => proptest::bool::weighted(0.8).prop_map(TimerOp::Checkpoint),
+            1 => Just(TimerOp::Restore),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+        /// Timers against a `BTreeSet` of (time, key), across checkpoints
+        /// (bases and deltas, some not completing; the log of removals is
+        /// dropped after a few in tests) and restores from the last
+        /// complete one, applied part by part as a restore does.
+        #[test]
+        fn timers_agree_with_a_btreeset_across_checkpoints_and_restores(
+            ops in proptest::collection::vec(timer_op(), 1..200),
+        ) {
+            use proptest::prop_assert_eq;
+            use std::collections::BTreeSet;
+            let open = || TimerState::<u8>::open(&MemoryBackend, &scope()).unwrap();
+            let contents = |t: &TimerState<u8>| -> BTreeSet<(i64, u8)> {
+                t.by_time.iter().flat_map(|(time, keys)| keys.keys().map(|k| (*time, *k))).collect()
+            };
+            let decode = |key: &[u8]| crate::key::decode::<(i64, u8)>(key).unwrap();
+            let mut t = open();
+            let mut oracle = BTreeSet::new();
+            let (mut n, mut complete) = (0u64, (0u64, BTreeSet::new()));
+            for op in &ops {
+                match op {
+                    TimerOp::Set(time, k) => {
+                        t.register(*time, group_of(*k), k).unwrap();
+                        oracle.insert((*time, *k));
+                    }
+                    TimerOp::Delete(time, k) => {
+                        t.delete(*time, k).unwrap();
+                        oracle.remove(&(*time, *k));
+                    }
+                    TimerOp::Fire(watermark) => {
+                        while let Some((time, keys)) = t.pop_due(*watermark).unwrap() {
+                            for (k, g) in keys {
+                                prop_assert_eq!(g, group_of(k));
+                                proptest::prop_assert!(oracle.remove(&(time, k)), "fired ({}, {}) twice", time, k);
+                            }
+                        }
+                        proptest::prop_assert!(oracle.iter().all(|(time, _)| time > watermark));
+                    }
+                    TimerOp::Checkpoint(completes) => {
+                        n += 1;
+                        let export = t.export_changes(n, complete.0);
+                        let mut parts = Vec::new();
+                        let base = export(&mut |part| {
+                            parts.push(part.clone());
+                            Ok(())
+                        })
+                        .unwrap();
+                        if *completes {
+                            let mut restored = if base { BTreeSet::new() } else { complete.1.clone() };
+                            for part in &parts {
+                                for (_, k) in part.part.removed_keys() {
+                                    restored.remove(&decode(k));
+                                }
+                                for (g, k, v) in part.part.entries() {
+                                    prop_assert_eq!(v.len(), 0);
+                                    prop_assert_eq!(g, group_of(decode(k).1));
+                                    restored.insert(decode(k));
+                                }
+                            }
+                            prop_assert_eq!(&restored, &oracle, "checkpoint {} (base: {})", n, base);
+                            complete = (n, restored);
+                        }
+                    }
+                    TimerOp::Restore => {
+                        t = open();
+                        oracle = complete.1.clone();
+                        let entries = oracle
+                            .iter()
+                            .map(|(time, k)| (group_of(*k), crate::key::encode(&(*time, *k)), Vec::new()))
+                            .collect();
+                        t.import(entries, "op").unwrap();
+                    }
+                }
+                prop_assert_eq!(contents(&t), oracle.clone(), "after {:?}", op);
+                prop_assert_eq!(t.len(), oracle.len());
             }
         }
     }
