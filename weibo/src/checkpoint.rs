@@ -112,11 +112,14 @@ pub struct StatePart {
     pub removed: Vec<u8>,
 }
 
-/// A buffer's length as an end offset; a part is passed on long before its
-/// buffers reach 4 GiB, so only a single entry that large fails.
+/// A buffer's length as an end offset. Exports pass a part on once it
+/// holds 16 MiB, so only a single entry near 4 GiB fails here.
 fn end_of(buffer: &[u8]) -> Result<u32> {
     u32::try_from(buffer.len()).map_err(|_| {
-        Error::Internal(format!("a checkpoint part grew to {} bytes: an entry is larger than 4 GiB", buffer.len()))
+        Error::Internal(format!(
+            "a checkpoint part grew to {} bytes, past the 4 GiB a state-file frame can hold",
+            buffer.len()
+        ))
     })
 }
 
@@ -232,6 +235,16 @@ fn archived_part_as_file(part: &ArchivedStatePart) -> Option<StateFile> {
     }
     let n = part.groups.len();
     if part.key_ends.len() != n || part.value_ends.len() != n || part.removed_ends.len() != part.removed_groups.len() {
+        return None;
+    }
+    // Every byte belongs to an entry: the last end is the buffer's length.
+    let ends_at = |ends: &rkyv::vec::ArchivedVec<rkyv::rend::u32_le>, len: usize| {
+        ends.last().map_or(0, |e| e.to_native() as usize) == len
+    };
+    if !ends_at(&part.key_ends, part.keys.len())
+        || !ends_at(&part.value_ends, part.values.len())
+        || !ends_at(&part.removed_ends, part.removed.len())
+    {
         return None;
     }
     let mut groups: Vec<GroupEntries> = Vec::new();
@@ -1348,6 +1361,15 @@ mod tests {
         bad_part.value_ends[0] = 1_000;
         let mut w = StateFileWriter::create(&path, &meta).unwrap();
         w.part(&bad_part).unwrap();
+        w.finish().unwrap();
+        let err = read_state_file(&path).unwrap_err().to_string();
+        assert!(err.contains("frame 1") && err.contains("offsets"), "{err}");
+
+        // So is one with bytes after its last value.
+        let mut trailing_part = part_of(&whole);
+        trailing_part.values.push(7);
+        let mut w = StateFileWriter::create(&path, &meta).unwrap();
+        w.part(&trailing_part).unwrap();
         w.finish().unwrap();
         let err = read_state_file(&path).unwrap_err().to_string();
         assert!(err.contains("frame 1") && err.contains("offsets"), "{err}");

@@ -373,6 +373,11 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                         failure.get_or_insert(g);
                         break;
                     }
+                    if map.is_empty() {
+                        out.part.push(group, key, value)?;
+                        pass_if_full(&mut out, sink)?;
+                        continue;
+                    }
                     let k = crate::key::decode::<K>(key).map_err(|e| Error::State {
                         operator: operator.clone(),
                         message: format!("a stored key does not decode: {e}"),
@@ -421,6 +426,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                         Some(value) => out.part.push(group, key, value)?,
                         None => out.part.push_removed(group, key)?,
                     }
+                    pass_if_full(&mut out, sink)?;
                 }
                 for (k, entry) in map.iter().filter(|(_, e)| e.stamp > since) {
                     match &entry.value {
@@ -434,6 +440,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                             out.part.end_removed(group)?;
                         }
                     }
+                    pass_if_full(&mut out, sink)?;
                 }
                 flush_part(&mut out, sink)?;
             }

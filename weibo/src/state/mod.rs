@@ -155,7 +155,7 @@ pub trait StateTable: Send {
     /// holding that key group only, key groups in order (a cache laid over
     /// the table relies on it). The default passes one part per key group
     /// that has entries; the fjall backend splits a key group into parts of
-    /// at most [`EXPORT_PART`] entries.
+    /// at most [`EXPORT_PART`] entries or about [`EXPORT_PART_BYTES`] bytes.
     ///
     /// # Errors
     /// [`Error::State`] when the storage fails.
@@ -726,6 +726,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                         for (k, _) in keys.iter() {
                             k.encode_key(&mut part.part.removed);
                             part.part.end_removed(group)?;
+                            pass_if_full(&mut part, sink)?;
                         }
                     }
                     flush_part(&mut part, sink)?;
@@ -762,6 +763,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                                     Some(value) => out.part.push(group, key, value)?,
                                     None => out.part.push_removed(group, key)?,
                                 }
+                                pass_if_full(&mut out, sink)?;
                             }
                             flush_part(&mut out, sink)?;
                         }
@@ -1019,15 +1021,16 @@ impl<K: Key, A: Data> WindowState<K, A> {
                 for (k, (group, _, _)) in map.iter() {
                     key_of(k, *start, &mut part.part.removed);
                     part.part.end_removed(*group)?;
+                    pass_if_full(&mut part, sink)?;
                 }
             }
             for (group, start, k) in &removed {
                 key_of(k, *start, &mut part.part.removed);
                 part.part.end_removed(*group)?;
+                pass_if_full(&mut part, sink)?;
             }
             flush_part(&mut part, sink)?;
-            // One part per window (of many key groups: window state is
-            // read back whole, not a part at a time).
+            // Parts of one window each (of many key groups).
             for (start, map) in shared {
                 for (k, (group, acc, stamp)) in map.iter() {
                     if since.is_some_and(|s| *stamp <= s) {
