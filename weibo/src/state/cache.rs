@@ -430,15 +430,8 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 }
                 for (k, entry) in map.iter().filter(|(_, e)| e.stamp > since) {
                     match &entry.value {
-                        Some(v) => {
-                            k.encode_key(&mut out.part.keys);
-                            v.encode(&mut out.part.values).map_err(|e| codec_error(&operator, e))?;
-                            out.part.end_entry(group)?;
-                        }
-                        None => {
-                            k.encode_key(&mut out.part.removed);
-                            out.part.end_removed(group)?;
-                        }
+                        Some(v) => out.put(group, k, v, &operator)?,
+                        None => out.remove(group, k)?,
                     }
                     pass_if_full(&mut out, sink)?;
                 }
@@ -459,9 +452,7 @@ fn cached<K: Key, V: Data>(
 ) -> Result<()> {
     for (k, entry) in map.iter() {
         if let Some(v) = &entry.value {
-            k.encode_key(&mut out.part.keys);
-            v.encode(&mut out.part.values).map_err(|e| codec_error(operator, e))?;
-            out.part.end_entry(group)?;
+            out.put(group, k, v, operator)?;
             pass_if_full(out, sink)?;
         }
     }

@@ -571,6 +571,26 @@ impl Exported {
     fn is_full(&self) -> bool {
         self.part.len() >= EXPORT_PART || self.part.bytes() >= EXPORT_PART_BYTES
     }
+
+    /// Adds `key` → `value` of key group `group`, encoded in place.
+    ///
+    /// # Errors
+    /// [`Error::Codec`] (naming `operator`) when the value does not encode.
+    fn put<K: Key, V: Data>(&mut self, group: u16, key: &K, value: &V, operator: &str) -> Result<()> {
+        let key_start = self.part.keys.len();
+        key.encode_key(&mut self.part.keys);
+        if let Err(e) = value.encode(&mut self.part.values) {
+            self.part.keys.truncate(key_start);
+            return Err(codec_error(operator, e));
+        }
+        self.part.end_entry(group)
+    }
+
+    /// Adds the removal of `key`, of key group `group`.
+    fn remove<K: Key>(&mut self, group: u16, key: &K) -> Result<()> {
+        key.encode_key(&mut self.part.removed);
+        self.part.end_removed(group)
+    }
 }
 
 /// Receives an export's parts one at a time (a part's buffers are reused
@@ -724,8 +744,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                     let mut part = Exported::new(base);
                     for (group, keys) in removed {
                         for (k, _) in keys.iter() {
-                            k.encode_key(&mut part.part.removed);
-                            part.part.end_removed(group)?;
+                            part.remove(group, k)?;
                             pass_if_full(&mut part, sink)?;
                         }
                     }
@@ -735,9 +754,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                             if since.is_some_and(|s| *stamp <= s) {
                                 continue;
                             }
-                            k.encode_key(&mut part.part.keys);
-                            v.encode(&mut part.part.values).map_err(|e| codec_error(&operator, e))?;
-                            part.part.end_entry(group)?;
+                            part.put(group, k, v, &operator)?;
                             pass_if_full(&mut part, sink)?;
                         }
                         flush_part(&mut part, sink)?;
