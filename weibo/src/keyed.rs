@@ -378,7 +378,11 @@ where
 
     fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
         value_restore(&mut self.state, from, &self.info.name, "value", groups)?;
-        self.timers.import(from.entries(&self.info.name, "timers", TIMERS, groups)?, &self.info.name)
+        let name = &self.info.name;
+        let timers = &mut self.timers;
+        from.load_entries(name, "timers", TIMERS, groups, &mut |entries, removed| {
+            timers.import_part(entries, removed, name)
+        })
     }
 }
 

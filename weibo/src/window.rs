@@ -1067,8 +1067,12 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
         from.load_entries(&name, "sessions", &codec, groups, &mut |entries, removed| {
             self.state.import_part(entries, removed)
         })?;
-        self.common.fire.import(from.entries(&name, "fire-timers", TIMERS, groups)?, &name)?;
-        self.common.cleanup.import(from.entries(&name, "cleanup-timers", TIMERS, groups)?, &name)
+        for (state, timers) in [("fire-timers", &mut self.common.fire), ("cleanup-timers", &mut self.common.cleanup)] {
+            from.load_entries(&name, state, TIMERS, groups, &mut |entries, removed| {
+                timers.import_part(entries, removed, &name)
+            })?;
+        }
+        Ok(())
     }
 }
 

@@ -954,6 +954,19 @@ impl<K: Key> TimerState<K> {
     /// # Errors
     /// [`Error::State`] for entries that do not decode.
     pub fn import(&mut self, entries: Entries, operator: &str) -> Result<()> {
+        self.import_part(entries, Vec::new(), operator)
+    }
+
+    /// Loads a part of a checkpoint: deletes `removed`, then sets `entries`
+    /// (see [`ValueState::import_part`]).
+    ///
+    /// # Errors
+    /// As [`TimerState::import`].
+    pub fn import_part(&mut self, entries: Entries, removed: RemovedKeys, operator: &str) -> Result<()> {
+        for (_, key) in removed {
+            let (time, k) = crate::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(operator, e))?;
+            self.delete(time, &k)?;
+        }
         for (group, key, _) in entries {
             let (time, k) = crate::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(operator, e))?;
             self.register(time, group, &k)?;
