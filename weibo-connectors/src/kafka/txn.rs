@@ -458,6 +458,19 @@ impl Core {
             };
             match result {
                 Ok(()) => return s.producer.context().check(&self.name()),
+                Err((_, e)) if fenced(&e) && Instant::now() < deadline => {
+                    // The brokers abort a transaction that outlived
+                    // transaction.timeout.ms and bump its producer's epoch:
+                    // the commit then finds the producer fenced (or, as
+                    // often, the transaction abortable: below). Nothing of
+                    // it is visible: a new producer writes it again from its
+                    // redo log, as `settle` does for a fenced record.
+                    let hint = self.hint("fenced");
+                    tracing::warn!(transaction = %id, epoch, error = %e, "the transaction was fenced; replacing the producer and writing the transaction again{hint}");
+                    self.replace_producer(s)?;
+                    self.rewrite(s, &redo)?;
+                    self.settle(s, &redo)?;
+                }
                 Err((what, e)) => {
                     if step(what, e)? {
                         // The transaction can only be aborted (a broker
@@ -760,6 +773,14 @@ fn bounded<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 's
         })
         .ok()?;
     rx.recv_timeout(limit).ok()
+}
+
+/// Whether `e` says the producer was fenced: a newer producer with its
+/// transactional id started, or the brokers aborted its transaction for
+/// outliving `transaction.timeout.ms` (which bumps the producer's epoch).
+fn fenced(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(e.rdkafka_error_code(), Some(C::Fenced | C::ProducerFenced | C::InvalidProducerEpoch))
 }
 
 fn is_timeout(e: &KafkaError) -> bool {
