@@ -1,6 +1,7 @@
 //! The book's "Checkpoints and recovery" chapter: a job with checkpoints
 //! stopped mid-run and restored, what its checkpoint directory holds, a
-//! source of your own that resumes, and exactly-once output to files.
+//! source of your own that resumes, exactly-once output to files, and
+//! checkpoints in a storage other than a directory.
 //!
 //! Run it with `cargo run -p weibo-examples --example book_checkpoints`.
 
@@ -27,6 +28,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let dir = scratch("exactly-once");
     exactly_once(&dir).await?;
     std::fs::remove_dir_all(&dir)?;
+
+    other_storage().await?;
     Ok(())
 }
 
@@ -317,3 +320,48 @@ fn files(dir: &Path) -> std::io::Result<Vec<String>> {
     Ok(names)
 }
 // ANCHOR_END: exactly_once
+
+// ANCHOR: other_storage
+async fn other_storage() -> Result<(), Box<dyn Error>> {
+    use weibo::checkpoint::{MemoryStorage, complete_checkpoints_in};
+
+    let storage = MemoryStorage::new();
+
+    // The pipeline of this chapter, checkpointing into memory.
+    let pipeline = |events: Generator<(u64, u64)>, out: &CollectSink<(u64, (u64, u64))>| {
+        let job = Job::new("sums").with_checkpoint_storage(storage.clone(), Duration::from_millis(100));
+        job.source(events)
+            .name("events")
+            .key_by(|e: &(u64, u64)| e.0)
+            .with_partitions(2)
+            .fold(
+                || (0u64, 0u64),
+                |acc: &mut (u64, u64), e: (u64, u64)| {
+                    acc.0 += 1;
+                    acc.1 += e.1;
+                },
+            )
+            .name("sums")
+            .sink(out.clone());
+        job
+    };
+    let out = CollectSink::new();
+    let handle = pipeline(Generator::new(EVENTS, event).with_partitions(2).with_rate(2_000.0), &out).spawn()?;
+    while handle.last_checkpoint().is_none_or(|n| n < 2) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    handle.abort();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for name in storage.names() {
+        println!("  {name}");
+    }
+    let newest = complete_checkpoints_in(&storage, "")?;
+    println!("complete: {:?}", newest.iter().map(|(n, _)| n).collect::<Vec<_>>());
+
+    // A second life restores from the same storage.
+    let out = CollectSink::new();
+    pipeline(Generator::new(EVENTS, event).with_partitions(2), &out).run().await?;
+    assert_eq!(finals(out.values()), expected(), "no event lost, none counted twice");
+    Ok(())
+}
+// ANCHOR_END: other_storage

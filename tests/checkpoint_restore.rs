@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use weibo::Job;
+use weibo::checkpoint::MemoryStorage;
 use weibo::sinks::CollectSink;
 use weibo::sources::Generator;
 
@@ -150,7 +151,7 @@ async fn a_damaged_newest_checkpoint_falls_back_to_the_one_before() {
         .find(|p| p.to_string_lossy().ends_with(&suffix))
         .unwrap();
     let mut bytes = std::fs::read(&file).unwrap();
-    let at = bytes.len() - 1;
+    let at = bytes.len() / 2;
     bytes[at] ^= 0xFF;
     std::fs::write(&file, bytes).unwrap();
     let (got, _) = restore_and_finish(dir.path(), 2).await;
@@ -202,6 +203,86 @@ async fn a_named_savepoint_outlives_retention_and_restores_with_another_partitio
     let report = restored.run().await.unwrap();
     assert_eq!(finals(out.values()), expected());
     assert!(report.metrics.operator("events").unwrap().records_out < EVENTS);
+}
+
+/// The pipeline of [`job`], checkpointing into `storage`.
+fn job_in(storage: &MemoryStorage, partitions: usize, rate: f64, out: &CollectSink<(u64, (u64, u64))>) -> Job {
+    let job = Job::new("sums")
+        .with_checkpoint_storage(storage.clone(), Duration::from_millis(30))
+        .with_retained_checkpoints(2)
+        .with_max_key_groups(16);
+    job.source(Generator::new(EVENTS, event).with_partitions(2).with_rate(rate)).name("events").sums(partitions, out);
+    job
+}
+
+/// Checkpoints in a storage that is not a directory, with an object
+/// store's rules (objects written once, whole; no rename; `MemoryStorage`
+/// refuses to overwrite): they restore, rescale, fall back past damage,
+/// keep savepoints and are retained as in a directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_in_another_storage_restore_rescale_fall_back_and_are_retained() {
+    use weibo::checkpoint::{CheckpointStorage, MemoryStorage, complete_checkpoints_in, read_manifest_in};
+
+    let storage = MemoryStorage::new();
+    let out = CollectSink::new();
+    let handle = job_in(&storage, 2, 3_000.0, &out).spawn().unwrap();
+    while handle.last_checkpoint().is_none_or(|n| n < 2) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let savepoint = handle.savepoint("before-rescale").await.unwrap();
+    assert_eq!(savepoint, storage.locate("savepoints/before-rescale"));
+    let at = handle.last_checkpoint().unwrap();
+    while handle.last_checkpoint().is_none_or(|n| n < at + 3) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!handle.is_finished(), "stopped before the end of input");
+    handle.abort();
+
+    // Retention: the newest two complete checkpoints, and the state files
+    // they refer to (or that checkpoints in flight wrote after them).
+    let complete = complete_checkpoints_in(&storage, "").unwrap();
+    assert_eq!(complete.len(), 2, "{complete:?}");
+    let newest = complete[0].0;
+    let mut referenced = std::collections::BTreeSet::new();
+    for (_, dir) in &complete {
+        let m = read_manifest_in(&storage, dir).unwrap();
+        referenced.extend(m.states.iter().map(|s| format!("shared/{}", s.file.rsplit('/').next().unwrap())));
+    }
+    for name in storage.list("shared/").unwrap() {
+        let written: u64 = name.trim_end_matches(".state").rsplit('-').next().unwrap().parse().unwrap();
+        assert!(referenced.contains(&name) || written > newest, "{name} outlived retention");
+    }
+    assert!(storage.exists("savepoints/before-rescale/MANIFEST").unwrap(), "the savepoint outlived retention");
+
+    // Damage every state file the newest checkpoint wrote: the restore
+    // falls back to the one before, with 3 partitions.
+    let manifest = read_manifest_in(&storage, &complete[0].1).unwrap();
+    for s in manifest.states.iter().filter(|s| s.checkpoint == newest) {
+        let name = format!("shared/{}", s.file.rsplit('/').next().unwrap());
+        let mut bytes = storage.get(&name).unwrap().to_vec();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xFF;
+        storage.set(&name, bytes);
+    }
+    let out = CollectSink::new();
+    let handle = job_in(&storage, 3, 1e9, &out).spawn().unwrap();
+    assert_eq!(handle.last_checkpoint(), Some(complete[1].0), "restored from the checkpoint before the damaged one");
+    let report = handle.wait().await.unwrap();
+    assert_eq!(finals(out.values()), expected(), "no event lost or counted twice");
+    assert!(report.metrics.operator("events").unwrap().records_out < EVENTS, "sources resumed");
+
+    // The savepoint restores into a job checkpointing elsewhere, with 1 partition.
+    let elsewhere = MemoryStorage::new();
+    let out = CollectSink::new();
+    let restored = job_in(&elsewhere, 1, 1e9, &out)
+        .restore_from_storage(std::sync::Arc::new(storage.clone()), "savepoints/before-rescale");
+    let report = restored.run().await.unwrap();
+    assert_eq!(finals(out.values()), expected());
+    assert!(report.metrics.operator("events").unwrap().records_out < EVENTS);
+    let missing = job_in(&elsewhere, 1, 1e9, &CollectSink::new())
+        .restore_from_storage(std::sync::Arc::new(storage.clone()), "savepoints/none");
+    let err = missing.run().await.unwrap_err().to_string();
+    assert!(err.contains("memory:/savepoints/none") && err.contains("no complete checkpoint"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -565,7 +565,7 @@ impl Graph {
                     CheckpointIo {
                         trigger: if is_source { w.triggers.pop() } else { None },
                         acks: w.acks.clone(),
-                        dir: w.dir.clone(),
+                        storage: w.storage.clone(),
                         completed: w.completed.clone(),
                         task: head.clone(),
                         operator: node.name.clone(),
@@ -611,7 +611,7 @@ impl Graph {
 pub(crate) struct CheckpointWiring {
     pub(crate) triggers: Vec<tokio::sync::mpsc::UnboundedReceiver<u64>>,
     pub(crate) acks: tokio::sync::mpsc::UnboundedSender<Ack>,
-    pub(crate) dir: std::path::PathBuf,
+    pub(crate) storage: std::sync::Arc<dyn crate::checkpoint::CheckpointStorage>,
     pub(crate) completed: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::checkpoint::{CheckpointConfig, Coordinator, Restore, SavepointRequest};
+use crate::checkpoint::{CheckpointConfig, CheckpointStorage, Coordinator, LocalDir, Restore, SavepointRequest};
 use crate::graph::CheckpointWiring;
 
 use crate::error::{Error, Result};
@@ -37,7 +37,7 @@ pub(crate) struct JobConfig {
     /// Where and how often checkpoints are taken, if at all.
     pub(crate) checkpoint: Option<CheckpointConfig>,
     /// A checkpoint (or a directory of them) to start from.
-    pub(crate) restore_from: Option<PathBuf>,
+    pub(crate) restore_from: Option<RestoreFrom>,
     /// The exactly-once sinks, for the coordinator to commit.
     pub(crate) committers: Vec<Arc<dyn crate::sinks::Committer>>,
 }
@@ -45,6 +45,54 @@ pub(crate) struct JobConfig {
 impl std::fmt::Debug for dyn crate::sinks::Committer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Committer({})", self.name())
+    }
+}
+
+/// Where a job restores from, as configured.
+#[derive(Clone, Debug)]
+pub(crate) enum RestoreFrom {
+    /// A local checkpoint's or savepoint's directory, or a directory of
+    /// checkpoints.
+    Path(PathBuf),
+    /// The same, as a directory in a storage (`""`: its top).
+    Stored(Arc<dyn CheckpointStorage>, String),
+}
+
+impl RestoreFrom {
+    /// Finds the checkpoint to restore and loads it.
+    fn load(&self, fingerprint: &str, max_key_groups: u16) -> Result<Restore> {
+        let (storage, dir): (Arc<dyn CheckpointStorage>, String) = match self {
+            // A checkpoint's manifest names its state files relative to
+            // itself (`../shared/..`): the storage is its parent directory.
+            RestoreFrom::Path(path) if path.join("MANIFEST").is_file() => {
+                let path = std::fs::canonicalize(path).map_err(|source| Error::Io {
+                    action: "cannot read checkpoint directory",
+                    path: path.clone(),
+                    source,
+                })?;
+                match (path.parent(), path.file_name()) {
+                    (Some(parent), Some(name)) => {
+                        (Arc::new(LocalDir::new(parent)), name.to_string_lossy().into_owned())
+                    }
+                    _ => (Arc::new(LocalDir::new(path)), String::new()),
+                }
+            }
+            RestoreFrom::Path(path) => (Arc::new(LocalDir::new(path)), String::new()),
+            RestoreFrom::Stored(storage, dir) => (storage.clone(), dir.clone()),
+        };
+        let manifest = crate::checkpoint::storage::join(&dir, "MANIFEST");
+        let is_checkpoint = storage.exists(&manifest).map_err(|source| Error::Io {
+            action: "cannot read checkpoint storage",
+            path: storage.locate(&manifest),
+            source,
+        })?;
+        if is_checkpoint {
+            return Restore::load(&storage, &dir, fingerprint, max_key_groups);
+        }
+        Restore::latest(&storage, &dir, fingerprint, max_key_groups)?.ok_or_else(|| Error::Checkpoint {
+            path: storage.locate(&dir),
+            message: "holds no complete checkpoint".into(),
+        })
     }
 }
 
@@ -153,8 +201,17 @@ impl Job {
     /// a finished source is recorded at its end.
     #[must_use]
     pub fn with_checkpoints(self, dir: impl Into<PathBuf>, interval: Duration) -> Self {
-        let dir = dir.into();
-        self.configure(|c| c.checkpoint = Some(CheckpointConfig { dir, interval, retain: 3, timeout: None }))
+        self.with_checkpoint_storage(LocalDir::new(dir), interval)
+    }
+
+    /// As [`Job::with_checkpoints`], into `storage`: a [`LocalDir`], a
+    /// [`MemoryStorage`](crate::checkpoint::MemoryStorage) (tests), or
+    /// any other [`CheckpointStorage`] such as an object store. The
+    /// storage's layout is that of the directory.
+    #[must_use]
+    pub fn with_checkpoint_storage(self, storage: impl CheckpointStorage, interval: Duration) -> Self {
+        let storage: Arc<dyn CheckpointStorage> = Arc::new(storage);
+        self.configure(|c| c.checkpoint = Some(CheckpointConfig { storage, interval, retain: 3, timeout: None }))
     }
 
     /// Abandons a checkpoint (or savepoint) that has not completed `timeout`
@@ -191,7 +248,18 @@ impl Job {
     #[must_use]
     pub fn restore_from(self, path: impl Into<PathBuf>) -> Self {
         let path = path.into();
-        self.configure(|c| c.restore_from = Some(path))
+        self.configure(|c| c.restore_from = Some(RestoreFrom::Path(path)))
+    }
+
+    /// As [`Job::restore_from`], from directory `dir` of `storage`: a
+    /// checkpoint's (`chk-<n>`), a savepoint's (`savepoints/<name>`), or
+    /// one holding checkpoints (`""`, the top: then the newest complete
+    /// one). With [`Job::with_checkpoint_storage`] alone, the job already
+    /// restores from that storage's newest checkpoint.
+    #[must_use]
+    pub fn restore_from_storage(self, storage: Arc<dyn CheckpointStorage>, dir: impl Into<String>) -> Self {
+        let dir = dir.into();
+        self.configure(|c| c.restore_from = Some(RestoreFrom::Stored(storage, dir)))
     }
 
     /// Adds a source; each of its partitions is read by its own task.
@@ -263,18 +331,14 @@ impl Job {
         graph.validate()?;
         let config = &graph.config;
         let fingerprint = graph.fingerprint();
-        let restore = match (&config.restore_from, &config.checkpoint) {
-            (Some(path), _) if path.join("MANIFEST").is_file() => {
-                Some(Restore::load(path, &fingerprint, config.max_key_groups)?)
-            }
-            (Some(path), _) => Some(Restore::latest(path, &fingerprint, config.max_key_groups)?.ok_or_else(|| {
-                Error::Checkpoint { path: path.clone(), message: "holds no complete checkpoint".into() }
-            })?),
-            (None, Some(cp)) => Restore::latest(&cp.dir, &fingerprint, config.max_key_groups)?,
-            (None, None) => None,
-        };
+        // Checkpoint storage blocks: off the runtime's workers.
+        let restore = crate::runtime::blocking(|| match (&config.restore_from, &config.checkpoint) {
+            (Some(from), _) => from.load(&fingerprint, config.max_key_groups).map(Some),
+            (None, Some(cp)) => Restore::latest(&cp.storage, "", &fingerprint, config.max_key_groups),
+            (None, None) => Ok(None),
+        })?;
         if let Some(r) = &restore {
-            tracing::info!(job = %config.name, checkpoint = r.checkpoint, dir = %r.dir.display(), "restoring");
+            tracing::info!(job = %config.name, checkpoint = r.checkpoint, dir = %r.location().display(), "restoring");
         }
         config.state.prepare(&config.name)?;
         // Exactly-once sinks: finish what the restored checkpoint committed
@@ -297,7 +361,7 @@ impl Job {
                     Some(CheckpointWiring {
                         triggers: rx,
                         acks: ack_tx,
-                        dir: cp.dir.clone(),
+                        storage: cp.storage.clone(),
                         completed: completed.clone(),
                     }),
                     Some(Coordinator {
@@ -311,7 +375,7 @@ impl Job {
                         // After every checkpoint already in the directory, so
                         // that a run restored from a savepoint never writes into
                         // (or is deleted as) an older run's checkpoint.
-                        next: crate::checkpoint::highest_checkpoint(&cp.dir)
+                        next: crate::runtime::blocking(|| crate::checkpoint::highest_checkpoint(&*cp.storage))?
                             .max(restore.as_ref().map_or(0, |r| r.checkpoint))
                             + 1,
                         completed: completed.clone(),
@@ -324,7 +388,8 @@ impl Job {
             }
             None => (None, None),
         };
-        let physical = graph.build_with(&registry, restore.as_ref(), wiring)?;
+        // Building restores state: storage reads, off the runtime's workers.
+        let physical = crate::runtime::blocking(|| graph.build_with(&registry, restore.as_ref(), wiring))?;
         let name = graph.config.name.clone();
         drop(graph);
         let started = Instant::now();

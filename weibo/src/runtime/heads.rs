@@ -18,7 +18,6 @@ use crate::runtime::time::{InputTime, WatermarkTracker};
 use crate::runtime::{Consumer, EdgeSender, Message, Outbox};
 use crate::sources::{ReadStatus, SourceOutput, SourceReader};
 use crate::state::Export;
-use std::path::PathBuf;
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -38,7 +37,7 @@ pub(crate) struct CheckpointIo {
     /// Source tasks: checkpoint numbers to inject barriers for.
     pub(crate) trigger: Option<mpsc::UnboundedReceiver<u64>>,
     pub(crate) acks: mpsc::UnboundedSender<Ack>,
-    pub(crate) dir: PathBuf,
+    pub(crate) storage: std::sync::Arc<dyn crate::checkpoint::CheckpointStorage>,
     pub(crate) task: String,
     pub(crate) operator: String,
     pub(crate) instance: usize,
@@ -54,17 +53,12 @@ impl CheckpointIo {
     fn write_and_ack(&self, n: u64, snapshots: Vec<StateSnapshot>) {
         // State files live in `shared/`: a delta's chain reaches back into
         // earlier checkpoints, so files outlive their checkpoint's directory.
-        let dir = self.dir.join(crate::checkpoint::SHARED);
+        let storage = self.storage.clone();
         let (acks, operator, instance, groups) =
             (self.acks.clone(), self.operator.clone(), self.instance, self.groups.clone());
         let task = self.task.clone();
         tokio::task::spawn_blocking(move || {
             let result = (|| -> Result<Vec<StateFileEntry>> {
-                std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
-                    action: "cannot create checkpoint directory",
-                    path: dir.clone(),
-                    source,
-                })?;
                 let safe: String =
                     operator.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
                 let mut files = Vec::new();
@@ -79,7 +73,8 @@ impl CheckpointIo {
                     };
                     // A frame per part of the export: the state is never
                     // all in memory, encoded or not.
-                    let mut writer = StateFileWriter::create(&dir.join(&file), &meta)?;
+                    let name = format!("{}/{file}", crate::checkpoint::SHARED);
+                    let mut writer = StateFileWriter::create(&*storage, &name, &meta)?;
                     let base = (snap.entries)(&mut |part| writer.part(&part.part))?;
                     writer.finish()?;
                     files.push(StateFileEntry {

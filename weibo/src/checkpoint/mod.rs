@@ -8,44 +8,53 @@
 //! come on all of them (alignment), then exports its state, forwards the
 //! barrier and goes on; its state files are written in the background. When
 //! every task has acknowledged `n`, the coordinator writes the checkpoint's
-//! manifest, atomically (write, sync, rename): only then is the checkpoint
-//! complete, and only complete checkpoints are restored from.
+//! manifest, atomically: only then is the checkpoint complete, and only
+//! complete checkpoints are restored from.
 //!
-//! Layout of the checkpoint directory:
+//! Checkpoints go to a [`CheckpointStorage`]: a local directory
+//! ([`LocalDir`]), memory ([`MemoryStorage`]), or an object store. Its
+//! layout:
 //!
 //! ```text
-//! <dir>/chk-00000000000000000007/MANIFEST   JSON: positions, state files, fingerprint, commits
-//! <dir>/shared/<operator>-<instance>-<state>-<checkpoint>.state
-//! <dir>/savepoints/<name>/                 a manifest and copies of its state files
+//! chk-00000000000000000007/MANIFEST   JSON: positions, state files, fingerprint, commits
+//! shared/<operator>-<instance>-<state>-<checkpoint>.state
+//! savepoints/<name>/                 a manifest and copies of its state files
 //! ```
 //!
 //! State files are shared between checkpoints: value state is written
 //! incrementally (a base every few checkpoints, deltas between), and a
 //! manifest lists each state's chain of files.
 //!
-//! A state file is a 32-byte header — magic `WEIBOSTA`, state-file version
-//! (u32 LE), reserved (u32), payload length (u64 LE), xxh3-64 of the payload
-//! (u64 LE) — followed by the payload. In version 3 (written now) the payload
-//! is a sequence of frames, each a length (u64 LE) and an rkyv archive: the
-//! first a [`StateFile`] naming the state and its codec, the others each a
-//! [`StatePart`] carrying entries a chunk at a time (a key group, or part of
-//! one), their keys and values concatenated with their end offsets, so
-//! neither writing nor reading a file holds all of it in memory, and writing
-//! costs a few allocations per frame, not two per entry. Version 2 (still
-//! read) has the same frames, each a [`StateFile`]; in version 1 (still read)
-//! the payload is one archive. Each frame is read into an aligned buffer and
-//! validated (archive and offsets) before use, after the whole payload's
-//! length and checksum were checked.
+//! A state file (version 4, written now) is a 16-byte head — magic
+//! `WEIBOSTA`, state-file version (u32 LE), reserved (u32) — then the
+//! payload, then a 24-byte trailer: the payload's length (u64 LE), its
+//! xxh3-64 (u64 LE) and `WEIBOEND`. With length and checksum at the end, a
+//! file is written front to back in one pass, as an object store's upload
+//! streams. The payload is a sequence of frames, each a length (u64 LE) and
+//! an rkyv archive: the first a [`StateFile`] naming the state and its
+//! codec, the others each a [`StatePart`] carrying entries a chunk at a time
+//! (a key group, or part of one), their keys and values concatenated with
+//! their end offsets, so neither writing nor reading a file holds all of it
+//! in memory, and writing costs a few allocations per frame, not two per
+//! entry. Versions 1 to 3 (still read) have a 32-byte header instead — the
+//! head, the payload's length and checksum — and no trailer; version 3's
+//! frames are version 4's, version 2's frames are each a [`StateFile`], and
+//! in version 1 the payload is one archive. Each frame is read into an
+//! aligned buffer and validated (archive and offsets) before use, after the
+//! whole payload's length and checksum were checked.
+
+pub mod storage;
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+pub use self::storage::{CheckpointStorage, LocalDir, MemoryStorage, ObjectReader, ObjectWriter};
 use crate::error::{Error, Result};
 
 /// The version of the manifest and state-file formats this build writes
@@ -53,11 +62,19 @@ use crate::error::{Error, Result};
 pub const FORMAT_VERSION: u32 = 1;
 
 const MAGIC: &[u8; 8] = b"WEIBOSTA";
-const HEADER: usize = 32;
+/// Magic, version and a reserved word: a state file's first bytes.
+const HEAD: usize = 16;
+/// The header of versions 1 to 3: the head, the payload's length and checksum.
+const OLD_HEADER: usize = 32;
+/// Version 4's trailer: the payload's length and checksum, and `END_MAGIC`.
+const TRAILER: usize = 24;
+const END_MAGIC: &[u8; 8] = b"WEIBOEND";
+/// The name of a checkpoint's manifest, in its directory.
+const MANIFEST: &str = "MANIFEST";
 
 /// The state-file version this build writes (frames of concatenated
-/// entries); it reads 1 to 3.
-const STATE_FILE_VERSION: u32 = 3;
+/// entries, length and checksum in a trailer); it reads 1 to 4.
+const STATE_FILE_VERSION: u32 = 4;
 
 /// (key, value) pairs of one key group, encoded.
 pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -282,6 +299,9 @@ pub struct GroupKeys {
 /// The directory, beside the checkpoints, that holds their state files.
 pub const SHARED: &str = "shared";
 
+/// The directory, beside the checkpoints, that holds savepoints.
+pub const SAVEPOINTS: &str = "savepoints";
+
 /// A source partition's position in a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourcePositionEntry {
@@ -348,7 +368,7 @@ pub struct CommitEntry {
 /// Where checkpoints go and how often.
 #[derive(Debug, Clone)]
 pub(crate) struct CheckpointConfig {
-    pub(crate) dir: PathBuf,
+    pub(crate) storage: Arc<dyn CheckpointStorage>,
     pub(crate) interval: Duration,
     pub(crate) retain: usize,
     /// How long a checkpoint may take before it is abandoned; `None`: ten
@@ -356,52 +376,51 @@ pub(crate) struct CheckpointConfig {
     pub(crate) timeout: Option<Duration>,
 }
 
-fn io<'p>(action: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> Error + 'p {
-    move |source| Error::Io { action, path: path.to_path_buf(), source }
+fn io(action: &'static str, path: PathBuf) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Io { action, path, source }
 }
 
 fn bad(path: &Path, what: String) -> Error {
     Error::Checkpoint { path: path.to_path_buf(), message: what }
 }
 
-/// The directory of checkpoint `n` under `root`.
-pub(crate) fn checkpoint_dir(root: &Path, n: u64) -> PathBuf {
-    root.join(format!("chk-{n:020}"))
+/// The name of checkpoint `n`'s directory.
+pub(crate) fn checkpoint_name(n: u64) -> String {
+    format!("chk-{n:020}")
 }
 
-/// Writes a state file frame by frame: the header is written last, once
-/// the payload's length and checksum are known.
+/// The number of a checkpoint's directory (`chk-<n>`), if `name` is one.
+fn checkpoint_number(name: &str) -> Option<u64> {
+    name.strip_prefix("chk-")?.parse().ok()
+}
+
+/// The checkpoint that wrote state file `name` (`...-<n>.state`).
+fn written_by(name: &str) -> Option<u64> {
+    name.strip_suffix(".state")?.rsplit('-').next()?.parse().ok()
+}
+
+/// Writes a state file frame by frame, front to back (the length and
+/// checksum go in a trailer), so that it streams to any storage.
 pub(crate) struct StateFileWriter {
-    out: std::io::BufWriter<fs::File>,
+    out: Box<dyn ObjectWriter>,
     hasher: xxhash_rust::xxh3::Xxh3,
     len: u64,
     path: PathBuf,
-    version: u32,
 }
 
 impl StateFileWriter {
-    /// Creates the file, with a first frame naming the state (`meta`).
-    pub(crate) fn create(path: &Path, meta: &StateFile) -> Result<Self> {
-        let file = fs::File::create(path).map_err(io("cannot create checkpoint file", path))?;
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-        out.write_all(&[0u8; HEADER]).map_err(io("cannot write checkpoint file", path))?;
-        let mut writer = Self {
-            out,
-            hasher: xxhash_rust::xxh3::Xxh3::new(),
-            len: 0,
-            path: path.to_path_buf(),
-            version: STATE_FILE_VERSION,
-        };
+    /// Creates object `name` in `storage`, with a first frame naming the
+    /// state (`meta`).
+    pub(crate) fn create(storage: &dyn CheckpointStorage, name: &str, meta: &StateFile) -> Result<Self> {
+        let path = storage.locate(name);
+        let mut out = storage.create(name).map_err(io("cannot create checkpoint file", path.clone()))?;
+        let mut head = Vec::with_capacity(HEAD);
+        head.extend_from_slice(MAGIC);
+        head.extend_from_slice(&STATE_FILE_VERSION.to_le_bytes());
+        head.extend_from_slice(&0u32.to_le_bytes());
+        out.write_all(&head).map_err(io("cannot write checkpoint file", path.clone()))?;
+        let mut writer = Self { out, hasher: xxhash_rust::xxh3::Xxh3::new(), len: 0, path };
         writer.frame(meta)?;
-        Ok(writer)
-    }
-
-    /// A writer of a version-2 file (frames of [`StateFile`]s), to test
-    /// that such files still read.
-    #[cfg(test)]
-    pub(crate) fn create_version_2(path: &Path, meta: &StateFile) -> Result<Self> {
-        let mut writer = Self::create(path, meta)?;
-        writer.version = 2;
         Ok(writer)
     }
 
@@ -413,7 +432,7 @@ impl StateFileWriter {
         self.raw_frame(&bytes)
     }
 
-    /// Appends a frame holding entries (version 3).
+    /// Appends a frame holding entries (versions 3 and 4).
     pub(crate) fn part(&mut self, part: &StatePart) -> Result<()> {
         let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(part)
             .map_err(|e| bad(&self.path, format!("cannot encode the state: {e}")))?;
@@ -424,33 +443,27 @@ impl StateFileWriter {
         let len = (bytes.len() as u64).to_le_bytes();
         self.hasher.update(&len);
         self.hasher.update(bytes);
-        self.out.write_all(&len).map_err(io("cannot write checkpoint file", &self.path))?;
-        self.out.write_all(bytes).map_err(io("cannot write checkpoint file", &self.path))?;
+        self.out.write_all(&len).map_err(io("cannot write checkpoint file", self.path.clone()))?;
+        self.out.write_all(bytes).map_err(io("cannot write checkpoint file", self.path.clone()))?;
         self.len += 8 + bytes.len() as u64;
         Ok(())
     }
 
-    /// Writes the header and syncs the file.
-    pub(crate) fn finish(self) -> Result<()> {
-        use std::io::{Seek, SeekFrom};
-        let path = self.path;
-        let mut file = self.out.into_inner().map_err(|e| io("cannot write checkpoint file", &path)(e.into_error()))?;
-        let mut header = Vec::with_capacity(HEADER);
-        header.extend_from_slice(MAGIC);
-        header.extend_from_slice(&self.version.to_le_bytes());
-        header.extend_from_slice(&0u32.to_le_bytes());
-        header.extend_from_slice(&self.len.to_le_bytes());
-        header.extend_from_slice(&self.hasher.digest().to_le_bytes());
-        file.seek(SeekFrom::Start(0)).map_err(io("cannot write checkpoint file", &path))?;
-        file.write_all(&header).map_err(io("cannot write checkpoint file", &path))?;
-        file.sync_all().map_err(io("cannot sync checkpoint file", &path))
+    /// Writes the trailer and completes the object.
+    pub(crate) fn finish(mut self) -> Result<()> {
+        let mut trailer = Vec::with_capacity(TRAILER);
+        trailer.extend_from_slice(&self.len.to_le_bytes());
+        trailer.extend_from_slice(&self.hasher.digest().to_le_bytes());
+        trailer.extend_from_slice(END_MAGIC);
+        self.out.write_all(&trailer).map_err(io("cannot write checkpoint file", self.path.clone()))?;
+        self.out.finish().map_err(io("cannot complete checkpoint file", self.path))
     }
 }
 
 /// Writes a whole state file (its state's name, then its entries in one
-/// frame) and syncs it.
+/// frame).
 #[cfg(test)]
-pub(crate) fn write_state_file(path: &Path, file: &StateFile) -> Result<()> {
+pub(crate) fn write_state_file(storage: &dyn CheckpointStorage, name: &str, file: &StateFile) -> Result<()> {
     let meta = StateFile {
         operator: file.operator.clone(),
         state: file.state.clone(),
@@ -469,58 +482,86 @@ pub(crate) fn write_state_file(path: &Path, file: &StateFile) -> Result<()> {
             part.push_removed(r.group, k)?;
         }
     }
-    let mut writer = StateFileWriter::create(path, &meta)?;
+    let mut writer = StateFileWriter::create(storage, name, &meta)?;
     writer.part(&part)?;
     writer.finish()
 }
 
-/// Opens a state file and checks its header, its length and the checksum
-/// of its payload (read in pieces); returns its version and the file,
-/// positioned at the payload.
-fn open_checked(path: &Path) -> Result<(u32, u64, std::io::BufReader<fs::File>)> {
+/// A state file's payload, read through a buffer.
+type Payload = std::io::BufReader<Box<dyn ObjectReader>>;
+
+/// Opens a state file and checks its head, its length and the checksum of
+/// its payload (read in pieces); returns its version, its payload's length
+/// and the file, positioned at the payload.
+fn open_checked(storage: &dyn CheckpointStorage, name: &str) -> Result<(u32, u64, Payload)> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut file = fs::File::open(path).map_err(io("cannot read checkpoint file", path))?;
-    let size = file.metadata().map_err(io("cannot read checkpoint file", path))?.len();
-    let mut header = [0u8; HEADER];
-    if size < HEADER as u64 {
-        return Err(bad(path, format!("truncated: {size} bytes, shorter than the header")));
-    }
-    file.read_exact(&mut header).map_err(io("cannot read checkpoint file", path))?;
-    let field = |at: usize| -> u64 {
+    let path = storage.locate(name);
+    let read_error = || io("cannot read checkpoint file", path.clone());
+    let mut file = storage.open(name).map_err(read_error())?;
+    let size = file.seek(SeekFrom::End(0)).map_err(read_error())?;
+    file.seek(SeekFrom::Start(0)).map_err(read_error())?;
+    let field = |bytes: &[u8], at: usize| -> u64 {
         let mut b = [0u8; 8];
-        if let Some(s) = header.get(at..at + 8) {
+        if let Some(s) = bytes.get(at..at + 8) {
             b.copy_from_slice(s);
         }
         u64::from_le_bytes(b)
     };
-    if header.get(..8) != Some(MAGIC.as_slice()) {
-        return Err(bad(path, "not a Weibo state file (wrong magic)".into()));
+    let mut head = [0u8; HEAD];
+    if size < HEAD as u64 {
+        return Err(bad(&path, format!("truncated: {size} bytes, shorter than the header")));
     }
-    let version = field(8) as u32;
+    file.read_exact(&mut head).map_err(read_error())?;
+    if head.get(..8) != Some(MAGIC.as_slice()) {
+        return Err(bad(&path, "not a Weibo state file (wrong magic)".into()));
+    }
+    let version = field(&head, 8) as u32;
     if !(1..=STATE_FILE_VERSION).contains(&version) {
         return Err(bad(
-            path,
+            &path,
             format!("format version {version}, this build reads versions 1 to {STATE_FILE_VERSION}"),
         ));
     }
-    let len = field(16);
-    let payload = size - HEADER as u64;
+    // Versions 1 to 3: length and checksum in a 32-byte header; version 4:
+    // in a trailer.
+    let (start, len, sum) = if version <= 3 {
+        let mut rest = [0u8; OLD_HEADER - HEAD];
+        if size < OLD_HEADER as u64 {
+            return Err(bad(&path, format!("truncated: {size} bytes, shorter than the header")));
+        }
+        file.read_exact(&mut rest).map_err(read_error())?;
+        (OLD_HEADER as u64, field(&rest, 0), field(&rest, 8))
+    } else {
+        let mut trailer = [0u8; TRAILER];
+        if size < (HEAD + TRAILER) as u64 {
+            return Err(bad(&path, format!("truncated: {size} bytes, shorter than its header and trailer")));
+        }
+        file.seek(SeekFrom::Start(size - TRAILER as u64)).map_err(read_error())?;
+        file.read_exact(&mut trailer).map_err(read_error())?;
+        if trailer.get(16..) != Some(END_MAGIC.as_slice()) {
+            return Err(bad(&path, "truncated: the trailer (length and checksum) is missing".into()));
+        }
+        (HEAD as u64, field(&trailer, 0), field(&trailer, 8))
+    };
+    let payload = size - start - if version <= 3 { 0 } else { TRAILER as u64 };
     if len != payload {
-        return Err(bad(path, format!("truncated: the header says {len} payload bytes, the file has {payload}")));
+        return Err(bad(&path, format!("truncated: the file says {len} payload bytes, it has {payload}")));
     }
+    file.seek(SeekFrom::Start(start)).map_err(read_error())?;
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(io("cannot read checkpoint file", path))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(buf.get(..n).unwrap_or_default());
+    let mut left = len;
+    while left > 0 {
+        let want = usize::try_from(left.min(buf.len() as u64)).unwrap_or(buf.len());
+        let chunk = buf.get_mut(..want).unwrap_or_default();
+        file.read_exact(chunk).map_err(read_error())?;
+        hasher.update(chunk);
+        left -= want as u64;
     }
-    if field(24) != hasher.digest() {
-        return Err(bad(path, "checksum mismatch: the file is corrupt".into()));
+    if sum != hasher.digest() {
+        return Err(bad(&path, "checksum mismatch: the file is corrupt".into()));
     }
-    file.seek(SeekFrom::Start(HEADER as u64)).map_err(io("cannot read checkpoint file", path))?;
+    file.seek(SeekFrom::Start(start)).map_err(read_error())?;
     Ok((version, len, std::io::BufReader::with_capacity(1 << 20, file)))
 }
 
@@ -557,17 +598,23 @@ fn read_part_archive(path: &Path, input: &mut impl std::io::Read, len: u64, what
         .ok_or_else(|| bad(path, format!("{what} does not validate: its entries' offsets are inconsistent")))
 }
 
-/// Checks a state file (header, length, checksum), then passes its parts to
-/// `f` one at a time: first the part naming the state and codec, then the
-/// parts holding entries (a version-1 file is one part holding both; the
-/// entries of version 3's frames come grouped by key group, in their order).
-pub(crate) fn read_state_file_parts(path: &Path, f: &mut dyn FnMut(StateFile) -> Result<()>) -> Result<()> {
+/// Checks state file `name` (header, length, checksum), then passes its
+/// parts to `f` one at a time: first the part naming the state and codec,
+/// then the parts holding entries (a version-1 file is one part holding
+/// both; the entries of version 3's and 4's frames come grouped by key
+/// group, in their order).
+pub(crate) fn read_state_file_parts(
+    storage: &dyn CheckpointStorage,
+    name: &str,
+    f: &mut dyn FnMut(StateFile) -> Result<()>,
+) -> Result<()> {
     use std::io::Read;
-    let (version, mut left, mut input) = open_checked(path)?;
+    let path = storage.locate(name);
+    let (version, mut left, mut input) = open_checked(storage, name)?;
     if version == 1 {
         let mut payload = Vec::new();
-        input.read_to_end(&mut payload).map_err(io("cannot read checkpoint file", path))?;
-        return f(read_archive(path, &mut payload.as_slice(), payload.len() as u64, "the state")?);
+        input.read_to_end(&mut payload).map_err(io("cannot read checkpoint file", path.clone()))?;
+        return f(read_archive(&path, &mut payload.as_slice(), payload.len() as u64, "the state")?);
     }
     let mut index = 0usize;
     loop {
@@ -576,29 +623,29 @@ pub(crate) fn read_state_file_parts(path: &Path, f: &mut dyn FnMut(StateFile) ->
         }
         let mut len = [0u8; 8];
         if left < 8 {
-            return Err(bad(path, format!("frame {index} is cut short: {left} bytes left, a frame's length takes 8")));
+            return Err(bad(&path, format!("frame {index} is cut short: {left} bytes left, a frame's length takes 8")));
         }
-        input.read_exact(&mut len).map_err(|e| bad(path, format!("frame {index} is cut short: {e}")))?;
+        input.read_exact(&mut len).map_err(|e| bad(&path, format!("frame {index} is cut short: {e}")))?;
         let len = u64::from_le_bytes(len);
         left -= 8;
         if len > left {
-            return Err(bad(path, format!("frame {index} claims {len} bytes, the file has {left} left")));
+            return Err(bad(&path, format!("frame {index} claims {len} bytes, the file has {left} left")));
         }
         left -= len;
         let what = format!("frame {index}");
         f(if version >= 3 && index > 0 {
-            read_part_archive(path, &mut input, len, &what)?
+            read_part_archive(&path, &mut input, len, &what)?
         } else {
-            read_archive(path, &mut input, len, &what)?
+            read_archive(&path, &mut input, len, &what)?
         })?;
         index += 1;
     }
 }
 
 /// Reads and checks a whole state file.
-pub(crate) fn read_state_file(path: &Path) -> Result<StateFile> {
+pub(crate) fn read_state_file(storage: &dyn CheckpointStorage, name: &str) -> Result<StateFile> {
     let mut whole: Option<StateFile> = None;
-    read_state_file_parts(path, &mut |part| {
+    read_state_file_parts(storage, name, &mut |part| {
         match whole.as_mut() {
             None => whole = Some(part),
             Some(w) => {
@@ -608,29 +655,31 @@ pub(crate) fn read_state_file(path: &Path) -> Result<StateFile> {
         }
         Ok(())
     })?;
-    whole.ok_or_else(|| bad(path, "the file holds no state".into()))
+    whole.ok_or_else(|| bad(&storage.locate(name), "the file holds no state".into()))
 }
 
-/// Writes the manifest of a checkpoint atomically: only a checkpoint with a
-/// manifest is complete.
-pub(crate) fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<()> {
-    let tmp = dir.join("MANIFEST.tmp");
-    let path = dir.join("MANIFEST");
+/// Writes the manifest of checkpoint (or savepoint) `dir` atomically: only
+/// a checkpoint with a manifest is complete.
+pub(crate) fn write_manifest(storage: &dyn CheckpointStorage, dir: &str, manifest: &Manifest) -> Result<()> {
+    let name = storage::join(dir, MANIFEST);
+    let path = storage.locate(&name);
     let json = serde_json::to_vec_pretty(manifest).map_err(|e| bad(&path, format!("cannot encode: {e}")))?;
-    let mut f = fs::File::create(&tmp).map_err(io("cannot create checkpoint manifest", &tmp))?;
-    f.write_all(&json).map_err(io("cannot write checkpoint manifest", &tmp))?;
-    f.sync_all().map_err(io("cannot sync checkpoint manifest", &tmp))?;
-    fs::rename(&tmp, &path).map_err(io("cannot publish checkpoint manifest", &path))?;
-    if let Ok(d) = fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    storage.put(&name, &json).map_err(io("cannot publish checkpoint manifest", path))
 }
 
-/// Reads a checkpoint's manifest and checks its version.
-pub fn read_manifest(dir: &Path) -> Result<Manifest> {
-    let path = dir.join("MANIFEST");
-    let bytes = fs::read(&path).map_err(io("cannot read checkpoint manifest", &path))?;
+/// Reads the manifest of checkpoint (or savepoint) `dir` in `storage` and
+/// checks its version.
+///
+/// # Errors
+/// When it cannot be read, is not a manifest, or has another format version.
+pub fn read_manifest_in(storage: &dyn CheckpointStorage, dir: &str) -> Result<Manifest> {
+    let name = storage::join(dir, MANIFEST);
+    let path = storage.locate(&name);
+    let mut bytes = Vec::new();
+    storage
+        .open(&name)
+        .and_then(|mut r| r.read_to_end(&mut bytes))
+        .map_err(io("cannot read checkpoint manifest", path.clone()))?;
     let manifest: Manifest =
         serde_json::from_slice(&bytes).map_err(|e| bad(&path, format!("not a valid manifest: {e}")))?;
     if manifest.format_version != FORMAT_VERSION {
@@ -642,31 +691,52 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     Ok(manifest)
 }
 
-/// The highest checkpoint number under `root`, complete or not (0 if none).
-pub(crate) fn highest_checkpoint(root: &Path) -> u64 {
-    fs::read_dir(root)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().strip_prefix("chk-")?.parse::<u64>().ok())
-        .max()
-        .unwrap_or(0)
+/// Reads the manifest of the checkpoint (or savepoint) in directory `dir`
+/// and checks its version.
+///
+/// # Errors
+/// As [`read_manifest_in`].
+pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    read_manifest_in(&LocalDir::new(dir), "")
 }
 
-/// The complete checkpoints under `root`, newest first.
-pub fn complete_checkpoints(root: &Path) -> Vec<(u64, PathBuf)> {
-    let mut found: Vec<(u64, PathBuf)> = fs::read_dir(root)
+/// The highest checkpoint number in `storage`, complete or not (0 if
+/// none): of a manifest, or of a state file a checkpoint in flight wrote.
+pub(crate) fn highest_checkpoint(storage: &dyn CheckpointStorage) -> Result<u64> {
+    let list = |prefix: &str| storage.list(prefix).map_err(io("cannot list checkpoints", storage.locate(prefix)));
+    let checkpoints = list("chk-")?.into_iter().filter_map(|n| checkpoint_number(n.split('/').next()?));
+    let files = list(&format!("{SHARED}/"))?.into_iter().filter_map(|n| written_by(&n));
+    Ok(checkpoints.chain(files).max().unwrap_or(0))
+}
+
+/// The complete checkpoints in `storage` under `dir` (`""` for the top),
+/// newest first: their numbers and directories' names.
+///
+/// # Errors
+/// When the storage cannot be listed.
+pub fn complete_checkpoints_in(storage: &dyn CheckpointStorage, dir: &str) -> Result<Vec<(u64, String)>> {
+    let prefix = storage::join(dir, "chk-");
+    let names = storage.list(&prefix).map_err(io("cannot list checkpoints", storage.locate(&prefix)))?;
+    let mut found: Vec<(u64, String)> = names
         .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let n = name.strip_prefix("chk-")?.parse::<u64>().ok()?;
-            e.path().join("MANIFEST").is_file().then(|| (n, e.path()))
+        .filter_map(|name| {
+            let checkpoint = name.strip_suffix(MANIFEST)?.strip_suffix('/')?;
+            let n = checkpoint_number(checkpoint.rsplit('/').next()?)?;
+            Some((n, checkpoint.to_string()))
         })
         .collect();
     found.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
-    found
+    Ok(found)
+}
+
+/// The complete checkpoints in directory `root`, newest first (none when
+/// it cannot be read).
+pub fn complete_checkpoints(root: &Path) -> Vec<(u64, PathBuf)> {
+    complete_checkpoints_in(&LocalDir::new(root), "")
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(n, dir)| (n, root.join(dir)))
+        .collect()
 }
 
 /// What a task reports when checkpoint `n` has passed it.
@@ -837,7 +907,7 @@ impl Coordinator {
             if let Some(request) = savepoint {
                 let reply = result.and_then(|()| match &request.name {
                     Some(name) => self.copy_to_savepoint(n, name),
-                    None => Ok(checkpoint_dir(&self.config.dir, n)),
+                    None => Ok(self.config.storage.locate(&checkpoint_name(n))),
                 });
                 let _ = request.reply.send(reply);
             }
@@ -846,7 +916,8 @@ impl Coordinator {
     }
 
     fn complete(&mut self, n: u64, acks: Vec<Ack>) -> Result<()> {
-        let dir = checkpoint_dir(&self.config.dir, n);
+        let name = checkpoint_name(n);
+        let dir = self.config.storage.locate(&name);
         let mut sources = Vec::new();
         let mut states = Vec::new();
         for ack in acks {
@@ -914,8 +985,7 @@ impl Coordinator {
             states,
             commits: commits.clone(),
         };
-        fs::create_dir_all(&dir).map_err(io("cannot create checkpoint directory", &dir))?;
-        write_manifest(&dir, &manifest)?;
+        crate::runtime::blocking(|| write_manifest(&*self.config.storage, &name, &manifest))?;
         crash_point_before_commit(n);
         let positions = manifest.sources.clone();
         self.previous = Some(manifest);
@@ -932,77 +1002,88 @@ impl Coordinator {
                     self.uncommitted.push(entry);
                 }
             }
+            if let Err(e) = self.retain(n) {
+                tracing::warn!(job = %self.job, error = %e, "cannot delete old checkpoints; tried again after the next one");
+            }
         });
-        self.retain(n);
         Ok(())
     }
 
-    /// Copies complete checkpoint `n` to `<dir>/savepoints/<name>`, outside
+    /// Copies complete checkpoint `n` to `savepoints/<name>`, outside
     /// retention (the manifest last, so a half-copied savepoint is not one).
     fn copy_to_savepoint(&self, n: u64, name: &str) -> Result<PathBuf> {
-        let from = checkpoint_dir(&self.config.dir, n);
-        let to = self.config.dir.join("savepoints").join(name);
-        if to.join("MANIFEST").exists() {
-            return Err(bad(&to, "a savepoint of this name exists already: choose another name".into()));
-        }
-        fs::create_dir_all(&to).map_err(io("cannot create savepoint directory", &to))?;
-        let mut manifest = read_manifest(&from)?;
-        for s in &mut manifest.states {
-            let source = from.join(&s.file);
-            let name = Path::new(&s.file).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-            let target = to.join(&name);
-            fs::copy(&source, &target).map_err(io("cannot copy into savepoint", &target))?;
-            s.file = name;
-        }
-        write_manifest(&to, &manifest)?;
-        tracing::info!(job = %self.job, savepoint = %to.display(), checkpoint = n, "savepoint taken");
-        Ok(to)
+        let storage = &*self.config.storage;
+        let from = checkpoint_name(n);
+        let to = storage::join(SAVEPOINTS, name);
+        let manifest_name = storage::join(&to, MANIFEST);
+        crate::runtime::blocking(|| {
+            let taken = storage
+                .exists(&manifest_name)
+                .map_err(io("cannot read checkpoint storage", storage.locate(&manifest_name)))?;
+            if taken {
+                return Err(bad(
+                    &storage.locate(&to),
+                    "a savepoint of this name exists already: choose another name".into(),
+                ));
+            }
+            let mut manifest = read_manifest_in(storage, &from)?;
+            for s in &mut manifest.states {
+                let source = storage::join(&from, &s.file);
+                let file = source.rsplit('/').next().unwrap_or_default().to_string();
+                let target = storage::join(&to, &file);
+                // A copy left by an earlier attempt that failed before its
+                // manifest: no savepoint refers to it.
+                storage.delete(&target).map_err(io("cannot copy into savepoint", storage.locate(&target)))?;
+                storage.copy(&source, &target).map_err(io("cannot copy into savepoint", storage.locate(&target)))?;
+                s.file = file;
+            }
+            write_manifest(storage, &to, &manifest)
+        })?;
+        let located = storage.locate(&to);
+        tracing::info!(job = %self.job, savepoint = %located.display(), checkpoint = n, "savepoint taken");
+        Ok(located)
     }
 
     /// Deletes all but the newest `retain` complete checkpoints, and any
-    /// older incomplete ones.
-    fn retain(&self, newest: u64) {
-        let complete = complete_checkpoints(&self.config.dir);
+    /// older incomplete ones, and the state files no kept checkpoint
+    /// refers to.
+    fn retain(&self, newest: u64) -> Result<()> {
+        let storage = &*self.config.storage;
+        let list = |prefix: &str| storage.list(prefix).map_err(io("cannot list checkpoints", storage.locate(prefix)));
+        let complete = complete_checkpoints_in(storage, "")?;
         let keep: Vec<u64> = complete.iter().take(self.config.retain.max(1)).map(|(n, _)| *n).collect();
         let oldest_kept = keep.last().copied().unwrap_or(newest);
-        for e in fs::read_dir(&self.config.dir).into_iter().flatten().flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(n) = name.strip_prefix("chk-").and_then(|s| s.parse::<u64>().ok()) else { continue };
-            if n < oldest_kept && !keep.contains(&n) {
-                let _ = fs::remove_dir_all(e.path());
-            }
-        }
-        // State files no kept checkpoint refers to, up to the newest
-        // complete one (newer files belong to checkpoints in flight).
+        // What the kept checkpoints refer to, read before anything is
+        // deleted: without knowing it, delete nothing.
         let mut referenced = std::collections::HashSet::new();
         for (_, dir) in complete.iter().filter(|(n, _)| keep.contains(n)) {
-            match read_manifest(dir) {
-                Ok(m) => referenced.extend(
-                    m.states
-                        .into_iter()
-                        .filter_map(|s| Path::new(&s.file).file_name().map(|f| f.to_string_lossy().into_owned())),
-                ),
-                // Without knowing what it refers to, delete nothing.
-                Err(_) => return,
+            let m = read_manifest_in(storage, dir)?;
+            referenced.extend(m.states.into_iter().map(|s| storage::join(dir, &s.file)));
+        }
+        for name in list("chk-")? {
+            let n = name.split('/').next().and_then(checkpoint_number);
+            if n.is_some_and(|n| n < oldest_kept && !keep.contains(&n)) {
+                storage.delete(&name).map_err(io("cannot delete old checkpoint", storage.locate(&name)))?;
             }
         }
-        let shared = self.config.dir.join(SHARED);
-        for e in fs::read_dir(&shared).into_iter().flatten().flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let written =
-                name.strip_suffix(".state").and_then(|s| s.rsplit('-').next()).and_then(|n| n.parse::<u64>().ok());
-            if written.is_some_and(|w| w <= newest) && !referenced.contains(&name) {
-                let _ = fs::remove_file(e.path());
+        // State files up to the newest complete checkpoint (newer ones
+        // belong to checkpoints in flight).
+        for name in list(&format!("{SHARED}/"))? {
+            if written_by(&name).is_some_and(|w| w <= newest) && !referenced.contains(&name) {
+                storage.delete(&name).map_err(io("cannot delete old state file", storage.locate(&name)))?;
             }
         }
+        Ok(())
     }
 }
 
 /// What a restored job starts from.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Restore {
     pub(crate) checkpoint: u64,
-    pub(crate) dir: PathBuf,
+    pub(crate) storage: Arc<dyn CheckpointStorage>,
+    /// The checkpoint's (or savepoint's) directory in `storage`.
+    pub(crate) dir: String,
     pub(crate) positions: HashMap<(String, u32), u64>,
     /// Per operator: its state files.
     pub(crate) states: BTreeMap<String, Vec<StateFileEntry>>,
@@ -1011,19 +1092,27 @@ pub(crate) struct Restore {
 }
 
 impl Restore {
-    /// Reads checkpoint `dir` for a job with `fingerprint` and `max_key_groups`.
-    pub(crate) fn load(dir: &Path, fingerprint: &str, max_key_groups: u16) -> Result<Self> {
-        let manifest = read_manifest(dir)?;
+    /// Reads checkpoint (or savepoint) `dir` in `storage` for a job with
+    /// `fingerprint` and `max_key_groups`, and checks every state file it
+    /// names.
+    pub(crate) fn load(
+        storage: &Arc<dyn CheckpointStorage>,
+        dir: &str,
+        fingerprint: &str,
+        max_key_groups: u16,
+    ) -> Result<Self> {
+        let manifest = read_manifest_in(&**storage, dir)?;
+        let located = storage.locate(dir);
         if manifest.graph_fingerprint != fingerprint {
             return Err(bad(
-                dir,
+                &located,
                 "it was taken by a different pipeline (operators or types changed): restore it into the job that wrote it"
                     .into(),
             ));
         }
         if manifest.max_key_groups != max_key_groups {
             return Err(bad(
-                dir,
+                &located,
                 format!(
                     "it was taken with {} key groups, the job has {max_key_groups}: key groups cannot change",
                     manifest.max_key_groups
@@ -1033,7 +1122,7 @@ impl Restore {
         // Read every state file once now, so that a corrupt one is found
         // before anything runs.
         for s in &manifest.states {
-            read_state_file_parts(&dir.join(&s.file), &mut |_| Ok(()))?;
+            read_state_file_parts(&**storage, &storage::join(dir, &s.file), &mut |_| Ok(()))?;
         }
         let mut states: BTreeMap<String, Vec<StateFileEntry>> = BTreeMap::new();
         for s in manifest.states {
@@ -1041,22 +1130,29 @@ impl Restore {
         }
         Ok(Self {
             checkpoint: manifest.checkpoint,
-            dir: dir.to_path_buf(),
+            storage: storage.clone(),
+            dir: dir.to_string(),
             positions: manifest.sources.into_iter().map(|s| ((s.source, s.partition), s.position)).collect(),
             states,
             commits: manifest.commits,
         })
     }
 
-    /// The newest complete checkpoint under `root` that loads, falling back
-    /// to older ones when one is damaged (each failure is logged).
-    pub(crate) fn latest(root: &Path, fingerprint: &str, max_key_groups: u16) -> Result<Option<Self>> {
+    /// The newest complete checkpoint in `storage` under `dir` that loads,
+    /// falling back to older ones when one is damaged (each failure is
+    /// logged).
+    pub(crate) fn latest(
+        storage: &Arc<dyn CheckpointStorage>,
+        dir: &str,
+        fingerprint: &str,
+        max_key_groups: u16,
+    ) -> Result<Option<Self>> {
         let mut last_error = None;
-        for (_, dir) in complete_checkpoints(root) {
-            match Self::load(&dir, fingerprint, max_key_groups) {
+        for (_, checkpoint) in complete_checkpoints_in(&**storage, dir)? {
+            match Self::load(storage, &checkpoint, fingerprint, max_key_groups) {
                 Ok(r) => return Ok(Some(r)),
                 Err(e) => {
-                    tracing::warn!(checkpoint = %dir.display(), error = %e, "cannot restore; trying an older one");
+                    tracing::warn!(checkpoint = %storage.locate(&checkpoint).display(), error = %e, "cannot restore; trying an older one");
                     last_error = Some(e);
                 }
             }
@@ -1068,14 +1164,19 @@ impl Restore {
         }
     }
 
+    /// Where the checkpoint is, for logs and errors.
+    pub(crate) fn location(&self) -> PathBuf {
+        self.storage.locate(&self.dir)
+    }
+
     /// Reads state file `file` (relative to the checkpoint), whose values
     /// must have been written with `codec`.
     fn read_checked(&self, file: &str, codec: &str) -> Result<StateFile> {
-        let path = self.dir.join(file);
-        let file = read_state_file(&path)?;
+        let name = storage::join(&self.dir, file);
+        let file = read_state_file(&*self.storage, &name)?;
         if file.codec != codec {
             return Err(bad(
-                &path,
+                &self.storage.locate(&name),
                 format!("its values were written with codec {}, the job reads {codec}", file.codec),
             ));
         }
@@ -1097,7 +1198,7 @@ impl Restore {
         for (i, s) in files.iter().enumerate() {
             if !s.base && !files.iter().take(i).any(|b| b.base && b.key_groups == s.key_groups) {
                 return Err(bad(
-                    &self.dir,
+                    &self.location(),
                     format!(
                         "the delta {} of `{operator}`/{state} (key groups {:?}) has no base before it",
                         s.file, s.key_groups
@@ -1131,9 +1232,10 @@ impl Restore {
             return f(self.entries(operator, state, codec, groups)?, Vec::new());
         }
         for s in files {
-            let path = self.dir.join(&s.file);
+            let name = storage::join(&self.dir, &s.file);
+            let path = self.storage.locate(&name);
             let mut first = true;
-            read_state_file_parts(&path, &mut |part| {
+            read_state_file_parts(&*self.storage, &name, &mut |part| {
                 if std::mem::take(&mut first) && part.codec != codec {
                     return Err(bad(
                         &path,
@@ -1226,29 +1328,42 @@ mod tests {
 
     #[test]
     fn state_files_round_trip_and_refuse_damage_naming_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sum-0-value.state");
-        write_state_file(&path, &sample()).unwrap();
-        assert_eq!(read_state_file(&path).unwrap(), sample());
+        let storage = MemoryStorage::new();
+        let name = "shared/sum-0-value.state";
+        write_state_file(&storage, name, &sample()).unwrap();
+        assert_eq!(read_state_file(&storage, name).unwrap(), sample());
 
-        let good = fs::read(&path).unwrap();
+        let good = storage.get(name).unwrap().to_vec();
         let mut flipped = good.clone();
-        let last = flipped.len() - 1;
-        flipped[last] ^= 1;
-        fs::write(&path, &flipped).unwrap();
-        let err = read_state_file(&path).unwrap_err().to_string();
+        flipped[HEAD + 3] ^= 1;
+        storage.set(name, flipped);
+        let err = read_state_file(&storage, name).unwrap_err().to_string();
         assert!(err.contains("checksum") && err.contains("sum-0-value.state"), "{err}");
 
-        fs::write(&path, &good[..good.len() - 3]).unwrap();
-        assert!(read_state_file(&path).unwrap_err().to_string().contains("truncated"));
+        storage.set(name, &good[..good.len() - 3]);
+        let err = read_state_file(&storage, name).unwrap_err().to_string();
+        assert!(err.contains("truncated") && err.contains("trailer"), "{err}");
+
+        // Cut between frames, with a trailer that says so: the length is wrong.
+        let mut short = good[..HEAD + 4].to_vec();
+        short.extend_from_slice(&good[good.len() - TRAILER..]);
+        storage.set(name, short);
+        let err = read_state_file(&storage, name).unwrap_err().to_string();
+        assert!(err.contains("truncated") && err.contains("payload bytes"), "{err}");
 
         let mut old = good.clone();
         old[8] = 9;
-        fs::write(&path, &old).unwrap();
-        assert!(read_state_file(&path).unwrap_err().to_string().contains("format version 9"));
+        storage.set(name, old);
+        assert!(read_state_file(&storage, name).unwrap_err().to_string().contains("format version 9"));
 
-        fs::write(&path, b"short").unwrap();
-        assert!(read_state_file(&path).unwrap_err().to_string().contains("truncated"));
+        storage.set(name, &b"short"[..]);
+        assert!(read_state_file(&storage, name).unwrap_err().to_string().contains("truncated"));
+
+        storage.set(name, &b"WEIBOSTAxxxxxxxxxxxxxxxxxxxx"[..]);
+        assert!(read_state_file(&storage, name).unwrap_err().to_string().contains("format version"));
+
+        let missing = read_state_file(&storage, "shared/missing.state").unwrap_err().to_string();
+        assert!(missing.contains("missing.state"), "{missing}");
     }
 
     /// `file`'s entries and removed keys as one part.
@@ -1265,6 +1380,29 @@ mod tests {
             }
         }
         part
+    }
+
+    /// A version-4 file's payload under the 32-byte header of versions 1
+    /// to 3, as those versions wrote it.
+    fn with_old_header(version: u32, v4: &[u8]) -> Vec<u8> {
+        let payload = &v4[HEAD..v4.len() - TRAILER];
+        let mut old = Vec::new();
+        old.extend_from_slice(MAGIC);
+        old.extend_from_slice(&version.to_le_bytes());
+        old.extend_from_slice(&0u32.to_le_bytes());
+        old.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        old.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(payload).to_le_bytes());
+        old.extend_from_slice(payload);
+        old
+    }
+
+    /// Rewrites a version-4 file's trailer to fit its (changed) payload.
+    fn reseal(file: &mut [u8]) {
+        let end = file.len() - TRAILER;
+        let len = (end - HEAD) as u64;
+        let digest = xxhash_rust::xxh3::xxh3_64(&file[HEAD..end]);
+        file[end..end + 8].copy_from_slice(&len.to_le_bytes());
+        file[end + 8..end + 16].copy_from_slice(&digest.to_le_bytes());
     }
 
     #[test]
@@ -1284,12 +1422,18 @@ mod tests {
 
     #[test]
     fn state_files_are_written_and_read_a_frame_at_a_time() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sum-0-value.state");
+        let storage = MemoryStorage::new();
+        let mut n = 0;
+        // A fresh name per file: storage objects are written once.
+        let mut name = || {
+            n += 1;
+            format!("shared/sum-0-value-{n}.state")
+        };
         let mut whole = sample();
         whole.groups.push(GroupEntries { group: 4, entries: vec![(b"k2".to_vec(), b"v2".to_vec())] });
         let meta = StateFile { groups: Vec::new(), removed: Vec::new(), ..whole.clone() };
-        let mut writer = StateFileWriter::create(&path, &meta).unwrap();
+        let path = name();
+        let mut writer = StateFileWriter::create(&storage, &path, &meta).unwrap();
         // One frame per key group, as an export passes them.
         for g in &whole.groups {
             writer.part(&part_of(&StateFile { groups: vec![g.clone()], removed: Vec::new(), ..meta.clone() })).unwrap();
@@ -1297,23 +1441,33 @@ mod tests {
         writer.part(&part_of(&StateFile { groups: Vec::new(), ..whole.clone() })).unwrap();
         writer.finish().unwrap();
         let mut parts = Vec::new();
-        read_state_file_parts(&path, &mut |p| {
+        read_state_file_parts(&storage, &path, &mut |p| {
             parts.push(p);
             Ok(())
         })
         .unwrap();
         assert_eq!(parts.len(), whole.groups.len() + 2, "the meta frame and one per part");
-        assert_eq!(read_state_file(&path).unwrap(), whole);
+        assert_eq!(read_state_file(&storage, &path).unwrap(), whole);
+        assert_eq!(storage.get(&path).unwrap()[8], 4);
+
+        // A version-3 file (the same frames, under a header) still reads.
+        let v4 = storage.get(&path).unwrap().to_vec();
+        let v3 = name();
+        storage.set(&v3, with_old_header(3, &v4));
+        assert_eq!(read_state_file(&storage, &v3).unwrap(), whole);
 
         // A version-2 file (frames of whole archives) still reads.
-        let mut v2 = StateFileWriter::create_version_2(&path, &meta).unwrap();
+        let frames = name();
+        let mut v2 = StateFileWriter::create(&storage, &frames, &meta).unwrap();
         for g in &whole.groups {
             v2.frame(&StateFile { groups: vec![g.clone()], removed: Vec::new(), ..meta.clone() }).unwrap();
         }
         v2.frame(&StateFile { groups: Vec::new(), ..whole.clone() }).unwrap();
         v2.finish().unwrap();
-        assert_eq!(fs::read(&path).unwrap()[8], 2);
-        assert_eq!(read_state_file(&path).unwrap(), whole);
+        let v2 = with_old_header(2, &storage.get(&frames).unwrap());
+        let path = name();
+        storage.set(&path, v2);
+        assert_eq!(read_state_file(&storage, &path).unwrap(), whole);
 
         // A version-1 file (one archive) still reads.
         let payload = rkyv::to_bytes::<rkyv::rancor::Error>(&whole).unwrap();
@@ -1324,88 +1478,94 @@ mod tests {
         v1.extend_from_slice(&(payload.len() as u64).to_le_bytes());
         v1.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&payload).to_le_bytes());
         v1.extend_from_slice(&payload);
-        fs::write(&path, &v1).unwrap();
-        assert_eq!(read_state_file(&path).unwrap(), whole);
+        let path = name();
+        storage.set(&path, v1);
+        assert_eq!(read_state_file(&storage, &path).unwrap(), whole);
 
         // A frame whose length lies, with a checksum to match, is refused
         // naming the frame.
         let good = {
-            let mut w = StateFileWriter::create(&path, &meta).unwrap();
+            let path = name();
+            let mut w = StateFileWriter::create(&storage, &path, &meta).unwrap();
             w.part(&part_of(&whole)).unwrap();
             w.finish().unwrap();
-            fs::read(&path).unwrap()
+            storage.get(&path).unwrap().to_vec()
         };
         let mut lying = good.clone();
-        let at =
-            HEADER + 8 + usize::try_from(u64::from_le_bytes(good[HEADER..HEADER + 8].try_into().unwrap())).unwrap();
+        let at = HEAD + 8 + usize::try_from(u64::from_le_bytes(good[HEAD..HEAD + 8].try_into().unwrap())).unwrap();
         lying[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
-        let digest = xxhash_rust::xxh3::xxh3_64(&lying[HEADER..]);
-        lying[24..32].copy_from_slice(&digest.to_le_bytes());
-        fs::write(&path, &lying).unwrap();
-        let err = read_state_file(&path).unwrap_err().to_string();
-        assert!(err.contains("frame 1") && err.contains("sum-0-value.state"), "{err}");
+        reseal(&mut lying);
+        let path = name();
+        storage.set(&path, lying);
+        let err = read_state_file(&storage, &path).unwrap_err().to_string();
+        assert!(err.contains("frame 1") && err.contains("sum-0-value"), "{err}");
 
-        // Bytes after the last frame, with a checksum to match, are refused.
+        // Bytes after the last frame, with a trailer to match, are refused.
         let mut trailing = good.clone();
-        trailing.extend_from_slice(&[1, 2, 3]);
-        let len = (trailing.len() - HEADER) as u64;
-        trailing[16..24].copy_from_slice(&len.to_le_bytes());
-        let digest = xxhash_rust::xxh3::xxh3_64(&trailing[HEADER..]);
-        trailing[24..32].copy_from_slice(&digest.to_le_bytes());
-        fs::write(&path, &trailing).unwrap();
-        let err = read_state_file(&path).unwrap_err().to_string();
+        let end = trailing.len() - TRAILER;
+        trailing.splice(end..end, [1, 2, 3]);
+        reseal(&mut trailing);
+        let path = name();
+        storage.set(&path, trailing);
+        let err = read_state_file(&storage, &path).unwrap_err().to_string();
         assert!(err.contains("frame 2 is cut short"), "{err}");
 
         // A frame whose offsets run past its bytes is refused naming the frame.
         let mut bad_part = part_of(&whole);
         bad_part.value_ends[0] = 1_000;
-        let mut w = StateFileWriter::create(&path, &meta).unwrap();
+        let path = name();
+        let mut w = StateFileWriter::create(&storage, &path, &meta).unwrap();
         w.part(&bad_part).unwrap();
         w.finish().unwrap();
-        let err = read_state_file(&path).unwrap_err().to_string();
+        let err = read_state_file(&storage, &path).unwrap_err().to_string();
         assert!(err.contains("frame 1") && err.contains("offsets"), "{err}");
 
         // So is one with bytes after its last value.
         let mut trailing_part = part_of(&whole);
         trailing_part.values.push(7);
-        let mut w = StateFileWriter::create(&path, &meta).unwrap();
+        let path = name();
+        let mut w = StateFileWriter::create(&storage, &path, &meta).unwrap();
         w.part(&trailing_part).unwrap();
         w.finish().unwrap();
-        let err = read_state_file(&path).unwrap_err().to_string();
+        let err = read_state_file(&storage, &path).unwrap_err().to_string();
         assert!(err.contains("frame 1") && err.contains("offsets"), "{err}");
     }
 
     #[test]
     fn only_checkpoints_with_a_manifest_are_complete() {
         let root = tempfile::tempdir().unwrap();
-        for n in [1u64, 2, 3] {
-            let dir = checkpoint_dir(root.path(), n);
-            fs::create_dir_all(&dir).unwrap();
-            if n != 3 {
-                let m = Manifest {
-                    format_version: FORMAT_VERSION,
-                    job: "j".into(),
-                    checkpoint: n,
-                    graph_fingerprint: "f".into(),
-                    max_key_groups: 8,
-                    sources: vec![],
-                    states: vec![],
-                    commits: vec![],
-                };
-                write_manifest(&dir, &m).unwrap();
+        let local: Arc<dyn CheckpointStorage> = Arc::new(LocalDir::new(root.path()));
+        let memory: Arc<dyn CheckpointStorage> = Arc::new(MemoryStorage::new());
+        for storage in [local, memory] {
+            for n in [1u64, 2, 3] {
+                let dir = checkpoint_name(n);
+                // An incomplete checkpoint: state files, no manifest.
+                write_state_file(&*storage, &format!("{SHARED}/op-0-value-{n:020}.state"), &sample()).unwrap();
+                if n != 3 {
+                    let m = Manifest {
+                        format_version: FORMAT_VERSION,
+                        job: "j".into(),
+                        checkpoint: n,
+                        graph_fingerprint: "f".into(),
+                        max_key_groups: 8,
+                        sources: vec![],
+                        states: vec![],
+                        commits: vec![],
+                    };
+                    write_manifest(&*storage, &dir, &m).unwrap();
+                }
             }
+            let found: Vec<u64> = complete_checkpoints_in(&*storage, "").unwrap().into_iter().map(|(n, _)| n).collect();
+            assert_eq!(found, vec![2, 1]);
+            assert_eq!(highest_checkpoint(&*storage).unwrap(), 3, "counting the one in flight");
+            let two = checkpoint_name(2);
+            let err = Restore::load(&storage, &two, "other", 8).unwrap_err().to_string();
+            assert!(err.contains("different pipeline"), "{err}");
+            assert!(Restore::load(&storage, &two, "f", 16).unwrap_err().to_string().contains("key groups"));
+            assert_eq!(Restore::latest(&storage, "", "f", 8).unwrap().unwrap().checkpoint, 2);
         }
-        let found: Vec<u64> = complete_checkpoints(root.path()).into_iter().map(|(n, _)| n).collect();
-        assert_eq!(found, vec![2, 1]);
-        assert!(
-            Restore::load(&checkpoint_dir(root.path(), 2), "other", 8)
-                .unwrap_err()
-                .to_string()
-                .contains("different pipeline")
-        );
-        assert!(
-            Restore::load(&checkpoint_dir(root.path(), 2), "f", 16).unwrap_err().to_string().contains("key groups")
-        );
-        assert_eq!(Restore::latest(root.path(), "f", 8).unwrap().unwrap().checkpoint, 2);
+        let listed: Vec<u64> = complete_checkpoints(root.path()).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(listed, vec![2, 1]);
+        assert_eq!(read_manifest(&root.path().join(checkpoint_name(2))).unwrap().checkpoint, 2);
     }
 }
