@@ -84,6 +84,9 @@ pub(super) struct CacheStore<K, V> {
     /// Per owned key group; shared with the checkpoint being written, if
     /// any, and copied on the first write after it.
     maps: Vec<Arc<CacheMap<K, V>>>,
+    /// Maps exports are done with, to copy into (outside the budget: a
+    /// checkpoint's copies, kept for the next one).
+    spares: super::spares::Spares<CacheMap<K, V>>,
     table: Box<dyn StateTable>,
     /// Per owned key group: whether the table may hold entries of it (if
     /// not, a miss needs no read).
@@ -128,6 +131,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         cache.states.fetch_add(1, Ordering::Relaxed);
         Self {
             maps: groups.clone().map(|_| Arc::default()).collect(),
+            spares: super::spares::Spares::new(groups.len()),
             table,
             in_table: groups.clone().map(|_| false).collect(),
             first: groups.start,
@@ -166,7 +170,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         let Some(map) = self.maps.get_mut(index) else {
             return Err(Error::Internal(format!("operator `{}` has no cache for key group {group}", self.operator)));
         };
-        let r = match Arc::make_mut(map).entry(key) {
+        let r = match self.spares.make_mut(map).entry(key) {
             Entry::Occupied(mut e) => {
                 let entry = e.get_mut();
                 let existed = entry.value.is_some();
@@ -340,6 +344,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     pub(super) fn export_base(&mut self, groups: Range<u16>) -> Result<Export> {
         let snapshot = self.table.export_deferred(groups)?;
         let overlay = self.maps.clone();
+        let spares = self.spares.clone();
         let (first, operator) = (self.first, self.operator.clone());
         Ok(Box::new(move |sink| {
             let mut out = Exported::new(true);
@@ -399,6 +404,9 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 cached(first.saturating_add(index as u16), map, &mut out, sink, &operator)?;
             }
             flush_part(&mut out, sink)?;
+            for map in overlay {
+                spares.give_back(map);
+            }
             Ok(base)
         }))
     }
@@ -408,10 +416,11 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     /// of keys the cache has not changed since, a key group at a time.
     pub(super) fn export_delta(&self, since: u32, changed: Vec<Arc<ChangedKeys>>) -> Export {
         let overlay = self.maps.clone();
+        let spares = self.spares.clone();
         let (first, operator) = (self.first, self.operator.clone());
         Box::new(move |sink| {
             let mut out = Exported::new(false);
-            for ((group, log), map) in (first..).zip(&changed).zip(&overlay) {
+            for ((group, log), map) in (first..).zip(&changed).zip(overlay) {
                 let newer = |k: &K| map.get(k).is_some_and(|e| e.stamp > since);
                 // A key is either written or removed.
                 for (key, (_, value)) in log.iter().filter(|(_, (e, _))| *e > since) {
@@ -436,6 +445,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                     pass_if_full(&mut out, sink)?;
                 }
                 flush_part(&mut out, sink)?;
+                spares.give_back(map);
             }
             Ok(false)
         })

@@ -16,6 +16,7 @@
 mod cache;
 #[cfg(feature = "fjall")]
 mod fjall;
+mod spares;
 pub use self::cache::ObjectCache;
 #[cfg(feature = "fjall")]
 pub use self::fjall::{FjallBackend, FjallOptions};
@@ -294,6 +295,8 @@ pub struct ValueState<K, V> {
     /// checkpoint being taken and copied on the next write, like the
     /// in-memory maps, so the barrier does not copy keys.
     changed: Vec<Arc<ChangedKeys>>,
+    /// In-memory store: maps exports are done with, to copy into.
+    spares: spares::Spares<StampedMap<K, V>>,
 }
 
 /// Encoded keys changed in one key group: the epoch of their last change
@@ -344,6 +347,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             tracking: false,
             removed: scope.key_groups.clone().map(|_| Vec::new()).collect(),
             changed: scope.key_groups.clone().map(|_| Arc::default()).collect(),
+            spares: spares::Spares::new(scope.key_groups.len()),
         })
     }
 
@@ -379,7 +383,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                     )));
                 };
                 let epoch = self.epoch;
-                Ok(match Arc::make_mut(map).entry(key) {
+                Ok(match self.spares.make_mut(map).entry(key) {
                     Entry::Occupied(e) => {
                         let mut result = None;
                         let mut gone = None;
@@ -738,6 +742,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             Store::Objects(maps) => {
                 let shared: Vec<(u16, Arc<StampedMap<K, V>>)> = self.groups.clone().zip(maps.iter().cloned()).collect();
                 let operator = self.operator.clone();
+                let spares = self.spares.clone();
                 Ok(Box::new(move |sink| {
                     // A delta's removals first: a key removed and then set
                     // again is in both.
@@ -758,6 +763,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                             pass_if_full(&mut part, sink)?;
                         }
                         flush_part(&mut part, sink)?;
+                        spares.give_back(map);
                     }
                     Ok(base)
                 }))
