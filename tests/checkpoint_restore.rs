@@ -285,6 +285,94 @@ async fn checkpoints_in_another_storage_restore_rescale_fall_back_and_are_retain
     assert!(err.contains("memory:/savepoints/none") && err.contains("no complete checkpoint"), "{err}");
 }
 
+/// A storage whose writes fail while `failing` is set, as an object store
+/// does during an outage.
+#[derive(Debug, Clone, Default)]
+struct Flaky {
+    inner: MemoryStorage,
+    failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Flaky {
+    fn check(&self) -> std::io::Result<()> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            self.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return Err(std::io::Error::other("injected outage"));
+        }
+        Ok(())
+    }
+}
+
+impl weibo::checkpoint::CheckpointStorage for Flaky {
+    fn locate(&self, name: &str) -> std::path::PathBuf {
+        self.inner.locate(name)
+    }
+    fn create(&self, name: &str) -> std::io::Result<Box<dyn weibo::checkpoint::ObjectWriter>> {
+        self.check()?;
+        self.inner.create(name)
+    }
+    fn put(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+        self.check()?;
+        self.inner.put(name, bytes)
+    }
+    fn open(&self, name: &str) -> std::io::Result<Box<dyn weibo::checkpoint::ObjectReader>> {
+        self.inner.open(name)
+    }
+    fn exists(&self, name: &str) -> std::io::Result<bool> {
+        self.inner.exists(name)
+    }
+    fn list(&self, prefix: &str) -> std::io::Result<Vec<String>> {
+        self.inner.list(prefix)
+    }
+    fn delete(&self, name: &str) -> std::io::Result<()> {
+        self.check()?;
+        self.inner.delete(name)
+    }
+}
+
+/// While the storage refuses writes, checkpoints fail and the job goes on;
+/// once it takes them again, checkpoints complete, and a restore from them
+/// loses and repeats nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_fail_while_the_storage_is_down_and_resume_after() {
+    use std::sync::atomic::Ordering;
+    use weibo::checkpoint::CheckpointStorage;
+
+    let storage = Flaky::default();
+    let out = CollectSink::new();
+    let job =
+        Job::new("sums").with_checkpoint_storage(storage.clone(), Duration::from_millis(30)).with_max_key_groups(16);
+    job.source(Generator::new(EVENTS, event).with_partitions(2).with_rate(2_000.0)).name("events").sums(2, &out);
+    let handle = job.spawn().unwrap();
+    while handle.last_checkpoint().is_none_or(|n| n < 2) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    storage.failing.store(true, Ordering::SeqCst);
+    // A checkpoint in flight may still complete, if its writes were done.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let during = handle.last_checkpoint();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(handle.last_checkpoint(), during, "no checkpoint completes while the storage refuses writes");
+    assert!(storage.refused.load(Ordering::SeqCst) > 0, "the job tried");
+    assert!(!handle.is_finished(), "the job goes on");
+    storage.failing.store(false, Ordering::SeqCst);
+    while handle.last_checkpoint() <= during {
+        assert!(!handle.is_finished(), "checkpoints resume before the input ends");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    handle.abort();
+    // The objects of failed checkpoints are no checkpoint: restore the newest complete one.
+    assert!(storage.inner.list("chk-").unwrap().iter().all(|n| n.ends_with("/MANIFEST")));
+    let out = CollectSink::new();
+    let job =
+        Job::new("sums").with_checkpoint_storage(storage.clone(), Duration::from_millis(30)).with_max_key_groups(16);
+    job.source(Generator::new(EVENTS, event).with_partitions(2)).name("events").sums(2, &out);
+    let report = job.run().await.unwrap();
+    assert_eq!(finals(out.values()), expected(), "no event lost or counted twice");
+    assert!(report.metrics.operator("events").unwrap().records_out < EVENTS, "sources resumed");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn savepoints_need_checkpoints_and_a_plain_name() {
     let plain = Job::new("plain");
