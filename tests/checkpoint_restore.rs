@@ -143,12 +143,12 @@ async fn a_damaged_newest_checkpoint_falls_back_to_the_one_before() {
     let newest = weibo::checkpoint::complete_checkpoints(dir.path());
     assert_eq!(newest[0].0, last);
     // Flip a byte in one of the state files it wrote (in `shared/`, named
-    // after the checkpoint that wrote them).
-    let suffix = format!("-{last:020}.state");
+    // after the checkpoint that wrote them, then the run).
+    let infix = format!("-{last:020}-");
     let file = std::fs::read_dir(dir.path().join("shared"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.to_string_lossy().ends_with(&suffix))
+        .find(|p| p.to_string_lossy().contains(&infix))
         .unwrap();
     let mut bytes = std::fs::read(&file).unwrap();
     let at = bytes.len() / 2;
@@ -237,6 +237,9 @@ async fn checkpoints_in_another_storage_restore_rescale_fall_back_and_are_retain
     }
     assert!(!handle.is_finished(), "stopped before the end of input");
     handle.abort();
+    // `abort` does not wait for a checkpoint being completed or written at
+    // that moment: give it time to land (or not) before looking.
+    tokio::time::sleep(Duration::from_millis(300)).await;
 
     // Retention: the newest two complete checkpoints, and the state files
     // they refer to (or that checkpoints in flight wrote after them).
@@ -249,7 +252,8 @@ async fn checkpoints_in_another_storage_restore_rescale_fall_back_and_are_retain
         referenced.extend(m.states.iter().map(|s| format!("shared/{}", s.file.rsplit('/').next().unwrap())));
     }
     for name in storage.list("shared/").unwrap() {
-        let written: u64 = name.trim_end_matches(".state").rsplit('-').next().unwrap().parse().unwrap();
+        // `<operator>-<instance>-<state>-<checkpoint>-<run>.state`
+        let written: u64 = name.trim_end_matches(".state").rsplit('-').nth(1).unwrap().parse().unwrap();
         assert!(referenced.contains(&name) || written > newest, "{name} outlived retention");
     }
     assert!(storage.exists("savepoints/before-rescale/MANIFEST").unwrap(), "the savepoint outlived retention");
@@ -286,15 +290,25 @@ async fn checkpoints_in_another_storage_restore_rescale_fall_back_and_are_retain
 }
 
 /// A storage whose writes fail while `failing` is set, as an object store
-/// does during an outage.
+/// does during an outage, and whose manifests alone fail while
+/// `failing_puts` is.
 #[derive(Debug, Clone, Default)]
 struct Flaky {
     inner: MemoryStorage,
     failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    failing_puts: std::sync::Arc<std::sync::atomic::AtomicBool>,
     refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Flaky {
+    fn check_put(&self) -> std::io::Result<()> {
+        if self.failing_puts.load(std::sync::atomic::Ordering::SeqCst) {
+            self.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return Err(std::io::Error::other("injected outage of manifests"));
+        }
+        self.check()
+    }
+
     fn check(&self) -> std::io::Result<()> {
         if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
             self.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -313,7 +327,7 @@ impl weibo::checkpoint::CheckpointStorage for Flaky {
         self.inner.create(name)
     }
     fn put(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-        self.check()?;
+        self.check_put()?;
         self.inner.put(name, bytes)
     }
     fn open(&self, name: &str) -> std::io::Result<Box<dyn weibo::checkpoint::ObjectReader>> {
@@ -337,14 +351,21 @@ impl weibo::checkpoint::CheckpointStorage for Flaky {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_fail_while_the_storage_is_down_and_resume_after() {
     use std::sync::atomic::Ordering;
-    use weibo::checkpoint::CheckpointStorage;
 
+    // The sums, and an exactly-once copy of the events.
+    let job = |storage: &Flaky, out: &CollectSink<(u64, (u64, u64))>, copy: &std::path::Path, rate: f64| {
+        let job = Job::new("sums")
+            .with_checkpoint_storage(storage.clone(), Duration::from_millis(30))
+            .with_max_key_groups(16);
+        let events = job.source(Generator::new(EVENTS, event).with_partitions(2).with_rate(rate)).name("events");
+        events.sums(2, out);
+        events.sink_exactly_once(weibo::sinks::TxnFileSink::json_lines(copy)).name("copy");
+        job
+    };
     let storage = Flaky::default();
     let out = CollectSink::new();
-    let job =
-        Job::new("sums").with_checkpoint_storage(storage.clone(), Duration::from_millis(30)).with_max_key_groups(16);
-    job.source(Generator::new(EVENTS, event).with_partitions(2).with_rate(2_000.0)).name("events").sums(2, &out);
-    let handle = job.spawn().unwrap();
+    let copied = tempfile::tempdir().unwrap();
+    let handle = job(&storage, &out, copied.path(), 1_500.0).spawn().unwrap();
     while handle.last_checkpoint().is_none_or(|n| n < 2) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -356,21 +377,42 @@ async fn checkpoints_fail_while_the_storage_is_down_and_resume_after() {
     assert_eq!(handle.last_checkpoint(), during, "no checkpoint completes while the storage refuses writes");
     assert!(storage.refused.load(Ordering::SeqCst) > 0, "the job tried");
     assert!(!handle.is_finished(), "the job goes on");
+    // Then only manifests fail: state files and sink transactions are
+    // written, but no checkpoint completes.
+    storage.failing_puts.store(true, Ordering::SeqCst);
     storage.failing.store(false, Ordering::SeqCst);
+    let refused = storage.refused.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(handle.last_checkpoint(), during, "no checkpoint completes without its manifest");
+    assert!(storage.refused.load(Ordering::SeqCst) > refused, "manifests were tried");
+    storage.failing_puts.store(false, Ordering::SeqCst);
     while handle.last_checkpoint() <= during {
         assert!(!handle.is_finished(), "checkpoints resume before the input ends");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     handle.abort();
-    // The objects of failed checkpoints are no checkpoint: restore the newest complete one.
-    assert!(storage.inner.list("chk-").unwrap().iter().all(|n| n.ends_with("/MANIFEST")));
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let out = CollectSink::new();
-    let job =
-        Job::new("sums").with_checkpoint_storage(storage.clone(), Duration::from_millis(30)).with_max_key_groups(16);
-    job.source(Generator::new(EVENTS, event).with_partitions(2)).name("events").sums(2, &out);
-    let report = job.run().await.unwrap();
+    let handle = job(&storage, &out, copied.path(), 1e9).spawn().unwrap();
+    assert!(handle.last_checkpoint() > during, "restored from a checkpoint taken after the outage");
+    let report = handle.wait().await.unwrap();
     assert_eq!(finals(out.values()), expected(), "no event lost or counted twice");
     assert!(report.metrics.operator("events").unwrap().records_out < EVENTS, "sources resumed");
+    // The exactly-once copy holds every event once: the transactions of
+    // checkpoints whose manifest could not be written were committed with
+    // a later one.
+    let mut committed: Vec<u64> = Vec::new();
+    for entry in std::fs::read_dir(copied.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            for line in std::fs::read_to_string(&path).unwrap().lines() {
+                let (_, i): (u64, u64) = serde_json::from_str(line).unwrap();
+                committed.push(i);
+            }
+        }
+    }
+    committed.sort_unstable();
+    assert_eq!(committed, (0..EVENTS).collect::<Vec<u64>>(), "every event committed exactly once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -566,6 +566,7 @@ impl Graph {
                         trigger: if is_source { w.triggers.pop() } else { None },
                         acks: w.acks.clone(),
                         storage: w.storage.clone(),
+                        run: w.run.clone(),
                         completed: w.completed.clone(),
                         task: head.clone(),
                         operator: node.name.clone(),
@@ -612,6 +613,7 @@ pub(crate) struct CheckpointWiring {
     pub(crate) triggers: Vec<tokio::sync::mpsc::UnboundedReceiver<u64>>,
     pub(crate) acks: tokio::sync::mpsc::UnboundedSender<Ack>,
     pub(crate) storage: std::sync::Arc<dyn crate::checkpoint::CheckpointStorage>,
+    pub(crate) run: std::sync::Arc<str>,
     pub(crate) completed: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 

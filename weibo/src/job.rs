@@ -211,7 +211,11 @@ impl Job {
     #[must_use]
     pub fn with_checkpoint_storage(self, storage: impl CheckpointStorage, interval: Duration) -> Self {
         let storage: Arc<dyn CheckpointStorage> = Arc::new(storage);
-        self.configure(|c| c.checkpoint = Some(CheckpointConfig { storage, interval, retain: 3, timeout: None }))
+        self.configure(|c| {
+            // Retention and timeout set before stay.
+            let (retain, timeout) = c.checkpoint.as_ref().map_or((3, None), |cp| (cp.retain, cp.timeout));
+            c.checkpoint = Some(CheckpointConfig { storage, interval, retain, timeout });
+        })
     }
 
     /// Abandons a checkpoint (or savepoint) that has not completed `timeout`
@@ -362,6 +366,7 @@ impl Job {
                         triggers: rx,
                         acks: ack_tx,
                         storage: cp.storage.clone(),
+                        run: crate::checkpoint::run_token().into(),
                         completed: completed.clone(),
                     }),
                     Some(Coordinator {
@@ -544,9 +549,11 @@ impl JobHandle {
     }
 
     /// Takes a savepoint named `name`: a checkpoint taken now and kept in
-    /// `<checkpoint dir>/savepoints/<name>`, outside retention. Restore it
-    /// with [`Job::restore_from`], for example after changing a keyed
-    /// operator's partitions or upgrading the binary.
+    /// `<checkpoint dir>/savepoints/<name>` (in the checkpoint storage),
+    /// outside retention; returns where it is. Restore it with
+    /// [`Job::restore_from`] (or [`Job::restore_from_storage`]), for
+    /// example after changing a keyed operator's partitions or upgrading
+    /// the binary.
     ///
     /// # Errors
     /// [`Error::Runtime`] when the job takes no checkpoints or has stopped
@@ -558,7 +565,10 @@ impl JobHandle {
         if !valid || name.starts_with('.') {
             return Err(runtime_error("a savepoint name uses letters, digits, `-`, `_` and `.` (not first)"));
         }
-        let tx = self.savepoints.as_ref().ok_or_else(|| runtime_error("savepoints need `Job::with_checkpoints`"))?;
+        let tx = self
+            .savepoints
+            .as_ref()
+            .ok_or_else(|| runtime_error("savepoints need `Job::with_checkpoints` (or `with_checkpoint_storage`)"))?;
         let (reply, answer) = tokio::sync::oneshot::channel();
         tx.send(SavepointRequest { name: Some(name.to_string()), reply })
             .map_err(|_| runtime_error("the job has stopped taking checkpoints"))?;
@@ -572,7 +582,10 @@ impl JobHandle {
     /// As [`JobHandle::savepoint`].
     pub async fn checkpoint(&self) -> Result<PathBuf> {
         let runtime_error = |message: &str| Error::Runtime { job: self.name.clone(), message: message.into() };
-        let tx = self.savepoints.as_ref().ok_or_else(|| runtime_error("checkpoints need `Job::with_checkpoints`"))?;
+        let tx = self
+            .savepoints
+            .as_ref()
+            .ok_or_else(|| runtime_error("checkpoints need `Job::with_checkpoints` (or `with_checkpoint_storage`)"))?;
         let (reply, answer) = tokio::sync::oneshot::channel();
         tx.send(SavepointRequest { name: None, reply })
             .map_err(|_| runtime_error("the job has stopped taking checkpoints"))?;

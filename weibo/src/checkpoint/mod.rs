@@ -17,7 +17,7 @@
 //!
 //! ```text
 //! chk-00000000000000000007/MANIFEST   JSON: positions, state files, fingerprint, commits
-//! shared/<operator>-<instance>-<state>-<checkpoint>.state
+//! shared/<operator>-<instance>-<state>-<checkpoint>-<run>.state
 //! savepoints/<name>/                 a manifest and copies of its state files
 //! ```
 //!
@@ -104,7 +104,7 @@ pub struct StateFile {
 }
 
 /// Entries and removed keys, their bytes concatenated: a frame of a
-/// version-3 state file, and a part of an export. Entry `i` is in key group
+/// state file of version 3 or 4, and a part of an export. Entry `i` is in key group
 /// `groups[i]`; its key is `keys[key_ends[i - 1]..key_ends[i]]` (from 0 for
 /// the first), its value likewise in `values`; removed keys likewise.
 /// Building one costs an allocation per buffer, not two per entry, and
@@ -237,7 +237,7 @@ impl StatePart {
     }
 }
 
-/// A version-3 frame's entries and removed keys, by key group (in the order
+/// The entries and removed keys, of a frame (versions 3 and 4), by key group (in the order
 /// they come), checked: `None` if its offsets are inconsistent.
 fn archived_part_as_file(part: &ArchivedStatePart) -> Option<StateFile> {
     fn by_group<'a>(
@@ -394,9 +394,28 @@ fn checkpoint_number(name: &str) -> Option<u64> {
     name.strip_prefix("chk-")?.parse().ok()
 }
 
-/// The checkpoint that wrote state file `name` (`...-<n>.state`).
-fn written_by(name: &str) -> Option<u64> {
-    name.strip_suffix(".state")?.rsplit('-').next()?.parse().ok()
+/// The checkpoint that wrote state file `name`:
+/// `<operator>-<instance>-<state>-<n>-<run>.state`, or without the run's
+/// token as builds before it named them.
+pub(crate) fn written_by(name: &str) -> Option<u64> {
+    let mut parts = name.strip_suffix(".state")?.rsplit('-');
+    let last = parts.next()?;
+    if last.len() == 20 && last.bytes().all(|b| b.is_ascii_digit()) {
+        return last.parse().ok();
+    }
+    parts.next()?.parse().ok()
+}
+
+/// A token for this run of a job, in the names of the state files it
+/// writes: a job restarted in the same storage (while writes of its
+/// previous run may still be finishing, invisible until they do) never
+/// writes an object of the same name.
+pub(crate) fn run_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
 }
 
 /// Writes a state file frame by frame, front to back (the length and
@@ -985,7 +1004,12 @@ impl Coordinator {
             states,
             commits: commits.clone(),
         };
-        crate::runtime::blocking(|| write_manifest(&*self.config.storage, &name, &manifest))?;
+        if let Err(e) = crate::runtime::blocking(|| write_manifest(&*self.config.storage, &name, &manifest)) {
+            // Not complete: its transactions (and those carried from
+            // before) are committed with the next checkpoint that is.
+            self.uncommitted = commits;
+            return Err(e);
+        }
         crash_point_before_commit(n);
         let positions = manifest.sources.clone();
         self.previous = Some(manifest);
@@ -1060,6 +1084,12 @@ impl Coordinator {
             let m = read_manifest_in(storage, dir)?;
             referenced.extend(m.states.into_iter().map(|s| storage::join(dir, &s.file)));
         }
+        // The checkpoint just completed, even if a listing does not show
+        // its manifest yet.
+        if let Some(m) = &self.previous {
+            let dir = checkpoint_name(m.checkpoint);
+            referenced.extend(m.states.iter().map(|s| storage::join(&dir, &s.file)));
+        }
         for name in list("chk-")? {
             let n = name.split('/').next().and_then(checkpoint_number);
             if n.is_some_and(|n| n < oldest_kept && !keep.contains(&n)) {
@@ -1120,9 +1150,13 @@ impl Restore {
             ));
         }
         // Read every state file once now, so that a corrupt one is found
-        // before anything runs.
+        // before anything runs; none may lie outside the storage.
         for s in &manifest.states {
-            read_state_file_parts(&**storage, &storage::join(dir, &s.file), &mut |_| Ok(()))?;
+            let name = storage::join(dir, &s.file);
+            if name.starts_with("..") || s.file.starts_with('/') {
+                return Err(bad(&located, format!("its state file `{}` lies outside the checkpoint storage", s.file)));
+            }
+            read_state_file_parts(&**storage, &name, &mut |_| Ok(()))?;
         }
         let mut states: BTreeMap<String, Vec<StateFileEntry>> = BTreeMap::new();
         for s in manifest.states {
@@ -1342,14 +1376,17 @@ mod tests {
 
         storage.set(name, &good[..good.len() - 3]);
         let err = read_state_file(&storage, name).unwrap_err().to_string();
-        assert!(err.contains("truncated") && err.contains("trailer"), "{err}");
+        assert!(err.contains("truncated") && err.contains("trailer") && err.contains("sum-0-value.state"), "{err}");
 
         // Cut between frames, with a trailer that says so: the length is wrong.
         let mut short = good[..HEAD + 4].to_vec();
         short.extend_from_slice(&good[good.len() - TRAILER..]);
         storage.set(name, short);
         let err = read_state_file(&storage, name).unwrap_err().to_string();
-        assert!(err.contains("truncated") && err.contains("payload bytes"), "{err}");
+        assert!(
+            err.contains("truncated") && err.contains("payload bytes") && err.contains("sum-0-value.state"),
+            "{err}"
+        );
 
         let mut old = good.clone();
         old[8] = 9;
@@ -1403,6 +1440,16 @@ mod tests {
         let digest = xxhash_rust::xxh3::xxh3_64(&file[HEAD..end]);
         file[end..end + 8].copy_from_slice(&len.to_le_bytes());
         file[end + 8..end + 16].copy_from_slice(&digest.to_le_bytes());
+    }
+
+    #[test]
+    fn state_file_names_tell_the_checkpoint_that_wrote_them() {
+        assert_eq!(written_by("sums-0-value-00000000000000000012-3f9c2a6b1d4e8f07.state"), Some(12));
+        assert_eq!(written_by("sums-0-value-00000000000000000012.state"), Some(12), "as earlier builds named them");
+        assert_eq!(written_by("a-b-fire-timers-00000000000000000003-0123456789abcdef.state"), Some(3));
+        assert_eq!(written_by("MANIFEST"), None);
+        assert_ne!(run_token(), run_token());
+        assert_eq!(run_token().len(), 16);
     }
 
     #[test]
@@ -1566,6 +1613,29 @@ mod tests {
         }
         let listed: Vec<u64> = complete_checkpoints(root.path()).into_iter().map(|(n, _)| n).collect();
         assert_eq!(listed, vec![2, 1]);
+
+        // A manifest naming a file outside the storage is refused.
+        let storage: Arc<dyn CheckpointStorage> = Arc::new(MemoryStorage::new());
+        let m = Manifest {
+            format_version: FORMAT_VERSION,
+            job: "j".into(),
+            checkpoint: 4,
+            graph_fingerprint: "f".into(),
+            max_key_groups: 8,
+            sources: vec![],
+            states: vec![StateFileEntry {
+                operator: "op".into(),
+                state: "value".into(),
+                file: "../../etc/x.state".into(),
+                key_groups: (0, 8),
+                checkpoint: 4,
+                base: true,
+            }],
+            commits: vec![],
+        };
+        write_manifest(&*storage, &checkpoint_name(4), &m).unwrap();
+        let err = Restore::load(&storage, &checkpoint_name(4), "f", 8).unwrap_err().to_string();
+        assert!(err.contains("outside the checkpoint storage") && err.contains("chk-"), "{err}");
         assert_eq!(read_manifest(&root.path().join(checkpoint_name(2))).unwrap().checkpoint, 2);
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! A [`CheckpointStorage`] is a flat namespace of objects named by
 //! `/`-separated paths (`chk-00000000000000000007/MANIFEST`,
-//! `shared/sum-0-value-00000000000000000007.state`), the model of an
+//! `shared/sum-0-value-00000000000000000007-3f9c2a6b1d4e8f07.state`), the model of an
 //! object store. Weibo needs only what every object store offers:
 //!
 //! - objects are written once, whole, and never changed afterwards (state
@@ -24,10 +24,12 @@
 //! to the rules above. An object store (S3, GCS, Azure) is a third
 //! implementation of the trait.
 //!
-//! Methods block. Weibo calls them on threads where blocking is allowed
-//! (tokio's blocking pool, or under `block_in_place` on a multi-threaded
-//! runtime), so an implementation over an async client may wait on it with
-//! `tokio::runtime::Handle::current().block_on(..)`.
+//! Methods block. On a multi-threaded tokio runtime Weibo calls them where
+//! blocking is allowed (tokio's blocking pool, or under `block_in_place`),
+//! so an implementation over an async client may wait on it with
+//! `tokio::runtime::Handle::current().block_on(..)`; such a storage needs
+//! a multi-threaded runtime (on a current-thread runtime the calls run on
+//! the runtime's thread, where `block_on` panics).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -177,7 +179,13 @@ impl LocalDir {
 
     /// Files under `dir` (a directory), as object names starting with `name`.
     fn walk(dir: &Path, name: &str, out: &mut Vec<String>) -> io::Result<()> {
-        for entry in fs::read_dir(dir)? {
+        let entries = match fs::read_dir(dir) {
+            Ok(entries) => entries,
+            // Removed with its last object meanwhile.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
             let entry = entry?;
             let file = entry.file_name().to_string_lossy().into_owned();
             let child = if name.is_empty() { file } else { format!("{name}/{file}") };
@@ -232,7 +240,8 @@ impl CheckpointStorage for LocalDir {
         let mut attempts = 0;
         let file = loop {
             Self::create_parent(&path)?;
-            match fs::File::create(&path) {
+            // Objects are written once: never truncate one.
+            match fs::OpenOptions::new().write(true).create_new(true).open(&path) {
                 Err(e) if e.kind() == io::ErrorKind::NotFound && attempts < 3 => attempts += 1,
                 result => break result?,
             }

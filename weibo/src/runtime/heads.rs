@@ -38,6 +38,8 @@ pub(crate) struct CheckpointIo {
     pub(crate) trigger: Option<mpsc::UnboundedReceiver<u64>>,
     pub(crate) acks: mpsc::UnboundedSender<Ack>,
     pub(crate) storage: std::sync::Arc<dyn crate::checkpoint::CheckpointStorage>,
+    /// This run's token, in the names of its state files.
+    pub(crate) run: std::sync::Arc<str>,
     pub(crate) task: String,
     pub(crate) operator: String,
     pub(crate) instance: usize,
@@ -53,7 +55,7 @@ impl CheckpointIo {
     fn write_and_ack(&self, n: u64, snapshots: Vec<StateSnapshot>) {
         // State files live in `shared/`: a delta's chain reaches back into
         // earlier checkpoints, so files outlive their checkpoint's directory.
-        let storage = self.storage.clone();
+        let (storage, run) = (self.storage.clone(), self.run.clone());
         let (acks, operator, instance, groups) =
             (self.acks.clone(), self.operator.clone(), self.instance, self.groups.clone());
         let task = self.task.clone();
@@ -63,7 +65,7 @@ impl CheckpointIo {
                     operator.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
                 let mut files = Vec::new();
                 for snap in snapshots {
-                    let file = format!("{safe}-{instance}-{}-{n:020}.state", snap.state);
+                    let file = format!("{safe}-{instance}-{}-{n:020}-{run}.state", snap.state);
                     let meta = StateFile {
                         operator: operator.clone(),
                         state: snap.state.to_string(),

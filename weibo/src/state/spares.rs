@@ -14,16 +14,23 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// A map that can be emptied and copied into, keeping its allocation.
 pub(crate) trait SpareMap: Clone {
     fn clear(&mut self);
+    /// How many entries it holds without growing: maps of the same
+    /// capacity have the same allocation, which a copy reuses.
+    fn capacity(&self) -> usize;
 }
 
 impl<K: Clone, V: Clone, S: Clone> SpareMap for hashbrown::HashMap<K, V, S> {
     fn clear(&mut self) {
         hashbrown::HashMap::clear(self);
     }
+
+    fn capacity(&self) -> usize {
+        hashbrown::HashMap::capacity(self)
+    }
 }
 
-/// Maps exports are done with, shared by a state and its exports: at
-/// most as many as the state has maps.
+/// Maps exports are done with, shared by a state and its exports: no more
+/// than the state has maps (key groups).
 pub(crate) struct Spares<M> {
     pool: Arc<Mutex<Vec<M>>>,
     most: usize,
@@ -55,7 +62,15 @@ impl<M: SpareMap> Spares<M> {
     #[cold]
     #[inline(never)]
     fn copy(&self, map: &mut Arc<M>) {
-        let spare = self.pool.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        // A spare of the same capacity (a copy into another reallocates).
+        let spare = {
+            let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+            let at = pool.iter().position(|s| s.capacity() == map.capacity());
+            match at {
+                Some(at) => Some(pool.swap_remove(at)),
+                None => pool.pop(),
+            }
+        };
         let copy = match spare {
             Some(mut spare) => {
                 spare.clone_from(map);
