@@ -32,6 +32,20 @@ pub(crate) struct NodeIo {
     pub(crate) checkpoint: Option<CheckpointIo>,
 }
 
+/// Operator `name` as the start of its state files' names: ASCII letters,
+/// digits and `-` as they are, anything else `_`, and then, if anything
+/// was replaced, a hash of the name, so that `a.b` and `a_b` do not share
+/// files.
+pub(crate) fn file_stem(name: &str) -> String {
+    let safe: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    if safe == name {
+        return safe;
+    }
+    // FNV-1a: stable across builds and platforms.
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    format!("{safe}_{:08x}", hash as u32)
+}
+
 /// A task's part in checkpoints.
 pub(crate) struct CheckpointIo {
     /// Source tasks: checkpoint numbers to inject barriers for.
@@ -61,8 +75,7 @@ impl CheckpointIo {
         let task = self.task.clone();
         tokio::task::spawn_blocking(move || {
             let result = (|| -> Result<Vec<StateFileEntry>> {
-                let safe: String =
-                    operator.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+                let safe = file_stem(&operator);
                 let mut files = Vec::new();
                 for snap in snapshots {
                     let file = format!("{safe}-{instance}-{}-{n:020}-{run}.state", snap.state);
@@ -401,4 +414,19 @@ pub(crate) fn emit<T>(info: &OpInfo, chain: &mut dyn Consumer<T>, batch: &mut Ba
     }
     OperatorCounters::add(&info.counters.records_out, batch.len());
     chain.push(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::file_stem;
+
+    #[test]
+    fn operator_names_that_differ_give_state_files_that_differ() {
+        assert_eq!(file_stem("sums"), "sums");
+        assert_eq!(file_stem("per-user"), "per-user");
+        assert!(file_stem("a.b").starts_with("a_b_"));
+        assert_ne!(file_stem("a.b"), file_stem("a_b"));
+        assert_ne!(file_stem("a.b"), file_stem("a b"));
+        assert_eq!(file_stem("a.b"), file_stem("a.b"), "stable");
+    }
 }
