@@ -51,6 +51,12 @@ fn event(i: u64) -> (u64, u64) {
 /// Per key, the number of events and the sum of their values so far.
 fn pipeline(checkpoints: &Path, events: Generator<(u64, u64)>, out: &CollectSink<(u64, (u64, u64))>) -> Job {
     let job = Job::new("sums").with_checkpoints(checkpoints, Duration::from_millis(100));
+    sums(&job, events, out);
+    job
+}
+
+/// The pipeline's operators, added to `job`.
+fn sums(job: &Job, events: Generator<(u64, u64)>, out: &CollectSink<(u64, (u64, u64))>) {
     job.source(events)
         .name("events")
         .key_by(|e: &(u64, u64)| e.0)
@@ -64,7 +70,6 @@ fn pipeline(checkpoints: &Path, events: Generator<(u64, u64)>, out: &CollectSink
         )
         .name("sums")
         .sink(out.clone());
-    job
 }
 // ANCHOR_END: pipeline
 
@@ -330,19 +335,7 @@ async fn other_storage() -> Result<(), Box<dyn Error>> {
     // The pipeline of this chapter, checkpointing into memory.
     let pipeline = |events: Generator<(u64, u64)>, out: &CollectSink<(u64, (u64, u64))>| {
         let job = Job::new("sums").with_checkpoint_storage(storage.clone(), Duration::from_millis(100));
-        job.source(events)
-            .name("events")
-            .key_by(|e: &(u64, u64)| e.0)
-            .with_partitions(2)
-            .fold(
-                || (0u64, 0u64),
-                |acc: &mut (u64, u64), e: (u64, u64)| {
-                    acc.0 += 1;
-                    acc.1 += e.1;
-                },
-            )
-            .name("sums")
-            .sink(out.clone());
+        sums(&job, events, out);
         job
     };
     let out = CollectSink::new();

@@ -597,6 +597,22 @@ impl Exported {
     }
 }
 
+/// What an export at `at` (checkpoint, last complete one) builds on: the
+/// last complete checkpoint for a delta, `None` for a base. A delta needs
+/// a complete checkpoint of this run (at or after its first export,
+/// `first_base`), and every [`FULL_CHECKPOINT_EVERY`]th export is a base
+/// (`since_full`: exports since the last base).
+fn delta_since(at: Option<(u64, u64)>, first_base: Option<u64>, since_full: u32) -> Option<u32> {
+    match at {
+        Some((_, since))
+            if first_base.is_some_and(|first| since >= first) && !since_full.is_multiple_of(FULL_CHECKPOINT_EVERY) =>
+        {
+            Some(since as u32)
+        }
+        _ => None,
+    }
+}
+
 /// Receives an export's parts one at a time (a part's buffers are reused
 /// for the next once the sink returns).
 pub type ExportSink<'a> = dyn FnMut(&Exported) -> Result<()> + 'a;
@@ -703,15 +719,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     }
 
     fn export_at(&mut self, at: Option<(u64, u64)>) -> Result<Export> {
-        let since = match at {
-            Some((_, since))
-                if self.first_base.is_some_and(|first| since >= first)
-                    && !self.since_full.is_multiple_of(FULL_CHECKPOINT_EVERY) =>
-            {
-                Some(since as u32)
-            }
-            _ => None,
-        };
+        let since = delta_since(at, self.first_base, self.since_full);
         if let Some((n, _)) = at {
             self.first_base.get_or_insert(n);
             self.since_full = if since.is_some() { self.since_full + 1 } else { 1 };
@@ -915,15 +923,7 @@ impl<K: Key> TimerState<K> {
 
     fn export_at(&mut self, at: Option<(u64, u64)>) -> Export {
         let log = &mut self.log;
-        let since = match at {
-            Some((_, since))
-                if log.first_base.is_some_and(|first| since >= first)
-                    && !log.since_full.is_multiple_of(FULL_CHECKPOINT_EVERY) =>
-            {
-                Some(since as u32)
-            }
-            _ => None,
-        };
+        let since = delta_since(at, log.first_base, log.since_full);
         let mut removed = Vec::new();
         if let Some((n, completed)) = at {
             log.first_base.get_or_insert(n);
@@ -1041,15 +1041,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
                 };
             }
         };
-        let since = match at {
-            Some((_, since))
-                if log.first_base.is_some_and(|first| since >= first)
-                    && !log.since_full.is_multiple_of(FULL_CHECKPOINT_EVERY) =>
-            {
-                Some(since as u32)
-            }
-            _ => None,
-        };
+        let since = delta_since(at, log.first_base, log.since_full);
         let mut purged = Vec::new();
         let mut removed = Vec::new();
         if let Some((n, completed)) = at {
