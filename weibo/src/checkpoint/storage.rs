@@ -160,6 +160,20 @@ impl LocalDir {
         if name.is_empty() { self.root.clone() } else { self.root.join(name) }
     }
 
+    /// Creates `path`'s directory, then runs `make` on `path`. A `delete`
+    /// of the directory's last file may remove the directory in between:
+    /// then it is created again.
+    fn in_parent<T>(path: &Path, make: impl Fn(&Path) -> io::Result<T>) -> io::Result<T> {
+        let mut attempts = 0;
+        loop {
+            Self::create_parent(path)?;
+            match make(path) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && attempts < 3 => attempts += 1,
+                result => return result,
+            }
+        }
+    }
+
     fn create_parent(path: &Path) -> io::Result<()> {
         match path.parent() {
             Some(parent) if !parent.as_os_str().is_empty() => fs::create_dir_all(parent),
@@ -235,27 +249,17 @@ impl CheckpointStorage for LocalDir {
 
     fn create(&self, name: &str) -> io::Result<Box<dyn ObjectWriter>> {
         let path = self.path(name);
-        // A `delete` of the directory's last file may remove the directory
-        // between creating it and creating the file: create it again.
-        let mut attempts = 0;
-        let file = loop {
-            Self::create_parent(&path)?;
-            // Objects are written once: never truncate one.
-            match fs::OpenOptions::new().write(true).create_new(true).open(&path) {
-                Err(e) if e.kind() == io::ErrorKind::NotFound && attempts < 3 => attempts += 1,
-                result => break result?,
-            }
-        };
+        // Objects are written once: never truncate one.
+        let file = Self::in_parent(&path, |path| fs::OpenOptions::new().write(true).create_new(true).open(path))?;
         Ok(Box::new(LocalWriter { out: io::BufWriter::with_capacity(1 << 20, file), path }))
     }
 
     fn put(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
         let path = self.path(name);
-        Self::create_parent(&path)?;
         let mut tmp = path.clone().into_os_string();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
-        let mut f = fs::File::create(&tmp)?;
+        let mut f = Self::in_parent(&tmp, |tmp| fs::File::create(tmp))?;
         f.write_all(bytes)?;
         f.sync_all()?;
         fs::rename(&tmp, &path)?;
@@ -321,9 +325,8 @@ impl CheckpointStorage for LocalDir {
     }
 
     fn copy(&self, from: &str, to: &str) -> io::Result<()> {
-        let target = self.path(to);
-        Self::create_parent(&target)?;
-        fs::copy(self.path(from), &target)?;
+        let (source, target) = (self.path(from), self.path(to));
+        Self::in_parent(&target, |target| fs::copy(&source, target))?;
         fs::File::open(&target)?.sync_all()?;
         Self::sync_parent(&target);
         Ok(())
