@@ -1,13 +1,14 @@
-//! Spare maps for copy-on-write.
+//! Spare maps for the copies checkpoints make.
 //!
-//! A checkpoint shares a key group's map with the worker; the worker's
-//! next write to it copies the map. Copied into fresh memory, a copy costs
-//! a page fault per page (the kernel zeroes each page first): half of the
-//! copy's time when every key group is written right after each barrier.
-//! So an export hands each map it is done with (that the worker has
-//! copied since) back, emptied, and the next copy goes into it: its memory
-//! is mapped already. Spares are only the maps copied during the last
-//! checkpoint, memory a checkpoint needs anyway at its peak.
+//! A checkpoint shares each key group's map with the worker. The
+//! in-memory store's export copies each map it shares first thing (see
+//! `Overlay` in the parent module); the cache of the fjall backend copies a
+//! map when the worker writes it while an export still shares it.
+//! Copied into fresh memory, a copy costs a page fault per page (the
+//! kernel zeroes each page first): about half of the copy's time. So
+//! copies go into maps an earlier export has finished with, emptied, when
+//! there are: their memory is mapped already. Spares are no more than the
+//! state has key groups, memory a checkpoint needs anyway at its peak.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -52,7 +53,9 @@ impl<M: SpareMap> Spares<M> {
     /// any) when an export still shares it.
     #[inline]
     pub(crate) fn make_mut<'a>(&self, map: &'a mut Arc<M>) -> &'a mut M {
-        if Arc::get_mut(map).is_none() {
+        // A plain load: the one atomic read-modify-write per call is
+        // `make_mut`'s (no `Weak` to these maps is ever made).
+        if Arc::strong_count(map) > 1 {
             self.copy(map);
         }
         // Unique now: `make_mut` copies nothing.
@@ -63,14 +66,7 @@ impl<M: SpareMap> Spares<M> {
     #[inline(never)]
     fn copy(&self, map: &mut Arc<M>) {
         // A spare of the same capacity (a copy into another reallocates).
-        let spare = {
-            let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
-            let at = pool.iter().position(|s| s.capacity() == map.capacity());
-            match at {
-                Some(at) => Some(pool.swap_remove(at)),
-                None => pool.pop(),
-            }
-        };
+        let spare = self.take(map.capacity());
         let copy = match spare {
             Some(mut spare) => {
                 spare.clone_from(map);
@@ -81,20 +77,52 @@ impl<M: SpareMap> Spares<M> {
         *map = Arc::new(copy);
     }
 
+    /// A copy of `map` (into a spare, if any), for an export to keep;
+    /// `map` is let go of at once.
+    pub(crate) fn copy_out(&self, map: Arc<M>) -> M {
+        // Nothing else holds it (the worker has dropped it): no copy.
+        let map = match Arc::try_unwrap(map) {
+            Ok(map) => return map,
+            Err(map) => map,
+        };
+        let spare = self.take(map.capacity());
+        match spare {
+            Some(mut spare) => {
+                spare.clone_from(&map);
+                spare
+            }
+            None => M::clone(&map),
+        }
+    }
+
+    /// Keeps `map`, emptied, as a spare, if there is room.
+    pub(crate) fn keep(&self, mut map: M) {
+        if self.pool.lock().unwrap_or_else(PoisonError::into_inner).len() >= self.most {
+            return;
+        }
+        map.clear();
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        if pool.len() < self.most {
+            pool.push(map);
+        }
+    }
+
+    /// A spare, of `capacity` if there is one.
+    fn take(&self, capacity: usize) -> Option<M> {
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        match pool.iter().position(|s| s.capacity() == capacity) {
+            Some(at) => Some(pool.swap_remove(at)),
+            None => pool.pop(),
+        }
+    }
+
     /// Takes back a map an export has finished with: kept as a spare,
     /// emptied, if nothing else holds it (the worker has copied it since,
     /// or dropped it) and there is room; otherwise just released.
     pub(crate) fn give_back(&self, map: Arc<M>) {
-        if let Ok(mut map) = Arc::try_unwrap(map) {
-            if self.pool.lock().unwrap_or_else(PoisonError::into_inner).len() >= self.most {
-                return;
-            }
+        if let Ok(map) = Arc::try_unwrap(map) {
             // Emptied here, on the export's thread, not the worker's.
-            map.clear();
-            let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
-            if pool.len() < self.most {
-                pool.push(map);
-            }
+            self.keep(map);
         }
     }
 
