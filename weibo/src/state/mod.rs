@@ -302,14 +302,26 @@ pub struct ValueState<K, V> {
     /// lets go of it), applied to the map in place once it has; a value,
     /// or `None` for a removal, with its stamp. See [`Overlay`].
     overlays: Vec<Overlay<K, V>>,
+    /// In-memory store, per owned key group: whether the worker has written
+    /// beside the map since the last barrier, telling the export to copy
+    /// the map and let go of it now rather than when it has encoded it.
+    wanted: Arc<[std::sync::atomic::AtomicBool]>,
+}
+
+/// A map an export shares: still shared, copied (let go of), or done.
+enum Held<M> {
+    Shared(Arc<M>),
+    Copied(M),
+    Done,
 }
 
 /// Writes to a key group's map while an export still shares it.
 ///
-/// An export copies every map it shares before it encodes anything, and
-/// lets go of each as soon as it is copied, on its own thread. Until it
-/// has, the worker writes that key group into this overlay instead of
-/// copying the map itself (which, with every key group written right
+/// The worker writes a key group whose map an export still shares into
+/// this overlay, and flags the key group (`wanted`); the export, on its
+/// own thread, copies a flagged map and lets go of it as soon as it sees
+/// the flag (before each key group and every 4,096 entries), and encodes
+/// the others where they are. So the worker does not copy the map itself (which, with every key group written right
 /// after each barrier, meant copying the whole state on the worker at
 /// every checkpoint); the next write after the export let go applies the
 /// overlay to the map in place. An overlay that outgrows
@@ -431,6 +443,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             changed: scope.key_groups.clone().map(|_| Arc::default()).collect(),
             spares: spares::Spares::new(scope.key_groups.len()),
             overlays: scope.key_groups.clone().map(|_| Overlay::default()).collect(),
+            wanted: scope.key_groups.clone().map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
         })
     }
 
@@ -472,6 +485,11 @@ impl<K: Key, V: Data> ValueState<K, V> {
                     if Arc::strong_count(map) > 1 && overlay.len() < OVERLAY_MIN + map.len() / 8 {
                         // An export still shares the map: write beside it.
                         let removed = self.removed.get_mut(index).filter(|_| self.tracking);
+                        if let Some(wanted) = self.wanted.get(index)
+                            && !wanted.load(std::sync::atomic::Ordering::Relaxed)
+                        {
+                            wanted.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
                         return Ok(overlaid_update(map, overlay, removed, key, epoch, f));
                     }
                     if !overlay.is_empty() {
@@ -862,15 +880,30 @@ impl<K: Key, V: Data> ValueState<K, V> {
                         apply_overlay(self.spares.make_mut(map), overlay);
                     }
                 }
-                let shared: Vec<(u16, Arc<StampedMap<K, V>>)> = self.groups.clone().zip(maps.iter().cloned()).collect();
+                for wanted in self.wanted.iter() {
+                    wanted.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
+                let mut held: Vec<(u16, Held<StampedMap<K, V>>)> =
+                    self.groups.clone().zip(maps.iter().map(|m| Held::Shared(m.clone()))).collect();
                 let operator = self.operator.clone();
-                let spares = self.spares.clone();
+                let (spares, wanted) = (self.spares.clone(), self.wanted.clone());
                 Ok(Box::new(move |sink| {
-                    // Copy every map first, letting go of each at once: the
-                    // worker writes beside a shared map (see `Overlay`), and
-                    // into it again once it is its own.
-                    let copies: Vec<(u16, StampedMap<K, V>)> =
-                        shared.into_iter().map(|(group, map)| (group, spares.copy_out(map))).collect();
+                    // The maps the worker has started writing beside (see
+                    // `Overlay`) are copied and let go of at once, checked
+                    // before each key group and every 4,096 entries; the
+                    // others are encoded where they are and let go of after.
+                    let release = |held: &mut [(u16, Held<StampedMap<K, V>>)], encoding: usize| {
+                        for (i, (_, map)) in held.iter_mut().enumerate() {
+                            let want = wanted.get(i).is_some_and(|w| w.load(std::sync::atomic::Ordering::Relaxed));
+                            if i != encoding
+                                && want
+                                && matches!(map, Held::Shared(_))
+                                && let Held::Shared(shared) = std::mem::replace(map, Held::Done)
+                            {
+                                *map = Held::Copied(spares.copy_out(shared));
+                            }
+                        }
+                    };
                     // A delta's removals first: a key removed and then set
                     // again is in both.
                     let mut part = Exported::new(base);
@@ -881,8 +914,21 @@ impl<K: Key, V: Data> ValueState<K, V> {
                         }
                     }
                     flush_part(&mut part, sink)?;
-                    for (group, map) in copies {
-                        for (k, (v, stamp)) in map.iter() {
+                    for i in 0..held.len() {
+                        release(&mut held, i);
+                        let Some((group, map)) = held.get_mut(i).map(|(g, m)| (*g, std::mem::replace(m, Held::Done)))
+                        else {
+                            continue;
+                        };
+                        let entries = match &map {
+                            Held::Shared(m) => &**m,
+                            Held::Copied(m) => m,
+                            Held::Done => continue,
+                        };
+                        for (n, (k, (v, stamp))) in entries.iter().enumerate() {
+                            if n % 4_096 == 4_095 {
+                                release(&mut held, i);
+                            }
                             if since.is_some_and(|s| *stamp <= s) {
                                 continue;
                             }
@@ -890,7 +936,11 @@ impl<K: Key, V: Data> ValueState<K, V> {
                             pass_if_full(&mut part, sink)?;
                         }
                         flush_part(&mut part, sink)?;
-                        spares.keep(map);
+                        match map {
+                            Held::Copied(m) => spares.keep(m),
+                            Held::Shared(m) => drop(m),
+                            Held::Done => {}
+                        }
                     }
                     Ok(base)
                 }))
