@@ -11,8 +11,9 @@
 //!
 //! Checkpoints see the table (an MVCC snapshot) with the cache's changed
 //! entries laid over it, both taken at the barrier: the cache's per-group
-//! maps are shared with the checkpoint and copied on the next write
-//! (copy-on-write), as in memory. Entries written back are logged with
+//! maps are shared with the checkpoint as in memory (the worker writes
+//! beside a map still shared, in an overlay, and the checkpoint's thread
+//! copies the maps the worker flags; see [`Holding`]). Entries written back are logged with
 //! their epoch while changes are tracked, so a delta needs no table reads.
 
 use std::fmt;
@@ -22,7 +23,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hashbrown::hash_map::Entry;
 
-use super::{ChangedKeys, Entries, Export, ExportSink, Exported, ObjectMap, StateTable, flush_part, pass_if_full};
+use super::spares::{Held, Holding, Spares, Wanted};
+use super::{
+    ChangedKeys, Entries, Export, ExportSink, Exported, OVERLAY_MIN, ObjectMap, StateTable, flush_part, pass_if_full,
+};
 use crate::codec::Data;
 use crate::error::{Error, Result};
 use crate::key::Key;
@@ -79,14 +83,55 @@ pub(super) struct CachedValue<V> {
 
 type CacheMap<K, V> = ObjectMap<K, CachedValue<V>>;
 
+type CacheOverlay<K, V> = ObjectMap<K, Option<CachedValue<V>>>;
+
+/// What an update did to a cached entry.
+#[derive(PartialEq, Eq)]
+enum Outcome {
+    /// Absent before and after.
+    Unchanged,
+    Changed,
+    /// Removed, created since the barrier and never written back: no
+    /// checkpoint and no table holds it, so the entry goes.
+    Dropped,
+}
+
+/// Runs `f` on a cached entry, stamping a change with `epoch`.
+#[inline]
+fn change<V, R>(entry: &mut CachedValue<V>, epoch: u32, f: impl FnOnce(&mut Option<V>) -> R) -> (R, Outcome) {
+    let existed = entry.value.is_some();
+    let r = f(&mut entry.value);
+    if entry.value.is_none() && !existed {
+        return (r, Outcome::Unchanged);
+    }
+    if entry.value.is_none() && !entry.stored && entry.born == epoch {
+        return (r, Outcome::Dropped);
+    }
+    entry.stamp = epoch;
+    (r, Outcome::Changed)
+}
+
 /// The cached store of one value state.
 pub(super) struct CacheStore<K, V> {
     /// Per owned key group; shared with the checkpoint being written, if
-    /// any, and copied on the first write after it.
+    /// any, which copies and lets go of it once the worker writes beside
+    /// it (`overlays`).
     maps: Vec<Arc<CacheMap<K, V>>>,
+    /// Per owned key group: entries written while an export still shares
+    /// the group's map (see the in-memory store's `Overlay`), applied to
+    /// the map in place once the export has let go of it; `None`: an
+    /// entry to drop from the map (created and removed since the barrier,
+    /// never written back). Outside the budget, as the export's maps are:
+    /// an overlay holds at most as many entries as its map (up to
+    /// [`OVERLAY_MIN`]) plus an eighth, past which the worker copies the
+    /// map instead.
+    overlays: Vec<CacheOverlay<K, V>>,
+    /// Per owned key group: whether the worker has written beside the map
+    /// since the barrier (the export copies such maps at once).
+    wanted: Wanted,
     /// Maps exports are done with, to copy into (outside the budget: a
     /// checkpoint's copies, kept for the next one).
-    spares: super::spares::Spares<CacheMap<K, V>>,
+    spares: Spares<CacheMap<K, V>>,
     table: Box<dyn StateTable>,
     /// Per owned key group: whether the table may hold entries of it (if
     /// not, a miss needs no read).
@@ -131,7 +176,9 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         cache.states.fetch_add(1, Ordering::Relaxed);
         Self {
             maps: groups.clone().map(|_| Arc::default()).collect(),
-            spares: super::spares::Spares::new(groups.len()),
+            overlays: groups.clone().map(|_| CacheOverlay::default()).collect(),
+            wanted: Wanted::new(groups.len()),
+            spares: Spares::new(groups.len()),
             table,
             in_table: groups.clone().map(|_| false).collect(),
             first: groups.start,
@@ -167,23 +214,27 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         tracking: Tracking<'_>,
         f: impl FnOnce(&mut Option<V>) -> R,
     ) -> Result<R> {
+        let (Some(map), Some(overlay)) = (self.maps.get_mut(index), self.overlays.get_mut(index)) else {
+            return Err(Error::Internal(format!("operator `{}` has no cache for key group {group}", self.operator)));
+        };
+        // (A plain load, not `Arc::get_mut`'s read-modify-write: one of
+        // those per update, in `make_mut`, is enough.)
+        if Arc::strong_count(map) > 1 && overlay.len() < OVERLAY_MIN.min(map.len()) + map.len() / 8 {
+            // An export still shares the map: write beside it.
+            self.wanted.set(index);
+            return self.overlaid_update(index, group, key, key_bytes, epoch, f);
+        }
+        if !overlay.is_empty() {
+            self.apply_overlay(index);
+        }
         let Some(map) = self.maps.get_mut(index) else {
             return Err(Error::Internal(format!("operator `{}` has no cache for key group {group}", self.operator)));
         };
         let r = match self.spares.make_mut(map).entry(key) {
             Entry::Occupied(mut e) => {
-                let entry = e.get_mut();
-                let existed = entry.value.is_some();
-                let r = f(&mut entry.value);
-                if entry.value.is_none() && !existed {
-                    return Ok(r);
-                }
-                if entry.value.is_none() && !entry.stored && entry.born == epoch {
-                    // Created since the last barrier and never written back:
-                    // no checkpoint and no table holds it, so it just goes.
+                let (r, outcome) = change(e.get_mut(), epoch, f);
+                if outcome == Outcome::Dropped {
                     e.remove();
-                } else {
-                    entry.stamp = epoch;
                 }
                 r
             }
@@ -195,21 +246,10 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 let r = f(&mut slot);
                 if slot.is_some() || stored {
                     let entry = CachedValue { value: slot, stamp: epoch, born: epoch, stored };
-                    if let (Some(map), Some(counted)) = (self.maps.get_mut(index), self.counted.get_mut(index)) {
-                        let map = Arc::make_mut(map);
-                        map.insert(key, entry);
-                        // Only a growth reallocates: count the group again then.
-                        let size = map.allocation_size();
-                        if size != *counted {
-                            self.held = self.held - *counted + size;
-                            *counted = size;
-                        }
+                    if let Some(map) = self.maps.get_mut(index) {
+                        Arc::make_mut(map).insert(key, entry);
                     }
-                    // The share of the budget changes as states open and
-                    // close, so it is read again on every insert.
-                    if self.held > self.cache.limit() {
-                        self.shrink(tracking)?;
-                    }
+                    self.grown(index, tracking)?;
                 }
                 r
             }
@@ -217,15 +257,124 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         Ok(r)
     }
 
+    /// [`CacheStore::update`] of a key group whose map an export still
+    /// shares: in its overlay.
+    #[cold]
+    #[inline(never)]
+    fn overlaid_update<R>(
+        &mut self,
+        index: usize,
+        group: u16,
+        key: K,
+        key_bytes: &[u8],
+        epoch: u32,
+        f: impl FnOnce(&mut Option<V>) -> R,
+    ) -> Result<R> {
+        let (Some(map), Some(overlay)) = (self.maps.get(index), self.overlays.get_mut(index)) else {
+            return Err(Error::Internal(format!("operator `{}` has no cache for key group {group}", self.operator)));
+        };
+        // The entry as it stands: the overlay's, else the map's.
+        let found = match overlay.get_mut(&key) {
+            Some(Some(entry)) => {
+                let (r, outcome) = change(entry, epoch, f);
+                if outcome == Outcome::Dropped {
+                    overlay.insert(key, None);
+                }
+                return Ok(r);
+            }
+            // Dropped since the barrier: absent, and not in the table.
+            Some(None) => None,
+            None => map.get(&key).cloned().map(Some),
+        };
+        let (r, entry) = match found {
+            Some(Some(mut entry)) => {
+                let (r, outcome) = change(&mut entry, epoch, f);
+                match outcome {
+                    Outcome::Unchanged => return Ok(r),
+                    Outcome::Changed => (r, Some(entry)),
+                    Outcome::Dropped => (r, None),
+                }
+            }
+            dropped_or_missing => {
+                let mut slot = match dropped_or_missing {
+                    Some(None) => None,
+                    _ => self.read(index, group, key_bytes)?,
+                };
+                let stored = slot.is_some();
+                let r = f(&mut slot);
+                if slot.is_none() && !stored {
+                    return Ok(r);
+                }
+                (r, Some(CachedValue { value: slot, stamp: epoch, born: epoch, stored }))
+            }
+        };
+        if let Some(overlay) = self.overlays.get_mut(index) {
+            overlay.insert(key, entry);
+        }
+        Ok(r)
+    }
+
+    /// Applies key group `index`'s overlay to its map (copying the map if
+    /// an export still shares it: a barrier's, after a slow export).
+    #[cold]
+    #[inline(never)]
+    fn apply_overlay(&mut self, index: usize) {
+        let (Some(map), Some(overlay)) = (self.maps.get_mut(index), self.overlays.get_mut(index)) else { return };
+        let overlay = std::mem::take(overlay);
+        let map = self.spares.make_mut(map);
+        for (key, entry) in overlay {
+            match entry {
+                Some(entry) => {
+                    map.insert(key, entry);
+                }
+                None => {
+                    map.remove(&key);
+                }
+            }
+        }
+        self.recount(index);
+    }
+
+    /// Counts what key group `index`'s map allocates again.
+    #[inline]
+    fn recount(&mut self, index: usize) {
+        let size = self.maps.get(index).map_or(0, |m| m.allocation_size());
+        if let Some(counted) = self.counted.get_mut(index)
+            && size != *counted
+        {
+            self.held = self.held - *counted + size;
+            *counted = size;
+        }
+    }
+
+    /// After an insert into key group `index`: counts it again (only a
+    /// growth reallocates) and writes back if over the budget.
+    #[inline]
+    fn grown(&mut self, index: usize, tracking: Tracking<'_>) -> Result<()> {
+        self.recount(index);
+        // The share of the budget changes as states open and close, so it
+        // is read again on every insert.
+        if self.held > self.cache.limit() {
+            self.shrink(tracking)?;
+        }
+        Ok(())
+    }
+
     /// Whether `key` is cached (for prefetching).
     #[inline]
     pub(super) fn contains(&self, index: usize, key: &K) -> bool {
-        self.maps.get(index).is_some_and(|m| m.contains_key(key))
+        match self.overlays.get(index).and_then(|o| o.get(key)) {
+            Some(entry) => entry.is_some(),
+            None => self.maps.get(index).is_some_and(|m| m.contains_key(key)),
+        }
     }
 
     /// The value of `key`, from the cache or the table (which does not
     /// bring it into the cache).
     pub(super) fn get(&mut self, index: usize, group: u16, key: &K, key_bytes: &[u8]) -> Result<Option<V>> {
+        if let Some(entry) = self.overlays.get(index).and_then(|o| o.get(key)) {
+            return Ok(entry.as_ref().and_then(|e| e.value.clone()));
+        }
         if let Some(entry) = self.maps.get(index).and_then(|m| m.get(key)) {
             return Ok(entry.value.clone());
         }
@@ -261,19 +410,27 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     /// Writes the changed entries of key group `index` back to the table
     /// (logging them, while changes are tracked) and drops its map.
     pub(super) fn write_back(&mut self, index: usize, tracking: &mut Tracking<'_>) -> Result<()> {
-        let Some(slot) = self.maps.get_mut(index) else { return Ok(()) };
-        if slot.is_empty() {
+        let (Some(slot), Some(overlay)) = (self.maps.get_mut(index), self.overlays.get_mut(index)) else {
+            return Ok(());
+        };
+        if slot.is_empty() && overlay.is_empty() {
             return Ok(());
         }
-        // A checkpoint that shares the map keeps its own reference.
+        // A checkpoint that shares the map keeps its own reference; the
+        // overlay's entries stand for the map's.
         let map = std::mem::take(slot);
+        let overlay = std::mem::take(overlay);
         if let Some(counted) = self.counted.get_mut(index) {
             self.held -= std::mem::take(counted);
         }
         let group = self.table_group(index);
         let mut writes: super::Writes = Vec::new();
         let mut log = tracking.on.then(|| tracking.changed.get_mut(index)).flatten().map(Arc::make_mut);
-        for (k, entry) in map.iter() {
+        let entries = map
+            .iter()
+            .filter(|(k, _)| overlay.is_empty() || !overlay.contains_key(*k))
+            .chain(overlay.iter().filter_map(|(k, e)| e.as_ref().map(|e| (k, e))));
+        for (k, entry) in entries {
             let key = crate::key::encode(k);
             let value = match &entry.value {
                 Some(v) => {
@@ -343,40 +500,48 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     /// encoded, then the table's entries the cache does not hold are copied.
     pub(super) fn export_base(&mut self, groups: Range<u16>) -> Result<Export> {
         let snapshot = self.table.export_deferred(groups)?;
-        let overlay = self.maps.clone();
-        let spares = self.spares.clone();
+        let mut maps = self.share();
         let (first, operator) = (self.first, self.operator.clone());
         Ok(Box::new(move |sink| {
             let mut out = Exported::new(true);
             // The cache of the key group the snapshot is in, and the index
             // of the next key group whose cache is not passed on yet.
-            let mut open: Option<(u16, usize)> = None;
+            let mut open: Option<(u16, Held<CacheMap<K, V>>)> = None;
             let mut next = 0usize;
             let mut failure = None;
             let base = snapshot(&mut |part: &Exported| {
                 let Some(group) = part.part.groups.first().copied() else { return Ok(()) };
-                if open.is_none_or(|(g, _)| g != group) {
-                    let index = usize::from(group.saturating_sub(first));
-                    if index < next || index >= overlay.len() {
+                let index = usize::from(group.saturating_sub(first));
+                if open.as_ref().is_none_or(|(g, _)| *g != group) {
+                    if index < next || index >= maps.len() {
                         failure.get_or_insert(group);
                         return Ok(());
                     }
-                    // Key groups up to this one: their caches (alone, for
-                    // those the table holds nothing of).
-                    while next <= index {
-                        flush_part(&mut out, sink)?;
-                        if let Some(map) = overlay.get(next) {
-                            cached(first.saturating_add(next as u16), map, &mut out, sink, &operator)?;
-                        }
+                    if let Some((_, held)) = open.take() {
+                        maps.done(held);
+                    }
+                    // Key groups before this one, which the table holds
+                    // nothing of: their caches alone.
+                    while next < index {
+                        let held = maps.take(next);
+                        cached(first.saturating_add(next as u16), next, &held, &mut maps, &mut out, sink, &operator)?;
+                        maps.done(held);
                         next += 1;
                     }
-                    open = Some((group, index));
+                    let held = maps.take(index);
+                    cached(group, index, &held, &mut maps, &mut out, sink, &operator)?;
+                    next = index + 1;
+                    open = Some((group, held));
                 }
-                let Some(map) = open.and_then(|(_, index)| overlay.get(index)) else { return Ok(()) };
-                for (g, key, value) in part.part.entries() {
+                let Some((_, held)) = open.as_ref() else { return Ok(()) };
+                let Some(map) = held.map() else { return Ok(()) };
+                for (n, (g, key, value)) in part.part.entries().enumerate() {
                     if g != group {
                         failure.get_or_insert(g);
                         break;
+                    }
+                    if n % 4_096 == 4_095 {
+                        maps.release(index);
                     }
                     if map.is_empty() {
                         out.part.push(group, key, value)?;
@@ -399,14 +564,15 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                     "operator `{operator}`: the table exported key group {group} out of order"
                 )));
             }
-            for (index, map) in overlay.iter().enumerate().skip(next) {
-                flush_part(&mut out, sink)?;
-                cached(first.saturating_add(index as u16), map, &mut out, sink, &operator)?;
+            if let Some((_, held)) = open.take() {
+                maps.done(held);
+            }
+            for index in next..maps.len() {
+                let held = maps.take(index);
+                cached(first.saturating_add(index as u16), index, &held, &mut maps, &mut out, sink, &operator)?;
+                maps.done(held);
             }
             flush_part(&mut out, sink)?;
-            for map in overlay {
-                spares.give_back(map);
-            }
             Ok(base)
         }))
     }
@@ -414,16 +580,19 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     /// What changed after checkpoint `since` (a delta), to encode later:
     /// the cache's entries changed since, and the change log's write-backs
     /// of keys the cache has not changed since, a key group at a time.
-    pub(super) fn export_delta(&self, since: u32, changed: Vec<Arc<ChangedKeys>>) -> Export {
-        let overlay = self.maps.clone();
-        let spares = self.spares.clone();
+    pub(super) fn export_delta(&mut self, since: u32, changed: Vec<Arc<ChangedKeys>>) -> Export {
+        let mut maps = self.share();
         let (first, operator) = (self.first, self.operator.clone());
         Box::new(move |sink| {
             let mut out = Exported::new(false);
-            for ((group, log), map) in (first..).zip(&changed).zip(overlay) {
-                let newer = |k: &K| map.get(k).is_some_and(|e| e.stamp > since);
+            for ((index, group), log) in (0..maps.len()).zip(first..).zip(&changed) {
+                let held = maps.take(index);
+                let newer = |k: &K| held.map().and_then(|m| m.get(k)).is_some_and(|e| e.stamp > since);
                 // A key is either written or removed.
-                for (key, (_, value)) in log.iter().filter(|(_, (e, _))| *e > since) {
+                for (n, (key, (_, value))) in log.iter().filter(|(_, (e, _))| *e > since).enumerate() {
+                    if n % 4_096 == 4_095 {
+                        maps.release(index);
+                    }
                     let k = crate::key::decode::<K>(key).map_err(|e| Error::State {
                         operator: operator.clone(),
                         message: format!("a logged key does not decode: {e}"),
@@ -437,7 +606,14 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                     }
                     pass_if_full(&mut out, sink)?;
                 }
-                for (k, entry) in map.iter().filter(|(_, e)| e.stamp > since) {
+                let entries = held.map().into_iter().flat_map(|m| m.iter()).enumerate();
+                for (n, (k, entry)) in entries {
+                    if n % 4_096 == 4_095 {
+                        maps.release(index);
+                    }
+                    if entry.stamp <= since {
+                        continue;
+                    }
                     match &entry.value {
                         Some(v) => out.put(group, k, v, &operator)?,
                         None => out.remove(group, k)?,
@@ -445,22 +621,41 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                     pass_if_full(&mut out, sink)?;
                 }
                 flush_part(&mut out, sink)?;
-                spares.give_back(map);
+                maps.done(held);
             }
             Ok(false)
         })
     }
+
+    /// The maps, shared with an export (at a barrier): overlays a slow
+    /// export left are applied first, and the flags cleared.
+    fn share(&mut self) -> Holding<CacheMap<K, V>> {
+        for index in 0..self.overlays.len() {
+            if self.overlays.get(index).is_some_and(|o| !o.is_empty()) {
+                self.apply_overlay(index);
+            }
+        }
+        self.wanted.clear();
+        Holding::new(&self.maps, &self.spares, &self.wanted)
+    }
 }
 
-/// Passes on the cached values of key group `group` (`map`), in parts.
+/// Passes on the cached values of key group `group` (at `index`: `held`),
+/// in parts, releasing the maps the worker wants every 4,096 entries.
 fn cached<K: Key, V: Data>(
     group: u16,
-    map: &CacheMap<K, V>,
+    index: usize,
+    held: &Held<CacheMap<K, V>>,
+    maps: &mut Holding<CacheMap<K, V>>,
     out: &mut Exported,
     sink: &mut ExportSink<'_>,
     operator: &str,
 ) -> Result<()> {
-    for (k, entry) in map.iter() {
+    flush_part(out, sink)?;
+    for (n, (k, entry)) in held.map().into_iter().flat_map(|m| m.iter()).enumerate() {
+        if n % 4_096 == 4_095 {
+            maps.release(index);
+        }
         if let Some(v) = &entry.value {
             out.put(group, k, v, operator)?;
             pass_if_full(out, sink)?;
@@ -495,18 +690,53 @@ mod tests {
     fn the_budget_counts_what_the_maps_allocate_through_churn() {
         let mut s = store(16 << 10);
         let mut changed: Vec<Arc<ChangedKeys>> = (0..4).map(|_| Arc::default()).collect();
+        // Checkpoints share the maps now and then, and run a while later:
+        // writes meanwhile go beside the maps, in the budget too.
+        let mut export: Option<Export> = None;
+        let mut epoch = 0;
+        let (mut entries, mut overlaid) = (0usize, 0usize);
         for i in 0..50_000u64 {
+            if i % 5_000 == 1_000 {
+                epoch += 1;
+                export = Some(if epoch % 2 == 1 {
+                    s.export_base(0..4).unwrap()
+                } else {
+                    s.export_delta(epoch - 1, changed.clone())
+                });
+            }
+            if i % 5_000 == 3_000
+                && let Some(export) = export.take()
+            {
+                export(&mut |part: &Exported| {
+                    entries += part.part.entries().count();
+                    Ok(())
+                })
+                .unwrap();
+            }
             let (key, index) = (i % 3_000, (i % 4) as usize);
             let bytes = crate::key::encode(&key);
             let tracking = Tracking { on: false, changed: &mut changed };
             // Keys come and go (windows opening and firing), and stay a while.
-            s.update(index, index as u16, key, &bytes, 0, tracking, |v| {
+            s.update(index, index as u16, key, &bytes, epoch, tracking, |v| {
                 *v = if i % 7 == 0 { None } else { Some(i) };
             })
             .unwrap();
             assert_eq!(s.held, allocated(&s), "after update {i}");
+            for (map, overlay) in s.maps.iter().zip(&s.overlays) {
+                overlaid = overlaid.max(overlay.len());
+                let most = OVERLAY_MIN.min(map.len()) + map.len() / 8;
+                assert!(
+                    overlay.len() <= most,
+                    "after update {i}: an overlay of {} beside {}",
+                    overlay.len(),
+                    map.len()
+                );
+            }
             assert!(s.held <= 2 * s.cache.limit(), "after update {i}: {} bytes held", s.held);
         }
+        assert!(entries > 0, "the checkpoints saw the cache");
+        assert!(overlaid > 0, "writes went beside the maps the checkpoints shared");
+        assert!(s.overlays.iter().all(|o| o.capacity() == 0), "overlays applied and let go of");
         // Key 0 was last set at update 48,000 (in key group 0 every time).
         let last = s.get(0, 0, &0, &crate::key::encode(&0u64)).unwrap();
         assert_eq!(last, Some(48_000), "values are written back, not lost");

@@ -1,15 +1,15 @@
 //! Spare maps for the copies checkpoints make.
 //!
-//! A checkpoint shares each key group's map with the worker. The
-//! in-memory store's export copies each map it shares first thing (see
-//! `Overlay` in the parent module); the cache of the fjall backend copies a
-//! map when the worker writes it while an export still shares it.
-//! Copied into fresh memory, a copy costs a page fault per page (the
+//! A checkpoint shares each key group's map with the worker. The export
+//! copies a map it shares as soon as the worker writes beside it (see
+//! [`Holding`], and `Overlay` in the parent module), or the worker copies
+//! it when its overlay has grown too large. Copied into fresh memory, a copy costs a page fault per page (the
 //! kernel zeroes each page first): about half of the copy's time. So
 //! copies go into maps an earlier export has finished with, emptied, when
 //! there are: their memory is mapped already. Spares are no more than the
 //! state has key groups, memory a checkpoint needs anyway at its peak.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// A map that can be emptied and copied into, keeping its allocation.
@@ -130,6 +130,120 @@ impl<M: SpareMap> Spares<M> {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.pool.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+/// Per key group, whether the worker has written beside the map an export
+/// still shares (an overlay) since the last barrier: such a map the export
+/// copies and lets go of at once, rather than when it has encoded it.
+#[derive(Clone)]
+pub(crate) struct Wanted(Arc<[AtomicBool]>);
+
+impl Wanted {
+    /// Flags for `maps` key groups, none set.
+    pub(crate) fn new(maps: usize) -> Self {
+        Self((0..maps).map(|_| AtomicBool::new(false)).collect())
+    }
+
+    /// Flags key group `index` (a plain load first: the flag is set once
+    /// per barrier, and read on every write beside the map).
+    #[inline]
+    pub(crate) fn set(&self, index: usize) {
+        if let Some(flag) = self.0.get(index)
+            && !flag.load(Ordering::Relaxed)
+        {
+            flag.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn get(&self, index: usize) -> bool {
+        self.0.get(index).is_some_and(|flag| flag.load(Ordering::Relaxed))
+    }
+
+    /// Clears every flag (at a barrier, before the export shares the maps).
+    pub(crate) fn clear(&self) {
+        for flag in self.0.iter() {
+            flag.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A map an export shares: still shared, copied (let go of), or done.
+pub(crate) enum Held<M> {
+    Shared(Arc<M>),
+    Copied(M),
+    Done,
+}
+
+impl<M> Held<M> {
+    /// The map, unless done.
+    pub(crate) fn map(&self) -> Option<&M> {
+        match self {
+            Held::Shared(map) => Some(map),
+            Held::Copied(map) => Some(map),
+            Held::Done => None,
+        }
+    }
+}
+
+/// The maps an export shares with the worker, one per key group.
+///
+/// The worker writes a key group whose map is still shared beside it (an
+/// overlay) and flags it ([`Wanted`]); the export calls [`Holding::release`]
+/// before each key group and every few thousand entries, which copies each
+/// flagged map (into a spare) and lets go of it, so that the worker can
+/// apply its overlay in place. The maps nobody flags are encoded where
+/// they are and let go of when done: an idle job's checkpoint copies
+/// nothing, and the worker never copies a map itself.
+pub(crate) struct Holding<M> {
+    held: Vec<Held<M>>,
+    spares: Spares<M>,
+    wanted: Wanted,
+}
+
+impl<M: SpareMap> Holding<M> {
+    /// Shares `maps`; the caller clears `wanted` first.
+    pub(crate) fn new(maps: &[Arc<M>], spares: &Spares<M>, wanted: &Wanted) -> Self {
+        Self {
+            held: maps.iter().map(|m| Held::Shared(m.clone())).collect(),
+            spares: spares.clone(),
+            wanted: wanted.clone(),
+        }
+    }
+
+    /// How many maps (key groups).
+    pub(crate) fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Copies and lets go of every map the worker has flagged, but the one
+    /// at `encoding` (taken out already, or about to be).
+    pub(crate) fn release(&mut self, encoding: usize) {
+        for (i, map) in self.held.iter_mut().enumerate() {
+            if i != encoding
+                && matches!(map, Held::Shared(_))
+                && self.wanted.get(i)
+                && let Held::Shared(shared) = std::mem::replace(map, Held::Done)
+            {
+                *map = Held::Copied(self.spares.copy_out(shared));
+            }
+        }
+    }
+
+    /// Takes map `index` out to encode (flagged maps are released first);
+    /// hand it back with [`Holding::done`].
+    pub(crate) fn take(&mut self, index: usize) -> Held<M> {
+        self.release(index);
+        self.held.get_mut(index).map_or(Held::Done, |m| std::mem::replace(m, Held::Done))
+    }
+
+    /// Lets go of a map taken out and encoded: a copy is kept as a spare.
+    pub(crate) fn done(&self, map: Held<M>) {
+        match map {
+            Held::Copied(map) => self.spares.keep(map),
+            Held::Shared(map) => self.spares.give_back(map),
+            Held::Done => {}
+        }
     }
 }
 
