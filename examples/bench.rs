@@ -2,7 +2,7 @@
 //! the public DSL, printing one `RESULT` line in the peers' format.
 //!
 //! ```sh
-//! cargo run --release -p weibo-examples --example bench -- <w2|w3> <events> <partitions> [threads]
+//! cargo run --release -p weibo-examples --example bench -- <w1|w1-100keys|w2|w3|sessions> <events> <partitions> [threads]
 //! ```
 //!
 //! Event `i`: `key = (i * 2654435761) mod K`, `value = i mod 1000`, `ts = i`.
@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use weibo::sinks::{Sink, SinkBatch, SinkWriter};
 use weibo::sources::Generator;
 use weibo::time::WatermarkStrategy;
-use weibo::window::{Tumbling, WindowResult};
+use weibo::window::{Session, Tumbling, WindowResult};
 use weibo::{Job, Result};
 
 const MULT: u64 = 2_654_435_761;
@@ -193,9 +193,33 @@ fn w1(job: &Job, n: u64, partitions: usize, keys: u64, total: Arc<Mutex<Out>>) {
         });
 }
 
+/// Sessions (not a peer workload): w1's events, in session windows with a
+/// 60 s gap, the sum of values per session. Each of the 100,000 keys gets
+/// an event every 100 s of event time, so every event closes its key's
+/// session and opens the next: per event, a session timer fires and one
+/// is set (timers live in the backend: in fjall's table on fjall).
+fn sessions(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
+    job.source(Generator::new(n, move |i| (i.wrapping_mul(MULT) % 100_000, i % 1000, i)).with_partitions(partitions))
+        .with_timestamps(|e: &(u64, u64, u64)| e.2 as i64, WatermarkStrategy::monotonous())
+        .key_by(|e: &(u64, u64, u64)| e.0)
+        .with_partitions(partitions)
+        .window(Session::with_gap(Duration::from_secs(60)))
+        .reduce(|a, b| (a.0, a.1 + b.1, a.2))
+        .sink(Checksum {
+            total,
+            f: |o: &mut Out, r: &WindowResult<u64, (u64, u64, u64)>| {
+                let sum = r.value.1;
+                o.count += 1;
+                o.sum = o.sum.wrapping_add(sum);
+                o.chk = o.chk.wrapping_add(r.key.wrapping_mul(1_000_003).wrapping_add(r.window.start as u64));
+            },
+        });
+}
+
 /// The fjall backend in `dir`, with the memory budgets the environment
 /// sets (in MiB; unset: the defaults): `WEIBO_FJALL_OBJECT_CACHE_MB`,
-/// `WEIBO_FJALL_BLOCK_CACHE_MB`, `WEIBO_FJALL_MEMTABLE_MB`.
+/// `WEIBO_FJALL_BLOCK_CACHE_MB`, `WEIBO_FJALL_MEMTABLE_MB`; timers in fjall
+/// with `WEIBO_FJALL_TIMERS=disk`.
 fn fjall(dir: impl AsRef<std::path::Path>) -> weibo::Result<weibo::state::FjallBackend> {
     let mb = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok()).map(|v| v << 20);
     let mut options = weibo::state::FjallBackend::builder(dir);
@@ -207,6 +231,9 @@ fn fjall(dir: impl AsRef<std::path::Path>) -> weibo::Result<weibo::state::FjallB
     }
     if let Some(bytes) = mb("WEIBO_FJALL_MEMTABLE_MB") {
         options = options.memtable(bytes);
+    }
+    if std::env::var("WEIBO_FJALL_TIMERS").is_ok_and(|v| v == "disk") {
+        options = options.timers_on_disk(true);
     }
     options.open()
 }
@@ -306,7 +333,7 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: bench <w1|w1-100keys|w2|w3> <events> <partitions> [threads] | bench ckpt <keys> 1");
+    eprintln!("usage: bench <w1|w1-100keys|w2|w3|sessions> <events> <partitions> [threads] | bench ckpt <keys> 1");
     std::process::exit(2)
 }
 
@@ -360,6 +387,7 @@ fn main() {
         "w1-100keys" => w1(&job, n, partitions, 100, total.clone()),
         "w2" => w2(&job, n, partitions, total.clone()),
         "w3" => w3(&job, n, partitions, total.clone()),
+        "sessions" => sessions(&job, n, partitions, total.clone()),
         _ => usage(),
     }
     let started = Instant::now();

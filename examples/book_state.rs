@@ -13,7 +13,7 @@ use weibo::sinks::CollectSink;
 use weibo::sources::Generator;
 use weibo::state::{FjallBackend, MemoryBackend, StateBackend};
 use weibo::time::WatermarkStrategy;
-use weibo::window::{Tumbling, WindowResult};
+use weibo::window::{Session, Tumbling, WindowResult};
 use weibo::{Job, testing};
 use weibo_examples::{CustomerId, Order, Totals, order};
 
@@ -24,6 +24,10 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     let dir = scratch("fjall-restore");
     testing::block_on(fjall_restore(&dir))?;
+    std::fs::remove_dir_all(&dir)?;
+
+    let dir = scratch("timers-on-disk");
+    timers_on_disk(&dir)?;
     std::fs::remove_dir_all(&dir)?;
 
     let dir = scratch("switch-backend");
@@ -111,6 +115,38 @@ fn sorted(results: Vec<WindowResult<CustomerId, u64>>) -> Vec<(CustomerId, i64, 
     out
 }
 // ANCHOR_END: backends
+
+// ANCHOR: timers_on_disk
+/// Orders per customer session (orders less than 8 ms apart; a pause of
+/// 20 ms after every 100 orders ends them): the timer that closes a
+/// session is set per customer, and moved at every order.
+fn sessions(backend: impl StateBackend) -> (Job, CollectSink<WindowResult<CustomerId, u64>>) {
+    let job = Job::new("sessions").with_state_backend(backend);
+    let out = CollectSink::new();
+    job.source(Generator::new(20_000, order).with_timestamps(|i| (i + i / 100 * 20) as i64))
+        .with_watermarks(WatermarkStrategy::monotonous())
+        .key_by(|o: &Order| o.customer)
+        .window(Session::with_gap(Duration::from_millis(8)))
+        .aggregate(weibo::window::Count)
+        .name("sessions")
+        .sink(out.clone());
+    (job, out)
+}
+
+fn timers_on_disk(dir: &Path) -> Result<(), Box<dyn Error>> {
+    let (job, in_memory) = sessions(MemoryBackend);
+    testing::block_on(job.run())?;
+    // Timers in fjall, ordered by time: as many as the disk holds, each
+    // set, moved and fired through fjall.
+    let backend = FjallBackend::builder(dir.join("fjall")).timers_on_disk(true).open()?;
+    let (job, on_disk) = sessions(backend);
+    testing::block_on(job.run())?;
+    let (in_memory, on_disk) = (sorted(in_memory.values()), sorted(on_disk.values()));
+    assert_eq!(in_memory, on_disk, "where timers live changes nothing else");
+    println!("{} sessions, the same with timers in memory and in fjall", on_disk.len());
+    Ok(())
+}
+// ANCHOR_END: timers_on_disk
 
 /// A pipeline whose keys come and go: key `i / 500`, so a new key starts
 /// every 500 events; per key, the number of events.

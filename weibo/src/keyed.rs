@@ -228,7 +228,7 @@ impl<K: Key, S, U> KeyedContext<'_, K, S, U> {
 
     /// Removes this key's timer at `time`, if any.
     pub fn delete_timer(&mut self, time: Timestamp) {
-        if let Err(e) = self.timers.delete(time, self.key) {
+        if let Err(e) = self.timers.delete(time, self.group, self.key) {
             self.timer_error.get_or_insert(e);
         }
     }
@@ -371,7 +371,7 @@ where
             StateSnapshot {
                 state: "timers",
                 codec: TIMERS.into(),
-                entries: self.timers.export_changes(at.n, at.since),
+                entries: self.timers.export_changes(at.n, at.since)?,
             },
         ])
     }

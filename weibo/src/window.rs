@@ -1013,9 +1013,9 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
             match merge.window {
                 Some(window) => {
                     for part in &merge.parts {
-                        c.fire.delete(part.max_timestamp(), &key)?;
+                        c.fire.delete(part.max_timestamp(), r.group, &key)?;
                         if lateness > 0 {
-                            c.cleanup.delete(part.max_timestamp().saturating_add(lateness), &key)?;
+                            c.cleanup.delete(part.max_timestamp().saturating_add(lateness), r.group, &key)?;
                         }
                     }
                     let max = window.max_timestamp();
@@ -1051,12 +1051,12 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
             StateSnapshot {
                 state: "fire-timers",
                 codec: TIMERS.into(),
-                entries: self.common.fire.export_changes(at.n, at.since),
+                entries: self.common.fire.export_changes(at.n, at.since)?,
             },
             StateSnapshot {
                 state: "cleanup-timers",
                 codec: TIMERS.into(),
-                entries: self.common.cleanup.export_changes(at.n, at.since),
+                entries: self.common.cleanup.export_changes(at.n, at.since)?,
             },
         ])
     }

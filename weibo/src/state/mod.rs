@@ -17,6 +17,7 @@ mod cache;
 #[cfg(feature = "fjall")]
 mod fjall;
 mod spares;
+mod timers;
 pub use self::cache::ObjectCache;
 #[cfg(feature = "fjall")]
 pub use self::fjall::{FjallBackend, FjallOptions};
@@ -71,6 +72,13 @@ pub trait StateBackend: Send + Sync + fmt::Debug + 'static {
     /// writes the table.
     fn object_cache(&self) -> Option<Arc<ObjectCache>> {
         None
+    }
+
+    /// Whether event-time timers live in this backend's tables (ordered by
+    /// time, with only each key group's earliest time in memory) rather
+    /// than in memory. Only for backends that do not keep objects.
+    fn timers_in_table(&self) -> bool {
+        false
     }
 
     /// Called once when job `job` starts, before any table is opened:
@@ -147,6 +155,21 @@ pub trait StateTable: Send {
     /// # Errors
     /// [`Error::State`] when the storage fails.
     fn scan_group(&mut self, group: u16, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<()>;
+
+    /// Calls `f` with the (key, value) entries of `group` from key `from`
+    /// on, in key order, until `f` returns `false`. The default filters
+    /// [`StateTable::scan_group`]; ordered backends seek.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the storage fails.
+    fn scan_from(&mut self, group: u16, from: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<()> {
+        let mut more = true;
+        self.scan_group(group, &mut |k, v| {
+            if more && k >= from {
+                more = f(k, v);
+            }
+        })
+    }
 
     /// The entries of key groups `groups` as of now, to read later (on
     /// another thread), for a checkpoint. The default reads them now;
@@ -239,6 +262,17 @@ impl StateTable for MemoryTable {
         if let Some(g) = self.groups.get(&group) {
             for (k, v) in g {
                 f(k, v);
+            }
+        }
+        Ok(())
+    }
+
+    fn scan_from(&mut self, group: u16, from: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<()> {
+        if let Some(g) = self.groups.get(&group) {
+            for (k, v) in g.range::<[u8], _>((std::ops::Bound::Included(from), std::ops::Bound::Unbounded)) {
+                if !f(k, v) {
+                    break;
+                }
             }
         }
         Ok(())
@@ -424,7 +458,17 @@ impl<K: Key, V: Data> ValueState<K, V> {
         } else {
             Store::Bytes { table: backend.open_table(scope)?, buf: Vec::new() }
         };
-        Ok(Self {
+        Ok(Self::with_store(store, scope))
+    }
+
+    /// Opens the state `scope` names on `backend`'s byte table, without a
+    /// cache (timers, which scan it in order).
+    fn open_bytes(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
+        Ok(Self::with_store(Store::Bytes { table: backend.open_table(scope)?, buf: Vec::new() }, scope))
+    }
+
+    fn with_store(store: Store<K, V>, scope: &StateScope) -> Self {
+        Self {
             store,
             groups: scope.key_groups.clone(),
             operator: scope.operator.clone(),
@@ -437,7 +481,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             spares: spares::Spares::new(scope.key_groups.len()),
             overlays: scope.key_groups.clone().map(|_| Overlay::default()).collect(),
             wanted: spares::Wanted::new(scope.key_groups.len()),
-        })
+        }
     }
 
     fn group_error(&self, group: u16) -> Error {
@@ -1023,14 +1067,17 @@ impl<K: Key> TimerState<K> {
     /// # Errors
     /// None today (keys encode infallibly); as [`TimerState::export_deferred`].
     pub fn export(&mut self) -> Result<Entries> {
-        Ok(collect(self.export_deferred())?.entries)
+        Ok(collect(self.export_deferred()?)?.entries)
     }
 
     /// Every timer as of now, to encode later (on another thread): the
     /// index is copied shallowly (one reference per time), and the keys of
     /// a time are copied when a timer of that time is next set or deleted
     /// while the checkpoint still holds them.
-    pub fn export_deferred(&mut self) -> Export {
+    ///
+    /// # Errors
+    /// [`Error::State`] when a byte backend fails.
+    pub fn export_deferred(&mut self) -> Result<Export> {
         self.export_at(None)
     }
 
@@ -1042,11 +1089,17 @@ impl<K: Key> TimerState<K> {
     /// outnumber both those set and 65,536 (the log of removals is then
     /// dropped). The barrier copies one reference per time and per
     /// checkpoint the log spans, not the timers.
-    pub fn export_changes(&mut self, checkpoint: u64, since: u64) -> Export {
+    ///
+    /// # Errors
+    /// [`Error::State`] when a byte backend fails.
+    pub fn export_changes(&mut self, checkpoint: u64, since: u64) -> Result<Export> {
         self.export_at(Some((checkpoint, since)))
     }
 
-    fn export_at(&mut self, at: Option<(u64, u64)>) -> Export {
+    fn export_at(&mut self, at: Option<(u64, u64)>) -> Result<Export> {
+        if let Some(table) = &mut self.table {
+            return table.export_at(at);
+        }
         let log = &mut self.log;
         let since = delta_since(at, log.first_base, log.since_full);
         let mut removed = Vec::new();
@@ -1068,7 +1121,7 @@ impl<K: Key> TimerState<K> {
         }
         let shared: Vec<(Timestamp, Arc<TimerKeys<K>>)> = self.by_time.iter().map(|(t, k)| (*t, k.clone())).collect();
         let base = since.is_none();
-        Box::new(move |sink| {
+        Ok(Box::new(move |sink| {
             let mut part = Exported::new(base);
             // A delta's removals first: a timer deleted and set again is
             // among the entries too.
@@ -1094,7 +1147,16 @@ impl<K: Key> TimerState<K> {
             }
             flush_part(&mut part, sink)?;
             Ok(base)
-        })
+        }))
+    }
+
+    /// Every timer, in no particular order.
+    #[cfg(test)]
+    fn contents(&mut self) -> Vec<(Timestamp, K)> {
+        if let Some(table) = &mut self.table {
+            return table.contents();
+        }
+        self.by_time.iter().flat_map(|(time, keys)| keys.keys().map(|k| (*time, k.clone()))).collect()
     }
 
     /// Loads timers from a checkpoint.
@@ -1111,9 +1173,12 @@ impl<K: Key> TimerState<K> {
     /// # Errors
     /// As [`TimerState::import`].
     pub fn import_part(&mut self, entries: Entries, removed: RemovedKeys, operator: &str) -> Result<()> {
-        for (_, key) in removed {
+        if let Some(table) = &mut self.table {
+            return table.import_part(entries, removed);
+        }
+        for (group, key) in removed {
             let (time, k) = crate::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(operator, e))?;
-            self.delete(time, &k)?;
+            self.delete(time, group, &k)?;
         }
         for (group, key, _) in entries {
             let (time, k) = crate::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(operator, e))?;
@@ -1314,15 +1379,23 @@ impl<K> TimerLog<K> {
 /// reaches `t`". Windows keep their firing and clean-up times here, and
 /// keyed `process` functions register their own.
 ///
-/// Timers are kept in memory on every backend, in an index ordered by
-/// time, and checkpointed incrementally (an entry's key is the time, in the
-/// order-preserving key encoding, then the encoded key; it has no value).
+/// Timers are kept in memory, in an index ordered by time, or, on a
+/// backend that asks for it ([`StateBackend::timers_in_table`]: fjall,
+/// when built with `FjallOptions::timers_on_disk`),
+/// in its table, ordered by time within each key group, with only each
+/// key group's earliest time in memory. Both are checkpointed
+/// incrementally, with the same entries (an entry's key
+/// is the time, in the order-preserving key encoding, then the encoded
+/// key; it has no value).
 pub struct TimerState<K> {
     /// Per time, its keys; shared with the checkpoint being written, if
     /// any, and copied on the next change (copy-on-write per time).
     by_time: BTreeMap<Timestamp, Arc<TimerKeys<K>>>,
     len: usize,
     log: TimerLog<K>,
+    /// On a byte backend: the timers, in its table (the fields above
+    /// stay empty).
+    table: Option<Box<timers::TableTimers<K>>>,
 }
 
 impl<K> fmt::Debug for TimerState<K> {
@@ -1332,14 +1405,19 @@ impl<K> fmt::Debug for TimerState<K> {
 }
 
 impl<K: Key> TimerState<K> {
-    /// Opens the timers `scope` names on `backend` (in memory, whatever
-    /// the backend).
+    /// Opens the timers `scope` names on `backend`: in its table if it
+    /// asks for that ([`StateBackend::timers_in_table`]), in memory
+    /// otherwise.
     ///
     /// # Errors
-    /// None today; a backend that keeps timers elsewhere may fail.
+    /// [`Error::State`] when the backend cannot open the table.
     pub fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
-        let _ = (backend, scope);
-        Ok(Self { by_time: BTreeMap::new(), len: 0, log: TimerLog::default() })
+        let table = if backend.keeps_objects() || !backend.timers_in_table() {
+            None
+        } else {
+            Some(Box::new(timers::TableTimers::open(backend, scope)?))
+        };
+        Ok(Self { by_time: BTreeMap::new(), len: 0, log: TimerLog::default(), table })
     }
 
     /// Registers a timer for `key` (of key group `group`) at `time`;
@@ -1349,6 +1427,9 @@ impl<K: Key> TimerState<K> {
     /// [`Error::State`] when a byte backend fails.
     #[inline]
     pub fn register(&mut self, time: Timestamp, group: u16, key: &K) -> Result<()> {
+        if let Some(table) = &mut self.table {
+            return table.register(time, group, key);
+        }
         let keys = Arc::make_mut(self.by_time.entry(time).or_default());
         if !keys.contains_key(key) {
             keys.insert(key.clone(), (group, self.log.epoch));
@@ -1357,11 +1438,15 @@ impl<K: Key> TimerState<K> {
         Ok(())
     }
 
-    /// Removes the timer for `key` at `time`, if there is one.
+    /// Removes the timer for `key` (of key group `group`) at `time`, if
+    /// there is one.
     ///
     /// # Errors
     /// [`Error::State`] when a byte backend fails.
-    pub fn delete(&mut self, time: Timestamp, key: &K) -> Result<()> {
+    pub fn delete(&mut self, time: Timestamp, group: u16, key: &K) -> Result<()> {
+        if let Some(table) = &mut self.table {
+            return table.delete(time, group, key);
+        }
         let Some(keys) = self.by_time.get_mut(&time) else { return Ok(()) };
         let Some(&(group, stamp)) = keys.get(key) else { return Ok(()) };
         let keys = Arc::make_mut(keys);
@@ -1379,17 +1464,20 @@ impl<K: Key> TimerState<K> {
     /// The earliest time any timer is set for.
     #[inline]
     pub fn next_time(&self) -> Option<Timestamp> {
+        if let Some(table) = &self.table {
+            return table.next_time();
+        }
         self.by_time.first_key_value().map(|(t, _)| *t)
     }
 
     /// How many timers are set.
     pub fn len(&self) -> usize {
-        self.len
+        self.table.as_ref().map_or(self.len, |t| t.len())
     }
 
     /// Whether no timer is set.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// Takes every timer of the earliest time, if that time is at or below
@@ -1398,6 +1486,9 @@ impl<K: Key> TimerState<K> {
     /// # Errors
     /// [`Error::State`] when a byte backend fails.
     pub fn pop_due(&mut self, watermark: Timestamp) -> Result<Option<DueTimers<K>>> {
+        if let Some(table) = &mut self.table {
+            return table.pop_due(watermark);
+        }
         let Some(entry) = self.by_time.first_entry() else { return Ok(None) };
         if *entry.key() > watermark {
             return Ok(None);
@@ -1684,6 +1775,9 @@ mod tests {
         fn open_table(&self, scope: &StateScope) -> Result<Box<dyn StateTable>> {
             MemoryBackend.open_table(scope)
         }
+        fn timers_in_table(&self) -> bool {
+            true
+        }
     }
 
     fn scope() -> StateScope {
@@ -1723,10 +1817,12 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             all.push((Box::new(FjallBackend::open(dir.path()).unwrap()), Some(dir)));
             // Without a cache (every access reads and writes fjall), and
-            // with room for a handful of entries (write-backs all the time).
+            // with room for a handful of entries (write-backs all the time);
+            // both with timers in fjall.
             for bytes in [0, 200] {
                 let dir = tempfile::tempdir().unwrap();
-                let backend = FjallBackend::builder(dir.path()).object_cache(bytes).open().unwrap();
+                let backend =
+                    FjallBackend::builder(dir.path()).object_cache(bytes).timers_on_disk(true).open().unwrap();
                 all.push((Box::new(backend), Some(dir)));
             }
         }
@@ -1753,10 +1849,38 @@ mod tests {
         let (time, mut keys) = t.pop_due(15).unwrap().unwrap();
         keys.sort();
         assert_eq!((time, keys), (10, vec![(a.clone(), 4), (b.clone(), 5)]));
-        t.delete(20, &a).unwrap();
-        t.delete(20, &b).unwrap();
+        t.delete(20, 4, &a).unwrap();
+        t.delete(20, 5, &b).unwrap();
         assert!(t.is_empty());
         assert!(t.pop_due(i64::MAX).unwrap().is_none());
+    }
+
+    /// Timers keep the same checkpoint entries on every backend: a job
+    /// moves between backends through a savepoint.
+    #[test]
+    fn timers_move_between_backends_through_their_entries() {
+        let timers: Vec<(Timestamp, u8)> = (0u8..40).map(|k| (i64::from(k % 7) * 10 - 20, k)).collect();
+        let sorted = |mut v: Vec<(Timestamp, u8)>| {
+            v.sort_unstable();
+            v
+        };
+        for (from, _a) in backends() {
+            let mut t = TimerState::<u8>::open(&*from, &scope()).unwrap();
+            for (time, k) in &timers {
+                t.register(*time, group_of(*k), k).unwrap();
+            }
+            let entries = t.export().unwrap();
+            for (to, _b) in backends() {
+                let mut u = TimerState::<u8>::open(&*to, &StateScope { state: "moved".into(), ..scope() }).unwrap();
+                u.import(entries.clone(), "op").unwrap();
+                let what = format!("{} -> {}", from.name(), to.name());
+                assert_eq!(sorted(u.contents()), sorted(timers.clone()), "{what}");
+                assert_eq!((u.len(), u.next_time()), (timers.len(), Some(-20)), "{what}");
+                let (time, due) = u.pop_due(-20).unwrap().unwrap();
+                assert_eq!((time, due.len()), (-20, 6), "{what}: keys 0, 7, .. 35 at -20");
+                assert_eq!(u.next_time(), Some(-10), "{what}");
+            }
+        }
     }
 
     #[test]
@@ -1766,10 +1890,10 @@ mod tests {
         t.register(10, 4, &a).unwrap();
         t.register(10, 5, &b).unwrap();
         t.register(20, 4, &a).unwrap();
-        let at_barrier = t.export_deferred();
+        let at_barrier = t.export_deferred().unwrap();
         // After the barrier: one timer set at a shared time, one deleted, one due.
         t.register(10, 6, &c).unwrap();
-        t.delete(20, &a).unwrap();
+        t.delete(20, 4, &a).unwrap();
         let (time, due) = t.pop_due(15).unwrap().unwrap();
         assert_eq!((time, due.len()), (10, 3), "the live timers changed");
         let mut got: Vec<(Timestamp, String)> = collect(at_barrier)
@@ -2251,10 +2375,16 @@ mod tests {
         ) {
             use proptest::prop_assert_eq;
             use std::collections::BTreeSet;
-            let open = || TimerState::<u8>::open(&MemoryBackend, &scope()).unwrap();
-            let contents = |t: &TimerState<u8>| -> BTreeSet<(i64, u8)> {
-                t.by_time.iter().flat_map(|(time, keys)| keys.keys().map(|k| (*time, *k))).collect()
+            for (backend, _dir) in backends() {
+            // A restore opens the timers of a fresh state (a job's restore
+            // starts from empty tables).
+            let mut opened = 0;
+            let mut open = || {
+                opened += 1;
+                let scope = StateScope { state: format!("timers-{opened}"), ..scope() };
+                TimerState::<u8>::open(&*backend, &scope).unwrap()
             };
+            let contents = |t: &mut TimerState<u8>| -> BTreeSet<(i64, u8)> { t.contents().into_iter().collect() };
             let decode = |key: &[u8]| crate::key::decode::<(i64, u8)>(key).unwrap();
             let mut t = open();
             let mut oracle = BTreeSet::new();
@@ -2266,7 +2396,7 @@ mod tests {
                         oracle.insert((*time, *k));
                     }
                     TimerOp::Delete(time, k) => {
-                        t.delete(*time, k).unwrap();
+                        t.delete(*time, group_of(*k), k).unwrap();
                         oracle.remove(&(*time, *k));
                     }
                     TimerOp::Fire(watermark) => {
@@ -2280,7 +2410,7 @@ mod tests {
                     }
                     TimerOp::Checkpoint(completes) => {
                         n += 1;
-                        let export = t.export_changes(n, complete.0);
+                        let export = t.export_changes(n, complete.0).unwrap();
                         let mut parts = Vec::new();
                         let base = export(&mut |part| {
                             parts.push(part.clone());
@@ -2313,8 +2443,10 @@ mod tests {
                         t.import(entries, "op").unwrap();
                     }
                 }
-                prop_assert_eq!(contents(&t), oracle.clone(), "after {:?}", op);
+                prop_assert_eq!(contents(&mut t), oracle.clone(), "{}: after {:?}", backend.name(), op);
                 prop_assert_eq!(t.len(), oracle.len());
+                prop_assert_eq!(t.next_time(), oracle.first().map(|(time, _)| *time));
+            }
             }
         }
     }

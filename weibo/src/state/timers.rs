@@ -1,0 +1,225 @@
+//! Timers in a byte table (the fjall backend's), ordered by time.
+//!
+//! A timer is an entry whose key is the time, in the order-preserving key
+//! encoding, followed by the encoded key, and whose value is empty: the
+//! same entries as the in-memory timers' checkpoints, so a job moves
+//! between backends through a savepoint. One key group is one range of the
+//! table, ordered by time; in memory there is only, per owned key group,
+//! the time of its earliest timer (and an index of those), so the timers
+//! of a job take no memory per timer.
+//!
+//! The entries go through a [`ValueState`] on the table, without a cache:
+//! it logs changes for incremental checkpoints and exports the table's
+//! snapshot for full ones, as for any value state.
+
+use std::collections::BTreeSet;
+
+use super::{DueTimers, Entries, Export, RemovedKeys, StateBackend, StateScope, ValueState, key_error};
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::record::Timestamp;
+
+/// See the module documentation.
+pub(super) struct TableTimers<K> {
+    state: ValueState<(Timestamp, K), ()>,
+    /// Per owned key group, the time of its earliest timer.
+    heads: Vec<Option<Timestamp>>,
+    /// (time, index) of every key group's earliest timer.
+    queue: BTreeSet<(Timestamp, usize)>,
+    first: u16,
+    len: usize,
+    buf: Vec<u8>,
+    operator: String,
+}
+
+impl<K: Key> TableTimers<K> {
+    pub(super) fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
+        let mut timers = Self {
+            state: ValueState::open_bytes(backend, scope)?,
+            heads: scope.key_groups.clone().map(|_| None).collect(),
+            queue: BTreeSet::new(),
+            first: scope.key_groups.start,
+            len: 0,
+            buf: Vec::new(),
+            operator: scope.operator.clone(),
+        };
+        // A table kept from an earlier run (a restore clears it first).
+        for index in 0..timers.heads.len() {
+            let mut count = 0usize;
+            timers.table_scan(index, &[], &mut |_, _| {
+                count += 1;
+                true
+            })?;
+            timers.len += count;
+            timers.refresh(index, &[])?;
+        }
+        Ok(timers)
+    }
+
+    fn group(&self, index: usize) -> u16 {
+        self.first.saturating_add(u16::try_from(index).unwrap_or(u16::MAX))
+    }
+
+    fn index(&self, group: u16) -> Option<usize> {
+        let index = usize::from(group.checked_sub(self.first)?);
+        (index < self.heads.len()).then_some(index)
+    }
+
+    fn table_scan(&mut self, index: usize, from: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<()> {
+        let group = self.group(index);
+        match &mut self.state.store {
+            super::Store::Bytes { table, .. } => table.scan_from(group, from, f),
+            _ => Err(Error::Internal(format!("operator `{}`: timers outside a byte table", self.operator))),
+        }
+    }
+
+    /// Reads key group `index`'s earliest timer again, from `from` (an
+    /// encoded time at or before it): seeking past the timers removed
+    /// before it, whose tombstones the table may still hold.
+    fn refresh(&mut self, index: usize, from: &[u8]) -> Result<()> {
+        let mut head = None;
+        let mut failure = None;
+        self.table_scan(index, from, &mut |key, _| {
+            let mut bytes = key;
+            match Timestamp::decode_key(&mut bytes) {
+                Ok(time) => head = Some(time),
+                Err(e) => failure = Some(e),
+            }
+            false
+        })?;
+        if let Some(e) = failure {
+            return Err(key_error(&self.operator, e));
+        }
+        self.set_head(index, head);
+        Ok(())
+    }
+
+    fn set_head(&mut self, index: usize, head: Option<Timestamp>) {
+        let Some(slot) = self.heads.get_mut(index) else { return };
+        if *slot == head {
+            return;
+        }
+        if let Some(old) = slot.take() {
+            self.queue.remove(&(old, index));
+        }
+        if let Some(time) = head {
+            self.queue.insert((time, index));
+        }
+        *slot = head;
+    }
+
+    fn encode(&mut self, time: Timestamp, key: &K) {
+        self.buf.clear();
+        time.encode_key(&mut self.buf);
+        key.encode_key(&mut self.buf);
+    }
+
+    pub(super) fn register(&mut self, time: Timestamp, group: u16, key: &K) -> Result<()> {
+        let Some(index) = self.index(group) else {
+            return Err(Error::Internal(format!(
+                "operator `{}`: a timer for key group {group}, which it does not own",
+                self.operator
+            )));
+        };
+        self.encode(time, key);
+        let existed = self.state.update(group, (time, key.clone()), &self.buf, |slot| slot.replace(()).is_some())?;
+        if !existed {
+            self.len += 1;
+        }
+        if self.heads.get(index).copied().flatten().is_none_or(|head| time < head) {
+            self.set_head(index, Some(time));
+        }
+        Ok(())
+    }
+
+    pub(super) fn delete(&mut self, time: Timestamp, group: u16, key: &K) -> Result<()> {
+        let Some(index) = self.index(group) else { return Ok(()) };
+        self.encode(time, key);
+        let existed = self.state.update(group, (time, key.clone()), &self.buf, |slot| slot.take().is_some())?;
+        if existed {
+            self.len -= 1;
+            if self.heads.get(index).copied().flatten() == Some(time) {
+                let mut from = Vec::new();
+                time.encode_key(&mut from);
+                self.refresh(index, &from)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn next_time(&self) -> Option<Timestamp> {
+        self.queue.first().map(|(time, _)| *time)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(super) fn pop_due(&mut self, watermark: Timestamp) -> Result<Option<DueTimers<K>>> {
+        let Some(&(time, _)) = self.queue.first() else { return Ok(None) };
+        if time > watermark {
+            return Ok(None);
+        }
+        let groups: Vec<usize> = self.queue.range((time, 0)..=(time, usize::MAX)).map(|(_, index)| *index).collect();
+        let mut prefix = Vec::new();
+        time.encode_key(&mut prefix);
+        let mut due = Vec::new();
+        for index in groups {
+            let group = self.group(index);
+            let mut keys = Vec::new();
+            let mut next = None;
+            let mut failure = None;
+            self.table_scan(index, &prefix, &mut |key, _| {
+                match crate::key::decode::<(Timestamp, K)>(key) {
+                    Ok((t, _)) if t != time => {
+                        next = Some(t);
+                        return false;
+                    }
+                    Ok((_, k)) => keys.push((k, key.to_vec())),
+                    Err(e) => failure = Some(e),
+                }
+                failure.is_none()
+            })?;
+            if let Some(e) = failure {
+                return Err(key_error(&self.operator, e));
+            }
+            for (k, bytes) in keys {
+                self.state.update(group, (time, k.clone()), &bytes, |slot| *slot = None)?;
+                self.len = self.len.saturating_sub(1);
+                due.push((k, group));
+            }
+            self.set_head(index, next);
+        }
+        Ok(Some((time, due)))
+    }
+
+    /// Every timer, from the table.
+    #[cfg(test)]
+    pub(super) fn contents(&mut self) -> Vec<(Timestamp, K)> {
+        let mut all = Vec::new();
+        for index in 0..self.heads.len() {
+            let _ = self.table_scan(index, &[], &mut |key, _| {
+                all.extend(crate::key::decode::<(Timestamp, K)>(key).ok());
+                true
+            });
+        }
+        all
+    }
+
+    pub(super) fn export_at(&mut self, at: Option<(u64, u64)>) -> Result<Export> {
+        self.state.export_at(at)
+    }
+
+    /// Deletes `removed`, then sets `entries` (keys: time ++ key).
+    pub(super) fn import_part(&mut self, entries: Entries, removed: RemovedKeys) -> Result<()> {
+        for (group, key) in removed {
+            let (time, k) = crate::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(&self.operator, e))?;
+            self.delete(time, group, &k)?;
+        }
+        for (group, key, _) in entries {
+            let (time, k) = crate::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(&self.operator, e))?;
+            self.register(time, group, &k)?;
+        }
+        Ok(())
+    }
+}
