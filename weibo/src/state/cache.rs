@@ -283,7 +283,8 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 return Ok(r);
             }
             // Dropped since the barrier: absent, and not in the table.
-            Some(None) => None,
+            Some(None) => Some(None),
+            // The map's, if any (otherwise the table's, read below).
             None => map.get(&key).cloned().map(Some),
         };
         let (r, entry) = match found {
@@ -691,7 +692,7 @@ mod tests {
         let mut s = store(16 << 10);
         let mut changed: Vec<Arc<ChangedKeys>> = (0..4).map(|_| Arc::default()).collect();
         // Checkpoints share the maps now and then, and run a while later:
-        // writes meanwhile go beside the maps, in the budget too.
+        // writes meanwhile go beside the maps (outside the budget).
         let mut export: Option<Export> = None;
         let mut epoch = 0;
         let (mut entries, mut overlaid) = (0usize, 0usize);

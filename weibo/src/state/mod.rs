@@ -1400,7 +1400,9 @@ pub struct TimerState<K> {
 
 impl<K> fmt::Debug for TimerState<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TimerState").field("timers", &self.len).finish_non_exhaustive()
+        f.debug_struct("TimerState")
+            .field("timers", &self.table.as_ref().map_or(self.len, |t| t.len()))
+            .finish_non_exhaustive()
     }
 }
 

@@ -194,7 +194,8 @@ impl<M> Held<M> {
 /// flagged map (into a spare) and lets go of it, so that the worker can
 /// apply its overlay in place. The maps nobody flags are encoded where
 /// they are and let go of when done: an idle job's checkpoint copies
-/// nothing, and the worker never copies a map itself.
+/// nothing, and the worker copies a map only when its overlay outgrows
+/// its cap, or when an export still holds the map at the next barrier.
 pub(crate) struct Holding<M> {
     held: Vec<Held<M>>,
     spares: Spares<M>,

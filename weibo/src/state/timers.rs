@@ -32,6 +32,12 @@ pub(super) struct TableTimers<K> {
     operator: String,
 }
 
+impl<K> TableTimers<K> {
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+}
+
 impl<K: Key> TableTimers<K> {
     pub(super) fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
         let mut timers = Self {
@@ -149,10 +155,6 @@ impl<K: Key> TableTimers<K> {
 
     pub(super) fn next_time(&self) -> Option<Timestamp> {
         self.queue.first().map(|(time, _)| *time)
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.len
     }
 
     pub(super) fn pop_due(&mut self, watermark: Timestamp) -> Result<Option<DueTimers<K>>> {
