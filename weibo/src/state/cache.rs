@@ -190,6 +190,10 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         }
     }
 
+    fn no_cache(&self, group: u16) -> Error {
+        Error::Internal(format!("operator `{}` has no cache for key group {group}", self.operator))
+    }
+
     fn read(&mut self, index: usize, group: u16, key_bytes: &[u8]) -> Result<Option<V>> {
         if !self.in_table.get(index).copied().unwrap_or(true) {
             return Ok(None);
@@ -215,7 +219,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         f: impl FnOnce(&mut Option<V>) -> R,
     ) -> Result<R> {
         let (Some(map), Some(overlay)) = (self.maps.get_mut(index), self.overlays.get_mut(index)) else {
-            return Err(Error::Internal(format!("operator `{}` has no cache for key group {group}", self.operator)));
+            return Err(self.no_cache(group));
         };
         // (A plain load, not `Arc::get_mut`'s read-modify-write: one of
         // those per update, in `make_mut`, is enough.)
@@ -228,7 +232,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
             self.apply_overlay(index);
         }
         let Some(map) = self.maps.get_mut(index) else {
-            return Err(Error::Internal(format!("operator `{}` has no cache for key group {group}", self.operator)));
+            return Err(self.no_cache(group));
         };
         let r = match self.spares.make_mut(map).entry(key) {
             Entry::Occupied(mut e) => {
@@ -271,7 +275,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         f: impl FnOnce(&mut Option<V>) -> R,
     ) -> Result<R> {
         let (Some(map), Some(overlay)) = (self.maps.get(index), self.overlays.get_mut(index)) else {
-            return Err(Error::Internal(format!("operator `{}` has no cache for key group {group}", self.operator)));
+            return Err(self.no_cache(group));
         };
         // The entry as it stands: the overlay's, else the map's.
         let found = match overlay.get_mut(&key) {

@@ -145,6 +145,7 @@ impl fmt::Debug for FjallBackend {
         f.debug_struct("FjallBackend")
             .field("path", &self.path)
             .field("object_cache", &self.cache.bytes())
+            .field("timers_on_disk", &self.timers_on_disk)
             .finish_non_exhaustive()
     }
 }
