@@ -123,6 +123,7 @@ impl FjallOptions {
     /// [`Error::State`] naming the directory when fjall cannot open it.
     pub fn open(self) -> Result<FjallBackend> {
         let path = self.path;
+        start_afresh_if_incomplete(&path)?;
         let db =
             fjall::Database::builder(&path).manual_journal_persist(true).cache_size(self.block_cache).open().map_err(
                 |e| Error::State {
@@ -138,6 +139,68 @@ impl FjallOptions {
             timers_on_disk: self.timers_on_disk,
         })
     }
+}
+
+/// What fjall creates in a new database's directory before the version
+/// marker it writes last: a directory holding only these (and no marker,
+/// or an empty one) is a database whose creation was cut short.
+fn is_fjall_creation_leftover(name: &str, is_dir: bool) -> bool {
+    match (name, is_dir) {
+        ("lock", false) | ("keyspaces", true) => true,
+        (name, false) => name.strip_suffix(".jnl").is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())),
+        _ => false,
+    }
+}
+
+/// fjall writes its version marker last when it creates a database, and
+/// takes a directory without one for a new database: a process killed
+/// while creating one (a job's first start) leaves a directory that every
+/// later open refuses (the journal exists already). Weibo's state in
+/// fjall is rebuilt from the checkpoint whenever a job starts, so such a
+/// directory holds nothing to keep: its leftovers are removed (logged,
+/// naming the directory) and the database created again. A directory with
+/// a version marker (not empty) is opened as it is; one without, holding
+/// anything else, is refused untouched.
+fn start_afresh_if_incomplete(path: &Path) -> Result<()> {
+    let refuse = |message: String| Error::State { operator: String::new(), message };
+    let entries = match std::fs::read_dir(path) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(refuse(format!("cannot read the fjall directory `{}`: {e}", path.display()))),
+    };
+    let mut leftovers = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| refuse(format!("cannot read the fjall directory `{}`: {e}", path.display())))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if name == "version" {
+            // Created, but killed before its few bytes were written: still
+            // a creation cut short. Any other marker is fjall's to read.
+            if entry.metadata().is_ok_and(|m| m.is_file() && m.len() == 0) {
+                leftovers.push((entry.path(), false));
+                continue;
+            }
+            return Ok(());
+        }
+        if !is_fjall_creation_leftover(&name, is_dir) {
+            return Err(refuse(format!(
+                "`{}` holds `{name}` but no fjall database (no `version` file): it is not a database Weibo made, \
+                 so it is neither opened nor cleared; give the backend a directory of its own",
+                path.display()
+            )));
+        }
+        leftovers.push((entry.path(), is_dir));
+    }
+    if leftovers.is_empty() {
+        return Ok(());
+    }
+    tracing::warn!(dir = %path.display(), files = leftovers.len(), "the fjall database in this directory was never completely created (a process stopped while creating it): starting it afresh");
+    for (p, is_dir) in leftovers {
+        let removed = if is_dir { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+        removed
+            .map_err(|e| refuse(format!("cannot clear `{}` to start the fjall database afresh: {e}", p.display())))?;
+    }
+    Ok(())
 }
 
 impl fmt::Debug for FjallBackend {
@@ -365,5 +428,60 @@ impl StateTable for FjallTable {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// What a process killed while fjall created its database leaves: the
+    /// lock, the keyspaces and the journal, without the version marker
+    /// fjall writes last.
+    fn cut_short(dir: &Path) {
+        drop(fjall::Database::builder(dir).open().unwrap());
+        std::fs::remove_file(dir.join("version")).unwrap();
+        assert!(dir.join("lock").exists() && dir.join("keyspaces").is_dir() && dir.join("0.jnl").exists());
+    }
+
+    #[test]
+    fn a_database_whose_creation_was_cut_short_is_started_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        cut_short(dir.path());
+        let err = fjall::Database::builder(dir.path()).open().err().map(|e| e.to_string());
+        assert!(err.is_some(), "fjall alone refuses such a directory");
+        let backend = FjallBackend::open(dir.path()).unwrap();
+        drop(backend);
+        assert!(dir.path().join("version").exists(), "created again");
+        // And it opens again after that, as any database does.
+        drop(FjallBackend::open(dir.path()).unwrap());
+    }
+
+    #[test]
+    fn an_empty_version_marker_is_a_creation_cut_short_too() {
+        let dir = tempfile::tempdir().unwrap();
+        cut_short(dir.path());
+        std::fs::write(dir.path().join("version"), b"").unwrap();
+        drop(FjallBackend::open(dir.path()).unwrap());
+        assert_eq!(std::fs::read(dir.path().join("version")).unwrap().get(..3), Some(&b"FJL"[..]));
+    }
+
+    #[test]
+    fn a_directory_that_is_not_a_database_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        cut_short(dir.path());
+        std::fs::write(dir.path().join("notes.txt"), b"mine").unwrap();
+        let err = FjallBackend::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("notes.txt") && err.contains(&dir.path().display().to_string()), "{err}");
+        assert!(dir.path().join("notes.txt").exists() && dir.path().join("0.jnl").exists(), "nothing removed");
+    }
+
+    #[test]
+    fn an_empty_or_missing_directory_gets_a_new_database() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(FjallBackend::open(dir.path()).unwrap());
+        drop(FjallBackend::open(dir.path().join("new")).unwrap());
+        assert!(dir.path().join("new/version").exists());
     }
 }
