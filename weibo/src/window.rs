@@ -29,8 +29,17 @@
 //! - end of input is watermark `+∞`: every open window fires.
 //!
 //! Window contents and timers live in the job's state backend, per key
-//! group.
+//! group. What fired is part of that state, so a job restored from a
+//! checkpoint neither fires a window again that had fired (and is kept
+//! for its lateness) nor loses a firing a late record owes: the watermark
+//! starts again after a restore (as in Flink), and a window that fired
+//! before the checkpoint fires again only when records are added to it
+//! after the restore — at once if the new watermark has passed its end,
+//! or when it does. (Tumbling and sliding windows record, per key group,
+//! the watermark up to which their windows had fired and the windows that
+//! owe a firing since; sessions keep their fire timers.)
 
+use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -646,6 +655,13 @@ impl<K: Key, T: Data> WindowedStream<K, T> {
                     slide,
                     offset,
                     windows: AlignedCache::default(),
+                    // Without lateness a window is dropped when it fires:
+                    // nothing that fired is kept to fire again.
+                    fired: if lateness > 0 {
+                        Some(Fired::new(ValueState::open(ctx.state(), &scope("fired"))?, groups.clone()))
+                    } else {
+                        None
+                    },
                     common,
                 }) as Box<dyn InputOperator>,
                 Spec::Session { gap } => {
@@ -789,7 +805,134 @@ struct AlignedWindowOp<K, T, W: WindowFn<K, T>> {
     slide: i64,
     offset: i64,
     windows: AlignedCache,
+    /// What had fired when the state was restored (with lateness only).
+    fired: Option<Fired<K>>,
     common: Common<K, T, W>,
+}
+
+/// What fired, per key group, as a checkpoint records it: every window
+/// whose end is at or below `horizon` had fired (with every record it
+/// held), except the `owed` ones, which got records after a restore and
+/// wait for the watermark to fire them again.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+struct FiredUpTo {
+    horizon: Timestamp,
+    /// (window start, encoded key).
+    owed: Vec<(Timestamp, Vec<u8>)>,
+}
+
+/// The firing record of a tumbling or sliding window operator with
+/// allowed lateness. A window fires when the watermark passes its end;
+/// the watermark starts again after a restore, so without this record
+/// every window kept for its lateness at the checkpoint would fire again
+/// with the same contents.
+struct Fired<K> {
+    /// Per key group, the restored horizon (see [`FiredUpTo`]); none once
+    /// the watermark has passed it.
+    horizon: HashMap<u16, Timestamp>,
+    /// The highest restored horizon: windows ending above it fire as usual.
+    max: Timestamp,
+    /// Windows at or below their group's horizon that got records since
+    /// the restore: they fire when the watermark passes their end.
+    owed: HashMap<u16, HashSet<(Timestamp, K)>>,
+    state: ValueState<u16, FiredUpTo>,
+    groups: std::ops::Range<u16>,
+    key_buf: Vec<u8>,
+}
+
+impl<K: Key> Fired<K> {
+    fn new(state: ValueState<u16, FiredUpTo>, groups: std::ops::Range<u16>) -> Self {
+        Self {
+            horizon: HashMap::new(),
+            max: crate::record::NO_TIMESTAMP,
+            owed: HashMap::new(),
+            state,
+            groups,
+            key_buf: Vec::with_capacity(2),
+        }
+    }
+
+    /// Whether the window starting at `start` (ending at `max`) of `key`
+    /// in `group` fires now that the watermark passed `max`: unless it had
+    /// fired before the restore and got nothing since.
+    fn fires(&mut self, group: u16, start: Timestamp, key: &K, max: Timestamp) -> bool {
+        match self.horizon.get(&group) {
+            Some(h) if max <= *h => self.owed.get_mut(&group).is_some_and(|owed| owed.remove(&(start, key.clone()))),
+            _ => true,
+        }
+    }
+
+    /// A record went into the window starting at `start` (ending at
+    /// `max`, which the watermark has not reached) of `key` in `group`.
+    fn added(&mut self, group: u16, start: Timestamp, key: &K, max: Timestamp) {
+        if self.horizon.get(&group).is_some_and(|h| max <= *h) {
+            self.owed.entry(group).or_default().insert((start, key.clone()));
+        }
+    }
+
+    /// The operator's watermark reached `wm`: a horizon it passed is of
+    /// no more use (every window below it that owed a firing has fired).
+    fn passed(&mut self, wm: Timestamp) {
+        if wm >= self.max && !self.horizon.is_empty() {
+            self.horizon.clear();
+            self.owed.clear();
+            self.max = crate::record::NO_TIMESTAMP;
+        }
+    }
+
+    /// Records, for the checkpoint, what had fired up to the operator's
+    /// watermark `wm`, per key group.
+    fn record(&mut self, wm: Timestamp) -> Result<()> {
+        for g in self.groups.clone() {
+            let horizon = self.horizon.get(&g).copied().unwrap_or(crate::record::NO_TIMESTAMP).max(wm);
+            let owed: Vec<(Timestamp, Vec<u8>)> =
+                self.owed.get(&g).into_iter().flatten().map(|(start, k)| (*start, crate::key::encode(k))).collect();
+            let record = FiredUpTo { horizon, owed };
+            self.key_buf.clear();
+            g.encode_key(&mut self.key_buf);
+            let nothing = record == FiredUpTo { horizon: crate::record::NO_TIMESTAMP, owed: Vec::new() };
+            // Unchanged records are not written again (nor exported).
+            let changed = match self.state.get(g, &g, &self.key_buf)? {
+                Some(old) => old != record || nothing,
+                None => !nothing,
+            };
+            if changed {
+                self.state.update(g, g, &self.key_buf, |slot| *slot = (!nothing).then_some(record))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes up the record a restore loaded into the state. `last` is the
+    /// end (`max_timestamp`) of the latest window the restored state
+    /// holds: a window that is not in the state fires like a new one
+    /// whether or not it had fired, so no horizon needs to reach past it
+    /// (after a final checkpoint, whose windows have all been dropped,
+    /// there is none).
+    fn restored(&mut self, operator: &str, last: Option<Timestamp>) -> Result<()> {
+        let Some(last) = last else { return Ok(()) };
+        for g in self.groups.clone() {
+            self.key_buf.clear();
+            g.encode_key(&mut self.key_buf);
+            let Some(record) = self.state.get(g, &g, &self.key_buf)? else { continue };
+            if record.horizon == crate::record::NO_TIMESTAMP {
+                continue;
+            }
+            let mut owed = HashSet::with_capacity(record.owed.len());
+            for (start, key) in record.owed {
+                let k = crate::key::decode::<K>(&key).map_err(|e| Error::State {
+                    operator: operator.to_string(),
+                    message: format!("a window owed a firing in key group {g} has a key that does not decode: {e}"),
+                })?;
+                owed.insert((start, k));
+            }
+            let horizon = record.horizon.min(last);
+            self.max = self.max.max(horizon);
+            self.horizon.insert(g, horizon);
+            self.owed.insert(g, owed);
+        }
+        Ok(())
+    }
 }
 
 impl<K: Key, T: Data, W: WindowFn<K, T>> AlignedWindowOp<K, T, W> {
@@ -813,8 +956,11 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> AlignedWindowOp<K, T, W> {
                     continue;
                 }
                 let (func, fired) = (&*c.func, &mut c.fired);
-                self.state.for_each_in_window(start, purge, |key, _group, acc| {
-                    if fire {
+                // A window that had fired before a restore fires again only
+                // for the keys that got records since.
+                let mut marks = self.fired.as_mut().filter(|f| fire && max <= f.max);
+                self.state.for_each_in_window(start, purge, |key, group, acc| {
+                    if fire && marks.as_mut().is_none_or(|m| m.fires(group, start, key, max)) {
                         func.fire(key, window, acc, fired);
                     }
                 })?;
@@ -822,6 +968,9 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> AlignedWindowOp<K, T, W> {
             }
         }
         c.watermark = c.watermark.max(wm);
+        if let Some(f) = self.fired.as_mut() {
+            f.passed(c.watermark);
+        }
         Ok(())
     }
 }
@@ -852,6 +1001,9 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
                 let (func, fired) = (&*c.func, &mut c.fired);
                 let fire_now = max <= wm;
                 let k = if fire_now { Some(key.clone()) } else { None };
+                if !fire_now && let Some(f) = self.fired.as_mut().filter(|f| max <= f.max) {
+                    f.added(r.group, window.start, &key, max);
+                }
                 self.state.update(window.start, r.group, key.clone(), r.key, |acc| {
                     func.add(acc, v);
                     if let (Some(k), Some(a)) = (k.as_ref(), acc.as_ref()) {
@@ -880,7 +1032,13 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
 
     fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
         let entries = self.state.export_changes(&self.common.info.name, at.n, at.since)?;
-        Ok(vec![StateSnapshot { state: "windows", codec: W::Acc::codec_id().to_string(), entries }])
+        let mut out = vec![StateSnapshot { state: "windows", codec: W::Acc::codec_id().to_string(), entries }];
+        if let Some(f) = self.fired.as_mut() {
+            f.record(self.common.watermark)?;
+            let entries = f.state.export_changes(at.n, at.since)?;
+            out.push(StateSnapshot { state: "fired", codec: FiredUpTo::codec_id().to_string(), entries });
+        }
+        Ok(out)
     }
 
     fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
@@ -888,7 +1046,17 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
         // A part at a time: a large window state is never all in memory.
         from.load_entries(&name, "windows", &W::Acc::codec_id().to_string(), groups, &mut |entries, removed| {
             self.state.import_part(entries, removed, &name)
-        })
+        })?;
+        if let Some(f) = self.fired.as_mut() {
+            // Checkpoints of builds before this record have none: their
+            // kept windows fire again after a restore, as they did then.
+            from.load_entries(&name, "fired", &FiredUpTo::codec_id().to_string(), groups, &mut |entries, removed| {
+                f.state.import_part(entries, removed)
+            })?;
+            let last = self.state.windows_from(Timestamp::MIN).last().map(|start| start.saturating_add(self.size - 1));
+            f.restored(&name, last)?;
+        }
+        Ok(())
     }
 }
 
