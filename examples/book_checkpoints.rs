@@ -296,7 +296,8 @@ async fn exactly_once(dir: &Path) -> Result<(), Box<dyn Error>> {
     println!("                       pending   {:?}", files(&output.join(".pending"))?);
 
     // Second life: restores, discards the pending epochs after the restored
-    // checkpoint, writes them again, and commits the last epoch at the end.
+    // checkpoint, writes them again, and its final checkpoint at the end of
+    // the input commits the last epoch.
     job(Generator::new(3_000, |i| i)).run().await?;
     println!("after the second life: committed {:?}", files(&output)?);
     assert!(files(&output.join(".pending"))?.is_empty());

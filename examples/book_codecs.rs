@@ -9,7 +9,6 @@ use serde::{Deserialize, Serialize};
 use weibo::Data;
 use weibo::sinks::CollectSink;
 use weibo::sources::IterSource;
-use weibo::testing::block_on;
 use weibo::{Job, Key};
 
 // ANCHOR: types
@@ -93,7 +92,7 @@ fn pipeline() -> weibo::Result<()> {
     .fold(Vec::new, |seen: &mut Vec<String>, (_, page)| seen.push(page)) // the accumulator is state: `Vec<String>: Data`
     .sink(pages.clone());
     println!("{job}");
-    block_on(job.run())?;
+    job.run_blocking()?;
     assert_eq!(pages.values().last(), Some(&(UserId(1), vec!["/".to_string(), "/cart".to_string()])));
     Ok(())
 }
@@ -115,7 +114,7 @@ fn rkyv_pipeline() -> weibo::Result<()> {
     .sink(sums.clone());
     println!("{job}");
     assert!(job.to_string().contains("hash(SensorId) [rkyv-0.8/1]"));
-    block_on(job.run())?;
+    job.run_blocking()?;
 
     let last: BTreeMap<u32, i64> = sums.values().into_iter().map(|(sensor, sum)| (sensor.0, sum)).collect();
     assert_eq!(last, BTreeMap::from([(1, 12), (2, 10)]));

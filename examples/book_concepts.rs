@@ -9,7 +9,6 @@ use weibo::Job;
 use weibo::sinks::CollectSink;
 use weibo::sources::Generator;
 use weibo::state::MemoryBackend;
-use weibo::testing::block_on;
 use weibo_examples::{CustomerId, Order, Totals, order};
 
 fn main() -> weibo::Result<()> {
@@ -32,7 +31,7 @@ fn main() -> weibo::Result<()> {
   node `totals` x3: totals -> big-spenders -> collect
 "
     );
-    block_on(job.run())?;
+    job.run_blocking()?;
     assert!(!big_spenders.values().is_empty());
 
     let (hash, group) = key_groups();
@@ -42,7 +41,7 @@ fn main() -> weibo::Result<()> {
     let out = CollectSink::new();
     job.source(Generator::new(10, order)).key_by(|o: &Order| o.customer).with_partitions(200).sink(out.clone());
     assert!(job.to_string().starts_with("job `tuned` (256 key groups, state: memory)\n"));
-    block_on(job.run())?;
+    job.run_blocking()?;
     assert_eq!(out.values().len(), 10);
     Ok(())
 }

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use weibo::sinks::CollectSink;
 use weibo::sources::{Generator, IterSource};
-use weibo::testing::block_on;
 use weibo::{Aggregate, Job, KeyedContext, on_error};
 use weibo_examples::{CustomerId, Order, Totals, order};
 
@@ -45,7 +44,7 @@ fn reduce() -> weibo::Result<()> {
         .with_partitions(4)
         .reduce(|a, b| Totals { customer: a.customer, orders: a.orders + b.orders, cents: a.cents + b.cents })
         .sink(totals.clone());
-    block_on(job.run())?;
+    job.run_blocking()?;
 
     // `reduce` emits the key's new value after every record: 1000 outputs.
     // Records of one key stay in order, so the last output per key is its total.
@@ -66,7 +65,7 @@ fn fold() -> weibo::Result<()> {
         .key_by(|o: &Order| o.customer)
         .fold(|| 0u64, |count: &mut u64, _order: Order| *count += 1)
         .sink(counts.clone());
-    block_on(job.run())?;
+    job.run_blocking()?;
 
     // `fold` emits `(key, accumulator)` after every record.
     let last: BTreeMap<CustomerId, u64> = counts.values().into_iter().collect();
@@ -124,7 +123,7 @@ fn aggregate() -> weibo::Result<()> {
         .with_partitions(2)
         .aggregate(OrderStats)
         .sink(summaries.clone());
-    block_on(job.run())?;
+    job.run_blocking()?;
 
     // `aggregate` emits `(key, result)` after every record.
     let last: BTreeMap<CustomerId, Summary> = summaries.values().into_iter().collect();
@@ -201,7 +200,7 @@ fn alerts() -> weibo::Result<Vec<Alert>> {
         })
         .name("alert-once")
         .sink(alerts.clone());
-    block_on(job.run())?;
+    job.run_blocking()?;
     Ok(alerts.values())
 }
 // ANCHOR_END: process
@@ -215,7 +214,7 @@ fn keyed_sink() -> weibo::Result<()> {
         .with_partitions(2)
         .sink(by_customer.clone());
     println!("{}", job.plan()?);
-    block_on(job.run())?;
+    job.run_blocking()?;
     assert_eq!(by_customer.values().len(), 10);
     Ok(())
 }

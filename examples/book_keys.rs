@@ -9,7 +9,6 @@ use serde::{Deserialize, Serialize};
 use weibo::key::{decode, encode};
 use weibo::sinks::CollectSink;
 use weibo::sources::IterSource;
-use weibo::testing::block_on;
 use weibo::{Job, Key};
 
 // ANCHOR: derive
@@ -78,7 +77,7 @@ fn keyed() -> weibo::Result<()> {
     .with_partitions(2)
     .fold(|| 0u64, |count: &mut u64, (_, n): (Region, u64)| *count += n)
     .sink(visits.clone());
-    block_on(job.run())?;
+    job.run_blocking()?;
 
     let last: BTreeMap<String, u64> = visits.values().into_iter().map(|(region, n)| (region.city, n)).collect();
     assert_eq!(last, BTreeMap::from([("Delft".to_string(), 2), ("Leiden".to_string(), 1)]));

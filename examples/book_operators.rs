@@ -1,5 +1,5 @@
 //! The book's "Stream operators" chapter: map, filter, flat_map, process
-//! under each failure policy, union, fan-out and names.
+//! under each failure policy, union, fan-out, names and blocking calls.
 //!
 //! Run it with `cargo run -p weibo-examples --example book_operators`.
 
@@ -8,9 +8,8 @@ use std::path::Path;
 
 use weibo::sinks::{Blackhole, CollectSink, FileSink};
 use weibo::sources::IterSource;
-use weibo::testing::block_on;
 use weibo::{Job, on_error};
-use weibo_examples::{Order, order};
+use weibo_examples::{CustomerId, Order, order};
 
 fn main() -> Result<(), Box<dyn Error>> {
     stateless()?;
@@ -28,6 +27,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     panicked?;
     union()?;
     fan_out()?;
+    blocking()?;
     Ok(())
 }
 
@@ -45,7 +45,7 @@ fn stateless() -> weibo::Result<()> {
         .filter(|word: &String| word != "the")
         .map(|word: String| word.to_uppercase())
         .sink(words.clone());
-    block_on(job.run())?;
+    job.run_blocking()?;
     assert_eq!(words.values(), ["QUICK", "BROWN", "FOX", "JUMPS", "OVER", "LAZY", "DOG"]);
     Ok(())
 }
@@ -60,7 +60,7 @@ fn drop_policy() -> weibo::Result<()> {
         .process(on_error::Drop, |line: &String| line.parse::<u32>())
         .name("parse")
         .sink(numbers.clone());
-    let report = block_on(job.run())?;
+    let report = job.run_blocking()?;
     assert_eq!(numbers.values(), [1, 3]);
     assert_eq!(report.metrics.operator("parse").map(|m| m.dropped), Some(1));
     Ok(())
@@ -78,7 +78,7 @@ fn dead_letters(dead_letter_file: &Path) -> Result<(), Box<dyn Error>> {
     parsed.name("parse").sink(numbers.clone());
     failed.sink(FileSink::json_lines(dead_letter_file)).name("dead-letters");
     println!("{job}");
-    block_on(job.run())?;
+    job.run_blocking()?;
 
     assert_eq!(numbers.values(), [1, 3]);
     let letters = std::fs::read_to_string(dead_letter_file)?;
@@ -101,7 +101,7 @@ fn fail_policy() -> Result<(), Box<dyn Error>> {
         .process(on_error::Fail, |line: &String| line.parse::<u32>())
         .name("parse")
         .sink(Blackhole::new());
-    let err = block_on(job.run()).err().ok_or("the job should have failed")?;
+    let err = job.run_blocking().err().ok_or("the job should have failed")?;
     assert!(matches!(err, weibo::Error::RecordFailed { .. }));
     assert_eq!(
         err.to_string(),
@@ -115,7 +115,7 @@ fn fail_policy() -> Result<(), Box<dyn Error>> {
 fn panic_in_a_function() -> Result<(), Box<dyn Error>> {
     let job = Job::new("divide");
     job.source(IterSource::new(vec![4u32, 0, 2])).map(|x: u32| 100 / x).sink(Blackhole::new());
-    let err = block_on(job.run()).err().ok_or("the job should have failed")?;
+    let err = job.run_blocking().err().ok_or("the job should have failed")?;
     assert!(matches!(err, weibo::Error::Panicked { .. }));
     assert_eq!(err.to_string(), "a user function in `values[0]` panicked: attempt to divide by zero");
     Ok(())
@@ -131,7 +131,7 @@ fn union() -> weibo::Result<()> {
     web.union(&app).filter(|o: &Order| o.amount_cents > 0).name("paid").sink(all.clone()).name("all");
     println!("{job}");
     println!("{}", job.plan()?);
-    block_on(job.run())?;
+    job.run_blocking()?;
     assert_eq!(all.values().len(), 3);
     Ok(())
 }
@@ -150,8 +150,31 @@ fn fan_out() -> weibo::Result<()> {
         plan,
         "plan of job `split`: 1 node, 1 task\n  node `orders` x1: orders -> {filter -> paid, filter-2 -> refunds}\n"
     );
-    block_on(job.run())?;
+    job.run_blocking()?;
     assert_eq!((paid.values().len(), refunds.values().len()), (12, 2));
     Ok(())
 }
 // ANCHOR_END: fan_out
+
+/// Stands for a synchronous call to a service: a lookup that takes a
+/// millisecond.
+fn lookup_country(customer: CustomerId) -> &'static str {
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    if customer.0.is_multiple_of(2) { "NL" } else { "DE" }
+}
+
+// ANCHOR: blocking
+fn blocking() -> weibo::Result<()> {
+    let out = CollectSink::new();
+    let job = Job::new("enrich");
+    job.source(IterSource::new((0..20).map(order)))
+        // The lookup blocks its thread: `weibo::blocking` lets the runtime
+        // move the job's other tasks (and its checkpoint timer) to another
+        // worker thread meanwhile.
+        .map(|o: Order| (o.customer, weibo::blocking(|| lookup_country(o.customer))))
+        .sink(out.clone());
+    job.run_blocking()?;
+    assert_eq!(out.values().len(), 20);
+    Ok(())
+}
+// ANCHOR_END: blocking

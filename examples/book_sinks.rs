@@ -12,7 +12,6 @@ use weibo::Job;
 use weibo::record::Timestamp;
 use weibo::sinks::{Blackhole, CollectSink, FileSink, Sink, SinkBatch, SinkWriter, Stdout};
 use weibo::sources::{Generator, IterSource};
-use weibo::testing::block_on;
 use weibo_examples::{Order, Totals, order};
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -32,7 +31,7 @@ fn main() -> Result<(), Box<dyn Error>> {
 fn stdout() -> weibo::Result<()> {
     let job = Job::new("print");
     job.source(IterSource::new((0..3).map(order))).sink(Stdout);
-    block_on(job.run())?;
+    job.run_blocking()?;
     // prints, one `Debug` line per record:
     // Order { customer: CustomerId(1), amount_cents: 0 }
     // Order { customer: CustomerId(2), amount_cents: 5761 }
@@ -46,7 +45,7 @@ fn blackhole() -> weibo::Result<()> {
     let sink = Blackhole::new();
     let job = Job::new("discard");
     job.source(Generator::new(10_000, order)).sink(sink.clone());
-    block_on(job.run())?;
+    job.run_blocking()?;
     assert_eq!(sink.count(), 10_000);
     Ok(())
 }
@@ -60,7 +59,7 @@ fn file(path: &Path) -> Result<(), Box<dyn Error>> {
         .map(|o: Order| Totals { customer: o.customer, orders: 1, cents: o.amount_cents })
         .sink(totals_file.clone())
         .name("totals-file");
-    block_on(job.run())?;
+    job.run_blocking()?;
     assert_eq!(
         std::fs::read_to_string(path)?,
         "{\"customer\":1,\"orders\":1,\"cents\":0}\n{\"customer\":2,\"orders\":1,\"cents\":5761}\n"
@@ -71,7 +70,7 @@ fn file(path: &Path) -> Result<(), Box<dyn Error>> {
     job.source(IterSource::new((2..3).map(order)))
         .map(|o: Order| Totals { customer: o.customer, orders: 1, cents: o.amount_cents })
         .sink(totals_file);
-    block_on(job.run())?;
+    job.run_blocking()?;
     assert_eq!(std::fs::read_to_string(path)?, "{\"customer\":3,\"orders\":1,\"cents\":1522}\n");
     Ok(())
 }
@@ -82,7 +81,7 @@ fn collect() -> weibo::Result<()> {
     let sink = CollectSink::new();
     let job = Job::new("collect");
     job.source(IterSource::new(vec!["a", "b"])).sink(sink.clone()); // clones share storage
-    block_on(job.run())?;
+    job.run_blocking()?;
     assert_eq!(sink.values(), ["a", "b"]); // a copy
     assert_eq!(sink.take(), ["a", "b"]); // moves them out
     assert!(sink.values().is_empty());
@@ -132,7 +131,7 @@ fn record_metadata() -> weibo::Result<()> {
     let job = Job::new("metadata");
     job.source(Generator::new(4, |i| i * 10).with_partitions(2).with_timestamps(|i| 1_000 * i as i64))
         .sink(positions.clone());
-    block_on(job.run())?;
+    job.run_blocking()?;
 
     let mut seen = positions.seen.lock().unwrap_or_else(PoisonError::into_inner).clone();
     seen.sort();
@@ -186,7 +185,7 @@ fn union_instances() -> weibo::Result<()> {
     let three = job.source(Generator::new(6, |i| i).with_partitions(3)).name("three"); // source 1: 3 partitions
     one.union(&three).sink(routes.clone());
     println!("{}", job.plan()?);
-    block_on(job.run())?;
+    job.run_blocking()?;
 
     // The sink runs in 1 + 3 tasks: 4 writers, instances 0 to 3 of 4.
     let seen: Vec<Route> = routes.seen.lock().unwrap_or_else(PoisonError::into_inner).iter().copied().collect();

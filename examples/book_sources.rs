@@ -8,7 +8,6 @@ use std::path::Path;
 
 use weibo::sinks::{Blackhole, CollectSink};
 use weibo::sources::{FileSource, Generator, IterSource, ReadStatus, Source, SourceOutput, SourceReader};
-use weibo::testing::block_on;
 use weibo::{BoxFuture, Job, on_error};
 use weibo_examples::{CustomerId, Order};
 
@@ -40,7 +39,7 @@ fn iter() -> weibo::Result<()> {
     let a = job.source(IterSource::new(vec![1u32, 2, 3])); // a Vec
     let b = job.source(IterSource::new(10..13u32)).name("range"); // any Send iterator
     a.union(&b).sink(out.clone());
-    block_on(job.run())?;
+    job.run_blocking()?;
     let mut got = out.values();
     got.sort();
     assert_eq!(got, [1, 2, 3, 10, 11, 12]);
@@ -60,7 +59,7 @@ fn generator() -> weibo::Result<()> {
     )
     .sink(out.clone());
     println!("{job}");
-    block_on(job.run())?;
+    job.run_blocking()?;
     let mut got = out.values();
     got.sort();
     assert_eq!(got, [0, 10, 20, 30, 40, 50]);
@@ -81,7 +80,7 @@ fn lines(path: &Path) -> Result<(), Box<dyn Error>> {
         .process(on_error::DeadLetter, |line: &String| line.parse::<i64>());
     parsed.sink(amounts.clone());
     failed.sink(rejected.clone());
-    block_on(job.run())?;
+    job.run_blocking()?;
 
     assert_eq!(amounts.values(), [250, -5, 100]);
     // The empty line and "abc" failed; their offsets are byte offsets in the file.
@@ -98,7 +97,7 @@ fn json_lines(path: &Path) -> Result<(), Box<dyn Error>> {
     let orders = CollectSink::new();
     let job = Job::new("orders-from-file");
     job.source(FileSource::<Order>::json_lines(path)).sink(orders.clone());
-    block_on(job.run())?;
+    job.run_blocking()?;
     assert_eq!(
         orders.values(),
         [Order { customer: CustomerId(1), amount_cents: 250 }, Order { customer: CustomerId(2), amount_cents: -5 }]
@@ -113,7 +112,7 @@ fn json_error(path: &Path) -> Result<weibo::Error, Box<dyn Error>> {
 
     let job = Job::new("orders-from-file");
     job.source(FileSource::<Order>::json_lines(path)).name("orders-file").sink(Blackhole::new());
-    let err = block_on(job.run()).err().ok_or("a bad line stops the job")?;
+    let err = job.run_blocking().err().ok_or("a bad line stops the job")?;
     assert!(matches!(err, weibo::Error::Input { .. }));
     println!("{err}");
     Ok(err)
@@ -176,7 +175,7 @@ fn custom() -> weibo::Result<()> {
     let parts = vec![vec!["a".to_string(), "b".to_string()], vec!["c".to_string()]];
     job.source(Partitioned { parts }).sink(out.clone());
     println!("{job}");
-    block_on(job.run())?;
+    job.run_blocking()?;
     let mut got = out.values();
     got.sort();
     assert_eq!(got, ["a", "b", "c"]);

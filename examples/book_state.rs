@@ -76,18 +76,18 @@ fn pipeline(backend: impl StateBackend) -> (Job, Outputs) {
 fn backends(dir: &Path) -> Result<(), Box<dyn Error>> {
     // In memory (the default): live Rust objects, bounded by RAM.
     let (job, (totals, per_second)) = pipeline(MemoryBackend);
-    testing::block_on(job.run())?;
+    job.run_blocking()?;
     let in_memory = (totals.values(), sorted(per_second.values()));
 
     // On disk: values and accumulators are kept in fjall, the recently
     // used ones also as live objects in a cache in front of it.
     let (job, (totals, per_second)) = pipeline(FjallBackend::open(dir.join("fjall"))?);
-    testing::block_on(job.run())?;
+    job.run_blocking()?;
     let on_disk = (totals.values(), sorted(per_second.values()));
 
     // With a cache of a few values, fjall is read and written all the time.
     let (job, (totals, per_second)) = pipeline(small_cache(&dir.join("fjall-small"))?);
-    testing::block_on(job.run())?;
+    job.run_blocking()?;
     let small = (totals.values(), sorted(per_second.values()));
 
     assert_eq!(in_memory, on_disk, "the backend changes where state lives, not the results");
@@ -135,12 +135,12 @@ fn sessions(backend: impl StateBackend) -> (Job, CollectSink<WindowResult<Custom
 
 fn timers_on_disk(dir: &Path) -> Result<(), Box<dyn Error>> {
     let (job, in_memory) = sessions(MemoryBackend);
-    testing::block_on(job.run())?;
+    job.run_blocking()?;
     // Timers in fjall, ordered by time: as many as the disk holds, each
     // set, moved and fired through fjall.
     let backend = FjallBackend::builder(dir.join("fjall")).timers_on_disk(true).open()?;
     let (job, on_disk) = sessions(backend);
-    testing::block_on(job.run())?;
+    job.run_blocking()?;
     let (in_memory, on_disk) = (sorted(in_memory.values()), sorted(on_disk.values()));
     assert_eq!(in_memory, on_disk, "where timers live changes nothing else");
     println!("{} sessions, the same with timers in memory and in fjall", on_disk.len());

@@ -18,8 +18,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
@@ -45,14 +43,7 @@ fn unique(prefix: &str) -> String {
 }
 
 fn create_topic(name: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
-    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let results = weibo::testing::block_on(admin.create_topics([&topic], &opts)).unwrap();
-    for r in results {
-        r.unwrap();
-    }
+    kafka_broker::create_topic(&bootstrap(), name, partitions);
 }
 
 /// A record to produce: key, payload, headers, timestamp.
@@ -104,36 +95,7 @@ where
 
 /// Every record of `topic` as a consumer with `isolation` sees it.
 fn consume_all(topic: &str, isolation: &str) -> Vec<OwnedMessage> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("group.id", unique("checker"))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .set("isolation.level", isolation)
-        .create()
-        .unwrap();
-    let md = c.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
-    let partitions: Vec<i32> = md.topics()[0].partitions().iter().map(|p| p.id()).collect();
-    let mut tpl = TopicPartitionList::new();
-    for p in &partitions {
-        tpl.add_partition_offset(topic, *p, Offset::Beginning).unwrap();
-    }
-    c.assign(&tpl).unwrap();
-    let mut out = Vec::new();
-    let mut at_end = std::collections::HashSet::new();
-    let started = Instant::now();
-    while at_end.len() < partitions.len() {
-        assert!(started.elapsed() < Duration::from_secs(60), "reading {topic} took too long");
-        match c.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => out.push(m.detach()),
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                at_end.insert(p);
-            }
-            Some(Err(e)) => panic!("reading {topic}: {e}"),
-            None => {}
-        }
-    }
-    out
+    kafka_broker::consume_all(&bootstrap(), topic, isolation, &unique("checker"))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -464,7 +426,7 @@ fn a_crash_between_checkpoint_and_commit_is_recommitted_from_the_redo_log() {
         let mut cmd = child_command(&spec);
         cmd.stderr(Stdio::null());
         if let Some(n) = crash {
-            cmd.env("WEIBO_CRASH_BEFORE_COMMIT", n);
+            cmd.env("WEIBO_CRASH_AT", format!("after-manifest#{n}"));
         }
         cmd.status().unwrap()
     };
@@ -621,28 +583,42 @@ fn a_group_can_leave_its_offsets_to_the_transactions_of_its_tasks() {
     }
     let (input, output, dir) = events_setup("txoffsets");
     let group_name = format!("{output}-group");
-    let (i, o, g, d) = (input.clone(), output.clone(), group_name.clone(), dir.path().to_path_buf());
-    let out = output.clone();
-    weibo::testing::block_on(async move {
-        let group = KafkaGroup::new(bootstrap(), g, [i], d)
-            .session_timeout(Duration::from_secs(3))
-            .offsets_in_transactions()
-            .spawn(move |task| {
-                let job = paced_job(&task.id(), task.checkpoint_dir());
-                let source = task.source(Json).until_end().build::<Event>()?;
-                let sink =
-                    TxnKafkaSink::new(bootstrap(), &o, Json, task.id(), task.redo_dir()).with_consumed_offsets(&source);
-                counting(&job, source, sink, 0);
-                Ok(job)
-            })
-            .unwrap();
-        let started = Instant::now();
-        while committed(&out).0.len() < EVENTS as usize {
-            assert!(started.elapsed() < Duration::from_secs(120), "the group's tasks wrote everything");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        group.stop().await.unwrap();
-    });
+    let member = || {
+        let (i, o, g, d) = (input.clone(), output.clone(), group_name.clone(), dir.path().to_path_buf());
+        let out = output.clone();
+        weibo::testing::block_on(async move {
+            let newest = |d: &Path| -> Vec<u64> {
+                (0..4).map(|p| newest_checkpoint(&d.join(format!("partition-{p}/checkpoints")))).collect()
+            };
+            let before = newest(&d);
+            let group = KafkaGroup::new(bootstrap(), g, [i], d.clone())
+                .session_timeout(Duration::from_secs(3))
+                .offsets_in_transactions()
+                .spawn(move |task| {
+                    let job = paced_job(&task.id(), task.checkpoint_dir());
+                    let source = task.source(Json).until_end().build::<Event>()?;
+                    let sink = TxnKafkaSink::new(bootstrap(), &o, Json, task.id(), task.redo_dir())
+                        .with_consumed_offsets(&source);
+                    counting(&job, source, sink, 0);
+                    Ok(job)
+                })
+                .unwrap();
+            let started = Instant::now();
+            // Every task finishes its input with a final checkpoint.
+            while committed(&out).0.len() < EVENTS as usize
+                || newest(&d).iter().zip(&before).any(|(now, then)| now <= then)
+            {
+                assert!(started.elapsed() < Duration::from_secs(120), "the group's tasks finished their input");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            group.stop().await.unwrap();
+        });
+    };
+    member();
+    assert_exactly_once(&output);
+    // The group started again on the same storage: its tasks had finished,
+    // so each restores its final checkpoint and writes nothing.
+    member();
     assert_exactly_once(&output);
     // Each task's last transaction carried its partition's end.
     let offsets = group_offsets_by_partition(&group_name, &input);

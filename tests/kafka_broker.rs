@@ -18,6 +18,63 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// Creates topic `name` with `partitions` partitions at `bootstrap`.
+#[allow(dead_code)]
+pub(crate) fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("an admin client");
+    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let results = weibo::testing::block_on(admin.create_topics([&topic], &opts)).expect("create the topic");
+    for r in results {
+        r.expect("create the topic");
+    }
+}
+
+/// Every record of `topic` at `bootstrap` as a consumer of group `group`
+/// with `isolation` (`read_committed`, `read_uncommitted`) sees it.
+#[allow(dead_code)]
+pub(crate) fn consume_all(
+    bootstrap: &str,
+    topic: &str,
+    isolation: &str,
+    group: &str,
+) -> Vec<rdkafka::message::OwnedMessage> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let c: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", isolation)
+        .create()
+        .expect("a checking consumer");
+    let md = c.fetch_metadata(Some(topic), Duration::from_secs(10)).expect("the topic's metadata");
+    let partitions: Vec<i32> =
+        md.topics().first().map(|t| t.partitions().iter().map(|p| p.id()).collect()).unwrap_or_default();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in &partitions {
+        tpl.add_partition_offset(topic, *p, rdkafka::Offset::Beginning).expect("assign a partition");
+    }
+    c.assign(&tpl).expect("assign the partitions");
+    let mut out = Vec::new();
+    let mut at_end = std::collections::HashSet::new();
+    let started = Instant::now();
+    while at_end.len() < partitions.len() {
+        assert!(started.elapsed() < Duration::from_secs(60), "reading {topic} took too long");
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => out.push(m.detach()),
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            None => {}
+        }
+    }
+    out
+}
+
 /// A running broker.
 #[derive(Debug)]
 pub(crate) struct Broker {
@@ -31,6 +88,7 @@ pub(crate) struct Broker {
 
 impl Broker {
     /// A broker of its own, for a test that stops and restarts it.
+    #[allow(dead_code)]
     pub(crate) fn private() -> Broker {
         start()
     }

@@ -197,3 +197,60 @@ fn a_stream_nobody_consumes_is_a_wiring_error() {
     let err = weibo::testing::block_on(job.run()).unwrap_err();
     assert!(err.to_string().contains("the output of `plus-one` is not consumed"), "{err}");
 }
+
+/// Log lines at `warn` and above, captured for the tests that look for a
+/// warning (the subscriber is global: tasks run on the runtime's threads).
+fn captured_warnings() -> &'static std::sync::Mutex<Vec<u8>> {
+    static LOG: std::sync::OnceLock<&'static std::sync::Mutex<Vec<u8>>> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let log: &'static std::sync::Mutex<Vec<u8>> = Box::leak(Box::new(std::sync::Mutex::new(Vec::new())));
+        struct Capture(&'static std::sync::Mutex<Vec<u8>>);
+        impl std::io::Write for Capture {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || Capture(log))
+            .try_init();
+        log
+    })
+}
+
+#[test]
+fn blocking_code_in_an_operator_and_a_slow_alignment_are_warned_of_naming_the_task() {
+    let log = captured_warnings();
+    // Partition 0's records sleep 150 ms a batch (a synchronous call in
+    // `map`), partition 1's do not: the keyed task waits for partition 0's
+    // barriers far longer than the 50 ms interval.
+    let job = Job::new("blocking")
+        .with_checkpoints(tempfile::tempdir().unwrap().keep(), Duration::from_millis(50))
+        .with_batch_size(8);
+    job.source(Generator::new(200, |i| i).with_partitions(2))
+        .name("numbers")
+        .map(|i: u64| {
+            if i.is_multiple_of(16) {
+                std::thread::sleep(Duration::from_millis(150));
+            }
+            i
+        })
+        .name("lookup")
+        .key_by(|i: &u64| i % 3)
+        .reduce(|a, b| a + b)
+        .name("sums")
+        .sink(Blackhole::new());
+    weibo::testing::block_on(job.run()).unwrap();
+    let text = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
+    assert!(
+        text.contains("held the task far longer than the buffer timeout") && text.contains("numbers[0]"),
+        "a warning names the blocked task: {text}"
+    );
+    assert!(text.contains("lookup"), "and its operators: {text}");
+    assert!(text.contains("aligning the checkpoint's barrier took longer") && text.contains("sums["), "{text}");
+}

@@ -189,3 +189,30 @@ async fn without_idleness_a_silent_partition_holds_the_watermark_back() {
     assert_eq!(m.operator("window_aggregate").unwrap().records_in, 25, "the records arrived");
     assert!(out.values().is_empty(), "but partition 1 (no watermark) keeps every window open");
 }
+
+/// A record in a gap between sliding windows (slide larger than size) is
+/// late, as in Flink, when `ts + lateness <= watermark`, and is otherwise
+/// dropped: `Sliding::of(2 ms, 5 ms)` (windows [0, 2), [5, 7), [10, 12), …),
+/// bound 0, records at 10, 3 and 8 (the watermark is 9 after the first).
+#[test]
+fn a_record_between_sliding_windows_is_late_or_dropped_by_its_lateness() {
+    use weibo::window::Sliding;
+    for (lateness, late_want, dropped_want) in [(0u64, vec![3i64, 8], 0u64), (6, vec![3], 1)] {
+        let mut t = weibo::testing::TestJob::new("gaps");
+        let windowed = t
+            .input(vec![10i64, 3, 8])
+            .with_timestamps(|ts: &i64| *ts, WatermarkStrategy::bounded_out_of_orderness(Duration::ZERO))
+            .key_by(|_: &i64| 0u8)
+            .window(Sliding::of(MS(2), MS(5)))
+            .allowed_lateness(MS(lateness))
+            .aggregate(Count);
+        let late = t.collect(&windowed.late_records());
+        let fired = t.collect(&windowed);
+        let report = t.run().unwrap();
+        let m = report.metrics.operator("window_aggregate").unwrap();
+        assert_eq!(late.sorted(), late_want, "lateness {lateness}: late records");
+        assert_eq!(m.late, late_want.len() as u64, "lateness {lateness}: counted late");
+        assert_eq!(m.dropped, dropped_want, "lateness {lateness}: counted dropped");
+        assert_eq!(counts(fired.values()), vec![(0, 10, 12, 1)], "only 10 is in a window");
+    }
+}

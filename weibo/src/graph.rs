@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::checkpoint::{Ack, Restore};
+use crate::checkpoint::{Restore, TaskEvent};
 use crate::codec::CodecId;
 use crate::error::{Error, Result};
 use crate::job::JobConfig;
@@ -565,6 +565,7 @@ impl Graph {
                     CheckpointIo {
                         trigger: if is_source { w.triggers.pop() } else { None },
                         acks: w.acks.clone(),
+                        interval: w.interval,
                         storage: w.storage.clone(),
                         run: w.run.clone(),
                         completed: w.completed.clone(),
@@ -579,11 +580,14 @@ impl Graph {
                         },
                     }
                 });
+                let mut chain = node.name.clone();
+                self.chain_text(id, &mut chain)?;
                 let io = NodeIo {
                     outbox: ctx.outbox,
                     senders: ctx.senders,
                     buffer_timeout: self.config.buffer_timeout,
                     checkpoint,
+                    chain: chain.into(),
                 };
                 built.push((head, id, instance, built_head, io));
             }
@@ -611,7 +615,8 @@ impl Graph {
 /// where to acknowledge.
 pub(crate) struct CheckpointWiring {
     pub(crate) triggers: Vec<tokio::sync::mpsc::UnboundedReceiver<u64>>,
-    pub(crate) acks: tokio::sync::mpsc::UnboundedSender<Ack>,
+    pub(crate) acks: tokio::sync::mpsc::UnboundedSender<TaskEvent>,
+    pub(crate) interval: std::time::Duration,
     pub(crate) storage: std::sync::Arc<dyn crate::checkpoint::CheckpointStorage>,
     pub(crate) run: std::sync::Arc<str>,
     pub(crate) completed: std::sync::Arc<std::sync::atomic::AtomicU64>,

@@ -290,7 +290,8 @@ impl Job {
                 u32::try_from(partition).unwrap_or(u32::MAX),
                 ctx.config.batch_size,
             );
-            Ok(Box::new(SourceHead { info, reader, chain, output }))
+            let partition_name = source.partition_name(partition);
+            Ok(Box::new(SourceHead { info, partition_name, reader, chain, output }))
         });
         let node = graph.add(Node {
             kind: "source",
@@ -365,6 +366,7 @@ impl Job {
                     Some(CheckpointWiring {
                         triggers: rx,
                         acks: ack_tx,
+                        interval: cp.interval,
                         storage: cp.storage.clone(),
                         run: crate::checkpoint::run_token().into(),
                         completed: completed.clone(),
@@ -375,7 +377,7 @@ impl Job {
                         fingerprint: fingerprint.clone(),
                         max_key_groups: config.max_key_groups,
                         triggers: tx,
-                        acks: ack_rx,
+                        events: ack_rx,
                         tasks: heads,
                         // After every checkpoint already in the directory, so
                         // that a run restored from a savepoint never writes into
@@ -406,12 +408,15 @@ impl Job {
             let coordinator = coordinator.map(|c| AbortOnDrop(tokio::spawn(c.run(stopped))));
             let result = supervise(physical.tasks, cancelled).await;
             // Let a checkpoint being completed finish (and commit) before
-            // the job reports its end.
+            // the job reports its end. A job whose tasks all ended has
+            // taken its final checkpoint, or failed to: the coordinator
+            // says which.
             let _ = stop.send(());
-            if let Some(c) = coordinator {
-                let _ = tokio::time::timeout(Duration::from_secs(30), c).await;
-            }
-            result
+            let checkpoints = match coordinator {
+                Some(c) => tokio::time::timeout(Duration::from_secs(30), c).await.unwrap_or(Ok(())),
+                None => Ok(()),
+            };
+            result.and(checkpoints)
         });
         tracing::info!(job = %name, "job started");
         Ok(JobHandle { name, registry, supervisor, started, completed, savepoints, cancel })
@@ -425,21 +430,61 @@ impl Job {
     pub async fn run(self) -> Result<JobReport> {
         self.spawn()?.wait().await
     }
+
+    /// Runs the job to the end of its input from code that is not async
+    /// (a plain `fn main`, a thread of your own), on a tokio runtime of its
+    /// own with a worker thread per core, which it shuts down when the job
+    /// ends. Inside async code, `.await` [`Job::run`] instead.
+    ///
+    /// ```
+    /// use weibo::{Job, sinks::CollectSink, sources::IterSource};
+    ///
+    /// // In a plain `fn main`, no `#[tokio::main]` needed:
+    /// let out = CollectSink::new();
+    /// let job = Job::new("doubles");
+    /// job.source(IterSource::new(1..=3u32)).map(|x| x * 2).sink(out.clone());
+    /// job.run_blocking()?;
+    /// assert_eq!(out.values(), vec![2, 4, 6]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Job::run`]; [`Error::Runtime`] when called on a thread that
+    /// runs async code already (it would block it), or when the runtime
+    /// cannot start.
+    pub fn run_blocking(self) -> Result<JobReport> {
+        let job = self.lock().config.name.clone();
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(Error::Runtime {
+                job,
+                message: "`run_blocking` called inside a tokio runtime, which it would block: `.await` `run()` there"
+                    .into(),
+            });
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name(format!("weibo-{job}"))
+            .build()
+            .map_err(|e| Error::Runtime { job, message: format!("cannot start a tokio runtime: {e}") })?;
+        runtime.block_on(self.run())
+    }
 }
 
 /// A task handle that aborts its task when dropped, and can be awaited.
-struct AbortOnDrop(JoinHandle<()>);
+struct AbortOnDrop<R>(JoinHandle<R>);
 
-impl Drop for AbortOnDrop {
+impl<R> Drop for AbortOnDrop<R> {
     fn drop(&mut self) {
         self.0.abort();
     }
 }
 
-impl std::future::Future for AbortOnDrop {
-    type Output = ();
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        std::pin::Pin::new(&mut self.0).poll(cx).map(|_| ())
+impl<R> std::future::Future for AbortOnDrop<Result<R>> {
+    type Output = Result<R>;
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<R>> {
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|r| r.unwrap_or_else(|e| Err(Error::Internal(format!("the checkpoint coordinator failed: {e}")))))
     }
 }
 
@@ -610,16 +655,22 @@ impl JobHandle {
     /// Stops the job cleanly: takes a last checkpoint (when the job takes
     /// checkpoints), then stops as [`JobHandle::cancel`] does. A job
     /// restored from that checkpoint, here or in another process, goes on
-    /// where this one stopped.
+    /// where this one stopped. A job whose sources have all reached their
+    /// end is already finishing with its final checkpoint: `stop` waits
+    /// for it to finish.
     ///
     /// # Errors
     /// The job's error if it had failed before it was stopped.
     pub async fn stop(self) -> Result<()> {
-        if self.savepoints.is_some()
-            && !self.is_finished()
-            && let Err(e) = self.checkpoint().await
-        {
-            tracing::warn!(job = %self.name, error = %e, "no last checkpoint before stopping");
+        if self.savepoints.is_some() && !self.is_finished() {
+            match self.checkpoint().await {
+                Ok(_) => {}
+                // The job is finishing with its final checkpoint: let it.
+                Err(Error::Runtime { message, .. }) if message == crate::checkpoint::ALL_SOURCES_ENDED => {
+                    return self.wait().await.map(|_| ());
+                }
+                Err(e) => tracing::warn!(job = %self.name, error = %e, "no last checkpoint before stopping"),
+            }
         }
         self.cancel().await
     }

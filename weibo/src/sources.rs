@@ -57,6 +57,16 @@ pub trait Source: Send + Sync + 'static {
             message: "this source cannot resume from a checkpoint position".into(),
         })
     }
+
+    /// What partition `partition` is outside Weibo, if it has a name there
+    /// (a Kafka source's `<topic>/<partition>`): recorded beside its
+    /// position in checkpoints, so that whoever reads them (a sink that
+    /// commits consumed offsets, a person inspecting a checkpoint) knows
+    /// which partition a position belongs to. The default: none.
+    fn partition_name(&self, partition: usize) -> Option<String> {
+        let _ = partition;
+        None
+    }
 }
 
 /// What a read produced.

@@ -588,8 +588,15 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let factory: Arc<ChainFactory> = Arc::new(move |ctx, info, _outs| {
             let epoch = ctx.restore.map_or(1, |r| r.checkpoint + 1);
             let writer = sink.open(ctx.instance, ctx.parallelism, epoch)?;
-            let writer =
-                Box::new(TxnSinkWriter { sink: sink.clone(), writer, prepared: prepared.clone(), mine: Vec::new() });
+            let checkpointed = ctx.config.checkpoint.is_some();
+            let writer = Box::new(TxnSinkWriter {
+                sink: sink.clone(),
+                writer,
+                prepared: prepared.clone(),
+                checkpointed,
+                ended: false,
+                sealed: false,
+            });
             Ok(erase::<T>(Box::new(crate::runtime::ops::SinkOp { info, writer })))
         });
         let node = self.add(Node {

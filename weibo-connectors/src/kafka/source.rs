@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
@@ -248,11 +248,6 @@ impl<T> KafkaSource<T> {
         &self.partitions
     }
 
-    /// How far each partition has been read.
-    pub(crate) fn progress(&self) -> Arc<Progress> {
-        Arc::clone(&self.progress)
-    }
-
     /// The consumer group the source names to the brokers.
     pub fn group_name(&self) -> &str {
         &self.group
@@ -277,7 +272,7 @@ impl<T> KafkaSource<T> {
         let Some((topic, kp)) = self.partitions.get(partition) else {
             return Err(connector(&name, format!("no partition {partition}")));
         };
-        let consumer: StreamConsumer = self
+        let consumer: StreamConsumer<ReaderContext> = self
             .conn
             .config(&[
                 ("group.id", &self.group),
@@ -287,7 +282,7 @@ impl<T> KafkaSource<T> {
                 ("isolation.level", "read_committed"),
                 ("auto.offset.reset", "earliest"),
             ])
-            .create()
+            .create_with_context(ReaderContext)
             .map_err(|e| connector(&name, format!("cannot create a Kafka consumer: {e}")))?;
         let (low, high) =
             consumer.fetch_watermarks(topic, *kp, self.conn.timeout).map_err(|e| self.conn.unreachable(&name, &e))?;
@@ -341,7 +336,39 @@ impl<T: Clone + Send + Sync + 'static> Source for KafkaSource<T> {
             .map_err(|_| connector(&self.name(), format!("checkpointed offset {position} is out of range")))?;
         self.reader(partition, Some(offset))
     }
+
+    /// `<topic>/<partition>`.
+    fn partition_name(&self, partition: usize) -> Option<String> {
+        self.partitions.get(partition).map(|(topic, kp)| format!("{topic}/{kp}"))
+    }
 }
+
+/// The topic and partition of a [`Source::partition_name`] of a Kafka
+/// source (`<topic>/<partition>`; topic names cannot hold `/`).
+pub(crate) fn parse_partition_name(name: &str) -> Option<(String, i32)> {
+    let (topic, kp) = name.rsplit_once('/')?;
+    Some((topic.to_string(), kp.parse().ok()?))
+}
+
+/// The librdkafka client context of a reader's consumer: an expected end
+/// of a partition, which librdkafka also reports as a global error event,
+/// is logged at debug level (the reader sees it as `PartitionEOF` and
+/// acts on it); every other error as rdkafka's default context does.
+struct ReaderContext;
+
+impl rdkafka::ClientContext for ReaderContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(error.rdkafka_error_code(), Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF))
+            || matches!(error, KafkaError::PartitionEOF(_))
+        {
+            tracing::debug!(%reason, "librdkafka: end of partition");
+        } else {
+            tracing::error!(%error, %reason, "librdkafka error");
+        }
+    }
+}
+
+impl ConsumerContext for ReaderContext {}
 
 /// Errors a consumer recovers from by itself (a broker restarting, a
 /// leader moving).
@@ -364,7 +391,7 @@ fn transient(e: &KafkaError) -> bool {
 }
 
 struct KafkaReader<T> {
-    consumer: StreamConsumer,
+    consumer: StreamConsumer<ReaderContext>,
     d: Decoder<T>,
     /// Where a bounded source ends.
     end: Option<i64>,

@@ -8,10 +8,20 @@
 //! made durable at the barrier before the checkpoint can complete. The
 //! commit of epoch `n` carries a marker in the same transaction: the
 //! offset `n` committed for the consumer group `<id>-<instance>` (on
-//! partition 0 of the output topic), so whether epoch `n` is visible is
-//! known exactly. Committing a handle after a restart fences the old
-//! producer, reads the marker, and, when epoch `n` is not visible,
-//! produces the redo log in a new transaction with the marker.
+//! partition 0 of the output topic), with the token of the run that
+//! pre-committed it as the offset's metadata, so whether epoch `n` is
+//! visible is known exactly. Committing a handle after a restart fences
+//! the old producer, reads the marker, and, when epoch `n` of that run is
+//! not visible, produces the redo log in a new transaction with the
+//! marker.
+//!
+//! Which epochs a restarted job commits again and which it writes anew is
+//! decided by its restored checkpoint alone: the handles in its manifest
+//! are committed (again: idempotently), everything after it is aborted and
+//! written again from the restored source positions. A job takes a final
+//! checkpoint at the end of its input, so nothing is ever committed that
+//! no complete checkpoint covers, and the writer never needs to skip
+//! output that an earlier run committed.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
@@ -45,12 +55,9 @@ const SETTLE_STEP: Duration = Duration::from_secs(10);
 /// complete).
 const MAX_OPEN_TRANSACTIONS: usize = 8;
 
-/// The slot of a handle that commits nothing (an epoch replayed after an
-/// end-of-input commit).
+/// The slot of a handle that commits nothing (the writer had no
+/// transaction open).
 const NO_SLOT: usize = usize::MAX;
-
-/// The metadata of a marker committed by an end-of-input commit.
-const END_OF_INPUT: &str = "end-of-input";
 
 /// Writes records to a Kafka topic exactly once, with Kafka transactions
 /// committed in step with Weibo's checkpoints: records become visible to
@@ -101,6 +108,7 @@ impl<T> TxnKafkaSink<T> {
         Self {
             core: Arc::new(Core {
                 id: id.into(),
+                run: run_token(),
                 topic: topic.clone(),
                 redo: redo_dir.as_ref().to_path_buf(),
                 conn: Mutex::new(conn.clone()),
@@ -130,7 +138,9 @@ impl<T> TxnKafkaSink<T> {
     ///
     /// The source is found in the checkpoints by its default name
     /// (`kafka <topics>`); if you renamed it with `.name(…)`, use
-    /// [`TxnKafkaSink::with_consumed_offsets_named`].
+    /// [`TxnKafkaSink::with_consumed_offsets_named`]. When the source has
+    /// already gone into the job (`job.source(source)` takes it), use
+    /// [`TxnKafkaSink::with_consumed_offsets_of`] with its name and group.
     pub fn with_consumed_offsets<S>(self, source: &KafkaSource<S>) -> Self
     where
         S: Clone + Send + Sync + 'static,
@@ -142,11 +152,36 @@ impl<T> TxnKafkaSink<T> {
     /// As [`TxnKafkaSink::with_consumed_offsets`], for a source named
     /// `name` in the job.
     pub fn with_consumed_offsets_named<S>(self, name: impl Into<String>, source: &KafkaSource<S>) -> Self {
+        self.consume(name.into(), source.group_name().to_string(), Some(source.kafka_partitions().to_vec()))
+    }
+
+    /// As [`TxnKafkaSink::with_consumed_offsets`], for the Kafka source
+    /// named `source` in the job (`kafka <topics>` unless renamed), whose
+    /// consumer group is `group` (`weibo-<topics joined by ->` unless set
+    /// with [`super::KafkaSourceBuilder::group`]); the source itself is not
+    /// needed, so this can be called after `job.source(…)` took it.
+    /// Checkpoints record which topic and partition each of the source's
+    /// positions belongs to, and the offsets are committed by those.
+    ///
+    /// ```no_run
+    /// # use weibo_connectors::kafka::{Json, KafkaSource, TxnKafkaSink};
+    /// # fn build(job: &weibo::Job) -> weibo::Result<()> {
+    /// let source = KafkaSource::builder("127.0.0.1:9092", ["clicks"], Json).build::<serde_json::Value>()?;
+    /// let clicks = job.source(source);
+    /// let sink = TxnKafkaSink::new("127.0.0.1:9092", "out", Json, "clicks-out", "/var/lib/job/redo")
+    ///     .with_consumed_offsets_of("kafka clicks", "weibo-clicks");
+    /// clicks.map(|r| r.value).sink_exactly_once(sink);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_consumed_offsets_of(self, source: impl Into<String>, group: impl Into<String>) -> Self {
+        self.consume(source.into(), group.into(), None)
+    }
+
+    fn consume(self, source: String, group: String, partitions: Option<Vec<(String, i32)>>) -> Self {
         *self.core.consumed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Consumed {
-            source: name.into(),
-            group: source.group_name().to_string(),
-            partitions: source.kafka_partitions().to_vec(),
-            progress: source.progress(),
+            source,
+            group,
+            partitions,
             warned: std::sync::atomic::AtomicBool::new(false),
             metadata: std::sync::OnceLock::new(),
         });
@@ -175,13 +210,14 @@ struct Offsets {
 /// A pre-committed transaction waiting for its checkpoint.
 struct Pending {
     slot: Slot,
-    /// Committed at the end of input (its marker says so).
-    end: bool,
 }
 
 /// What the sink's writers and its committer share.
 struct Core {
     id: String,
+    /// This run's token: in its handles, and in the markers of their
+    /// commits.
+    run: String,
     topic: String,
     redo: PathBuf,
     conn: Mutex<Connection>,
@@ -199,10 +235,9 @@ struct Consumed {
     /// The source's node name in the job.
     source: String,
     group: String,
-    /// The Kafka partition of each source partition.
-    partitions: Vec<(String, i32)>,
-    /// The source's read positions: at the end of input, the offsets.
-    progress: Arc<super::source::Progress>,
+    /// The Kafka partition of each source partition, when the source was
+    /// given (otherwise taken from the positions' partition names).
+    partitions: Option<Vec<(String, i32)>>,
     /// Warned that the checkpoints hold no source of that name.
     warned: std::sync::atomic::AtomicBool,
     /// The group's metadata, made once.
@@ -223,17 +258,60 @@ struct State {
     markers: HashMap<usize, Arc<BaseConsumer>>,
 }
 
-/// A handle: `i<instance>-s<slot>-e<epoch>`.
-fn handle(instance: usize, slot: usize, epoch: u64) -> String {
-    format!("i{instance}-s{slot}-e{epoch}")
+/// A handle: `i<instance>-s<slot>-e<epoch>-r<run>`.
+fn handle(instance: usize, slot: usize, epoch: u64, run: &str) -> String {
+    format!("i{instance}-s{slot}-e{epoch}-r{run}")
 }
 
-fn parse_handle(h: &str) -> Option<(usize, usize, u64)> {
+/// A handle's parts: instance, slot, epoch, and the token of the run that
+/// pre-committed it (`None` for handles of builds before run tokens).
+fn parse_handle(h: &str) -> Option<(usize, usize, u64, Option<&str>)> {
     let mut parts = h.split('-');
     let i = parts.next()?.strip_prefix('i')?.parse().ok()?;
     let s = parts.next()?.strip_prefix('s')?.parse().ok()?;
     let e = parts.next()?.strip_prefix('e')?.parse().ok()?;
-    parts.next().is_none().then_some((i, s, e))
+    let run = match parts.next() {
+        Some(r) => Some(r.strip_prefix('r').filter(|r| !r.is_empty())?),
+        None => None,
+    };
+    parts.next().is_none().then_some((i, s, e, run))
+}
+
+/// A token for one run of a sink: random, so that two runs never share
+/// one (and a marker tells which run committed it).
+fn run_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+/// A commit marker: the last epoch an instance committed, and the token of
+/// the run that pre-committed it (empty for markers of builds before run
+/// tokens).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Marker {
+    epoch: u64,
+    run: String,
+}
+
+impl Marker {
+    /// Whether epoch `epoch`, pre-committed by run `run`, is visible.
+    ///
+    /// Epoch numbers are checkpoint numbers, and those of one run follow
+    /// each other, so within a run a later marker covers earlier epochs.
+    /// Across runs numbers say nothing (a job restored from a savepoint
+    /// into new storage counts from the savepoint again): a marker of
+    /// another run does not cover the epoch. A run that re-commits an
+    /// earlier run's epoch writes that run's token.
+    fn covers(&self, epoch: u64, run: Option<&str>) -> bool {
+        match run {
+            Some(run) => self.run == run && self.epoch >= epoch,
+            // A handle of a build before run tokens: numbers alone, as then.
+            None => self.epoch >= epoch,
+        }
+    }
 }
 
 impl Core {
@@ -346,7 +424,7 @@ impl Core {
         let used: BTreeSet<usize> = st.live.iter().filter(|(i, _)| *i == instance).map(|(_, s)| *s).collect();
         // Counted by handle, without locking the entries: a commit holds
         // its entry while it takes the state lock.
-        let busy = st.prepared.keys().filter(|h| parse_handle(h).is_some_and(|(i, _, _)| i == instance)).count();
+        let busy = st.prepared.keys().filter(|h| parse_handle(h).is_some_and(|(i, ..)| i == instance)).count();
         if busy + 1 >= MAX_OPEN_TRANSACTIONS {
             return Err(self.err(format!(
                 "instance {instance} has {busy} transactions waiting for their checkpoints to complete: checkpoints are not completing"
@@ -377,9 +455,8 @@ impl Core {
         Ok(c)
     }
 
-    /// The last epoch `instance` committed, and whether it was an
-    /// end-of-input commit.
-    fn committed_epoch(&self, instance: usize) -> Result<Option<(u64, bool)>> {
+    /// The marker of the last epoch `instance` committed.
+    fn committed_epoch(&self, instance: usize) -> Result<Option<Marker>> {
         let c = self.marker_consumer(instance)?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&self.topic, 0);
@@ -388,7 +465,7 @@ impl Core {
             self.err(format!("cannot read the commit marker of instance {instance} at {}: {e}", conn.brokers))
         })?;
         let out = got.elements().first().and_then(|e| match e.offset() {
-            Offset::Offset(o) => u64::try_from(o).ok().map(|o| (o, e.metadata() == END_OF_INPUT)),
+            Offset::Offset(o) => u64::try_from(o).ok().map(|epoch| Marker { epoch, run: e.metadata().to_string() }),
             _ => None,
         });
         drop(got);
@@ -396,7 +473,7 @@ impl Core {
     }
 
     /// Sends the marker of `epoch` and commits the slot's transaction.
-    fn commit_slot(&self, s: &mut Slot, epoch: u64, end: bool, consumed: Option<&Offsets>) -> Result<()> {
+    fn commit_slot(&self, s: &mut Slot, epoch: u64, run: &str, consumed: Option<&Offsets>) -> Result<()> {
         let c = self.marker_consumer(s.instance)?;
         let Some(cgm) = c.group_metadata().map(Arc::new) else {
             return Err(self.err("no consumer group metadata for the commit marker".into()));
@@ -405,9 +482,7 @@ impl Core {
         let offset = i64::try_from(epoch).map_err(|_| self.err(format!("epoch {epoch} out of range")))?;
         let mut e = tpl.add_partition(&self.topic, 0);
         e.set_offset(Offset::Offset(offset)).map_err(|e| self.err(format!("cannot set the marker: {e}")))?;
-        if end {
-            e.set_metadata(END_OF_INPUT);
-        }
+        e.set_metadata(run);
         let id = self.transactional_id(s.instance, s.slot);
         let redo = self.redo_path(s.instance, epoch);
         let deadline = Instant::now() + TXN_CALL_TIMEOUT;
@@ -489,7 +564,7 @@ impl Core {
     }
 
     fn commit(&self, h: &str, sources: &[SourcePositionEntry]) -> Result<()> {
-        let Some((instance, slot, epoch)) = parse_handle(h) else {
+        let Some((instance, slot, epoch, run)) = parse_handle(h) else {
             return Err(self.err(format!("`{h}` is not a transaction handle of this sink")));
         };
         let entry = {
@@ -503,7 +578,7 @@ impl Core {
             if slot == NO_SLOT {
                 return Ok(());
             }
-            return self.recover(instance, slot, epoch, h);
+            return self.recover(instance, slot, epoch, run, h);
         };
         let mut guard = entry.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(pending) = guard.as_mut() else { return Ok(()) };
@@ -511,15 +586,14 @@ impl Core {
         // instance's epochs in order.
         let earlier = self.state().prepared.iter().any(|(other, p)| {
             other != h
-                && parse_handle(other).is_some_and(|(i, _, e)| i == instance && e < epoch)
+                && parse_handle(other).is_some_and(|(i, _, e, _)| i == instance && e < epoch)
                 && p.try_lock().map_or(true, |g| g.is_some())
         });
         if earlier {
             return Err(self.err(format!("`{h}` waits for an earlier transaction of instance {instance} to commit")));
         }
-        let end = pending.end;
-        let consumed = if instance == 0 { self.consumed_offsets(sources, end)? } else { None };
-        self.commit_slot(&mut pending.slot, epoch, end, consumed.as_ref())?;
+        let consumed = if instance == 0 { self.consumed_offsets(sources)? } else { None };
+        self.commit_slot(&mut pending.slot, epoch, run.unwrap_or_default(), consumed.as_ref())?;
         if let Some(p) = guard.take() {
             self.release(p.slot);
         }
@@ -536,39 +610,26 @@ impl Core {
     /// The consumed offsets among a checkpoint's `sources`, with the
     /// group metadata to commit them under (none without
     /// `with_consumed_offsets`, or without positions).
-    fn consumed_offsets(&self, sources: &[SourcePositionEntry], end: bool) -> Result<Option<Offsets>> {
+    fn consumed_offsets(&self, sources: &[SourcePositionEntry]) -> Result<Option<Offsets>> {
         let consumed = self.consumed.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(c) = consumed.as_ref() else { return Ok(None) };
-        if sources.is_empty() && !end {
+        if sources.is_empty() {
             return Ok(None);
         }
         let mut tpl = TopicPartitionList::new();
-        let mut add = |topic: &str, kp: i32, offset: i64| {
-            tpl.add_partition_offset(topic, kp, Offset::Offset(offset))
-                .map_err(|e| self.err(format!("cannot list the consumed offset of {topic}/{kp}: {e}")))
-        };
-        if end {
-            // The input has ended: every record the source read is in
-            // this last epoch or an earlier one.
-            let read = c.progress.next.lock().unwrap_or_else(PoisonError::into_inner);
-            for ((topic, kp), next) in read.iter() {
-                let next = next.load(std::sync::atomic::Ordering::Relaxed);
-                if next >= 0 {
-                    add(topic, *kp, next)?;
-                }
-            }
-        } else {
-            for e in sources.iter().filter(|e| e.source == c.source) {
-                let (Some((topic, kp)), Ok(offset)) =
-                    (usize::try_from(e.partition).ok().and_then(|i| c.partitions.get(i)), i64::try_from(e.position))
-                else {
-                    continue;
-                };
-                add(topic, *kp, offset)?;
-            }
+        for e in sources.iter().filter(|e| e.source == c.source) {
+            let partition = match &c.partitions {
+                Some(ps) => usize::try_from(e.partition).ok().and_then(|i| ps.get(i)).cloned(),
+                None => e.partition_name.as_deref().and_then(super::source::parse_partition_name),
+            };
+            let (Some((topic, kp)), Ok(offset)) = (partition, i64::try_from(e.position)) else {
+                continue;
+            };
+            tpl.add_partition_offset(&topic, kp, Offset::Offset(offset))
+                .map_err(|e| self.err(format!("cannot list the consumed offset of {topic}/{kp}: {e}")))?;
         }
         if tpl.count() == 0 {
-            if !end && !c.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            if !c.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 tracing::warn!(sink = %self.name(), source = %c.source, "the checkpoints hold no source of this name: consumed offsets are not committed (name it with with_consumed_offsets_named)");
             }
             return Ok(None);
@@ -593,10 +654,10 @@ impl Core {
     /// Commits `h` after a restart: its transaction died with the process
     /// that opened it; the marker says whether it had been committed, and
     /// if not the redo log is produced again.
-    fn recover(&self, instance: usize, slot: usize, epoch: u64, h: &str) -> Result<()> {
+    fn recover(&self, instance: usize, slot: usize, epoch: u64, run: Option<&str>, h: &str) -> Result<()> {
         self.fence_all()?;
         let mut s = self.take_or_create(instance, slot)?;
-        let done = self.committed_epoch(instance)?.is_some_and(|(e, _)| e >= epoch);
+        let done = self.committed_epoch(instance)?.is_some_and(|m| m.covers(epoch, run));
         let redo = self.redo_path(instance, epoch);
         if !done {
             let records = read_redo(&redo)?;
@@ -606,7 +667,7 @@ impl Core {
                 produce(&self.name(), &s.producer, &self.topic, r)?;
             }
             self.settle(&mut s, &redo)?;
-            self.commit_slot(&mut s, epoch, false, None)?;
+            self.commit_slot(&mut s, epoch, run.unwrap_or_default(), None)?;
             tracing::info!(sink = %self.name(), instance, epoch, records = records.len(), "re-committed an epoch from its redo log");
         }
         self.release(s);
@@ -845,12 +906,6 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for TxnKafkaSink<T> {
         self.sync_conn();
         let core = &self.core;
         fs::create_dir_all(&core.redo).map_err(core.io("cannot create redo directory", &core.redo))?;
-        // An end-of-input commit of an earlier run covered every epoch from
-        // here on: this run replays what is already visible.
-        let replay = core.committed_epoch(instance)?.is_some_and(|(e, end)| end && e >= epoch);
-        if replay {
-            tracing::info!(sink = %core.name(), instance, epoch, "the input after this checkpoint was committed at its end before: writing nothing");
-        }
         let mut w = TxnWriter {
             core: Arc::clone(core),
             enc: self.enc.clone(),
@@ -860,7 +915,6 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for TxnKafkaSink<T> {
             redo: None,
             rec: OutRecord::default(),
             buf: Vec::new(),
-            replay,
             broken: None,
             _t: PhantomData,
         };
@@ -894,8 +948,6 @@ struct TxnWriter<T> {
     redo: Option<BufWriter<File>>,
     rec: OutRecord,
     buf: Vec<u8>,
-    /// Everything this run writes was committed by an earlier run.
-    replay: bool,
     /// Why the open transaction cannot be committed as it is (its
     /// producer refused a record): the pre-commit writes it again.
     broken: Option<String>,
@@ -904,9 +956,6 @@ struct TxnWriter<T> {
 
 impl<T> TxnWriter<T> {
     fn start(&mut self) -> Result<()> {
-        if self.replay {
-            return Ok(());
-        }
         let s = self.core.acquire(self.instance)?;
         let id = self.core.transactional_id(s.instance, s.slot);
         s.producer.begin_transaction().map_err(|e| self.core.err(format!("cannot begin transaction `{id}`: {e}")))?;
@@ -919,10 +968,11 @@ impl<T> TxnWriter<T> {
 
     /// Makes the epoch durable: every record acknowledged by the brokers
     /// (still invisible) and in the redo log on disk.
-    fn seal(&mut self, epoch: u64, end: bool) -> Result<String> {
+    fn seal(&mut self, epoch: u64) -> Result<String> {
         let Some(mut s) = self.slot.take() else {
-            // Replaying what an earlier run committed: nothing to commit.
-            let h = handle(self.instance, NO_SLOT, epoch);
+            // No transaction open (the last epoch was sealed): nothing to
+            // commit.
+            let h = handle(self.instance, NO_SLOT, epoch, &self.core.run);
             self.core.state().committed.insert(h.clone());
             return Ok(h);
         };
@@ -947,18 +997,14 @@ impl<T> TxnWriter<T> {
             let to = self.core.redo_path(self.instance, epoch);
             fs::rename(&path, &to).map_err(self.core.io("cannot rename redo log", &path))?;
         }
-        let h = handle(self.instance, s.slot, epoch);
-        self.core.state().prepared.insert(h.clone(), Arc::new(Mutex::new(Some(Pending { slot: s, end }))));
+        let h = handle(self.instance, s.slot, epoch, &self.core.run);
+        self.core.state().prepared.insert(h.clone(), Arc::new(Mutex::new(Some(Pending { slot: s }))));
         Ok(h)
     }
 }
 
 impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
     fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
-        if self.replay {
-            batch.drain().for_each(drop);
-            return Ok(());
-        }
         let name = self.core.name();
         let (Some(s), Some(redo)) = (self.slot.as_ref(), self.redo.as_mut()) else {
             return Err(self.core.err("write outside a transaction".into()));
@@ -987,7 +1033,7 @@ impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
 
     fn pre_commit(&mut self, checkpoint: u64) -> Result<String> {
         weibo::blocking(|| {
-            let h = self.seal(checkpoint, false)?;
+            let h = self.seal(checkpoint)?;
             self.epoch = checkpoint + 1;
             self.start()?;
             Ok(h)
@@ -995,7 +1041,7 @@ impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
     }
 
     fn finish(&mut self) -> Result<String> {
-        weibo::blocking(|| self.seal(self.epoch, true))
+        weibo::blocking(|| self.seal(self.epoch))
     }
 }
 
@@ -1006,10 +1052,24 @@ mod tests {
 
     #[test]
     fn handles_round_trip_and_strangers_are_refused() {
-        assert_eq!(parse_handle(&handle(3, 1, 17)), Some((3, 1, 17)));
+        assert_eq!(parse_handle(&handle(3, 1, 17, "0af3")), Some((3, 1, 17, Some("0af3"))));
+        assert_eq!(parse_handle("i3-s1-e17"), Some((3, 1, 17, None)), "a handle of an earlier build");
         assert_eq!(parse_handle("i3-s1"), None);
         assert_eq!(parse_handle("i3-s1-e2-x"), None);
+        assert_eq!(parse_handle("i3-s1-e2-r"), None);
+        assert_eq!(parse_handle("i3-s1-e2-rab-x"), None);
         assert_eq!(parse_handle("part-0-1.jsonl"), None);
+    }
+
+    #[test]
+    fn a_marker_covers_the_epochs_of_its_own_run_only() {
+        let m = Marker { epoch: 500, run: "a".into() };
+        assert!(m.covers(500, Some("a")));
+        assert!(m.covers(7, Some("a")), "an earlier epoch of the same run");
+        assert!(!m.covers(501, Some("a")));
+        assert!(!m.covers(101, Some("b")), "another run's epoch, though numbered lower: not visible");
+        assert!(m.covers(101, None), "handles of earlier builds compare numbers, as they did");
+        assert!(!Marker { epoch: 9, run: String::new() }.covers(9, Some("a")));
     }
 
     #[test]

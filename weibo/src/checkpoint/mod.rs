@@ -43,6 +43,8 @@
 //! aligned buffer and validated (archive and offsets) before use, after the
 //! whole payload's length and checksum were checked.
 
+#[doc(hidden)]
+pub mod faults;
 pub mod storage;
 
 use std::collections::{BTreeMap, HashMap};
@@ -311,6 +313,10 @@ pub struct SourcePositionEntry {
     pub partition: u32,
     /// Where reading resumes.
     pub position: u64,
+    /// What the partition is outside Weibo, when the source names it (see
+    /// [`Source::partition_name`](crate::sources::Source::partition_name)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition_name: Option<String>,
 }
 
 /// A state file in a checkpoint.
@@ -768,11 +774,17 @@ pub(crate) struct Ack {
     pub(crate) failure: Option<String>,
     /// The task that acknowledges.
     pub(crate) task: String,
-    /// Set once, when the task has finished: the last barrier it passed (0
-    /// for none). It takes part in no later checkpoint, and stands for
-    /// itself in each of them with `sources` (a source's final position)
-    /// and no state: all of its input has been processed and passed on.
-    pub(crate) finished: Option<u64>,
+}
+
+/// What tasks tell the coordinator.
+#[derive(Debug)]
+pub(crate) enum TaskEvent {
+    /// A task's part in a checkpoint.
+    Ack(Ack),
+    /// A source task has read all of its input and passed it on; it stays
+    /// to pass the barriers of later checkpoints (at its final position)
+    /// until the final checkpoint is complete.
+    SourceEnded { task: String },
 }
 
 /// The coordinator's side of the job: triggers and acknowledgements.
@@ -781,8 +793,10 @@ pub(crate) struct Coordinator {
     pub(crate) job: String,
     pub(crate) fingerprint: String,
     pub(crate) max_key_groups: u16,
+    /// One per source task; dropped when the job is done with
+    /// checkpoints, which lets sources at their end stop.
     pub(crate) triggers: Vec<mpsc::UnboundedSender<u64>>,
-    pub(crate) acks: mpsc::UnboundedReceiver<Ack>,
+    pub(crate) events: mpsc::UnboundedReceiver<TaskEvent>,
     /// How many acknowledgements complete a checkpoint (one per task).
     pub(crate) tasks: usize,
     /// The first checkpoint number to use (after the restored one).
@@ -805,136 +819,257 @@ pub(crate) struct SavepointRequest {
     pub(crate) reply: tokio::sync::oneshot::Sender<Result<PathBuf>>,
 }
 
-/// For crash tests: with `WEIBO_CRASH_BEFORE_COMMIT=<n>` in the
-/// environment, the process aborts right after publishing checkpoint `n`'s
-/// manifest, before any sink commits it: the narrowest window a real crash
-/// can hit, which recovery must close by committing on restore.
-fn crash_point_before_commit(n: u64) {
-    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    let at = AT.get_or_init(|| std::env::var("WEIBO_CRASH_BEFORE_COMMIT").ok().and_then(|v| v.parse().ok()));
-    if *at == Some(n) {
-        tracing::warn!(checkpoint = n, "WEIBO_CRASH_BEFORE_COMMIT: aborting the process before the commit");
-        std::process::abort();
-    }
+/// Why no checkpoint or savepoint can be taken once every source has
+/// reached its end (the final checkpoint is, or was, being taken).
+pub(crate) const ALL_SOURCES_ENDED: &str =
+    "every source has reached the end of its input: the job is finishing with its final checkpoint, and takes no other";
+
+/// How a checkpoint attempt ended.
+enum Outcome {
+    Complete,
+    /// Abandoned or failed, with the reason.
+    Failed(String),
+    /// The job is ending: stop.
+    Stopped,
 }
 
 impl Coordinator {
-    /// Triggers checkpoints until every source has finished or the job
-    /// ends.
+    /// Triggers checkpoints until the job ends, then takes the final one.
     ///
-    /// A task that has finished (a source at the end of its input, an
-    /// operator whose inputs have all ended) says so once, with the last
-    /// barrier it passed; every later checkpoint counts it as acknowledged,
-    /// with a source's final position and no state. A task that passed
-    /// barrier `n` acknowledges `n` itself, even if it finished since.
-    pub(crate) async fn run(mut self, mut stop: tokio::sync::oneshot::Receiver<()>) {
+    /// Every task of the job takes part in every checkpoint: a source that
+    /// has reached its end stays to pass barriers at its final position,
+    /// and an operator whose inputs have all ended has finished (fired
+    /// its windows, flushed its sinks) and passes barriers with the state
+    /// it was left with. Once every source has reported its end, the
+    /// coordinator takes the **final checkpoint** at once (after the one
+    /// in flight, if any): its barriers follow all of the job's records,
+    /// so its manifest covers everything the job wrote, and its
+    /// completion commits every epoch the exactly-once sinks still hold.
+    /// Only then does it let the sources go, and the job end. A restart
+    /// of a finished job restores the final checkpoint: nothing to read
+    /// again, nothing written twice.
+    ///
+    /// A final checkpoint that fails is taken again at each interval, until
+    /// it has failed three times and the checkpoint timeout has passed
+    /// since the first attempt; then the job fails with the reason (its output after the last complete
+    /// checkpoint stays uncommitted, and a restart writes it again).
+    pub(crate) async fn run(mut self, mut stop: tokio::sync::oneshot::Receiver<()>) -> Result<()> {
         let mut ticker = tokio::time::interval(self.config.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
         let mut n = self.next;
-        // Finished tasks, by task: the last barrier each passed, and its
-        // standing acknowledgement.
-        let mut finished: BTreeMap<String, (u64, Ack)> = BTreeMap::new();
+        let sources = self.triggers.len();
+        let mut ended: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        // The first attempt at the final checkpoint, and why the last failed.
+        let mut final_started: Option<tokio::time::Instant> = None;
+        let mut final_failure = String::new();
+        let mut final_failures = 0u32;
+        let timeout = self.config.timeout.unwrap_or_else(|| (self.config.interval * 10).max(Duration::from_secs(60)));
+        let mut savepoints_open = true;
         loop {
-            // A checkpoint on schedule, or a savepoint on request, until
-            // the job ends.
-            let savepoint = tokio::select! {
-                _ = &mut stop => return,
-                _ = ticker.tick() => None,
-                request = self.savepoints.recv() => match request {
-                    Some(request) => Some(request),
-                    None => std::future::pending().await,
-                },
+            let all_ended = ended.len() >= sources;
+            if all_ended && final_failures >= 3 && final_started.is_some_and(|t| t.elapsed() >= timeout) {
+                return Err(self.final_failed(&final_failure));
+            }
+            // What starts the next checkpoint: the interval, a savepoint
+            // request, or every source having ended (the final one, at
+            // once the first time; after a failure, at the next interval).
+            let savepoint = if all_ended && final_started.is_none() {
+                None
+            } else {
+                tokio::select! {
+                    _ = &mut stop => return Ok(()),
+                    _ = ticker.tick() => None,
+                    request = self.savepoints.recv(), if savepoints_open => match request {
+                        Some(request) if all_ended => {
+                            let _ = request.reply.send(Err(Error::Runtime { job: self.job.clone(), message: ALL_SOURCES_ENDED.into() }));
+                            continue;
+                        }
+                        Some(request) => Some(request),
+                        None => {
+                            savepoints_open = false;
+                            continue;
+                        }
+                    },
+                    event = self.events.recv() => {
+                        match event {
+                            Some(TaskEvent::SourceEnded { task }) => {
+                                ended.insert(task);
+                            }
+                            // Late parts of an abandoned checkpoint.
+                            Some(TaskEvent::Ack(_)) => {}
+                            None => return Ok(()),
+                        }
+                        continue;
+                    }
+                }
             };
-            // Sources that have finished get no trigger (their final
-            // position stands in); once all have, the job is ending.
+            let is_final = ended.len() >= sources;
+            if is_final && final_started.is_none() {
+                final_started = Some(tokio::time::Instant::now());
+                tracing::info!(job = %self.job, checkpoint = n, "every source has reached its end: taking the final checkpoint");
+            }
             let mut triggered = false;
             for t in &self.triggers {
                 triggered |= t.send(n).is_ok();
             }
             if !triggered {
-                tracing::info!(job = %self.job, "every source has finished: no more checkpoints");
+                // The sources are gone: the job is failing or cancelled.
                 if let Some(request) = savepoint {
                     let _ = request.reply.send(Err(Error::Runtime {
                         job: self.job.clone(),
-                        message: "every source has finished, so no savepoint can be taken".into(),
+                        message: "the job's sources have stopped".into(),
                     }));
                 }
-                return;
+                return Ok(());
             }
-            let mut acks: BTreeMap<String, Ack> = BTreeMap::new();
-            let counted = |acks: &BTreeMap<String, Ack>, finished: &BTreeMap<String, (u64, Ack)>| {
-                acks.len() + finished.iter().filter(|(task, (last, _))| *last < n && !acks.contains_key(*task)).count()
-            };
-            // A checkpoint that cannot complete in time (a task stuck in
-            // user code, a task that failed to take its part) is abandoned.
-            let timeout =
-                self.config.timeout.unwrap_or_else(|| (self.config.interval * 10).max(Duration::from_secs(60)));
-            let deadline = tokio::time::Instant::now() + timeout;
-            while counted(&acks, &finished) < self.tasks {
-                let ack = tokio::select! {
-                    _ = &mut stop => return,
-                    () = tokio::time::sleep_until(deadline) => break,
-                    ack = self.acks.recv() => ack,
-                };
-                match ack {
-                    Some(ack) => match ack.finished {
-                        Some(last) => {
-                            finished.insert(ack.task.clone(), (last, ack));
-                        }
-                        None if ack.checkpoint == n => {
-                            acks.insert(ack.task.clone(), ack);
-                        }
-                        None => {}
-                    },
-                    None => return,
-                }
+            if is_final {
+                faults::point("final-barrier");
             }
-            if counted(&acks, &finished) < self.tasks {
-                tracing::warn!(job = %self.job, checkpoint = n, "checkpoint abandoned: not every task acknowledged in time");
-                if let Some(request) = savepoint {
-                    let _ = request.reply.send(Err(Error::Runtime {
-                        job: self.job.clone(),
-                        message: format!("checkpoint {n} did not complete in time"),
-                    }));
-                }
-                n += 1;
-                continue;
-            }
-            let mut all: Vec<Ack> = Vec::with_capacity(self.tasks);
-            for (task, (last, ack)) in &finished {
-                if *last < n && !acks.contains_key(task) {
-                    all.push(Ack {
-                        checkpoint: n,
-                        sources: ack.sources.clone(),
-                        states: Vec::new(),
-                        failure: ack.failure.clone(),
-                        task: task.clone(),
-                        finished: None,
-                    });
-                }
-            }
-            all.extend(acks.into_values());
-            let result = self.complete(n, all);
-            match &result {
-                Ok(()) => {
-                    self.completed.store(n, std::sync::atomic::Ordering::Relaxed);
-                    tracing::info!(job = %self.job, checkpoint = n, "checkpoint complete");
-                }
-                Err(e) => tracing::warn!(job = %self.job, checkpoint = n, error = %e, "checkpoint failed"),
-            }
-            if let Some(request) = savepoint {
-                let reply = result.and_then(|()| match &request.name {
-                    Some(name) => self.copy_to_savepoint(n, name),
+            let outcome = self.take(n, is_final, timeout, &mut ended, &mut stop).await;
+            let reply = match &outcome {
+                Outcome::Complete => match savepoint.as_ref().and_then(|r| r.name.clone()) {
+                    Some(name) => self.copy_to_savepoint(n, &name),
                     None => Ok(self.config.storage.locate(&checkpoint_name(n))),
-                });
+                },
+                Outcome::Failed(why) => Err(Error::Checkpoint {
+                    path: self.config.storage.locate(&checkpoint_name(n)),
+                    message: why.clone(),
+                }),
+                Outcome::Stopped => Err(Error::Runtime {
+                    job: self.job.clone(),
+                    message: "the job stopped before the checkpoint completed".into(),
+                }),
+            };
+            if let Some(request) = savepoint {
                 let _ = request.reply.send(reply);
+            }
+            match outcome {
+                Outcome::Stopped => return Ok(()),
+                Outcome::Complete if is_final => {
+                    // Requests that came meanwhile: the job is done.
+                    while let Ok(request) = self.savepoints.try_recv() {
+                        let _ = request
+                            .reply
+                            .send(Err(Error::Runtime { job: self.job.clone(), message: ALL_SOURCES_ENDED.into() }));
+                    }
+                    self.commit_leftovers(n)?;
+                    tracing::info!(job = %self.job, checkpoint = n, "final checkpoint complete");
+                    return Ok(());
+                }
+                Outcome::Complete => {}
+                Outcome::Failed(why) => {
+                    if is_final {
+                        tracing::warn!(job = %self.job, checkpoint = n, reason = %why, "the final checkpoint failed; taking it again");
+                        final_failure = why;
+                        final_failures += 1;
+                    }
+                }
             }
             n += 1;
         }
     }
 
-    fn complete(&mut self, n: u64, acks: Vec<Ack>) -> Result<()> {
+    /// Collects every task's part in checkpoint `n` and completes it.
+    async fn take(
+        &mut self,
+        n: u64,
+        is_final: bool,
+        timeout: Duration,
+        ended: &mut std::collections::BTreeSet<String>,
+        stop: &mut tokio::sync::oneshot::Receiver<()>,
+    ) -> Outcome {
+        let mut acks: BTreeMap<String, Ack> = BTreeMap::new();
+        // A checkpoint that cannot complete in time (a task stuck in user
+        // code, a task that failed to take its part) is abandoned.
+        let deadline = tokio::time::Instant::now() + timeout;
+        while acks.len() < self.tasks {
+            let event = tokio::select! {
+                _ = &mut *stop => return Outcome::Stopped,
+                () = tokio::time::sleep_until(deadline) => break,
+                event = self.events.recv() => event,
+            };
+            match event {
+                Some(TaskEvent::Ack(ack)) if ack.checkpoint == n => {
+                    acks.insert(ack.task.clone(), ack);
+                }
+                Some(TaskEvent::Ack(_)) => {}
+                Some(TaskEvent::SourceEnded { task }) => {
+                    ended.insert(task);
+                }
+                None => return Outcome::Stopped,
+            }
+        }
+        if acks.len() < self.tasks {
+            let missing = self.tasks - acks.len();
+            tracing::warn!(job = %self.job, checkpoint = n, missing, "checkpoint abandoned: not every task acknowledged in time");
+            return Outcome::Failed(format!(
+                "checkpoint {n} did not complete in time: abandoned after {timeout:?}, with {missing} of {} tasks yet to take their part",
+                self.tasks
+            ));
+        }
+        match self.complete(n, acks.into_values().collect(), is_final) {
+            Ok(()) => {
+                self.completed.store(n, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!(job = %self.job, checkpoint = n, "checkpoint complete");
+                Outcome::Complete
+            }
+            Err(e) => {
+                tracing::warn!(job = %self.job, checkpoint = n, error = %e, "checkpoint failed");
+                Outcome::Failed(e.to_string())
+            }
+        }
+    }
+
+    /// After the final checkpoint `n`: commits that failed with it are
+    /// tried a few more times (there is no later checkpoint to carry them);
+    /// if they still fail, the job fails, and its next start commits them
+    /// (they are in the final checkpoint's manifest).
+    fn commit_leftovers(&mut self, n: u64) -> Result<()> {
+        let mut pause = Duration::from_millis(200);
+        for attempt in 1..=5 {
+            if self.uncommitted.is_empty() {
+                return Ok(());
+            }
+            std::thread::sleep(pause);
+            pause *= 2;
+            let entries = std::mem::take(&mut self.uncommitted);
+            crate::runtime::blocking(|| {
+                for entry in entries {
+                    let Some(c) = self.committers.iter().find(|c| c.name() == entry.sink) else { continue };
+                    if let Err(e) = c.commit(&entry.handle, &[]) {
+                        tracing::warn!(sink = %entry.sink, handle = %entry.handle, attempt, error = %e, "commit after the final checkpoint failed; trying again");
+                        self.uncommitted.push(entry);
+                    }
+                }
+            });
+        }
+        match self.uncommitted.first() {
+            None => Ok(()),
+            Some(entry) => Err(Error::Checkpoint {
+                path: self.config.storage.locate(&checkpoint_name(n)),
+                message: format!(
+                    "the final checkpoint is complete, but sink `{}` could not commit `{}` (and {} more): the job's next start commits them",
+                    entry.sink,
+                    entry.handle,
+                    self.uncommitted.len() - 1
+                ),
+            }),
+        }
+    }
+
+    fn final_failed(&self, why: &str) -> Error {
+        let last = self.completed.load(std::sync::atomic::Ordering::Relaxed);
+        Error::Checkpoint {
+            path: self.config.storage.locate(""),
+            message: format!(
+                "the final checkpoint of job `{}` did not complete ({why}): what the job wrote after checkpoint {last} is not committed; a restart restores checkpoint {last} and writes it again",
+                self.job
+            ),
+        }
+    }
+
+    fn complete(&mut self, n: u64, acks: Vec<Ack>, is_final: bool) -> Result<()> {
         let name = checkpoint_name(n);
         let dir = self.config.storage.locate(&name);
         let mut sources = Vec::new();
@@ -1010,13 +1145,17 @@ impl Coordinator {
             self.uncommitted = commits;
             return Err(e);
         }
-        crash_point_before_commit(n);
+        faults::point(if is_final { "after-final-manifest" } else { "after-manifest" });
         let positions = manifest.sources.clone();
         self.previous = Some(manifest);
         // The checkpoint is complete: now the sinks may show its records.
         // Commits wait on external systems: off the runtime's workers.
         crate::runtime::blocking(|| {
-            for entry in commits {
+            let count = commits.len();
+            for (i, entry) in commits.into_iter().enumerate() {
+                if i > 0 {
+                    faults::point(if is_final { "between-final-commits" } else { "between-commits" });
+                }
                 let Some(c) = self.committers.iter().find(|c| c.name() == entry.sink) else { continue };
                 // Only this checkpoint's own handles go with its positions:
                 // a commit retried from an earlier one must not claim more.
@@ -1025,6 +1164,9 @@ impl Coordinator {
                     tracing::warn!(sink = %entry.sink, handle = %entry.handle, error = %e, "commit failed; retried with the next checkpoint");
                     self.uncommitted.push(entry);
                 }
+            }
+            if count > 0 {
+                faults::point("after-commits");
             }
             if let Err(e) = self.retain(n) {
                 tracing::warn!(job = %self.job, error = %e, "cannot delete old checkpoints; tried again after the next one");

@@ -10,9 +10,14 @@
 //! sink also discards what was pre-committed after the restored checkpoint,
 //! since those records are read again.
 //!
-//! At the end of input the writer commits its last epoch itself: the input
-//! is exhausted, and a restart from an earlier checkpoint would write the
-//! same records into the same epochs again, replacing them.
+//! At the end of input, a job with checkpoints takes a final checkpoint
+//! (see `Job::with_checkpoints`): its barrier pre-commits each writer's
+//! last epoch, and its completion commits every epoch still pending,
+//! together with the final positions of the sources. Nothing is committed
+//! that a complete checkpoint does not cover, so a restart never writes
+//! anything twice, whether the job had finished or not. Without
+//! checkpoints the whole input is one epoch, committed when the writer
+//! reaches the end of its input.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -83,8 +88,12 @@ pub trait TransactionWriter<T>: Send {
     /// When the transaction cannot be made durable.
     fn pre_commit(&mut self, checkpoint: u64) -> Result<String>;
 
-    /// End of input: pre-commits the last epoch and returns its handle, to
-    /// be committed at once.
+    /// The last epoch: pre-commits it and returns its handle, starting no
+    /// other. Called at the first barrier after the writer's input ended
+    /// (the final checkpoint's, or an earlier checkpoint's when this
+    /// sink's input ended before the job's), whose completion commits the
+    /// handle; in a job without checkpoints, at the end of input, and the
+    /// handle is committed at once.
     ///
     /// # Errors
     /// As [`TransactionWriter::pre_commit`].
@@ -134,15 +143,19 @@ impl<T: 'static, S: TwoPhaseCommitSink<T>> Committer for SinkCommitter<T, S> {
     }
 }
 
-/// The chain end of an exactly-once sink: writes, pre-commits at barriers,
-/// and commits its last epoch at the end of input.
+/// The chain end of an exactly-once sink: writes, and pre-commits at
+/// barriers; without checkpoints, commits its one epoch at the end of
+/// input.
 pub(crate) struct TxnSinkWriter<T, S> {
     pub(crate) sink: Arc<S>,
     pub(crate) writer: Box<dyn TransactionWriter<T>>,
     pub(crate) prepared: Arc<Prepared>,
-    /// This writer's pre-committed handles: at the end of input they are
-    /// all committed, whether or not their checkpoints completed.
-    pub(crate) mine: Vec<String>,
+    /// Whether the job takes checkpoints (then the coordinator commits).
+    pub(crate) checkpointed: bool,
+    /// The input has ended: the next barrier pre-commits the last epoch.
+    pub(crate) ended: bool,
+    /// The last epoch is pre-committed: later barriers find nothing.
+    pub(crate) sealed: bool,
 }
 
 impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> for TxnSinkWriter<T, S> {
@@ -151,8 +164,16 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> fo
     }
 
     fn on_barrier(&mut self, checkpoint: u64) -> Result<()> {
-        let handle = self.writer.pre_commit(checkpoint)?;
-        self.mine.push(handle.clone());
+        if self.sealed {
+            return Ok(());
+        }
+        crate::checkpoint::faults::point("pre-commit-before");
+        let handle = if self.ended {
+            self.sealed = true;
+            self.writer.finish()?
+        } else {
+            self.writer.pre_commit(checkpoint)?
+        };
         self.prepared
             .by_checkpoint
             .lock()
@@ -160,6 +181,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> fo
             .entry(checkpoint)
             .or_default()
             .push(handle);
+        crate::checkpoint::faults::point("pre-commit-after");
         Ok(())
     }
 
@@ -168,16 +190,16 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> fo
     }
 
     fn finish(&mut self) -> Result<()> {
-        // The input is exhausted: every epoch is final, including those
-        // whose checkpoint did not complete (commits are idempotent, so the
-        // coordinator committing some of them too is harmless).
+        if self.checkpointed {
+            // The last epoch stays open for the next barrier (the final
+            // checkpoint's at the latest), which follows every record; the
+            // checkpoint's completion commits it.
+            self.ended = true;
+            return Ok(());
+        }
+        // No checkpoints: the whole input was one epoch, and it is done.
         let last = self.writer.finish()?;
-        crate::runtime::blocking(|| {
-            for handle in self.mine.drain(..).chain(std::iter::once(last)) {
-                self.sink.commit(&handle)?;
-            }
-            Ok(())
-        })
+        crate::runtime::blocking(|| self.sink.commit(&last))
     }
 }
 
@@ -188,7 +210,8 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> fo
 /// every record of every completed checkpoint, each once.
 ///
 /// Without checkpoints, every record goes into one epoch, committed at the
-/// end of input.
+/// end of input. With checkpoints, the job's final checkpoint commits the
+/// last epoch: until it completes, the end of the output is still pending.
 #[derive(Clone)]
 pub struct TxnFileSink {
     dir: PathBuf,

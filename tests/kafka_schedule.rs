@@ -1,0 +1,155 @@
+//! Exactly once Kafka → Kafka across random schedules of runs (see
+//! `schedule.rs`), against a real broker (started by `kafka_broker`): a
+//! bounded `KafkaSource` (`until_end`), a running count per key in keyed
+//! state, a `TxnKafkaSink`; after every run a `read_committed` consumer
+//! finds every id at most once with a crash-free run's running count, and
+//! after a run to the end, every id.
+//!
+//! The child is this test binary itself, started with
+//! `WEIBO_SCHEDULE_CHILD` set, running only the `child` test.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+#[path = "kafka_broker.rs"]
+mod kafka_broker;
+#[path = "schedule.rs"]
+mod schedule;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use schedule::{Count, KEYS, Run};
+use weibo::Job;
+use weibo_connectors::kafka::{Json, KafkaRecord, KafkaSource, TxnKafkaSink};
+
+const IDS: u64 = 2_000;
+
+fn bootstrap() -> String {
+    kafka_broker::broker().bootstrap.clone()
+}
+
+/// The job: reads ids from `input` to its end, sleeping a millisecond
+/// every other record (with small batches, so checkpoints keep their
+/// pace): a crash-free run takes about a second.
+fn job(input: &str, output: &str, dir: &Path) -> Job {
+    let job = Job::new("kafka-schedule")
+        .with_checkpoints(dir.join("checkpoints"), Duration::from_millis(150))
+        .with_checkpoint_timeout(Duration::from_secs(2))
+        .with_batch_size(16)
+        .with_max_key_groups(16);
+    let source = KafkaSource::builder(bootstrap(), [input.to_string()], Json).until_end().build::<u64>().unwrap();
+    let (name, group) = (weibo::sources::Source::default_name(&source), source.group_name().to_string());
+    // A millisecond every other record (every record when paced slowly).
+    let every = if schedule::slow() { 1 } else { 2 };
+    job.source(source)
+        .map(move |r: KafkaRecord<u64>| {
+            if r.offset % every == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Count { key: r.value % KEYS, id: r.value, count: 1 }
+        })
+        .key_by(|c: &Count| c.key)
+        .with_partitions(2)
+        .reduce(|acc, c| Count { key: c.key, id: c.id, count: acc.count + 1 })
+        .name("counts")
+        // The source went into the job already: its offsets by its name.
+        .sink_exactly_once(
+            TxnKafkaSink::new(bootstrap(), output, Json, format!("{output}-txn"), dir.join("redo"))
+                .with_key(|c: &Count| Some(c.key.to_string().into_bytes()))
+                .with_consumed_offsets_of(name, group),
+        );
+    job
+}
+
+#[test]
+fn child() {
+    let Ok(spec) = std::env::var("WEIBO_SCHEDULE_CHILD") else { return };
+    let parts: Vec<&str> = spec.split('|').collect();
+    let job = job(parts[0], parts[1], Path::new(parts[2]));
+    schedule::child_run(job, parts[3] == "stop");
+}
+
+fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A schedule's topics and directory.
+struct Setup {
+    input: String,
+    output: String,
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Self {
+        let (input, output) = (unique("sched-in"), unique("sched-out"));
+        // One partition: a source task that sleeps in user code takes a
+        // worker thread of its own, and leaves the other to the rest.
+        kafka_broker::create_topic(&bootstrap(), &input, 1);
+        kafka_broker::create_topic(&bootstrap(), &output, 3);
+        let p: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("enable.idempotence", "true")
+            .create()
+            .unwrap();
+        // Keyed by the id's key: each key's ids in one partition, in order.
+        for id in 0..IDS {
+            let (key, value) = ((id % KEYS).to_string(), id.to_string());
+            let mut rec = BaseRecord::to(&input).key(&key).payload(&value);
+            loop {
+                match p.send(rec) {
+                    Ok(()) => break,
+                    Err((_, back)) => {
+                        rec = back;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+            }
+        }
+        p.flush(Duration::from_secs(30)).unwrap();
+        Setup { input, output, dir: tempfile::tempdir().unwrap() }
+    }
+
+    fn checkpoints(&self) -> PathBuf {
+        self.dir.path().join("checkpoints")
+    }
+
+    fn committed(&self) -> Vec<Count> {
+        kafka_broker::consume_all(&bootstrap(), &self.output, "read_committed", &unique("checker"))
+            .iter()
+            .map(|m| serde_json::from_slice(m.payload().unwrap()).unwrap())
+            .collect()
+    }
+}
+
+#[test]
+fn random_schedules_of_runs_kills_and_stops_commit_every_id_exactly_once() {
+    if std::env::var("WEIBO_SCHEDULE_CHILD").is_ok() {
+        return;
+    }
+    schedule::run_schedules(
+        "kafka",
+        IDS,
+        Duration::from_millis(1000),
+        6,
+        Duration::from_millis(2500),
+        1..3,
+        Setup::new,
+        |s, run| {
+            let mode = if matches!(run, Run::Stop) { "stop" } else { "end" };
+            let mut cmd = Command::new(std::env::current_exe().unwrap());
+            cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
+                .env("WEIBO_SCHEDULE_CHILD", format!("{}|{}|{}|{mode}", s.input, s.output, s.dir.path().display()))
+                .env("WEIBO_KAFKA_BOOTSTRAP", bootstrap())
+                .env("RUST_LOG", "weibo=info,weibo_connectors=info");
+            cmd
+        },
+        Setup::checkpoints,
+        Setup::committed,
+    );
+}
