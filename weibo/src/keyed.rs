@@ -16,11 +16,21 @@ use crate::runtime::ops::{Failures, OpInfo, forward_control};
 use crate::runtime::time::InputTime;
 use crate::state::{TimerState, ValueState};
 
+/// A record's value; a value that does not decode is an error naming the
+/// operator and the record's source position. Per record on the hot path:
+/// inlined, with the error kept out of line.
+#[inline]
 pub(crate) fn decode_value<T: Data>(info: &OpInfo, r: &RecordRef<'_>) -> Result<T> {
-    T::decode(r.value).map_err(|source| Error::Codec {
-        operator: format!("{} (record from {})", info.name, info.sources.position(&r.meta)),
-        source,
-    })
+    match T::decode(r.value) {
+        Ok(v) => Ok(v),
+        Err(source) => Err(value_error(info, r, source)),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn value_error(info: &OpInfo, r: &RecordRef<'_>, source: crate::codec::CodecError) -> Error {
+    Error::Codec { operator: format!("{} (record from {})", info.name, info.sources.position(&r.meta)), source }
 }
 
 /// A value state's part of a checkpoint, under `name`.
@@ -57,14 +67,23 @@ pub(crate) fn stamped(time: &mut InputTime<'_>, meta: Meta) -> Meta {
     Meta { watermark: time.current(), ..meta }
 }
 
+/// A record's key (inlined as [`decode_value`] is).
+#[inline]
 pub(crate) fn decode_key<K: Key>(info: &OpInfo, r: &RecordRef<'_>) -> Result<K> {
-    crate::key::decode::<K>(r.key).map_err(|e| {
-        Error::Internal(format!(
-            "operator `{}` cannot decode the key of the record from {}: {e}",
-            info.name,
-            info.sources.position(&r.meta)
-        ))
-    })
+    match crate::key::decode::<K>(r.key) {
+        Ok(k) => Ok(k),
+        Err(e) => Err(key_error(info, r, &e)),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn key_error(info: &OpInfo, r: &RecordRef<'_>, e: &dyn std::fmt::Display) -> Error {
+    Error::Internal(format!(
+        "operator `{}` cannot decode the key of the record from {}: {e}",
+        info.name,
+        info.sources.position(&r.meta)
+    ))
 }
 
 /// `reduce`: the running value per key.

@@ -213,13 +213,19 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
                     }
                 }
                 self.output.deadline = last_flush + io.buffer_timeout;
+                // Three clock reads a step: the poll's start, its end (the
+                // batch's start) and the batch's end, which the flush and
+                // yield checks reuse.
+                let mut polled = Instant::now();
                 let status = {
                     let mut read = self.reader.read(&mut self.output);
                     let mut worst = Duration::ZERO;
+                    let mut first = true;
                     let status = std::future::poll_fn(|cx| {
-                        let started = Instant::now();
+                        let started = if std::mem::take(&mut first) { polled } else { Instant::now() };
                         let r = read.as_mut().poll(cx);
-                        worst = worst.max(started.elapsed());
+                        polled = Instant::now();
+                        worst = worst.max(polled.saturating_duration_since(started));
                         r
                     })
                     .await?;
@@ -227,20 +233,21 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
                     status
                 };
                 let n = self.output.batch.len();
+                let mut now = polled;
                 if n > 0 {
-                    let started = Instant::now();
                     OperatorCounters::add(&self.info.counters.records_out, n);
                     self.chain.push(&mut self.output.batch)?;
                     self.output.batch.clear();
-                    stalls.observe(started.elapsed(), &task, &io.chain, "a batch");
+                    now = Instant::now();
+                    stalls.observe(now.saturating_duration_since(polled), &task, &io.chain, "a batch");
                 }
                 if self.output.watermark > forwarded {
                     forwarded = self.output.watermark;
                     self.chain.watermark(forwarded)?;
                 }
-                if status != ReadStatus::More || last_flush.elapsed() >= io.buffer_timeout {
+                if status != ReadStatus::More || now.saturating_duration_since(last_flush) >= io.buffer_timeout {
                     self.chain.flush()?;
-                    last_flush = Instant::now();
+                    last_flush = now;
                 }
                 io.outbox.drain(&io.senders).await?;
                 if status == ReadStatus::Done {
@@ -249,9 +256,9 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
                     break;
                 }
                 since_yield += 1;
-                if since_yield >= YIELD_EVERY || last_yield.elapsed() >= io.buffer_timeout {
+                if since_yield >= YIELD_EVERY || now.saturating_duration_since(last_yield) >= io.buffer_timeout {
                     since_yield = 0;
-                    last_yield = Instant::now();
+                    last_yield = now;
                     tokio::task::yield_now().await;
                 }
             }
