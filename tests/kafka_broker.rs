@@ -42,13 +42,23 @@ pub(crate) fn consume_all(
     group: &str,
 ) -> Vec<rdkafka::message::OwnedMessage> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let c: BaseConsumer = rdkafka::ClientConfig::new()
+    /// The end of a partition, which this consumer waits for, is no error.
+    struct Quiet;
+    impl rdkafka::ClientContext for Quiet {
+        fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+            if error.rdkafka_error_code() != Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF) {
+                eprintln!("librdkafka: {error}: {reason}");
+            }
+        }
+    }
+    impl rdkafka::consumer::ConsumerContext for Quiet {}
+    let c: BaseConsumer<Quiet> = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         .set("isolation.level", isolation)
-        .create()
+        .create_with_context(Quiet)
         .expect("a checking consumer");
     let md = c.fetch_metadata(Some(topic), Duration::from_secs(10)).expect("the topic's metadata");
     let partitions: Vec<i32> =

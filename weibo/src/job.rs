@@ -198,7 +198,11 @@ impl Job {
     ///
     /// Sources must be able to report and resume their position (all
     /// built-in ones can). Checkpoints go on while any source still runs:
-    /// a finished source is recorded at its end.
+    /// a source at its end passes them at its final position. Once every
+    /// source has ended the job takes a final checkpoint, which commits
+    /// what its exactly-once sinks still hold, and only then does
+    /// [`Job::run`] return: a job started again after it finished restores
+    /// that checkpoint and has nothing left to do.
     #[must_use]
     pub fn with_checkpoints(self, dir: impl Into<PathBuf>, interval: Duration) -> Self {
         self.with_checkpoint_storage(LocalDir::new(dir), interval)

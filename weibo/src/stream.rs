@@ -545,7 +545,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let sink = Arc::new(sink);
         let factory: Arc<ChainFactory> = Arc::new(move |ctx, info, _outs| {
             let writer = sink.open(ctx.instance, ctx.parallelism)?;
-            Ok(erase::<T>(Box::new(crate::runtime::ops::SinkOp { info, writer })))
+            Ok(erase::<T>(Box::new(crate::runtime::ops::SinkOp::new(info, writer, false))))
         });
         let node = self.add(Node {
             kind: "sink",
@@ -597,7 +597,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
                 ended: false,
                 sealed: false,
             });
-            Ok(erase::<T>(Box::new(crate::runtime::ops::SinkOp { info, writer })))
+            Ok(erase::<T>(Box::new(crate::runtime::ops::SinkOp::new(info, writer, true))))
         });
         let node = self.add(Node {
             kind: "sink",

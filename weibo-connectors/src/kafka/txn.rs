@@ -116,6 +116,7 @@ impl<T> TxnKafkaSink<T> {
                 state: Mutex::new(State::default()),
                 ids_file: Mutex::new(()),
                 consumed: Mutex::new(None),
+                offsets_sent: Mutex::new(None),
             }),
             conn,
             enc: Encoder { topic, format: Arc::new(format), key: None, headers: None },
@@ -132,7 +133,7 @@ impl<T> TxnKafkaSink<T> {
 
     /// Commits the offsets `source` consumed to its consumer group, in the
     /// same transaction as the records of the same checkpoint (the first
-    /// sink instance's), so that the group's offsets and the visible
+    /// transaction committed for it), so that the group's offsets and the visible
     /// output always agree, and lag tools show the job's progress. Only
     /// for monitoring: the job itself restarts from its checkpoints.
     ///
@@ -227,6 +228,8 @@ struct Core {
     ids_file: Mutex<()>,
     /// Whose consumed offsets go into the transactions.
     consumed: Mutex<Option<Consumed>>,
+    /// The checkpoint positions last committed as consumed offsets.
+    offsets_sent: Mutex<Option<Vec<SourcePositionEntry>>>,
 }
 
 /// A Kafka source whose consumed offsets the sink commits to the source's
@@ -592,8 +595,16 @@ impl Core {
         if earlier {
             return Err(self.err(format!("`{h}` waits for an earlier transaction of instance {instance} to commit")));
         }
-        let consumed = if instance == 0 { self.consumed_offsets(sources)? } else { None };
+        // The first commit of each checkpoint's handles carries its
+        // positions as the consumed offsets, whichever instance it is (an
+        // instance whose input ended early has no more handles).
+        let fresh = !sources.is_empty()
+            && self.offsets_sent.lock().unwrap_or_else(PoisonError::into_inner).as_deref() != Some(sources);
+        let consumed = if fresh { self.consumed_offsets(sources)? } else { None };
         self.commit_slot(&mut pending.slot, epoch, run.unwrap_or_default(), consumed.as_ref())?;
+        if fresh {
+            *self.offsets_sent.lock().unwrap_or_else(PoisonError::into_inner) = Some(sources.to_vec());
+        }
         if let Some(p) = guard.take() {
             self.release(p.slot);
         }
@@ -657,8 +668,18 @@ impl Core {
     fn recover(&self, instance: usize, slot: usize, epoch: u64, run: Option<&str>, h: &str) -> Result<()> {
         self.fence_all()?;
         let mut s = self.take_or_create(instance, slot)?;
-        let done = self.committed_epoch(instance)?.is_some_and(|m| m.covers(epoch, run));
+        let marker = self.committed_epoch(instance)?;
         let redo = self.redo_path(instance, epoch);
+        let mut done = marker.as_ref().is_some_and(|m| m.covers(epoch, run));
+        if !done && marker.as_ref().is_some_and(|m| run.is_some_and(|r| m.run != r)) && !redo.exists() {
+            // Another run committed since, and this epoch's redo log is
+            // gone: it is deleted only once its epoch is visible (or
+            // written again after an older checkpoint). A job restored
+            // from an older checkpoint than the newest (a rollback to a
+            // savepoint, the fallback past a damaged checkpoint) gets here.
+            tracing::info!(sink = %self.name(), instance, epoch, marker = ?marker, "an epoch of an earlier run, committed before: nothing to write again");
+            done = true;
+        }
         if !done {
             let records = read_redo(&redo)?;
             let id = self.transactional_id(instance, slot);

@@ -849,9 +849,10 @@ impl Coordinator {
     /// of a finished job restores the final checkpoint: nothing to read
     /// again, nothing written twice.
     ///
-    /// A final checkpoint that fails is taken again at each interval, until
-    /// it has failed three times and the checkpoint timeout has passed
-    /// since the first attempt; then the job fails with the reason (its output after the last complete
+    /// A final checkpoint that fails is taken again soon (after 100 ms,
+    /// doubling up to the interval or 5 s), until it has failed three
+    /// times and the checkpoint timeout has passed since the first
+    /// attempt; then the job fails with the reason (its output after the last complete
     /// checkpoint stays uncommitted, and a restart writes it again).
     pub(crate) async fn run(mut self, mut stop: tokio::sync::oneshot::Receiver<()>) -> Result<()> {
         let mut ticker = tokio::time::interval(self.config.interval);
@@ -864,6 +865,7 @@ impl Coordinator {
         let mut final_started: Option<tokio::time::Instant> = None;
         let mut final_failure = String::new();
         let mut final_failures = 0u32;
+        let mut final_backoff = Duration::from_millis(100);
         let timeout = self.config.timeout.unwrap_or_else(|| (self.config.interval * 10).max(Duration::from_secs(60)));
         let mut savepoints_open = true;
         loop {
@@ -874,12 +876,17 @@ impl Coordinator {
             // What starts the next checkpoint: the interval, a savepoint
             // request, or every source having ended (the final one, at
             // once the first time; after a failure, at the next interval).
+            // After a failed final checkpoint, the next attempt comes soon
+            // (100 ms, doubling, at most the interval or 5 s), not at the
+            // next interval: the job is waiting for it to end.
+            let retry = tokio::time::sleep(final_backoff);
             let savepoint = if all_ended && final_started.is_none() {
                 None
             } else {
                 tokio::select! {
                     _ = &mut stop => return Ok(()),
-                    _ = ticker.tick() => None,
+                    _ = ticker.tick(), if !all_ended => None,
+                    () = retry, if all_ended => None,
                     request = self.savepoints.recv(), if savepoints_open => match request {
                         Some(request) if all_ended => {
                             let _ = request.reply.send(Err(Error::Runtime { job: self.job.clone(), message: ALL_SOURCES_ENDED.into() }));
@@ -947,13 +954,14 @@ impl Coordinator {
             match outcome {
                 Outcome::Stopped => return Ok(()),
                 Outcome::Complete if is_final => {
+                    let committed = self.commit_leftovers(n).await;
                     // Requests that came meanwhile: the job is done.
                     while let Ok(request) = self.savepoints.try_recv() {
                         let _ = request
                             .reply
                             .send(Err(Error::Runtime { job: self.job.clone(), message: ALL_SOURCES_ENDED.into() }));
                     }
-                    self.commit_leftovers(n)?;
+                    committed?;
                     tracing::info!(job = %self.job, checkpoint = n, "final checkpoint complete");
                     return Ok(());
                 }
@@ -963,6 +971,7 @@ impl Coordinator {
                         tracing::warn!(job = %self.job, checkpoint = n, reason = %why, "the final checkpoint failed; taking it again");
                         final_failure = why;
                         final_failures += 1;
+                        final_backoff = (final_backoff * 2).min(self.config.interval.min(Duration::from_secs(5)));
                     }
                 }
             }
@@ -1025,13 +1034,13 @@ impl Coordinator {
     /// tried a few more times (there is no later checkpoint to carry them);
     /// if they still fail, the job fails, and its next start commits them
     /// (they are in the final checkpoint's manifest).
-    fn commit_leftovers(&mut self, n: u64) -> Result<()> {
+    async fn commit_leftovers(&mut self, n: u64) -> Result<()> {
         let mut pause = Duration::from_millis(200);
         for attempt in 1..=5 {
             if self.uncommitted.is_empty() {
                 return Ok(());
             }
-            std::thread::sleep(pause);
+            tokio::time::sleep(pause).await;
             pause *= 2;
             let entries = std::mem::take(&mut self.uncommitted);
             crate::runtime::blocking(|| {

@@ -77,8 +77,8 @@ impl StallWatch {
             times = self.count,
             limit = ?self.limit,
             "{what} held the task far longer than the buffer timeout: blocking code in one of these operators? \
-             Call it through `weibo::blocking`: blocking code stalls the task, its checkpoints and the tasks \
-             sharing its thread"
+             It stalls the task and its checkpoints; call it through `weibo::blocking` so that it does not \
+             stall the tasks sharing its thread too"
         );
         self.warned = Some(Instant::now());
         self.worst = Duration::ZERO;

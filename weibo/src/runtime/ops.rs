@@ -395,6 +395,18 @@ impl<T: Send + 'static> Consumer<T> for DiscardOp {
 pub(crate) struct SinkOp<T> {
     pub(crate) info: OpInfo,
     pub(crate) writer: Box<dyn crate::sinks::SinkWriter<T>>,
+    /// Whether the writer takes barriers after `finish` (exactly-once
+    /// sinks seal their last epoch at the next one). Other writers have
+    /// nothing to do then, and may have closed what they write to.
+    pub(crate) barriers_after_finish: bool,
+    /// `finish` was called.
+    pub(crate) finished: bool,
+}
+
+impl<T> SinkOp<T> {
+    pub(crate) fn new(info: OpInfo, writer: Box<dyn crate::sinks::SinkWriter<T>>, barriers_after_finish: bool) -> Self {
+        Self { info, writer, barriers_after_finish, finished: false }
+    }
 }
 
 impl<T: Send + 'static> Consumer<T> for SinkOp<T> {
@@ -411,15 +423,22 @@ impl<T: Send + 'static> Consumer<T> for SinkOp<T> {
         self.writer.on_watermark(wm)
     }
     fn barrier(&mut self, n: u64) -> Result<()> {
+        if self.finished && !self.barriers_after_finish {
+            return Ok(());
+        }
         self.writer.on_barrier(n)
     }
     fn idle(&mut self) -> Result<()> {
         Ok(())
     }
     fn flush(&mut self) -> Result<()> {
+        if self.finished {
+            return Ok(());
+        }
         self.writer.flush()
     }
     fn finish(&mut self) -> Result<()> {
+        self.finished = true;
         self.writer.finish()
     }
 }

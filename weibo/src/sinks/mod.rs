@@ -77,7 +77,9 @@ pub trait SinkWriter<T>: Send {
         Ok(())
     }
 
-    /// End of input: flush and close.
+    /// End of input: flush and close. Nothing is called after it (in a job
+    /// with checkpoints, the barriers that still pass the task after the
+    /// end of its input do not reach this writer).
     ///
     /// # Errors
     /// As [`SinkWriter::write`].

@@ -159,8 +159,10 @@ fn is_fjall_creation_leftover(name: &str, is_dir: bool) -> bool {
 /// fjall is rebuilt from the checkpoint whenever a job starts, so such a
 /// directory holds nothing to keep: its leftovers are removed (logged,
 /// naming the directory) and the database created again. A directory with
-/// a version marker (not empty) is opened as it is; one without, holding
-/// anything else, is refused untouched.
+/// a version marker (not empty) is opened as it is, whatever else it
+/// holds; one without, holding anything else (but a volume's
+/// `lost+found`), is refused untouched, and one whose lock another process
+/// holds is left alone.
 fn start_afresh_if_incomplete(path: &Path) -> Result<()> {
     let refuse = |message: String| Error::State { operator: String::new(), message };
     let entries = match std::fs::read_dir(path) {
@@ -168,7 +170,9 @@ fn start_afresh_if_incomplete(path: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(refuse(format!("cannot read the fjall directory `{}`: {e}", path.display()))),
     };
+    // Every entry first: the answer must not depend on the listing's order.
     let mut leftovers = Vec::new();
+    let mut foreign = None;
     for entry in entries {
         let entry = entry.map_err(|e| refuse(format!("cannot read the fjall directory `{}`: {e}", path.display())))?;
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -176,30 +180,52 @@ fn start_afresh_if_incomplete(path: &Path) -> Result<()> {
         if name == "version" {
             // Created, but killed before its few bytes were written: still
             // a creation cut short. Any other marker is fjall's to read.
-            if entry.metadata().is_ok_and(|m| m.is_file() && m.len() == 0) {
-                leftovers.push((entry.path(), false));
-                continue;
+            if !entry.metadata().is_ok_and(|m| m.is_file() && m.len() == 0) {
+                return Ok(());
             }
-            return Ok(());
+            leftovers.push((entry.path(), false));
+        } else if name == "lost+found" && is_dir {
+            // A file system's own, at the root of a volume: not ours to judge.
+        } else if is_fjall_creation_leftover(&name, is_dir) {
+            leftovers.push((entry.path(), is_dir));
+        } else {
+            foreign.get_or_insert(name);
         }
-        if !is_fjall_creation_leftover(&name, is_dir) {
-            return Err(refuse(format!(
-                "`{}` holds `{name}` but no fjall database (no `version` file): it is not a database Weibo made, \
-                 so it is neither opened nor cleared; give the backend a directory of its own",
-                path.display()
-            )));
-        }
-        leftovers.push((entry.path(), is_dir));
     }
     if leftovers.is_empty() {
         return Ok(());
     }
+    if let Some(name) = foreign {
+        return Err(refuse(format!(
+            "`{}` holds `{name}` but no fjall database (no `version` file): it is not a database Weibo made, \
+             so it is neither opened nor cleared; give the backend a directory of its own",
+            path.display()
+        )));
+    }
+    // A process still creating the database holds its lock: leave it be.
+    let lock = path.join("lock");
+    let held = match std::fs::File::open(&lock) {
+        Ok(f) => match f.try_lock() {
+            Ok(()) => Some(f),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(refuse(format!(
+                    "the fjall database in `{}` is being created by another process (its lock is held)",
+                    path.display()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(refuse(format!("cannot lock `{}`: {e}", lock.display())));
+            }
+        },
+        Err(_) => None,
+    };
     tracing::warn!(dir = %path.display(), files = leftovers.len(), "the fjall database in this directory was never completely created (a process stopped while creating it): starting it afresh");
     for (p, is_dir) in leftovers {
         let removed = if is_dir { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
         removed
             .map_err(|e| refuse(format!("cannot clear `{}` to start the fjall database afresh: {e}", p.display())))?;
     }
+    drop(held);
     Ok(())
 }
 
@@ -475,6 +501,24 @@ mod tests {
         let err = FjallBackend::open(dir.path()).unwrap_err().to_string();
         assert!(err.contains("notes.txt") && err.contains(&dir.path().display().to_string()), "{err}");
         assert!(dir.path().join("notes.txt").exists() && dir.path().join("0.jnl").exists(), "nothing removed");
+    }
+
+    #[test]
+    fn a_complete_database_opens_whatever_else_its_directory_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(FjallBackend::open(dir.path()).unwrap());
+        std::fs::write(dir.path().join("notes.txt"), b"mine").unwrap();
+        std::fs::create_dir(dir.path().join("lost+found")).unwrap();
+        drop(FjallBackend::open(dir.path()).unwrap());
+        assert!(dir.path().join("notes.txt").exists());
+    }
+
+    #[test]
+    fn a_volume_root_with_only_lost_and_found_gets_a_new_database() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("lost+found")).unwrap();
+        drop(FjallBackend::open(dir.path()).unwrap());
+        assert!(dir.path().join("version").exists() && dir.path().join("lost+found").is_dir());
     }
 
     #[test]
