@@ -232,14 +232,15 @@ fn a_tumbling_window_that_fired_before_the_checkpoint_does_not_fire_again() {
     let want = naive_with_restores(&input, 0, 20, kind, &[2]);
     assert_eq!(want, naive(&input, 0, 20, kind), "the model agrees with a run without the crash");
     assert_eq!(want.firings.iter().filter(|f| f.1 == 0).count(), 1);
-    // The job, at five records a second: a checkpoint once the second
-    // record is in (and before the third), then a crash; then a restore.
+    // The job, at two records a second: a checkpoint once the second
+    // record is in (and before the third, half a second later), then a
+    // crash; then a restore.
     let dir = tempfile::tempdir().unwrap();
     let (out, late, cps) = (dir.path().join("out"), dir.path().join("late"), dir.path().join("checkpoints"));
     let c = Case { input: input.clone(), bound: 0, lateness: 20, kind, partitions: 1 };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
-        let handle = job(&c, 5.0, &out, &late, &cps, None).spawn().unwrap();
+        let handle = job(&c, 2.0, &out, &late, &cps, None).spawn().unwrap();
         loop {
             let at = handle.checkpoint().await.unwrap();
             let position = weibo::checkpoint::read_manifest(&at).unwrap().sources[0].position;
