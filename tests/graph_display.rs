@@ -41,3 +41,18 @@ fn logical_graph_display() {
 fn fused_plan_display() {
     insta::assert_snapshot!(job().plan().unwrap());
 }
+
+/// Every wiring problem of a job is reported at once, each with its fix.
+#[test]
+fn every_wiring_problem_is_reported_at_once() {
+    let job = weibo::Job::new("two-problems");
+    let numbers = job.source(weibo::sources::IterSource::new(0..10u32)).name("numbers");
+    // Not consumed.
+    let _ = numbers.map(|n| n + 1).name("plus");
+    // Named as another operator.
+    numbers.sink(weibo::sinks::Blackhole::new()).name("numbers");
+    let err = job.plan().unwrap_err().to_string();
+    assert!(err.contains("2 wiring problems"), "{err}");
+    assert!(err.contains("(1)") && err.contains("two operators are named `numbers`"), "{err}");
+    assert!(err.contains("(2)") && err.contains("the output of `plus` is not consumed"), "{err}");
+}

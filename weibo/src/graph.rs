@@ -187,54 +187,80 @@ impl Graph {
         Error::Graph { job: self.config.name.clone(), message }
     }
 
-    /// Checks the wiring before anything runs.
+    /// Checks the wiring before anything runs: every problem the builder
+    /// recorded and every one the graph has, reported together.
     pub(crate) fn validate(&self) -> Result<()> {
-        if !self.nodes.iter().any(|n| matches!(n.op, Op::Source { .. })) {
-            return Err(self.graph_error("the job has no source: add one with `job.source(...)`".into()));
+        let mut problems = self.config.wiring_errors.clone();
+        problems.extend(self.problems());
+        match problems.len() {
+            0 => Ok(()),
+            1 => Err(self.graph_error(problems.swap_remove(0))),
+            n => {
+                let list: Vec<String> = problems.iter().enumerate().map(|(i, p)| format!("({}) {p}", i + 1)).collect();
+                Err(self.graph_error(format!("{n} wiring problems: {}", list.join("; "))))
+            }
         }
-        if !self.nodes.iter().any(|n| n.kind == "sink") {
-            return Err(self.graph_error("the job has no sink: end a stream with `.sink(...)`".into()));
+    }
+
+    /// What is wrong with the graph's wiring, each a message that says how
+    /// to fix it.
+    fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.nodes.iter().any(|n| matches!(n.op, Op::Source { .. })) {
+            out.push("the job has no source: add one with `job.source(...)`".into());
+        }
+        // Without any sink, every output is unconsumed: that one problem
+        // says it all.
+        let has_sink = self.nodes.iter().any(|n| n.kind == "sink");
+        if !has_sink {
+            out.push("the job has no sink: end a stream with `.sink(...)`".into());
         }
         let max = self.config.max_key_groups;
         for (id, node) in self.nodes.iter().enumerate() {
             for (p, port) in node.outputs.iter().enumerate() {
-                if port.must_consume && self.consumers(id, p).next().is_none() {
+                if has_sink && port.must_consume && self.consumers(id, p).next().is_none() {
                     let what = if port.label == "output" {
                         format!("the output of `{}` is not consumed, so its records would be lost", node.name)
                     } else {
                         format!("the {} of `{}` are not consumed, so they would be lost", port.label, node.name)
                     };
-                    return Err(self.graph_error(format!(
+                    out.push(format!(
                         "{what}: end the stream with a sink (for example `.sink(weibo::sinks::Blackhole::new())` to discard on purpose)"
-                    )));
+                    ));
                 }
             }
             if let Op::Source { partitions: 0, .. } = node.op {
-                return Err(self.graph_error(format!("source `{}` has no partitions", node.name)));
+                out.push(format!("source `{}` has no partitions", node.name));
             }
             if let Op::Keyed { parallelism, .. } = node.op
                 && (parallelism == 0 || parallelism > usize::from(max))
             {
-                return Err(self.graph_error(format!(
+                out.push(format!(
                     "`{}` runs with {parallelism} partitions, but partitions must be between 1 and the job's {max} key groups \
                      (raise it with `Job::with_max_key_groups`)",
                     node.name
-                )));
+                ));
             }
             for input in &node.inputs {
                 if let EdgeKind::Hash { codec, .. } = &input.kind {
-                    let from = self.node(input.from)?;
+                    let Some(from) = self.nodes.get(input.from) else {
+                        out.push(format!(
+                            "`{}` has an input from operator #{}, which does not exist",
+                            node.name, input.from
+                        ));
+                        continue;
+                    };
                     let sent = from.outputs.get(input.port).map(|p| p.type_name).unwrap_or_default();
                     if sent != codec.type_name {
-                        return Err(self.graph_error(format!(
+                        out.push(format!(
                             "the edge from `{}` to `{}` carries `{sent}` but the receiver decodes {codec}",
                             from.name, node.name
-                        )));
+                        ));
                     }
                 }
             }
         }
-        Ok(())
+        out
     }
 
     /// The fused plan as text: one line per node (head and the operators

@@ -313,11 +313,10 @@ impl Job {
     /// The fused physical plan, one line per node: what runs in which task.
     ///
     /// # Errors
-    /// [`Error::Graph`] when the pipeline is wired in a way that cannot run.
+    /// [`Error::Graph`] when the pipeline is wired in a way that cannot run,
+    /// with every problem found.
     pub fn plan(&self) -> Result<String> {
-        let graph = self.lock();
-        check_wiring(&graph)?;
-        graph.plan_text()
+        self.lock().plan_text()
     }
 
     /// Starts the job on the current tokio runtime and returns a handle to
@@ -336,7 +335,6 @@ impl Job {
         })?;
         let registry = Registry::default();
         let graph = self.lock();
-        check_wiring(&graph)?;
         graph.validate()?;
         let config = &graph.config;
         let fingerprint = graph.fingerprint();
@@ -489,13 +487,6 @@ impl<R> std::future::Future for AbortOnDrop<Result<R>> {
         std::pin::Pin::new(&mut self.0)
             .poll(cx)
             .map(|r| r.unwrap_or_else(|e| Err(Error::Internal(format!("the checkpoint coordinator failed: {e}")))))
-    }
-}
-
-fn check_wiring(graph: &Graph) -> Result<()> {
-    match graph.config.wiring_errors.first() {
-        Some(message) => Err(Error::Graph { job: graph.config.name.clone(), message: message.clone() }),
-        None => Ok(()),
     }
 }
 
