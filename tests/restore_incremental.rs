@@ -1,0 +1,216 @@
+//! Incremental checkpoints: past the first write, value, window and timer
+//! state checkpoints hold only what changed, in memory and on fjall, and
+//! restoring a chain of deltas gives back exactly the state.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+#[path = "restore_common.rs"]
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+use weibo::Job;
+use weibo::sinks::CollectSink;
+use weibo::sources::Generator;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_after_the_first_write_only_what_changed() {
+    incremental_checkpoints(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_of_fjall_state_after_the_first_write_only_what_changed() {
+    incremental_checkpoints(true).await;
+}
+
+async fn incremental_checkpoints(on_fjall: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let states = tempfile::tempdir().unwrap();
+    let runs = std::cell::Cell::new(0);
+    let build = |rate: f64, out: &CollectSink<(u64, (u64, u64))>| {
+        let mut job =
+            Job::new("incremental").with_checkpoints(dir.path(), Duration::from_millis(30)).with_max_key_groups(16);
+        if on_fjall {
+            // A fresh database per run: the restored run has only the checkpoint.
+            runs.set(runs.get() + 1);
+            let state = states.path().join(format!("run-{}", runs.get()));
+            job = job.with_state_backend(weibo::state::FjallBackend::open(state).unwrap());
+        }
+        job.source(Generator::new(40_000, fill_then_trickle).with_rate(rate)).name("events").sums(2, out);
+        job
+    };
+    let out = CollectSink::new();
+    past_the_fill_deltas_are_small(build(20_000.0, &out).spawn().unwrap(), dir.path(), "sums").await;
+
+    // Restoring the chain gives the state a run that never stopped has.
+    let out = CollectSink::new();
+    build(1e9, &out).run().await.unwrap();
+    let mut want: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for i in 0..40_000 {
+        let (k, v) = fill_then_trickle(i);
+        count_and_sum(want.entry(k).or_default(), (k, v));
+    }
+    assert_eq!(finals(out.values()), want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_checkpoints_after_the_first_write_only_what_changed() {
+    incremental_window_checkpoints(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_checkpoints_of_fjall_state_after_the_first_write_only_what_changed() {
+    incremental_window_checkpoints(true).await;
+}
+
+/// One hour-long window over the events of [`fill_then_trickle`]: its
+/// state is 10,000 accumulators once filled, of which the trickle changes
+/// 5, so checkpoints after the fill are deltas far smaller than a base.
+async fn incremental_window_checkpoints(on_fjall: bool) {
+    use weibo::time::WatermarkStrategy;
+    use weibo::window::{Tumbling, WindowResult};
+    let dir = tempfile::tempdir().unwrap();
+    let states = tempfile::tempdir().unwrap();
+    let runs = std::cell::Cell::new(0);
+    let build = |rate: f64, out: &CollectSink<(u64, u64)>| {
+        let mut job = Job::new("incremental-windows")
+            .with_checkpoints(dir.path(), Duration::from_millis(30))
+            .with_max_key_groups(16);
+        if on_fjall {
+            runs.set(runs.get() + 1);
+            let state = states.path().join(format!("run-{}", runs.get()));
+            job = job.with_state_backend(weibo::state::FjallBackend::open(state).unwrap());
+        }
+        job.source(Generator::new(40_000, fill_then_trickle).with_rate(rate))
+            .name("events")
+            .with_timestamps(|_: &(u64, u64)| 0, WatermarkStrategy::monotonous())
+            .key_by(|e: &(u64, u64)| e.0)
+            .with_partitions(2)
+            .window(Tumbling::of(Duration::from_secs(3600)))
+            .reduce(|a, b| (a.0, a.1 + b.1))
+            .name("hourly")
+            .map(|r: WindowResult<u64, (u64, u64)>| (r.key, r.value.1))
+            .sink(out.clone());
+        job
+    };
+    let out = CollectSink::new();
+    past_the_fill_deltas_are_small(build(20_000.0, &out).spawn().unwrap(), dir.path(), "hourly").await;
+
+    // Restoring the chain gives the window results of a run that never stopped.
+    let out = CollectSink::new();
+    build(1e9, &out).run().await.unwrap();
+    let mut want: BTreeMap<u64, u64> = BTreeMap::new();
+    for i in 0..40_000 {
+        let (k, v) = fill_then_trickle(i);
+        *want.entry(k).or_default() += v;
+    }
+    let got: BTreeMap<u64, u64> = out.values().into_iter().collect();
+    assert_eq!(got.len(), out.values().len(), "one result per key");
+    assert_eq!(got, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timer_checkpoints_after_the_first_write_only_what_changed() {
+    incremental_timer_checkpoints(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timer_checkpoints_of_fjall_state_after_the_first_write_only_what_changed() {
+    incremental_timer_checkpoints(true).await;
+}
+
+/// A keyed `process` that keeps one timer per key, moved on every event
+/// (the old one deleted, a new one set), over [`fill_then_trickle`]: once
+/// filled there are 10,000 timers, of which the trickle moves 5, so timer
+/// checkpoints after the fill are deltas (a removal and an entry per moved
+/// timer). Every tenth event of the trickle also sets a timer of its own,
+/// never moved (a timer only a delta holds, which no later event sets
+/// again). Restoring the chain must give back exactly the timers a run that
+/// never stopped has: each key's moving timer fires once, at the end, at
+/// its last time, and every own timer fires once.
+async fn incremental_timer_checkpoints(on_fjall: bool) {
+    use weibo::KeyedContext;
+    use weibo::time::WatermarkStrategy;
+    const FAR: i64 = 1 << 40;
+    const OWN: i64 = 1 << 41;
+    fn own(i: u64) -> bool {
+        (10_000..30_000).contains(&i) && i.is_multiple_of(10)
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let states = tempfile::tempdir().unwrap();
+    let runs = std::cell::Cell::new(0);
+    let build = |rate: f64, out: &CollectSink<(u64, u64, i64)>| {
+        let mut job = Job::new("incremental-timers")
+            .with_checkpoints(dir.path(), Duration::from_millis(30))
+            .with_max_key_groups(16);
+        if on_fjall {
+            runs.set(runs.get() + 1);
+            let state = states.path().join(format!("run-{}", runs.get()));
+            job = job.with_state_backend(weibo::state::FjallBackend::open(state).unwrap());
+        }
+        job.source(Generator::new(40_000, fill_then_trickle).with_rate(rate))
+            .name("events")
+            .with_timestamps(|_: &(u64, u64)| 0, WatermarkStrategy::monotonous())
+            .key_by(|e: &(u64, u64)| e.0)
+            .with_partitions(2)
+            .process_with_timers(
+                weibo::on_error::Fail,
+                |ctx: &mut KeyedContext<'_, u64, (u64, i64), (u64, u64, i64)>, e: &(u64, u64)| {
+                    let (sum, timer) = ctx.state().unwrap_or((0, 0));
+                    if timer != 0 {
+                        ctx.delete_timer(timer);
+                    }
+                    let next = FAR + e.1 as i64;
+                    ctx.register_timer(next);
+                    if own(e.1) {
+                        ctx.register_timer(OWN + e.1 as i64);
+                    }
+                    *ctx.state() = Some((sum + e.1, next));
+                    Ok::<(), String>(())
+                },
+                |ctx, time| {
+                    let key = *ctx.key();
+                    if time >= OWN {
+                        ctx.emit((key, 0, time));
+                    } else if let Some((sum, _)) = *ctx.state() {
+                        ctx.emit((key, sum, time));
+                    }
+                    Ok(())
+                },
+            )
+            .name("moving")
+            .sink(out.clone());
+        job
+    };
+    let out = CollectSink::new();
+    past_the_fill_deltas_are_small(build(20_000.0, &out).spawn().unwrap(), dir.path(), "moving").await;
+    let (_, newest) = weibo::checkpoint::complete_checkpoints(dir.path()).into_iter().next().unwrap();
+    let manifest = weibo::checkpoint::read_manifest(&newest).unwrap();
+    assert!(
+        manifest.states.iter().any(|s| s.operator == "moving" && s.state == "timers" && !s.base),
+        "the timers' chain has deltas: {:?}",
+        manifest.states
+    );
+
+    let out = CollectSink::new();
+    build(1e9, &out).run().await.unwrap();
+    let mut last: BTreeMap<u64, (u64, i64)> = BTreeMap::new();
+    let mut want = Vec::new();
+    for i in 0..40_000 {
+        let (k, v) = fill_then_trickle(i);
+        let (sum, _) = last.get(&k).copied().unwrap_or((0, 0));
+        last.insert(k, (sum + v, FAR + v as i64));
+        if own(i) {
+            want.push((k, 0, OWN + i as i64));
+        }
+    }
+    want.extend(last.into_iter().map(|(k, (sum, time))| (k, sum, time)));
+    want.sort_unstable();
+    let mut got: Vec<(u64, u64, i64)> = out.values();
+    got.sort_unstable();
+    let moving = got.iter().filter(|(_, _, t)| *t < OWN).count();
+    assert_eq!(moving, 10_000, "each key's moving timer fires once: none restored that was deleted");
+    assert_eq!(got, want);
+}
