@@ -849,7 +849,7 @@ impl Coordinator {
     /// of a finished job restores the final checkpoint: nothing to read
     /// again, nothing written twice.
     ///
-    /// A final checkpoint that fails is taken again soon (after 100 ms,
+    /// A final checkpoint that fails is taken again soon (after 200 ms,
     /// doubling up to the interval or 5 s), until it has failed three
     /// times and the checkpoint timeout has passed since the first
     /// attempt; then the job fails with the reason (its output after the last complete
@@ -875,10 +875,9 @@ impl Coordinator {
             }
             // What starts the next checkpoint: the interval, a savepoint
             // request, or every source having ended (the final one, at
-            // once the first time; after a failure, at the next interval).
-            // After a failed final checkpoint, the next attempt comes soon
-            // (100 ms, doubling, at most the interval or 5 s), not at the
-            // next interval: the job is waiting for it to end.
+            // once). After a failed final checkpoint, the next attempt
+            // comes soon (200 ms, doubling, at most the interval or 5 s),
+            // not at the next interval: the job is waiting for it to end.
             let retry = tokio::time::sleep(final_backoff);
             let savepoint = if all_ended && final_started.is_none() {
                 None
