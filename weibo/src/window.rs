@@ -837,6 +837,9 @@ struct Fired<K> {
     owed: HashMap<u16, HashSet<(Timestamp, K)>>,
     state: ValueState<u16, FiredUpTo>,
     groups: std::ops::Range<u16>,
+    /// What `state` holds, per key group: compared at the barrier without
+    /// reading the state (on fjall, a read may go to disk).
+    written: HashMap<u16, FiredUpTo>,
     key_buf: Vec<u8>,
 }
 
@@ -848,6 +851,7 @@ impl<K: Key> Fired<K> {
             owed: HashMap::new(),
             state,
             groups,
+            written: HashMap::new(),
             key_buf: Vec::with_capacity(2),
         }
     }
@@ -891,13 +895,20 @@ impl<K: Key> Fired<K> {
             self.key_buf.clear();
             g.encode_key(&mut self.key_buf);
             let nothing = record == FiredUpTo { horizon: crate::record::NO_TIMESTAMP, owed: Vec::new() };
-            // Unchanged records are not written again (nor exported).
-            let changed = match self.state.get(g, &g, &self.key_buf)? {
-                Some(old) => old != record || nothing,
+            // Unchanged records are not written again (nor exported); what
+            // is in the state is known without reading it at the barrier.
+            let changed = match self.written.get(&g) {
+                Some(old) => *old != record || nothing,
                 None => !nothing,
             };
             if changed {
-                self.state.update(g, g, &self.key_buf, |slot| *slot = (!nothing).then_some(record))?;
+                let value = (!nothing).then(|| record.clone());
+                self.state.update(g, g, &self.key_buf, |slot| *slot = value)?;
+                if nothing {
+                    self.written.remove(&g);
+                } else {
+                    self.written.insert(g, record);
+                }
             }
         }
         Ok(())
@@ -910,21 +921,25 @@ impl<K: Key> Fired<K> {
     /// (after a final checkpoint, whose windows have all been dropped,
     /// there is none).
     fn restored(&mut self, operator: &str, last: Option<Timestamp>) -> Result<()> {
-        let Some(last) = last else { return Ok(()) };
         for g in self.groups.clone() {
             self.key_buf.clear();
             g.encode_key(&mut self.key_buf);
-            let Some(record) = self.state.get(g, &g, &self.key_buf)? else { continue };
+            if let Some(record) = self.state.get(g, &g, &self.key_buf)? {
+                self.written.insert(g, record);
+            }
+        }
+        let Some(last) = last else { return Ok(()) };
+        for (&g, record) in &self.written {
             if record.horizon == crate::record::NO_TIMESTAMP {
                 continue;
             }
             let mut owed = HashSet::with_capacity(record.owed.len());
-            for (start, key) in record.owed {
-                let k = crate::key::decode::<K>(&key).map_err(|e| Error::State {
+            for (start, key) in &record.owed {
+                let k = crate::key::decode::<K>(key).map_err(|e| Error::State {
                     operator: operator.to_string(),
                     message: format!("a window owed a firing in key group {g} has a key that does not decode: {e}"),
                 })?;
-                owed.insert((start, k));
+                owed.insert((*start, k));
             }
             let horizon = record.horizon.min(last);
             self.max = self.max.max(horizon);

@@ -528,13 +528,11 @@ pub(crate) struct Aligner {
     aligning: Option<(u64, Instant)>,
     held: Vec<bool>,
     closed: Vec<bool>,
-    /// How long the last alignment took.
-    took: Option<Duration>,
 }
 
 impl Aligner {
     pub(crate) fn new(inputs: usize) -> Self {
-        Self { aligning: None, held: vec![false; inputs], closed: vec![false; inputs], took: None }
+        Self { aligning: None, held: vec![false; inputs], closed: vec![false; inputs] }
     }
 
     /// Whether input `i` is held: it delivered the barrier being aligned.
@@ -575,14 +573,15 @@ impl Aligner {
         self.held.iter().zip(&self.closed).all(|(h, c)| *h || *c).then_some(b)
     }
 
-    /// How long the alignment that just completed took.
+    /// How long the barrier being aligned has been aligning (since its
+    /// first input delivered it).
     pub(crate) fn took(&self) -> Option<Duration> {
-        self.aligning.map(|(_, t)| t.elapsed()).or(self.took)
+        self.aligning.map(|(_, t)| t.elapsed())
     }
 
     /// The aligned barrier was passed on: read every input again.
     pub(crate) fn release(&mut self) {
-        self.took = self.aligning.take().map(|(_, t)| t.elapsed());
+        self.aligning = None;
         self.held.iter_mut().for_each(|h| *h = false);
     }
 }
