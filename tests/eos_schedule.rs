@@ -14,10 +14,9 @@
 mod schedule;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use schedule::{Count, KEYS, Run};
+use schedule::{Count, KEYS};
 use weibo::Job;
 use weibo::sinks::TxnFileSink;
 use weibo::sources::Generator;
@@ -92,14 +91,7 @@ fn random_schedules_of_runs_kills_and_stops_commit_every_id_exactly_once() {
         Duration::from_millis(700),
         1..9,
         || Dirs { root: tempfile::tempdir().unwrap() },
-        |d, run| {
-            let mode = if matches!(run, Run::Stop) { "stop" } else { "end" };
-            let mut cmd = Command::new(std::env::current_exe().unwrap());
-            cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
-                .env("WEIBO_SCHEDULE_CHILD", format!("{}|{}|{mode}", d.out().display(), d.checkpoints().display()))
-                .env("RUST_LOG", "weibo=info");
-            cmd
-        },
+        |d, run| schedule::child_command(&format!("{}|{}", d.out().display(), d.checkpoints().display()), run),
         Dirs::checkpoints,
         |d| committed(&d.out()),
     );

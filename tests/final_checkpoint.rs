@@ -6,50 +6,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
 
+#[path = "flaky_storage.rs"]
+mod flaky_storage;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use flaky_storage::Flaky;
 use weibo::Job;
-use weibo::checkpoint::{CheckpointStorage, MemoryStorage, ObjectReader, ObjectWriter};
+use weibo::checkpoint::{CheckpointStorage, MemoryStorage};
 use weibo::sinks::{Sink, SinkBatch, SinkWriter, TxnFileSink};
 use weibo::sources::Generator;
-
-/// A storage whose manifests fail while `refusing` is set.
-#[derive(Debug, Clone, Default)]
-struct NoManifests {
-    inner: MemoryStorage,
-    refusing: Arc<AtomicBool>,
-    refused: Arc<AtomicU64>,
-}
-
-impl CheckpointStorage for NoManifests {
-    fn locate(&self, name: &str) -> std::path::PathBuf {
-        self.inner.locate(name)
-    }
-    fn create(&self, name: &str) -> std::io::Result<Box<dyn ObjectWriter>> {
-        self.inner.create(name)
-    }
-    fn put(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-        if self.refusing.load(Ordering::SeqCst) {
-            self.refused.fetch_add(1, Ordering::SeqCst);
-            return Err(std::io::Error::other("injected outage of manifests"));
-        }
-        self.inner.put(name, bytes)
-    }
-    fn open(&self, name: &str) -> std::io::Result<Box<dyn ObjectReader>> {
-        self.inner.open(name)
-    }
-    fn exists(&self, name: &str) -> std::io::Result<bool> {
-        self.inner.exists(name)
-    }
-    fn list(&self, prefix: &str) -> std::io::Result<Vec<String>> {
-        self.inner.list(prefix)
-    }
-    fn delete(&self, name: &str) -> std::io::Result<()> {
-        self.inner.delete(name)
-    }
-}
 
 fn committed(dir: &std::path::Path) -> Vec<u64> {
     let mut out = Vec::new();
@@ -106,25 +74,25 @@ async fn a_finished_job_ends_with_a_final_checkpoint_and_started_again_writes_no
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_final_checkpoint_the_storage_refuses_is_taken_again_until_it_completes() {
-    let storage = NoManifests::default();
+    let storage = Flaky::default();
     let out = tempfile::tempdir().unwrap();
     let handle =
         counting_job_timing_out(storage.clone(), out.path(), 20_000.0, Duration::from_secs(5)).spawn().unwrap();
     // The input ends within 0.1 s; its final checkpoint meets a storage
     // that refuses manifests for 0.6 s (the timeout is 5 s).
-    storage.refusing.store(true, Ordering::SeqCst);
+    storage.failing_puts.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(!handle.is_finished(), "the job waits for its final checkpoint");
     assert!(storage.refused.load(Ordering::SeqCst) >= 2, "and took it again");
-    storage.refusing.store(false, Ordering::SeqCst);
+    storage.failing_puts.store(false, Ordering::SeqCst);
     handle.wait().await.unwrap();
     assert_eq!(committed(out.path()).len(), 2_000, "every record committed once, with the final checkpoint");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_final_checkpoint_that_never_completes_fails_the_job_naming_it() {
-    let storage = NoManifests::default();
-    storage.refusing.store(true, Ordering::SeqCst);
+    let storage = Flaky::default();
+    storage.failing_puts.store(true, Ordering::SeqCst);
     let out = tempfile::tempdir().unwrap();
     let err = counting_job(storage.clone(), out.path(), 20_000.0).run().await.unwrap_err().to_string();
     assert!(err.contains("final checkpoint") && err.contains("injected outage"), "{err}");

@@ -16,13 +16,12 @@ mod kafka_broker;
 mod schedule;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use schedule::{Count, KEYS, Run};
+use schedule::{Count, KEYS};
 use weibo::Job;
 use weibo_connectors::kafka::{Json, KafkaRecord, KafkaSource, TxnKafkaSink};
 
@@ -141,12 +140,8 @@ fn random_schedules_of_runs_kills_and_stops_commit_every_id_exactly_once() {
         1..3,
         Setup::new,
         |s, run| {
-            let mode = if matches!(run, Run::Stop) { "stop" } else { "end" };
-            let mut cmd = Command::new(std::env::current_exe().unwrap());
-            cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
-                .env("WEIBO_SCHEDULE_CHILD", format!("{}|{}|{}|{mode}", s.input, s.output, s.dir.path().display()))
-                .env("WEIBO_KAFKA_BOOTSTRAP", bootstrap())
-                .env("RUST_LOG", "weibo=info,weibo_connectors=info");
+            let mut cmd = schedule::child_command(&format!("{}|{}|{}", s.input, s.output, s.dir.path().display()), run);
+            cmd.env("WEIBO_KAFKA_BOOTSTRAP", bootstrap());
             cmd
         },
         Setup::checkpoints,

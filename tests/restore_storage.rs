@@ -7,10 +7,13 @@
 
 #[path = "restore_common.rs"]
 mod common;
+#[path = "flaky_storage.rs"]
+mod flaky_storage;
 
 use std::time::Duration;
 
 use common::*;
+use flaky_storage::Flaky;
 use weibo::Job;
 use weibo::checkpoint::MemoryStorage;
 use weibo::sinks::CollectSink;
@@ -98,62 +101,6 @@ async fn checkpoints_in_another_storage_restore_rescale_fall_back_and_are_retain
         .restore_from_storage(std::sync::Arc::new(storage.clone()), "savepoints/none");
     let err = missing.run().await.unwrap_err().to_string();
     assert!(err.contains("memory:/savepoints/none") && err.contains("no complete checkpoint"), "{err}");
-}
-
-/// A storage whose writes fail while `failing` is set, as an object store
-/// does during an outage, and whose manifests alone fail while
-/// `failing_puts` is.
-#[derive(Debug, Clone, Default)]
-struct Flaky {
-    inner: MemoryStorage,
-    failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    failing_puts: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl Flaky {
-    fn check_put(&self) -> std::io::Result<()> {
-        if self.failing_puts.load(std::sync::atomic::Ordering::SeqCst) {
-            self.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            return Err(std::io::Error::other("injected outage of manifests"));
-        }
-        self.check()
-    }
-
-    fn check(&self) -> std::io::Result<()> {
-        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
-            self.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            return Err(std::io::Error::other("injected outage"));
-        }
-        Ok(())
-    }
-}
-
-impl weibo::checkpoint::CheckpointStorage for Flaky {
-    fn locate(&self, name: &str) -> std::path::PathBuf {
-        self.inner.locate(name)
-    }
-    fn create(&self, name: &str) -> std::io::Result<Box<dyn weibo::checkpoint::ObjectWriter>> {
-        self.check()?;
-        self.inner.create(name)
-    }
-    fn put(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-        self.check_put()?;
-        self.inner.put(name, bytes)
-    }
-    fn open(&self, name: &str) -> std::io::Result<Box<dyn weibo::checkpoint::ObjectReader>> {
-        self.inner.open(name)
-    }
-    fn exists(&self, name: &str) -> std::io::Result<bool> {
-        self.inner.exists(name)
-    }
-    fn list(&self, prefix: &str) -> std::io::Result<Vec<String>> {
-        self.inner.list(prefix)
-    }
-    fn delete(&self, name: &str) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.delete(name)
-    }
 }
 
 /// While the storage refuses writes, checkpoints fail and the job goes on;

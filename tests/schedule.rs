@@ -248,6 +248,18 @@ pub(crate) fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
+/// This test binary as the child of a life: its `child` test, with
+/// `spec` (what the job needs) and the mode `run` asks for, `|end` or
+/// `|stop`, in `WEIBO_SCHEDULE_CHILD`.
+pub(crate) fn child_command(spec: &str, run: &Run) -> Command {
+    let mode = if matches!(run, Run::Stop) { "stop" } else { "end" };
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .env("WEIBO_SCHEDULE_CHILD", format!("{spec}|{mode}"))
+        .env("RUST_LOG", "weibo=info,weibo_connectors=info");
+    cmd
+}
+
 /// In the child: runs `job` to the end, or, with `stop`, until it has
 /// completed a checkpoint of its own (or finished), then stops it.
 pub(crate) fn child_run(job: weibo::Job, stop: bool) {

@@ -1,0 +1,62 @@
+//! A checkpoint storage that fails on request, for the tests of outages:
+//! included by the test files that need it.
+
+#![allow(dead_code)]
+
+use weibo::checkpoint::MemoryStorage;
+
+/// A storage whose writes fail while `failing` is set, as an object store
+/// does during an outage, and whose manifests alone fail while
+/// `failing_puts` is.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Flaky {
+    pub(crate) inner: MemoryStorage,
+    pub(crate) failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub(crate) failing_puts: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub(crate) refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Flaky {
+    fn check_put(&self) -> std::io::Result<()> {
+        if self.failing_puts.load(std::sync::atomic::Ordering::SeqCst) {
+            self.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return Err(std::io::Error::other("injected outage of manifests"));
+        }
+        self.check()
+    }
+
+    fn check(&self) -> std::io::Result<()> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            self.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return Err(std::io::Error::other("injected outage"));
+        }
+        Ok(())
+    }
+}
+
+impl weibo::checkpoint::CheckpointStorage for Flaky {
+    fn locate(&self, name: &str) -> std::path::PathBuf {
+        self.inner.locate(name)
+    }
+    fn create(&self, name: &str) -> std::io::Result<Box<dyn weibo::checkpoint::ObjectWriter>> {
+        self.check()?;
+        self.inner.create(name)
+    }
+    fn put(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+        self.check_put()?;
+        self.inner.put(name, bytes)
+    }
+    fn open(&self, name: &str) -> std::io::Result<Box<dyn weibo::checkpoint::ObjectReader>> {
+        self.inner.open(name)
+    }
+    fn exists(&self, name: &str) -> std::io::Result<bool> {
+        self.inner.exists(name)
+    }
+    fn list(&self, prefix: &str) -> std::io::Result<Vec<String>> {
+        self.inner.list(prefix)
+    }
+    fn delete(&self, name: &str) -> std::io::Result<()> {
+        self.check()?;
+        self.inner.delete(name)
+    }
+}
