@@ -16,10 +16,8 @@ pub mod checkpoint;
 pub mod codec;
 pub mod error;
 mod graph;
-mod job;
-pub mod key;
-mod keyed;
 pub mod metrics;
+mod operator;
 pub mod record;
 mod runtime;
 pub mod sinks;
@@ -28,15 +26,23 @@ pub mod state;
 pub mod stream;
 pub mod testing;
 pub mod time;
-pub mod window;
+
+/// Key types: how keys become bytes, and the key-group hash that routes them.
+pub use codec::key;
+
+pub mod window {
+    //! Event-time windows: assigners, window functions, and the typed
+    //! builder [`WindowedStream`].
+    pub use crate::operator::windows::*;
+}
 
 pub use codec::Data;
 pub use error::{Error, Result};
-pub use job::{DEFAULT_MAX_KEY_GROUPS, Job, JobHandle, JobReport};
-pub use key::Key;
-pub use keyed::KeyedContext;
+pub use codec::key::Key;
+pub use operator::keyed::KeyedContext;
 pub use runtime::blocking;
 pub use runtime::heads::BoxFuture;
+pub use stream::job::{DEFAULT_MAX_KEY_GROUPS, Job, JobHandle, JobReport};
 pub use stream::{Aggregate, DeadLetter, KeyedStream, SinkRef, Stream, on_error};
 pub use weibo_macros::{Key, RkyvData};
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::job::Job;
+use crate::stream::job::Job;
 use crate::metrics::MetricsSnapshot;
 use crate::record::{NO_TIMESTAMP, Timestamp};
 use crate::runtime::heads::BoxFuture;
@@ -278,7 +278,7 @@ impl<T: Clone + Send + 'static> Harness<T> {
 /// A started [`Harness`].
 pub struct RunningHarness<T> {
     runtime: tokio::runtime::Runtime,
-    handle: Option<crate::job::JobHandle>,
+    handle: Option<crate::stream::job::JobHandle>,
     tx: tokio::sync::mpsc::UnboundedSender<Command<T>>,
     probes: Vec<Arc<Mutex<ProbeState>>>,
     watermark: Timestamp,
@@ -327,7 +327,7 @@ impl<T: Send + 'static> RunningHarness<T> {
             if arrived {
                 return Ok(());
             }
-            if self.handle.as_ref().is_none_or(crate::job::JobHandle::is_finished) {
+            if self.handle.as_ref().is_none_or(crate::stream::job::JobHandle::is_finished) {
                 return self.finish().map(|_| ());
             }
             if started.elapsed() > HARNESS_PATIENCE {

@@ -13,8 +13,8 @@ use crate::checkpoint::{Ack, Restore, SourcePositionEntry, StateFile, StateFileE
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
 use crate::record::{Batch, END_OF_TIME, NO_TIMESTAMP, RecordBatch, Timestamp};
-use crate::runtime::ops::OpInfo;
-use crate::runtime::time::{InputTime, WatermarkTracker};
+use crate::operator::OpInfo;
+use crate::time::watermarks::{InputTime, WatermarkTracker};
 use crate::runtime::{Consumer, EdgeSender, Message, Outbox};
 use crate::sources::{ReadStatus, SourceOutput, SourceReader};
 use crate::state::Export;

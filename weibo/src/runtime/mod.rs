@@ -9,8 +9,6 @@
 //! time it spends waiting on a full channel is that edge's backpressure.
 
 pub(crate) mod heads;
-pub(crate) mod ops;
-pub(crate) mod time;
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -29,7 +29,7 @@ use super::{
 };
 use crate::codec::Data;
 use crate::error::{Error, Result};
-use crate::key::Key;
+use crate::codec::key::Key;
 
 /// The memory a backend's value caches may use together, shared by every
 /// state opened on it.
@@ -436,7 +436,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
             .filter(|(k, _)| overlay.is_empty() || !overlay.contains_key(*k))
             .chain(overlay.iter().filter_map(|(k, e)| e.as_ref().map(|e| (k, e))));
         for (k, entry) in entries {
-            let key = crate::key::encode(k);
+            let key = crate::codec::key::encode(k);
             let value = match &entry.value {
                 Some(v) => {
                     let mut bytes = Vec::new();
@@ -553,7 +553,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                         pass_if_full(&mut out, sink)?;
                         continue;
                     }
-                    let k = crate::key::decode::<K>(key).map_err(|e| Error::State {
+                    let k = crate::codec::key::decode::<K>(key).map_err(|e| Error::State {
                         operator: operator.clone(),
                         message: format!("a stored key does not decode: {e}"),
                     })?;
@@ -598,7 +598,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                     if n % 4_096 == 4_095 {
                         maps.release(index);
                     }
-                    let k = crate::key::decode::<K>(key).map_err(|e| Error::State {
+                    let k = crate::codec::key::decode::<K>(key).map_err(|e| Error::State {
                         operator: operator.clone(),
                         message: format!("a logged key does not decode: {e}"),
                     })?;
@@ -719,7 +719,7 @@ mod tests {
                 .unwrap();
             }
             let (key, index) = (i % 3_000, (i % 4) as usize);
-            let bytes = crate::key::encode(&key);
+            let bytes = crate::codec::key::encode(&key);
             let tracking = Tracking { on: false, changed: &mut changed };
             // Keys come and go (windows opening and firing), and stay a while.
             s.update(index, index as u16, key, &bytes, epoch, tracking, |v| {
@@ -743,7 +743,7 @@ mod tests {
         assert!(overlaid > 0, "writes went beside the maps the checkpoints shared");
         assert!(s.overlays.iter().all(|o| o.capacity() == 0), "overlays applied and let go of");
         // Key 0 was last set at update 48,000 (in key group 0 every time).
-        let last = s.get(0, 0, &0, &crate::key::encode(&0u64)).unwrap();
+        let last = s.get(0, 0, &0, &crate::codec::key::encode(&0u64)).unwrap();
         assert_eq!(last, Some(48_000), "values are written back, not lost");
     }
 }

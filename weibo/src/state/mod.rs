@@ -36,7 +36,7 @@ type ObjectMap<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
 
 use crate::codec::Data;
 use crate::error::{Error, Result};
-use crate::key::Key;
+use crate::codec::key::Key;
 use crate::record::Timestamp;
 
 /// Which state a table holds.
@@ -685,7 +685,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             if failure.is_some() {
                 return;
             }
-            match (crate::key::decode::<K>(k), V::decode(bytes)) {
+            match (crate::codec::key::decode::<K>(k), V::decode(bytes)) {
                 (Ok(k), Ok(v)) => f(&k, &v),
                 (Err(e), _) => failure = Some(Error::Internal(format!("operator `{operator}`: stored {e}"))),
                 (_, Err(source)) => failure = Some(Error::Codec { operator: operator.clone(), source }),
@@ -834,7 +834,7 @@ fn codec_error(operator: &str, source: crate::codec::CodecError) -> Error {
     Error::Codec { operator: operator.to_string(), source }
 }
 
-fn key_error(operator: &str, e: crate::key::KeyDecodeError) -> Error {
+fn key_error(operator: &str, e: crate::codec::key::KeyDecodeError) -> Error {
     Error::State { operator: operator.to_string(), message: format!("a checkpointed key does not decode: {e}") }
 }
 
@@ -1002,7 +1002,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
         };
         for (group, key) in &removed {
             owned(group)?;
-            crate::key::decode::<K>(key).map_err(|e| key_error(&self.operator, e))?;
+            crate::codec::key::decode::<K>(key).map_err(|e| key_error(&self.operator, e))?;
         }
         if matches!(self.store, Store::Bytes { .. } | Store::Cached(_)) {
             // Checked, then stored in key order, with no read first. A
@@ -1015,7 +1015,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             entries.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
             for (group, key, value) in &entries {
                 owned(group)?;
-                crate::key::decode::<K>(key).map_err(|e| key_error(&self.operator, e))?;
+                crate::codec::key::decode::<K>(key).map_err(|e| key_error(&self.operator, e))?;
                 V::decode(value).map_err(|e| codec_error(&self.operator, e))?;
             }
             return match &mut self.store {
@@ -1032,7 +1032,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             };
         }
         for (group, key) in removed {
-            let k = crate::key::decode::<K>(&key).map_err(|e| key_error(&self.operator, e))?;
+            let k = crate::codec::key::decode::<K>(&key).map_err(|e| key_error(&self.operator, e))?;
             self.update(group, k, &key, |slot| *slot = None)?;
         }
         if let Store::Objects(maps) = &mut self.store {
@@ -1053,7 +1053,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             }
         }
         for (group, key, value) in entries {
-            let k = crate::key::decode::<K>(&key).map_err(|e| key_error(&self.operator, e))?;
+            let k = crate::codec::key::decode::<K>(&key).map_err(|e| key_error(&self.operator, e))?;
             let v = V::decode(&value).map_err(|e| codec_error(&self.operator, e))?;
             self.update(group, k, &key, |slot| *slot = Some(v))?;
         }
@@ -1177,11 +1177,11 @@ impl<K: Key> TimerState<K> {
             return table.import_part(entries, removed);
         }
         for (group, key) in removed {
-            let (time, k) = crate::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(operator, e))?;
+            let (time, k) = crate::codec::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(operator, e))?;
             self.delete(time, group, &k)?;
         }
         for (group, key, _) in entries {
-            let (time, k) = crate::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(operator, e))?;
+            let (time, k) = crate::codec::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(operator, e))?;
             self.register(time, group, &k)?;
         }
         Ok(())
@@ -1304,12 +1304,12 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// As [`WindowState::import`].
     pub fn import_part(&mut self, entries: Entries, removed: RemovedKeys, operator: &str) -> Result<()> {
         for (group, key) in removed {
-            let (k, start) = crate::key::decode::<(K, Timestamp)>(&key).map_err(|e| key_error(operator, e))?;
+            let (k, start) = crate::codec::key::decode::<(K, Timestamp)>(&key).map_err(|e| key_error(operator, e))?;
             let key_len = key.len().saturating_sub(8);
             self.update(start, group, k, key.get(..key_len).unwrap_or_default(), |slot| *slot = None)?;
         }
         for (group, key, value) in entries {
-            let (k, start) = crate::key::decode::<(K, Timestamp)>(&key).map_err(|e| key_error(operator, e))?;
+            let (k, start) = crate::codec::key::decode::<(K, Timestamp)>(&key).map_err(|e| key_error(operator, e))?;
             let acc = A::decode(&value).map_err(|e| codec_error(operator, e))?;
             let key_len = key.len().saturating_sub(8);
             self.update(start, group, k, key.get(..key_len).unwrap_or_default(), |slot| *slot = Some(acc))?;
@@ -1788,9 +1788,9 @@ mod tests {
 
     fn exercise(backend: &dyn StateBackend) {
         let a = "a".to_string();
-        let ab = crate::key::encode(&a);
+        let ab = crate::codec::key::encode(&a);
         let long = "x".repeat(40);
-        let lb = crate::key::encode(&long);
+        let lb = crate::codec::key::encode(&long);
         let mut s = ValueState::<String, u64>::open(backend, &scope()).unwrap();
         assert_eq!(s.get(4, &a, &ab).unwrap(), None);
         s.update(4, a.clone(), &ab, |v| *v = Some(v.unwrap_or(0) + 5)).unwrap();
@@ -1902,7 +1902,7 @@ mod tests {
             .unwrap()
             .entries
             .iter()
-            .map(|(_, k, _)| crate::key::decode::<(Timestamp, String)>(k).unwrap())
+            .map(|(_, k, _)| crate::codec::key::decode::<(Timestamp, String)>(k).unwrap())
             .collect();
         got.sort();
         assert_eq!(got, vec![(10, a.clone()), (10, b), (20, a)], "the export did not");
@@ -1918,7 +1918,7 @@ mod tests {
     fn windows(backend: &dyn StateBackend) {
         let mut w = WindowState::<String, u64>::open(backend, &scope()).unwrap();
         let (a, b) = ("a".to_string(), "b".to_string());
-        let (ab, bb) = (crate::key::encode(&a), crate::key::encode(&b));
+        let (ab, bb) = (crate::codec::key::encode(&a), crate::codec::key::encode(&b));
         for (start, key, bytes, group) in [(10, &a, &ab, 4), (0, &b, &bb, 5), (10, &a, &ab, 4), (10, &b, &bb, 5)] {
             w.update(start, group, key.clone(), bytes, |acc| *acc = Some(acc.unwrap_or(0) + 1)).unwrap();
         }
@@ -2105,7 +2105,7 @@ mod tests {
     ) -> std::result::Result<(), proptest::test_runner::TestCaseError> {
         use proptest::prop_assert_eq;
         let name = backend.name();
-        let k = |key: u8| crate::key::encode(&key);
+        let k = |key: u8| crate::codec::key::encode(&key);
         let mut run = 0;
         let open = |run: u32| {
             let scope = StateScope { state: format!("s{run}"), ..scope() };
@@ -2141,7 +2141,7 @@ mod tests {
                     prop_assert_eq!(got, want, "{}: scan of group {}", name, group);
                 }
                 StateOp::Checkpoint(completes) => {
-                    let decode = |key: &[u8]| crate::key::decode::<u8>(key).unwrap();
+                    let decode = |key: &[u8]| crate::codec::key::decode::<u8>(key).unwrap();
                     let taken = chain.take(|n, last| s.export_changes(n, last).unwrap(), *completes, decode);
                     if let Some((n, base, restored)) = taken {
                         prop_assert_eq!(&restored, &oracle, "{}: checkpoint {} (base: {})", name, n, base);
@@ -2178,7 +2178,7 @@ mod tests {
                 let mut oracle: BTreeMap<u8, u64> = BTreeMap::new();
                 let mut chain = Chain::new();
                 let write = |s: &mut ValueState<u8, u64>, oracle: &mut BTreeMap<u8, u64>, key: u8, value: Option<u64>| {
-                    let k = crate::key::encode(&key);
+                    let k = crate::codec::key::encode(&key);
                     let old = s.update(group_of(key), key, &k, |v| std::mem::replace(v, value)).unwrap();
                     let want = match value {
                         Some(v) => oracle.insert(key, v),
@@ -2189,7 +2189,7 @@ mod tests {
                 for (i, writes) in rounds.iter().enumerate() {
                     let barrier = oracle.clone();
                     let mut after = oracle.clone();
-                    let decode = |key: &[u8]| crate::key::decode::<u8>(key).unwrap();
+                    let decode = |key: &[u8]| crate::codec::key::decode::<u8>(key).unwrap();
                     let taken = chain.take(
                         |n, last| {
                             let export = s.export_changes(n, last).unwrap();
@@ -2207,7 +2207,7 @@ mod tests {
                         proptest::prop_assert_eq!(&restored, &barrier, "{}: checkpoint {} (base: {})", backend.name(), n, base);
                     }
                     for key in 0u8..24 {
-                        let got = s.get(group_of(key), &key, &crate::key::encode(&key)).unwrap();
+                        let got = s.get(group_of(key), &key, &crate::codec::key::encode(&key)).unwrap();
                         proptest::prop_assert_eq!(got, oracle.get(&key).copied(), "{}: {}", backend.name(), key);
                     }
                     // Scans write the cache back, overlays included: not
@@ -2267,7 +2267,7 @@ mod tests {
     ) -> std::result::Result<(), proptest::test_runner::TestCaseError> {
         use proptest::prop_assert_eq;
         let name = backend.name();
-        let kb = |key: u8| crate::key::encode(&key);
+        let kb = |key: u8| crate::codec::key::encode(&key);
         let open = |run: u32| {
             let scope = StateScope { state: format!("w{run}"), ..scope() };
             WindowState::<u8, u64>::open(backend, &scope).unwrap()
@@ -2303,7 +2303,7 @@ mod tests {
                 }
                 WindowOp::Checkpoint(completes) => {
                     let decode = |key: &[u8]| {
-                        let (k, start) = crate::key::decode::<(u8, i64)>(key).unwrap();
+                        let (k, start) = crate::codec::key::decode::<(u8, i64)>(key).unwrap();
                         (start, k)
                     };
                     let taken = chain.take(|n, last| w.export_changes("op", n, last).unwrap(), *completes, decode);
@@ -2387,7 +2387,7 @@ mod tests {
                 TimerState::<u8>::open(&*backend, &scope).unwrap()
             };
             let contents = |t: &mut TimerState<u8>| -> BTreeSet<(i64, u8)> { t.contents().into_iter().collect() };
-            let decode = |key: &[u8]| crate::key::decode::<(i64, u8)>(key).unwrap();
+            let decode = |key: &[u8]| crate::codec::key::decode::<(i64, u8)>(key).unwrap();
             let mut t = open();
             let mut oracle = BTreeSet::new();
             let (mut n, mut complete) = (0u64, (0u64, BTreeSet::new()));
@@ -2440,7 +2440,7 @@ mod tests {
                         oracle = complete.1.clone();
                         let entries = oracle
                             .iter()
-                            .map(|(time, k)| (group_of(*k), crate::key::encode(&(*time, *k)), Vec::new()))
+                            .map(|(time, k)| (group_of(*k), crate::codec::key::encode(&(*time, *k)), Vec::new()))
                             .collect();
                         t.import(entries, "op").unwrap();
                     }
@@ -2463,7 +2463,7 @@ mod tests {
     fn deltas_on(backend: &dyn StateBackend) {
         let name = backend.name();
         let mut s = ValueState::<u8, u64>::open(backend, &scope()).unwrap();
-        let k = |key: u8| crate::key::encode(&key);
+        let k = |key: u8| crate::codec::key::encode(&key);
         for key in [1u8, 2, 3] {
             s.update(4, key, &k(key), |v| *v = Some(u64::from(key))).unwrap();
         }
@@ -2495,7 +2495,7 @@ mod tests {
 
     #[test]
     fn after_a_restore_deltas_wait_for_a_complete_checkpoint_of_this_run() {
-        let k = |key: u8| crate::key::encode(&key);
+        let k = |key: u8| crate::codec::key::encode(&key);
         for (backend, _dir) in backends() {
             let name = backend.name();
             // Restored from checkpoint 5: the first checkpoint of this run is 6.
@@ -2516,7 +2516,7 @@ mod tests {
 
     #[test]
     fn changes_are_logged_only_from_the_first_checkpoint_on() {
-        let k = |key: u8| crate::key::encode(&key);
+        let k = |key: u8| crate::codec::key::encode(&key);
         for (backend, _dir) in backends() {
             let name = backend.name();
             let mut s = ValueState::<u8, u64>::open(&*backend, &scope()).unwrap();

@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 
 use super::{DueTimers, Entries, Export, RemovedKeys, StateBackend, StateScope, ValueState, key_error};
 use crate::error::{Error, Result};
-use crate::key::Key;
+use crate::codec::key::Key;
 use crate::record::Timestamp;
 
 /// See the module documentation.
@@ -172,7 +172,7 @@ impl<K: Key> TableTimers<K> {
             let mut next = None;
             let mut failure = None;
             self.table_scan(index, &prefix, &mut |key, _| {
-                match crate::key::decode::<(Timestamp, K)>(key) {
+                match crate::codec::key::decode::<(Timestamp, K)>(key) {
                     Ok((t, _)) if t != time => {
                         next = Some(t);
                         return false;
@@ -201,7 +201,7 @@ impl<K: Key> TableTimers<K> {
         let mut all = Vec::new();
         for index in 0..self.heads.len() {
             let _ = self.table_scan(index, &[], &mut |key, _| {
-                all.extend(crate::key::decode::<(Timestamp, K)>(key).ok());
+                all.extend(crate::codec::key::decode::<(Timestamp, K)>(key).ok());
                 true
             });
         }
@@ -215,11 +215,11 @@ impl<K: Key> TableTimers<K> {
     /// Deletes `removed`, then sets `entries` (keys: time ++ key).
     pub(super) fn import_part(&mut self, entries: Entries, removed: RemovedKeys) -> Result<()> {
         for (group, key) in removed {
-            let (time, k) = crate::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(&self.operator, e))?;
+            let (time, k) = crate::codec::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(&self.operator, e))?;
             self.delete(time, group, &k)?;
         }
         for (group, key, _) in entries {
-            let (time, k) = crate::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(&self.operator, e))?;
+            let (time, k) = crate::codec::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(&self.operator, e))?;
             self.register(time, group, &k)?;
         }
         Ok(())

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use crate::checkpoint::Restore;
 use crate::codec::Data;
 use crate::error::{Error, Result};
-use crate::key::Key;
+use crate::codec::key::Key;
 use crate::metrics::OperatorCounters;
 use crate::record::{Batch, Meta, RecordBatch, RecordRef, Timestamp};
 use crate::runtime::Consumer;
 use crate::runtime::heads::{Barrier, InputOperator, StateSnapshot, emit};
-use crate::runtime::ops::{Failures, OpInfo, forward_control};
-use crate::runtime::time::InputTime;
+use crate::operator::{Failures, OpInfo, forward_control};
+use crate::time::watermarks::InputTime;
 use crate::state::{TimerState, ValueState};
 
 /// A record's value; a value that does not decode is an error naming the
@@ -70,7 +70,7 @@ pub(crate) fn stamped(time: &mut InputTime<'_>, meta: Meta) -> Meta {
 /// A record's key (inlined as [`decode_value`] is).
 #[inline]
 pub(crate) fn decode_key<K: Key>(info: &OpInfo, r: &RecordRef<'_>) -> Result<K> {
-    match crate::key::decode::<K>(r.key) {
+    match crate::codec::key::decode::<K>(r.key) {
         Ok(k) => Ok(k),
         Err(e) => Err(key_error(info, r, &e)),
     }

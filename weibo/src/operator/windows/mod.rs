@@ -52,15 +52,15 @@ use crate::checkpoint::Restore;
 use crate::codec::{CodecError, CodecId, Data};
 use crate::error::{Error, Result};
 use crate::graph::{KeyedFactory, typed};
-use crate::key::Key;
-use crate::keyed::TIMERS;
-use crate::keyed::{decode_key, decode_value};
+use crate::codec::key::Key;
+use crate::operator::keyed::TIMERS;
+use crate::operator::keyed::{decode_key, decode_value};
 use crate::metrics::OperatorCounters;
 use crate::record::{Batch, Meta, RecordBatch, Timestamp};
 use crate::runtime::Consumer;
 use crate::runtime::heads::{Barrier, InputOperator, StateSnapshot, emit};
-use crate::runtime::ops::OpInfo;
-use crate::runtime::time::InputTime;
+use crate::operator::OpInfo;
+use crate::time::watermarks::InputTime;
 use crate::state::{StateScope, TimerState, ValueState, WindowState};
 use crate::stream::{Aggregate, KeyedStream, Stream};
 use crate::time::millis;
@@ -890,7 +890,7 @@ impl<K: Key> Fired<K> {
         for g in self.groups.clone() {
             let horizon = self.horizon.get(&g).copied().unwrap_or(crate::record::NO_TIMESTAMP).max(wm);
             let owed: Vec<(Timestamp, Vec<u8>)> =
-                self.owed.get(&g).into_iter().flatten().map(|(start, k)| (*start, crate::key::encode(k))).collect();
+                self.owed.get(&g).into_iter().flatten().map(|(start, k)| (*start, crate::codec::key::encode(k))).collect();
             let record = FiredUpTo { horizon, owed };
             self.key_buf.clear();
             g.encode_key(&mut self.key_buf);
@@ -935,7 +935,7 @@ impl<K: Key> Fired<K> {
             }
             let mut owed = HashSet::with_capacity(record.owed.len());
             for (start, key) in &record.owed {
-                let k = crate::key::decode::<K>(key).map_err(|e| Error::State {
+                let k = crate::codec::key::decode::<K>(key).map_err(|e| Error::State {
                     operator: operator.to_string(),
                     message: format!("a window owed a firing in key group {g} has a key that does not decode: {e}"),
                 })?;

@@ -5,6 +5,9 @@
 //! Types are checked here, by the compiler; the runtime only sees bytes at
 //! node boundaries.
 
+
+pub(crate) mod job;
+
 use std::fmt::Display;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -16,12 +19,12 @@ use crate::error::{Error, Result};
 use crate::graph::{
     ChainFactory, EdgeKind, Graph, Input, KeyedFactory, Node, NodeId, Op, Port, RouterFactory, TypedPort, typed,
 };
-use crate::key::Key;
-use crate::keyed::{FoldOp, KeyedContext, KeyedProcessOp, PartitionOp, ReduceOp};
+use crate::codec::key::Key;
+use crate::operator::keyed::{FoldOp, KeyedContext, KeyedProcessOp, PartitionOp, ReduceOp};
 use crate::record::Timestamp;
 use crate::record::{Batch, SourcePosition};
 use crate::runtime::erase;
-use crate::runtime::ops::{
+use crate::operator::{
     BatchLimits, Failures, FilterOp, FlatMapOp, KeyGroupRoutes, MapOp, OpInfo, Policy, ProcessOp, RouterOp,
 };
 use crate::sinks::{Committer, Prepared, Sink, SinkCommitter, TwoPhaseCommitSink, TxnSinkWriter};
@@ -545,7 +548,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let sink = Arc::new(sink);
         let factory: Arc<ChainFactory> = Arc::new(move |ctx, info, _outs| {
             let writer = sink.open(ctx.instance, ctx.parallelism)?;
-            Ok(erase::<T>(Box::new(crate::runtime::ops::SinkOp::new(info, writer, false))))
+            Ok(erase::<T>(Box::new(crate::operator::SinkOp::new(info, writer, false))))
         });
         let node = self.add(Node {
             kind: "sink",
@@ -597,7 +600,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
                 ended: false,
                 sealed: false,
             });
-            Ok(erase::<T>(Box::new(crate::runtime::ops::SinkOp::new(info, writer, true))))
+            Ok(erase::<T>(Box::new(crate::operator::SinkOp::new(info, writer, true))))
         });
         let node = self.add(Node {
             kind: "sink",

@@ -1,13 +1,17 @@
 //! Typed operators of a fused chain, and the router that ends a chain at a
 //! shuffle edge.
 
+
+pub(crate) mod keyed;
+pub(crate) mod windows;
+
 use std::fmt::Display;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::codec::Data;
 use crate::error::{Error, Result};
-use crate::key::{Key, key_group};
+use crate::codec::key::{Key, key_group};
 use crate::metrics::OperatorCounters;
 use crate::record::{Batch, Meta, RecordBatch, SourceNames, Timestamp};
 use crate::runtime::{Consumer, Message, Outbox};
@@ -530,7 +534,7 @@ impl KeyGroupRoutes {
     pub(crate) fn route(&self, key: &[u8]) -> (u16, usize) {
         let group = match self.mask {
             // The masked value is below `max`, a u16.
-            Some(mask) => (crate::key::key_hash(key) & mask) as u16,
+            Some(mask) => (crate::codec::key::key_hash(key) & mask) as u16,
             None => key_group(key, self.max),
         };
         (group, self.workers.get(usize::from(group)).copied().unwrap_or(usize::MAX))
@@ -627,7 +631,7 @@ mod tests {
             for p in 1..=5usize {
                 let routes = KeyGroupRoutes::new(max, p);
                 for k in 0u64..500 {
-                    let bytes = crate::key::encode(&k);
+                    let bytes = crate::codec::key::encode(&k);
                     let group = key_group(&bytes, max);
                     assert_eq!(routes.route(&bytes), (group, worker_of(group, p, max)), "max {max} p {p} key {k}");
                 }

@@ -18,6 +18,9 @@
 //!   left out), and it never moves back;
 //! - the end of input is watermark `+∞`: every window fires.
 
+
+pub(crate) mod watermarks;
+
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,7 +28,7 @@ use std::time::{Duration, Instant};
 use crate::error::Result;
 use crate::record::{Batch, NO_TIMESTAMP, Timestamp};
 use crate::runtime::Consumer;
-use crate::runtime::ops::OpInfo;
+use crate::operator::OpInfo;
 
 /// Milliseconds of a duration, as a timestamp difference.
 pub(crate) fn millis(d: Duration) -> i64 {

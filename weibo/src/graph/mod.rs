@@ -14,11 +14,11 @@ use tokio::sync::mpsc;
 use crate::checkpoint::{Restore, TaskEvent};
 use crate::codec::CodecId;
 use crate::error::{Error, Result};
-use crate::job::JobConfig;
+use crate::stream::job::JobConfig;
 use crate::metrics::{OperatorCounters, Registry};
 use crate::record::SourceNames;
 use crate::runtime::heads::{ChannelHead, CheckpointIo, HeadRunner, Inbox, InputOperator, NodeIo};
-use crate::runtime::ops::{DiscardOp, OpInfo, TeeOp};
+use crate::operator::{DiscardOp, OpInfo, TeeOp};
 use crate::runtime::{AnyConsumer, Consumer, EdgeSender, Outbox, erase, unerase};
 use crate::state::StateBackend;
 
@@ -577,7 +577,7 @@ impl Graph {
                     }
                     Op::Keyed { parallelism, factory, .. } => {
                         let groups =
-                            crate::runtime::ops::key_group_range(instance, *parallelism, self.config.max_key_groups);
+                            crate::operator::key_group_range(instance, *parallelism, self.config.max_key_groups);
                         let mut op = factory(&mut ctx, info, groups.clone(), outs)?;
                         if let Some(r) = restore {
                             op.restore(r, &groups)?;
@@ -600,7 +600,7 @@ impl Graph {
                         instance,
                         groups: match node.op {
                             Op::Keyed { parallelism, .. } => {
-                                crate::runtime::ops::key_group_range(instance, parallelism, self.config.max_key_groups)
+                                crate::operator::key_group_range(instance, parallelism, self.config.max_key_groups)
                             }
                             _ => 0..0,
                         },
