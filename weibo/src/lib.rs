@@ -24,6 +24,7 @@ pub mod sinks;
 pub mod sources;
 pub mod state;
 pub mod stream;
+mod task;
 pub mod testing;
 pub mod time;
 
@@ -37,13 +38,12 @@ pub mod window {
 }
 
 pub use codec::Data;
-pub use error::{Error, Result};
 pub use codec::key::Key;
+pub use error::{Error, Result};
 pub use operator::keyed::KeyedContext;
-pub use runtime::blocking;
-pub use runtime::heads::BoxFuture;
 pub use stream::job::{DEFAULT_MAX_KEY_GROUPS, Job, JobHandle, JobReport};
 pub use stream::{Aggregate, DeadLetter, KeyedStream, SinkRef, Stream, on_error};
+pub use task::{BoxFuture, blocking};
 pub use weibo_macros::{Key, RkyvData};
 
 /// The README's examples, compiled and run as doctests.

@@ -252,3 +252,19 @@ mod tests {
         assert_eq!(b.len(), 3);
     }
 }
+
+/// What travels on an edge.
+#[derive(Debug)]
+pub(crate) enum Message {
+    /// A batch of encoded records.
+    Data(RecordBatch),
+    /// No record with a smaller timestamp will follow on this edge.
+    Watermark(Timestamp),
+    /// The sender's input is idle: until it sends again, it must not hold
+    /// the receiver's watermark back.
+    Idle,
+    /// Checkpoint barrier `n`: everything before it belongs to checkpoint `n`.
+    Barrier(u64),
+    /// The sender has finished: nothing follows.
+    EndOfInput,
+}

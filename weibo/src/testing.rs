@@ -12,13 +12,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::stream::job::Job;
 use crate::metrics::MetricsSnapshot;
 use crate::record::{NO_TIMESTAMP, Timestamp};
-use crate::runtime::heads::BoxFuture;
 use crate::sinks::CollectSink;
 use crate::sources::{IterSource, ReadStatus, Source, SourceOutput, SourceReader};
 use crate::stream::Stream;
+use crate::stream::job::Job;
+use crate::task::BoxFuture;
 
 /// Runs `future` to completion on a fresh two-thread tokio runtime.
 ///

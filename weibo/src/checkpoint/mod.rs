@@ -32,7 +32,7 @@
 //! file is written front to back in one pass, as an object store's upload
 //! streams. The payload is a sequence of frames, each a length (u64 LE) and
 //! an rkyv archive: the first a [`StateFile`] naming the state and its
-//! codec, the others each a [`StatePart`] carrying entries a chunk at a time
+//! codec, the others each a [`SnapshotFrame`] carrying entries a chunk at a time
 //! (a key group, or part of one), their keys and values concatenated with
 //! their end offsets, so neither writing nor reading a file holds all of it
 //! in memory, and writing costs a few allocations per frame, not two per
@@ -44,7 +44,10 @@
 //! whole payload's length and checksum were checked.
 
 #[doc(hidden)]
+pub(crate) mod aligner;
+pub(crate) mod commit;
 pub mod faults;
+pub(crate) mod naming;
 pub mod storage;
 
 use std::collections::{BTreeMap, HashMap};
@@ -56,8 +59,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+pub(crate) use self::naming::{checkpoint_name, checkpoint_number, run_token, written_by};
 pub use self::storage::{CheckpointStorage, LocalDir, MemoryStorage, ObjectReader, ObjectWriter};
 use crate::error::{Error, Result};
+use crate::state::SnapshotFrame;
+use crate::state::{ArchivedSnapshotFrame, slices};
 
 /// The version of the manifest and state-file formats this build writes
 /// and reads.
@@ -105,143 +111,9 @@ pub struct StateFile {
     pub removed: Vec<GroupKeys>,
 }
 
-/// Entries and removed keys, their bytes concatenated: a frame of a
-/// state file of version 3 or 4, and a part of an export. Entry `i` is in key group
-/// `groups[i]`; its key is `keys[key_ends[i - 1]..key_ends[i]]` (from 0 for
-/// the first), its value likewise in `values`; removed keys likewise.
-/// Building one costs an allocation per buffer, not two per entry, and
-/// archiving it copies each buffer whole.
-#[derive(Debug, Clone, Default, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
-pub struct StatePart {
-    /// Each entry's key group.
-    pub groups: Vec<u16>,
-    /// Where each entry's key ends in `keys`.
-    pub key_ends: Vec<u32>,
-    /// The entries' keys, concatenated.
-    pub keys: Vec<u8>,
-    /// Where each entry's value ends in `values`.
-    pub value_ends: Vec<u32>,
-    /// The entries' values, concatenated.
-    pub values: Vec<u8>,
-    /// Each removed key's key group.
-    pub removed_groups: Vec<u16>,
-    /// Where each removed key ends in `removed`.
-    pub removed_ends: Vec<u32>,
-    /// The removed keys, concatenated.
-    pub removed: Vec<u8>,
-}
-
-/// A buffer's length as an end offset. Exports pass a part on once it
-/// holds 16 MiB, so only a single entry near 4 GiB fails here.
-fn end_of(buffer: &[u8]) -> Result<u32> {
-    u32::try_from(buffer.len()).map_err(|_| {
-        Error::Internal(format!(
-            "a checkpoint part grew to {} bytes, past the 4 GiB a state-file frame can hold",
-            buffer.len()
-        ))
-    })
-}
-
-/// The slices of `bytes` that `ends` delimit, or `None` if the ends are not
-/// in order or run past `bytes`.
-fn slices<'a>(bytes: &'a [u8], ends: impl Iterator<Item = u32> + 'a) -> impl Iterator<Item = Option<&'a [u8]>> + 'a {
-    let mut start = 0usize;
-    ends.map(move |end| {
-        let end = end as usize;
-        let slice = bytes.get(start..end);
-        start = end;
-        slice
-    })
-}
-
-impl StatePart {
-    /// The number of entries.
-    pub fn len(&self) -> usize {
-        self.groups.len()
-    }
-
-    /// Whether it holds neither entries nor removed keys.
-    pub fn is_empty(&self) -> bool {
-        self.groups.is_empty() && self.removed_groups.is_empty()
-    }
-
-    /// The bytes its buffers hold.
-    pub fn bytes(&self) -> usize {
-        self.keys.len() + self.values.len() + self.removed.len()
-    }
-
-    /// Empties it, keeping its buffers' capacity.
-    pub fn clear(&mut self) {
-        self.groups.clear();
-        self.key_ends.clear();
-        self.keys.clear();
-        self.value_ends.clear();
-        self.values.clear();
-        self.removed_groups.clear();
-        self.removed_ends.clear();
-        self.removed.clear();
-    }
-
-    /// Ends an entry of key group `group` whose key and value were appended
-    /// to `keys` and `values` (so that encoders write in place).
-    ///
-    /// # Errors
-    /// [`Error::Internal`] when a buffer passed 4 GiB.
-    pub fn end_entry(&mut self, group: u16) -> Result<()> {
-        let (key_end, value_end) = (end_of(&self.keys)?, end_of(&self.values)?);
-        self.groups.push(group);
-        self.key_ends.push(key_end);
-        self.value_ends.push(value_end);
-        Ok(())
-    }
-
-    /// Adds an entry.
-    ///
-    /// # Errors
-    /// As [`StatePart::end_entry`].
-    pub fn push(&mut self, group: u16, key: &[u8], value: &[u8]) -> Result<()> {
-        self.keys.extend_from_slice(key);
-        self.values.extend_from_slice(value);
-        self.end_entry(group)
-    }
-
-    /// Ends a removed key of key group `group` appended to `removed`.
-    ///
-    /// # Errors
-    /// As [`StatePart::end_entry`].
-    pub fn end_removed(&mut self, group: u16) -> Result<()> {
-        let end = end_of(&self.removed)?;
-        self.removed_groups.push(group);
-        self.removed_ends.push(end);
-        Ok(())
-    }
-
-    /// Adds a removed key.
-    ///
-    /// # Errors
-    /// As [`StatePart::end_entry`].
-    pub fn push_removed(&mut self, group: u16, key: &[u8]) -> Result<()> {
-        self.removed.extend_from_slice(key);
-        self.end_removed(group)
-    }
-
-    /// The entries: (key group, key, value).
-    pub fn entries(&self) -> impl Iterator<Item = (u16, &[u8], &[u8])> {
-        let keys = slices(&self.keys, self.key_ends.iter().copied());
-        let values = slices(&self.values, self.value_ends.iter().copied());
-        self.groups.iter().zip(keys.zip(values)).map(|(g, (k, v))| (*g, k.unwrap_or_default(), v.unwrap_or_default()))
-    }
-
-    /// The removed keys: (key group, key).
-    pub fn removed_keys(&self) -> impl Iterator<Item = (u16, &[u8])> {
-        let keys = slices(&self.removed, self.removed_ends.iter().copied());
-        self.removed_groups.iter().zip(keys).map(|(g, k)| (*g, k.unwrap_or_default()))
-    }
-}
-
 /// The entries and removed keys, of a frame (versions 3 and 4), by key group (in the order
 /// they come), checked: `None` if its offsets are inconsistent.
-fn archived_part_as_file(part: &ArchivedStatePart) -> Option<StateFile> {
+fn archived_part_as_file(part: &ArchivedSnapshotFrame) -> Option<StateFile> {
     fn by_group<'a>(
         groups: impl Iterator<Item = u16>,
         mut items: impl Iterator<Item = Option<&'a [u8]>>,
@@ -390,38 +262,42 @@ fn bad(path: &Path, what: String) -> Error {
     Error::Checkpoint { path: path.to_path_buf(), message: what }
 }
 
-/// The name of checkpoint `n`'s directory.
-pub(crate) fn checkpoint_name(n: u64) -> String {
-    format!("chk-{n:020}")
-}
-
-/// The number of a checkpoint's directory (`chk-<n>`), if `name` is one.
-fn checkpoint_number(name: &str) -> Option<u64> {
-    name.strip_prefix("chk-")?.parse().ok()
-}
-
-/// The checkpoint that wrote state file `name`:
-/// `<operator>-<instance>-<state>-<n>-<run>.state`, or without the run's
-/// token as builds before it named them.
-pub(crate) fn written_by(name: &str) -> Option<u64> {
-    let mut parts = name.strip_suffix(".state")?.rsplit('-');
-    let last = parts.next()?;
-    if last.len() == 20 && last.bytes().all(|b| b.is_ascii_digit()) {
-        return last.parse().ok();
+/// Writes the state of one task (`operator`'s instance `instance`, owning
+/// key groups `groups`) for checkpoint `n`: a file per state, a frame per
+/// part of its snapshot, so the state is never all in memory, encoded or
+/// not. Returns the manifest's entries for the files. Blocks.
+pub(crate) fn write_task_state(
+    storage: &dyn CheckpointStorage,
+    run: &str,
+    operator: &str,
+    instance: usize,
+    groups: &std::ops::Range<u16>,
+    n: u64,
+    snapshots: Vec<crate::state::StateSnapshot>,
+) -> Result<Vec<StateFileEntry>> {
+    let mut files = Vec::new();
+    for snap in snapshots {
+        let (name, in_manifest) = naming::state_file(operator, instance, snap.state, n, run);
+        let meta = StateFile {
+            operator: operator.to_string(),
+            state: snap.state.to_string(),
+            codec: snap.codec,
+            groups: Vec::new(),
+            removed: Vec::new(),
+        };
+        let mut writer = StateFileWriter::create(storage, &name, &meta)?;
+        let base = (snap.snapshot)(&mut |part| writer.part(&part.part))?;
+        writer.finish()?;
+        files.push(StateFileEntry {
+            operator: operator.to_string(),
+            state: snap.state.to_string(),
+            file: in_manifest,
+            key_groups: (groups.start, groups.end),
+            checkpoint: n,
+            base,
+        });
     }
-    parts.next()?.parse().ok()
-}
-
-/// A token for this run of a job, in the names of the state files it
-/// writes: a job restarted in the same storage (while writes of its
-/// previous run may still be finishing, invisible until they do) never
-/// writes an object of the same name.
-pub(crate) fn run_token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    h.write_u32(std::process::id());
-    format!("{:016x}", h.finish())
+    Ok(files)
 }
 
 /// Writes a state file frame by frame, front to back (the length and
@@ -458,7 +334,7 @@ impl StateFileWriter {
     }
 
     /// Appends a frame holding entries (versions 3 and 4).
-    pub(crate) fn part(&mut self, part: &StatePart) -> Result<()> {
+    pub(crate) fn part(&mut self, part: &SnapshotFrame) -> Result<()> {
         let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(part)
             .map_err(|e| bad(&self.path, format!("cannot encode the state: {e}")))?;
         self.raw_frame(&bytes)
@@ -496,7 +372,7 @@ pub(crate) fn write_state_file(storage: &dyn CheckpointStorage, name: &str, file
         groups: Vec::new(),
         removed: Vec::new(),
     };
-    let mut part = StatePart::default();
+    let mut part = SnapshotFrame::default();
     for g in &file.groups {
         for (k, v) in &g.entries {
             part.push(g.group, k, v)?;
@@ -613,11 +489,11 @@ fn read_archive(path: &Path, input: &mut impl std::io::Read, len: u64, what: &st
 }
 
 /// Reads `len` bytes into an aligned buffer and validates them as a
-/// [`StatePart`] archive with consistent offsets; returns its entries by
+/// [`SnapshotFrame`] archive with consistent offsets; returns its entries by
 /// key group.
 fn read_part_archive(path: &Path, input: &mut impl std::io::Read, len: u64, what: &str) -> Result<StateFile> {
     let aligned = read_aligned(path, input, len, what)?;
-    let part = rkyv::access::<ArchivedStatePart, rkyv::rancor::Error>(&aligned)
+    let part = rkyv::access::<ArchivedSnapshotFrame, rkyv::rancor::Error>(&aligned)
         .map_err(|e| bad(path, format!("{what} does not validate: {e}")))?;
     archived_part_as_file(part)
         .ok_or_else(|| bad(path, format!("{what} does not validate: its entries' offsets are inconsistent")))
@@ -802,9 +678,9 @@ pub(crate) struct Coordinator {
     /// The first checkpoint number to use (after the restored one).
     pub(crate) next: u64,
     pub(crate) completed: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    pub(crate) committers: Vec<std::sync::Arc<dyn crate::sinks::Committer>>,
+    pub(crate) commits: commit::TwoPhaseCommits,
     /// Transactions whose commit failed: carried into the next manifest.
-    pub(crate) uncommitted: Vec<CommitEntry>,
+
     /// Requests for savepoints.
     pub(crate) savepoints: mpsc::UnboundedReceiver<SavepointRequest>,
     /// The last complete checkpoint's manifest, whose chains deltas extend.
@@ -1034,33 +910,15 @@ impl Coordinator {
     /// if they still fail, the job fails, and its next start commits them
     /// (they are in the final checkpoint's manifest).
     async fn commit_leftovers(&mut self, n: u64) -> Result<()> {
-        let mut pause = Duration::from_millis(200);
-        for attempt in 1..=5 {
-            if self.uncommitted.is_empty() {
-                return Ok(());
-            }
-            tokio::time::sleep(pause).await;
-            pause *= 2;
-            let entries = std::mem::take(&mut self.uncommitted);
-            crate::runtime::blocking(|| {
-                for entry in entries {
-                    let Some(c) = self.committers.iter().find(|c| c.name() == entry.sink) else { continue };
-                    if let Err(e) = c.commit(&entry.handle, &[]) {
-                        tracing::warn!(sink = %entry.sink, handle = %entry.handle, attempt, error = %e, "commit after the final checkpoint failed; trying again");
-                        self.uncommitted.push(entry);
-                    }
-                }
-            });
-        }
-        match self.uncommitted.first() {
+        match self.commits.retry_leftovers().await {
             None => Ok(()),
-            Some(entry) => Err(Error::Checkpoint {
+            Some((entry, owed)) => Err(Error::Checkpoint {
                 path: self.config.storage.locate(&checkpoint_name(n)),
                 message: format!(
                     "the final checkpoint is complete, but sink `{}` could not commit `{}` (and {} more): the job's next start commits them",
                     entry.sink,
                     entry.handle,
-                    self.uncommitted.len() - 1
+                    owed - 1
                 ),
             }),
         }
@@ -1132,11 +990,7 @@ impl Coordinator {
                 b.checkpoint,
             ))
         });
-        let mut commits = std::mem::take(&mut self.uncommitted);
-        let retried = commits.clone();
-        for c in &self.committers {
-            commits.extend(c.take_prepared(n).into_iter().map(|handle| CommitEntry { sink: c.name(), handle }));
-        }
+        let commits = self.commits.collect(n);
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
             job: self.job.clone(),
@@ -1145,12 +999,12 @@ impl Coordinator {
             max_key_groups: self.max_key_groups,
             sources,
             states,
-            commits: commits.clone(),
+            commits: commits.entries.clone(),
         };
-        if let Err(e) = crate::runtime::blocking(|| write_manifest(&*self.config.storage, &name, &manifest)) {
+        if let Err(e) = crate::task::blocking(|| write_manifest(&*self.config.storage, &name, &manifest)) {
             // Not complete: its transactions (and those carried from
             // before) are committed with the next checkpoint that is.
-            self.uncommitted = commits;
+            self.commits.keep(commits);
             return Err(e);
         }
         faults::point(if is_final { "after-final-manifest" } else { "after-manifest" });
@@ -1158,21 +1012,10 @@ impl Coordinator {
         self.previous = Some(manifest);
         // The checkpoint is complete: now the sinks may show its records.
         // Commits wait on external systems: off the runtime's workers.
-        crate::runtime::blocking(|| {
-            let count = commits.len();
-            for (i, entry) in commits.into_iter().enumerate() {
-                if i > 0 {
-                    faults::point(if is_final { "between-final-commits" } else { "between-commits" });
-                }
-                let Some(c) = self.committers.iter().find(|c| c.name() == entry.sink) else { continue };
-                // Only this checkpoint's own handles go with its positions:
-                // a commit retried from an earlier one must not claim more.
-                let fresh = !retried.contains(&entry);
-                if let Err(e) = c.commit(&entry.handle, if fresh { &positions } else { &[] }) {
-                    tracing::warn!(sink = %entry.sink, handle = %entry.handle, error = %e, "commit failed; retried with the next checkpoint");
-                    self.uncommitted.push(entry);
-                }
-            }
+        crate::task::blocking(|| {
+            let count = self.commits.commit_completed(commits, &positions, || {
+                faults::point(if is_final { "between-final-commits" } else { "between-commits" });
+            });
             if count > 0 {
                 faults::point("after-commits");
             }
@@ -1190,7 +1033,7 @@ impl Coordinator {
         let from = checkpoint_name(n);
         let to = storage::join(SAVEPOINTS, name);
         let manifest_name = storage::join(&to, MANIFEST);
-        crate::runtime::blocking(|| {
+        crate::task::blocking(|| {
             let taken = storage
                 .exists(&manifest_name)
                 .map_err(io("cannot read checkpoint storage", storage.locate(&manifest_name)))?;
@@ -1269,6 +1112,19 @@ pub(crate) struct Restore {
     pub(crate) states: BTreeMap<String, Vec<StateFileEntry>>,
     /// Sink transactions the checkpoint committed.
     pub(crate) commits: Vec<CommitEntry>,
+}
+
+impl crate::state::RestoreSource for Restore {
+    fn load_entries(
+        &self,
+        operator: &str,
+        state: &str,
+        codec: &str,
+        groups: &std::ops::Range<u16>,
+        f: &mut dyn FnMut(crate::state::Entries, crate::state::RemovedKeys) -> Result<()>,
+    ) -> Result<()> {
+        self.load_entries_of(operator, state, codec, groups, f)
+    }
 }
 
 impl Restore {
@@ -1400,7 +1256,7 @@ impl Restore {
     /// parts in order (removals, then puts) gives the state. Chains whose
     /// bases overlap (none that this build writes) are merged in memory
     /// and passed whole.
-    pub(crate) fn load_entries(
+    fn load_entries_of(
         &self,
         operator: &str,
         state: &str,
@@ -1554,8 +1410,8 @@ mod tests {
     }
 
     /// `file`'s entries and removed keys as one part.
-    fn part_of(file: &StateFile) -> StatePart {
-        let mut part = StatePart::default();
+    fn part_of(file: &StateFile) -> SnapshotFrame {
+        let mut part = SnapshotFrame::default();
         for g in &file.groups {
             for (k, v) in &g.entries {
                 part.push(g.group, k, v).unwrap();
@@ -1604,7 +1460,7 @@ mod tests {
 
     #[test]
     fn parts_hold_entries_and_removed_keys_in_order() {
-        let mut part = StatePart::default();
+        let mut part = SnapshotFrame::default();
         part.push(3, b"a", b"1").unwrap();
         part.push(3, b"", b"").unwrap();
         part.push(5, b"bc", b"234").unwrap();

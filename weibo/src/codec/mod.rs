@@ -9,7 +9,6 @@
 //! Every edge records the [`CodecId`] of what its sender encodes and of what
 //! its receiver decodes; the plan refuses a graph where they differ.
 
-
 pub mod key;
 
 use std::fmt;

@@ -14,13 +14,15 @@ use tokio::sync::mpsc;
 use crate::checkpoint::{Restore, TaskEvent};
 use crate::codec::CodecId;
 use crate::error::{Error, Result};
-use crate::stream::job::JobConfig;
 use crate::metrics::{OperatorCounters, Registry};
-use crate::record::SourceNames;
-use crate::runtime::heads::{ChannelHead, CheckpointIo, HeadRunner, Inbox, InputOperator, NodeIo};
+use crate::operator::InputOperator;
+use crate::operator::{AnyConsumer, Consumer, Outbox, erase, unerase};
 use crate::operator::{DiscardOp, OpInfo, TeeOp};
-use crate::runtime::{AnyConsumer, Consumer, EdgeSender, Outbox, erase, unerase};
+use crate::record::SourceNames;
+use crate::runtime::EdgeSender;
+use crate::runtime::heads::{ChannelHead, CheckpointIo, HeadRunner, Inbox, NodeIo};
 use crate::state::StateBackend;
+use crate::stream::job::JobConfig;
 
 pub(crate) type NodeId = usize;
 

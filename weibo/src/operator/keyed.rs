@@ -4,17 +4,16 @@ use std::fmt::Display;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::checkpoint::Restore;
 use crate::codec::Data;
-use crate::error::{Error, Result};
 use crate::codec::key::Key;
+use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
-use crate::record::{Batch, Meta, RecordBatch, RecordRef, Timestamp};
-use crate::runtime::Consumer;
-use crate::runtime::heads::{Barrier, InputOperator, StateSnapshot, emit};
+use crate::operator::Consumer;
 use crate::operator::{Failures, OpInfo, forward_control};
+use crate::operator::{InputOperator, SnapshotAt, emit};
+use crate::record::{Batch, Meta, RecordBatch, RecordRef, Timestamp};
+use crate::state::{RestoreSource, StateSnapshot, TimerState, ValueState};
 use crate::time::watermarks::InputTime;
-use crate::state::{TimerState, ValueState};
 
 /// A record's value; a value that does not decode is an error naming the
 /// operator and the record's source position. Per record on the hot path:
@@ -37,15 +36,19 @@ fn value_error(info: &OpInfo, r: &RecordRef<'_>, source: crate::codec::CodecErro
 fn value_snapshot<K: Key, V: Data>(
     state: &mut ValueState<K, V>,
     name: &'static str,
-    at: Barrier,
+    at: SnapshotAt,
 ) -> Result<StateSnapshot> {
-    Ok(StateSnapshot { state: name, codec: V::codec_id().to_string(), entries: state.export_changes(at.n, at.since)? })
+    Ok(StateSnapshot {
+        state: name,
+        codec: V::codec_id().to_string(),
+        snapshot: state.snapshot_changes(at.n, at.since)?,
+    })
 }
 
 /// Loads a value state's entries of `groups` from a checkpoint.
 fn value_restore<K: Key, V: Data>(
     state: &mut ValueState<K, V>,
-    from: &Restore,
+    from: &dyn RestoreSource,
     operator: &str,
     name: &str,
     groups: &std::ops::Range<u16>,
@@ -127,11 +130,11 @@ where
     }
     forward_control!(keyed);
 
-    fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
+    fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
         Ok(vec![value_snapshot(&mut self.state, "value", at)?])
     }
 
-    fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
+    fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
         value_restore(&mut self.state, from, &self.info.name, "value", groups)
     }
 }
@@ -176,11 +179,11 @@ where
     }
     forward_control!(keyed);
 
-    fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
+    fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
         Ok(vec![value_snapshot(&mut self.state, "accumulator", at)?])
     }
 
-    fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
+    fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
         value_restore(&mut self.state, from, &self.info.name, "accumulator", groups)
     }
 }
@@ -384,18 +387,18 @@ where
         self.failures.barrier(n)
     }
 
-    fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
+    fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
         Ok(vec![
             value_snapshot(&mut self.state, "value", at)?,
             StateSnapshot {
                 state: "timers",
                 codec: TIMERS.into(),
-                entries: self.timers.export_changes(at.n, at.since)?,
+                snapshot: self.timers.snapshot_changes(at.n, at.since)?,
             },
         ])
     }
 
-    fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
+    fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
         value_restore(&mut self.state, from, &self.info.name, "value", groups)?;
         let name = &self.info.name;
         let timers = &mut self.timers;

@@ -2,25 +2,24 @@
 //! a source partition; a channel head receives batches from its input edges
 //! and feeds a keyed operator.
 
-use std::future::Future;
-use std::pin::Pin;
+use crate::task::BoxFuture;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::checkpoint::{Ack, Restore, SourcePositionEntry, StateFile, StateFileEntry, StateFileWriter, TaskEvent};
+use crate::checkpoint::aligner::Aligner;
+use crate::checkpoint::{Ack, SourcePositionEntry, TaskEvent};
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
-use crate::record::{Batch, END_OF_TIME, NO_TIMESTAMP, RecordBatch, Timestamp};
 use crate::operator::OpInfo;
-use crate::time::watermarks::{InputTime, WatermarkTracker};
-use crate::runtime::{Consumer, EdgeSender, Message, Outbox};
+use crate::operator::{Consumer, InputOperator, Outbox, SnapshotAt};
+use crate::record::Message;
+use crate::record::{END_OF_TIME, NO_TIMESTAMP};
+use crate::runtime::EdgeSender;
 use crate::sources::{ReadStatus, SourceOutput, SourceReader};
-use crate::state::Export;
-
-/// A boxed, sendable future.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+use crate::state::StateSnapshot;
+use crate::time::watermarks::{InputTime, WatermarkTracker};
 
 /// What a head task owns besides its chain: the queue of outgoing messages
 /// and the edges they go to.
@@ -86,20 +85,6 @@ impl StallWatch {
     }
 }
 
-/// Operator `name` as the start of its state files' names: ASCII letters,
-/// digits and `-` as they are, anything else `_`, and then, if anything
-/// was replaced, a hash of the name, so that `a.b` and `a_b` do not share
-/// files.
-pub(crate) fn file_stem(name: &str) -> String {
-    let safe: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
-    if safe == name {
-        return safe;
-    }
-    // FNV-1a: stable across builds and platforms.
-    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
-    format!("{safe}_{:08x}", hash as u32)
-}
-
 /// A task's part in checkpoints.
 pub(crate) struct CheckpointIo {
     /// Source tasks: checkpoint numbers to inject barriers for.
@@ -123,42 +108,13 @@ impl CheckpointIo {
     /// Writes the exported state of checkpoint `n` in the background, then
     /// acknowledges (a failure is acknowledged as such).
     fn write_and_ack(&self, n: u64, snapshots: Vec<StateSnapshot>) {
-        // State files live in `shared/`: a delta's chain reaches back into
-        // earlier checkpoints, so files outlive their checkpoint's directory.
         let (storage, run) = (self.storage.clone(), self.run.clone());
         let (acks, operator, instance, groups) =
             (self.acks.clone(), self.operator.clone(), self.instance, self.groups.clone());
         let task = self.task.clone();
         tokio::task::spawn_blocking(move || {
-            let result = (|| -> Result<Vec<StateFileEntry>> {
-                let safe = file_stem(&operator);
-                let mut files = Vec::new();
-                for snap in snapshots {
-                    let file = format!("{safe}-{instance}-{}-{n:020}-{run}.state", snap.state);
-                    let meta = StateFile {
-                        operator: operator.clone(),
-                        state: snap.state.to_string(),
-                        codec: snap.codec,
-                        groups: Vec::new(),
-                        removed: Vec::new(),
-                    };
-                    // A frame per part of the export: the state is never
-                    // all in memory, encoded or not.
-                    let name = format!("{}/{file}", crate::checkpoint::SHARED);
-                    let mut writer = StateFileWriter::create(&*storage, &name, &meta)?;
-                    let base = (snap.entries)(&mut |part| writer.part(&part.part))?;
-                    writer.finish()?;
-                    files.push(StateFileEntry {
-                        operator: operator.clone(),
-                        state: snap.state.to_string(),
-                        file: format!("../{}/{file}", crate::checkpoint::SHARED),
-                        key_groups: (groups.start, groups.end),
-                        checkpoint: n,
-                        base,
-                    });
-                }
-                Ok(files)
-            })();
+            let result =
+                crate::checkpoint::write_task_state(&*storage, &run, &operator, instance, &groups, n, snapshots);
             let ack = match result {
                 Ok(states) => Ack { checkpoint: n, sources: Vec::new(), states, failure: None, task },
                 Err(e) => Ack {
@@ -249,10 +205,10 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
                     self.chain.flush()?;
                     last_flush = now;
                 }
-                io.outbox.drain(&io.senders).await?;
+                super::drain(&io.outbox, &io.senders).await?;
                 if status == ReadStatus::Done {
                     self.chain.finish()?;
-                    io.outbox.drain(&io.senders).await?;
+                    super::drain(&io.outbox, &io.senders).await?;
                     break;
                 }
                 since_yield += 1;
@@ -284,7 +240,7 @@ impl<T> SourceHead<T> {
         let Some(cp) = io.checkpoint.as_ref() else { return Ok(()) };
         let ack = self.position_ack(n, &cp.task);
         self.chain.barrier(n)?;
-        io.outbox.drain(&io.senders).await?;
+        super::drain(&io.outbox, &io.senders).await?;
         let _ = cp.acks.send(TaskEvent::Ack(ack));
         Ok(())
     }
@@ -309,47 +265,6 @@ impl<T> SourceHead<T> {
         }
         ack
     }
-}
-
-/// A keyed operator instance fed by channels.
-pub(crate) trait InputOperator: Send {
-    /// Processes a batch from one input. Before each record the operator
-    /// observes the watermark it was read under (`time.observe`), firing
-    /// what became due, and stamps its outputs with `time.current()`.
-    fn on_batch(&mut self, batch: &RecordBatch, time: &mut InputTime<'_>) -> Result<()>;
-    /// The operator's watermark advanced to `wm` (from a watermark or idle
-    /// message, or at the end of a batch): fire what is due and forward it.
-    fn on_watermark(&mut self, wm: Timestamp) -> Result<()>;
-    fn flush(&mut self) -> Result<()>;
-    fn finish(&mut self) -> Result<()>;
-    /// Exports the operator's keyed state for a checkpoint.
-    fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
-        let _ = at;
-        Ok(Vec::new())
-    }
-    /// Loads the operator's keyed state of key groups `groups` from a checkpoint.
-    fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
-        let _ = (from, groups);
-        Ok(())
-    }
-    /// Barrier `n` passed the operator: forward it.
-    fn barrier(&mut self, n: u64) -> Result<()>;
-}
-
-/// The checkpoint a barrier belongs to, and the last complete one (whose
-/// state an incremental export builds on).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Barrier {
-    pub(crate) n: u64,
-    pub(crate) since: u64,
-}
-
-/// One state of an operator, exported for a checkpoint.
-pub(crate) struct StateSnapshot {
-    pub(crate) state: &'static str,
-    pub(crate) codec: String,
-    /// Encodes the state as of the barrier; called on a blocking thread.
-    pub(crate) entries: Export,
 }
 
 /// One input edge of a channel head.
@@ -483,7 +398,7 @@ impl HeadRunner for ChannelHead {
                     let paused = Instant::now();
                     let since =
                         io.checkpoint.as_ref().map_or(0, |c| c.completed.load(std::sync::atomic::Ordering::Relaxed));
-                    let snapshots = self.op.snapshot(Barrier { n: b, since })?;
+                    let snapshots = self.op.snapshot(SnapshotAt { n: b, since })?;
                     self.op.barrier(b)?;
                     let nanos = u64::try_from(paused.elapsed().as_nanos()).unwrap_or(u64::MAX);
                     self.counters.checkpoint_pause_nanos.fetch_max(nanos, std::sync::atomic::Ordering::Relaxed);
@@ -509,206 +424,9 @@ impl HeadRunner for ChannelHead {
                     self.op.flush()?;
                     last_flush = Instant::now();
                 }
-                io.outbox.drain(&io.senders).await?;
+                super::drain(&io.outbox, &io.senders).await?;
             }
             Ok(())
         })
-    }
-}
-
-/// Barrier alignment of a task with several inputs: an input that
-/// delivered barrier `n` is held (not read) until every input that is
-/// still open has delivered it too; then the task snapshots and passes
-/// `n` on, and every input is read again. An input closes only after its
-/// sender has passed every barrier (sources stay until the final
-/// checkpoint), so a closed input counts as having delivered it.
-#[derive(Clone, Debug)]
-pub(crate) struct Aligner {
-    /// The barrier being aligned, and when its first input delivered it.
-    aligning: Option<(u64, Instant)>,
-    held: Vec<bool>,
-    closed: Vec<bool>,
-}
-
-impl Aligner {
-    pub(crate) fn new(inputs: usize) -> Self {
-        Self { aligning: None, held: vec![false; inputs], closed: vec![false; inputs] }
-    }
-
-    /// Whether input `i` is held: it delivered the barrier being aligned.
-    pub(crate) fn holds(&self, i: usize) -> bool {
-        self.held.get(i).copied().unwrap_or(false)
-    }
-
-    /// Input `i` delivered barrier `n`.
-    ///
-    /// # Errors
-    /// A description of the protocol violation: a held input delivering
-    /// again, or a barrier other than the one being aligned.
-    pub(crate) fn barrier(&mut self, i: usize, n: u64) -> std::result::Result<(), String> {
-        match self.aligning {
-            Some((b, _)) if b != n => {
-                return Err(format!("input {i} delivered barrier {n} while barrier {b} was being aligned"));
-            }
-            Some(_) if self.holds(i) => return Err(format!("input {i} delivered barrier {n} twice")),
-            Some(_) => {}
-            None => self.aligning = Some((n, Instant::now())),
-        }
-        if let Some(h) = self.held.get_mut(i) {
-            *h = true;
-        }
-        Ok(())
-    }
-
-    /// Input `i` closed.
-    pub(crate) fn closed(&mut self, i: usize) {
-        if let Some(c) = self.closed.get_mut(i) {
-            *c = true;
-        }
-    }
-
-    /// The barrier every open input has delivered, if one has.
-    pub(crate) fn aligned(&self) -> Option<u64> {
-        let (b, _) = self.aligning?;
-        self.held.iter().zip(&self.closed).all(|(h, c)| *h || *c).then_some(b)
-    }
-
-    /// How long the barrier being aligned has been aligning (since its
-    /// first input delivered it).
-    pub(crate) fn took(&self) -> Option<Duration> {
-        self.aligning.map(|(_, t)| t.elapsed())
-    }
-
-    /// The aligned barrier was passed on: read every input again.
-    pub(crate) fn release(&mut self) {
-        self.aligning = None;
-        self.held.iter_mut().for_each(|h| *h = false);
-    }
-}
-
-/// Pushes a typed batch into a chain and counts it as the operator's output.
-pub(crate) fn emit<T>(info: &OpInfo, chain: &mut dyn Consumer<T>, batch: &mut Batch<T>) -> Result<()> {
-    if batch.is_empty() {
-        return Ok(());
-    }
-    OperatorCounters::add(&info.counters.records_out, batch.len());
-    chain.push(batch)
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
-mod tests {
-    use super::{Aligner, file_stem};
-
-    /// Every interleaving of barriers `1..=2` and data over up to three
-    /// inputs (each input delivering its data, barrier 1, data, barrier 2,
-    /// then maybe closing): an input that delivered barrier `n` is never
-    /// read before every open input has delivered `n`, every barrier is
-    /// aligned exactly once, in order, and only after all inputs
-    /// delivered it or closed.
-    #[test]
-    fn alignment_never_reads_past_a_barrier_in_any_interleaving() {
-        #[derive(Clone, Copy, Debug, PartialEq)]
-        enum Step {
-            Data,
-            Barrier(u64),
-            Close,
-        }
-        // Walks every interleaving by depth-first search over which
-        // readable (not held) input goes next, as the channel head reads.
-        fn walk(scripts: &[Vec<Step>], pos: &mut [usize], aligner: &Aligner, passed: &mut Vec<u64>, leaves: &mut u64) {
-            if let Some(b) = aligner.aligned() {
-                for (i, s) in scripts.iter().enumerate() {
-                    let read = &s[..pos[i]];
-                    assert!(
-                        read.contains(&Step::Barrier(b)) || read.contains(&Step::Close),
-                        "barrier {b} aligned before input {i} delivered it"
-                    );
-                }
-                passed.push(b);
-                assert_eq!(*passed, (1..=b).collect::<Vec<_>>(), "barriers pass once each, in order");
-                let mut next = aligner.clone();
-                next.release();
-                walk(scripts, pos, &next, passed, leaves);
-                passed.pop();
-                return;
-            }
-            let mut moved = false;
-            for i in 0..scripts.len() {
-                if aligner.holds(i) || pos[i] >= scripts[i].len() {
-                    continue;
-                }
-                moved = true;
-                let mut next = aligner.clone();
-                match scripts[i][pos[i]] {
-                    Step::Data => {}
-                    // Fails if a held input was read: it would deliver
-                    // barrier 2 while barrier 1 aligns.
-                    Step::Barrier(b) => next.barrier(i, b).unwrap(),
-                    Step::Close => next.closed(i),
-                }
-                pos[i] += 1;
-                walk(scripts, pos, &next, passed, leaves);
-                pos[i] -= 1;
-            }
-            if !moved {
-                *leaves += 1;
-                // Every barrier some input delivered was aligned.
-                let mut want: Vec<u64> = scripts
-                    .iter()
-                    .flatten()
-                    .filter_map(|s| if let Step::Barrier(b) = s { Some(*b) } else { None })
-                    .collect();
-                want.sort_unstable();
-                want.dedup();
-                assert_eq!(*passed, want, "{aligner:?} at {pos:?}");
-            }
-        }
-        // An input closes after `close` of its steps (or never): before
-        // barrier 1, between the barriers, or after both.
-        fn script(close: Option<usize>) -> Vec<Step> {
-            let mut s = vec![Step::Data, Step::Barrier(1), Step::Data, Step::Barrier(2)];
-            if let Some(at) = close {
-                s.truncate(at);
-                s.push(Step::Close);
-            }
-            s
-        }
-        for inputs in 1..=3usize {
-            let choices = [None, Some(1), Some(3), Some(4)];
-            for combo in 0..choices.len().pow(inputs as u32) {
-                let scripts: Vec<Vec<Step>> =
-                    (0..inputs).map(|i| script(choices[combo / choices.len().pow(i as u32) % choices.len()])).collect();
-                let mut pos = vec![0; inputs];
-                let mut leaves = 0;
-                walk(&scripts, &mut pos, &Aligner::new(inputs), &mut Vec::new(), &mut leaves);
-                assert!(leaves > 0);
-            }
-        }
-    }
-
-    #[test]
-    fn alignment_refuses_a_barrier_out_of_turn() {
-        let mut a = Aligner::new(2);
-        a.barrier(0, 5).unwrap();
-        assert!(a.barrier(0, 5).is_err(), "twice on one input");
-        assert!(a.barrier(1, 6).is_err(), "another barrier while 5 aligns");
-        a.barrier(1, 5).unwrap();
-        assert_eq!(a.aligned(), Some(5));
-        a.release();
-        assert_eq!(a.aligned(), None);
-        a.closed(1);
-        a.barrier(0, 6).unwrap();
-        assert_eq!(a.aligned(), Some(6), "a closed input counts as delivered");
-    }
-
-    #[test]
-    fn operator_names_that_differ_give_state_files_that_differ() {
-        assert_eq!(file_stem("sums"), "sums");
-        assert_eq!(file_stem("per-user"), "per-user");
-        assert!(file_stem("a.b").starts_with("a_b_"));
-        assert_ne!(file_stem("a.b"), file_stem("a_b"));
-        assert_ne!(file_stem("a.b"), file_stem("a b"));
-        assert_eq!(file_stem("a.b"), file_stem("a.b"), "stable");
     }
 }

@@ -6,7 +6,7 @@
 
 mod txn;
 
-pub(crate) use txn::{Committer, Prepared, SinkCommitter, TxnSinkWriter};
+pub(crate) use txn::{SinkCommitter, TxnSinkWriter};
 pub use txn::{TransactionWriter, TwoPhaseCommitSink, TxnFileSink};
 
 use std::fmt;

@@ -19,16 +19,17 @@
 //! checkpoints the whole input is one epoch, committed when the writer
 //! reaches the end of its input.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 
 use serde::Serialize;
 
+use crate::checkpoint::SourcePositionEntry;
+use crate::checkpoint::commit::{Committer, Prepared};
 use crate::error::{Error, Result};
 use crate::sinks::SinkBatch;
 
@@ -60,7 +61,7 @@ pub trait TwoPhaseCommitSink<T>: Send + Sync + 'static {
     ///
     /// # Errors
     /// As [`TwoPhaseCommitSink::commit`].
-    fn commit_at(&self, handle: &str, sources: &[crate::checkpoint::SourcePositionEntry]) -> Result<()> {
+    fn commit_at(&self, handle: &str, sources: &[SourcePositionEntry]) -> Result<()> {
         let _ = sources;
         self.commit(handle)
     }
@@ -100,22 +101,6 @@ pub trait TransactionWriter<T>: Send {
     fn finish(&mut self) -> Result<String>;
 }
 
-/// Pre-committed handles by checkpoint, shared between a sink's writers and
-/// the checkpoint coordinator.
-#[derive(Default)]
-pub(crate) struct Prepared {
-    pub(crate) by_checkpoint: Mutex<BTreeMap<u64, Vec<String>>>,
-}
-
-/// What the coordinator needs of an exactly-once sink.
-pub(crate) trait Committer: Send + Sync {
-    fn name(&self) -> String;
-    /// Takes the handles pre-committed for checkpoints up to `n`.
-    fn take_prepared(&self, n: u64) -> Vec<String>;
-    fn commit(&self, handle: &str, sources: &[crate::checkpoint::SourcePositionEntry]) -> Result<()>;
-    fn abort_after(&self, checkpoint: u64) -> Result<()>;
-}
-
 pub(crate) struct SinkCommitter<T, S> {
     pub(crate) sink: Arc<S>,
     pub(crate) prepared: Arc<Prepared>,
@@ -134,7 +119,7 @@ impl<T: 'static, S: TwoPhaseCommitSink<T>> Committer for SinkCommitter<T, S> {
         done.into_values().flatten().collect()
     }
 
-    fn commit(&self, handle: &str, sources: &[crate::checkpoint::SourcePositionEntry]) -> Result<()> {
+    fn commit(&self, handle: &str, sources: &[SourcePositionEntry]) -> Result<()> {
         self.sink.commit_at(handle, sources)
     }
 
@@ -199,7 +184,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> fo
         }
         // No checkpoints: the whole input was one epoch, and it is done.
         let last = self.writer.finish()?;
-        crate::runtime::blocking(|| self.sink.commit(&last))
+        crate::task::blocking(|| self.sink.commit(&last))
     }
 }
 

@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 use crate::record::{Batch, Meta, NO_TIMESTAMP, SourcePosition, Timestamp};
-use crate::runtime::heads::BoxFuture;
+use crate::task::BoxFuture;
 
 /// Where a job's records come from.
 #[diagnostic::on_unimplemented(

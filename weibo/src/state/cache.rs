@@ -25,11 +25,12 @@ use hashbrown::hash_map::Entry;
 
 use super::spares::{Held, Holding, Spares, Wanted};
 use super::{
-    ChangedKeys, Entries, Export, ExportSink, Exported, OVERLAY_MIN, ObjectMap, StateTable, flush_part, pass_if_full,
+    ChangedKeys, Entries, OVERLAY_MIN, ObjectMap, Snapshot, SnapshotPart, SnapshotSink, StateTable, flush_part,
+    pass_if_full,
 };
 use crate::codec::Data;
-use crate::error::{Error, Result};
 use crate::codec::key::Key;
+use crate::error::{Error, Result};
 
 /// The memory a backend's value caches may use together, shared by every
 /// state opened on it.
@@ -503,18 +504,18 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     /// (the table's export passes each key group's entries in order): when
     /// the snapshot reaches a key group, the cache's values of it are
     /// encoded, then the table's entries the cache does not hold are copied.
-    pub(super) fn export_base(&mut self, groups: Range<u16>) -> Result<Export> {
-        let snapshot = self.table.export_deferred(groups)?;
+    pub(super) fn snapshot_base(&mut self, groups: Range<u16>) -> Result<Snapshot> {
+        let snapshot = self.table.snapshot_deferred(groups)?;
         let mut maps = self.share();
         let (first, operator) = (self.first, self.operator.clone());
         Ok(Box::new(move |sink| {
-            let mut out = Exported::new(true);
+            let mut out = SnapshotPart::new(true);
             // The cache of the key group the snapshot is in, and the index
             // of the next key group whose cache is not passed on yet.
             let mut open: Option<(u16, Held<CacheMap<K, V>>)> = None;
             let mut next = 0usize;
             let mut failure = None;
-            let base = snapshot(&mut |part: &Exported| {
+            let base = snapshot(&mut |part: &SnapshotPart| {
                 let Some(group) = part.part.groups.first().copied() else { return Ok(()) };
                 let index = usize::from(group.saturating_sub(first));
                 if open.as_ref().is_none_or(|(g, _)| *g != group) {
@@ -585,11 +586,11 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     /// What changed after checkpoint `since` (a delta), to encode later:
     /// the cache's entries changed since, and the change log's write-backs
     /// of keys the cache has not changed since, a key group at a time.
-    pub(super) fn export_delta(&mut self, since: u32, changed: Vec<Arc<ChangedKeys>>) -> Export {
+    pub(super) fn snapshot_delta(&mut self, since: u32, changed: Vec<Arc<ChangedKeys>>) -> Snapshot {
         let mut maps = self.share();
         let (first, operator) = (self.first, self.operator.clone());
         Box::new(move |sink| {
-            let mut out = Exported::new(false);
+            let mut out = SnapshotPart::new(false);
             for ((index, group), log) in (0..maps.len()).zip(first..).zip(&changed) {
                 let held = maps.take(index);
                 let newer = |k: &K| held.map().and_then(|m| m.get(k)).is_some_and(|e| e.stamp > since);
@@ -652,8 +653,8 @@ fn cached<K: Key, V: Data>(
     index: usize,
     held: &Held<CacheMap<K, V>>,
     maps: &mut Holding<CacheMap<K, V>>,
-    out: &mut Exported,
-    sink: &mut ExportSink<'_>,
+    out: &mut SnapshotPart,
+    sink: &mut SnapshotSink<'_>,
     operator: &str,
 ) -> Result<()> {
     flush_part(out, sink)?;
@@ -697,22 +698,22 @@ mod tests {
         let mut changed: Vec<Arc<ChangedKeys>> = (0..4).map(|_| Arc::default()).collect();
         // Checkpoints share the maps now and then, and run a while later:
         // writes meanwhile go beside the maps (outside the budget).
-        let mut export: Option<Export> = None;
+        let mut export: Option<Snapshot> = None;
         let mut epoch = 0;
         let (mut entries, mut overlaid) = (0usize, 0usize);
         for i in 0..50_000u64 {
             if i % 5_000 == 1_000 {
                 epoch += 1;
                 export = Some(if epoch % 2 == 1 {
-                    s.export_base(0..4).unwrap()
+                    s.snapshot_base(0..4).unwrap()
                 } else {
-                    s.export_delta(epoch - 1, changed.clone())
+                    s.snapshot_delta(epoch - 1, changed.clone())
                 });
             }
             if i % 5_000 == 3_000
                 && let Some(export) = export.take()
             {
-                export(&mut |part: &Exported| {
+                export(&mut |part: &SnapshotPart| {
                     entries += part.part.entries().count();
                     Ok(())
                 })

@@ -413,15 +413,15 @@ impl StateTable for FjallTable {
     }
 
     /// Takes an fjall snapshot now (cheap: MVCC) and reads it later, a key
-    /// group (or [`EXPORT_PART`](crate::state::EXPORT_PART) entries of one)
+    /// group (or [`SNAPSHOT_PART`](crate::state::SNAPSHOT_PART) entries of one)
     /// at a time.
-    fn export_deferred(&mut self, groups: std::ops::Range<u16>) -> Result<crate::state::Export> {
+    fn snapshot_deferred(&mut self, groups: std::ops::Range<u16>) -> Result<crate::state::Snapshot> {
         let snapshot = self.db.snapshot();
         let keyspace = self.keyspace.clone();
         let operator = self.operator.clone();
         Ok(Box::new(move |sink| {
             use fjall::Readable;
-            let mut part = crate::state::Exported::new(true);
+            let mut part = crate::state::SnapshotPart::new(true);
             for group in groups {
                 for guard in snapshot.prefix(&keyspace, group.to_be_bytes()) {
                     let (k, v) = guard.into_inner().map_err(|e| state_error(&operator, "snapshot read", &e))?;

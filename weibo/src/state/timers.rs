@@ -14,9 +14,9 @@
 
 use std::collections::BTreeSet;
 
-use super::{DueTimers, Entries, Export, RemovedKeys, StateBackend, StateScope, ValueState, key_error};
-use crate::error::{Error, Result};
+use super::{DueTimers, Entries, RemovedKeys, Snapshot, StateBackend, StateScope, ValueState, key_error};
 use crate::codec::key::Key;
+use crate::error::{Error, Result};
 use crate::record::Timestamp;
 
 /// See the module documentation.
@@ -208,18 +208,20 @@ impl<K: Key> TableTimers<K> {
         all
     }
 
-    pub(super) fn export_at(&mut self, at: Option<(u64, u64)>) -> Result<Export> {
-        self.state.export_at(at)
+    pub(super) fn snapshot_at(&mut self, at: Option<(u64, u64)>) -> Result<Snapshot> {
+        self.state.snapshot_at(at)
     }
 
     /// Deletes `removed`, then sets `entries` (keys: time ++ key).
     pub(super) fn import_part(&mut self, entries: Entries, removed: RemovedKeys) -> Result<()> {
         for (group, key) in removed {
-            let (time, k) = crate::codec::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(&self.operator, e))?;
+            let (time, k) =
+                crate::codec::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(&self.operator, e))?;
             self.delete(time, group, &k)?;
         }
         for (group, key, _) in entries {
-            let (time, k) = crate::codec::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(&self.operator, e))?;
+            let (time, k) =
+                crate::codec::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(&self.operator, e))?;
             self.register(time, group, &k)?;
         }
         Ok(())

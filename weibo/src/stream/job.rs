@@ -16,7 +16,7 @@ use crate::graph::CheckpointWiring;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Node, Op};
 use crate::metrics::{MetricsSnapshot, Registry};
-use crate::runtime::erase;
+use crate::operator::erase;
 use crate::runtime::heads::SourceHead;
 use crate::sources::{Source, SourceOutput};
 use crate::state::{MemoryBackend, StateBackend};
@@ -39,13 +39,7 @@ pub(crate) struct JobConfig {
     /// A checkpoint (or a directory of them) to start from.
     pub(crate) restore_from: Option<RestoreFrom>,
     /// The exactly-once sinks, for the coordinator to commit.
-    pub(crate) committers: Vec<Arc<dyn crate::sinks::Committer>>,
-}
-
-impl std::fmt::Debug for dyn crate::sinks::Committer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Committer({})", self.name())
-    }
+    pub(crate) commits: crate::checkpoint::commit::TwoPhaseCommits,
 }
 
 /// Where a job restores from, as configured.
@@ -144,7 +138,7 @@ impl Job {
             wiring_errors: Vec::new(),
             checkpoint: None,
             restore_from: None,
-            committers: Vec::new(),
+            commits: Default::default(),
         };
         Self { graph: Arc::new(Mutex::new(Graph::new(config))) }
     }
@@ -339,7 +333,7 @@ impl Job {
         let config = &graph.config;
         let fingerprint = graph.fingerprint();
         // Checkpoint storage blocks: off the runtime's workers.
-        let restore = crate::runtime::blocking(|| match (&config.restore_from, &config.checkpoint) {
+        let restore = crate::task::blocking(|| match (&config.restore_from, &config.checkpoint) {
             (Some(from), _) => from.load(&fingerprint, config.max_key_groups).map(Some),
             (None, Some(cp)) => Restore::latest(&cp.storage, "", &fingerprint, config.max_key_groups),
             (None, None) => Ok(None),
@@ -350,12 +344,7 @@ impl Job {
         config.state.prepare(&config.name)?;
         // Exactly-once sinks: finish what the restored checkpoint committed
         // (again: commits are idempotent), drop what came after it.
-        for c in &config.committers {
-            for entry in restore.iter().flat_map(|r| r.commits.iter()).filter(|e| e.sink == c.name()) {
-                c.commit(&entry.handle, &[])?;
-            }
-            c.abort_after(restore.as_ref().map_or(0, |r| r.checkpoint))?;
-        }
+        config.commits.on_restore(restore.as_ref().map(|r| (r.checkpoint, r.commits.as_slice())))?;
         let completed = Arc::new(AtomicU64::new(restore.as_ref().map_or(0, |r| r.checkpoint)));
         let (savepoint_tx, savepoint_rx) = mpsc::unbounded_channel();
         let savepoints = config.checkpoint.is_some().then_some(savepoint_tx);
@@ -384,12 +373,11 @@ impl Job {
                         // After every checkpoint already in the directory, so
                         // that a run restored from a savepoint never writes into
                         // (or is deleted as) an older run's checkpoint.
-                        next: crate::runtime::blocking(|| crate::checkpoint::highest_checkpoint(&*cp.storage))?
+                        next: crate::task::blocking(|| crate::checkpoint::highest_checkpoint(&*cp.storage))?
                             .max(restore.as_ref().map_or(0, |r| r.checkpoint))
                             + 1,
                         completed: completed.clone(),
-                        committers: config.committers.clone(),
-                        uncommitted: Vec::new(),
+                        commits: config.commits.clone(),
                         savepoints: savepoint_rx,
                         previous: None,
                     }),
@@ -398,7 +386,7 @@ impl Job {
             None => (None, None),
         };
         // Building restores state: storage reads, off the runtime's workers.
-        let physical = crate::runtime::blocking(|| graph.build_with(&registry, restore.as_ref(), wiring))?;
+        let physical = crate::task::blocking(|| graph.build_with(&registry, restore.as_ref(), wiring))?;
         let name = graph.config.name.clone();
         drop(graph);
         let started = Instant::now();

@@ -5,45 +5,32 @@
 //! Types are checked here, by the compiler; the runtime only sees bytes at
 //! node boundaries.
 
-
 pub(crate) mod job;
 
 use std::fmt::Display;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use serde::{Deserialize, Serialize};
-
+use crate::checkpoint::commit::{Committer, Prepared};
 use crate::codec::Data;
+use crate::codec::key::Key;
 use crate::error::{Error, Result};
 use crate::graph::{
     ChainFactory, EdgeKind, Graph, Input, KeyedFactory, Node, NodeId, Op, Port, RouterFactory, TypedPort, typed,
 };
-use crate::codec::key::Key;
+use crate::operator::erase;
 use crate::operator::keyed::{FoldOp, KeyedContext, KeyedProcessOp, PartitionOp, ReduceOp};
-use crate::record::Timestamp;
-use crate::record::{Batch, SourcePosition};
-use crate::runtime::erase;
 use crate::operator::{
     BatchLimits, Failures, FilterOp, FlatMapOp, KeyGroupRoutes, MapOp, OpInfo, Policy, ProcessOp, RouterOp,
 };
-use crate::sinks::{Committer, Prepared, Sink, SinkCommitter, TwoPhaseCommitSink, TxnSinkWriter};
+use crate::record::Batch;
+use crate::record::Timestamp;
+use crate::sinks::{Sink, SinkCommitter, TwoPhaseCommitSink, TxnSinkWriter};
 use crate::state::{StateScope, TimerState, ValueState};
-use crate::time::{TimestampOp, WatermarkStrategy};
+use crate::operator::watermarks::TimestampOp;
+use crate::time::WatermarkStrategy;
 
-/// A record a `process` function failed on, sent to the dead-letter output
-/// under the [`on_error::DeadLetter`] policy.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct DeadLetter<T> {
-    /// The record, as the failing operator received it.
-    pub record: T,
-    /// The function's error, as text.
-    pub error: String,
-    /// The failing operator's name.
-    pub operator: String,
-    /// Where the record came from.
-    pub position: SourcePosition,
-}
+pub use crate::operator::policy::DeadLetter;
 
 /// What `process` does with a record its function fails on.
 ///
@@ -55,17 +42,8 @@ pub struct DeadLetter<T> {
 pub mod on_error {
     use super::{DeadLetter as Letter, Stream};
 
-    /// The policy a marker stands for (internal).
     #[doc(hidden)]
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub enum Policy {
-        /// Drop and count.
-        Drop,
-        /// Send to the dead-letter output.
-        DeadLetter,
-        /// Stop the job.
-        Fail,
-    }
+    pub use crate::operator::policy::Policy;
 
     /// Drop failing records, counting them.
     #[derive(Clone, Copy, Debug, Default)]
@@ -199,7 +177,7 @@ pub(crate) fn port<T: Clone + Send + 'static>(label: &'static str, must_consume:
     Port { type_name: std::any::type_name::<T>(), ty: TypedPort::<T>::shared(), must_consume, label }
 }
 
-fn one(mut outs: Vec<crate::runtime::AnyConsumer>, what: &str) -> Result<crate::runtime::AnyConsumer> {
+fn one(mut outs: Vec<crate::operator::AnyConsumer>, what: &str) -> Result<crate::operator::AnyConsumer> {
     if outs.len() == 1 {
         outs.pop().ok_or_else(|| Error::Internal(format!("{what}: no output")))
     } else {
@@ -208,9 +186,9 @@ fn one(mut outs: Vec<crate::runtime::AnyConsumer>, what: &str) -> Result<crate::
 }
 
 fn two(
-    mut outs: Vec<crate::runtime::AnyConsumer>,
+    mut outs: Vec<crate::operator::AnyConsumer>,
     what: &str,
-) -> Result<(crate::runtime::AnyConsumer, crate::runtime::AnyConsumer)> {
+) -> Result<(crate::operator::AnyConsumer, crate::operator::AnyConsumer)> {
     match (outs.pop(), outs.pop(), outs.is_empty()) {
         (Some(second), Some(first), true) => Ok((first, second)),
         _ => Err(Error::Internal(format!("{what}: expected two outputs"))),
@@ -587,7 +565,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let prepared = Arc::new(Prepared::default());
         let committer: Arc<dyn Committer> =
             Arc::new(SinkCommitter { sink: sink.clone(), prepared: prepared.clone(), _t: PhantomData::<fn(T)> });
-        self.lock().config.committers.push(committer);
+        self.lock().config.commits.register(committer);
         let factory: Arc<ChainFactory> = Arc::new(move |ctx, info, _outs| {
             let epoch = ctx.restore.map_or(1, |r| r.checkpoint + 1);
             let writer = sink.open(ctx.instance, ctx.parallelism, epoch)?;

@@ -18,17 +18,11 @@
 //!   left out), and it never moves back;
 //! - the end of input is watermark `+∞`: every window fires.
 
-
 pub(crate) mod watermarks;
 
-use std::marker::PhantomData;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::error::Result;
-use crate::record::{Batch, NO_TIMESTAMP, Timestamp};
-use crate::runtime::Consumer;
-use crate::operator::OpInfo;
+use crate::record::Timestamp;
 
 /// Milliseconds of a duration, as a timestamp difference.
 pub(crate) fn millis(d: Duration) -> i64 {
@@ -48,7 +42,7 @@ pub(crate) fn millis(d: Duration) -> i64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WatermarkStrategy {
     bound: i64,
-    idleness: Option<Duration>,
+    pub(crate) idleness: Option<Duration>,
 }
 
 impl WatermarkStrategy {
@@ -86,102 +80,6 @@ impl WatermarkStrategy {
     #[inline]
     pub(crate) fn watermark_for(&self, max_timestamp: Timestamp) -> Timestamp {
         max_timestamp.saturating_sub(self.bound).saturating_sub(1)
-    }
-}
-
-/// Assigns timestamps and generates watermarks, per parallel instance.
-pub(crate) struct TimestampOp<T, F> {
-    pub(crate) info: OpInfo,
-    pub(crate) f: Arc<F>,
-    pub(crate) strategy: WatermarkStrategy,
-    pub(crate) max_timestamp: Timestamp,
-    pub(crate) watermark: Timestamp,
-    pub(crate) reported: Timestamp,
-    pub(crate) last_record: Instant,
-    pub(crate) idle: bool,
-    pub(crate) next: Box<dyn Consumer<T>>,
-    pub(crate) _t: PhantomData<fn(T)>,
-}
-
-impl<T, F> TimestampOp<T, F> {
-    pub(crate) fn new(info: OpInfo, f: Arc<F>, strategy: WatermarkStrategy, next: Box<dyn Consumer<T>>) -> Self {
-        Self {
-            info,
-            f,
-            strategy,
-            max_timestamp: NO_TIMESTAMP,
-            watermark: NO_TIMESTAMP,
-            reported: NO_TIMESTAMP,
-            last_record: Instant::now(),
-            idle: false,
-            next,
-            _t: PhantomData,
-        }
-    }
-}
-
-impl<T, F> Consumer<T> for TimestampOp<T, F>
-where
-    T: Send + 'static,
-    F: Fn(&T, Timestamp) -> Timestamp + Send + Sync + 'static,
-{
-    #[inline]
-    fn push(&mut self, batch: &mut Batch<T>) -> Result<()> {
-        let n = batch.len();
-        crate::metrics::OperatorCounters::add(&self.info.counters.records_in, n);
-        let f = &*self.f;
-        for (v, m) in batch.values.iter().zip(batch.meta.iter_mut()) {
-            m.watermark = self.watermark;
-            let ts = f(v, m.timestamp);
-            m.timestamp = ts;
-            if ts != NO_TIMESTAMP && ts > self.max_timestamp {
-                self.max_timestamp = ts;
-                self.watermark = self.watermark.max(self.strategy.watermark_for(ts));
-            }
-        }
-        if n > 0 {
-            self.last_record = Instant::now();
-            self.idle = false;
-        }
-        crate::metrics::OperatorCounters::add(&self.info.counters.records_out, n);
-        self.next.push(batch)?;
-        if self.watermark > self.reported {
-            self.reported = self.watermark;
-            self.next.watermark(self.watermark)?;
-        }
-        Ok(())
-    }
-
-    /// Watermarks from upstream are replaced by this operator's own.
-    fn watermark(&mut self, _wm: Timestamp) -> Result<()> {
-        Ok(())
-    }
-
-    fn barrier(&mut self, n: u64) -> Result<()> {
-        self.next.barrier(n)
-    }
-
-    fn idle(&mut self) -> Result<()> {
-        if !self.idle {
-            self.idle = true;
-            self.next.idle()?;
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self) -> Result<()> {
-        if let Some(timeout) = self.strategy.idleness
-            && !self.idle
-            && self.last_record.elapsed() >= timeout
-        {
-            self.idle = true;
-            self.next.idle()?;
-        }
-        self.next.flush()
-    }
-
-    fn finish(&mut self) -> Result<()> {
-        self.next.finish()
     }
 }
 

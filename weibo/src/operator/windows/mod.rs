@@ -48,22 +48,21 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::Restore;
+use crate::codec::key::Key;
 use crate::codec::{CodecError, CodecId, Data};
 use crate::error::{Error, Result};
 use crate::graph::{KeyedFactory, typed};
-use crate::codec::key::Key;
+use crate::metrics::OperatorCounters;
+use crate::operator::Consumer;
+use crate::operator::OpInfo;
 use crate::operator::keyed::TIMERS;
 use crate::operator::keyed::{decode_key, decode_value};
-use crate::metrics::OperatorCounters;
+use crate::operator::{InputOperator, SnapshotAt, emit};
 use crate::record::{Batch, Meta, RecordBatch, Timestamp};
-use crate::runtime::Consumer;
-use crate::runtime::heads::{Barrier, InputOperator, StateSnapshot, emit};
-use crate::operator::OpInfo;
-use crate::time::watermarks::InputTime;
-use crate::state::{StateScope, TimerState, ValueState, WindowState};
+use crate::state::{RestoreSource, StateScope, StateSnapshot, TimerState, ValueState, WindowState};
 use crate::stream::{Aggregate, KeyedStream, Stream};
 use crate::time::millis;
+use crate::time::watermarks::InputTime;
 
 /// A window: the event times `[start, end)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -889,8 +888,13 @@ impl<K: Key> Fired<K> {
     fn record(&mut self, wm: Timestamp) -> Result<()> {
         for g in self.groups.clone() {
             let horizon = self.horizon.get(&g).copied().unwrap_or(crate::record::NO_TIMESTAMP).max(wm);
-            let owed: Vec<(Timestamp, Vec<u8>)> =
-                self.owed.get(&g).into_iter().flatten().map(|(start, k)| (*start, crate::codec::key::encode(k))).collect();
+            let owed: Vec<(Timestamp, Vec<u8>)> = self
+                .owed
+                .get(&g)
+                .into_iter()
+                .flatten()
+                .map(|(start, k)| (*start, crate::codec::key::encode(k)))
+                .collect();
             let record = FiredUpTo { horizon, owed };
             self.key_buf.clear();
             g.encode_key(&mut self.key_buf);
@@ -1045,18 +1049,19 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
 
     window_control!();
 
-    fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
-        let entries = self.state.export_changes(&self.common.info.name, at.n, at.since)?;
-        let mut out = vec![StateSnapshot { state: "windows", codec: W::Acc::codec_id().to_string(), entries }];
+    fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
+        let entries = self.state.snapshot_changes(&self.common.info.name, at.n, at.since)?;
+        let mut out =
+            vec![StateSnapshot { state: "windows", codec: W::Acc::codec_id().to_string(), snapshot: entries }];
         if let Some(f) = self.fired.as_mut() {
             f.record(self.common.watermark)?;
-            let entries = f.state.export_changes(at.n, at.since)?;
-            out.push(StateSnapshot { state: "fired", codec: FiredUpTo::codec_id().to_string(), entries });
+            let entries = f.state.snapshot_changes(at.n, at.since)?;
+            out.push(StateSnapshot { state: "fired", codec: FiredUpTo::codec_id().to_string(), snapshot: entries });
         }
         Ok(out)
     }
 
-    fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
+    fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
         let name = self.common.info.name.clone();
         // A part at a time: a large window state is never all in memory.
         from.load_entries(&name, "windows", &W::Acc::codec_id().to_string(), groups, &mut |entries, removed| {
@@ -1224,27 +1229,27 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
 
     window_control!();
 
-    fn snapshot(&mut self, at: Barrier) -> Result<Vec<StateSnapshot>> {
+    fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
         Ok(vec![
             StateSnapshot {
                 state: "sessions",
                 codec: Sessions::<W::Acc>::codec_id().to_string(),
-                entries: self.state.export_changes(at.n, at.since)?,
+                snapshot: self.state.snapshot_changes(at.n, at.since)?,
             },
             StateSnapshot {
                 state: "fire-timers",
                 codec: TIMERS.into(),
-                entries: self.common.fire.export_changes(at.n, at.since)?,
+                snapshot: self.common.fire.snapshot_changes(at.n, at.since)?,
             },
             StateSnapshot {
                 state: "cleanup-timers",
                 codec: TIMERS.into(),
-                entries: self.common.cleanup.export_changes(at.n, at.since)?,
+                snapshot: self.common.cleanup.snapshot_changes(at.n, at.since)?,
             },
         ])
     }
 
-    fn restore(&mut self, from: &Restore, groups: &std::ops::Range<u16>) -> Result<()> {
+    fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
         let name = self.common.info.name.clone();
         let codec = Sessions::<W::Acc>::codec_id().to_string();
         from.load_entries(&name, "sessions", &codec, groups, &mut |entries, removed| {

@@ -1,0 +1,153 @@
+//! The two-phase-commit lifecycle of exactly-once sinks, in one place.
+//!
+//! 1. **Register**: the typed DSL registers each exactly-once sink's
+//!    [`Committer`] with the job ([`TwoPhaseCommits::register`]).
+//! 2. **Pre-commit**: at barrier `n` each writer pre-commits its epoch and
+//!    leaves the handle in the sink's [`Prepared`] (`sinks::txn`).
+//! 3. **Commit on completion**: the coordinator collects the handles of
+//!    checkpoint `n` into its manifest ([`TwoPhaseCommits::collect`]);
+//!    once the manifest is published it commits them
+//!    ([`TwoPhaseCommits::commit_completed`]). A commit that fails is kept
+//!    and tried again with the next checkpoint, or, after the final one,
+//!    a few more times ([`TwoPhaseCommits::retry_leftovers`]).
+//! 4. **Re-commit on restore**: before anything runs, a restored job
+//!    commits the handles of the checkpoint it restores (again: commits
+//!    are idempotent) and discards whatever was pre-committed after it
+//!    ([`TwoPhaseCommits::on_restore`]).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::error::Result;
+
+use super::{CommitEntry, SourcePositionEntry};
+
+/// Pre-committed handles by checkpoint, shared between a sink's writers and
+/// its [`Committer`].
+#[derive(Default)]
+pub(crate) struct Prepared {
+    pub(crate) by_checkpoint: Mutex<BTreeMap<u64, Vec<String>>>,
+}
+
+/// What the coordinator needs of an exactly-once sink.
+pub(crate) trait Committer: Send + Sync {
+    fn name(&self) -> String;
+    /// Takes the handles pre-committed for checkpoints up to `n`.
+    fn take_prepared(&self, n: u64) -> Vec<String>;
+    /// Commits `handle`, with the sources' positions of the checkpoint it
+    /// belongs to (empty when they are not this commit's to claim).
+    fn commit(&self, handle: &str, sources: &[SourcePositionEntry]) -> Result<()>;
+    /// Discards everything pre-committed after `checkpoint`.
+    fn abort_after(&self, checkpoint: u64) -> Result<()>;
+}
+
+impl std::fmt::Debug for dyn Committer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Committer({})", self.name())
+    }
+}
+
+/// The exactly-once sinks of a job and the commits still owed.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TwoPhaseCommits {
+    committers: Vec<Arc<dyn Committer>>,
+    /// Handles of complete checkpoints whose commit failed: tried again
+    /// with the next checkpoint.
+    uncommitted: Vec<CommitEntry>,
+}
+
+/// The commits of one checkpoint: its own handles and those carried over.
+pub(crate) struct CheckpointCommits {
+    pub(crate) entries: Vec<CommitEntry>,
+    /// The ones carried from earlier checkpoints.
+    retried: Vec<CommitEntry>,
+}
+
+impl TwoPhaseCommits {
+    /// Step 1: an exactly-once sink joins the job.
+    pub(crate) fn register(&mut self, committer: Arc<dyn Committer>) {
+        self.committers.push(committer);
+    }
+
+    /// Step 4: finishes what the restored checkpoint committed and drops
+    /// what came after it. `commits` are the restored manifest's.
+    pub(crate) fn on_restore(&self, restored: Option<(u64, &[CommitEntry])>) -> Result<()> {
+        let (checkpoint, commits) = restored.unwrap_or((0, &[]));
+        for c in &self.committers {
+            for entry in commits.iter().filter(|e| e.sink == c.name()) {
+                c.commit(&entry.handle, &[])?;
+            }
+            c.abort_after(checkpoint)?;
+        }
+        Ok(())
+    }
+
+    /// Step 3, first half: what checkpoint `n`'s manifest records.
+    pub(crate) fn collect(&mut self, n: u64) -> CheckpointCommits {
+        let mut entries = std::mem::take(&mut self.uncommitted);
+        let retried = entries.clone();
+        for c in &self.committers {
+            entries.extend(c.take_prepared(n).into_iter().map(|handle| CommitEntry { sink: c.name(), handle }));
+        }
+        CheckpointCommits { entries, retried }
+    }
+
+    /// The manifest that would have recorded `collected` was not written:
+    /// the handles go with the next checkpoint that is complete.
+    pub(crate) fn keep(&mut self, collected: CheckpointCommits) {
+        self.uncommitted = collected.entries;
+    }
+
+    /// Step 3, second half: the checkpoint is complete, so the sinks may
+    /// show its records. `positions` are its sources' positions: only the
+    /// checkpoint's own handles go with them (a commit retried from an
+    /// earlier one must not claim more). `between` runs between two
+    /// commits (a fault-injection point). Blocks: call it off the
+    /// runtime's workers.
+    pub(crate) fn commit_completed(
+        &mut self,
+        collected: CheckpointCommits,
+        positions: &[SourcePositionEntry],
+        mut between: impl FnMut(),
+    ) -> usize {
+        let count = collected.entries.len();
+        for (i, entry) in collected.entries.into_iter().enumerate() {
+            if i > 0 {
+                between();
+            }
+            let Some(c) = self.committers.iter().find(|c| c.name() == entry.sink) else { continue };
+            let fresh = !collected.retried.contains(&entry);
+            if let Err(e) = c.commit(&entry.handle, if fresh { positions } else { &[] }) {
+                tracing::warn!(sink = %entry.sink, handle = %entry.handle, error = %e, "commit failed; retried with the next checkpoint");
+                self.uncommitted.push(entry);
+            }
+        }
+        count
+    }
+
+    /// After the final checkpoint: commits that failed with it are tried
+    /// a few more times (there is no later checkpoint to carry them).
+    /// Returns the first still owed, and how many are.
+    pub(crate) async fn retry_leftovers(&mut self) -> Option<(CommitEntry, usize)> {
+        let mut pause = Duration::from_millis(200);
+        for attempt in 1..=5 {
+            if self.uncommitted.is_empty() {
+                return None;
+            }
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+            let entries = std::mem::take(&mut self.uncommitted);
+            crate::task::blocking(|| {
+                for entry in entries {
+                    let Some(c) = self.committers.iter().find(|c| c.name() == entry.sink) else { continue };
+                    if let Err(e) = c.commit(&entry.handle, &[]) {
+                        tracing::warn!(sink = %entry.sink, handle = %entry.handle, attempt, error = %e, "commit after the final checkpoint failed; trying again");
+                        self.uncommitted.push(entry);
+                    }
+                }
+            });
+        }
+        self.uncommitted.first().cloned().map(|e| (e, self.uncommitted.len()))
+    }
+}

@@ -1,0 +1,79 @@
+//! How checkpoints name what they write, in one place: checkpoint
+//! directories (`chk-<n>`), state files (`shared/<operator>-<instance>-
+//! <state>-<n>-<run>.state`) and the run token in them. Both the writing
+//! (a task's state at a barrier) and the parsing (retention, the highest
+//! checkpoint in a storage) go through here.
+
+use super::SHARED;
+
+/// Operator `name` as the start of its state files' names: ASCII letters,
+/// digits and `-` as they are, anything else `_`, and then, if anything
+/// was replaced, a hash of the name, so that `a.b` and `a_b` do not share
+/// files.
+pub(crate) fn file_stem(name: &str) -> String {
+    let safe: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    if safe == name {
+        return safe;
+    }
+    // FNV-1a: stable across builds and platforms.
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    format!("{safe}_{:08x}", hash as u32)
+}
+
+/// The name of checkpoint `n`'s directory.
+pub(crate) fn checkpoint_name(n: u64) -> String {
+    format!("chk-{n:020}")
+}
+
+/// The number of a checkpoint's directory (`chk-<n>`), if `name` is one.
+pub(crate) fn checkpoint_number(name: &str) -> Option<u64> {
+    name.strip_prefix("chk-")?.parse().ok()
+}
+
+/// The checkpoint that wrote state file `name`:
+/// `<operator>-<instance>-<state>-<n>-<run>.state`, or without the run's
+/// token as builds before it named them.
+pub(crate) fn written_by(name: &str) -> Option<u64> {
+    let mut parts = name.strip_suffix(".state")?.rsplit('-');
+    let last = parts.next()?;
+    if last.len() == 20 && last.bytes().all(|b| b.is_ascii_digit()) {
+        return last.parse().ok();
+    }
+    parts.next()?.parse().ok()
+}
+
+/// A token for this run of a job, in the names of the state files it
+/// writes: a job restarted in the same storage (while writes of its
+/// previous run may still be finishing, invisible until they do) never
+/// writes an object of the same name.
+pub(crate) fn run_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+/// Where a task's state file for checkpoint `n` goes: its name in the
+/// storage, and the name a manifest records (relative to the checkpoint's
+/// directory). State files live in `shared/`: a delta's chain reaches back
+/// into earlier checkpoints, so files outlive their checkpoint's directory.
+pub(crate) fn state_file(operator: &str, instance: usize, state: &str, n: u64, run: &str) -> (String, String) {
+    let file = format!("{}-{instance}-{state}-{n:020}-{run}.state", file_stem(operator));
+    (format!("{SHARED}/{file}"), format!("../{SHARED}/{file}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operator_names_that_differ_give_state_files_that_differ() {
+        assert_eq!(file_stem("sums"), "sums");
+        assert_eq!(file_stem("per-user"), "per-user");
+        assert!(file_stem("a.b").starts_with("a_b_"));
+        assert_ne!(file_stem("a.b"), file_stem("a_b"));
+        assert_ne!(file_stem("a.b"), file_stem("a b"));
+        assert_eq!(file_stem("a.b"), file_stem("a.b"), "stable");
+    }
+}

@@ -1,0 +1,226 @@
+//! The end of a chain at a shuffle edge: the router that encodes records
+//! and routes them by key group to the instance that owns it.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::codec::Data;
+use crate::codec::key::{Key, key_group};
+use crate::error::{Error, Result};
+use crate::metrics::OperatorCounters;
+use crate::operator::{Consumer, Outbox};
+use crate::record::Message;
+use crate::record::{Batch, RecordBatch, Timestamp};
+
+use super::*;
+
+/// Shape of the batches a router builds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BatchLimits {
+    pub(crate) records: usize,
+    pub(crate) bytes: usize,
+}
+
+/// The end of a chain at a hash edge: computes each value's key, encodes key
+/// and value once, and appends them to the batch of the worker that owns the
+/// key's group.
+pub(crate) struct RouterOp<T, K, KF: ?Sized> {
+    pub(crate) info: OpInfo,
+    pub(crate) key_fn: Arc<KF>,
+    pub(crate) targets: Vec<RecordBatch>,
+    pub(crate) senders: Vec<usize>,
+    pub(crate) outbox: Outbox,
+    pub(crate) routes: KeyGroupRoutes,
+    /// Spent batches returned by the receivers, for reuse.
+    pub(crate) pool: crate::record::BatchPool,
+    pub(crate) limits: BatchLimits,
+    pub(crate) key_buf: Vec<u8>,
+    /// The latest watermark from upstream, and the latest one sent. Records
+    /// carry their watermark, so while data flows the receivers know it;
+    /// the message goes out with the next flush, after the data before it.
+    pub(crate) watermark: Timestamp,
+    pub(crate) sent_watermark: Timestamp,
+    pub(crate) _t: PhantomData<fn(T) -> K>,
+}
+
+impl<T, K, KF: ?Sized> RouterOp<T, K, KF> {
+    fn send(&mut self, target: usize) {
+        if let (Some(batch), Some(&sender)) = (self.targets.get_mut(target), self.senders.get(target))
+            && !batch.is_empty()
+        {
+            let full = std::mem::replace(batch, self.pool.take(self.limits.records, 16 * self.limits.records));
+            self.outbox.push(sender, Message::Data(full));
+        }
+    }
+
+    fn send_all(&mut self) {
+        for t in 0..self.targets.len() {
+            self.send(t);
+        }
+    }
+
+    fn broadcast(&mut self, make: impl Fn() -> Message) {
+        for &sender in &self.senders {
+            self.outbox.push(sender, make());
+        }
+    }
+
+    /// Sends every partial batch, then the watermark if it moved.
+    fn send_all_and_watermark(&mut self) {
+        self.send_all();
+        if self.watermark > self.sent_watermark {
+            self.sent_watermark = self.watermark;
+            let wm = self.watermark;
+            self.broadcast(|| Message::Watermark(wm));
+        }
+    }
+}
+
+/// Key bytes → (key group, worker), without a division per record: a mask
+/// when the number of key groups is a power of two (the default), and a
+/// table from key group to worker. Same results as [`key_group`] and
+/// [`worker_of`].
+#[derive(Clone, Debug)]
+pub(crate) struct KeyGroupRoutes {
+    max: u16,
+    mask: Option<u64>,
+    workers: Vec<usize>,
+}
+
+impl KeyGroupRoutes {
+    pub(crate) fn new(max: u16, parallelism: usize) -> Self {
+        let max = max.max(1);
+        Self {
+            max,
+            mask: max.is_power_of_two().then(|| u64::from(max) - 1),
+            workers: (0..max).map(|g| worker_of(g, parallelism, max)).collect(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn route(&self, key: &[u8]) -> (u16, usize) {
+        let group = match self.mask {
+            // The masked value is below `max`, a u16.
+            Some(mask) => (crate::codec::key::key_hash(key) & mask) as u16,
+            None => key_group(key, self.max),
+        };
+        (group, self.workers.get(usize::from(group)).copied().unwrap_or(usize::MAX))
+    }
+}
+
+/// The worker (of `parallelism`) that owns key group `group` (of `max`):
+/// contiguous ranges, as [`key_group_range`] gives them.
+#[inline]
+pub(crate) fn worker_of(group: u16, parallelism: usize, max: u16) -> usize {
+    usize::from(group) * parallelism / usize::from(max.max(1))
+}
+
+/// The key groups worker `index` of `parallelism` owns.
+pub(crate) fn key_group_range(index: usize, parallelism: usize, max: u16) -> std::ops::Range<u16> {
+    let max = usize::from(max);
+    let p = parallelism.max(1);
+    let start = (index * max).div_ceil(p);
+    let end = ((index + 1) * max).div_ceil(p);
+    // Both are at most `max`, which is a u16.
+    (start as u16)..(end.min(max) as u16)
+}
+
+impl<T, K, KF: ?Sized> Consumer<T> for RouterOp<T, K, KF>
+where
+    T: Data,
+    K: Key,
+    KF: Fn(&T) -> K + Send + Sync + 'static,
+{
+    #[inline]
+    fn push(&mut self, batch: &mut Batch<T>) -> Result<()> {
+        let n = batch.len();
+        OperatorCounters::add(&self.info.counters.records_in, n);
+        for (v, m) in batch.values.drain(..).zip(batch.meta.drain(..)) {
+            self.key_buf.clear();
+            (self.key_fn)(&v).encode_key(&mut self.key_buf);
+            let (group, target) = self.routes.route(&self.key_buf);
+            let Some(out) = self.targets.get_mut(target) else {
+                return Err(Error::Internal(format!("key group {group} maps to missing worker {target}")));
+            };
+            let key_start = out.data_mut().len();
+            out.data_mut().extend_from_slice(&self.key_buf);
+            let value_start = out.data_mut().len();
+            if let Err(source) = v.encode(out.data_mut()) {
+                out.rollback(key_start);
+                let position = self.info.sources.position(&m);
+                return Err(Error::Codec { operator: format!("{} (record from {position})", self.info.name), source });
+            }
+            out.commit(key_start, value_start, group, m);
+            if out.len() >= self.limits.records || out.byte_len() >= self.limits.bytes {
+                self.send(target);
+            }
+        }
+        OperatorCounters::add(&self.info.counters.records_out, n);
+        Ok(())
+    }
+
+    fn watermark(&mut self, wm: Timestamp) -> Result<()> {
+        self.watermark = self.watermark.max(wm);
+        Ok(())
+    }
+
+    fn idle(&mut self) -> Result<()> {
+        self.send_all_and_watermark();
+        self.broadcast(|| Message::Idle);
+        Ok(())
+    }
+
+    fn barrier(&mut self, n: u64) -> Result<()> {
+        self.send_all_and_watermark();
+        self.broadcast(|| Message::Barrier(n));
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.send_all_and_watermark();
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.send_all_and_watermark();
+        self.broadcast(|| Message::EndOfInput);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_routes_agree_with_the_definitions() {
+        for max in [1u16, 7, 100, 128, 256] {
+            for p in 1..=5usize {
+                let routes = KeyGroupRoutes::new(max, p);
+                for k in 0u64..500 {
+                    let bytes = crate::codec::key::encode(&k);
+                    let group = key_group(&bytes, max);
+                    assert_eq!(routes.route(&bytes), (group, worker_of(group, p, max)), "max {max} p {p} key {k}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn key_group_ranges_cover_every_group_once_and_agree_with_worker_of() {
+        for max in [1u16, 7, 128, 256] {
+            for p in 1..=9usize {
+                let mut next = 0u16;
+                for i in 0..p {
+                    let r = key_group_range(i, p, max);
+                    assert_eq!(r.start, next, "max {max} p {p} worker {i}");
+                    for g in r.clone() {
+                        assert_eq!(worker_of(g, p, max), i, "group {g} max {max} p {p}");
+                    }
+                    next = r.end;
+                }
+                assert_eq!(next, max);
+            }
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Stateless operators of a fused chain: `map`, `filter`, `flat_map`,
+//! `process`, and the fan-out and discard ends.
+
+use std::fmt::Display;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::metrics::OperatorCounters;
+use crate::operator::Consumer;
+use crate::record::{Batch, Timestamp};
+
+use super::*;
+
+/// `map`: one value in, one value out; metadata moves along untouched.
+pub(crate) struct MapOp<I, O, F> {
+    pub(crate) info: OpInfo,
+    pub(crate) f: Arc<F>,
+    pub(crate) out: Batch<O>,
+    pub(crate) next: Box<dyn Consumer<O>>,
+    pub(crate) _in: PhantomData<fn(I)>,
+}
+
+impl<I, O, F> Consumer<I> for MapOp<I, O, F>
+where
+    I: Send + 'static,
+    O: Send + 'static,
+    F: Fn(I) -> O + Send + Sync + 'static,
+{
+    #[inline]
+    fn push(&mut self, batch: &mut Batch<I>) -> Result<()> {
+        let n = batch.len();
+        OperatorCounters::add(&self.info.counters.records_in, n);
+        let f = &*self.f;
+        self.out.values.extend(batch.values.drain(..).map(f));
+        std::mem::swap(&mut self.out.meta, &mut batch.meta);
+        batch.meta.clear();
+        OperatorCounters::add(&self.info.counters.records_out, n);
+        self.next.push(&mut self.out)
+    }
+    forward_control!(consumer);
+}
+
+/// `filter`: keeps the values the predicate accepts, in place.
+pub(crate) struct FilterOp<T, F> {
+    pub(crate) info: OpInfo,
+    pub(crate) f: Arc<F>,
+    pub(crate) keep: Vec<bool>,
+    pub(crate) next: Box<dyn Consumer<T>>,
+}
+
+impl<T, F> Consumer<T> for FilterOp<T, F>
+where
+    T: Send + 'static,
+    F: Fn(&T) -> bool + Send + Sync + 'static,
+{
+    #[inline]
+    fn push(&mut self, batch: &mut Batch<T>) -> Result<()> {
+        let n = batch.len();
+        OperatorCounters::add(&self.info.counters.records_in, n);
+        let f = &*self.f;
+        let keep = &mut self.keep;
+        keep.clear();
+        batch.values.retain(|v| {
+            let k = f(v);
+            keep.push(k);
+            k
+        });
+        if batch.values.len() != n {
+            let mut flags = keep.iter();
+            batch.meta.retain(|_| flags.next().copied().unwrap_or(false));
+        }
+        OperatorCounters::add(&self.info.counters.records_out, batch.len());
+        self.next.push(batch)
+    }
+    forward_control!(consumer);
+}
+
+/// `flat_map`: each value becomes zero or more values with its metadata.
+pub(crate) struct FlatMapOp<I, O, F> {
+    pub(crate) info: OpInfo,
+    pub(crate) f: Arc<F>,
+    pub(crate) out: Batch<O>,
+    pub(crate) next: Box<dyn Consumer<O>>,
+    pub(crate) _in: PhantomData<fn(I)>,
+}
+
+impl<I, O, It, F> Consumer<I> for FlatMapOp<I, O, F>
+where
+    I: Send + 'static,
+    O: Send + 'static,
+    It: IntoIterator<Item = O>,
+    F: Fn(I) -> It + Send + Sync + 'static,
+{
+    fn push(&mut self, batch: &mut Batch<I>) -> Result<()> {
+        OperatorCounters::add(&self.info.counters.records_in, batch.len());
+        let f = &*self.f;
+        for (v, m) in batch.values.drain(..).zip(batch.meta.drain(..)) {
+            for o in f(v) {
+                self.out.push(o, m);
+            }
+        }
+        OperatorCounters::add(&self.info.counters.records_out, self.out.len());
+        self.next.push(&mut self.out)
+    }
+    forward_control!(consumer);
+}
+
+/// `process`: a fallible function with a failure policy.
+pub(crate) struct ProcessOp<I, O, F> {
+    pub(crate) info: OpInfo,
+    pub(crate) f: Arc<F>,
+    pub(crate) out: Batch<O>,
+    pub(crate) next: Box<dyn Consumer<O>>,
+    pub(crate) failures: Failures<I>,
+}
+
+impl<I, O, E, F> Consumer<I> for ProcessOp<I, O, F>
+where
+    I: Clone + Send + 'static,
+    O: Send + 'static,
+    E: Display,
+    F: Fn(&I) -> std::result::Result<O, E> + Send + Sync + 'static,
+{
+    fn push(&mut self, batch: &mut Batch<I>) -> Result<()> {
+        OperatorCounters::add(&self.info.counters.records_in, batch.len());
+        let f = &*self.f;
+        for (v, m) in batch.values.drain(..).zip(batch.meta.drain(..)) {
+            match f(&v) {
+                Ok(o) => self.out.push(o, m),
+                Err(e) => self.failures.fail(&self.info, v, m, &e)?,
+            }
+        }
+        OperatorCounters::add(&self.info.counters.records_out, self.out.len());
+        self.next.push(&mut self.out)?;
+        self.failures.push()
+    }
+    forward_control!(consumer, failures);
+}
+
+/// Fan-out: every downstream consumer gets every record.
+pub(crate) struct TeeOp<T> {
+    pub(crate) outs: Vec<Box<dyn Consumer<T>>>,
+}
+
+impl<T: Clone + Send + 'static> Consumer<T> for TeeOp<T> {
+    fn push(&mut self, batch: &mut Batch<T>) -> Result<()> {
+        if let Some((last, rest)) = self.outs.split_last_mut() {
+            for out in rest {
+                let mut copy = batch.clone();
+                out.push(&mut copy)?;
+            }
+            last.push(batch)?;
+        }
+        batch.clear();
+        Ok(())
+    }
+    fn watermark(&mut self, wm: Timestamp) -> Result<()> {
+        self.outs.iter_mut().try_for_each(|o| o.watermark(wm))
+    }
+    fn idle(&mut self) -> Result<()> {
+        self.outs.iter_mut().try_for_each(|o| o.idle())
+    }
+    fn barrier(&mut self, n: u64) -> Result<()> {
+        self.outs.iter_mut().try_for_each(|o| o.barrier(n))
+    }
+    fn flush(&mut self) -> Result<()> {
+        self.outs.iter_mut().try_for_each(|o| o.flush())
+    }
+    fn finish(&mut self) -> Result<()> {
+        self.outs.iter_mut().try_for_each(|o| o.finish())
+    }
+}
+
+/// A port nobody consumes: values are discarded (validation makes sure this
+/// never happens to dead letters).
+pub(crate) struct DiscardOp;
+
+impl<T: Send + 'static> Consumer<T> for DiscardOp {
+    fn push(&mut self, batch: &mut Batch<T>) -> Result<()> {
+        batch.clear();
+        Ok(())
+    }
+    fn watermark(&mut self, _wm: Timestamp) -> Result<()> {
+        Ok(())
+    }
+    fn idle(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn barrier(&mut self, _n: u64) -> Result<()> {
+        Ok(())
+    }
+    fn flush(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,108 @@
+//! `with_timestamps` and `with_watermarks`: the operator that stamps
+//! records with their event time and generates watermarks by a
+//! [`WatermarkStrategy`].
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::error::Result;
+use crate::operator::{Consumer, OpInfo};
+use crate::record::{Batch, NO_TIMESTAMP, Timestamp};
+use crate::time::WatermarkStrategy;
+
+/// Assigns timestamps and generates watermarks, per parallel instance.
+pub(crate) struct TimestampOp<T, F> {
+    pub(crate) info: OpInfo,
+    pub(crate) f: Arc<F>,
+    pub(crate) strategy: WatermarkStrategy,
+    pub(crate) max_timestamp: Timestamp,
+    pub(crate) watermark: Timestamp,
+    pub(crate) reported: Timestamp,
+    pub(crate) last_record: Instant,
+    pub(crate) idle: bool,
+    pub(crate) next: Box<dyn Consumer<T>>,
+    pub(crate) _t: PhantomData<fn(T)>,
+}
+
+impl<T, F> TimestampOp<T, F> {
+    pub(crate) fn new(info: OpInfo, f: Arc<F>, strategy: WatermarkStrategy, next: Box<dyn Consumer<T>>) -> Self {
+        Self {
+            info,
+            f,
+            strategy,
+            max_timestamp: NO_TIMESTAMP,
+            watermark: NO_TIMESTAMP,
+            reported: NO_TIMESTAMP,
+            last_record: Instant::now(),
+            idle: false,
+            next,
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T, F> Consumer<T> for TimestampOp<T, F>
+where
+    T: Send + 'static,
+    F: Fn(&T, Timestamp) -> Timestamp + Send + Sync + 'static,
+{
+    #[inline]
+    fn push(&mut self, batch: &mut Batch<T>) -> Result<()> {
+        let n = batch.len();
+        crate::metrics::OperatorCounters::add(&self.info.counters.records_in, n);
+        let f = &*self.f;
+        for (v, m) in batch.values.iter().zip(batch.meta.iter_mut()) {
+            m.watermark = self.watermark;
+            let ts = f(v, m.timestamp);
+            m.timestamp = ts;
+            if ts != NO_TIMESTAMP && ts > self.max_timestamp {
+                self.max_timestamp = ts;
+                self.watermark = self.watermark.max(self.strategy.watermark_for(ts));
+            }
+        }
+        if n > 0 {
+            self.last_record = Instant::now();
+            self.idle = false;
+        }
+        crate::metrics::OperatorCounters::add(&self.info.counters.records_out, n);
+        self.next.push(batch)?;
+        if self.watermark > self.reported {
+            self.reported = self.watermark;
+            self.next.watermark(self.watermark)?;
+        }
+        Ok(())
+    }
+
+    /// Watermarks from upstream are replaced by this operator's own.
+    fn watermark(&mut self, _wm: Timestamp) -> Result<()> {
+        Ok(())
+    }
+
+    fn barrier(&mut self, n: u64) -> Result<()> {
+        self.next.barrier(n)
+    }
+
+    fn idle(&mut self) -> Result<()> {
+        if !self.idle {
+            self.idle = true;
+            self.next.idle()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if let Some(timeout) = self.strategy.idleness
+            && !self.idle
+            && self.last_record.elapsed() >= timeout
+        {
+            self.idle = true;
+            self.next.idle()?;
+        }
+        self.next.flush()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.next.finish()
+    }
+}

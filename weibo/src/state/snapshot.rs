@@ -1,0 +1,299 @@
+//! State on its way into a checkpoint: a [`Snapshot`] is taken at a
+//! barrier and encoded later, off the operator's task, a [`SnapshotPart`]
+//! at a time.
+
+use super::*;
+
+/// State exported for a checkpoint, or imported from one: (key group,
+/// encoded key, encoded value).
+pub type Entries = Vec<(u16, Vec<u8>, Vec<u8>)>;
+
+/// Keys removed, by key group: (key group, encoded key).
+pub type RemovedKeys = Vec<(u16, Vec<u8>)>;
+
+/// A part of the state exported for a checkpoint: entries (and, in a
+/// delta, removed keys), their bytes concatenated.
+#[derive(Debug, Default, Clone)]
+pub struct SnapshotPart {
+    /// Whether the export is all the state (a base) or what changed since
+    /// the last complete checkpoint (a delta, applied on top of the chain
+    /// before it).
+    pub base: bool,
+    /// Entries (all of them, or the changed ones) and, in a delta, keys
+    /// removed since the last complete checkpoint.
+    pub part: SnapshotFrame,
+}
+
+impl SnapshotPart {
+    /// An empty part of a base (`base`) or a delta.
+    pub fn new(base: bool) -> Self {
+        Self { base, part: SnapshotFrame::default() }
+    }
+
+    /// Whether it has reached the size at which it is passed on: [`SNAPSHOT_PART`]
+    /// entries or [`SNAPSHOT_PART_BYTES`] bytes.
+    fn is_full(&self) -> bool {
+        self.part.len() >= SNAPSHOT_PART || self.part.bytes() >= SNAPSHOT_PART_BYTES
+    }
+
+    /// Adds `key` → `value` of key group `group`, encoded in place.
+    ///
+    /// # Errors
+    /// [`Error::Codec`] (naming `operator`) when the value does not encode.
+    pub(super) fn put<K: Key, V: Data>(&mut self, group: u16, key: &K, value: &V, operator: &str) -> Result<()> {
+        let key_start = self.part.keys.len();
+        key.encode_key(&mut self.part.keys);
+        if let Err(e) = value.encode(&mut self.part.values) {
+            self.part.keys.truncate(key_start);
+            return Err(codec_error(operator, e));
+        }
+        self.part.end_entry(group)
+    }
+
+    /// Adds the removal of `key`, of key group `group`.
+    pub(super) fn remove<K: Key>(&mut self, group: u16, key: &K) -> Result<()> {
+        key.encode_key(&mut self.part.removed);
+        self.part.end_removed(group)
+    }
+}
+
+/// What an export at `at` (checkpoint, last complete one) builds on: the
+/// last complete checkpoint for a delta, `None` for a base. A delta needs
+/// a complete checkpoint of this run (at or after its first export,
+/// `first_base`), and every [`FULL_CHECKPOINT_EVERY`]th export is a base
+/// (`since_full`: exports since the last base).
+pub(super) fn delta_since(at: Option<(u64, u64)>, first_base: Option<u64>, since_full: u32) -> Option<u32> {
+    match at {
+        Some((_, since))
+            if first_base.is_some_and(|first| since >= first) && !since_full.is_multiple_of(FULL_CHECKPOINT_EVERY) =>
+        {
+            Some(since as u32)
+        }
+        _ => None,
+    }
+}
+
+/// Receives an export's parts one at a time (a part's buffers are reused
+/// for the next once the sink returns).
+pub type SnapshotSink<'a> = dyn FnMut(&SnapshotPart) -> Result<()> + 'a;
+
+/// State taken at a barrier, encoded when called (off the operator's
+/// task): it passes the entries to the sink a part at a time, so that they
+/// are never all in memory at once (for value state, a part holds one key
+/// group, or some of one, in key-group order), and returns whether they are
+/// a base. Parts apply in order, each part's removals before its entries;
+/// a key removed and then set again has its removal in an earlier part
+/// than its entry, or in the same one.
+pub type Snapshot = Box<dyn FnOnce(&mut SnapshotSink<'_>) -> Result<bool> + Send>;
+
+/// The most entries an export passes in one part.
+pub const SNAPSHOT_PART: usize = 65_536;
+
+/// The bytes at which an export passes a part on, whatever its entries.
+pub const SNAPSHOT_PART_BYTES: usize = 16 << 20;
+
+/// An export gathered whole (see [`collect`]).
+#[derive(Debug, Default)]
+pub struct GatheredSnapshot {
+    /// Whether it is a base.
+    pub base: bool,
+    /// Its entries, in order.
+    pub entries: Entries,
+    /// Its removed keys, in order.
+    pub removed: RemovedKeys,
+}
+
+/// Runs an export and gathers its parts into one.
+///
+/// # Errors
+/// The export's.
+pub fn gather(export: Snapshot) -> Result<GatheredSnapshot> {
+    let mut all = GatheredSnapshot::default();
+    all.base = export(&mut |part: &SnapshotPart| {
+        all.entries.extend(part.part.entries().map(|(g, k, v)| (g, k.to_vec(), v.to_vec())));
+        all.removed.extend(part.part.removed_keys().map(|(g, k)| (g, k.to_vec())));
+        Ok(())
+    })?;
+    Ok(all)
+}
+
+/// Passes `part` on, and empties it, if it is full.
+pub(crate) fn pass_if_full(part: &mut SnapshotPart, sink: &mut SnapshotSink<'_>) -> Result<()> {
+    if part.is_full() { flush_part(part, sink) } else { Ok(()) }
+}
+
+/// Passes `part` on, and empties it, unless it is empty.
+pub(crate) fn flush_part(part: &mut SnapshotPart, sink: &mut SnapshotSink<'_>) -> Result<()> {
+    if !part.part.is_empty() {
+        sink(part)?;
+        part.part.clear();
+    }
+    Ok(())
+}
+
+/// Entries and removed keys, their bytes concatenated: a frame of a
+/// state file of version 3 or 4, and a part of an export. Entry `i` is in key group
+/// `groups[i]`; its key is `keys[key_ends[i - 1]..key_ends[i]]` (from 0 for
+/// the first), its value likewise in `values`; removed keys likewise.
+/// Building one costs an allocation per buffer, not two per entry, and
+/// archiving it copies each buffer whole.
+#[derive(Debug, Clone, Default, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct SnapshotFrame {
+    /// Each entry's key group.
+    pub groups: Vec<u16>,
+    /// Where each entry's key ends in `keys`.
+    pub key_ends: Vec<u32>,
+    /// The entries' keys, concatenated.
+    pub keys: Vec<u8>,
+    /// Where each entry's value ends in `values`.
+    pub value_ends: Vec<u32>,
+    /// The entries' values, concatenated.
+    pub values: Vec<u8>,
+    /// Each removed key's key group.
+    pub removed_groups: Vec<u16>,
+    /// Where each removed key ends in `removed`.
+    pub removed_ends: Vec<u32>,
+    /// The removed keys, concatenated.
+    pub removed: Vec<u8>,
+}
+
+/// A buffer's length as an end offset. Exports pass a part on once it
+/// holds 16 MiB, so only a single entry near 4 GiB fails here.
+pub(super) fn end_of(buffer: &[u8]) -> Result<u32> {
+    u32::try_from(buffer.len()).map_err(|_| {
+        Error::Internal(format!(
+            "a checkpoint part grew to {} bytes, past the 4 GiB a state-file frame can hold",
+            buffer.len()
+        ))
+    })
+}
+
+/// The slices of `bytes` that `ends` delimit, or `None` if the ends are not
+/// in order or run past `bytes`.
+pub(crate) fn slices<'a>(
+    bytes: &'a [u8],
+    ends: impl Iterator<Item = u32> + 'a,
+) -> impl Iterator<Item = Option<&'a [u8]>> + 'a {
+    let mut start = 0usize;
+    ends.map(move |end| {
+        let end = end as usize;
+        let slice = bytes.get(start..end);
+        start = end;
+        slice
+    })
+}
+
+impl SnapshotFrame {
+    /// The number of entries.
+    pub fn len(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Whether it holds neither entries nor removed keys.
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty() && self.removed_groups.is_empty()
+    }
+
+    /// The bytes its buffers hold.
+    pub fn bytes(&self) -> usize {
+        self.keys.len() + self.values.len() + self.removed.len()
+    }
+
+    /// Empties it, keeping its buffers' capacity.
+    pub fn clear(&mut self) {
+        self.groups.clear();
+        self.key_ends.clear();
+        self.keys.clear();
+        self.value_ends.clear();
+        self.values.clear();
+        self.removed_groups.clear();
+        self.removed_ends.clear();
+        self.removed.clear();
+    }
+
+    /// Ends an entry of key group `group` whose key and value were appended
+    /// to `keys` and `values` (so that encoders write in place).
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when a buffer passed 4 GiB.
+    pub fn end_entry(&mut self, group: u16) -> Result<()> {
+        let (key_end, value_end) = (end_of(&self.keys)?, end_of(&self.values)?);
+        self.groups.push(group);
+        self.key_ends.push(key_end);
+        self.value_ends.push(value_end);
+        Ok(())
+    }
+
+    /// Adds an entry.
+    ///
+    /// # Errors
+    /// As [`SnapshotFrame::end_entry`].
+    pub fn push(&mut self, group: u16, key: &[u8], value: &[u8]) -> Result<()> {
+        self.keys.extend_from_slice(key);
+        self.values.extend_from_slice(value);
+        self.end_entry(group)
+    }
+
+    /// Ends a removed key of key group `group` appended to `removed`.
+    ///
+    /// # Errors
+    /// As [`SnapshotFrame::end_entry`].
+    pub fn end_removed(&mut self, group: u16) -> Result<()> {
+        let end = end_of(&self.removed)?;
+        self.removed_groups.push(group);
+        self.removed_ends.push(end);
+        Ok(())
+    }
+
+    /// Adds a removed key.
+    ///
+    /// # Errors
+    /// As [`SnapshotFrame::end_entry`].
+    pub fn push_removed(&mut self, group: u16, key: &[u8]) -> Result<()> {
+        self.removed.extend_from_slice(key);
+        self.end_removed(group)
+    }
+
+    /// The entries: (key group, key, value).
+    pub fn entries(&self) -> impl Iterator<Item = (u16, &[u8], &[u8])> {
+        let keys = slices(&self.keys, self.key_ends.iter().copied());
+        let values = slices(&self.values, self.value_ends.iter().copied());
+        self.groups.iter().zip(keys.zip(values)).map(|(g, (k, v))| (*g, k.unwrap_or_default(), v.unwrap_or_default()))
+    }
+
+    /// The removed keys: (key group, key).
+    pub fn removed_keys(&self) -> impl Iterator<Item = (u16, &[u8])> {
+        let keys = slices(&self.removed, self.removed_ends.iter().copied());
+        self.removed_groups.iter().zip(keys).map(|(g, k)| (*g, k.unwrap_or_default()))
+    }
+}
+
+/// One state of an operator, on its way into a checkpoint: its name in
+/// the operator, the codec identity of its values, and the snapshot that
+/// encodes it (called on a blocking thread).
+pub(crate) struct StateSnapshot {
+    pub(crate) state: &'static str,
+    pub(crate) codec: String,
+    /// Encodes the state as of the barrier.
+    pub(crate) snapshot: Snapshot,
+}
+
+/// Where operators read their state back from when a job restores: a
+/// checkpoint (`checkpoint::Restore` implements it). Defined here, below
+/// the checkpoint layer, so that operators restore without knowing how
+/// checkpoints are stored.
+pub(crate) trait RestoreSource: Sync {
+    /// Passes the entries of `operator`'s `state` in key groups `groups` to
+    /// `f` a part at a time, as (entries to put, keys to remove first):
+    /// applying the parts in order (removals, then puts) gives the state.
+    /// `codec` is the codec identity the operator decodes; a state written
+    /// with another is refused.
+    fn load_entries(
+        &self,
+        operator: &str,
+        state: &str,
+        codec: &str,
+        groups: &Range<u16>,
+        f: &mut dyn FnMut(Entries, RemovedKeys) -> Result<()>,
+    ) -> Result<()>;
+}
