@@ -6,9 +6,11 @@
 //! sinks, and the router at a shuffle edge.
 
 pub(crate) mod exchange;
+pub(crate) mod factory;
 pub(crate) mod keyed;
 pub(crate) mod policy;
 pub(crate) mod sink;
+pub(crate) mod source;
 pub(crate) mod stateless;
 pub(crate) mod watermarks;
 pub(crate) mod windows;
@@ -21,6 +23,7 @@ pub(crate) use self::stateless::*;
 use std::any::Any;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::codec::Data;
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
 use crate::record::{Batch, Message, RecordBatch, SourceNames, Timestamp};
@@ -197,4 +200,26 @@ pub(crate) fn emit<T>(info: &OpInfo, chain: &mut dyn Consumer<T>, batch: &mut Ba
     }
     OperatorCounters::add(&info.counters.records_out, batch.len());
     chain.push(batch)
+}
+
+/// An aggregation with an accumulator: what [`KeyedStream::aggregate`](crate::KeyedStream::aggregate) (and
+/// window aggregations) fold records into.
+pub trait Aggregate<T>: Send + Sync + 'static {
+    /// The accumulator, kept in state (so it needs a codec).
+    type Acc: Data;
+    /// What is emitted.
+    type Out: Clone + Send + 'static;
+    /// A new, empty accumulator.
+    fn create(&self) -> Self::Acc;
+    /// Adds one record.
+    fn add(&self, acc: &mut Self::Acc, value: T);
+    /// Merges another accumulator into `acc` (for merging windows).
+    fn merge(&self, acc: &mut Self::Acc, other: Self::Acc);
+    /// The result of an accumulator.
+    fn result(&self, acc: &Self::Acc) -> Self::Out;
+}
+
+/// Turns a typed chain consumer back from the planner's erased form.
+pub(crate) fn typed<T: 'static>(c: AnyConsumer, what: &str) -> Result<Box<dyn Consumer<T>>> {
+    unerase::<T>(c, what)
 }

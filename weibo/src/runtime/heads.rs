@@ -11,13 +11,12 @@ use tokio::sync::mpsc;
 use crate::checkpoint::aligner::Aligner;
 use crate::checkpoint::{Ack, SourcePositionEntry, TaskEvent};
 use crate::error::{Error, Result};
-use crate::metrics::OperatorCounters;
-use crate::operator::OpInfo;
-use crate::operator::{Consumer, InputOperator, Outbox, SnapshotAt};
+use crate::operator::source::SourceOperator;
+use crate::operator::{InputOperator, Outbox, SnapshotAt};
 use crate::record::Message;
 use crate::record::{END_OF_TIME, NO_TIMESTAMP};
 use crate::runtime::EdgeSender;
-use crate::sources::{ReadStatus, SourceOutput, SourceReader};
+use crate::sources::ReadStatus;
 use crate::state::StateSnapshot;
 use crate::time::watermarks::{InputTime, WatermarkTracker};
 
@@ -142,16 +141,12 @@ pub(crate) trait HeadRunner: Send {
 /// wait no longer than that for a turn.
 const YIELD_EVERY: u32 = 64;
 
-pub(crate) struct SourceHead<T> {
-    pub(crate) info: OpInfo,
-    /// The partition's name outside Weibo, if the source gives one.
-    pub(crate) partition_name: Option<String>,
-    pub(crate) reader: Box<dyn SourceReader<T>>,
-    pub(crate) chain: Box<dyn Consumer<T>>,
-    pub(crate) output: SourceOutput<T>,
+/// The task of one source partition.
+pub(crate) struct SourceHead {
+    pub(crate) op: Box<dyn SourceOperator>,
 }
 
-impl<T: Send + 'static> HeadRunner for SourceHead<T> {
+impl HeadRunner for SourceHead {
     fn run(mut self: Box<Self>, io: NodeIo) -> BoxFuture<'static, Result<()>> {
         Box::pin(async move {
             let mut last_flush = Instant::now();
@@ -160,7 +155,7 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
             let mut forwarded = crate::record::NO_TIMESTAMP;
             let mut io = io;
             let mut stalls = StallWatch::new(io.stall_limit());
-            let task = io.checkpoint.as_ref().map_or_else(|| self.info.name.to_string(), |c| c.task.clone());
+            let task = io.checkpoint.as_ref().map_or_else(|| self.op.info().name.to_string(), |c| c.task.clone());
             let mut trigger = io.checkpoint.as_mut().and_then(|c| c.trigger.take());
             loop {
                 if let Some(trigger) = trigger.as_mut() {
@@ -168,13 +163,12 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
                         self.pass_barrier(n, &io).await?;
                     }
                 }
-                self.output.deadline = last_flush + io.buffer_timeout;
                 // Three clock reads a step: the poll's start, its end (the
                 // batch's start) and the batch's end, which the flush and
                 // yield checks reuse.
                 let mut polled = Instant::now();
                 let status = {
-                    let mut read = self.reader.read(&mut self.output);
+                    let mut read = self.op.read(last_flush + io.buffer_timeout);
                     let mut worst = Duration::ZERO;
                     let mut first = true;
                     let status = std::future::poll_fn(|cx| {
@@ -188,26 +182,22 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
                     stalls.observe(worst, &task, &io.chain, "a poll of the source");
                     status
                 };
-                let n = self.output.batch.len();
                 let mut now = polled;
-                if n > 0 {
-                    OperatorCounters::add(&self.info.counters.records_out, n);
-                    self.chain.push(&mut self.output.batch)?;
-                    self.output.batch.clear();
+                if self.op.emit()? > 0 {
                     now = Instant::now();
                     stalls.observe(now.saturating_duration_since(polled), &task, &io.chain, "a batch");
                 }
-                if self.output.watermark > forwarded {
-                    forwarded = self.output.watermark;
-                    self.chain.watermark(forwarded)?;
+                if self.op.watermark() > forwarded {
+                    forwarded = self.op.watermark();
+                    self.op.forward_watermark(forwarded)?;
                 }
                 if status != ReadStatus::More || now.saturating_duration_since(last_flush) >= io.buffer_timeout {
-                    self.chain.flush()?;
+                    self.op.flush()?;
                     last_flush = now;
                 }
                 super::drain(&io.outbox, &io.senders).await?;
                 if status == ReadStatus::Done {
-                    self.chain.finish()?;
+                    self.op.finish()?;
                     super::drain(&io.outbox, &io.senders).await?;
                     break;
                 }
@@ -233,13 +223,13 @@ impl<T: Send + 'static> HeadRunner for SourceHead<T> {
     }
 }
 
-impl<T> SourceHead<T> {
+impl SourceHead {
     /// Checkpoint `n`: everything read so far is in the chain; the barrier
     /// follows it, and the position is where reading resumes.
     async fn pass_barrier(&mut self, n: u64, io: &NodeIo) -> Result<()> {
         let Some(cp) = io.checkpoint.as_ref() else { return Ok(()) };
         let ack = self.position_ack(n, &cp.task);
-        self.chain.barrier(n)?;
+        self.op.barrier(n)?;
         super::drain(&io.outbox, &io.senders).await?;
         let _ = cp.acks.send(TaskEvent::Ack(ack));
         Ok(())
@@ -249,17 +239,17 @@ impl<T> SourceHead<T> {
     fn position_ack(&self, n: u64, task: &str) -> Ack {
         let mut ack =
             Ack { checkpoint: n, sources: Vec::new(), states: Vec::new(), failure: None, task: task.to_string() };
-        match self.reader.position() {
+        let (name, partition) = (&self.op.info().name, self.op.partition());
+        match self.op.position() {
             Some(position) => ack.sources.push(SourcePositionEntry {
-                source: self.info.name.to_string(),
-                partition: self.output.partition,
+                source: name.to_string(),
+                partition,
                 position,
-                partition_name: self.partition_name.clone(),
+                partition_name: self.op.partition_name().map(str::to_string),
             }),
             None => {
                 ack.failure = Some(format!(
-                    "source `{}` partition {} cannot report its position, so it cannot resume from a checkpoint",
-                    self.info.name, self.output.partition
+                    "source `{name}` partition {partition} cannot report its position, so it cannot resume from a checkpoint"
                 ));
             }
         }

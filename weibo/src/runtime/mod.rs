@@ -8,7 +8,10 @@
 //! the node's [`Outbox`]; the head task sends them after each step, and the
 //! time it spends waiting on a full channel is that edge's backpressure.
 
+pub(crate) mod build;
+pub(crate) mod config;
 pub(crate) mod heads;
+pub(crate) mod launch;
 
 use std::sync::Arc;
 use std::time::Instant;

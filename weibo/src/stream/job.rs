@@ -1,6 +1,5 @@
 //! Jobs: a named pipeline, its settings, and running it.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,87 +7,20 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 
-use crate::checkpoint::{CheckpointConfig, CheckpointStorage, Coordinator, LocalDir, Restore, SavepointRequest};
-use crate::graph::CheckpointWiring;
-
+use crate::checkpoint::{CheckpointConfig, CheckpointStorage, LocalDir, SavepointRequest};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Node, Op};
 use crate::metrics::{MetricsSnapshot, Registry};
-use crate::operator::erase;
-use crate::runtime::heads::SourceHead;
+use crate::operator::factory::source_factory;
+use crate::operator::source::SourceOp;
+use crate::operator::typed;
+use crate::runtime::config::{JobConfig, RestoreFrom};
+use crate::runtime::launch::Launched;
 use crate::sources::{Source, SourceOutput};
 use crate::state::{MemoryBackend, StateBackend};
-use crate::stream::{Stream, port};
-
-/// Settings of a job.
-#[derive(Clone, Debug)]
-pub(crate) struct JobConfig {
-    pub(crate) name: String,
-    pub(crate) max_key_groups: u16,
-    pub(crate) batch_size: usize,
-    pub(crate) batch_bytes: usize,
-    pub(crate) buffer_timeout: Duration,
-    pub(crate) channel_capacity: usize,
-    pub(crate) state: Arc<dyn StateBackend>,
-    /// Wiring mistakes found while building (reported when the job runs).
-    pub(crate) wiring_errors: Vec<String>,
-    /// Where and how often checkpoints are taken, if at all.
-    pub(crate) checkpoint: Option<CheckpointConfig>,
-    /// A checkpoint (or a directory of them) to start from.
-    pub(crate) restore_from: Option<RestoreFrom>,
-    /// The exactly-once sinks, for the coordinator to commit.
-    pub(crate) commits: crate::checkpoint::commit::TwoPhaseCommits,
-}
-
-/// Where a job restores from, as configured.
-#[derive(Clone, Debug)]
-pub(crate) enum RestoreFrom {
-    /// A local checkpoint's or savepoint's directory, or a directory of
-    /// checkpoints.
-    Path(PathBuf),
-    /// The same, as a directory in a storage (`""`: its top).
-    Stored(Arc<dyn CheckpointStorage>, String),
-}
-
-impl RestoreFrom {
-    /// Finds the checkpoint to restore and loads it.
-    fn load(&self, fingerprint: &str, max_key_groups: u16) -> Result<Restore> {
-        let (storage, dir): (Arc<dyn CheckpointStorage>, String) = match self {
-            // A checkpoint's manifest names its state files relative to
-            // itself (`../shared/..`): the storage is its parent directory.
-            RestoreFrom::Path(path) if path.join("MANIFEST").is_file() => {
-                let path = std::fs::canonicalize(path).map_err(|source| Error::Io {
-                    action: "cannot read checkpoint directory",
-                    path: path.clone(),
-                    source,
-                })?;
-                match (path.parent(), path.file_name()) {
-                    (Some(parent), Some(name)) => {
-                        (Arc::new(LocalDir::new(parent)), name.to_string_lossy().into_owned())
-                    }
-                    _ => (Arc::new(LocalDir::new(path)), String::new()),
-                }
-            }
-            RestoreFrom::Path(path) => (Arc::new(LocalDir::new(path)), String::new()),
-            RestoreFrom::Stored(storage, dir) => (storage.clone(), dir.clone()),
-        };
-        let manifest = crate::checkpoint::storage::join(&dir, "MANIFEST");
-        let is_checkpoint = storage.exists(&manifest).map_err(|source| Error::Io {
-            action: "cannot read checkpoint storage",
-            path: storage.locate(&manifest),
-            source,
-        })?;
-        if is_checkpoint {
-            return Restore::load(&storage, &dir, fingerprint, max_key_groups);
-        }
-        Restore::latest(&storage, &dir, fingerprint, max_key_groups)?.ok_or_else(|| Error::Checkpoint {
-            path: storage.locate(&dir),
-            message: "holds no complete checkpoint".into(),
-        })
-    }
-}
+use crate::stream::{Pipeline, Stream, port};
 
 /// The default number of key groups: the most partitions a keyed operator
 /// can ever be rescaled to.
@@ -108,19 +40,19 @@ pub const DEFAULT_MAX_KEY_GROUPS: u16 = 128;
 /// # Ok::<(), weibo::Error>(())
 /// ```
 pub struct Job {
-    graph: Arc<Mutex<Graph>>,
+    graph: Arc<Mutex<Pipeline>>,
 }
 
 impl fmt::Debug for Job {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Job").field("name", &self.lock().config.name).finish_non_exhaustive()
+        f.debug_struct("Job").field("name", &self.lock().name).finish_non_exhaustive()
     }
 }
 
 /// The logical graph, one line per operator.
 impl fmt::Display for Job {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&*self.lock(), f)
+        fmt::Display::fmt(&self.lock().graph, f)
     }
 }
 
@@ -128,22 +60,20 @@ impl Job {
     /// A new, empty job.
     pub fn new(name: impl Into<String>) -> Self {
         let config = JobConfig {
-            name: name.into(),
-            max_key_groups: DEFAULT_MAX_KEY_GROUPS,
             batch_size: 1024,
             batch_bytes: 256 * 1024,
             buffer_timeout: Duration::from_millis(10),
             channel_capacity: 8,
             state: Arc::new(MemoryBackend),
-            wiring_errors: Vec::new(),
             checkpoint: None,
             restore_from: None,
             commits: Default::default(),
         };
-        Self { graph: Arc::new(Mutex::new(Graph::new(config))) }
+        let graph = Graph::new(name.into(), DEFAULT_MAX_KEY_GROUPS, config.state.name().to_string());
+        Self { graph: Arc::new(Mutex::new(Pipeline { graph, config })) }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Graph> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pipeline> {
         self.graph.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -152,12 +82,17 @@ impl Job {
         self
     }
 
+    fn configure_graph(self, f: impl FnOnce(&mut Graph)) -> Self {
+        f(&mut self.lock().graph);
+        self
+    }
+
     /// Sets the number of key groups (default 128): the unit of state
     /// ownership and the most partitions a keyed operator may have. Fix it
     /// when a job is first deployed; state is namespaced by key group.
     #[must_use]
     pub fn with_max_key_groups(self, groups: u16) -> Self {
-        self.configure(|c| c.max_key_groups = groups.max(1))
+        self.configure_graph(|g| g.max_key_groups = groups.max(1))
     }
 
     /// Records per batch on edges and between fused operators (default 1024).
@@ -182,7 +117,11 @@ impl Job {
     /// Where keyed state lives (default [`MemoryBackend`]).
     #[must_use]
     pub fn with_state_backend(self, backend: impl StateBackend) -> Self {
-        self.configure(|c| c.state = Arc::new(backend))
+        let mut pipeline = self.lock();
+        pipeline.graph.state = backend.name().to_string();
+        pipeline.config.state = Arc::new(backend);
+        drop(pipeline);
+        self
     }
 
     /// Takes a checkpoint every `interval` into directory `dir` (created if
@@ -222,24 +161,30 @@ impl Job {
     /// [`Job::with_checkpoints`].
     #[must_use]
     pub fn with_checkpoint_timeout(self, timeout: Duration) -> Self {
-        self.configure(|c| match c.checkpoint.as_mut() {
+        let mut pipeline = self.lock();
+        match pipeline.config.checkpoint.as_mut() {
             Some(cp) => cp.timeout = Some(timeout),
-            None => c
+            None => pipeline
                 .wiring_errors
                 .push("`with_checkpoint_timeout` before `with_checkpoints`: turn checkpoints on first".into()),
-        })
+        }
+        drop(pipeline);
+        self
     }
 
     /// Keeps the last `n` (at least 1) complete checkpoints. Call after
     /// [`Job::with_checkpoints`].
     #[must_use]
     pub fn with_retained_checkpoints(self, n: usize) -> Self {
-        self.configure(|c| match c.checkpoint.as_mut() {
+        let mut pipeline = self.lock();
+        match pipeline.config.checkpoint.as_mut() {
             Some(cp) => cp.retain = n.max(1),
-            None => c
+            None => pipeline
                 .wiring_errors
                 .push("`with_retained_checkpoints` before `with_checkpoints`: turn checkpoints on first".into()),
-        })
+        }
+        drop(pipeline);
+        self
     }
 
     /// Starts from checkpoint `path`: a checkpoint's directory, or a
@@ -275,21 +220,22 @@ impl Job {
         let source = Arc::new(source);
         let mut graph = self.lock();
         let source_index = graph.nodes.iter().filter(|n| matches!(n.op, Op::Source { .. })).count();
-        let factory: Arc<crate::graph::SourceFactory> = Arc::new(move |ctx, info, partition, out| {
-            let chain = crate::graph::typed::<S::Item>(out, &info.name)?;
-            let position = ctx.restore.and_then(|r| r.positions.get(&(info.name.to_string(), partition as u32)));
-            let reader = match position {
-                Some(&p) => source.open_at(partition, p)?,
+        let factory = source_factory(move |ctx, out| {
+            let info = ctx.info.clone();
+            let partition = ctx.instance;
+            let chain = typed::<S::Item>(out, &info.name)?;
+            let reader = match ctx.restored_position {
+                Some(p) => source.open_at(partition, p)?,
                 None => source.open(partition)?,
             };
             let output = SourceOutput::new(
                 info.name.clone(),
                 u32::try_from(source_index).unwrap_or(u32::MAX),
                 u32::try_from(partition).unwrap_or(u32::MAX),
-                ctx.config.batch_size,
+                ctx.batch_size,
             );
             let partition_name = source.partition_name(partition);
-            Ok(Box::new(SourceHead { info, partition_name, reader, chain, output }))
+            Ok(Box::new(SourceOp { info, partition_name, reader, chain, output }))
         });
         let node = graph.add(Node {
             kind: "source",
@@ -300,7 +246,6 @@ impl Job {
             op: Op::Source { partitions, factory },
         });
         drop(graph);
-        let _ = erase::<S::Item>;
         Stream::new(self.graph.clone(), node, 0)
     }
 
@@ -321,94 +266,9 @@ impl Job {
     /// source, sink or state; [`Error::Runtime`] when called outside a tokio
     /// runtime.
     pub fn spawn(self) -> Result<JobHandle> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Runtime {
-            job: self.lock().config.name.clone(),
-            message:
-                "a job runs on tokio: call `run`/`spawn` inside a tokio runtime (for example under #[tokio::main])"
-                    .into(),
-        })?;
-        let registry = Registry::default();
-        let graph = self.lock();
-        graph.validate()?;
-        let config = &graph.config;
-        let fingerprint = graph.fingerprint();
-        // Checkpoint storage blocks: off the runtime's workers.
-        let restore = crate::task::blocking(|| match (&config.restore_from, &config.checkpoint) {
-            (Some(from), _) => from.load(&fingerprint, config.max_key_groups).map(Some),
-            (None, Some(cp)) => Restore::latest(&cp.storage, "", &fingerprint, config.max_key_groups),
-            (None, None) => Ok(None),
-        })?;
-        if let Some(r) = &restore {
-            tracing::info!(job = %config.name, checkpoint = r.checkpoint, dir = %r.location().display(), "restoring");
-        }
-        config.state.prepare(&config.name)?;
-        // Exactly-once sinks: finish what the restored checkpoint committed
-        // (again: commits are idempotent), drop what came after it.
-        config.commits.on_restore(restore.as_ref().map(|r| (r.checkpoint, r.commits.as_slice())))?;
-        let completed = Arc::new(AtomicU64::new(restore.as_ref().map_or(0, |r| r.checkpoint)));
-        let (savepoint_tx, savepoint_rx) = mpsc::unbounded_channel();
-        let savepoints = config.checkpoint.is_some().then_some(savepoint_tx);
-        let (wiring, coordinator) = match &config.checkpoint {
-            Some(cp) => {
-                let (heads, sources) = graph.head_counts();
-                let (tx, rx): (Vec<_>, Vec<_>) = (0..sources).map(|_| mpsc::unbounded_channel()).unzip();
-                let (ack_tx, ack_rx) = mpsc::unbounded_channel();
-                (
-                    Some(CheckpointWiring {
-                        triggers: rx,
-                        acks: ack_tx,
-                        interval: cp.interval,
-                        storage: cp.storage.clone(),
-                        run: crate::checkpoint::run_token().into(),
-                        completed: completed.clone(),
-                    }),
-                    Some(Coordinator {
-                        config: cp.clone(),
-                        job: config.name.clone(),
-                        fingerprint: fingerprint.clone(),
-                        max_key_groups: config.max_key_groups,
-                        triggers: tx,
-                        events: ack_rx,
-                        tasks: heads,
-                        // After every checkpoint already in the directory, so
-                        // that a run restored from a savepoint never writes into
-                        // (or is deleted as) an older run's checkpoint.
-                        next: crate::task::blocking(|| crate::checkpoint::highest_checkpoint(&*cp.storage))?
-                            .max(restore.as_ref().map_or(0, |r| r.checkpoint))
-                            + 1,
-                        completed: completed.clone(),
-                        commits: config.commits.clone(),
-                        savepoints: savepoint_rx,
-                        previous: None,
-                    }),
-                )
-            }
-            None => (None, None),
-        };
-        // Building restores state: storage reads, off the runtime's workers.
-        let physical = crate::task::blocking(|| graph.build_with(&registry, restore.as_ref(), wiring))?;
-        let name = graph.config.name.clone();
-        drop(graph);
-        let started = Instant::now();
-        let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
-        let supervisor = runtime.spawn(async move {
-            // The coordinator lives as long as the supervisor: aborting the
-            // job aborts it too (`AbortOnDrop`).
-            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let coordinator = coordinator.map(|c| AbortOnDrop(tokio::spawn(c.run(stopped))));
-            let result = supervise(physical.tasks, cancelled).await;
-            // Let a checkpoint being completed finish (and commit) before
-            // the job reports its end. A job whose tasks all ended has
-            // taken its final checkpoint, or failed to: the coordinator
-            // says which.
-            let _ = stop.send(());
-            let checkpoints = match coordinator {
-                Some(c) => tokio::time::timeout(Duration::from_secs(30), c).await.unwrap_or(Ok(())),
-                None => Ok(()),
-            };
-            result.and(checkpoints)
-        });
-        tracing::info!(job = %name, "job started");
+        let pipeline = self.lock();
+        let Launched { name, registry, supervisor, started, completed, savepoints, cancel } =
+            crate::runtime::launch::launch(&pipeline.graph, &pipeline.config)?;
         Ok(JobHandle { name, registry, supervisor, started, completed, savepoints, cancel })
     }
 
@@ -443,7 +303,7 @@ impl Job {
     /// runs async code already (it would block it), or when the runtime
     /// cannot start.
     pub fn run_blocking(self) -> Result<JobReport> {
-        let job = self.lock().config.name.clone();
+        let job = self.lock().name.clone();
         if tokio::runtime::Handle::try_current().is_ok() {
             return Err(Error::Runtime {
                 job,
@@ -457,100 +317,6 @@ impl Job {
             .build()
             .map_err(|e| Error::Runtime { job, message: format!("cannot start a tokio runtime: {e}") })?;
         runtime.block_on(self.run())
-    }
-}
-
-/// A task handle that aborts its task when dropped, and can be awaited.
-struct AbortOnDrop<R>(JoinHandle<R>);
-
-impl<R> Drop for AbortOnDrop<R> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl<R> std::future::Future for AbortOnDrop<Result<R>> {
-    type Output = Result<R>;
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<R>> {
-        std::pin::Pin::new(&mut self.0)
-            .poll(cx)
-            .map(|r| r.unwrap_or_else(|e| Err(Error::Internal(format!("the checkpoint coordinator failed: {e}")))))
-    }
-}
-
-/// Runs the tasks until they end, one fails, or `cancel` fires; on
-/// cancellation every task is aborted and awaited, so nothing of the job
-/// runs when this returns.
-async fn supervise(
-    tasks: Vec<(String, Box<dyn crate::runtime::heads::HeadRunner>, crate::runtime::heads::NodeIo)>,
-    cancel: tokio::sync::oneshot::Receiver<()>,
-) -> Result<()> {
-    // A dropped handle is no request to stop.
-    let cancelled = async {
-        if cancel.await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::pin!(cancelled);
-    let mut set = JoinSet::new();
-    let mut names = HashMap::new();
-    for (name, runner, io) in tasks {
-        let handle = set.spawn(runner.run(io));
-        names.insert(handle.id(), name);
-    }
-    // A task that stops makes its neighbours fail with `Disconnected`; the
-    // job's error is the one that started it, so a `Disconnected` waits a
-    // little for a better one.
-    let mut secondary: Option<Error> = None;
-    let mut deadline: Option<tokio::time::Instant> = None;
-    loop {
-        let next = match deadline {
-            Some(d) => match tokio::time::timeout_at(d, set.join_next_with_id()).await {
-                Ok(next) => next,
-                Err(_) => break,
-            },
-            None => tokio::select! {
-                next = set.join_next_with_id() => next,
-                () = &mut cancelled => {
-                    set.abort_all();
-                    while set.join_next().await.is_some() {}
-                    return Ok(());
-                }
-            },
-        };
-        let Some(joined) = next else { break };
-        let error = match joined {
-            Ok((_, Ok(()))) => continue,
-            Ok((_, Err(e))) => e,
-            Err(join) => {
-                let name = names.get(&join.id()).cloned().unwrap_or_default();
-                if join.is_panic() {
-                    let payload = join.into_panic();
-                    let text = payload
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_string())
-                        .or_else(|| payload.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "non-text panic".into());
-                    Error::Panicked { task: name, message: text }
-                } else {
-                    Error::Internal(format!("task `{name}` was cancelled"))
-                }
-            }
-        };
-        if matches!(error, Error::Disconnected { .. }) {
-            if secondary.is_none() {
-                secondary = Some(error);
-                deadline = Some(tokio::time::Instant::now() + Duration::from_secs(1));
-            }
-            continue;
-        }
-        set.abort_all();
-        return Err(error);
-    }
-    set.abort_all();
-    match secondary {
-        Some(e) => Err(e),
-        None => Ok(()),
     }
 }
 

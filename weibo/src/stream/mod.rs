@@ -6,6 +6,7 @@
 //! node boundaries.
 
 pub(crate) mod job;
+pub(crate) mod window;
 
 use std::fmt::Display;
 use std::marker::PhantomData;
@@ -15,19 +16,17 @@ use crate::checkpoint::commit::{Committer, Prepared};
 use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::error::{Error, Result};
-use crate::graph::{
-    ChainFactory, EdgeKind, Graph, Input, KeyedFactory, Node, NodeId, Op, Port, RouterFactory, TypedPort, typed,
-};
-use crate::operator::erase;
+use crate::graph::{EdgeKind, Graph, Input, Node, NodeId, Op, Port, TypedPort};
+use crate::operator::factory::{ChainFactory, KeyedFactory, chain_factory, keyed_factory, router_factory};
 use crate::operator::keyed::{FoldOp, KeyedContext, KeyedProcessOp, PartitionOp, ReduceOp};
-use crate::operator::{
-    BatchLimits, Failures, FilterOp, FlatMapOp, KeyGroupRoutes, MapOp, OpInfo, Policy, ProcessOp, RouterOp,
-};
+use crate::operator::watermarks::TimestampOp;
+use crate::operator::{BatchLimits, Failures, FilterOp, FlatMapOp, KeyGroupRoutes, MapOp, Policy, ProcessOp, RouterOp};
+use crate::operator::{erase, typed};
 use crate::record::Batch;
 use crate::record::Timestamp;
+use crate::runtime::config::JobConfig;
 use crate::sinks::{Sink, SinkCommitter, TwoPhaseCommitSink, TxnSinkWriter};
-use crate::state::{StateScope, TimerState, ValueState};
-use crate::operator::watermarks::TimestampOp;
+use crate::state::{TimerState, ValueState};
 use crate::time::WatermarkStrategy;
 
 pub use crate::operator::policy::DeadLetter;
@@ -128,21 +127,26 @@ pub enum aggregate {}
 #[derive(Debug)]
 pub enum with_partitions {}
 
-/// An aggregation with an accumulator: what [`KeyedStream::aggregate`] (and
-/// window aggregations) fold records into.
-pub trait Aggregate<T>: Send + Sync + 'static {
-    /// The accumulator, kept in state (so it needs a codec).
-    type Acc: Data;
-    /// What is emitted.
-    type Out: Clone + Send + 'static;
-    /// A new, empty accumulator.
-    fn create(&self) -> Self::Acc;
-    /// Adds one record.
-    fn add(&self, acc: &mut Self::Acc, value: T);
-    /// Merges another accumulator into `acc` (for merging windows).
-    fn merge(&self, acc: &mut Self::Acc, other: Self::Acc);
-    /// The result of an accumulator.
-    fn result(&self, acc: &Self::Acc) -> Self::Out;
+pub use crate::operator::Aggregate;
+
+/// What the typed DSL builds: the job's graph, and how it runs. The
+/// graph is reached through it directly (`pipeline.nodes`).
+pub(crate) struct Pipeline {
+    pub(crate) graph: Graph,
+    pub(crate) config: JobConfig,
+}
+
+impl std::ops::Deref for Pipeline {
+    type Target = Graph;
+    fn deref(&self) -> &Graph {
+        &self.graph
+    }
+}
+
+impl std::ops::DerefMut for Pipeline {
+    fn deref_mut(&mut self) -> &mut Graph {
+        &mut self.graph
+    }
 }
 
 /// A stream of records of type `T`.
@@ -151,7 +155,7 @@ pub trait Aggregate<T>: Send + Sync + 'static {
 /// on other streams; cloning a stream does not copy records, it names the
 /// same output again (consuming it twice sends every record to both).
 pub struct Stream<T> {
-    pub(crate) graph: Arc<Mutex<Graph>>,
+    pub(crate) graph: Arc<Mutex<Pipeline>>,
     pub(crate) node: NodeId,
     pub(crate) port: usize,
     _t: PhantomData<fn() -> T>,
@@ -196,11 +200,11 @@ fn two(
 }
 
 impl<T> Stream<T> {
-    pub(crate) fn new(graph: Arc<Mutex<Graph>>, node: NodeId, port: usize) -> Self {
+    pub(crate) fn new(graph: Arc<Mutex<Pipeline>>, node: NodeId, port: usize) -> Self {
         Self { graph, node, port, _t: PhantomData }
     }
 
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Graph> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Pipeline> {
         self.graph.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -221,14 +225,14 @@ impl<T> Stream<T> {
     pub fn name(self, name: &str) -> Self {
         let result = self.lock().rename(self.node, name);
         if let Err(message) = result {
-            self.lock().config.wiring_errors.push(message);
+            self.lock().wiring_errors.push(message);
         }
         self
     }
 }
 
 impl<T: Clone + Send + 'static> Stream<T> {
-    fn stateless<U: Clone + Send + 'static>(&self, kind: &'static str, factory: Arc<ChainFactory>) -> Stream<U> {
+    fn stateless<U: Clone + Send + 'static>(&self, kind: &'static str, factory: Arc<dyn ChainFactory>) -> Stream<U> {
         let node = self.add(Node {
             kind,
             name: kind.to_string(),
@@ -255,12 +259,13 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let f = Arc::new(f);
         self.stateless::<U>(
             "map",
-            Arc::new(move |ctx, info, outs| {
+            chain_factory(move |ctx, outs| {
+                let info = ctx.info.clone();
                 let next = typed::<U>(one(outs, &info.name)?, &info.name)?;
                 Ok(erase::<T>(Box::new(MapOp {
                     info,
                     f: f.clone(),
-                    out: Batch::with_capacity(ctx.config.batch_size),
+                    out: Batch::with_capacity(ctx.batch_size),
                     next,
                     _in: PhantomData,
                 })))
@@ -282,12 +287,13 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let f = Arc::new(f);
         self.stateless::<T>(
             "filter",
-            Arc::new(move |ctx, info, outs| {
+            chain_factory(move |ctx, outs| {
+                let info = ctx.info.clone();
                 let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
                 Ok(erase::<T>(Box::new(FilterOp {
                     info,
                     f: f.clone(),
-                    keep: Vec::with_capacity(ctx.config.batch_size),
+                    keep: Vec::with_capacity(ctx.batch_size),
                     next,
                 })))
             }),
@@ -312,12 +318,13 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let f = Arc::new(f);
         self.stateless::<U>(
             "flat_map",
-            Arc::new(move |ctx, info, outs| {
+            chain_factory(move |ctx, outs| {
+                let info = ctx.info.clone();
                 let next = typed::<U>(one(outs, &info.name)?, &info.name)?;
                 Ok(erase::<T>(Box::new(FlatMapOp {
                     info,
                     f: f.clone(),
-                    out: Batch::with_capacity(ctx.config.batch_size),
+                    out: Batch::with_capacity(ctx.batch_size),
                     next,
                     _in: PhantomData,
                 })))
@@ -352,7 +359,8 @@ impl<T: Clone + Send + 'static> Stream<T> {
     {
         let policy = policy.policy();
         let f = Arc::new(f);
-        let factory: Arc<ChainFactory> = Arc::new(move |ctx, info, outs| {
+        let factory = chain_factory(move |ctx, outs| {
+            let info = ctx.info.clone();
             let (ok, dead) = two(outs, &info.name)?;
             let next = typed::<U>(ok, &info.name)?;
             let dead = match policy {
@@ -362,7 +370,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
             Ok(erase::<T>(Box::new(ProcessOp {
                 info,
                 f: f.clone(),
-                out: Batch::with_capacity(ctx.config.batch_size),
+                out: Batch::with_capacity(ctx.batch_size),
                 next,
                 failures: Failures::new(policy, dead)?,
             })))
@@ -443,7 +451,8 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let f = Arc::new(f);
         let stream = self.stateless::<T>(
             "timestamps",
-            Arc::new(move |_ctx, info, outs| {
+            chain_factory(move |ctx, outs| {
+                let info = ctx.info.clone();
                 let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
                 Ok(erase::<T>(Box::new(TimestampOp::new(info, f.clone(), strategy, next))))
             }),
@@ -470,7 +479,6 @@ impl<T: Clone + Send + 'static> Stream<T> {
     pub fn union(&self, other: &Stream<T>) -> Stream<T> {
         if !Arc::ptr_eq(&self.graph, &other.graph) {
             self.lock()
-                .config
                 .wiring_errors
                 .push("`union` of streams from two different jobs: both must come from the same `Job`".into());
         }
@@ -524,7 +532,8 @@ impl<T: Clone + Send + 'static> Stream<T> {
     pub fn sink<S: Sink<T>>(&self, sink: S) -> SinkRef {
         let name = sink.default_name();
         let sink = Arc::new(sink);
-        let factory: Arc<ChainFactory> = Arc::new(move |ctx, info, _outs| {
+        let factory = chain_factory(move |ctx, _outs| {
+            let info = ctx.info.clone();
             let writer = sink.open(ctx.instance, ctx.parallelism)?;
             Ok(erase::<T>(Box::new(crate::operator::SinkOp::new(info, writer, false))))
         });
@@ -566,10 +575,11 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let committer: Arc<dyn Committer> =
             Arc::new(SinkCommitter { sink: sink.clone(), prepared: prepared.clone(), _t: PhantomData::<fn(T)> });
         self.lock().config.commits.register(committer);
-        let factory: Arc<ChainFactory> = Arc::new(move |ctx, info, _outs| {
-            let epoch = ctx.restore.map_or(1, |r| r.checkpoint + 1);
+        let factory = chain_factory(move |ctx, _outs| {
+            let info = ctx.info.clone();
+            let epoch = ctx.restored.map_or(1, |n| n + 1);
             let writer = sink.open(ctx.instance, ctx.parallelism, epoch)?;
-            let checkpointed = ctx.config.checkpoint.is_some();
+            let checkpointed = ctx.checkpointing;
             let writer = Box::new(TxnSinkWriter {
                 sink: sink.clone(),
                 writer,
@@ -639,7 +649,7 @@ fn policy_detail(policy: Policy) -> String {
 
 /// A sink in a job's graph; use it to name the sink.
 pub struct SinkRef {
-    graph: Arc<Mutex<Graph>>,
+    graph: Arc<Mutex<Pipeline>>,
     node: NodeId,
 }
 
@@ -654,7 +664,7 @@ impl SinkRef {
     pub fn name(self, name: &str) -> Self {
         let mut graph = self.graph.lock().unwrap_or_else(PoisonError::into_inner);
         if let Err(message) = graph.rename(self.node, name) {
-            graph.config.wiring_errors.push(message);
+            graph.wiring_errors.push(message);
         }
         drop(graph);
         self
@@ -705,12 +715,13 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         &self,
         kind: &'static str,
         outputs: Vec<Port>,
-        factory: Arc<KeyedFactory>,
-    ) -> (Arc<Mutex<Graph>>, NodeId) {
+        factory: Arc<dyn KeyedFactory>,
+    ) -> (Arc<Mutex<Pipeline>>, NodeId) {
         let key_fn = self.key_fn.clone();
-        let router: Arc<RouterFactory> = Arc::new(move |ctx, info, senders| {
-            let limits = BatchLimits { records: ctx.config.batch_size, bytes: ctx.config.batch_bytes };
-            let routes = KeyGroupRoutes::new(ctx.config.max_key_groups, senders.len());
+        let router = router_factory(move |ctx, senders| {
+            let info = ctx.info.clone();
+            let limits = BatchLimits { records: ctx.batch_size, bytes: ctx.batch_bytes };
+            let routes = KeyGroupRoutes::new(ctx.max_key_groups, senders.len());
             let pool = crate::record::BatchPool::default();
             Ok(erase::<T>(Box::new(RouterOp::<T, K, KeyFn<K, T>> {
                 info,
@@ -758,16 +769,17 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         F: Fn(T, T) -> T + Send + Sync + 'static,
     {
         let f = Arc::new(f);
-        let factory: Arc<KeyedFactory> = Arc::new(move |ctx, info, groups, outs| {
+        let factory = keyed_factory(move |ctx, outs| {
+            let info = ctx.info.clone();
             let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
-            let state = ValueState::<K, T>::open(ctx.state(), &scope(ctx, &info, "value", groups))?;
+            let state = ValueState::<K, T>::open(ctx.state, &ctx.state_scope("value"))?;
             Ok(Box::new(ReduceOp {
                 info,
                 state,
                 f: f.clone(),
-                out: Batch::with_capacity(ctx.config.batch_size),
+                out: Batch::with_capacity(ctx.batch_size),
                 next,
-                decoded: Vec::with_capacity(ctx.config.batch_size),
+                decoded: Vec::with_capacity(ctx.batch_size),
             }))
         });
         let (graph, node) = self.keyed_node("reduce", vec![port::<T>("output", true)], factory);
@@ -840,16 +852,17 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         R: Fn(K, &A) -> O + Send + Sync + 'static,
     {
         let (init, f, output) = (Arc::new(init), Arc::new(f), Arc::new(output));
-        let factory: Arc<KeyedFactory> = Arc::new(move |ctx, info, groups, outs| {
+        let factory = keyed_factory(move |ctx, outs| {
+            let info = ctx.info.clone();
             let next = typed::<O>(one(outs, &info.name)?, &info.name)?;
-            let state = ValueState::<K, A>::open(ctx.state(), &scope(ctx, &info, "accumulator", groups))?;
+            let state = ValueState::<K, A>::open(ctx.state, &ctx.state_scope("accumulator"))?;
             Ok(Box::new(FoldOp {
                 info,
                 state,
                 init: init.clone(),
                 f: f.clone(),
                 output: output.clone(),
-                out: Batch::with_capacity(ctx.config.batch_size),
+                out: Batch::with_capacity(ctx.batch_size),
                 next,
                 _t: PhantomData,
             }))
@@ -946,22 +959,23 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     {
         let policy = policy.policy();
         let (f, on_timer) = (Arc::new(f), Arc::new(on_timer));
-        let factory: Arc<KeyedFactory> = Arc::new(move |ctx, info, groups, outs| {
+        let factory = keyed_factory(move |ctx, outs| {
+            let info = ctx.info.clone();
             let (ok, dead) = two(outs, &info.name)?;
             let next = typed::<U>(ok, &info.name)?;
             let dead = match policy {
                 Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
                 _ => None,
             };
-            let state = ValueState::<K, S>::open(ctx.state(), &scope(ctx, &info, "value", groups.clone()))?;
-            let timers = TimerState::<K>::open(ctx.state(), &scope(ctx, &info, "timers", groups))?;
+            let state = ValueState::<K, S>::open(ctx.state, &ctx.state_scope("value"))?;
+            let timers = TimerState::<K>::open(ctx.state, &ctx.state_scope("timers"))?;
             Ok(Box::new(KeyedProcessOp {
                 info,
                 state,
                 timers,
                 f: f.clone(),
                 on_timer: on_timer.clone(),
-                out: Batch::with_capacity(ctx.config.batch_size),
+                out: Batch::with_capacity(ctx.batch_size),
                 next,
                 failures: Failures::new(policy, dead)?,
                 watermark: crate::record::NO_TIMESTAMP,
@@ -983,21 +997,12 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     /// Sends every record to `sink`, partitioned by key: each sink instance
     /// receives the keys of its key groups.
     pub fn sink<Sk: Sink<T>>(&self, sink: Sk) -> SinkRef {
-        let factory: Arc<KeyedFactory> = Arc::new(move |ctx, info, _groups, outs| {
+        let factory = keyed_factory(move |ctx, outs| {
+            let info = ctx.info.clone();
             let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
-            Ok(Box::new(PartitionOp { info, out: Batch::with_capacity(ctx.config.batch_size), next }))
+            Ok(Box::new(PartitionOp { info, out: Batch::with_capacity(ctx.batch_size), next }))
         });
         let (graph, node) = self.keyed_node("partition", vec![port::<T>("output", true)], factory);
         Stream::<T>::new(graph, node, 0).sink(sink)
-    }
-}
-
-fn scope(ctx: &crate::graph::BuildCtx<'_>, info: &OpInfo, state: &str, groups: std::ops::Range<u16>) -> StateScope {
-    StateScope {
-        job: ctx.config.name.clone(),
-        operator: info.name.to_string(),
-        state: state.to_string(),
-        key_groups: groups,
-        max_key_groups: ctx.config.max_key_groups,
     }
 }

@@ -41,9 +41,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
-use std::ops::Deref;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -51,16 +50,17 @@ use serde::{Deserialize, Serialize};
 use crate::codec::key::Key;
 use crate::codec::{CodecError, CodecId, Data};
 use crate::error::{Error, Result};
-use crate::graph::{KeyedFactory, typed};
 use crate::metrics::OperatorCounters;
+use crate::operator::Aggregate;
 use crate::operator::Consumer;
 use crate::operator::OpInfo;
+use crate::operator::factory::{KeyedFactory, OperatorContext};
 use crate::operator::keyed::TIMERS;
 use crate::operator::keyed::{decode_key, decode_value};
+use crate::operator::{AnyConsumer, typed};
 use crate::operator::{InputOperator, SnapshotAt, emit};
 use crate::record::{Batch, Meta, RecordBatch, Timestamp};
 use crate::state::{RestoreSource, StateScope, StateSnapshot, TimerState, ValueState, WindowState};
-use crate::stream::{Aggregate, KeyedStream, Stream};
 use crate::time::millis;
 use crate::time::watermarks::InputTime;
 
@@ -122,7 +122,7 @@ pub enum Spec {
 }
 
 impl Spec {
-    fn validate(&self) -> std::result::Result<(), String> {
+    pub(crate) fn validate(&self) -> std::result::Result<(), String> {
         match *self {
             Spec::Aligned { size, slide, .. } if size <= 0 || slide <= 0 => {
                 Err(format!("window size ({size} ms) and slide ({slide} ms) must be at least 1 ms"))
@@ -132,7 +132,7 @@ impl Spec {
         }
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match *self {
             Spec::Aligned { size, slide, offset } if size == slide => {
                 format!("tumbling {size} ms{}", if offset != 0 { format!(" + {offset} ms") } else { String::new() })
@@ -445,7 +445,7 @@ pub(crate) trait WindowFn<K, T>: Send + Sync + 'static {
     fn fire(&self, key: &K, window: Window, acc: &Self::Acc, out: &mut Vec<Self::Out>);
 }
 
-struct ReduceFn<F>(F);
+pub(crate) struct ReduceFn<F>(pub(crate) F);
 
 impl<K: Key, T: Data, F: Fn(T, T) -> T + Send + Sync + 'static> WindowFn<K, T> for ReduceFn<F> {
     type Acc = T;
@@ -467,7 +467,7 @@ impl<K: Key, T: Data, F: Fn(T, T) -> T + Send + Sync + 'static> WindowFn<K, T> f
     }
 }
 
-struct AggregateFn<G>(G);
+pub(crate) struct AggregateFn<G>(pub(crate) G);
 
 impl<K: Key, T, G: Aggregate<T>> WindowFn<K, T> for AggregateFn<G> {
     type Acc = G::Acc;
@@ -486,7 +486,7 @@ impl<K: Key, T, G: Aggregate<T>> WindowFn<K, T> for AggregateFn<G> {
     }
 }
 
-struct ProcessFn<F, U>(F, PhantomData<fn() -> U>);
+pub(crate) struct ProcessFn<F, U>(pub(crate) F, pub(crate) PhantomData<fn() -> U>);
 
 impl<K, T, U, F> WindowFn<K, T> for ProcessFn<F, U>
 where
@@ -508,179 +508,70 @@ where
     }
 }
 
-/// A keyed stream with windows assigned; apply a window function to get
-/// results.
-pub struct WindowedStream<K, T> {
-    keyed: KeyedStream<K, T>,
-    spec: Spec,
-    lateness: i64,
+/// Makes the instances of a window operator: aligned windows (tumbling,
+/// sliding) or sessions, by its spec, applying `func`.
+pub(crate) struct WindowFactory<K, T, W> {
+    pub(crate) func: Arc<W>,
+    pub(crate) spec: Spec,
+    /// Allowed lateness, in milliseconds (0: none).
+    pub(crate) lateness: i64,
+    /// Whether late records go to the operator's second port (set when
+    /// the user asks for them, before the job is built).
+    pub(crate) late_enabled: Arc<AtomicBool>,
+    pub(crate) _t: PhantomData<fn(K, T)>,
 }
 
-impl<K, T> std::fmt::Debug for WindowedStream<K, T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WindowedStream").field("spec", &self.spec).field("lateness", &self.lateness).finish()
-    }
-}
-
-/// The output of a window function: its results (this derefs to that
-/// stream) and, on request, the records that came too late for any window.
-pub struct WindowedOutput<T, U> {
-    results: Stream<U>,
-    late: Stream<T>,
-    late_enabled: Arc<AtomicBool>,
-}
-
-impl<T, U> std::fmt::Debug for WindowedOutput<T, U> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WindowedOutput").field("results", &self.results).finish_non_exhaustive()
-    }
-}
-
-impl<T, U> Deref for WindowedOutput<T, U> {
-    type Target = Stream<U>;
-    fn deref(&self) -> &Stream<U> {
-        &self.results
-    }
-}
-
-impl<T, U> WindowedOutput<T, U> {
-    /// The records later than the allowed lateness, which no window took.
-    /// Once asked for, they are sent here instead of dropped, and this
-    /// stream must be consumed.
-    pub fn late_records(&self) -> Stream<T> {
-        self.late_enabled.store(true, Ordering::Relaxed);
-        let mut graph = self.late.lock();
-        if let Some(port) = graph.nodes.get_mut(self.late.node).and_then(|n| n.outputs.get_mut(1)) {
-            port.must_consume = true;
-        }
-        drop(graph);
-        self.late.clone()
-    }
-
-    /// The results as a plain stream.
-    pub fn into_stream(self) -> Stream<U> {
-        self.results
-    }
-
-    /// Names the window operator.
-    #[must_use]
-    pub fn name(self, name: &str) -> Self {
-        let Self { results, late, late_enabled } = self;
-        Self { results: results.name(name), late, late_enabled }
-    }
-}
-
-impl<K: Key, T: Data> KeyedStream<K, T> {
-    /// Assigns each record to event-time windows per key. The stream needs
-    /// timestamps (`with_timestamps` upstream).
-    pub fn window<W: WindowAssigner>(&self, assigner: W) -> WindowedStream<K, T> {
-        let spec = assigner.spec();
-        if let Err(message) = spec.validate() {
-            self.upstream().lock().config.wiring_errors.push(message);
-        }
-        WindowedStream { keyed: self.clone(), spec, lateness: 0 }
-    }
-}
-
-impl<K: Key, T: Data> WindowedStream<K, T> {
-    /// Keeps windows for `lateness` after they fire: records up to that
-    /// late still count, and re-fire their window with the updated result.
-    #[must_use]
-    pub fn allowed_lateness(mut self, lateness: Duration) -> Self {
-        self.lateness = millis(lateness);
-        self
-    }
-
-    /// Folds each window's records with `f`, incrementally (one value per
-    /// window is kept).
-    pub fn reduce<F>(&self, f: F) -> WindowedOutput<T, WindowResult<K, T>>
-    where
-        F: Fn(T, T) -> T + Send + Sync + 'static,
-    {
-        self.build("window_reduce", ReduceFn(f))
-    }
-
-    /// Aggregates each window's records with `agg`, incrementally.
-    pub fn aggregate<G: Aggregate<T>>(&self, agg: G) -> WindowedOutput<T, WindowResult<K, G::Out>> {
-        self.build("window_aggregate", AggregateFn(agg))
-    }
-
-    /// Calls `f` with all of a window's records when it fires (the records
-    /// are kept until then); `f` emits any number of results.
-    pub fn process<U, F>(&self, f: F) -> WindowedOutput<T, U>
-    where
-        U: Clone + Send + 'static,
-        F: Fn(&WindowContext<'_, K>, &[T], &mut Vec<U>) + Send + Sync + 'static,
-    {
-        self.build("window_process", ProcessFn(f, PhantomData))
-    }
-
-    fn build<W: WindowFn<K, T>>(&self, kind: &'static str, func: W) -> WindowedOutput<T, W::Out> {
-        let func = Arc::new(func);
-        let late_enabled = Arc::new(AtomicBool::new(false));
-        let (spec, lateness, flag) = (self.spec, self.lateness.max(0), late_enabled.clone());
-        let factory: Arc<KeyedFactory> = Arc::new(move |ctx, info, groups, mut outs| {
-            let late_out = outs.pop().ok_or_else(|| Error::Internal("window without late port".into()))?;
-            let out = outs.pop().ok_or_else(|| Error::Internal("window without result port".into()))?;
-            let next = typed::<W::Out>(out, &info.name)?;
-            let late_next = typed::<T>(late_out, &info.name)?;
-            let operator = info.name.to_string();
-            let scope = |state: &str| StateScope {
-                job: ctx.config.name.clone(),
-                operator: operator.clone(),
-                state: state.to_string(),
-                key_groups: groups.clone(),
-                max_key_groups: ctx.config.max_key_groups,
-            };
-            let common = Common {
-                func: func.clone(),
-                lateness,
-                fire: TimerState::open(ctx.state(), &scope("fire-timers"))?,
-                cleanup: TimerState::open(ctx.state(), &scope("cleanup-timers"))?,
-                watermark: crate::record::NO_TIMESTAMP,
-                out: Batch::with_capacity(ctx.config.batch_size),
-                fired: Vec::new(),
-                late: Batch::with_capacity(16),
-                late_enabled: flag.load(Ordering::Relaxed),
-                next,
-                late_next,
-                key_buf: Vec::with_capacity(32),
-                info,
-            };
-            Ok(match spec {
-                Spec::Aligned { size, slide, offset } => Box::new(AlignedWindowOp {
-                    state: WindowState::open(ctx.state(), &scope("windows"))?,
-                    size,
-                    slide,
-                    offset,
-                    windows: AlignedCache::default(),
-                    // Without lateness a window is dropped when it fires:
-                    // nothing that fired is kept to fire again.
-                    fired: if lateness > 0 {
-                        Some(Fired::new(ValueState::open(ctx.state(), &scope("fired"))?, groups.clone()))
-                    } else {
-                        None
-                    },
-                    common,
-                }) as Box<dyn InputOperator>,
-                Spec::Session { gap } => {
-                    Box::new(SessionWindowOp { state: ValueState::open(ctx.state(), &scope("sessions"))?, gap, common })
-                }
-            })
-        });
-        let detail = match lateness {
-            0 => self.spec.describe(),
-            l => format!("{}, lateness {l} ms", self.spec.describe()),
+impl<K: Key, T: Data, W: WindowFn<K, T>> KeyedFactory for WindowFactory<K, T, W> {
+    fn instantiate(&self, ctx: &OperatorContext<'_>, mut outs: Vec<AnyConsumer>) -> Result<Box<dyn InputOperator>> {
+        let info = ctx.info.clone();
+        let groups = ctx.key_groups.clone();
+        let late_out = outs.pop().ok_or_else(|| Error::Internal("window without late port".into()))?;
+        let out = outs.pop().ok_or_else(|| Error::Internal("window without result port".into()))?;
+        let next = typed::<W::Out>(out, &info.name)?;
+        let late_next = typed::<T>(late_out, &info.name)?;
+        let operator = info.name.to_string();
+        let scope = |state: &str| StateScope {
+            job: ctx.job.to_string(),
+            operator: operator.clone(),
+            state: state.to_string(),
+            key_groups: groups.clone(),
+            max_key_groups: ctx.max_key_groups,
         };
-        let (graph, node) = self.keyed.keyed_node(
-            kind,
-            vec![crate::stream::port::<W::Out>("output", true), crate::stream::port::<T>("late records", false)],
-            factory,
-        );
-        if let Some(n) = graph.lock().unwrap_or_else(PoisonError::into_inner).nodes.get_mut(node) {
-            n.detail = detail;
-        }
-        WindowedOutput { results: Stream::new(graph.clone(), node, 0), late: Stream::new(graph, node, 1), late_enabled }
+        let common = Common {
+            func: self.func.clone(),
+            lateness: self.lateness,
+            fire: TimerState::open(ctx.state, &scope("fire-timers"))?,
+            cleanup: TimerState::open(ctx.state, &scope("cleanup-timers"))?,
+            watermark: crate::record::NO_TIMESTAMP,
+            out: Batch::with_capacity(ctx.batch_size),
+            fired: Vec::new(),
+            late: Batch::with_capacity(16),
+            late_enabled: self.late_enabled.load(Ordering::Relaxed),
+            next,
+            late_next,
+            key_buf: Vec::with_capacity(32),
+            info,
+        };
+        Ok(match self.spec {
+            Spec::Aligned { size, slide, offset } => Box::new(AlignedWindowOp {
+                state: WindowState::open(ctx.state, &scope("windows"))?,
+                size,
+                slide,
+                offset,
+                windows: AlignedCache::default(),
+                // Without lateness a window is dropped when it fires:
+                // nothing that fired is kept to fire again.
+                fired: if self.lateness > 0 {
+                    Some(Fired::new(ValueState::open(ctx.state, &scope("fired"))?, groups.clone()))
+                } else {
+                    None
+                },
+                common,
+            }) as Box<dyn InputOperator>,
+            Spec::Session { gap } => {
+                Box::new(SessionWindowOp { state: ValueState::open(ctx.state, &scope("sessions"))?, gap, common })
+            }
+        })
     }
 }
 

@@ -1,0 +1,264 @@
+//! From a graph to tasks: each head node (source partition, keyed
+//! instance) becomes a task running its fused chain; each hash edge
+//! becomes a bounded channel from every upstream instance to every
+//! downstream one. The runtime owns the channels and the inboxes; the
+//! operators come from the graph's factories, each given an
+//! [`OperatorContext`].
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use crate::checkpoint::{Restore, TaskEvent};
+use crate::error::{Error, Result};
+use crate::graph::{Graph, Input, Node, NodeId, Op};
+use crate::metrics::{OperatorCounters, Registry};
+use crate::operator::factory::OperatorContext;
+use crate::operator::{AnyConsumer, InputOperator, OpInfo, Outbox, key_group_range};
+use crate::record::SourceNames;
+
+use super::EdgeSender;
+use super::config::JobConfig;
+use super::heads::{ChannelHead, CheckpointIo, HeadRunner, Inbox, NodeIo, SourceHead};
+
+/// A runnable job: one head task per node instance.
+pub(crate) struct Physical {
+    pub(crate) tasks: Vec<(String, Box<dyn HeadRunner>, NodeIo)>,
+}
+
+/// What the coordinator hands the tasks: a trigger per source instance, and
+/// where to acknowledge.
+pub(crate) struct CheckpointWiring {
+    pub(crate) triggers: Vec<mpsc::UnboundedReceiver<u64>>,
+    pub(crate) acks: mpsc::UnboundedSender<TaskEvent>,
+    pub(crate) interval: std::time::Duration,
+    pub(crate) storage: Arc<dyn crate::checkpoint::CheckpointStorage>,
+    pub(crate) run: Arc<str>,
+    pub(crate) completed: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Building one head instance and the chain behind it.
+struct Builder<'a> {
+    graph: &'a Graph,
+    config: &'a JobConfig,
+    registry: &'a Registry,
+    sources: SourceNames,
+    restore: Option<&'a Restore>,
+    /// The head's outbox and the senders of its outgoing channels.
+    outbox: Outbox,
+    senders: Vec<EdgeSender>,
+    /// `name[instance]` of the head being built.
+    head: String,
+    /// Every keyed instance's input channels, by (node, instance).
+    inboxes: &'a mut HashMap<(NodeId, usize), Vec<Inbox>>,
+    /// For fused operators (sinks among them): how many instances each has
+    /// in all, and the next instance number to hand out. A fused operator
+    /// runs once per head instance that reaches it, so after a `union` its
+    /// instances come from several heads.
+    chain_instances: &'a mut HashMap<NodeId, (usize, usize)>,
+}
+
+impl Builder<'_> {
+    fn info(&self, node: &Node) -> OpInfo {
+        OpInfo {
+            name: node.name.as_str().into(),
+            counters: self.registry.operator(&node.name),
+            sources: self.sources.clone(),
+        }
+    }
+
+    /// What an instance is told about where it runs.
+    fn context(
+        &self,
+        info: OpInfo,
+        instance: usize,
+        parallelism: usize,
+        key_groups: Range<u16>,
+    ) -> OperatorContext<'_> {
+        OperatorContext {
+            job: &self.graph.name,
+            info,
+            instance,
+            parallelism,
+            key_groups,
+            max_key_groups: self.graph.max_key_groups,
+            batch_size: self.config.batch_size,
+            batch_bytes: self.config.batch_bytes,
+            state: &*self.config.state,
+            checkpointing: self.config.checkpoint.is_some(),
+            restored: self.restore.map(|r| r.checkpoint),
+            restored_position: None,
+            outbox: &self.outbox,
+        }
+    }
+
+    fn port(&mut self, node: NodeId, port: usize) -> Result<AnyConsumer> {
+        let n = self.graph.node(node)?;
+        let spec = n.outputs.get(port).ok_or_else(|| Error::Internal(format!("`{}` has no port {port}", n.name)))?;
+        let targets: Vec<(NodeId, Input)> = self.graph.consumers(node, port).map(|(id, i)| (id, i.clone())).collect();
+        let mut outs = Vec::with_capacity(targets.len());
+        for (dst, input) in targets {
+            outs.push(self.input(dst, &input)?);
+        }
+        match outs.len() {
+            0 => Ok(spec.ty.discard()),
+            1 => outs.pop().ok_or_else(|| Error::Internal("lost a consumer".into())),
+            _ => spec.ty.tee(outs),
+        }
+    }
+
+    fn outputs(&mut self, node: NodeId) -> Result<Vec<AnyConsumer>> {
+        let ports = self.graph.node(node)?.outputs.len();
+        (0..ports).map(|p| self.port(node, p)).collect()
+    }
+
+    /// The consumer that feeds node `dst` from `input`: its fused instance,
+    /// or the router onto the channels of its keyed instances.
+    fn input(&mut self, dst: NodeId, input: &Input) -> Result<AnyConsumer> {
+        let node = self.graph.node(dst)?;
+        match &node.op {
+            Op::Chain(factory) => {
+                let outs = self.outputs(dst)?;
+                let (next, total) = self.chain_instances.get(&dst).copied().unwrap_or((0, 1));
+                self.chain_instances.insert(dst, (next + 1, total));
+                let ctx = self.context(self.info(node), next, total, 0..0);
+                factory.instantiate(&ctx, outs)
+            }
+            Op::Union => self.port(dst, 0),
+            Op::Keyed { parallelism, router, .. } => {
+                let from = self.graph.node(input.from)?;
+                let mut senders = Vec::with_capacity(*parallelism);
+                for j in 0..*parallelism {
+                    let (tx, rx) = mpsc::channel(self.config.channel_capacity.max(1));
+                    let to = format!("{}[{j}]", node.name);
+                    let counters = self.registry.edge(self.head.clone(), to.clone());
+                    self.inboxes.entry((dst, j)).or_default().push(Inbox { from: self.head.clone(), rx });
+                    senders.push(self.senders.len());
+                    self.senders.push(EdgeSender { tx, counters, to });
+                }
+                let info = OpInfo {
+                    name: format!("{} -> {}", from.name, node.name).into(),
+                    counters: Arc::new(OperatorCounters::default()),
+                    sources: self.sources.clone(),
+                };
+                let ctx = self.context(info, 0, 1, 0..0);
+                router.instantiate(&ctx, senders)
+            }
+            Op::Source { .. } => Err(Error::Internal(format!("source `{}` has an input", node.name))),
+        }
+    }
+}
+
+enum Built {
+    Runner(Box<dyn HeadRunner>),
+    Keyed(Box<dyn InputOperator>),
+}
+
+/// Builds the tasks of `graph`, restoring from `restore` and taking part in
+/// checkpoints through `checkpoints` when given.
+pub(crate) fn build(
+    graph: &Graph,
+    config: &JobConfig,
+    registry: &Registry,
+    restore: Option<&Restore>,
+    mut checkpoints: Option<CheckpointWiring>,
+) -> Result<Physical> {
+    graph.validate()?;
+    // Register every operator in graph order, so metrics list them so.
+    for node in graph.nodes.iter().filter(|n| !matches!(n.op, Op::Union)) {
+        let _ = registry.operator(&node.name);
+    }
+    let mut chain_instances: HashMap<NodeId, (usize, usize)> =
+        graph.chain_instances().into_iter().map(|(id, total)| (id, (0, total))).collect();
+    let sources = SourceNames(graph.source_names().into());
+    let mut inboxes: HashMap<(NodeId, usize), Vec<Inbox>> = HashMap::new();
+    let mut built: Vec<(String, NodeId, usize, Built, NodeIo)> = Vec::new();
+    for (id, node) in graph.nodes.iter().enumerate() {
+        if !node.is_head() {
+            continue;
+        }
+        for instance in 0..node.parallelism() {
+            let head = format!("{}[{instance}]", node.name);
+            let groups = match node.op {
+                Op::Keyed { parallelism, .. } => key_group_range(instance, parallelism, graph.max_key_groups),
+                _ => 0..0,
+            };
+            let mut b = Builder {
+                graph,
+                config,
+                registry,
+                sources: sources.clone(),
+                restore,
+                outbox: Outbox::default(),
+                senders: Vec::new(),
+                head: head.clone(),
+                inboxes: &mut inboxes,
+                chain_instances: &mut chain_instances,
+            };
+            let outs = b.outputs(id)?;
+            let info = b.info(node);
+            let built_head = match &node.op {
+                Op::Source { factory, .. } => {
+                    let out = outs.into_iter().next().ok_or_else(|| Error::Internal("source without port".into()))?;
+                    let mut ctx = b.context(info, instance, node.parallelism(), 0..0);
+                    let partition = u32::try_from(instance).unwrap_or(u32::MAX);
+                    ctx.restored_position =
+                        restore.and_then(|r| r.positions.get(&(node.name.clone(), partition))).copied();
+                    Built::Runner(Box::new(SourceHead { op: factory.instantiate(&ctx, out)? }))
+                }
+                Op::Keyed { parallelism, factory, .. } => {
+                    let ctx = b.context(info, instance, *parallelism, groups.clone());
+                    let mut op = factory.instantiate(&ctx, outs)?;
+                    if let Some(r) = restore {
+                        op.restore(r, &groups)?;
+                    }
+                    Built::Keyed(op)
+                }
+                _ => return Err(Error::Internal("non-head node built as a head".into())),
+            };
+            let checkpoint = checkpoints.as_mut().map(|w| {
+                let is_source = matches!(node.op, Op::Source { .. });
+                CheckpointIo {
+                    trigger: if is_source { w.triggers.pop() } else { None },
+                    acks: w.acks.clone(),
+                    interval: w.interval,
+                    storage: w.storage.clone(),
+                    run: w.run.clone(),
+                    completed: w.completed.clone(),
+                    task: head.clone(),
+                    operator: node.name.clone(),
+                    instance,
+                    groups: groups.clone(),
+                }
+            });
+            let mut chain = node.name.clone();
+            graph.chain_text(id, &mut chain)?;
+            let io = NodeIo {
+                outbox: b.outbox,
+                senders: b.senders,
+                buffer_timeout: config.buffer_timeout,
+                checkpoint,
+                chain: chain.into(),
+            };
+            built.push((head, id, instance, built_head, io));
+        }
+    }
+    let mut tasks = Vec::with_capacity(built.len());
+    for (head, id, instance, b, io) in built {
+        let runner: Box<dyn HeadRunner> = match b {
+            Built::Runner(r) => r,
+            Built::Keyed(op) => {
+                let inputs = inboxes.remove(&(id, instance)).unwrap_or_default();
+                if inputs.is_empty() {
+                    return Err(Error::Internal(format!("`{head}` has no input edges")));
+                }
+                let counters = registry.operator(&graph.node(id)?.name);
+                Box::new(ChannelHead { name: head.clone(), counters, op, inputs })
+            }
+        };
+        tasks.push((head, runner, io));
+    }
+    Ok(Physical { tasks })
+}

@@ -1,0 +1,75 @@
+//! A job's run-time settings, and where it restores from.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::checkpoint::commit::TwoPhaseCommits;
+use crate::checkpoint::{CheckpointConfig, CheckpointStorage, LocalDir, Restore};
+use crate::error::{Error, Result};
+use crate::state::StateBackend;
+
+/// How a job runs: batching, channels, state, checkpoints. (What it
+/// runs, and its name and key groups, are its graph's.)
+#[derive(Clone, Debug)]
+pub(crate) struct JobConfig {
+    pub(crate) batch_size: usize,
+    pub(crate) batch_bytes: usize,
+    pub(crate) buffer_timeout: Duration,
+    pub(crate) channel_capacity: usize,
+    pub(crate) state: Arc<dyn StateBackend>,
+    /// Where and how often checkpoints are taken, if at all.
+    pub(crate) checkpoint: Option<CheckpointConfig>,
+    /// A checkpoint (or a directory of them) to start from.
+    pub(crate) restore_from: Option<RestoreFrom>,
+    /// The exactly-once sinks, for the coordinator to commit.
+    pub(crate) commits: TwoPhaseCommits,
+}
+
+/// Where a job restores from, as configured.
+#[derive(Clone, Debug)]
+pub(crate) enum RestoreFrom {
+    /// A local checkpoint's or savepoint's directory, or a directory of
+    /// checkpoints.
+    Path(PathBuf),
+    /// The same, as a directory in a storage (`""`: its top).
+    Stored(Arc<dyn CheckpointStorage>, String),
+}
+
+impl RestoreFrom {
+    /// Finds the checkpoint to restore and loads it.
+    pub(crate) fn load(&self, fingerprint: &str, max_key_groups: u16) -> Result<Restore> {
+        let (storage, dir): (Arc<dyn CheckpointStorage>, String) = match self {
+            // A checkpoint's manifest names its state files relative to
+            // itself (`../shared/..`): the storage is its parent directory.
+            RestoreFrom::Path(path) if path.join("MANIFEST").is_file() => {
+                let path = std::fs::canonicalize(path).map_err(|source| Error::Io {
+                    action: "cannot read checkpoint directory",
+                    path: path.clone(),
+                    source,
+                })?;
+                match (path.parent(), path.file_name()) {
+                    (Some(parent), Some(name)) => {
+                        (Arc::new(LocalDir::new(parent)), name.to_string_lossy().into_owned())
+                    }
+                    _ => (Arc::new(LocalDir::new(path)), String::new()),
+                }
+            }
+            RestoreFrom::Path(path) => (Arc::new(LocalDir::new(path)), String::new()),
+            RestoreFrom::Stored(storage, dir) => (storage.clone(), dir.clone()),
+        };
+        let manifest = crate::checkpoint::storage::join(&dir, "MANIFEST");
+        let is_checkpoint = storage.exists(&manifest).map_err(|source| Error::Io {
+            action: "cannot read checkpoint storage",
+            path: storage.locate(&manifest),
+            source,
+        })?;
+        if is_checkpoint {
+            return Restore::load(&storage, &dir, fingerprint, max_key_groups);
+        }
+        Restore::latest(&storage, &dir, fingerprint, max_key_groups)?.ok_or_else(|| Error::Checkpoint {
+            path: storage.locate(&dir),
+            message: "holds no complete checkpoint".into(),
+        })
+    }
+}

@@ -1,0 +1,219 @@
+//! Starting a job: restore, checkpoint coordinator, tasks, and the
+//! supervisor that watches them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::checkpoint::{Coordinator, Restore, SavepointRequest};
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::metrics::Registry;
+
+use super::build::CheckpointWiring;
+use super::config::JobConfig;
+use super::heads::{HeadRunner, NodeIo};
+
+/// A job that runs: what its handle watches and steers.
+#[derive(Debug)]
+pub(crate) struct Launched {
+    pub(crate) name: String,
+    pub(crate) registry: Registry,
+    pub(crate) supervisor: JoinHandle<Result<()>>,
+    pub(crate) started: Instant,
+    /// The number of the newest complete checkpoint (0: none).
+    pub(crate) completed: Arc<AtomicU64>,
+    pub(crate) savepoints: Option<mpsc::UnboundedSender<SavepointRequest>>,
+    pub(crate) cancel: tokio::sync::oneshot::Sender<()>,
+}
+
+/// Starts `graph` on the current tokio runtime: restores from the
+/// configured checkpoint (or the newest in the checkpoint storage),
+/// finishes the restored checkpoint's commits, builds the tasks and
+/// spawns them under a supervisor, with the checkpoint coordinator beside
+/// them.
+pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Runtime {
+        job: graph.name.clone(),
+        message: "a job runs on tokio: call `run`/`spawn` inside a tokio runtime (for example under #[tokio::main])"
+            .into(),
+    })?;
+    let registry = Registry::default();
+    graph.validate()?;
+    let fingerprint = graph.fingerprint();
+    // Checkpoint storage blocks: off the runtime's workers.
+    let restore = crate::task::blocking(|| match (&config.restore_from, &config.checkpoint) {
+        (Some(from), _) => from.load(&fingerprint, graph.max_key_groups).map(Some),
+        (None, Some(cp)) => Restore::latest(&cp.storage, "", &fingerprint, graph.max_key_groups),
+        (None, None) => Ok(None),
+    })?;
+    if let Some(r) = &restore {
+        tracing::info!(job = %graph.name, checkpoint = r.checkpoint, dir = %r.location().display(), "restoring");
+    }
+    config.state.prepare(&graph.name)?;
+    // Exactly-once sinks: finish what the restored checkpoint committed
+    // (again: commits are idempotent), drop what came after it.
+    config.commits.on_restore(restore.as_ref().map(|r| (r.checkpoint, r.commits.as_slice())))?;
+    let completed = Arc::new(AtomicU64::new(restore.as_ref().map_or(0, |r| r.checkpoint)));
+    let (savepoint_tx, savepoint_rx) = mpsc::unbounded_channel();
+    let savepoints = config.checkpoint.is_some().then_some(savepoint_tx);
+    let (wiring, coordinator) = match &config.checkpoint {
+        Some(cp) => {
+            let (heads, sources) = graph.head_counts();
+            let (tx, rx): (Vec<_>, Vec<_>) = (0..sources).map(|_| mpsc::unbounded_channel()).unzip();
+            let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+            (
+                Some(CheckpointWiring {
+                    triggers: rx,
+                    acks: ack_tx,
+                    interval: cp.interval,
+                    storage: cp.storage.clone(),
+                    run: crate::checkpoint::run_token().into(),
+                    completed: completed.clone(),
+                }),
+                Some(Coordinator {
+                    config: cp.clone(),
+                    job: graph.name.clone(),
+                    fingerprint: fingerprint.clone(),
+                    max_key_groups: graph.max_key_groups,
+                    triggers: tx,
+                    events: ack_rx,
+                    tasks: heads,
+                    // After every checkpoint already in the directory, so
+                    // that a run restored from a savepoint never writes into
+                    // (or is deleted as) an older run's checkpoint.
+                    next: crate::task::blocking(|| crate::checkpoint::highest_checkpoint(&*cp.storage))?
+                        .max(restore.as_ref().map_or(0, |r| r.checkpoint))
+                        + 1,
+                    completed: completed.clone(),
+                    commits: config.commits.clone(),
+                    savepoints: savepoint_rx,
+                    previous: None,
+                }),
+            )
+        }
+        None => (None, None),
+    };
+    // Building restores state: storage reads, off the runtime's workers.
+    let physical = crate::task::blocking(|| super::build::build(graph, config, &registry, restore.as_ref(), wiring))?;
+    let name = graph.name.clone();
+    let started = Instant::now();
+    let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
+    let supervisor = runtime.spawn(async move {
+        // The coordinator lives as long as the supervisor: aborting the
+        // job aborts it too (`AbortOnDrop`).
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let coordinator = coordinator.map(|c| AbortOnDrop(tokio::spawn(c.run(stopped))));
+        let result = supervise(physical.tasks, cancelled).await;
+        // Let a checkpoint being completed finish (and commit) before
+        // the job reports its end. A job whose tasks all ended has
+        // taken its final checkpoint, or failed to: the coordinator
+        // says which.
+        let _ = stop.send(());
+        let checkpoints = match coordinator {
+            Some(c) => tokio::time::timeout(Duration::from_secs(30), c).await.unwrap_or(Ok(())),
+            None => Ok(()),
+        };
+        result.and(checkpoints)
+    });
+    tracing::info!(job = %name, "job started");
+    Ok(Launched { name, registry, supervisor, started, completed, savepoints, cancel })
+}
+
+/// A task handle that aborts its task when dropped, and can be awaited.
+struct AbortOnDrop<R>(JoinHandle<R>);
+
+impl<R> Drop for AbortOnDrop<R> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<R> std::future::Future for AbortOnDrop<Result<R>> {
+    type Output = Result<R>;
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<R>> {
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|r| r.unwrap_or_else(|e| Err(Error::Internal(format!("the checkpoint coordinator failed: {e}")))))
+    }
+}
+
+/// Runs the tasks until they end, one fails, or `cancel` fires; on
+/// cancellation every task is aborted and awaited, so nothing of the job
+/// runs when this returns.
+async fn supervise(
+    tasks: Vec<(String, Box<dyn HeadRunner>, NodeIo)>,
+    cancel: tokio::sync::oneshot::Receiver<()>,
+) -> Result<()> {
+    // A dropped handle is no request to stop.
+    let cancelled = async {
+        if cancel.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::pin!(cancelled);
+    let mut set = JoinSet::new();
+    let mut names = HashMap::new();
+    for (name, runner, io) in tasks {
+        let handle = set.spawn(runner.run(io));
+        names.insert(handle.id(), name);
+    }
+    // A task that stops makes its neighbours fail with `Disconnected`; the
+    // job's error is the one that started it, so a `Disconnected` waits a
+    // little for a better one.
+    let mut secondary: Option<Error> = None;
+    let mut deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let next = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, set.join_next_with_id()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            },
+            None => tokio::select! {
+                next = set.join_next_with_id() => next,
+                () = &mut cancelled => {
+                    set.abort_all();
+                    while set.join_next().await.is_some() {}
+                    return Ok(());
+                }
+            },
+        };
+        let Some(joined) = next else { break };
+        let error = match joined {
+            Ok((_, Ok(()))) => continue,
+            Ok((_, Err(e))) => e,
+            Err(join) => {
+                let name = names.get(&join.id()).cloned().unwrap_or_default();
+                if join.is_panic() {
+                    let payload = join.into_panic();
+                    let text = payload
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_string())
+                        .or_else(|| payload.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "non-text panic".into());
+                    Error::Panicked { task: name, message: text }
+                } else {
+                    Error::Internal(format!("task `{name}` was cancelled"))
+                }
+            }
+        };
+        if matches!(error, Error::Disconnected { .. }) {
+            if secondary.is_none() {
+                secondary = Some(error);
+                deadline = Some(tokio::time::Instant::now() + Duration::from_secs(1));
+            }
+            continue;
+        }
+        set.abort_all();
+        return Err(error);
+    }
+    set.abort_all();
+    match secondary {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
