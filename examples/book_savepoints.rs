@@ -154,7 +154,7 @@ async fn key_groups(dir: &Path, savepoint: &Path) -> Result<(), Box<dyn Error>> 
     let after = weibo::checkpoint::read_manifest(&own)?;
     println!("on 3 workers: {:?}", groups(&after));
     assert_eq!(groups(&after).iter().map(|g| g.1).collect::<Vec<_>>(), [(0, 43), (43, 86), (86, 128)]);
-    assert!(after.checkpoint > savepoint_id.unwrap_or(0), "numbered after the one it restored");
+    assert!(after.checkpoint > savepoint_id.unwrap_or_default(), "numbered after the one it restored");
     handle.wait().await?;
     assert_eq!(finals(out.values()), expected());
     Ok(())

@@ -43,7 +43,7 @@ async fn a_stopped_job_leaves_a_last_checkpoint_and_nothing_runs_after_stop_retu
     assert!((seen as u64) < EVENTS, "stopped before the end of input");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(out.values().len(), seen, "nothing runs after stop returned");
-    let listed: Vec<u64> = weibo::checkpoint::complete_checkpoints(dir.path()).iter().map(|(n, _)| *n).collect();
+    let listed: Vec<_> = weibo::checkpoint::complete_checkpoints(dir.path()).iter().map(|(n, _)| *n).collect();
     assert_eq!(listed.iter().max(), Some(&newest), "no checkpoint after stop returned");
     let (got, _) = restore_and_finish(dir.path(), 2).await;
     assert_eq!(got, expected(), "the job goes on from the last checkpoint");

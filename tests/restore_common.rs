@@ -70,7 +70,7 @@ pub(crate) fn finals(out: Vec<(u64, (u64, u64))>) -> BTreeMap<u64, (u64, u64)> {
 
 /// Runs the job until `checkpoints` checkpoints completed, then stops it
 /// abruptly; returns the number of the last complete one.
-pub(crate) async fn run_then_stop(dir: &Path, partitions: usize, checkpoints: u64) -> u64 {
+pub(crate) async fn run_then_stop(dir: &Path, partitions: usize, checkpoints: u64) -> weibo::record::CheckpointId {
     let out = CollectSink::new();
     let handle = job(dir, partitions, 3_000.0, &out).spawn().unwrap();
     for _ in 0..500 {

@@ -41,11 +41,11 @@ async fn checkpoints_go_on_after_a_source_has_finished() {
     let first = handle.last_checkpoint().unwrap();
     for _ in 0..500 {
         tokio::time::sleep(Duration::from_millis(10)).await;
-        if handle.last_checkpoint().is_some_and(|n| n >= first + 2) {
+        if handle.last_checkpoint().is_some_and(|n| n >= first.get() + 2) {
             break;
         }
     }
-    assert!(handle.last_checkpoint().unwrap() >= first + 2, "checkpoints continue");
+    assert!(handle.last_checkpoint().unwrap() >= first.get() + 2, "checkpoints continue");
     handle.abort();
     let manifest = weibo::checkpoint::read_manifest(&savepoint).unwrap();
     let position = |name: &str| manifest.sources.iter().find(|s| s.source == name).map(|s| s.position);

@@ -27,7 +27,7 @@ async fn a_named_savepoint_outlives_retention_and_restores_with_another_partitio
     // Let retention (keep 1) go past the savepoint's checkpoint.
     for _ in 0..500 {
         tokio::time::sleep(Duration::from_millis(10)).await;
-        if handle.last_checkpoint().is_some_and(|n| n >= at + 2) {
+        if handle.last_checkpoint().is_some_and(|n| n >= at.get() + 2) {
             break;
         }
     }

@@ -46,7 +46,7 @@ async fn checkpoints_in_another_storage_restore_rescale_fall_back_and_are_retain
     let savepoint = handle.savepoint("before-rescale").await.unwrap();
     assert_eq!(savepoint, storage.locate("savepoints/before-rescale"));
     let at = handle.last_checkpoint().unwrap();
-    while handle.last_checkpoint().is_none_or(|n| n < at + 3) {
+    while handle.last_checkpoint().is_none_or(|n| n < at.get() + 3) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(!handle.is_finished(), "stopped before the end of input");

@@ -184,7 +184,7 @@ pub(crate) struct Life {
 }
 
 fn newest(checkpoints: &Path) -> u64 {
-    weibo::checkpoint::complete_checkpoints(checkpoints).first().map_or(0, |(n, _)| *n)
+    weibo::checkpoint::complete_checkpoints(checkpoints).first().map_or(0, |(n, _)| n.get())
 }
 
 /// Runs one life: `child` is the child process running the job (to the

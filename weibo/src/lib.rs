@@ -34,7 +34,10 @@ pub use codec::key;
 pub mod window {
     //! Event-time windows: assigners, window functions, and the typed
     //! builder [`WindowedStream`].
-    pub use crate::operator::windows::*;
+    pub use crate::operator::windows::{
+        Count, Elements, Session, Sliding, Spec, Tumbling, Window, WindowAssigner, WindowContext, WindowResult,
+    };
+    pub use crate::stream::window::{WindowedOutput, WindowedStream};
 }
 
 pub use codec::Data;

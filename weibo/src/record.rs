@@ -264,7 +264,93 @@ pub(crate) enum Message {
     /// the receiver's watermark back.
     Idle,
     /// Checkpoint barrier `n`: everything before it belongs to checkpoint `n`.
-    Barrier(u64),
+    Barrier(CheckpointId),
     /// The sender has finished: nothing follows.
     EndOfInput,
+}
+
+/// The number of a checkpoint: 1, 2, 3, … in the order a job takes them.
+/// A job restarted in the same storage goes on after the highest number
+/// there, so numbers are never reused. A checkpoint's barrier carries its
+/// number, and the records before barrier `n` (after barrier `n - 1`) are
+/// epoch `n` of an exactly-once sink.
+///
+/// ```
+/// use weibo::record::CheckpointId;
+/// let first = CheckpointId::FIRST;
+/// assert_eq!(first.get(), 1);
+/// assert_eq!(first.next(), CheckpointId::new(2));
+/// assert!(CheckpointId::NONE < first);
+/// assert_eq!(first.to_string(), "1");
+/// assert!(first == 1 && first < 2, "compares with plain numbers");
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct CheckpointId(u64);
+
+impl CheckpointId {
+    /// No checkpoint: what a job that has not completed one (and restored
+    /// none) has.
+    pub const NONE: Self = Self(0);
+    /// The first checkpoint a job takes in an empty storage.
+    pub const FIRST: Self = Self(1);
+
+    /// Checkpoint number `n`.
+    pub const fn new(n: u64) -> Self {
+        Self(n)
+    }
+
+    /// The number.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The checkpoint after this one.
+    #[must_use]
+    pub const fn next(self) -> Self {
+        Self(self.0.saturating_add(1))
+    }
+
+    /// Whether this is [`CheckpointId::NONE`].
+    pub const fn is_none(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl fmt::Display for CheckpointId {
+    /// The number, formatted as a `u64` is (`{:020}` pads it).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Compares with a plain number: `id == 3`, `id < 10`.
+impl PartialEq<u64> for CheckpointId {
+    fn eq(&self, other: &u64) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialOrd<u64> for CheckpointId {
+    fn partial_cmp(&self, other: &u64) -> Option<std::cmp::Ordering> {
+        self.0.partial_cmp(other)
+    }
+}
+
+impl PartialEq<CheckpointId> for u64 {
+    fn eq(&self, other: &CheckpointId) -> bool {
+        *self == other.0
+    }
+}
+
+impl PartialOrd<CheckpointId> for u64 {
+    fn partial_cmp(&self, other: &CheckpointId) -> Option<std::cmp::Ordering> {
+        self.partial_cmp(&other.0)
+    }
+}
+
+impl From<CheckpointId> for u64 {
+    fn from(id: CheckpointId) -> u64 {
+        id.0
+    }
 }

@@ -228,7 +228,7 @@ impl<T: Send + 'static> SinkWriter<T> for KafkaWriter<T> {
         Ok(())
     }
 
-    fn on_barrier(&mut self, _checkpoint: u64) -> Result<()> {
+    fn on_barrier(&mut self, _checkpoint: weibo::record::CheckpointId) -> Result<()> {
         self.wait_for_acks()
     }
 

@@ -38,6 +38,7 @@ use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 use weibo::Data;
 use weibo::checkpoint::SourcePositionEntry;
+use weibo::record::CheckpointId;
 use weibo::sinks::{SinkBatch, TransactionWriter, TwoPhaseCommitSink};
 use weibo::{Error, Result};
 
@@ -923,7 +924,8 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for TxnKafkaSink<T> {
         self.core.name()
     }
 
-    fn open(&self, instance: usize, _parallelism: usize, epoch: u64) -> Result<Box<dyn TransactionWriter<T>>> {
+    fn open(&self, instance: usize, _parallelism: usize, epoch: CheckpointId) -> Result<Box<dyn TransactionWriter<T>>> {
+        let epoch = epoch.get();
         self.sync_conn();
         let core = &self.core;
         fs::create_dir_all(&core.redo).map_err(core.io("cannot create redo directory", &core.redo))?;
@@ -953,9 +955,9 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for TxnKafkaSink<T> {
         self.core.commit(handle, sources)
     }
 
-    fn abort_after(&self, checkpoint: u64) -> Result<()> {
+    fn abort_after(&self, checkpoint: CheckpointId) -> Result<()> {
         self.sync_conn();
-        self.core.abort_after(checkpoint)
+        self.core.abort_after(checkpoint.get())
     }
 }
 
@@ -1052,7 +1054,8 @@ impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
         Ok(())
     }
 
-    fn pre_commit(&mut self, checkpoint: u64) -> Result<String> {
+    fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<String> {
+        let checkpoint = checkpoint.get();
         weibo::blocking(|| {
             let h = self.seal(checkpoint)?;
             self.epoch = checkpoint + 1;

@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::record::CheckpointId;
+
 /// Barrier alignment of a task with several inputs: an input that
 /// delivered barrier `n` is held (not read) until every input that is
 /// still open has delivered it too; then the task snapshots and passes
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub(crate) struct Aligner {
     /// The barrier being aligned, and when its first input delivered it.
-    aligning: Option<(u64, Instant)>,
+    aligning: Option<(CheckpointId, Instant)>,
     held: Vec<bool>,
     closed: Vec<bool>,
 }
@@ -32,7 +34,7 @@ impl Aligner {
     /// # Errors
     /// A description of the protocol violation: a held input delivering
     /// again, or a barrier other than the one being aligned.
-    pub(crate) fn barrier(&mut self, i: usize, n: u64) -> std::result::Result<(), String> {
+    pub(crate) fn barrier(&mut self, i: usize, n: CheckpointId) -> std::result::Result<(), String> {
         match self.aligning {
             Some((b, _)) if b != n => {
                 return Err(format!("input {i} delivered barrier {n} while barrier {b} was being aligned"));
@@ -55,7 +57,7 @@ impl Aligner {
     }
 
     /// The barrier every open input has delivered, if one has.
-    pub(crate) fn aligned(&self) -> Option<u64> {
+    pub(crate) fn aligned(&self) -> Option<CheckpointId> {
         let (b, _) = self.aligning?;
         self.held.iter().zip(&self.closed).all(|(h, c)| *h || *c).then_some(b)
     }
@@ -77,6 +79,7 @@ impl Aligner {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::Aligner;
+    use crate::record::CheckpointId;
 
     /// Every interleaving of barriers `1..=2` and data over up to three
     /// inputs (each input delivering its data, barrier 1, data, barrier 2,
@@ -95,7 +98,7 @@ mod tests {
         // Walks every interleaving by depth-first search over which
         // readable (not held) input goes next, as the channel head reads.
         fn walk(scripts: &[Vec<Step>], pos: &mut [usize], aligner: &Aligner, passed: &mut Vec<u64>, leaves: &mut u64) {
-            if let Some(b) = aligner.aligned() {
+            if let Some(b) = aligner.aligned().map(CheckpointId::get) {
                 for (i, s) in scripts.iter().enumerate() {
                     let read = &s[..pos[i]];
                     assert!(
@@ -122,7 +125,7 @@ mod tests {
                     Step::Data => {}
                     // Fails if a held input was read: it would deliver
                     // barrier 2 while barrier 1 aligns.
-                    Step::Barrier(b) => next.barrier(i, b).unwrap(),
+                    Step::Barrier(b) => next.barrier(i, CheckpointId::new(b)).unwrap(),
                     Step::Close => next.closed(i),
                 }
                 pos[i] += 1;
@@ -168,15 +171,15 @@ mod tests {
     #[test]
     fn alignment_refuses_a_barrier_out_of_turn() {
         let mut a = Aligner::new(2);
-        a.barrier(0, 5).unwrap();
-        assert!(a.barrier(0, 5).is_err(), "twice on one input");
-        assert!(a.barrier(1, 6).is_err(), "another barrier while 5 aligns");
-        a.barrier(1, 5).unwrap();
-        assert_eq!(a.aligned(), Some(5));
+        a.barrier(0, CheckpointId::new(5)).unwrap();
+        assert!(a.barrier(0, CheckpointId::new(5)).is_err(), "twice on one input");
+        assert!(a.barrier(1, CheckpointId::new(6)).is_err(), "another barrier while 5 aligns");
+        a.barrier(1, CheckpointId::new(5)).unwrap();
+        assert_eq!(a.aligned(), Some(CheckpointId::new(5)));
         a.release();
         assert_eq!(a.aligned(), None);
         a.closed(1);
-        a.barrier(0, 6).unwrap();
-        assert_eq!(a.aligned(), Some(6), "a closed input counts as delivered");
+        a.barrier(0, CheckpointId::new(6)).unwrap();
+        assert_eq!(a.aligned(), Some(CheckpointId::new(6)), "a closed input counts as delivered");
     }
 }

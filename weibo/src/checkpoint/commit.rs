@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::Result;
+use crate::record::CheckpointId;
 
 use super::{CommitEntry, SourcePositionEntry};
 
@@ -27,19 +28,19 @@ use super::{CommitEntry, SourcePositionEntry};
 /// its [`Committer`].
 #[derive(Default)]
 pub(crate) struct Prepared {
-    pub(crate) by_checkpoint: Mutex<BTreeMap<u64, Vec<String>>>,
+    pub(crate) by_checkpoint: Mutex<BTreeMap<CheckpointId, Vec<String>>>,
 }
 
 /// What the coordinator needs of an exactly-once sink.
 pub(crate) trait Committer: Send + Sync {
     fn name(&self) -> String;
     /// Takes the handles pre-committed for checkpoints up to `n`.
-    fn take_prepared(&self, n: u64) -> Vec<String>;
+    fn take_prepared(&self, n: CheckpointId) -> Vec<String>;
     /// Commits `handle`, with the sources' positions of the checkpoint it
     /// belongs to (empty when they are not this commit's to claim).
     fn commit(&self, handle: &str, sources: &[SourcePositionEntry]) -> Result<()>;
     /// Discards everything pre-committed after `checkpoint`.
-    fn abort_after(&self, checkpoint: u64) -> Result<()>;
+    fn abort_after(&self, checkpoint: CheckpointId) -> Result<()>;
 }
 
 impl std::fmt::Debug for dyn Committer {
@@ -72,8 +73,8 @@ impl TwoPhaseCommits {
 
     /// Step 4: finishes what the restored checkpoint committed and drops
     /// what came after it. `commits` are the restored manifest's.
-    pub(crate) fn on_restore(&self, restored: Option<(u64, &[CommitEntry])>) -> Result<()> {
-        let (checkpoint, commits) = restored.unwrap_or((0, &[]));
+    pub(crate) fn on_restore(&self, restored: Option<(CheckpointId, &[CommitEntry])>) -> Result<()> {
+        let (checkpoint, commits) = restored.unwrap_or((CheckpointId::NONE, &[]));
         for c in &self.committers {
             for entry in commits.iter().filter(|e| e.sink == c.name()) {
                 c.commit(&entry.handle, &[])?;
@@ -84,7 +85,7 @@ impl TwoPhaseCommits {
     }
 
     /// Step 3, first half: what checkpoint `n`'s manifest records.
-    pub(crate) fn collect(&mut self, n: u64) -> CheckpointCommits {
+    pub(crate) fn collect(&mut self, n: CheckpointId) -> CheckpointCommits {
         let mut entries = std::mem::take(&mut self.uncommitted);
         let retried = entries.clone();
         for c in &self.committers {

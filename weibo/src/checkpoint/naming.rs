@@ -5,6 +5,7 @@
 //! checkpoint in a storage) go through here.
 
 use super::SHARED;
+use crate::record::CheckpointId;
 
 /// Operator `name` as the start of its state files' names: ASCII letters,
 /// digits and `-` as they are, anything else `_`, and then, if anything
@@ -21,25 +22,25 @@ pub(crate) fn file_stem(name: &str) -> String {
 }
 
 /// The name of checkpoint `n`'s directory.
-pub(crate) fn checkpoint_name(n: u64) -> String {
-    format!("chk-{n:020}")
+pub(crate) fn checkpoint_name(n: CheckpointId) -> String {
+    format!("chk-{:020}", n.get())
 }
 
 /// The number of a checkpoint's directory (`chk-<n>`), if `name` is one.
-pub(crate) fn checkpoint_number(name: &str) -> Option<u64> {
-    name.strip_prefix("chk-")?.parse().ok()
+pub(crate) fn checkpoint_number(name: &str) -> Option<CheckpointId> {
+    name.strip_prefix("chk-")?.parse().ok().map(CheckpointId::new)
 }
 
 /// The checkpoint that wrote state file `name`:
 /// `<operator>-<instance>-<state>-<n>-<run>.state`, or without the run's
 /// token as builds before it named them.
-pub(crate) fn written_by(name: &str) -> Option<u64> {
+pub(crate) fn written_by(name: &str) -> Option<CheckpointId> {
     let mut parts = name.strip_suffix(".state")?.rsplit('-');
     let last = parts.next()?;
     if last.len() == 20 && last.bytes().all(|b| b.is_ascii_digit()) {
-        return last.parse().ok();
+        return last.parse().ok().map(CheckpointId::new);
     }
-    parts.next()?.parse().ok()
+    parts.next()?.parse().ok().map(CheckpointId::new)
 }
 
 /// A token for this run of a job, in the names of the state files it
@@ -58,8 +59,8 @@ pub(crate) fn run_token() -> String {
 /// storage, and the name a manifest records (relative to the checkpoint's
 /// directory). State files live in `shared/`: a delta's chain reaches back
 /// into earlier checkpoints, so files outlive their checkpoint's directory.
-pub(crate) fn state_file(operator: &str, instance: usize, state: &str, n: u64, run: &str) -> (String, String) {
-    let file = format!("{}-{instance}-{state}-{n:020}-{run}.state", file_stem(operator));
+pub(crate) fn state_file(operator: &str, instance: usize, state: &str, n: CheckpointId, run: &str) -> (String, String) {
+    let file = format!("{}-{instance}-{state}-{:020}-{run}.state", file_stem(operator), n.get());
     (format!("{SHARED}/{file}"), format!("../{SHARED}/{file}"))
 }
 

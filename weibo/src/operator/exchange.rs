@@ -9,6 +9,7 @@ use crate::codec::key::{Key, key_group};
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
 use crate::operator::{Consumer, Outbox};
+use crate::record::CheckpointId;
 use crate::record::Message;
 use crate::record::{Batch, RecordBatch, Timestamp};
 
@@ -170,7 +171,7 @@ where
         Ok(())
     }
 
-    fn barrier(&mut self, n: u64) -> Result<()> {
+    fn barrier(&mut self, n: CheckpointId) -> Result<()> {
         self.send_all_and_watermark();
         self.broadcast(|| Message::Barrier(n));
         Ok(())

@@ -35,7 +35,7 @@ pub(crate) struct OperatorContext<'a> {
     /// Whether the job takes checkpoints.
     pub(crate) checkpointing: bool,
     /// The checkpoint the job restores from, if any.
-    pub(crate) restored: Option<u64>,
+    pub(crate) restored: Option<crate::record::CheckpointId>,
     /// A source partition's position in that checkpoint, if it has one.
     pub(crate) restored_position: Option<u64>,
     /// Where a router queues what it sends on its edge's channels (the

@@ -11,6 +11,7 @@ use crate::metrics::OperatorCounters;
 use crate::operator::Consumer;
 use crate::operator::{Failures, OpInfo, forward_control};
 use crate::operator::{InputOperator, SnapshotAt, emit};
+use crate::record::CheckpointId;
 use crate::record::{Batch, Meta, RecordBatch, RecordRef, Timestamp};
 use crate::state::{RestoreSource, StateSnapshot, TimerState, ValueState};
 use crate::time::watermarks::InputTime;
@@ -382,7 +383,7 @@ where
         self.failures.finish()
     }
 
-    fn barrier(&mut self, n: u64) -> Result<()> {
+    fn barrier(&mut self, n: CheckpointId) -> Result<()> {
         self.next.barrier(n)?;
         self.failures.barrier(n)
     }

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::codec::Data;
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
+use crate::record::CheckpointId;
 use crate::record::{Batch, Message, RecordBatch, SourceNames, Timestamp};
 use crate::state::{RestoreSource, StateSnapshot};
 use crate::time::watermarks::InputTime;
@@ -42,7 +43,7 @@ macro_rules! forward_control {
         fn idle(&mut self) -> Result<()> {
             self.next.idle()
         }
-        fn barrier(&mut self, n: u64) -> Result<()> {
+        fn barrier(&mut self, n: CheckpointId) -> Result<()> {
             self.next.barrier(n)
         }
         forward_control!(@flush);
@@ -56,7 +57,7 @@ macro_rules! forward_control {
             self.next.idle()?;
             self.failures.idle()
         }
-        fn barrier(&mut self, n: u64) -> Result<()> {
+        fn barrier(&mut self, n: CheckpointId) -> Result<()> {
             self.next.barrier(n)?;
             self.failures.barrier(n)
         }
@@ -66,7 +67,7 @@ macro_rules! forward_control {
         fn on_watermark(&mut self, wm: Timestamp) -> Result<()> {
             self.next.watermark(wm)
         }
-        fn barrier(&mut self, n: u64) -> Result<()> {
+        fn barrier(&mut self, n: CheckpointId) -> Result<()> {
             self.next.barrier(n)
         }
         forward_control!(@flush);
@@ -76,7 +77,7 @@ macro_rules! forward_control {
             self.next.watermark(wm)?;
             self.failures.watermark(wm)
         }
-        fn barrier(&mut self, n: u64) -> Result<()> {
+        fn barrier(&mut self, n: CheckpointId) -> Result<()> {
             self.next.barrier(n)?;
             self.failures.barrier(n)
         }
@@ -122,7 +123,7 @@ pub(crate) trait Consumer<T>: Send {
     fn idle(&mut self) -> Result<()>;
     /// Checkpoint barrier `n`: everything before it has been pushed; pass
     /// it on after anything buffered.
-    fn barrier(&mut self, n: u64) -> Result<()>;
+    fn barrier(&mut self, n: CheckpointId) -> Result<()>;
     /// Hands partial output batches on (the buffer timeout passed).
     fn flush(&mut self) -> Result<()>;
     /// End of input: flush, then tell everything downstream.
@@ -182,15 +183,15 @@ pub(crate) trait InputOperator: Send {
         Ok(())
     }
     /// Barrier `n` passed the operator: forward it.
-    fn barrier(&mut self, n: u64) -> Result<()>;
+    fn barrier(&mut self, n: CheckpointId) -> Result<()>;
 }
 
 /// The checkpoint a barrier belongs to, and the last complete one (whose
 /// state an incremental export builds on).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SnapshotAt {
-    pub(crate) n: u64,
-    pub(crate) since: u64,
+    pub(crate) n: CheckpointId,
+    pub(crate) since: CheckpointId,
 }
 
 /// Pushes a typed batch into a chain and counts it as the operator's output.

@@ -7,6 +7,7 @@ use std::fmt::Display;
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
 use crate::operator::Consumer;
+use crate::record::CheckpointId;
 use crate::record::{Batch, Meta, Timestamp};
 
 use super::*;
@@ -126,7 +127,7 @@ impl<T: Clone + Send + 'static> Failures<T> {
         }
     }
 
-    pub(crate) fn barrier(&mut self, n: u64) -> Result<()> {
+    pub(crate) fn barrier(&mut self, n: CheckpointId) -> Result<()> {
         match &mut self.dead {
             Some((_, next)) => next.barrier(n),
             None => Ok(()),

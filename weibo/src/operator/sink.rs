@@ -3,6 +3,7 @@
 use crate::error::Result;
 use crate::metrics::OperatorCounters;
 use crate::operator::Consumer;
+use crate::record::CheckpointId;
 use crate::record::{Batch, Timestamp};
 
 use super::*;
@@ -38,7 +39,7 @@ impl<T: Send + 'static> Consumer<T> for SinkOp<T> {
     fn watermark(&mut self, wm: Timestamp) -> Result<()> {
         self.writer.on_watermark(wm)
     }
-    fn barrier(&mut self, n: u64) -> Result<()> {
+    fn barrier(&mut self, n: CheckpointId) -> Result<()> {
         if self.finished && !self.barriers_after_finish {
             return Ok(());
         }

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use crate::error::Result;
 use crate::metrics::OperatorCounters;
+use crate::record::CheckpointId;
 use crate::record::Timestamp;
 use crate::sources::{ReadStatus, SourceOutput, SourceReader};
 use crate::task::BoxFuture;
@@ -31,7 +32,7 @@ pub(crate) trait SourceOperator: Send {
     /// cannot say.
     fn position(&self) -> Option<u64>;
     fn forward_watermark(&mut self, wm: Timestamp) -> Result<()>;
-    fn barrier(&mut self, n: u64) -> Result<()>;
+    fn barrier(&mut self, n: CheckpointId) -> Result<()>;
     fn flush(&mut self) -> Result<()>;
     fn finish(&mut self) -> Result<()>;
 }
@@ -86,7 +87,7 @@ impl<T: Send + 'static> SourceOperator for SourceOp<T> {
         self.chain.watermark(wm)
     }
 
-    fn barrier(&mut self, n: u64) -> Result<()> {
+    fn barrier(&mut self, n: CheckpointId) -> Result<()> {
         self.chain.barrier(n)
     }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::metrics::OperatorCounters;
 use crate::operator::Consumer;
+use crate::record::CheckpointId;
 use crate::record::{Batch, Timestamp};
 
 use super::*;
@@ -161,7 +162,7 @@ impl<T: Clone + Send + 'static> Consumer<T> for TeeOp<T> {
     fn idle(&mut self) -> Result<()> {
         self.outs.iter_mut().try_for_each(|o| o.idle())
     }
-    fn barrier(&mut self, n: u64) -> Result<()> {
+    fn barrier(&mut self, n: CheckpointId) -> Result<()> {
         self.outs.iter_mut().try_for_each(|o| o.barrier(n))
     }
     fn flush(&mut self) -> Result<()> {
@@ -187,7 +188,7 @@ impl<T: Send + 'static> Consumer<T> for DiscardOp {
     fn idle(&mut self) -> Result<()> {
         Ok(())
     }
-    fn barrier(&mut self, _n: u64) -> Result<()> {
+    fn barrier(&mut self, _n: CheckpointId) -> Result<()> {
         Ok(())
     }
     fn flush(&mut self) -> Result<()> {

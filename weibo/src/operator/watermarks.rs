@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use crate::error::Result;
 use crate::operator::{Consumer, OpInfo};
+use crate::record::CheckpointId;
 use crate::record::{Batch, NO_TIMESTAMP, Timestamp};
 use crate::time::WatermarkStrategy;
 
@@ -79,7 +80,7 @@ where
         Ok(())
     }
 
-    fn barrier(&mut self, n: u64) -> Result<()> {
+    fn barrier(&mut self, n: CheckpointId) -> Result<()> {
         self.next.barrier(n)
     }
 

@@ -17,6 +17,7 @@ use crate::graph::{Graph, Input, Node, NodeId, Op};
 use crate::metrics::{OperatorCounters, Registry};
 use crate::operator::factory::OperatorContext;
 use crate::operator::{AnyConsumer, InputOperator, OpInfo, Outbox, key_group_range};
+use crate::record::CheckpointId;
 use crate::record::SourceNames;
 
 use super::EdgeSender;
@@ -31,7 +32,7 @@ pub(crate) struct Physical {
 /// What the coordinator hands the tasks: a trigger per source instance, and
 /// where to acknowledge.
 pub(crate) struct CheckpointWiring {
-    pub(crate) triggers: Vec<mpsc::UnboundedReceiver<u64>>,
+    pub(crate) triggers: Vec<mpsc::UnboundedReceiver<CheckpointId>>,
     pub(crate) acks: mpsc::UnboundedSender<TaskEvent>,
     pub(crate) interval: std::time::Duration,
     pub(crate) storage: Arc<dyn crate::checkpoint::CheckpointStorage>,

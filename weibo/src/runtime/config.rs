@@ -26,6 +26,22 @@ pub(crate) struct JobConfig {
     pub(crate) commits: TwoPhaseCommits,
 }
 
+impl Default for JobConfig {
+    /// The settings of a new `Job`.
+    fn default() -> Self {
+        Self {
+            batch_size: 1024,
+            batch_bytes: 256 * 1024,
+            buffer_timeout: Duration::from_millis(10),
+            channel_capacity: 8,
+            state: Arc::new(crate::state::MemoryBackend),
+            checkpoint: None,
+            restore_from: None,
+            commits: TwoPhaseCommits::default(),
+        }
+    }
+}
+
 /// Where a job restores from, as configured.
 #[derive(Clone, Debug)]
 pub(crate) enum RestoreFrom {

@@ -2,6 +2,7 @@
 //! a source partition; a channel head receives batches from its input edges
 //! and feeds a keyed operator.
 
+use crate::record::CheckpointId;
 use crate::task::BoxFuture;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -87,7 +88,7 @@ impl StallWatch {
 /// A task's part in checkpoints.
 pub(crate) struct CheckpointIo {
     /// Source tasks: checkpoint numbers to inject barriers for.
-    pub(crate) trigger: Option<mpsc::UnboundedReceiver<u64>>,
+    pub(crate) trigger: Option<mpsc::UnboundedReceiver<CheckpointId>>,
     pub(crate) acks: mpsc::UnboundedSender<TaskEvent>,
     /// The checkpoint interval (alignment longer than it is warned of).
     pub(crate) interval: Duration,
@@ -106,7 +107,7 @@ pub(crate) struct CheckpointIo {
 impl CheckpointIo {
     /// Writes the exported state of checkpoint `n` in the background, then
     /// acknowledges (a failure is acknowledged as such).
-    fn write_and_ack(&self, n: u64, snapshots: Vec<StateSnapshot>) {
+    fn write_and_ack(&self, n: CheckpointId, snapshots: Vec<StateSnapshot>) {
         let (storage, run) = (self.storage.clone(), self.run.clone());
         let (acks, operator, instance, groups) =
             (self.acks.clone(), self.operator.clone(), self.instance, self.groups.clone());
@@ -226,7 +227,7 @@ impl HeadRunner for SourceHead {
 impl SourceHead {
     /// Checkpoint `n`: everything read so far is in the chain; the barrier
     /// follows it, and the position is where reading resumes.
-    async fn pass_barrier(&mut self, n: u64, io: &NodeIo) -> Result<()> {
+    async fn pass_barrier(&mut self, n: CheckpointId, io: &NodeIo) -> Result<()> {
         let Some(cp) = io.checkpoint.as_ref() else { return Ok(()) };
         let ack = self.position_ack(n, &cp.task);
         self.op.barrier(n)?;
@@ -236,7 +237,7 @@ impl SourceHead {
     }
 
     /// This source's part in checkpoint `n`: where reading resumes.
-    fn position_ack(&self, n: u64, task: &str) -> Ack {
+    fn position_ack(&self, n: CheckpointId, task: &str) -> Ack {
         let mut ack =
             Ack { checkpoint: n, sources: Vec::new(), states: Vec::new(), failure: None, task: task.to_string() };
         let (name, partition) = (&self.op.info().name, self.op.partition());
@@ -380,7 +381,7 @@ impl HeadRunner for ChannelHead {
                             Some((at, ref mut since)) if at.elapsed() < Duration::from_secs(10) => *since += 1,
                             _ => {
                                 let before = align_warned.map_or(0, |(_, n)| n);
-                                tracing::warn!(task = %self.name, checkpoint = b, ?took, interval = ?cp.interval, slow_before = before, "aligning the checkpoint's barrier took longer than the checkpoint interval: an input was slow to deliver it (backpressure, or blocking code upstream)");
+                                tracing::warn!(task = %self.name, checkpoint = b.get(), ?took, interval = ?cp.interval, slow_before = before, "aligning the checkpoint's barrier took longer than the checkpoint interval: an input was slow to deliver it (backpressure, or blocking code upstream)");
                                 align_warned = Some((Instant::now(), 0));
                             }
                         }
@@ -388,7 +389,7 @@ impl HeadRunner for ChannelHead {
                     let paused = Instant::now();
                     let since =
                         io.checkpoint.as_ref().map_or(0, |c| c.completed.load(std::sync::atomic::Ordering::Relaxed));
-                    let snapshots = self.op.snapshot(SnapshotAt { n: b, since })?;
+                    let snapshots = self.op.snapshot(SnapshotAt { n: b, since: CheckpointId::new(since) })?;
                     self.op.barrier(b)?;
                     let nanos = u64::try_from(paused.elapsed().as_nanos()).unwrap_or(u64::MAX);
                     self.counters.checkpoint_pause_nanos.fetch_max(nanos, std::sync::atomic::Ordering::Relaxed);

@@ -13,6 +13,7 @@ use crate::checkpoint::{Coordinator, Restore, SavepointRequest};
 use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::metrics::Registry;
+use crate::record::CheckpointId;
 
 use super::build::CheckpointWiring;
 use super::config::JobConfig;
@@ -52,13 +53,13 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
         (None, None) => Ok(None),
     })?;
     if let Some(r) = &restore {
-        tracing::info!(job = %graph.name, checkpoint = r.checkpoint, dir = %r.location().display(), "restoring");
+        tracing::info!(job = %graph.name, checkpoint = r.checkpoint.get(), dir = %r.location().display(), "restoring");
     }
     config.state.prepare(&graph.name)?;
     // Exactly-once sinks: finish what the restored checkpoint committed
     // (again: commits are idempotent), drop what came after it.
     config.commits.on_restore(restore.as_ref().map(|r| (r.checkpoint, r.commits.as_slice())))?;
-    let completed = Arc::new(AtomicU64::new(restore.as_ref().map_or(0, |r| r.checkpoint)));
+    let completed = Arc::new(AtomicU64::new(restore.as_ref().map_or(0, |r| r.checkpoint.get())));
     let (savepoint_tx, savepoint_rx) = mpsc::unbounded_channel();
     let savepoints = config.checkpoint.is_some().then_some(savepoint_tx);
     let (wiring, coordinator) = match &config.checkpoint {
@@ -87,8 +88,8 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
                     // that a run restored from a savepoint never writes into
                     // (or is deleted as) an older run's checkpoint.
                     next: crate::task::blocking(|| crate::checkpoint::highest_checkpoint(&*cp.storage))?
-                        .max(restore.as_ref().map_or(0, |r| r.checkpoint))
-                        + 1,
+                        .max(restore.as_ref().map_or(CheckpointId::NONE, |r| r.checkpoint))
+                        .next(),
                     completed: completed.clone(),
                     commits: config.commits.clone(),
                     savepoints: savepoint_rx,

@@ -10,6 +10,8 @@
 
 pub(crate) mod build;
 pub(crate) mod config;
+#[cfg(test)]
+mod descriptor_tests;
 pub(crate) mod heads;
 pub(crate) mod launch;
 

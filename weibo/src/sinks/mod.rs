@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::record::CheckpointId;
 use crate::record::{Batch, Meta};
 
 /// Where a stream's records end up.
@@ -64,7 +65,7 @@ pub trait SinkWriter<T>: Send {
     ///
     /// # Errors
     /// As [`SinkWriter::write`].
-    fn on_barrier(&mut self, checkpoint: u64) -> Result<()> {
+    fn on_barrier(&mut self, checkpoint: CheckpointId) -> Result<()> {
         let _ = checkpoint;
         self.flush()
     }

@@ -31,6 +31,7 @@ use serde::Serialize;
 use crate::checkpoint::SourcePositionEntry;
 use crate::checkpoint::commit::{Committer, Prepared};
 use crate::error::{Error, Result};
+use crate::record::CheckpointId;
 use crate::sinks::SinkBatch;
 
 /// A sink that commits in two phases, in step with checkpoints.
@@ -43,7 +44,7 @@ pub trait TwoPhaseCommitSink<T>: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`Error::Io`] or [`Error::Connector`] when the sink cannot be opened.
-    fn open(&self, instance: usize, parallelism: usize, epoch: u64) -> Result<Box<dyn TransactionWriter<T>>>;
+    fn open(&self, instance: usize, parallelism: usize, epoch: CheckpointId) -> Result<Box<dyn TransactionWriter<T>>>;
 
     /// Makes a pre-committed transaction visible. Must be idempotent.
     ///
@@ -71,7 +72,7 @@ pub trait TwoPhaseCommitSink<T>: Send + Sync + 'static {
     ///
     /// # Errors
     /// When the sink's storage fails.
-    fn abort_after(&self, checkpoint: u64) -> Result<()>;
+    fn abort_after(&self, checkpoint: CheckpointId) -> Result<()>;
 }
 
 /// Writes one instance's transactions.
@@ -87,7 +88,7 @@ pub trait TransactionWriter<T>: Send {
     ///
     /// # Errors
     /// When the transaction cannot be made durable.
-    fn pre_commit(&mut self, checkpoint: u64) -> Result<String>;
+    fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<String>;
 
     /// The last epoch: pre-commits it and returns its handle, starting no
     /// other. Called at the first barrier after the writer's input ended
@@ -112,9 +113,9 @@ impl<T: 'static, S: TwoPhaseCommitSink<T>> Committer for SinkCommitter<T, S> {
         self.sink.default_name()
     }
 
-    fn take_prepared(&self, n: u64) -> Vec<String> {
+    fn take_prepared(&self, n: CheckpointId) -> Vec<String> {
         let mut all = self.prepared.by_checkpoint.lock().unwrap_or_else(PoisonError::into_inner);
-        let later = all.split_off(&(n + 1));
+        let later = all.split_off(&n.next());
         let done = std::mem::replace(&mut *all, later);
         done.into_values().flatten().collect()
     }
@@ -123,7 +124,7 @@ impl<T: 'static, S: TwoPhaseCommitSink<T>> Committer for SinkCommitter<T, S> {
         self.sink.commit_at(handle, sources)
     }
 
-    fn abort_after(&self, checkpoint: u64) -> Result<()> {
+    fn abort_after(&self, checkpoint: CheckpointId) -> Result<()> {
         self.sink.abort_after(checkpoint)
     }
 }
@@ -148,7 +149,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> fo
         self.writer.write(batch)
     }
 
-    fn on_barrier(&mut self, checkpoint: u64) -> Result<()> {
+    fn on_barrier(&mut self, checkpoint: CheckpointId) -> Result<()> {
         if self.sealed {
             return Ok(());
         }
@@ -223,8 +224,8 @@ impl TxnFileSink {
     }
 
     /// The epoch of a file name `part-<instance>-<epoch>.jsonl`.
-    fn epoch_of(name: &str) -> Option<u64> {
-        name.strip_prefix("part-")?.strip_suffix(".jsonl")?.rsplit('-').next()?.parse().ok()
+    fn epoch_of(name: &str) -> Option<CheckpointId> {
+        name.strip_prefix("part-")?.strip_suffix(".jsonl")?.rsplit('-').next()?.parse().ok().map(CheckpointId::new)
     }
 }
 
@@ -233,7 +234,7 @@ impl<T: Serialize + Send + 'static> TwoPhaseCommitSink<T> for TxnFileSink {
         self.dir.display().to_string()
     }
 
-    fn open(&self, instance: usize, _parallelism: usize, epoch: u64) -> Result<Box<dyn TransactionWriter<T>>> {
+    fn open(&self, instance: usize, _parallelism: usize, epoch: CheckpointId) -> Result<Box<dyn TransactionWriter<T>>> {
         let pending = self.pending();
         fs::create_dir_all(&pending).map_err(self.io("cannot create output directory", &pending))?;
         let mut w = TxnFileWriter { sink: self.clone(), instance, epoch, file: None, buf: Vec::new(), _t: PhantomData };
@@ -257,7 +258,7 @@ impl<T: Serialize + Send + 'static> TwoPhaseCommitSink<T> for TxnFileSink {
         }
     }
 
-    fn abort_after(&self, checkpoint: u64) -> Result<()> {
+    fn abort_after(&self, checkpoint: CheckpointId) -> Result<()> {
         let pending = self.pending();
         for entry in fs::read_dir(&pending).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -274,7 +275,7 @@ struct TxnFileWriter<T> {
     sink: TxnFileSink,
     instance: usize,
     /// The epoch being written: records after barrier `epoch - 1`.
-    epoch: u64,
+    epoch: CheckpointId,
     file: Option<BufWriter<File>>,
     buf: Vec<u8>,
     _t: PhantomData<fn(T)>,
@@ -282,7 +283,7 @@ struct TxnFileWriter<T> {
 
 impl<T> TxnFileWriter<T> {
     fn name(&self) -> String {
-        format!("part-{}-{:020}.jsonl", self.instance, self.epoch)
+        format!("part-{}-{:020}.jsonl", self.instance, self.epoch.get())
     }
 
     fn start(&mut self) -> Result<()> {
@@ -325,9 +326,9 @@ impl<T: Serialize + Send> TransactionWriter<T> for TxnFileWriter<T> {
         Ok(())
     }
 
-    fn pre_commit(&mut self, checkpoint: u64) -> Result<String> {
+    fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<String> {
         let name = self.seal()?;
-        self.epoch = checkpoint + 1;
+        self.epoch = checkpoint.next();
         self.start()?;
         Ok(name)
     }

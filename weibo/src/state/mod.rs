@@ -47,7 +47,7 @@ type ObjectMap<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
 use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::error::{Error, Result};
-use crate::record::Timestamp;
+use crate::record::{CheckpointId, Timestamp};
 
 /// Which state a table holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -599,7 +599,11 @@ mod tests {
                 }
                 StateOp::Checkpoint(completes) => {
                     let decode = |key: &[u8]| crate::codec::key::decode::<u8>(key).unwrap();
-                    let taken = chain.take(|n, last| s.snapshot_changes(n, last).unwrap(), *completes, decode);
+                    let taken = chain.take(
+                        |n, last| s.snapshot_changes(CheckpointId::new(n), CheckpointId::new(last)).unwrap(),
+                        *completes,
+                        decode,
+                    );
                     if let Some((n, base, restored)) = taken {
                         prop_assert_eq!(&restored, &oracle, "{}: checkpoint {} (base: {})", name, n, base);
                     }
@@ -649,7 +653,7 @@ mod tests {
                     let decode = |key: &[u8]| crate::codec::key::decode::<u8>(key).unwrap();
                     let taken = chain.take(
                         |n, last| {
-                            let export = s.snapshot_changes(n, last).unwrap();
+                            let export = s.snapshot_changes(CheckpointId::new(n), CheckpointId::new(last)).unwrap();
                             // Writes after the barrier, before the export runs.
                             for (key, value) in writes {
                                 write(&mut s, &mut after, *key, *value);
@@ -763,7 +767,11 @@ mod tests {
                         let (k, start) = crate::codec::key::decode::<(u8, i64)>(key).unwrap();
                         (start, k)
                     };
-                    let taken = chain.take(|n, last| w.snapshot_changes("op", n, last).unwrap(), *completes, decode);
+                    let taken = chain.take(
+                        |n, last| w.snapshot_changes("op", CheckpointId::new(n), CheckpointId::new(last)).unwrap(),
+                        *completes,
+                        decode,
+                    );
                     if let Some((n, base, restored)) = taken {
                         prop_assert_eq!(&restored, &oracle, "{}: checkpoint {} (base: {})", name, n, base);
                     }
@@ -869,7 +877,7 @@ mod tests {
                     }
                     TimerOp::Checkpoint(completes) => {
                         n += 1;
-                        let export = t.snapshot_changes(n, complete.0).unwrap();
+                        let export = t.snapshot_changes(CheckpointId::new(n), CheckpointId::new(complete.0)).unwrap();
                         let mut parts = Vec::new();
                         let base = export(&mut |part| {
                             parts.push(part.clone());
@@ -924,12 +932,12 @@ mod tests {
         for key in [1u8, 2, 3] {
             s.update(4, key, &k(key), |v| *v = Some(u64::from(key))).unwrap();
         }
-        let first = gather(s.snapshot_changes(1, 0).unwrap()).unwrap();
+        let first = gather(s.snapshot_changes(CheckpointId::new(1), CheckpointId::new(0)).unwrap()).unwrap();
         assert!(first.base && first.entries.len() == 3, "the first export is a base");
         // Checkpoint 1 completed. Remove 1, change 2.
         s.update(4, 1, &k(1), |v| *v = None).unwrap();
         s.update(4, 2, &k(2), |v| *v = Some(20)).unwrap();
-        let delta = gather(s.snapshot_changes(2, 1).unwrap()).unwrap();
+        let delta = gather(s.snapshot_changes(CheckpointId::new(2), CheckpointId::new(1)).unwrap()).unwrap();
         assert!(!delta.base);
         let mut twenty = Vec::new();
         20u64.encode(&mut twenty).unwrap();
@@ -938,15 +946,19 @@ mod tests {
         // Checkpoints 2..=10 never complete; export 11 is a base, which
         // fails too: export 12 must still carry the removal of 1.
         for n in 3..=10 {
-            assert!(!gather(s.snapshot_changes(n, 1).unwrap()).unwrap().base);
+            assert!(!gather(s.snapshot_changes(CheckpointId::new(n), CheckpointId::new(1)).unwrap()).unwrap().base);
         }
-        assert!(gather(s.snapshot_changes(11, 1).unwrap()).unwrap().base, "every tenth export is a base");
-        let after_failed_base = gather(s.snapshot_changes(12, 1).unwrap()).unwrap();
+        assert!(
+            gather(s.snapshot_changes(CheckpointId::new(11), CheckpointId::new(1)).unwrap()).unwrap().base,
+            "every tenth export is a base"
+        );
+        let after_failed_base =
+            gather(s.snapshot_changes(CheckpointId::new(12), CheckpointId::new(1)).unwrap()).unwrap();
         assert!(!after_failed_base.base);
         assert_eq!(after_failed_base.removed, vec![(4, k(1))], "{name}: the removal survives the failed base");
         assert!(after_failed_base.entries.iter().any(|(_, key, _)| *key == k(2)));
         // Once a checkpoint after the removal completes, it is not written again.
-        let later = gather(s.snapshot_changes(13, 12).unwrap()).unwrap();
+        let later = gather(s.snapshot_changes(CheckpointId::new(13), CheckpointId::new(12)).unwrap()).unwrap();
         assert!(later.removed.is_empty() && later.entries.is_empty(), "{name}: {later:?}");
     }
 
@@ -958,14 +970,17 @@ mod tests {
             // Restored from checkpoint 5: the first checkpoint of this run is 6.
             let mut s = ValueState::<u8, u64>::open(&*backend, &scope()).unwrap();
             s.update(4, 1, &k(1), |v| *v = Some(1)).unwrap();
-            assert!(gather(s.snapshot_changes(6, 5).unwrap()).unwrap().base, "{name}");
+            assert!(
+                gather(s.snapshot_changes(CheckpointId::new(6), CheckpointId::new(5)).unwrap()).unwrap().base,
+                "{name}"
+            );
             s.update(4, 2, &k(2), |v| *v = Some(2)).unwrap();
             // Checkpoint 6 failed: 7 cannot build on 5, which lacks key 1.
-            let seventh = gather(s.snapshot_changes(7, 5).unwrap()).unwrap();
+            let seventh = gather(s.snapshot_changes(CheckpointId::new(7), CheckpointId::new(5)).unwrap()).unwrap();
             assert!(seventh.base && seventh.entries.len() == 2, "{name}: {seventh:?}");
             // Checkpoint 7 completed: 8 builds on it.
             s.update(4, 3, &k(3), |v| *v = Some(3)).unwrap();
-            let eighth = gather(s.snapshot_changes(8, 7).unwrap()).unwrap();
+            let eighth = gather(s.snapshot_changes(CheckpointId::new(8), CheckpointId::new(7)).unwrap()).unwrap();
             assert!(!eighth.base, "{name}");
             assert_eq!(eighth.entries.iter().map(|(_, key, _)| key.clone()).collect::<Vec<_>>(), vec![k(3)], "{name}");
         }
@@ -986,12 +1001,12 @@ mod tests {
             }
             assert_eq!(logged(&s), 0, "{name}: a job without checkpoints keeps no change log");
             s.update(4, 60, &k(60), |v| *v = Some(1)).unwrap();
-            let first = gather(s.snapshot_changes(1, 0).unwrap()).unwrap();
+            let first = gather(s.snapshot_changes(CheckpointId::new(1), CheckpointId::new(0)).unwrap()).unwrap();
             assert!(first.base && first.entries.len() == 1, "{name}: {first:?}");
             s.update(4, 60, &k(60), |v| *v = None).unwrap();
             s.update(4, 1, &k(1), |v| *v = Some(1)).unwrap();
             s.update(4, 1, &k(1), |v| *v = None).unwrap();
-            let delta = gather(s.snapshot_changes(2, 1).unwrap()).unwrap();
+            let delta = gather(s.snapshot_changes(CheckpointId::new(2), CheckpointId::new(1)).unwrap()).unwrap();
             assert!(delta.entries.is_empty(), "{name}: {delta:?}");
             assert!(
                 delta.removed.contains(&(4, k(60))),

@@ -33,8 +33,8 @@ impl<K: Key> TimerState<K> {
     ///
     /// # Errors
     /// [`Error::State`] when a byte backend fails.
-    pub fn snapshot_changes(&mut self, checkpoint: u64, since: u64) -> Result<Snapshot> {
-        self.snapshot_at(Some((checkpoint, since)))
+    pub fn snapshot_changes(&mut self, checkpoint: CheckpointId, since: CheckpointId) -> Result<Snapshot> {
+        self.snapshot_at(Some((checkpoint.get(), since.get())))
     }
 
     fn snapshot_at(&mut self, at: Option<(u64, u64)>) -> Result<Snapshot> {

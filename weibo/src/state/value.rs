@@ -469,8 +469,8 @@ impl<K: Key, V: Data> ValueState<K, V> {
     ///
     /// # Errors
     /// As [`ValueState::update`].
-    pub fn snapshot_changes(&mut self, checkpoint: u64, since: u64) -> Result<Snapshot> {
-        self.snapshot_at(Some((checkpoint, since)))
+    pub fn snapshot_changes(&mut self, checkpoint: CheckpointId, since: CheckpointId) -> Result<Snapshot> {
+        self.snapshot_at(Some((checkpoint.get(), since.get())))
     }
 
     pub(super) fn snapshot_at(&mut self, at: Option<(u64, u64)>) -> Result<Snapshot> {

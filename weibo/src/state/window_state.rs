@@ -31,8 +31,13 @@ impl<K: Key, A: Data> WindowState<K, A> {
     ///
     /// # Errors
     /// As [`ValueState::update`].
-    pub fn snapshot_changes(&mut self, operator: &str, checkpoint: u64, since: u64) -> Result<Snapshot> {
-        self.snapshot_at(operator, Some((checkpoint, since)))
+    pub fn snapshot_changes(
+        &mut self,
+        operator: &str,
+        checkpoint: CheckpointId,
+        since: CheckpointId,
+    ) -> Result<Snapshot> {
+        self.snapshot_at(operator, Some((checkpoint.get(), since.get())))
     }
 
     fn snapshot_at(&mut self, operator: &str, at: Option<(u64, u64)>) -> Result<Snapshot> {
@@ -40,7 +45,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
             WindowStore::Objects { windows, log, .. } => (windows, log),
             WindowStore::Bytes { values, .. } => {
                 return match at {
-                    Some((n, since)) => values.snapshot_changes(n, since),
+                    Some((n, since)) => values.snapshot_changes(CheckpointId::new(n), CheckpointId::new(since)),
                     None => values.snapshot_deferred(),
                 };
             }

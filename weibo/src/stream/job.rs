@@ -16,10 +16,11 @@ use crate::metrics::{MetricsSnapshot, Registry};
 use crate::operator::factory::source_factory;
 use crate::operator::source::SourceOp;
 use crate::operator::typed;
+use crate::record::CheckpointId;
 use crate::runtime::config::{JobConfig, RestoreFrom};
 use crate::runtime::launch::Launched;
 use crate::sources::{Source, SourceOutput};
-use crate::state::{MemoryBackend, StateBackend};
+use crate::state::StateBackend;
 use crate::stream::{Pipeline, Stream, port};
 
 /// The default number of key groups: the most partitions a keyed operator
@@ -59,16 +60,7 @@ impl fmt::Display for Job {
 impl Job {
     /// A new, empty job.
     pub fn new(name: impl Into<String>) -> Self {
-        let config = JobConfig {
-            batch_size: 1024,
-            batch_bytes: 256 * 1024,
-            buffer_timeout: Duration::from_millis(10),
-            channel_capacity: 8,
-            state: Arc::new(MemoryBackend),
-            checkpoint: None,
-            restore_from: None,
-            commits: Default::default(),
-        };
+        let config = JobConfig::default();
         let graph = Graph::new(name.into(), DEFAULT_MAX_KEY_GROUPS, config.state.name().to_string());
         Self { graph: Arc::new(Mutex::new(Pipeline { graph, config })) }
     }
@@ -335,10 +327,10 @@ pub struct JobHandle {
 impl JobHandle {
     /// The number of the newest complete checkpoint (the one restored from,
     /// until a new one completes), if any.
-    pub fn last_checkpoint(&self) -> Option<u64> {
+    pub fn last_checkpoint(&self) -> Option<CheckpointId> {
         match self.completed.load(Ordering::Relaxed) {
             0 => None,
-            n => Some(n),
+            n => Some(CheckpointId::new(n)),
         }
     }
 

@@ -22,8 +22,8 @@ use crate::operator::keyed::{FoldOp, KeyedContext, KeyedProcessOp, PartitionOp, 
 use crate::operator::watermarks::TimestampOp;
 use crate::operator::{BatchLimits, Failures, FilterOp, FlatMapOp, KeyGroupRoutes, MapOp, Policy, ProcessOp, RouterOp};
 use crate::operator::{erase, typed};
-use crate::record::Batch;
 use crate::record::Timestamp;
+use crate::record::{Batch, CheckpointId};
 use crate::runtime::config::JobConfig;
 use crate::sinks::{Sink, SinkCommitter, TwoPhaseCommitSink, TxnSinkWriter};
 use crate::state::{TimerState, ValueState};
@@ -577,7 +577,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
         self.lock().config.commits.register(committer);
         let factory = chain_factory(move |ctx, _outs| {
             let info = ctx.info.clone();
-            let epoch = ctx.restored.map_or(1, |n| n + 1);
+            let epoch = ctx.restored.map_or(CheckpointId::FIRST, CheckpointId::next);
             let writer = sink.open(ctx.instance, ctx.parallelism, epoch)?;
             let checkpointed = ctx.checkpointing;
             let writer = Box::new(TxnSinkWriter {

@@ -1,0 +1,335 @@
+//! What the Kafka test binaries share: topics, producing and consuming,
+//! the counting job of the exactly-once tests and its checks, the child
+//! processes of the crash and group tests.
+
+#![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+
+pub(crate) use rdkafka::ClientConfig;
+pub(crate) use rdkafka::consumer::{BaseConsumer, Consumer};
+pub(crate) use rdkafka::error::KafkaError;
+pub(crate) use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+pub(crate) use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+pub(crate) use rdkafka::{Offset, TopicPartitionList};
+pub(crate) use serde::{Deserialize, Serialize};
+pub(crate) use std::collections::{BTreeMap, HashMap};
+pub(crate) use std::path::Path;
+pub(crate) use std::process::{Command, Stdio};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+pub(crate) use std::time::{Duration, Instant};
+pub(crate) use weibo::Job;
+pub(crate) use weibo_connectors::kafka::{
+    DecodeErrors, Json, KafkaGroup, KafkaRecord, KafkaSink, KafkaSource, TxnKafkaSink,
+};
+
+use crate::kafka_broker;
+
+thread_local! {
+    /// A test's own broker, for the helpers called on the test's thread.
+    pub(crate) static OWN_BROKER: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+pub(crate) fn bootstrap() -> String {
+    OWN_BROKER.with(|b| b.borrow().clone()).unwrap_or_else(|| kafka_broker::broker().bootstrap.clone())
+}
+
+/// A topic name no other test uses.
+pub(crate) fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+pub(crate) fn create_topic(name: &str, partitions: i32) {
+    kafka_broker::create_topic(&bootstrap(), name, partitions);
+}
+
+/// A record to produce: key, payload, headers, timestamp.
+pub(crate) struct In<'a> {
+    pub(crate) key: Option<&'a [u8]>,
+    pub(crate) value: &'a [u8],
+    pub(crate) headers: Vec<(&'a str, &'a [u8])>,
+    pub(crate) timestamp: Option<i64>,
+}
+
+pub(crate) fn produce(topic: &str, records: &[In<'_>]) {
+    let p: ThreadedProducer<DefaultProducerContext> =
+        ClientConfig::new().set("bootstrap.servers", bootstrap()).set("enable.idempotence", "true").create().unwrap();
+    for r in records {
+        let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(r.value);
+        if let Some(k) = r.key {
+            rec = rec.key(k);
+        }
+        if let Some(ts) = r.timestamp {
+            rec = rec.timestamp(ts);
+        }
+        if !r.headers.is_empty() {
+            let hs =
+                r.headers.iter().fold(OwnedHeaders::new(), |hs, (k, v)| hs.insert(Header { key: k, value: Some(*v) }));
+            rec = rec.headers(hs);
+        }
+        send(&p, rec);
+    }
+    p.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// Sends `rec`, waiting while the producer's queue is full.
+pub(crate) fn send<K, P>(p: &ThreadedProducer<DefaultProducerContext>, mut rec: BaseRecord<'_, K, P>)
+where
+    K: rdkafka::message::ToBytes + ?Sized,
+    P: rdkafka::message::ToBytes + ?Sized,
+{
+    loop {
+        match p.send(rec) {
+            Ok(()) => return,
+            Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), back)) => {
+                rec = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((e, _)) => panic!("cannot produce: {e}"),
+        }
+    }
+}
+
+/// Every record of `topic` as a consumer with `isolation` sees it.
+pub(crate) fn consume_all(topic: &str, isolation: &str) -> Vec<OwnedMessage> {
+    kafka_broker::consume_all(&bootstrap(), topic, isolation, &unique("checker"))
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Payload {
+    pub(crate) n: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Out {
+    pub(crate) n: u64,
+    pub(crate) key: Option<Vec<u8>>,
+    pub(crate) headers: Vec<(String, Vec<u8>)>,
+}
+
+// ---- exactly-once Kafka -> Kafka -------------------------------------------
+
+pub(crate) const KEYS: u64 = 17;
+
+pub(crate) const EVENTS: u64 = 40_000;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Event {
+    pub(crate) key: u64,
+    pub(crate) id: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Count {
+    pub(crate) key: u64,
+    pub(crate) id: u64,
+    pub(crate) count: u64,
+}
+
+/// The input: event `id` for key `id % KEYS`, keyed so that each key's
+/// events are in one partition, in order.
+pub(crate) fn write_events(topic: &str) {
+    create_topic(topic, 4);
+    let values: Vec<(Vec<u8>, Vec<u8>)> = (0..EVENTS)
+        .map(|id| {
+            let e = Event { key: id % KEYS, id };
+            (e.key.to_string().into_bytes(), serde_json::to_vec(&e).unwrap())
+        })
+        .collect();
+    let records: Vec<In<'_>> =
+        values.iter().map(|(k, v)| In { key: Some(k), value: v, headers: vec![], timestamp: None }).collect();
+    produce(topic, &records);
+}
+
+/// Reads `input`, counts events per key, writes each event with its key's
+/// running count to `output` exactly once.
+pub(crate) fn counting_job(input: &str, output: &str, dir: &Path, slow: bool) -> Job {
+    let job = paced_job("kafka-eos", dir.join("checkpoints"));
+    let source = KafkaSource::builder(bootstrap(), [input.to_string()], Json).until_end().build::<Event>().unwrap();
+    let sink = TxnKafkaSink::new(bootstrap(), output, Json, format!("{output}-txn"), dir.join("redo"))
+        .with_consumed_offsets(&source);
+    counting(&job, source, sink, if slow { 4 } else { 0 });
+    job
+}
+
+/// A job checkpointing every 300 ms. A paced map sleeps on the runtime's
+/// threads; small batches keep each poll short, so timers (the checkpoint
+/// trigger) stay on time.
+pub(crate) fn paced_job(name: &str, checkpoints: std::path::PathBuf) -> Job {
+    Job::new(name).with_checkpoints(checkpoints, Duration::from_millis(300)).with_batch_size(16)
+}
+
+/// The counting pipeline: sleeps 1 ms every `pace` records (0: never).
+pub(crate) fn counting(job: &Job, source: KafkaSource<Event>, sink: TxnKafkaSink<Count>, pace: i64) {
+    job.source(source)
+        .map(move |r: KafkaRecord<Event>| {
+            if pace > 0 && r.offset % pace == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Count { key: r.value.key, id: r.value.id, count: 1 }
+        })
+        .key_by(|c: &Count| c.key)
+        .with_partitions(2)
+        .reduce(|acc, c| Count { key: c.key, id: c.id, count: acc.count + 1 })
+        .sink_exactly_once(sink.with_key(|c: &Count| Some(c.key.to_string().into_bytes())));
+}
+
+/// What every correct run writes: event `id` with its key's running count.
+pub(crate) fn expected() -> BTreeMap<u64, Count> {
+    let mut counts: HashMap<u64, u64> = HashMap::new();
+    (0..EVENTS)
+        .map(|id| {
+            let c = counts.entry(id % KEYS).or_insert(0);
+            *c += 1;
+            (id, Count { key: id % KEYS, id, count: *c })
+        })
+        .collect()
+}
+
+/// Checks the committed output: every event once, with a crash-free run's
+/// running count; reports the first few differences only.
+pub(crate) fn assert_exactly_once(topic: &str) -> usize {
+    let (got, twice) = committed(topic);
+    assert!(twice.is_empty(), "events written twice: {:?} ({} in all)", &twice[..twice.len().min(5)], twice.len());
+    let want = expected();
+    let missing: Vec<u64> = want.keys().filter(|id| !got.contains_key(id)).copied().collect();
+    assert!(missing.is_empty(), "events missing: {:?} ({} in all)", &missing[..missing.len().min(5)], missing.len());
+    let wrong: Vec<(&Count, &Count)> =
+        want.iter().filter_map(|(id, w)| got.get(id).filter(|g| *g != w).map(|g| (g, w))).take(5).collect();
+    assert!(wrong.is_empty(), "running counts differ from a crash-free run's (got, want): {wrong:?}");
+    assert_eq!(got.len(), want.len());
+    got.len()
+}
+
+/// The committed output, with how often each event appears.
+pub(crate) fn committed(topic: &str) -> (BTreeMap<u64, Count>, Vec<u64>) {
+    let mut out = BTreeMap::new();
+    let mut twice = Vec::new();
+    for m in consume_all(topic, "read_committed") {
+        let c: Count = serde_json::from_slice(m.payload().unwrap()).unwrap();
+        if out.insert(c.id, c.clone()).is_some() {
+            twice.push(c.id);
+        }
+    }
+    (out, twice)
+}
+
+/// A member of the counting group: runs the tasks the group gives it and
+/// writes the partitions it owns to `<dir>/owners-<name>` as they change;
+/// runs until killed.
+pub(crate) fn group_member(input: &str, output: &str, dir: &Path, name: &str) {
+    let (input, output) = (input.to_string(), output.to_string());
+    let owners = dir.join(format!("owners-{name}"));
+    weibo::testing::block_on(async move {
+        let group = KafkaGroup::new(bootstrap(), format!("{output}-group"), [input], dir.join("group"))
+            .session_timeout(Duration::from_secs(3))
+            .spawn(move |task| {
+                let job = paced_job(&task.id(), task.checkpoint_dir());
+                let source = task.source(Json).build::<Event>()?;
+                let sink = TxnKafkaSink::new(bootstrap(), &output, Json, task.id(), task.redo_dir());
+                counting(&job, source, sink, 1);
+                Ok(job)
+            })
+            .unwrap();
+        let mut last = None;
+        while !group.is_finished() {
+            let owned = group.owned();
+            if last.as_ref() != Some(&owned) {
+                let text: Vec<String> = owned.iter().map(ToString::to_string).collect();
+                std::fs::write(owners.with_extension("tmp"), text.join(",")).unwrap();
+                std::fs::rename(owners.with_extension("tmp"), &owners).unwrap();
+                last = Some(owned);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        group.wait().await.unwrap();
+    });
+}
+
+/// An input topic with the events written, an empty output topic, and a
+/// directory for the job.
+pub(crate) fn events_setup(name: &str) -> (String, String, tempfile::TempDir) {
+    let (input, output) = (unique(&format!("{name}-in")), unique(&format!("{name}-out")));
+    write_events(&input);
+    create_topic(&output, 3);
+    (input, output, tempfile::tempdir().unwrap())
+}
+
+/// As `events_setup`, with the spec child processes get.
+pub(crate) fn counting_setup(name: &str) -> (String, tempfile::TempDir, String) {
+    let (input, output, dir) = events_setup(name);
+    let spec = format!("{input}|{output}|{}", dir.path().display());
+    (output, dir, spec)
+}
+
+/// Logs to stderr as `RUST_LOG` says.
+pub(crate) fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// This test binary as a child that runs `counting_job` per `spec`.
+pub(crate) fn child_command(spec: &str) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .env("WEIBO_KAFKA_CHILD", spec)
+        .env("WEIBO_KAFKA_BOOTSTRAP", bootstrap())
+        .stdout(Stdio::null());
+    cmd
+}
+
+/// A cheap deterministic pseudo-random sequence of delays (0 to 800 ms).
+pub(crate) fn delays(seed: u64) -> impl Iterator<Item = Duration> {
+    let mut x = seed;
+    std::iter::repeat_with(move || {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        Duration::from_millis((x >> 33) % 800)
+    })
+}
+
+/// The newest complete checkpoint in `dir`.
+pub(crate) fn newest_checkpoint(dir: &Path) -> u64 {
+    weibo::checkpoint::complete_checkpoints(dir).iter().map(|(n, _)| n.get()).max().unwrap_or(0)
+}
+
+/// The partitions a group member wrote it owns (empty before it wrote).
+pub(crate) fn owners(dir: &Path, name: &str) -> Vec<i32> {
+    std::fs::read_to_string(dir.join(format!("owners-{name}")))
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Waits (up to `limit`) until `done` holds, failing with `what`.
+pub(crate) fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < limit, "waited {limit:?} for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The sum of `group`'s committed offsets on `topic`'s four partitions.
+pub(crate) fn group_offsets(group: &str, topic: &str) -> i64 {
+    group_offsets_by_partition(group, topic).iter().filter(|o| **o > 0).sum()
+}
+
+/// `group`'s committed offsets on `topic`'s four partitions (-1: none).
+pub(crate) fn group_offsets_by_partition(group: &str, topic: &str) -> Vec<i64> {
+    let consumer: BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", bootstrap()).set("group.id", group).create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..4 {
+        tpl.add_partition(topic, p);
+    }
+    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    let mut by_partition = vec![-1; 4];
+    for e in committed.elements() {
+        if let (Offset::Offset(o), Ok(p)) = (e.offset(), usize::try_from(e.partition())) {
+            by_partition[p] = o;
+        }
+    }
+    by_partition
+}

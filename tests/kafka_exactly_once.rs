@@ -1,0 +1,205 @@
+//! Exactly-once Kafka → Kafka against a real broker: without crashes,
+//! after a crash between checkpoint and commit, killed again and again,
+//! with transactions the broker aborts, across a broker restart, and
+//! restored from an older checkpoint; checked with a `read_committed`
+//! consumer.
+//!
+//! The crash tests' child is this test binary itself, started with
+//! `WEIBO_KAFKA_CHILD` set, running only the `child` test.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+#[path = "kafka_broker.rs"]
+mod kafka_broker;
+#[path = "kafka_common.rs"]
+mod kafka_common;
+
+use kafka_common::*;
+
+#[test]
+fn child() {
+    let Ok(spec) = std::env::var("WEIBO_KAFKA_CHILD") else { return };
+    init_logs();
+    let parts: Vec<&str> = spec.split('|').collect();
+    if parts[0] == "group" {
+        group_member(parts[1], parts[2], Path::new(parts[3]), parts[4]);
+        return;
+    }
+    let job = counting_job(parts[0], parts[1], Path::new(parts[2]), true);
+    weibo::testing::block_on(job.run()).unwrap();
+}
+
+#[test]
+fn kafka_to_kafka_without_crashes_writes_every_event_once() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let (input, output, dir) = events_setup("eos");
+    weibo::testing::block_on(counting_job(&input, &output, dir.path(), false).run()).unwrap();
+    assert_exactly_once(&output);
+    // The consumed offsets went to the source's group with the output:
+    // at the end of input, the end of every partition.
+    let group = group_offsets_by_partition(&format!("weibo-{input}"), &input);
+    assert!(group.iter().all(|o| *o > 0), "every partition's offset was committed: {group:?}");
+    assert_eq!(group.iter().sum::<i64>(), EVENTS as i64, "the group's offsets are the ends of the input: {group:?}");
+    // The redo logs of committed epochs are gone.
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("redo"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".redo"))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "redo logs left behind: {left:?}");
+}
+
+#[test]
+fn a_crash_between_checkpoint_and_commit_is_recommitted_from_the_redo_log() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let (output, dir, spec) = counting_setup("recommit");
+    let run = |crash: Option<&str>| {
+        let mut cmd = child_command(&spec);
+        cmd.stderr(Stdio::null());
+        if let Some(n) = crash {
+            cmd.env("WEIBO_CRASH_AT", format!("after-manifest#{n}"));
+        }
+        cmd.status().unwrap()
+    };
+    // Checkpoint 2 is published, then the process dies before committing
+    // its transactions; they die with it (the restart fences them).
+    assert!(!run(Some("2")).success(), "the first life aborts at its crash point");
+    let redo: Vec<String> = std::fs::read_dir(dir.path().join("redo"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with("00000000000000000002.redo"))
+        .collect();
+    assert!(!redo.is_empty(), "epoch 2 waits in its redo logs");
+    // Checkpoint 1 was committed with its consumed offsets, in its
+    // transactions: the group's offsets are its positions.
+    let input = spec.split('|').next().unwrap();
+    let manifest =
+        weibo::checkpoint::read_manifest(&dir.path().join("checkpoints").join(format!("chk-{:020}", 1))).unwrap();
+    let positions: Vec<i64> =
+        (0..4).map(|p| manifest.sources.iter().find(|e| e.partition == p).map_or(-1, |e| e.position as i64)).collect();
+    assert_eq!(group_offsets_by_partition(&format!("weibo-{input}"), input), positions);
+    assert!(run(None).success(), "the second life finishes");
+    assert_exactly_once(&output);
+}
+
+#[test]
+fn killed_again_and_again_kafka_to_kafka_commits_every_event_exactly_once() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let (output, dir, spec) = counting_setup("crash");
+    // Each life is killed at a pseudo-random moment after it completed a
+    // checkpoint of its own (so every life makes progress, however fast
+    // the machine), up to 6 times; the last life runs to the end.
+    let mut kills = 0;
+    let mut delay = delays(5);
+    loop {
+        let before = newest_checkpoint(&dir.path().join("checkpoints"));
+        let mut child = child_command(&spec).stderr(Stdio::inherit()).spawn().unwrap();
+        let started = Instant::now();
+        let mut kill_at = None;
+        let finished = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "the child failed: {status}");
+                break true;
+            }
+            if kills < 6 && kill_at.is_none() && newest_checkpoint(&dir.path().join("checkpoints")) > before {
+                kill_at = Some(Instant::now() + delay.next().unwrap());
+            }
+            if kill_at.is_some_and(|t| Instant::now() >= t) {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                break false;
+            }
+            assert!(started.elapsed() < Duration::from_secs(120), "a life of the job ran for two minutes");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        eprintln!("life {}: {:?}, {}", kills + 1, started.elapsed(), if finished { "finished" } else { "killed" });
+        if finished {
+            break;
+        }
+        kills += 1;
+    }
+    assert!(kills >= 3, "the child was killed mid-run several times ({kills})");
+    let committed = assert_exactly_once(&output);
+    // Aborted transactions were written and are hidden from read_committed.
+    let all = consume_all(&output, "read_uncommitted").len();
+    eprintln!("{kills} kills; read_uncommitted sees {all} records, read_committed {committed}");
+}
+
+#[test]
+fn a_transaction_the_brokers_abort_for_its_timeout_is_written_again() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    init_logs();
+    let (input, output, dir) = events_setup("expire");
+    // Checkpoints every 4 s, transactions time out after 1.5 s: the
+    // brokers abort every epoch's transaction before its checkpoint.
+    let job =
+        Job::new("expire").with_checkpoints(dir.path().join("checkpoints"), Duration::from_secs(4)).with_batch_size(16);
+    let source = KafkaSource::builder(bootstrap(), [input], Json).until_end().build::<Event>().unwrap();
+    let sink = TxnKafkaSink::new(bootstrap(), &output, Json, format!("{output}-txn"), dir.path().join("redo"))
+        .transaction_timeout(Duration::from_millis(1500));
+    counting(&job, source, sink, 2);
+    weibo::testing::block_on(job.run()).expect("expired transactions are written again");
+    assert_exactly_once(&output);
+}
+
+#[test]
+fn a_broker_restart_in_the_middle_of_an_exactly_once_job_loses_and_repeats_nothing() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    init_logs();
+    let broker = kafka_broker::Broker::private();
+    OWN_BROKER.with(|b| *b.borrow_mut() = Some(broker.bootstrap.clone()));
+    let (input, output, dir) = events_setup("restart");
+    let job = counting_job(&input, &output, dir.path(), true);
+    let run = std::thread::spawn(move || weibo::testing::block_on(job.run()));
+    let checkpoints = dir.path().join("checkpoints");
+    wait_for("two checkpoints", Duration::from_secs(60), || newest_checkpoint(&checkpoints) >= 2);
+    let (before, _) = committed(&output);
+    // Down for a few seconds, in the middle of the run.
+    broker.down();
+    std::thread::sleep(Duration::from_secs(3));
+    broker.up();
+    wait_for("the job to finish after the restart", Duration::from_secs(120), || run.is_finished());
+    run.join().unwrap().expect("the job rides out the broker's restart");
+    assert!((before.len() as u64) < EVENTS, "the restart came before the end ({} events were out)", before.len());
+    assert_exactly_once(&output);
+}
+
+/// A rollback: a finished job, run again (its commit markers are then the
+/// second run's), restored from its first checkpoint. That checkpoint's
+/// transactions were committed by the first run and their redo logs are
+/// gone: the restore counts them as committed, and the job writes again
+/// what came after the checkpoint (exactly once holds from the restored
+/// checkpoint on, as after any restore of an older checkpoint).
+#[test]
+fn restored_from_an_older_checkpoint_after_later_runs_committed_the_job_starts_and_writes_again() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let (input, output, dir) = events_setup("rollback");
+    let job = || counting_job(&input, &output, dir.path(), false).with_retained_checkpoints(1_000);
+    weibo::testing::block_on(job().run()).unwrap();
+    assert_exactly_once(&output);
+    weibo::testing::block_on(job().run()).unwrap();
+    assert_exactly_once(&output);
+    let checkpoints = weibo::checkpoint::complete_checkpoints(&dir.path().join("checkpoints"));
+    let (first, path) = checkpoints.last().cloned().unwrap();
+    let manifest = weibo::checkpoint::read_manifest(&path).unwrap();
+    assert!(!manifest.commits.is_empty(), "checkpoint {first} committed transactions");
+    weibo::testing::block_on(job().restore_from(&path).run()).unwrap();
+    let (got, twice) = committed(&output);
+    assert_eq!(got.len() as u64, EVENTS, "every event is there");
+    let from: u64 = manifest.sources.iter().map(|s| s.position).sum();
+    assert!(twice.len() as u64 <= EVENTS - from, "only what came after checkpoint {first} is written again");
+}

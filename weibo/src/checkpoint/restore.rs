@@ -1,0 +1,255 @@
+//! Restoring: finding the checkpoint to start from, and reading its state
+//! back for the operators.
+
+use super::*;
+
+/// What a restored job starts from.
+#[derive(Debug)]
+pub(crate) struct Restore {
+    pub(crate) checkpoint: CheckpointId,
+    pub(crate) storage: Arc<dyn CheckpointStorage>,
+    /// The checkpoint's (or savepoint's) directory in `storage`.
+    pub(crate) dir: String,
+    pub(crate) positions: HashMap<(String, u32), u64>,
+    /// Per operator: its state files.
+    pub(crate) states: BTreeMap<String, Vec<StateFileEntry>>,
+    /// Sink transactions the checkpoint committed.
+    pub(crate) commits: Vec<CommitEntry>,
+}
+
+impl crate::state::RestoreSource for Restore {
+    fn load_entries(
+        &self,
+        operator: &str,
+        state: &str,
+        codec: &str,
+        groups: &std::ops::Range<u16>,
+        f: &mut dyn FnMut(crate::state::Entries, crate::state::RemovedKeys) -> Result<()>,
+    ) -> Result<()> {
+        self.load_entries_of(operator, state, codec, groups, f)
+    }
+}
+
+impl Restore {
+    /// Reads checkpoint (or savepoint) `dir` in `storage` for a job with
+    /// `fingerprint` and `max_key_groups`, and checks every state file it
+    /// names.
+    pub(crate) fn load(
+        storage: &Arc<dyn CheckpointStorage>,
+        dir: &str,
+        fingerprint: &str,
+        max_key_groups: u16,
+    ) -> Result<Self> {
+        let manifest = read_manifest_in(&**storage, dir)?;
+        let located = storage.locate(dir);
+        if manifest.graph_fingerprint != fingerprint {
+            return Err(bad(
+                &located,
+                "it was taken by a different pipeline (operators or types changed): restore it into the job that wrote it"
+                    .into(),
+            ));
+        }
+        if manifest.max_key_groups != max_key_groups {
+            return Err(bad(
+                &located,
+                format!(
+                    "it was taken with {} key groups, the job has {max_key_groups}: key groups cannot change",
+                    manifest.max_key_groups
+                ),
+            ));
+        }
+        // Read every state file once now, so that a corrupt one is found
+        // before anything runs; none may lie outside the storage.
+        for s in &manifest.states {
+            let name = storage::join(dir, &s.file);
+            if name.starts_with("..") || s.file.starts_with('/') {
+                return Err(bad(&located, format!("its state file `{}` lies outside the checkpoint storage", s.file)));
+            }
+            read_state_file_parts(&**storage, &name, &mut |_| Ok(()))?;
+        }
+        let mut states: BTreeMap<String, Vec<StateFileEntry>> = BTreeMap::new();
+        for s in manifest.states {
+            states.entry(s.operator.clone()).or_default().push(s);
+        }
+        Ok(Self {
+            checkpoint: manifest.checkpoint,
+            storage: storage.clone(),
+            dir: dir.to_string(),
+            positions: manifest.sources.into_iter().map(|s| ((s.source, s.partition), s.position)).collect(),
+            states,
+            commits: manifest.commits,
+        })
+    }
+
+    /// The newest complete checkpoint in `storage` under `dir` that loads,
+    /// falling back to older ones when one is damaged (each failure is
+    /// logged).
+    pub(crate) fn latest(
+        storage: &Arc<dyn CheckpointStorage>,
+        dir: &str,
+        fingerprint: &str,
+        max_key_groups: u16,
+    ) -> Result<Option<Self>> {
+        let mut last_error = None;
+        for (_, checkpoint) in complete_checkpoints_in(&**storage, dir)? {
+            match Self::load(storage, &checkpoint, fingerprint, max_key_groups) {
+                Ok(r) => return Ok(Some(r)),
+                Err(e) => {
+                    tracing::warn!(checkpoint = %storage.locate(&checkpoint).display(), error = %e, "cannot restore; trying an older one");
+                    last_error = Some(e);
+                }
+            }
+        }
+        match last_error {
+            // Checkpoints exist but none loads: refuse to start from scratch silently.
+            Some(e) => Err(e),
+            None => Ok(None),
+        }
+    }
+
+    /// Where the checkpoint is, for logs and errors.
+    pub(crate) fn location(&self) -> PathBuf {
+        self.storage.locate(&self.dir)
+    }
+
+    /// Reads state file `file` (relative to the checkpoint), whose values
+    /// must have been written with `codec`.
+    fn read_checked(&self, file: &str, codec: &str) -> Result<StateFile> {
+        let name = storage::join(&self.dir, file);
+        let file = read_state_file(&*self.storage, &name)?;
+        if file.codec != codec {
+            return Err(bad(
+                &self.storage.locate(&name),
+                format!("its values were written with codec {}, the job reads {codec}", file.codec),
+            ));
+        }
+        Ok(file)
+    }
+
+    /// The files of `operator`'s `state` that hold key groups of `groups`,
+    /// in checkpoint order, each delta after a base of its key groups.
+    fn chain(&self, operator: &str, state: &str, groups: &std::ops::Range<u16>) -> Result<Vec<&StateFileEntry>> {
+        let mut files: Vec<&StateFileEntry> = self
+            .states
+            .get(operator)
+            .into_iter()
+            .flatten()
+            .filter(|s| s.state == state && s.key_groups.1 > groups.start && s.key_groups.0 < groups.end)
+            .collect();
+        files.sort_by_key(|s| s.checkpoint);
+        // Every chain starts with a base: a delta alone is not the state.
+        for (i, s) in files.iter().enumerate() {
+            if !s.base && !files.iter().take(i).any(|b| b.base && b.key_groups == s.key_groups) {
+                return Err(bad(
+                    &self.location(),
+                    format!(
+                        "the delta {} of `{operator}`/{state} (key groups {:?}) has no base before it",
+                        s.file, s.key_groups
+                    ),
+                ));
+            }
+        }
+        Ok(files)
+    }
+
+    /// Passes the entries of `operator`'s `state` in key groups `groups` to
+    /// `f` a part at a time, as (entries to put, keys to remove first), so
+    /// that the whole state is never in memory: each file of its chain in
+    /// checkpoint order, each base or delta part as written. Applying the
+    /// parts in order (removals, then puts) gives the state. Chains whose
+    /// bases overlap (none that this build writes) are merged in memory
+    /// and passed whole.
+    fn load_entries_of(
+        &self,
+        operator: &str,
+        state: &str,
+        codec: &str,
+        groups: &std::ops::Range<u16>,
+        f: &mut dyn FnMut(crate::state::Entries, crate::state::RemovedKeys) -> Result<()>,
+    ) -> Result<()> {
+        let files = self.chain(operator, state, groups)?;
+        let bases: Vec<(u16, u16)> = files.iter().filter(|s| s.base).map(|s| s.key_groups).collect();
+        let overlapping =
+            bases.iter().enumerate().any(|(i, a)| bases.iter().skip(i + 1).any(|b| a.0 < b.1 && b.0 < a.1));
+        if overlapping {
+            return f(self.entries(operator, state, codec, groups)?, Vec::new());
+        }
+        for s in files {
+            let name = storage::join(&self.dir, &s.file);
+            let path = self.storage.locate(&name);
+            let mut first = true;
+            read_state_file_parts(&*self.storage, &name, &mut |part| {
+                if std::mem::take(&mut first) && part.codec != codec {
+                    return Err(bad(
+                        &path,
+                        format!("its values were written with codec {}, the job reads {codec}", part.codec),
+                    ));
+                }
+                let removed: crate::state::RemovedKeys = part
+                    .removed
+                    .into_iter()
+                    .filter(|r| groups.contains(&r.group))
+                    .flat_map(|r| r.keys.into_iter().map(move |k| (r.group, k)))
+                    .collect();
+                let entries: crate::state::Entries = part
+                    .groups
+                    .into_iter()
+                    .filter(|g| groups.contains(&g.group))
+                    .flat_map(|g| g.entries.into_iter().map(move |(k, v)| (g.group, k, v)))
+                    .collect();
+                if entries.is_empty() && removed.is_empty() {
+                    return Ok(());
+                }
+                f(entries, removed)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The entries of `operator`'s `state` in key groups `groups`, merged
+    /// in memory.
+    pub(crate) fn entries(
+        &self,
+        operator: &str,
+        state: &str,
+        codec: &str,
+        groups: &std::ops::Range<u16>,
+    ) -> Result<crate::state::Entries> {
+        // Chains in checkpoint order: a base replaces its key groups'
+        // entries, a delta removes and then puts.
+        let files = self.chain(operator, state, groups)?;
+        // Only bases, one per key-group range: nothing to merge.
+        let mut ranges: Vec<(u16, u16)> = files.iter().map(|s| s.key_groups).collect();
+        ranges.sort_unstable();
+        ranges.dedup();
+        if files.iter().all(|s| s.base) && ranges.len() == files.len() {
+            let mut out = Vec::new();
+            for s in files {
+                let file = self.read_checked(&s.file, codec)?;
+                for g in file.groups.into_iter().filter(|g| groups.contains(&g.group)) {
+                    out.extend(g.entries.into_iter().map(|(k, v)| (g.group, k, v)));
+                }
+            }
+            return Ok(out);
+        }
+        let mut merged: BTreeMap<(u16, Vec<u8>), Vec<u8>> = BTreeMap::new();
+        for s in files {
+            let file = self.read_checked(&s.file, codec)?;
+            let (lo, hi) = s.key_groups;
+            if s.base {
+                merged.retain(|(g, _), _| *g < lo || *g >= hi);
+            }
+            for r in file.removed {
+                for k in r.keys {
+                    merged.remove(&(r.group, k));
+                }
+            }
+            for g in file.groups {
+                for (k, v) in g.entries {
+                    merged.insert((g.group, k), v);
+                }
+            }
+        }
+        Ok(merged.into_iter().filter(|((g, _), _)| groups.contains(g)).map(|((g, k), v)| (g, k, v)).collect())
+    }
+}

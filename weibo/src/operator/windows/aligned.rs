@@ -1,0 +1,289 @@
+//! The operator of aligned windows (tumbling, sliding): one index of open
+//! windows per key group, which is also the timer index.
+
+use super::*;
+
+/// Tumbling and sliding windows: one accumulator per (window, key), kept
+/// window-major; a window fires (and is cleaned up) when the watermark
+/// passes its end, so the window index doubles as the timer index.
+pub(super) struct AlignedWindowOp<K, T, W: WindowFn<K, T>> {
+    pub(super) state: WindowState<K, W::Acc>,
+    pub(super) size: i64,
+    pub(super) slide: i64,
+    pub(super) offset: i64,
+    pub(super) windows: AlignedCache,
+    /// What had fired when the state was restored (with lateness only).
+    pub(super) fired: Option<Fired<K>>,
+    pub(super) common: Common<K, T, W>,
+}
+
+/// What fired, per key group, as a checkpoint records it: every window
+/// whose end is at or below `horizon` had fired (with every record it
+/// held), except the `owed` ones, which got records after a restore and
+/// wait for the watermark to fire them again.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(super) struct FiredUpTo {
+    pub(super) horizon: Timestamp,
+    /// (window start, encoded key).
+    pub(super) owed: Vec<(Timestamp, Vec<u8>)>,
+}
+
+/// The firing record of a tumbling or sliding window operator with
+/// allowed lateness. A window fires when the watermark passes its end;
+/// the watermark starts again after a restore, so without this record
+/// every window kept for its lateness at the checkpoint would fire again
+/// with the same contents.
+pub(super) struct Fired<K> {
+    /// Per key group, the restored horizon (see [`FiredUpTo`]); none once
+    /// the watermark has passed it.
+    pub(super) horizon: HashMap<u16, Timestamp>,
+    /// The highest restored horizon: windows ending above it fire as usual.
+    pub(super) max: Timestamp,
+    /// Windows at or below their group's horizon that got records since
+    /// the restore: they fire when the watermark passes their end.
+    pub(super) owed: HashMap<u16, HashSet<(Timestamp, K)>>,
+    pub(super) state: ValueState<u16, FiredUpTo>,
+    pub(super) groups: std::ops::Range<u16>,
+    /// What `state` holds, per key group: compared at the barrier without
+    /// reading the state (on fjall, a read may go to disk).
+    pub(super) written: HashMap<u16, FiredUpTo>,
+    pub(super) key_buf: Vec<u8>,
+}
+
+impl<K: Key> Fired<K> {
+    pub(super) fn new(state: ValueState<u16, FiredUpTo>, groups: std::ops::Range<u16>) -> Self {
+        Self {
+            horizon: HashMap::new(),
+            max: crate::record::NO_TIMESTAMP,
+            owed: HashMap::new(),
+            state,
+            groups,
+            written: HashMap::new(),
+            key_buf: Vec::with_capacity(2),
+        }
+    }
+
+    /// Whether the window starting at `start` (ending at `max`) of `key`
+    /// in `group` fires now that the watermark passed `max`: unless it had
+    /// fired before the restore and got nothing since.
+    pub(super) fn fires(&mut self, group: u16, start: Timestamp, key: &K, max: Timestamp) -> bool {
+        match self.horizon.get(&group) {
+            Some(h) if max <= *h => self.owed.get_mut(&group).is_some_and(|owed| owed.remove(&(start, key.clone()))),
+            _ => true,
+        }
+    }
+
+    /// A record went into the window starting at `start` (ending at
+    /// `max`, which the watermark has not reached) of `key` in `group`.
+    pub(super) fn added(&mut self, group: u16, start: Timestamp, key: &K, max: Timestamp) {
+        if self.horizon.get(&group).is_some_and(|h| max <= *h) {
+            self.owed.entry(group).or_default().insert((start, key.clone()));
+        }
+    }
+
+    /// The operator's watermark reached `wm`: a horizon it passed is of
+    /// no more use (every window below it that owed a firing has fired).
+    pub(super) fn passed(&mut self, wm: Timestamp) {
+        if wm >= self.max && !self.horizon.is_empty() {
+            self.horizon.clear();
+            self.owed.clear();
+            self.max = crate::record::NO_TIMESTAMP;
+        }
+    }
+
+    /// Records, for the checkpoint, what had fired up to the operator's
+    /// watermark `wm`, per key group.
+    pub(super) fn record(&mut self, wm: Timestamp) -> Result<()> {
+        for g in self.groups.clone() {
+            let horizon = self.horizon.get(&g).copied().unwrap_or(crate::record::NO_TIMESTAMP).max(wm);
+            let owed: Vec<(Timestamp, Vec<u8>)> = self
+                .owed
+                .get(&g)
+                .into_iter()
+                .flatten()
+                .map(|(start, k)| (*start, crate::codec::key::encode(k)))
+                .collect();
+            let record = FiredUpTo { horizon, owed };
+            self.key_buf.clear();
+            g.encode_key(&mut self.key_buf);
+            let nothing = record == FiredUpTo { horizon: crate::record::NO_TIMESTAMP, owed: Vec::new() };
+            // Unchanged records are not written again (nor exported); what
+            // is in the state is known without reading it at the barrier.
+            let changed = match self.written.get(&g) {
+                Some(old) => *old != record || nothing,
+                None => !nothing,
+            };
+            if changed {
+                let value = (!nothing).then(|| record.clone());
+                self.state.update(g, g, &self.key_buf, |slot| *slot = value)?;
+                if nothing {
+                    self.written.remove(&g);
+                } else {
+                    self.written.insert(g, record);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes up the record a restore loaded into the state. `last` is the
+    /// end (`max_timestamp`) of the latest window the restored state
+    /// holds: a window that is not in the state fires like a new one
+    /// whether or not it had fired, so no horizon needs to reach past it
+    /// (after a final checkpoint, whose windows have all been dropped,
+    /// there is none).
+    pub(super) fn restored(&mut self, operator: &str, last: Option<Timestamp>) -> Result<()> {
+        for g in self.groups.clone() {
+            self.key_buf.clear();
+            g.encode_key(&mut self.key_buf);
+            if let Some(record) = self.state.get(g, &g, &self.key_buf)? {
+                self.written.insert(g, record);
+            }
+        }
+        let Some(last) = last else { return Ok(()) };
+        for (&g, record) in &self.written {
+            if record.horizon == crate::record::NO_TIMESTAMP {
+                continue;
+            }
+            let mut owed = HashSet::with_capacity(record.owed.len());
+            for (start, key) in &record.owed {
+                let k = crate::codec::key::decode::<K>(key).map_err(|e| Error::State {
+                    operator: operator.to_string(),
+                    message: format!("a window owed a firing in key group {g} has a key that does not decode: {e}"),
+                })?;
+                owed.insert((*start, k));
+            }
+            let horizon = record.horizon.min(last);
+            self.max = self.max.max(horizon);
+            self.horizon.insert(g, horizon);
+            self.owed.insert(g, owed);
+        }
+        Ok(())
+    }
+}
+
+impl<K: Key, T: Data, W: WindowFn<K, T>> AlignedWindowOp<K, T, W> {
+    /// Fires every window whose end the watermark passed since the last
+    /// advance, and cleans up those past their lateness, in start order.
+    pub(super) fn advance(&mut self, wm: Timestamp) -> Result<()> {
+        let c = &mut self.common;
+        let before = c.watermark;
+        if self.state.first_window().is_some_and(|start| start.saturating_add(self.size - 1) <= wm) {
+            let size = self.size;
+            let last_start = wm.saturating_sub(size - 1);
+            for start in self.state.windows_from(Timestamp::MIN) {
+                if start > last_start {
+                    break;
+                }
+                let window = Window { start, end: start.saturating_add(size) };
+                let max = window.max_timestamp();
+                let fire = max > before;
+                let purge = max.saturating_add(c.lateness) <= wm;
+                if !fire && !purge {
+                    continue;
+                }
+                let (func, fired) = (&*c.func, &mut c.fired);
+                // A window that had fired before a restore fires again only
+                // for the keys that got records since.
+                let mut marks = self.fired.as_mut().filter(|f| fire && max <= f.max);
+                self.state.for_each_in_window(start, purge, |key, group, acc| {
+                    if fire && marks.as_mut().is_none_or(|m| m.fires(group, start, key, max)) {
+                        func.fire(key, window, acc, fired);
+                    }
+                })?;
+                c.collect(window);
+            }
+        }
+        c.watermark = c.watermark.max(wm);
+        if let Some(f) = self.fired.as_mut() {
+            f.passed(c.watermark);
+        }
+        Ok(())
+    }
+}
+
+impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T, W> {
+    fn on_batch(&mut self, batch: &RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
+        OperatorCounters::add(&self.common.info.counters.records_in, batch.len());
+        for r in batch.iter() {
+            if let Some(wm) = time.observe(&r.meta) {
+                self.advance(wm)?;
+            }
+            let (ts, key, value) = self.common.decode(&r)?;
+            let windows = self.windows.assign(ts, self.size, self.slide, self.offset);
+            let c = &mut self.common;
+            let wm = c.watermark;
+            let lateness = c.lateness;
+            let mut added = false;
+            let mut value = Some(value);
+            let last = windows.len().saturating_sub(1);
+            for (i, window) in windows.iter().enumerate() {
+                let max = window.max_timestamp();
+                if max.saturating_add(lateness) <= wm {
+                    continue;
+                }
+                added = true;
+                let v = if i == last { value.take() } else { value.clone() };
+                let Some(v) = v else { break };
+                let (func, fired) = (&*c.func, &mut c.fired);
+                let fire_now = max <= wm;
+                let k = if fire_now { Some(key.clone()) } else { None };
+                if !fire_now && let Some(f) = self.fired.as_mut().filter(|f| max <= f.max) {
+                    f.added(r.group, window.start, &key, max);
+                }
+                self.state.update(window.start, r.group, key.clone(), r.key, |acc| {
+                    func.add(acc, v);
+                    if let (Some(k), Some(a)) = (k.as_ref(), acc.as_ref()) {
+                        func.fire(k, *window, a, fired);
+                    }
+                })?;
+                if fire_now {
+                    c.collect(*window);
+                }
+            }
+            if !added {
+                match value {
+                    Some(v) if ts.saturating_add(lateness) <= wm => {
+                        let meta = c.record_meta(r.meta);
+                        c.late(v, meta);
+                    }
+                    // In no window at all (a gap between sliding windows).
+                    _ => OperatorCounters::add(&c.info.counters.dropped, 1),
+                }
+            }
+        }
+        self.common.emit()
+    }
+
+    window_control!();
+
+    fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
+        let entries = self.state.snapshot_changes(&self.common.info.name, at.n, at.since)?;
+        let mut out =
+            vec![StateSnapshot { state: "windows", codec: W::Acc::codec_id().to_string(), snapshot: entries }];
+        if let Some(f) = self.fired.as_mut() {
+            f.record(self.common.watermark)?;
+            let entries = f.state.snapshot_changes(at.n, at.since)?;
+            out.push(StateSnapshot { state: "fired", codec: FiredUpTo::codec_id().to_string(), snapshot: entries });
+        }
+        Ok(out)
+    }
+
+    fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
+        let name = self.common.info.name.clone();
+        // A part at a time: a large window state is never all in memory.
+        from.load_entries(&name, "windows", &W::Acc::codec_id().to_string(), groups, &mut |entries, removed| {
+            self.state.import_part(entries, removed, &name)
+        })?;
+        if let Some(f) = self.fired.as_mut() {
+            // Checkpoints of builds before this record have none: their
+            // kept windows fire again after a restore, as they did then.
+            from.load_entries(&name, "fired", &FiredUpTo::codec_id().to_string(), groups, &mut |entries, removed| {
+                f.state.import_part(entries, removed)
+            })?;
+            let last = self.state.windows_from(Timestamp::MIN).last().map(|start| start.saturating_add(self.size - 1));
+            f.restored(&name, last)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,105 @@
+//! Window functions: what a window computes from its records.
+
+use super::*;
+
+/// Counts records: an [`Aggregate`] for any record type.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Count;
+
+impl<T> Aggregate<T> for Count {
+    type Acc = u64;
+    type Out = u64;
+    fn create(&self) -> u64 {
+        0
+    }
+    fn add(&self, acc: &mut u64, _value: T) {
+        *acc += 1;
+    }
+    fn merge(&self, acc: &mut u64, other: u64) {
+        *acc += other;
+    }
+    fn result(&self, acc: &u64) -> u64 {
+        *acc
+    }
+}
+
+/// What a window `process` function sees besides the elements.
+#[derive(Debug)]
+pub struct WindowContext<'a, K> {
+    /// The key.
+    pub key: &'a K,
+    /// The window that fired.
+    pub window: Window,
+}
+
+/// A window function: how records fold into a window and what it emits.
+pub(crate) trait WindowFn<K, T>: Send + Sync + 'static {
+    type Acc: Data;
+    type Out: Clone + Send + 'static;
+    fn add(&self, acc: &mut Option<Self::Acc>, value: T);
+    fn merge(&self, into: &mut Self::Acc, other: Self::Acc);
+    fn fire(&self, key: &K, window: Window, acc: &Self::Acc, out: &mut Vec<Self::Out>);
+}
+
+pub(crate) struct ReduceFn<F>(pub(crate) F);
+
+impl<K: Key, T: Data, F: Fn(T, T) -> T + Send + Sync + 'static> WindowFn<K, T> for ReduceFn<F> {
+    type Acc = T;
+    type Out = WindowResult<K, T>;
+    #[inline]
+    fn add(&self, acc: &mut Option<T>, value: T) {
+        *acc = Some(match acc.take() {
+            Some(a) => (self.0)(a, value),
+            None => value,
+        });
+    }
+    fn merge(&self, into: &mut T, other: T) {
+        let a = into.clone();
+        *into = (self.0)(a, other);
+    }
+    #[inline]
+    fn fire(&self, key: &K, window: Window, acc: &T, out: &mut Vec<Self::Out>) {
+        out.push(WindowResult { key: key.clone(), window, value: acc.clone() });
+    }
+}
+
+pub(crate) struct AggregateFn<G>(pub(crate) G);
+
+impl<K: Key, T, G: Aggregate<T>> WindowFn<K, T> for AggregateFn<G> {
+    type Acc = G::Acc;
+    type Out = WindowResult<K, G::Out>;
+    #[inline]
+    fn add(&self, acc: &mut Option<G::Acc>, value: T) {
+        let a = acc.get_or_insert_with(|| self.0.create());
+        self.0.add(a, value);
+    }
+    fn merge(&self, into: &mut G::Acc, other: G::Acc) {
+        self.0.merge(into, other);
+    }
+    #[inline]
+    fn fire(&self, key: &K, window: Window, acc: &G::Acc, out: &mut Vec<Self::Out>) {
+        out.push(WindowResult { key: key.clone(), window, value: self.0.result(acc) });
+    }
+}
+
+pub(crate) struct ProcessFn<F, U>(pub(crate) F, pub(crate) PhantomData<fn() -> U>);
+
+impl<K, T, U, F> WindowFn<K, T> for ProcessFn<F, U>
+where
+    K: Key,
+    T: Data,
+    U: Clone + Send + 'static,
+    F: Fn(&WindowContext<'_, K>, &[T], &mut Vec<U>) + Send + Sync + 'static,
+{
+    type Acc = Elements<T>;
+    type Out = U;
+    fn add(&self, acc: &mut Option<Elements<T>>, value: T) {
+        acc.get_or_insert_with(|| Elements(Vec::new())).0.push(value);
+    }
+    fn merge(&self, into: &mut Elements<T>, other: Elements<T>) {
+        into.0.extend(other.0);
+    }
+    fn fire(&self, key: &K, window: Window, acc: &Elements<T>, out: &mut Vec<U>) {
+        (self.0)(&WindowContext { key, window }, &acc.0, out);
+    }
+}
