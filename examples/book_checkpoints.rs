@@ -204,6 +204,7 @@ impl Source for MemoryLines {
             return Err(weibo::Error::Connector {
                 name: self.default_name(),
                 message: format!("cannot resume at line {position}: there are {}", self.lines.len()),
+                source: None,
             });
         }
         Ok(Box::new(MemoryLinesReader { lines: self.lines.clone(), next }))

@@ -127,7 +127,11 @@ impl SinkWriter<u64> for ClosingWriter {
     }
     fn flush(&mut self) -> weibo::Result<()> {
         if self.closed {
-            return Err(weibo::Error::Connector { name: "closing".into(), message: "used after finish".into() });
+            return Err(weibo::Error::Connector {
+                name: "closing".into(),
+                message: "used after finish".into(),
+                source: None,
+            });
         }
         Ok(())
     }

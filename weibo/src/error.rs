@@ -5,15 +5,25 @@ use std::path::PathBuf;
 use crate::codec::CodecError;
 use crate::record::SourcePosition;
 
+/// An underlying error kept as an [`Error`]'s cause.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Everything that can go wrong building or running a job.
 ///
-/// Variants say who is to blame: the pipeline's wiring ([`Error::Graph`]),
-/// data ([`Error::Codec`], [`Error::Input`], [`Error::RecordFailed`]), user
-/// code that panicked ([`Error::Panicked`]), storage ([`Error::State`],
-/// [`Error::Io`]), a connector ([`Error::Connector`]), the environment
-/// ([`Error::Runtime`]), a neighbour task that stopped
-/// ([`Error::Disconnected`], reported only when nothing better is known),
-/// or Weibo itself ([`Error::Internal`]).
+/// Each variant says what failed and where; [`Error::blame`] says who is
+/// to blame. An underlying error (I/O, fjall, a codec, a connector's
+/// client) is kept as the error's [`source`](std::error::Error::source),
+/// and its text is also in the error's own message.
+///
+/// ```
+/// use weibo::error::Blame;
+///
+/// let job = weibo::Job::new("unsunk");
+/// job.source(weibo::sources::IterSource::new(vec![1u32])).map(|x| x + 1);
+/// let err = job.plan().unwrap_err();
+/// assert_eq!(err.blame(), Blame::Wiring);
+/// assert!(err.to_string().contains("no sink"), "{err}");
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -70,21 +80,27 @@ pub enum Error {
     },
 
     /// A checkpoint could not be written, or one cannot be restored.
-    #[error("checkpoint `{}`: {message}", path.display())]
+    #[error("checkpoint `{}`: {message}{}", path.display(), cause(source.as_deref()))]
     Checkpoint {
         /// The checkpoint's directory or file.
         path: PathBuf,
         /// What is wrong.
         message: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<BoxError>,
     },
 
     /// Keyed state could not be read or written.
-    #[error("state of operator `{operator}`: {message}")]
+    #[error("state of operator `{operator}`: {message}{}", cause(source.as_deref()))]
     State {
         /// The operator's name.
         operator: String,
         /// What failed.
         message: String,
+        /// The underlying error (the storage's, a key's decoding), if any.
+        #[source]
+        source: Option<BoxError>,
     },
 
     /// A file could not be read or written.
@@ -100,12 +116,15 @@ pub enum Error {
     },
 
     /// A connector (sink or source) failed.
-    #[error("connector `{name}`: {message}")]
+    #[error("connector `{name}`: {message}{}", cause(source.as_deref()))]
     Connector {
         /// The connector's name in the job.
         name: String,
         /// What failed.
         message: String,
+        /// The underlying error (the client library's), if any.
+        #[source]
+        source: Option<BoxError>,
     },
 
     /// A user function (an operator's closure, a source or a sink) panicked.
@@ -127,6 +146,17 @@ pub enum Error {
         message: String,
     },
 
+    /// A request the job cannot serve as it is now: a savepoint of a job
+    /// without checkpoints, a checkpoint after every source has ended, a
+    /// request to a job that has stopped.
+    #[error("job `{job}`: {message}")]
+    Refused {
+        /// The job's name.
+        job: String,
+        /// Why it cannot.
+        message: String,
+    },
+
     /// An edge closed because the task on its other side stopped; the
     /// job's error is the one that stopped that task.
     #[error("the edge to `{edge}` closed because the task on its other side stopped")]
@@ -138,6 +168,77 @@ pub enum Error {
     /// A bug in Weibo: please report it with this message.
     #[error("internal error (a bug in weibo, please report it): {0}")]
     Internal(String),
+}
+
+/// Who is to blame for an [`Error`]: what to look at first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Blame {
+    /// The pipeline's wiring, or how the API was used: fix the code that
+    /// builds or drives the job.
+    Wiring,
+    /// The data: a record a codec, a source or a `process` function
+    /// refused. The error names the record's source position.
+    Data,
+    /// One of the user's functions panicked.
+    UserCode,
+    /// Keyed state: its storage failed, or it holds what this build cannot
+    /// read.
+    State,
+    /// A checkpoint or savepoint: it could not be written, or the one to
+    /// restore cannot be.
+    Checkpoint,
+    /// Files: the operating system refused a read or write.
+    Storage,
+    /// A service outside the process (a broker, a database), reached by a
+    /// connector.
+    External,
+    /// Where the job runs: outside a tokio runtime, or a neighbour task
+    /// that stopped (whose own error is the one to read).
+    Environment,
+    /// A bug in Weibo.
+    Weibo,
+}
+
+impl Error {
+    /// Who is to blame for this error.
+    pub fn blame(&self) -> Blame {
+        match self {
+            Error::Graph { .. } | Error::Refused { .. } => Blame::Wiring,
+            Error::Codec { .. } | Error::Input { .. } | Error::RecordFailed { .. } | Error::TimerFailed { .. } => {
+                Blame::Data
+            }
+            Error::Panicked { .. } => Blame::UserCode,
+            Error::State { .. } => Blame::State,
+            Error::Checkpoint { .. } => Blame::Checkpoint,
+            Error::Io { .. } => Blame::Storage,
+            Error::Connector { .. } => Blame::External,
+            Error::Runtime { .. } | Error::Disconnected { .. } => Blame::Environment,
+            Error::Internal(_) => Blame::Weibo,
+        }
+    }
+
+    /// A [`Error::State`] of `operator`, caused by `source`.
+    pub fn state(operator: impl Into<String>, message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::State { operator: operator.into(), message: message.into(), source: Some(source.into()) }
+    }
+
+    /// A [`Error::Connector`] of connector `name`, without an underlying
+    /// error.
+    pub fn connector(name: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Connector { name: name.into(), message: message.into(), source: None }
+    }
+
+    /// A [`Error::Connector`] of connector `name`, caused by `source` (the
+    /// client library's error).
+    pub fn connector_caused(name: impl Into<String>, message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::Connector { name: name.into(), message: message.into(), source: Some(source.into()) }
+    }
+}
+
+/// `": <source>"`, or nothing: the cause's text at the end of a message.
+fn cause(source: Option<&(dyn std::error::Error + Send + Sync + 'static)>) -> String {
+    source.map(|e| format!(": {e}")).unwrap_or_default()
 }
 
 /// `Result` with [`Error`].

@@ -18,7 +18,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use weibo::{Error, Job, JobHandle, Result};
 
 use super::source::Progress;
-use super::{Connection, KafkaSourceBuilder, connector};
+use super::{Connection, KafkaSourceBuilder, connector, connector_caused};
 
 /// The default time after which the group gives a silent process's
 /// partitions to the others (librdkafka's default is 45 s).
@@ -177,7 +177,7 @@ impl KafkaGroup {
             }
         }
         std::fs::create_dir_all(&self.dir).map_err(|e| {
-            connector(&name, format!("cannot create the group's directory {}: {e}", self.dir.display()))
+            connector_caused(&name, format!("cannot create the group's directory {}", self.dir.display()), e)
         })?;
         let shared = Arc::new(Shared {
             name: name.clone(),
@@ -203,10 +203,10 @@ impl KafkaGroup {
                 ("heartbeat.interval.ms", &heartbeat),
             ])
             .create_with_context(GroupContext { shared: Arc::clone(&shared) })
-            .map_err(|e| connector(&name, format!("cannot create the group's consumer: {e}")))?;
+            .map_err(|e| connector_caused(&name, format!("cannot create the group's consumer"), e))?;
         consumer
             .subscribe(&[lead.as_str()])
-            .map_err(|e| connector(&name, format!("cannot subscribe to `{lead}`: {e}")))?;
+            .map_err(|e| connector_caused(&name, format!("cannot subscribe to `{lead}`"), e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let finished = Arc::new(AtomicBool::new(false));
         let (done_tx, done) = tokio::sync::oneshot::channel();
@@ -223,7 +223,7 @@ impl KafkaGroup {
                 thread_finished.store(true, Ordering::Relaxed);
                 let _ = done_tx.send(result);
             })
-            .map_err(|e| connector(&name, format!("cannot start the group's thread: {e}")))?;
+            .map_err(|e| connector_caused(&name, format!("cannot start the group's thread"), e))?;
         tracing::info!(group = %self.group, topics = ?self.topics, "joined the consumer group");
         Ok(GroupHandle { shared, stop, finished, done })
     }
@@ -404,7 +404,7 @@ impl Shared {
         for (p, job) in ended {
             match self.runtime.block_on(job.wait()) {
                 Ok(_) => tracing::info!(group = %self.group, partition = p, "task finished its input"),
-                Err(e) => return Err(connector(&self.name, format!("the task of partition {p} failed: {e}"))),
+                Err(e) => return Err(connector_caused(&self.name, format!("the task of partition {p} failed"), e)),
             }
         }
         Ok(())

@@ -104,5 +104,10 @@ impl Connection {
 }
 
 pub(crate) fn connector(name: &str, message: String) -> Error {
-    Error::Connector { name: name.to_string(), message }
+    Error::Connector { name: name.to_string(), message, source: None }
+}
+
+/// As [`connector`], keeping the client's error as the cause.
+pub(crate) fn connector_caused(name: &str, message: String, source: impl Into<weibo::error::BoxError>) -> Error {
+    Error::Connector { name: name.to_string(), message, source: Some(source.into()) }
 }

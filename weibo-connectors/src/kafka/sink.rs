@@ -13,7 +13,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use weibo::Result;
 use weibo::sinks::{Sink, SinkBatch, SinkWriter};
 
-use super::{Connection, Format, connector};
+use super::{Connection, Format, connector, connector_caused};
 
 /// How long a flush at a barrier may wait for the brokers' acknowledgements.
 pub(crate) const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
@@ -54,7 +54,11 @@ impl<T: 'static> Encoder<T> {
     pub(crate) fn encode(&self, name: &str, value: &T, event_time: i64, out: &mut OutRecord) -> Result<()> {
         out.value.clear();
         self.format.encode(value, &mut out.value).map_err(|e| {
-            connector(name, format!("cannot encode a record as {} for topic `{}`: {e}", self.format.name(), self.topic))
+            connector_caused(
+                name,
+                format!("cannot encode a record as {} for topic `{}`", self.format.name(), self.topic),
+                e,
+            )
         })?;
         out.key = self.key.as_ref().and_then(|k| k(value));
         out.headers = self.headers.as_ref().map(|h| h(value)).unwrap_or_default();
@@ -125,7 +129,7 @@ pub(crate) fn produce(name: &str, producer: &KafkaProducer, topic: &str, r: &Out
                 std::thread::sleep(Duration::from_millis(1));
             }
             Err((e, _)) => {
-                return Err(connector(name, format!("cannot produce to topic `{topic}`: {e}")));
+                return Err(connector_caused(name, format!("cannot produce to topic `{topic}`"), e));
             }
         }
     }
@@ -202,7 +206,7 @@ impl<T: Send + 'static> Sink<T> for KafkaSink<T> {
             .conn
             .config(&[("enable.idempotence", "true"), ("linger.ms", "5")])
             .create_with_context(Deliveries::default())
-            .map_err(|e| connector(&name, format!("cannot create a Kafka producer: {e}")))?;
+            .map_err(|e| connector_caused(&name, format!("cannot create a Kafka producer"), e))?;
         // Fail now, naming the brokers, rather than at the first barrier.
         self.conn.partitions(&name, std::slice::from_ref(&self.enc.topic))?;
         Ok(Box::new(KafkaWriter { name, producer, enc: self.enc.clone(), rec: OutRecord::default(), _t: PhantomData }))
@@ -240,7 +244,7 @@ impl<T: Send + 'static> SinkWriter<T> for KafkaWriter<T> {
 impl<T> KafkaWriter<T> {
     fn wait_for_acks(&mut self) -> Result<()> {
         weibo::blocking(|| self.producer.flush(FLUSH_TIMEOUT)).map_err(|e| {
-            connector(&self.name, format!("records were not acknowledged within {FLUSH_TIMEOUT:?}: {e}"))
+            connector_caused(&self.name, format!("records were not acknowledged within {FLUSH_TIMEOUT:?}"), e)
         })?;
         self.producer.context().check(&self.name)
     }

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use weibo::sources::{ReadStatus, Source, SourceOutput, SourceReader};
 use weibo::{BoxFuture, Error, Result};
 
-use super::{Connection, Format, connector};
+use super::{Connection, Format, connector, connector_caused};
 
 /// A record read from Kafka: its value decoded by the source's format,
 /// with the key, headers, timestamp and where it was read.
@@ -283,7 +283,7 @@ impl<T> KafkaSource<T> {
                 ("auto.offset.reset", "earliest"),
             ])
             .create_with_context(ReaderContext)
-            .map_err(|e| connector(&name, format!("cannot create a Kafka consumer: {e}")))?;
+            .map_err(|e| connector_caused(&name, format!("cannot create a Kafka consumer"), e))?;
         let (low, high) =
             consumer.fetch_watermarks(topic, *kp, self.conn.timeout).map_err(|e| self.conn.unreachable(&name, &e))?;
         let start = match (position, self.start) {
@@ -293,8 +293,8 @@ impl<T> KafkaSource<T> {
         };
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, *kp, Offset::Offset(start))
-            .map_err(|e| connector(&name, format!("cannot assign {topic}/{kp}: {e}")))?;
-        consumer.assign(&tpl).map_err(|e| connector(&name, format!("cannot assign {topic}/{kp}: {e}")))?;
+            .map_err(|e| connector_caused(&name, format!("cannot assign {topic}/{kp}"), e))?;
+        consumer.assign(&tpl).map_err(|e| connector_caused(&name, format!("cannot assign {topic}/{kp}"), e))?;
         Ok(Box::new(KafkaReader {
             consumer,
             d: Decoder {

@@ -43,7 +43,7 @@ use weibo::sinks::{SinkBatch, TransactionWriter, TwoPhaseCommitSink};
 use weibo::{Error, Result};
 
 use super::sink::{Deliveries, Encoder, FLUSH_TIMEOUT, KafkaProducer, OutRecord, encoder_settings, produce};
-use super::{Connection, Format, KafkaSource, connector};
+use super::{Connection, Format, KafkaSource, connector, connector_caused};
 
 /// How long transaction calls (init, commit, abort) may take.
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -327,6 +327,10 @@ impl Core {
         connector(&self.name(), message)
     }
 
+    fn err_caused(&self, message: String, e: impl Into<weibo::error::BoxError>) -> Error {
+        connector_caused(&self.name(), message, e)
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -370,6 +374,7 @@ impl Core {
                     return Err(Error::Checkpoint {
                         path,
                         message: format!("line {}: expected `<instance> <slot>`, found {line:?}", n + 1),
+                        source: None,
                     });
                 }
             }
@@ -407,7 +412,7 @@ impl Core {
                 ("retry.backoff.ms", "20"),
             ])
             .create_with_context(Deliveries::default())
-            .map_err(|e| self.err(format!("cannot create a transactional producer `{id}`: {e}")))?;
+            .map_err(|e| self.err_caused(format!("cannot create a transactional producer `{id}`"), e))?;
         retry(TXN_CALL_TIMEOUT, || producer.init_transactions(TXN_CALL_TIMEOUT)).map_err(|e| {
             self.err(format!(
                 "cannot initialise transactions of `{id}` at {} (is transaction.timeout.ms = {} ms above the brokers' transaction.max.timeout.ms?): {e}",
@@ -453,7 +458,7 @@ impl Core {
         let c: BaseConsumer = conn
             .config(&[("group.id", &group), ("enable.auto.commit", "false"), ("isolation.level", "read_committed")])
             .create()
-            .map_err(|e| self.err(format!("cannot create a Kafka consumer for group `{group}`: {e}")))?;
+            .map_err(|e| self.err_caused(format!("cannot create a Kafka consumer for group `{group}`"), e))?;
         let c = Arc::new(c);
         self.state().markers.insert(instance, Arc::clone(&c));
         Ok(c)
@@ -466,7 +471,7 @@ impl Core {
         tpl.add_partition(&self.topic, 0);
         let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let got = retry(conn.timeout, || c.committed_offsets(tpl.clone(), conn.timeout)).map_err(|e| {
-            self.err(format!("cannot read the commit marker of instance {instance} at {}: {e}", conn.brokers))
+            self.err_caused(format!("cannot read the commit marker of instance {instance} at {}", conn.brokers), e)
         })?;
         let out = got.elements().first().and_then(|e| match e.offset() {
             Offset::Offset(o) => u64::try_from(o).ok().map(|epoch| Marker { epoch, run: e.metadata().to_string() }),
@@ -485,7 +490,7 @@ impl Core {
         let mut tpl = TopicPartitionList::new();
         let offset = i64::try_from(epoch).map_err(|_| self.err(format!("epoch {epoch} out of range")))?;
         let mut e = tpl.add_partition(&self.topic, 0);
-        e.set_offset(Offset::Offset(offset)).map_err(|e| self.err(format!("cannot set the marker: {e}")))?;
+        e.set_offset(Offset::Offset(offset)).map_err(|e| self.err_caused(format!("cannot set the marker"), e))?;
         e.set_metadata(run);
         let id = self.transactional_id(s.instance, s.slot);
         let redo = self.redo_path(s.instance, epoch);
@@ -496,7 +501,7 @@ impl Core {
             let step = |what: &str, e: KafkaError| -> Result<bool> {
                 let abort = matches!(&e, KafkaError::Transaction(t) if t.txn_requires_abort());
                 if Instant::now() >= deadline || !(abort || temporary(&e) || is_timeout(&e)) {
-                    return Err(self.err(format!("cannot {what} transaction `{id}` (epoch {epoch}): {e}")));
+                    return Err(self.err_caused(format!("cannot {what} transaction `{id}` (epoch {epoch})"), e));
                 }
                 tracing::warn!(transaction = %id, epoch, error = %e, abort, "retrying the commit");
                 Ok(abort)
@@ -555,8 +560,9 @@ impl Core {
                         // The transaction can only be aborted (a broker
                         // restarted under it): nothing of it is visible,
                         // so write it again from its redo log.
-                        retry(TXN_CALL_TIMEOUT, || s.producer.abort_transaction(SETTLE_STEP))
-                            .map_err(|e| self.err(format!("cannot abort transaction `{id}` to write it again: {e}")))?;
+                        retry(TXN_CALL_TIMEOUT, || s.producer.abort_transaction(SETTLE_STEP)).map_err(|e| {
+                            self.err_caused(format!("cannot abort transaction `{id}` to write it again"), e)
+                        })?;
                         self.rewrite(s, &redo)?;
                         self.settle(s, &redo)?;
                     } else {
@@ -638,7 +644,7 @@ impl Core {
                 continue;
             };
             tpl.add_partition_offset(&topic, kp, Offset::Offset(offset))
-                .map_err(|e| self.err(format!("cannot list the consumed offset of {topic}/{kp}: {e}")))?;
+                .map_err(|e| self.err_caused(format!("cannot list the consumed offset of {topic}/{kp}"), e))?;
         }
         if tpl.count() == 0 {
             if !c.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -655,7 +661,7 @@ impl Core {
             .unwrap_or_else(PoisonError::into_inner)
             .config(&[("group.id", &c.group), ("enable.auto.commit", "false")])
             .create()
-            .map_err(|e| self.err(format!("cannot create a Kafka consumer for group `{}`: {e}", c.group)))?;
+            .map_err(|e| self.err_caused(format!("cannot create a Kafka consumer for group `{}`", c.group), e))?;
         let Some(group) = consumer.group_metadata() else {
             return Err(self.err(format!("no consumer group metadata for group `{}`", c.group)));
         };
@@ -684,7 +690,9 @@ impl Core {
         if !done {
             let records = read_redo(&redo)?;
             let id = self.transactional_id(instance, slot);
-            s.producer.begin_transaction().map_err(|e| self.err(format!("cannot begin transaction `{id}`: {e}")))?;
+            s.producer
+                .begin_transaction()
+                .map_err(|e| self.err_caused(format!("cannot begin transaction `{id}`"), e))?;
             for r in &records {
                 produce(&self.name(), &s.producer, &self.topic, r)?;
             }
@@ -771,7 +779,7 @@ impl Core {
         let _ = s.producer.flush(Duration::from_secs(5));
         let _ = s.producer.context().check(&name);
         let records = read_redo(redo)?;
-        s.producer.begin_transaction().map_err(|e| self.err(format!("cannot begin transaction `{id}`: {e}")))?;
+        s.producer.begin_transaction().map_err(|e| self.err_caused(format!("cannot begin transaction `{id}`"), e))?;
         for r in &records {
             produce(&name, &s.producer, &self.topic, r)?;
         }
@@ -914,6 +922,7 @@ fn read_redo(path: &Path) -> Result<Vec<OutRecord>> {
         let rec = OutRecord::decode(&buf).map_err(|e| Error::Checkpoint {
             path: path.to_path_buf(),
             message: format!("record {} of the redo log is damaged: {e}", out.len() + 1),
+            source: None,
         })?;
         out.push(rec);
     }
@@ -981,7 +990,9 @@ impl<T> TxnWriter<T> {
     fn start(&mut self) -> Result<()> {
         let s = self.core.acquire(self.instance)?;
         let id = self.core.transactional_id(s.instance, s.slot);
-        s.producer.begin_transaction().map_err(|e| self.core.err(format!("cannot begin transaction `{id}`: {e}")))?;
+        s.producer
+            .begin_transaction()
+            .map_err(|e| self.core.err_caused(format!("cannot begin transaction `{id}`"), e))?;
         self.slot = Some(s);
         let path = self.core.redo_path(self.instance, self.epoch);
         let f = File::create(&path).map_err(self.core.io("cannot create redo log", &path))?;
@@ -1038,11 +1049,13 @@ impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
         for (v, m) in batch.values().iter().zip(batch.meta()) {
             self.enc.encode(&name, v, m.timestamp, &mut self.rec)?;
             self.buf.clear();
-            self.rec.encode(&mut self.buf).map_err(|e| self.core.err(format!("cannot write the redo log: {e}")))?;
+            self.rec
+                .encode(&mut self.buf)
+                .map_err(|e| self.core.err_caused(format!("cannot write the redo log"), e))?;
             let len = u32::try_from(self.buf.len()).map_err(|_| self.core.err("record too large".into()))?;
             redo.write_all(&len.to_le_bytes())
                 .and_then(|()| redo.write_all(&self.buf))
-                .map_err(|e| self.core.err(format!("cannot write the redo log: {e}")))?;
+                .map_err(|e| self.core.err_caused(format!("cannot write the redo log"), e))?;
             if self.broken.is_none()
                 && let Err(e) = produce(&name, &s.producer, &self.enc.topic, &self.rec)
             {

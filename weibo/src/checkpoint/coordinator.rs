@@ -129,7 +129,7 @@ impl Coordinator {
                     () = retry, if all_ended => None,
                     request = self.savepoints.recv(), if savepoints_open => match request {
                         Some(request) if all_ended => {
-                            let _ = request.reply.send(Err(Error::Runtime { job: self.job.clone(), message: ALL_SOURCES_ENDED.into() }));
+                            let _ = request.reply.send(Err(Error::Refused { job: self.job.clone(), message: ALL_SOURCES_ENDED.into() }));
                             continue;
                         }
                         Some(request) => Some(request),
@@ -163,7 +163,7 @@ impl Coordinator {
             if !triggered {
                 // The sources are gone: the job is failing or cancelled.
                 if let Some(request) = savepoint {
-                    let _ = request.reply.send(Err(Error::Runtime {
+                    let _ = request.reply.send(Err(Error::Refused {
                         job: self.job.clone(),
                         message: "the job's sources have stopped".into(),
                     }));
@@ -182,8 +182,9 @@ impl Coordinator {
                 Outcome::Failed(why) => Err(Error::Checkpoint {
                     path: self.config.storage.locate(&checkpoint_name(n)),
                     message: why.clone(),
+                    source: None,
                 }),
-                Outcome::Stopped => Err(Error::Runtime {
+                Outcome::Stopped => Err(Error::Refused {
                     job: self.job.clone(),
                     message: "the job stopped before the checkpoint completed".into(),
                 }),
@@ -199,7 +200,7 @@ impl Coordinator {
                     while let Ok(request) = self.savepoints.try_recv() {
                         let _ = request
                             .reply
-                            .send(Err(Error::Runtime { job: self.job.clone(), message: ALL_SOURCES_ENDED.into() }));
+                            .send(Err(Error::Refused { job: self.job.clone(), message: ALL_SOURCES_ENDED.into() }));
                     }
                     committed?;
                     tracing::info!(job = %self.job, checkpoint = n.get(), "final checkpoint complete");
@@ -285,6 +286,7 @@ impl Coordinator {
                     entry.handle,
                     owed - 1
                 ),
+                source: None,
             }),
         }
     }
@@ -297,6 +299,7 @@ impl Coordinator {
                 "the final checkpoint of job `{}` did not complete ({why}): what the job wrote after checkpoint {last} is not committed; a restart restores checkpoint {last} and writes it again",
                 self.job
             ),
+            source: None,
         }
     }
 

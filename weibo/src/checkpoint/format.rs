@@ -170,14 +170,14 @@ impl StateFileWriter {
     /// frame in version 2).
     pub(crate) fn frame(&mut self, part: &StateFile) -> Result<()> {
         let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(part)
-            .map_err(|e| bad(&self.path, format!("cannot encode the state: {e}")))?;
+            .map_err(|e| bad_caused(&self.path, "cannot encode the state".into(), e))?;
         self.raw_frame(&bytes)
     }
 
     /// Appends a frame holding entries (versions 3 and 4).
     pub(crate) fn part(&mut self, part: &SnapshotFrame) -> Result<()> {
         let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(part)
-            .map_err(|e| bad(&self.path, format!("cannot encode the state: {e}")))?;
+            .map_err(|e| bad_caused(&self.path, "cannot encode the state".into(), e))?;
         self.raw_frame(&bytes)
     }
 
@@ -317,7 +317,7 @@ pub(super) fn read_aligned(
     let len = usize::try_from(len).map_err(|_| bad(path, format!("{what} is {len} bytes long")))?;
     let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(len);
     aligned.resize(len, 0);
-    input.read_exact(&mut aligned).map_err(|e| bad(path, format!("{what} is cut short: {e}")))?;
+    input.read_exact(&mut aligned).map_err(|e| bad_caused(path, format!("{what} is cut short"), e))?;
     Ok(aligned)
 }
 
@@ -326,7 +326,7 @@ pub(super) fn read_aligned(
 pub(super) fn read_archive(path: &Path, input: &mut impl std::io::Read, len: u64, what: &str) -> Result<StateFile> {
     let aligned = read_aligned(path, input, len, what)?;
     rkyv::from_bytes::<StateFile, rkyv::rancor::Error>(&aligned)
-        .map_err(|e| bad(path, format!("{what} does not validate: {e}")))
+        .map_err(|e| bad_caused(path, format!("{what} does not validate"), e))
 }
 
 /// Reads `len` bytes into an aligned buffer and validates them as a
@@ -340,7 +340,7 @@ pub(super) fn read_part_archive(
 ) -> Result<StateFile> {
     let aligned = read_aligned(path, input, len, what)?;
     let part = rkyv::access::<ArchivedSnapshotFrame, rkyv::rancor::Error>(&aligned)
-        .map_err(|e| bad(path, format!("{what} does not validate: {e}")))?;
+        .map_err(|e| bad_caused(path, format!("{what} does not validate"), e))?;
     archived_part_as_file(part)
         .ok_or_else(|| bad(path, format!("{what} does not validate: its entries' offsets are inconsistent")))
 }
@@ -372,7 +372,7 @@ pub(crate) fn read_state_file_parts(
         if left < 8 {
             return Err(bad(&path, format!("frame {index} is cut short: {left} bytes left, a frame's length takes 8")));
         }
-        input.read_exact(&mut len).map_err(|e| bad(&path, format!("frame {index} is cut short: {e}")))?;
+        input.read_exact(&mut len).map_err(|e| bad_caused(&path, format!("frame {index} is cut short"), e))?;
         let len = u64::from_le_bytes(len);
         left -= 8;
         if len > left {

@@ -8,7 +8,7 @@ use super::*;
 pub(crate) fn write_manifest(storage: &dyn CheckpointStorage, dir: &str, manifest: &Manifest) -> Result<()> {
     let name = storage::join(dir, MANIFEST);
     let path = storage.locate(&name);
-    let json = serde_json::to_vec_pretty(manifest).map_err(|e| bad(&path, format!("cannot encode: {e}")))?;
+    let json = serde_json::to_vec_pretty(manifest).map_err(|e| bad_caused(&path, "cannot encode".into(), e))?;
     storage.put(&name, &json).map_err(io("cannot publish checkpoint manifest", path))
 }
 
@@ -26,7 +26,7 @@ pub fn read_manifest_in(storage: &dyn CheckpointStorage, dir: &str) -> Result<Ma
         .and_then(|mut r| r.read_to_end(&mut bytes))
         .map_err(io("cannot read checkpoint manifest", path.clone()))?;
     let manifest: Manifest =
-        serde_json::from_slice(&bytes).map_err(|e| bad(&path, format!("not a valid manifest: {e}")))?;
+        serde_json::from_slice(&bytes).map_err(|e| bad_caused(&path, "not a valid manifest".into(), e))?;
     if manifest.format_version != FORMAT_VERSION {
         return Err(bad(
             &path,

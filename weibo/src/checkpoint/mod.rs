@@ -168,8 +168,13 @@ fn io(action: &'static str, path: PathBuf) -> impl FnOnce(std::io::Error) -> Err
     move |source| Error::Io { action, path, source }
 }
 
+/// A checkpoint error at `path`, caused by `source`.
+fn bad_caused(path: &Path, what: String, source: impl Into<crate::error::BoxError>) -> Error {
+    Error::Checkpoint { path: path.to_path_buf(), message: what, source: Some(source.into()) }
+}
+
 fn bad(path: &Path, what: String) -> Error {
-    Error::Checkpoint { path: path.to_path_buf(), message: what }
+    Error::Checkpoint { path: path.to_path_buf(), message: what, source: None }
 }
 
 #[cfg(test)]

@@ -63,6 +63,9 @@ pub trait Key: Clone + Eq + std::hash::Hash + Send + Sync + 'static {
     fn decode_key(input: &mut &[u8]) -> Result<Self, KeyDecodeError>;
 }
 
+/// The name of the key encoding, with its version, in codec identities.
+pub const KEY_FORMAT: &str = "weibo-key/1";
+
 /// Bytes that are not the encoding of the expected key type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyDecodeError {

@@ -76,18 +76,20 @@ pub(crate) fn stamped(time: &mut InputTime<'_>, meta: Meta) -> Meta {
 pub(crate) fn decode_key<K: Key>(info: &OpInfo, r: &RecordRef<'_>) -> Result<K> {
     match crate::codec::key::decode::<K>(r.key) {
         Ok(k) => Ok(k),
-        Err(e) => Err(key_error(info, r, &e)),
+        Err(e) => Err(key_error::<K>(info, r, e)),
     }
 }
 
 #[cold]
 #[inline(never)]
-fn key_error(info: &OpInfo, r: &RecordRef<'_>, e: &dyn std::fmt::Display) -> Error {
-    Error::Internal(format!(
-        "operator `{}` cannot decode the key of the record from {}: {e}",
-        info.name,
-        info.sources.position(&r.meta)
-    ))
+fn key_error<K>(info: &OpInfo, r: &RecordRef<'_>, e: crate::codec::key::KeyDecodeError) -> Error {
+    Error::Codec {
+        operator: format!("{} (the key of the record from {})", info.name, info.sources.position(&r.meta)),
+        source: crate::codec::CodecError {
+            codec: crate::codec::CodecId::new(crate::codec::key::KEY_FORMAT, std::any::type_name::<K>()),
+            reason: e.to_string(),
+        },
+    }
 }
 
 /// `reduce`: the running value per key.

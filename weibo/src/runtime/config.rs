@@ -86,6 +86,7 @@ impl RestoreFrom {
         Restore::latest(&storage, &dir, fingerprint, max_key_groups)?.ok_or_else(|| Error::Checkpoint {
             path: storage.locate(&dir),
             message: "holds no complete checkpoint".into(),
+            source: None,
         })
     }
 }

@@ -164,9 +164,11 @@ impl<T: fmt::Debug + Send> SinkWriter<T> for StdoutWriter<T> {
             return Ok(());
         }
         let mut out = std::io::stdout().lock();
-        out.write_all(&self.buf)
-            .and_then(|()| out.flush())
-            .map_err(|e| Error::Connector { name: "stdout".into(), message: e.to_string() })?;
+        out.write_all(&self.buf).and_then(|()| out.flush()).map_err(|e| Error::Connector {
+            name: "stdout".into(),
+            message: e.to_string(),
+            source: None,
+        })?;
         self.buf.clear();
         Ok(())
     }
@@ -352,6 +354,7 @@ impl<T: Serialize + Send> SinkWriter<T> for FileWriter<T> {
             serde_json::to_writer(&mut self.buf, &v).map_err(|e| Error::Connector {
                 name: self.sink.path.display().to_string(),
                 message: format!("cannot write a record as JSON: {e}"),
+                source: None,
             })?;
             self.buf.push(b'\n');
         }

@@ -315,6 +315,7 @@ impl<T: Serialize + Send> TransactionWriter<T> for TxnFileWriter<T> {
             serde_json::to_writer(&mut self.buf, &v).map_err(|e| Error::Connector {
                 name: self.sink.dir.display().to_string(),
                 message: format!("cannot write a record as JSON: {e}"),
+                source: None,
             })?;
             self.buf.push(b'\n');
         }

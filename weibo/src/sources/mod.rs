@@ -55,6 +55,7 @@ pub trait Source: Send + Sync + 'static {
         Err(Error::Connector {
             name: self.default_name(),
             message: "this source cannot resume from a checkpoint position".into(),
+            source: None,
         })
     }
 
@@ -242,6 +243,7 @@ where
             self.iter.lock().unwrap_or_else(PoisonError::into_inner).take().ok_or_else(|| Error::Connector {
                 name: "values".into(),
                 message: "an IterSource can be read only once; build a new one for another run".into(),
+                source: None,
             })?;
         for _ in 0..position {
             if iter.next().is_none() {
@@ -378,6 +380,7 @@ impl<T: Clone + Send + 'static> Source for Generator<T> {
             return Err(Error::Connector {
                 name: self.default_name(),
                 message: format!("event {position} does not belong to partition {partition} of {step}"),
+                source: None,
             });
         }
         Ok(Box::new(GenReader {
@@ -557,6 +560,7 @@ impl<T: Clone + Send + 'static> Source for FileSource<T> {
                 return Err(Error::Connector {
                     name: self.default_name(),
                     message: format!("cannot resume at byte {position}: the file has only {offset} bytes"),
+                    source: None,
                 });
             }
             offset += n as u64;
@@ -566,6 +570,7 @@ impl<T: Clone + Send + 'static> Source for FileSource<T> {
             return Err(Error::Connector {
                 name: self.default_name(),
                 message: format!("cannot resume at byte {position}: it is not the start of a line"),
+                source: None,
             });
         }
         Ok(Box::new(FileReader {

@@ -556,7 +556,8 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                     }
                     let k = crate::codec::key::decode::<K>(key).map_err(|e| Error::State {
                         operator: operator.clone(),
-                        message: format!("a stored key does not decode: {e}"),
+                        message: "a stored key does not decode".into(),
+                        source: Some(e.into()),
                     })?;
                     if !map.contains_key(&k) {
                         out.part.push(group, key, value)?;
@@ -601,7 +602,8 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                     }
                     let k = crate::codec::key::decode::<K>(key).map_err(|e| Error::State {
                         operator: operator.clone(),
-                        message: format!("a logged key does not decode: {e}"),
+                        message: "a logged key does not decode".into(),
+                        source: Some(e.into()),
                     })?;
                     if newer(&k) {
                         continue;

@@ -129,6 +129,7 @@ impl FjallOptions {
                 |e| Error::State {
                     operator: String::new(),
                     message: format!("cannot open the fjall database in `{}`: {e}", path.display()),
+                    source: None,
                 },
             )?;
         Ok(FjallBackend {
@@ -164,17 +165,19 @@ fn is_fjall_creation_leftover(name: &str, is_dir: bool) -> bool {
 /// `lost+found`), is refused untouched, and one whose lock another process
 /// holds is left alone.
 fn start_afresh_if_incomplete(path: &Path) -> Result<()> {
-    let refuse = |message: String| Error::State { operator: String::new(), message };
+    let refuse = |message: String| Error::State { operator: String::new(), message, source: None };
+    let refuse_io =
+        |message: String, e: std::io::Error| Error::State { operator: String::new(), message, source: Some(e.into()) };
     let entries = match std::fs::read_dir(path) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(refuse(format!("cannot read the fjall directory `{}`: {e}", path.display()))),
+        Err(e) => return Err(refuse_io(format!("cannot read the fjall directory `{}`", path.display()), e)),
     };
     // Every entry first: the answer must not depend on the listing's order.
     let mut leftovers = Vec::new();
     let mut foreign = None;
     for entry in entries {
-        let entry = entry.map_err(|e| refuse(format!("cannot read the fjall directory `{}`: {e}", path.display())))?;
+        let entry = entry.map_err(|e| refuse_io(format!("cannot read the fjall directory `{}`", path.display()), e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
         if name == "version" {
@@ -214,7 +217,7 @@ fn start_afresh_if_incomplete(path: &Path) -> Result<()> {
                 )));
             }
             Err(std::fs::TryLockError::Error(e)) => {
-                return Err(refuse(format!("cannot lock `{}`: {e}", lock.display())));
+                return Err(refuse_io(format!("cannot lock `{}`", lock.display()), e));
             }
         },
         Err(_) => None,
@@ -223,7 +226,7 @@ fn start_afresh_if_incomplete(path: &Path) -> Result<()> {
     for (p, is_dir) in leftovers {
         let removed = if is_dir { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
         removed
-            .map_err(|e| refuse(format!("cannot clear `{}` to start the fjall database afresh: {e}", p.display())))?;
+            .map_err(|e| refuse_io(format!("cannot clear `{}` to start the fjall database afresh", p.display()), e))?;
     }
     drop(held);
     Ok(())
@@ -239,8 +242,8 @@ impl fmt::Debug for FjallBackend {
     }
 }
 
-fn state_error(operator: &str, what: &str, e: &fjall::Error) -> Error {
-    Error::State { operator: operator.to_string(), message: format!("fjall {what}: {e}") }
+fn state_error(operator: &str, what: &str, e: fjall::Error) -> Error {
+    Error::State { operator: operator.to_string(), message: format!("fjall {what}"), source: Some(e.into()) }
 }
 
 impl FjallBackend {
@@ -300,10 +303,10 @@ impl StateBackend for FjallBackend {
                 let keyspace = self
                     .db
                     .keyspace(name, fjall::KeyspaceCreateOptions::default)
-                    .map_err(|e| state_error(job, &format!("cannot open keyspace `{name}`"), &e))?;
+                    .map_err(|e| state_error(job, &format!("cannot open keyspace `{name}`"), e))?;
                 self.db
                     .delete_keyspace(keyspace)
-                    .map_err(|e| state_error(job, &format!("cannot drop old keyspace `{name}`"), &e))?;
+                    .map_err(|e| state_error(job, &format!("cannot drop old keyspace `{name}`"), e))?;
             }
         }
         Ok(())
@@ -332,7 +335,7 @@ impl StateBackend for FjallBackend {
                     .filter_block_pinning_policy(fjall::config::PinningPolicy::all(true))
                     .index_block_pinning_policy(fjall::config::PinningPolicy::all(true))
             })
-            .map_err(|e| state_error(&scope.operator, &format!("cannot open keyspace `{name}`"), &e))?;
+            .map_err(|e| state_error(&scope.operator, &format!("cannot open keyspace `{name}`"), e))?;
         Ok(Box::new(FjallTable {
             db: self.db.clone(),
             keyspace,
@@ -364,13 +367,13 @@ impl StateTable for FjallTable {
         let k = self.key(group, key).to_vec();
         match self.keyspace.get(&k) {
             Ok(v) => Ok(v.map(|v| v.to_vec())),
-            Err(e) => Err(state_error(&self.operator, "read", &e)),
+            Err(e) => Err(state_error(&self.operator, "read", e)),
         }
     }
 
     fn put(&mut self, group: u16, key: &[u8], value: &[u8]) -> Result<()> {
         let k = self.key(group, key).to_vec();
-        self.keyspace.insert(k, value).map_err(|e| state_error(&self.operator, "write", &e))
+        self.keyspace.insert(k, value).map_err(|e| state_error(&self.operator, "write", e))
     }
 
     /// Writes in batches of 16,384 (one journal write each).
@@ -383,7 +386,7 @@ impl StateTable for FjallTable {
                 k.extend_from_slice(key);
                 batch.insert(&self.keyspace, k, value.as_slice());
             }
-            batch.commit().map_err(|e| state_error(&self.operator, "batch write", &e))?;
+            batch.commit().map_err(|e| state_error(&self.operator, "batch write", e))?;
         }
         Ok(())
     }
@@ -402,14 +405,14 @@ impl StateTable for FjallTable {
                     None => batch.remove(&self.keyspace, k),
                 }
             }
-            batch.commit().map_err(|e| state_error(&self.operator, "batch write", &e))?;
+            batch.commit().map_err(|e| state_error(&self.operator, "batch write", e))?;
         }
         Ok(())
     }
 
     fn delete(&mut self, group: u16, key: &[u8]) -> Result<()> {
         let k = self.key(group, key).to_vec();
-        self.keyspace.remove(k).map_err(|e| state_error(&self.operator, "delete", &e))
+        self.keyspace.remove(k).map_err(|e| state_error(&self.operator, "delete", e))
     }
 
     /// Takes an fjall snapshot now (cheap: MVCC) and reads it later, a key
@@ -424,7 +427,7 @@ impl StateTable for FjallTable {
             let mut part = crate::state::SnapshotPart::new(true);
             for group in groups {
                 for guard in snapshot.prefix(&keyspace, group.to_be_bytes()) {
-                    let (k, v) = guard.into_inner().map_err(|e| state_error(&operator, "snapshot read", &e))?;
+                    let (k, v) = guard.into_inner().map_err(|e| state_error(&operator, "snapshot read", e))?;
                     part.part.push(group, k.get(2..).unwrap_or_default(), &v)?;
                     crate::state::pass_if_full(&mut part, sink)?;
                 }
@@ -436,7 +439,7 @@ impl StateTable for FjallTable {
 
     fn scan_group(&mut self, group: u16, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
         for guard in self.keyspace.prefix(group.to_be_bytes()) {
-            let (k, v) = guard.into_inner().map_err(|e| state_error(&self.operator, "scan", &e))?;
+            let (k, v) = guard.into_inner().map_err(|e| state_error(&self.operator, "scan", e))?;
             f(k.get(2..).unwrap_or_default(), &v);
         }
         Ok(())
@@ -448,7 +451,7 @@ impl StateTable for FjallTable {
         // No upper bound: a bounded range also seeks its end in every
         // table; the key group's end is checked instead.
         for guard in self.keyspace.range(start..) {
-            let (k, v) = guard.into_inner().map_err(|e| state_error(&self.operator, "scan", &e))?;
+            let (k, v) = guard.into_inner().map_err(|e| state_error(&self.operator, "scan", e))?;
             if k.get(..2) != Some(&group.to_be_bytes()[..]) || !f(k.get(2..).unwrap_or_default(), &v) {
                 break;
             }

@@ -431,7 +431,11 @@ pub(super) fn codec_error(operator: &str, source: crate::codec::CodecError) -> E
 }
 
 pub(super) fn key_error(operator: &str, e: crate::codec::key::KeyDecodeError) -> Error {
-    Error::State { operator: operator.to_string(), message: format!("a checkpointed key does not decode: {e}") }
+    Error::State {
+        operator: operator.to_string(),
+        message: "a checkpointed key does not decode".into(),
+        source: Some(e.into()),
+    }
 }
 
 impl<K: Key, V: Data> ValueState<K, V> {

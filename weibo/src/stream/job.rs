@@ -342,23 +342,23 @@ impl JobHandle {
     /// the binary.
     ///
     /// # Errors
-    /// [`Error::Runtime`] when the job takes no checkpoints or has stopped
+    /// [`Error::Refused`] when the job takes no checkpoints or has stopped
     /// (or every source has finished); [`Error::Checkpoint`] when the
     /// checkpoint fails or the name is taken.
     pub async fn savepoint(&self, name: &str) -> Result<PathBuf> {
-        let runtime_error = |message: &str| Error::Runtime { job: self.name.clone(), message: message.into() };
+        let refused = |message: &str| Error::Refused { job: self.name.clone(), message: message.into() };
         let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
         if !valid || name.starts_with('.') {
-            return Err(runtime_error("a savepoint name uses letters, digits, `-`, `_` and `.` (not first)"));
+            return Err(refused("a savepoint name uses letters, digits, `-`, `_` and `.` (not first)"));
         }
         let tx = self
             .savepoints
             .as_ref()
-            .ok_or_else(|| runtime_error("savepoints need `Job::with_checkpoints` (or `with_checkpoint_storage`)"))?;
+            .ok_or_else(|| refused("savepoints need `Job::with_checkpoints` (or `with_checkpoint_storage`)"))?;
         let (reply, answer) = tokio::sync::oneshot::channel();
         tx.send(SavepointRequest { name: Some(name.to_string()), reply })
-            .map_err(|_| runtime_error("the job has stopped taking checkpoints"))?;
-        answer.await.map_err(|_| runtime_error("the job stopped before the savepoint completed"))?
+            .map_err(|_| refused("the job has stopped taking checkpoints"))?;
+        answer.await.map_err(|_| refused("the job stopped before the savepoint completed"))?
     }
 
     /// Takes a checkpoint now (instead of waiting for the interval) and
@@ -367,15 +367,15 @@ impl JobHandle {
     /// # Errors
     /// As [`JobHandle::savepoint`].
     pub async fn checkpoint(&self) -> Result<PathBuf> {
-        let runtime_error = |message: &str| Error::Runtime { job: self.name.clone(), message: message.into() };
+        let refused = |message: &str| Error::Refused { job: self.name.clone(), message: message.into() };
         let tx = self
             .savepoints
             .as_ref()
-            .ok_or_else(|| runtime_error("checkpoints need `Job::with_checkpoints` (or `with_checkpoint_storage`)"))?;
+            .ok_or_else(|| refused("checkpoints need `Job::with_checkpoints` (or `with_checkpoint_storage`)"))?;
         let (reply, answer) = tokio::sync::oneshot::channel();
         tx.send(SavepointRequest { name: None, reply })
-            .map_err(|_| runtime_error("the job has stopped taking checkpoints"))?;
-        answer.await.map_err(|_| runtime_error("the job stopped before the checkpoint completed"))?
+            .map_err(|_| refused("the job has stopped taking checkpoints"))?;
+        answer.await.map_err(|_| refused("the job stopped before the checkpoint completed"))?
     }
 
     /// The job's metrics now.
@@ -407,7 +407,7 @@ impl JobHandle {
             match self.checkpoint().await {
                 Ok(_) => {}
                 // The job is finishing with its final checkpoint: let it.
-                Err(Error::Runtime { message, .. }) if message == crate::checkpoint::ALL_SOURCES_ENDED => {
+                Err(Error::Refused { message, .. }) if message == crate::checkpoint::ALL_SOURCES_ENDED => {
                     return self.wait().await.map(|_| ());
                 }
                 Err(e) => tracing::warn!(job = %self.name, error = %e, "no last checkpoint before stopping"),

@@ -149,7 +149,8 @@ impl<K: Key> Fired<K> {
             for (start, key) in &record.owed {
                 let k = crate::codec::key::decode::<K>(key).map_err(|e| Error::State {
                     operator: operator.to_string(),
-                    message: format!("a window owed a firing in key group {g} has a key that does not decode: {e}"),
+                    message: format!("a window owed a firing in key group {g} has a key that does not decode"),
+                    source: Some(e.into()),
                 })?;
                 owed.insert((*start, k));
             }
