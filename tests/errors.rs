@@ -14,10 +14,7 @@ use weibo::sources::IterSource;
 use weibo::{Error, Job};
 
 fn counting(job: &Job, out: &CollectSink<(u32, u64)>) {
-    job.source(IterSource::new(0..100u32))
-        .key_by(|x: &u32| x % 7)
-        .fold(|| 0u64, |n, _| *n += 1)
-        .sink(out.clone());
+    job.source(IterSource::new(0..100u32)).key_by(|x: &u32| x % 7).fold(|| 0u64, |n, _| *n += 1).sink(out.clone());
 }
 
 #[test]

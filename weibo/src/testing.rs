@@ -24,6 +24,11 @@ use crate::task::BoxFuture;
 ///
 /// # Panics
 /// If the runtime cannot be created (the OS refuses threads).
+///
+/// ```
+/// let n = weibo::testing::block_on(async { 40 + 2 });
+/// assert_eq!(n, 42);
+/// ```
 pub fn block_on<F: Future>(future: F) -> F::Output {
     #[allow(clippy::expect_used)]
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -41,6 +46,12 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
 ///
 /// # Errors
 /// The job's error.
+///
+/// ```
+/// let out = weibo::testing::run(vec!["a b", "c"], |s| s.flat_map(|line: &str| line.split(' ').map(str::to_string).collect::<Vec<_>>()))?;
+/// assert_eq!(out, vec!["a", "b", "c"]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 pub fn run<T, U, F>(input: Vec<T>, pipeline: F) -> Result<Vec<U>>
 where
     T: Clone + Send + 'static,
@@ -50,11 +61,56 @@ where
     run_job(|job| pipeline(job.source(IterSource::new(input))))
 }
 
+/// Runs `pipeline` on `input`, whose records carry the event times given
+/// beside them (watermarks follow them monotonously, so give them in time
+/// order), and returns everything it emits. The shortest way to try
+/// windows and timers.
+///
+/// ```
+/// use std::time::Duration;
+/// use weibo::window::{Count, Tumbling};
+///
+/// let input = vec![(1_000, "a".to_string()), (1_500, "a".to_string()), (2_500, "a".to_string())];
+/// let out = weibo::testing::run_timed(input, |s| {
+///     s.key_by(|k: &String| k.clone()).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count).into_stream()
+/// })?;
+/// let counts: Vec<(i64, u64)> = out.iter().map(|r| (r.window.start, r.value)).collect();
+/// assert_eq!(counts, vec![(1_000, 2), (2_000, 1)]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
+///
+/// # Errors
+/// The job's error.
+pub fn run_timed<T, U, F>(input: Vec<(Timestamp, T)>, pipeline: F) -> Result<Vec<U>>
+where
+    T: Clone + Send + 'static,
+    U: Clone + Send + 'static,
+    F: FnOnce(Stream<T>) -> Stream<U>,
+{
+    run_job(|job| {
+        let timed = job
+            .source(IterSource::new(input))
+            .with_timestamps(|r: &(Timestamp, T)| r.0, crate::time::WatermarkStrategy::monotonous())
+            .map(|r: (Timestamp, T)| r.1);
+        pipeline(timed)
+    })
+}
+
 /// Builds a job with `build` (which adds sources and returns the stream to
 /// observe), runs it and returns what the stream emitted.
 ///
 /// # Errors
 /// The job's error.
+///
+/// ```
+/// let out = weibo::testing::run_job(|job| {
+///     let a = job.source(weibo::sources::IterSource::new(vec![1u32]));
+///     let b = job.source(weibo::sources::IterSource::new(vec![2u32]));
+///     a.union(&b)
+/// })?;
+/// assert_eq!(out.iter().sum::<u32>(), 3);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 pub fn run_job<U, F>(build: F) -> Result<Vec<U>>
 where
     U: Clone + Send + 'static,
@@ -68,22 +124,59 @@ where
 }
 
 /// A job with any number of in-memory inputs and collected outputs.
+///
+/// ```
+/// let mut t = weibo::testing::TestJob::new("two-outputs");
+/// let input = t.input(vec![1u32, 2, 3]);
+/// let evens = t.collect(&input.filter(|x| x % 2 == 0));
+/// let odds = t.collect(&input.filter(|x| x % 2 == 1));
+/// t.run()?;
+/// assert_eq!((evens.values(), odds.values()), (vec![2], vec![1, 3]));
+/// # Ok::<(), weibo::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct TestJob {
     job: Job,
 }
 
 /// The records a stream emitted in a [`TestJob`].
+///
+/// ```
+/// let mut t = weibo::testing::TestJob::new("collected");
+/// let keyed = t.input(vec![3u32, 1, 2]).key_by(|x: &u32| *x).with_partitions(2).reduce(|a, _| a);
+/// let out = t.collect(&keyed);
+/// t.run()?;
+/// assert_eq!(out.sorted(), vec![1, 2, 3]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Collected<T>(CollectSink<T>);
 
 impl<T: Clone> Collected<T> {
     /// Everything collected (read it after the run).
+    ///
+    /// ```
+    /// let mut t = weibo::testing::TestJob::new("values");
+    /// let input = t.input(vec!['x']);
+    /// let out = t.collect(&input);
+    /// t.run()?;
+    /// assert_eq!(out.values(), vec!['x']);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn values(&self) -> Vec<T> {
         self.0.values()
     }
 
     /// Everything collected, sorted.
+    ///
+    /// ```
+    /// let mut t = weibo::testing::TestJob::new("sorted");
+    /// let input = t.input(vec![2u8, 1]);
+    /// let out = t.collect(&input.key_by(|x: &u8| *x).with_partitions(2).reduce(|a, _| a));
+    /// t.run()?;
+    /// assert_eq!(out.sorted(), vec![1, 2]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn sorted(&self) -> Vec<T>
     where
         T: Ord,
@@ -95,6 +188,15 @@ impl<T: Clone> Collected<T> {
 }
 
 /// What a [`TestJob`] run reports.
+///
+/// ```
+/// let mut t = weibo::testing::TestJob::new("report");
+/// let input = t.input(vec![1u32, 2]);
+/// t.collect(&input.map(|x| x + 1));
+/// let report = t.run()?;
+/// assert_eq!(report.metrics.operator("map").unwrap().records_in, 2);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct TestReport {
@@ -104,27 +206,64 @@ pub struct TestReport {
 
 impl TestJob {
     /// A new test job.
+    ///
+    /// ```
+    /// let t = weibo::testing::TestJob::new("empty");
+    /// assert!(t.job().to_string().contains("`empty`"));
+    /// ```
     pub fn new(name: &str) -> Self {
         Self { job: Job::new(name) }
     }
 
     /// Changes the job's settings (`|job| job.with_max_key_groups(16)`).
+    ///
+    /// ```
+    /// let t = weibo::testing::TestJob::new("few-groups").configure(|job| job.with_max_key_groups(8));
+    /// assert!(t.job().to_string().contains("8 key groups"));
+    /// ```
     #[must_use]
     pub fn configure(self, f: impl FnOnce(Job) -> Job) -> Self {
         Self { job: f(self.job) }
     }
 
     /// The job, to add other sources or inspect its graph.
+    ///
+    /// ```
+    /// let mut t = weibo::testing::TestJob::new("graph");
+    /// let input = t.input(vec![1u32]);
+    /// t.collect(&input.map(|x| x * 3));
+    /// assert!(t.job().plan()?.contains("values -> map -> "));
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn job(&self) -> &Job {
         &self.job
     }
 
     /// An in-memory input (one partition; offsets are indexes).
+    ///
+    /// ```
+    /// let mut t = weibo::testing::TestJob::new("inputs");
+    /// let a = t.input(vec![1u32, 2]);
+    /// let b = t.input(vec![10u32]);
+    /// let all = t.collect(&a.union(&b));
+    /// t.run()?;
+    /// assert_eq!(all.values().len(), 3);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn input<T: Clone + Send + 'static>(&mut self, values: Vec<T>) -> Stream<T> {
         self.job.source(IterSource::new(values))
     }
 
     /// Collects what `stream` emits.
+    ///
+    /// ```
+    /// let mut t = weibo::testing::TestJob::new("collect");
+    /// let doubled = t.input(vec![1u32]).map(|x| x * 2);
+    /// let out = t.collect(&doubled);
+    /// t.run()?;
+    /// assert_eq!(out.values(), vec![2]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn collect<T: Clone + Send + 'static>(&mut self, stream: &Stream<T>) -> Collected<T> {
         let sink = CollectSink::new();
         let _ = stream.sink(sink.clone());
@@ -135,6 +274,15 @@ impl TestJob {
     ///
     /// # Errors
     /// The job's error.
+    ///
+    /// ```
+    /// let mut t = weibo::testing::TestJob::new("run");
+    /// let input = t.input(vec![5u8]);
+    /// let out = t.collect(&input);
+    /// t.run()?;
+    /// assert_eq!(out.values(), vec![5]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn run(self) -> Result<TestReport> {
         block_on(self.run_async())
     }
@@ -143,6 +291,18 @@ impl TestJob {
     ///
     /// # Errors
     /// The job's error.
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// let mut t = weibo::testing::TestJob::new("async");
+    /// let input = t.input(vec![5u8]);
+    /// let out = t.collect(&input);
+    /// t.run_async().await?;
+    /// assert_eq!(out.values(), vec![5]);
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub async fn run_async(self) -> Result<TestReport> {
         let report = self.job.run().await?;
         Ok(TestReport { metrics: report.metrics })
@@ -208,6 +368,21 @@ struct ProbeState {
 }
 
 /// What a stream of a [`Harness`] emitted.
+///
+/// ```
+/// use std::time::Duration;
+/// use weibo::window::{Count, Tumbling};
+/// let mut h = weibo::testing::Harness::<char>::new("harness");
+/// let counts = h.input().key_by(|c: &char| *c).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count);
+/// let probe = h.output(&counts);
+/// let mut running = h.start()?;
+/// running.push('a', 100)?;
+/// running.push('a', 200)?;
+/// running.watermark(999)?; // the window [0, 1000) fires
+/// assert_eq!(probe.take().iter().map(|r| r.value).collect::<Vec<_>>(), vec![2]);
+/// running.finish()?;
+/// # Ok::<(), weibo::Error>(())
+/// ```
 pub struct Probe<U> {
     sink: CollectSink<U>,
 }
@@ -220,6 +395,21 @@ impl<U> std::fmt::Debug for Probe<U> {
 
 impl<U: Clone> Probe<U> {
     /// Takes what was emitted since the last call.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::{Count, Tumbling};
+    /// let mut h = weibo::testing::Harness::<char>::new("harness");
+    /// let counts = h.input().key_by(|c: &char| *c).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count);
+    /// let probe = h.output(&counts);
+    /// let mut running = h.start()?;
+    /// running.push('a', 100)?;
+    /// running.push('a', 200)?;
+    /// running.watermark(999)?; // the window [0, 1000) fires
+    /// assert_eq!(probe.take().iter().map(|r| r.value).collect::<Vec<_>>(), vec![2]);
+    /// running.finish()?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn take(&self) -> Vec<U> {
         self.sink.take()
     }
@@ -228,6 +418,21 @@ impl<U: Clone> Probe<U> {
 impl<T: Clone + Send + 'static> Harness<T> {
     /// A harness with one input; its job flushes every millisecond, so
     /// watermarks travel fast.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::{Count, Tumbling};
+    /// let mut h = weibo::testing::Harness::<char>::new("harness");
+    /// let counts = h.input().key_by(|c: &char| *c).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count);
+    /// let probe = h.output(&counts);
+    /// let mut running = h.start()?;
+    /// running.push('a', 100)?;
+    /// running.push('a', 200)?;
+    /// running.watermark(999)?; // the window [0, 1000) fires
+    /// assert_eq!(probe.take().iter().map(|r| r.value).collect::<Vec<_>>(), vec![2]);
+    /// running.finish()?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn new(name: &str) -> Self {
         let job = Job::new(name).with_buffer_timeout(Duration::from_millis(1));
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -236,6 +441,11 @@ impl<T: Clone + Send + 'static> Harness<T> {
     }
 
     /// Changes the job's settings.
+    ///
+    /// ```
+    /// let h = weibo::testing::Harness::<u32>::new("configured").configure(|job| job.with_max_key_groups(16));
+    /// # drop(h);
+    /// ```
     #[must_use]
     pub fn configure(self, f: impl FnOnce(Job) -> Job) -> Self {
         Self { job: f(self.job), ..self }
@@ -244,11 +454,41 @@ impl<T: Clone + Send + 'static> Harness<T> {
     /// The input: records carry the timestamps given to
     /// [`RunningHarness::push`], and the watermarks given to
     /// [`RunningHarness::watermark`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::{Count, Tumbling};
+    /// let mut h = weibo::testing::Harness::<char>::new("harness");
+    /// let counts = h.input().key_by(|c: &char| *c).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count);
+    /// let probe = h.output(&counts);
+    /// let mut running = h.start()?;
+    /// running.push('a', 100)?;
+    /// running.push('a', 200)?;
+    /// running.watermark(999)?; // the window [0, 1000) fires
+    /// assert_eq!(probe.take().iter().map(|r| r.value).collect::<Vec<_>>(), vec![2]);
+    /// running.finish()?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn input(&self) -> Stream<T> {
         self.input.clone()
     }
 
     /// Observes what `stream` emits.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::{Count, Tumbling};
+    /// let mut h = weibo::testing::Harness::<char>::new("harness");
+    /// let counts = h.input().key_by(|c: &char| *c).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count);
+    /// let probe = h.output(&counts);
+    /// let mut running = h.start()?;
+    /// running.push('a', 100)?;
+    /// running.push('a', 200)?;
+    /// running.watermark(999)?; // the window [0, 1000) fires
+    /// assert_eq!(probe.take().iter().map(|r| r.value).collect::<Vec<_>>(), vec![2]);
+    /// running.finish()?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn output<U: Clone + Send + 'static>(&mut self, stream: &Stream<U>) -> Probe<U> {
         let sink = CollectSink::new();
         let state = Arc::new(Mutex::new(ProbeState::default()));
@@ -261,6 +501,21 @@ impl<T: Clone + Send + 'static> Harness<T> {
     ///
     /// # Errors
     /// A wiring error, or a failure to start the runtime.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::{Count, Tumbling};
+    /// let mut h = weibo::testing::Harness::<char>::new("harness");
+    /// let counts = h.input().key_by(|c: &char| *c).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count);
+    /// let probe = h.output(&counts);
+    /// let mut running = h.start()?;
+    /// running.push('a', 100)?;
+    /// running.push('a', 200)?;
+    /// running.watermark(999)?; // the window [0, 1000) fires
+    /// assert_eq!(probe.take().iter().map(|r| r.value).collect::<Vec<_>>(), vec![2]);
+    /// running.finish()?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn start(self) -> Result<RunningHarness<T>> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -276,6 +531,21 @@ impl<T: Clone + Send + 'static> Harness<T> {
 }
 
 /// A started [`Harness`].
+///
+/// ```
+/// use std::time::Duration;
+/// use weibo::window::{Count, Tumbling};
+/// let mut h = weibo::testing::Harness::<char>::new("harness");
+/// let counts = h.input().key_by(|c: &char| *c).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count);
+/// let probe = h.output(&counts);
+/// let mut running = h.start()?;
+/// running.push('a', 100)?;
+/// running.push('a', 200)?;
+/// running.watermark(999)?; // the window [0, 1000) fires
+/// assert_eq!(probe.take().iter().map(|r| r.value).collect::<Vec<_>>(), vec![2]);
+/// running.finish()?;
+/// # Ok::<(), weibo::Error>(())
+/// ```
 pub struct RunningHarness<T> {
     runtime: tokio::runtime::Runtime,
     handle: Option<crate::stream::job::JobHandle>,
@@ -302,6 +572,21 @@ impl<T: Send + 'static> RunningHarness<T> {
     ///
     /// # Errors
     /// When the job has stopped.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::{Count, Tumbling};
+    /// let mut h = weibo::testing::Harness::<char>::new("harness");
+    /// let counts = h.input().key_by(|c: &char| *c).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count);
+    /// let probe = h.output(&counts);
+    /// let mut running = h.start()?;
+    /// running.push('a', 100)?;
+    /// running.push('a', 200)?;
+    /// running.watermark(999)?; // the window [0, 1000) fires
+    /// assert_eq!(probe.take().iter().map(|r| r.value).collect::<Vec<_>>(), vec![2]);
+    /// running.finish()?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn push(&mut self, record: T, timestamp: Timestamp) -> Result<()> {
         self.send(Command::Record(record, timestamp))
     }
@@ -312,6 +597,21 @@ impl<T: Send + 'static> RunningHarness<T> {
     /// # Errors
     /// The job's error if it stopped; [`Error::Internal`] if the watermark
     /// does not arrive within 30 s.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::{Count, Tumbling};
+    /// let mut h = weibo::testing::Harness::<char>::new("harness");
+    /// let counts = h.input().key_by(|c: &char| *c).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count);
+    /// let probe = h.output(&counts);
+    /// let mut running = h.start()?;
+    /// running.push('a', 100)?;
+    /// running.push('a', 200)?;
+    /// running.watermark(999)?; // the window [0, 1000) fires
+    /// assert_eq!(probe.take().iter().map(|r| r.value).collect::<Vec<_>>(), vec![2]);
+    /// running.finish()?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn watermark(&mut self, watermark: Timestamp) -> Result<()> {
         if watermark <= self.watermark {
             return Ok(());
@@ -342,6 +642,21 @@ impl<T: Send + 'static> RunningHarness<T> {
     ///
     /// # Errors
     /// The job's error.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::{Count, Tumbling};
+    /// let mut h = weibo::testing::Harness::<char>::new("harness");
+    /// let counts = h.input().key_by(|c: &char| *c).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count);
+    /// let probe = h.output(&counts);
+    /// let mut running = h.start()?;
+    /// running.push('a', 100)?;
+    /// running.push('a', 200)?;
+    /// running.watermark(999)?; // the window [0, 1000) fires
+    /// assert_eq!(probe.take().iter().map(|r| r.value).collect::<Vec<_>>(), vec![2]);
+    /// running.finish()?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn finish(&mut self) -> Result<TestReport> {
         let _ = self.tx.send(Command::End);
         let handle = self.handle.take().ok_or_else(|| Error::Internal("the harness already finished".into()))?;

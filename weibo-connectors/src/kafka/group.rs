@@ -203,7 +203,7 @@ impl KafkaGroup {
                 ("heartbeat.interval.ms", &heartbeat),
             ])
             .create_with_context(GroupContext { shared: Arc::clone(&shared) })
-            .map_err(|e| connector_caused(&name, format!("cannot create the group's consumer"), e))?;
+            .map_err(|e| connector_caused(&name, "cannot create the group's consumer".to_string(), e))?;
         consumer
             .subscribe(&[lead.as_str()])
             .map_err(|e| connector_caused(&name, format!("cannot subscribe to `{lead}`"), e))?;
@@ -223,7 +223,7 @@ impl KafkaGroup {
                 thread_finished.store(true, Ordering::Relaxed);
                 let _ = done_tx.send(result);
             })
-            .map_err(|e| connector_caused(&name, format!("cannot start the group's thread"), e))?;
+            .map_err(|e| connector_caused(&name, "cannot start the group's thread".to_string(), e))?;
         tracing::info!(group = %self.group, topics = ?self.topics, "joined the consumer group");
         Ok(GroupHandle { shared, stop, finished, done })
     }

@@ -206,7 +206,7 @@ impl<T: Send + 'static> Sink<T> for KafkaSink<T> {
             .conn
             .config(&[("enable.idempotence", "true"), ("linger.ms", "5")])
             .create_with_context(Deliveries::default())
-            .map_err(|e| connector_caused(&name, format!("cannot create a Kafka producer"), e))?;
+            .map_err(|e| connector_caused(&name, "cannot create a Kafka producer".to_string(), e))?;
         // Fail now, naming the brokers, rather than at the first barrier.
         self.conn.partitions(&name, std::slice::from_ref(&self.enc.topic))?;
         Ok(Box::new(KafkaWriter { name, producer, enc: self.enc.clone(), rec: OutRecord::default(), _t: PhantomData }))

@@ -283,7 +283,7 @@ impl<T> KafkaSource<T> {
                 ("auto.offset.reset", "earliest"),
             ])
             .create_with_context(ReaderContext)
-            .map_err(|e| connector_caused(&name, format!("cannot create a Kafka consumer"), e))?;
+            .map_err(|e| connector_caused(&name, "cannot create a Kafka consumer".to_string(), e))?;
         let (low, high) =
             consumer.fetch_watermarks(topic, *kp, self.conn.timeout).map_err(|e| self.conn.unreachable(&name, &e))?;
         let start = match (position, self.start) {

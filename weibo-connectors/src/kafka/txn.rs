@@ -490,7 +490,7 @@ impl Core {
         let mut tpl = TopicPartitionList::new();
         let offset = i64::try_from(epoch).map_err(|_| self.err(format!("epoch {epoch} out of range")))?;
         let mut e = tpl.add_partition(&self.topic, 0);
-        e.set_offset(Offset::Offset(offset)).map_err(|e| self.err_caused(format!("cannot set the marker"), e))?;
+        e.set_offset(Offset::Offset(offset)).map_err(|e| self.err_caused("cannot set the marker".to_string(), e))?;
         e.set_metadata(run);
         let id = self.transactional_id(s.instance, s.slot);
         let redo = self.redo_path(s.instance, epoch);
@@ -1051,11 +1051,11 @@ impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
             self.buf.clear();
             self.rec
                 .encode(&mut self.buf)
-                .map_err(|e| self.core.err_caused(format!("cannot write the redo log"), e))?;
+                .map_err(|e| self.core.err_caused("cannot write the redo log".to_string(), e))?;
             let len = u32::try_from(self.buf.len()).map_err(|_| self.core.err("record too large".into()))?;
             redo.write_all(&len.to_le_bytes())
                 .and_then(|()| redo.write_all(&self.buf))
-                .map_err(|e| self.core.err_caused(format!("cannot write the redo log"), e))?;
+                .map_err(|e| self.core.err_caused("cannot write the redo log".to_string(), e))?;
             if self.broken.is_none()
                 && let Err(e) = produce(&name, &s.producer, &self.enc.topic, &self.rec)
             {

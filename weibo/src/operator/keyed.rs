@@ -193,6 +193,26 @@ where
 
 /// What a keyed `process` function sees for one record (or one timer):
 /// the key, its state, its timers, and where to emit results.
+///
+/// ```
+/// let out = weibo::testing::run(vec![("a".to_string(), 5u32), ("a".to_string(), 7)], |s| {
+///     s.key_by(|r: &(String, u32)| r.0.clone()).process(
+///         weibo::on_error::Fail,
+///         |ctx: &mut weibo::KeyedContext<'_, String, u32, String>, r: &(String, u32)| {
+///             // The running maximum per key, emitted when it grows.
+///             let best = ctx.state().get_or_insert(0);
+///             if r.1 > *best {
+///                 *best = r.1;
+///                 let line = format!("{} {}", ctx.key(), r.1);
+///                 ctx.emit(line);
+///             }
+///             Ok::<_, String>(())
+///         },
+///     )
+/// })?;
+/// assert_eq!(out, vec!["a 5".to_string(), "a 7".to_string()]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 pub struct KeyedContext<'a, K, S, U> {
     key: &'a K,
     group: u16,
@@ -216,28 +236,101 @@ impl<K, S, U> std::fmt::Debug for KeyedContext<'_, K, S, U> {
 
 impl<K: Key, S, U> KeyedContext<'_, K, S, U> {
     /// The record's key.
+    ///
+    /// ```
+    /// let out = weibo::testing::run(vec![("a".to_string(), 5u32), ("a".to_string(), 7)], |s| {
+    ///     s.key_by(|r: &(String, u32)| r.0.clone()).process(
+    ///         weibo::on_error::Fail,
+    ///         |ctx: &mut weibo::KeyedContext<'_, String, u32, String>, r: &(String, u32)| {
+    ///             let key = ctx.key().clone();
+    ///             ctx.emit(format!("{key}: {}", r.1));
+    ///             Ok::<_, String>(())
+    ///         },
+    ///     )
+    /// })?;
+    /// assert_eq!(out[0], "a: 5");
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn key(&self) -> &K {
         self.key
     }
 
     /// The key's state: `None` until set; set it to `None` to clear it.
+    ///
+    /// ```
+    /// let out = weibo::testing::run(vec![("a".to_string(), 5u32), ("a".to_string(), 7)], |s| {
+    ///     s.key_by(|r: &(String, u32)| r.0.clone()).process(
+    ///         weibo::on_error::Fail,
+    ///         |ctx: &mut weibo::KeyedContext<'_, String, u32, String>, r: &(String, u32)| {
+    ///             // A count per key, kept in keyed state.
+    ///             let n = ctx.state().get_or_insert(0);
+    ///             *n += 1;
+    ///             let n = *n;
+    ///             ctx.emit(format!("{} seen {n} times", r.0));
+    ///             Ok::<_, String>(())
+    ///         },
+    ///     )
+    /// })?;
+    /// assert_eq!(out[1], "a seen 2 times");
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn state(&mut self) -> &mut Option<S> {
         self.state
     }
 
     /// Emits a result; it carries the input record's metadata (for a timer:
     /// the timer's time as timestamp).
+    ///
+    /// ```
+    /// let out = weibo::testing::run(vec![("a".to_string(), 5u32), ("a".to_string(), 7)], |s| {
+    ///     s.key_by(|r: &(String, u32)| r.0.clone()).process(
+    ///         weibo::on_error::Fail,
+    ///         |ctx: &mut weibo::KeyedContext<'_, String, u32, String>, r: &(String, u32)| {
+    ///             // Any number of outputs per record.
+    ///             for i in 0..r.1 % 3 {
+    ///                 ctx.emit(format!("{i}"));
+    ///             }
+    ///             Ok::<_, String>(())
+    ///         },
+    ///     )
+    /// })?;
+    /// assert_eq!(out, vec!["0", "1", "0"]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn emit(&mut self, value: U) {
         self.out.push(value, self.meta);
     }
 
     /// The record's event time (for a timer: the timer's time), if it has one.
+    ///
+    /// ```
+    /// let out = weibo::testing::run_timed(vec![(1_000, 'a')], |s| {
+    ///     s.key_by(|c: &char| *c).process(weibo::on_error::Fail, |ctx: &mut weibo::KeyedContext<'_, char, (), i64>, _: &char| {
+    ///         ctx.emit(ctx.timestamp().unwrap_or(-1));
+    ///         Ok::<_, String>(())
+    ///     })
+    /// })?;
+    /// assert_eq!(out, vec![1_000]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn timestamp(&self) -> Option<Timestamp> {
         (self.meta.timestamp != crate::record::NO_TIMESTAMP).then_some(self.meta.timestamp)
     }
 
     /// The operator's watermark: timers at or below it have fired (in a
     /// timer function: the watermark that fired the timer).
+    ///
+    /// ```
+    /// let out = weibo::testing::run_timed(vec![(1_000, 'a'), (2_000, 'a')], |s| {
+    ///     s.key_by(|c: &char| *c).process(weibo::on_error::Fail, |ctx: &mut weibo::KeyedContext<'_, char, (), i64>, _: &char| {
+    ///         // Each record is judged under the watermark of the records before it.
+    ///         ctx.emit(ctx.watermark());
+    ///         Ok::<_, String>(())
+    ///     })
+    /// })?;
+    /// assert_eq!(out[1], 999);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn watermark(&self) -> Timestamp {
         self.watermark
     }
@@ -245,6 +338,30 @@ impl<K: Key, S, U> KeyedContext<'_, K, S, U> {
     /// Calls the timer function for this key when the watermark reaches
     /// `time` (at once, at the next watermark, if it already has).
     /// Registering the same time twice sets one timer.
+    ///
+    /// ```
+    /// let out = weibo::testing::run_timed(vec![(100, "a".to_string()), (150, "a".to_string())], |s| {
+    ///     s.key_by(|k: &String| k.clone()).process_with_timers(
+    ///         weibo::on_error::Fail,
+    ///         |ctx: &mut weibo::KeyedContext<'_, String, u32, String>, _: &String| {
+    ///             // Count the key's records; report 1 s after its first one.
+    ///             if ctx.state().is_none() {
+    ///                 ctx.register_timer(ctx.timestamp().unwrap_or(0) + 1_000);
+    ///             }
+    ///             *ctx.state().get_or_insert(0) += 1;
+    ///             Ok::<_, String>(())
+    ///         },
+    ///         |ctx: &mut weibo::KeyedContext<'_, String, u32, String>, time| {
+    ///             let n = ctx.state().take().unwrap_or(0);
+    ///             let line = format!("{} at {time}: {n}", ctx.key());
+    ///             ctx.emit(line);
+    ///             Ok::<_, String>(())
+    ///         },
+    ///     )
+    /// })?;
+    /// assert_eq!(out, vec!["a at 1100: 2".to_string()]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn register_timer(&mut self, time: Timestamp) {
         if let Err(e) = self.timers.register(time, self.group, self.key) {
             self.timer_error.get_or_insert(e);
@@ -252,6 +369,30 @@ impl<K: Key, S, U> KeyedContext<'_, K, S, U> {
     }
 
     /// Removes this key's timer at `time`, if any.
+    ///
+    /// ```
+    /// let out = weibo::testing::run_timed(vec![(100, 'a'), (200, 'a')], |s| {
+    ///     s.key_by(|c: &char| *c).process_with_timers(
+    ///         weibo::on_error::Fail,
+    ///         |ctx: &mut weibo::KeyedContext<'_, char, i64, String>, _: &char| {
+    ///             // Only the latest record's timer stays.
+    ///             if let Some(old) = ctx.state().take() {
+    ///                 ctx.delete_timer(old);
+    ///             }
+    ///             let at = ctx.timestamp().unwrap_or(0) + 50;
+    ///             ctx.register_timer(at);
+    ///             *ctx.state() = Some(at);
+    ///             Ok::<_, String>(())
+    ///         },
+    ///         |ctx: &mut weibo::KeyedContext<'_, char, i64, String>, time| {
+    ///             ctx.emit(format!("fired at {time}"));
+    ///             Ok::<_, String>(())
+    ///         },
+    ///     )
+    /// })?;
+    /// assert_eq!(out, vec!["fired at 250".to_string()]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn delete_timer(&mut self, time: Timestamp) {
         if let Err(e) = self.timers.delete(time, self.group, self.key) {
             self.timer_error.get_or_insert(e);

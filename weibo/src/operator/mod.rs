@@ -205,6 +205,31 @@ pub(crate) fn emit<T>(info: &OpInfo, chain: &mut dyn Consumer<T>, batch: &mut Ba
 
 /// An aggregation with an accumulator: what [`KeyedStream::aggregate`](crate::KeyedStream::aggregate) (and
 /// window aggregations) fold records into.
+///
+/// ```
+/// use weibo::Aggregate;
+/// // The largest and smallest value per key.
+/// struct Range;
+/// impl Aggregate<i32> for Range {
+///     type Acc = Option<(i32, i32)>;
+///     type Out = i32;
+///     fn create(&self) -> Self::Acc { None }
+///     fn add(&self, acc: &mut Self::Acc, v: i32) {
+///         let (lo, hi) = acc.unwrap_or((v, v));
+///         *acc = Some((lo.min(v), hi.max(v)));
+///     }
+///     fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
+///         if let Some((lo, hi)) = other {
+///             self.add(acc, lo);
+///             self.add(acc, hi);
+///         }
+///     }
+///     fn result(&self, acc: &Self::Acc) -> i32 { acc.map_or(0, |(lo, hi)| hi - lo) }
+/// }
+/// let out = weibo::testing::run(vec![3, 9, 4], |s| s.key_by(|_: &i32| 0u8).aggregate(Range))?;
+/// assert_eq!(out.last(), Some(&(0, 6)));
+/// # Ok::<(), weibo::Error>(())
+/// ```
 pub trait Aggregate<T>: Send + Sync + 'static {
     /// The accumulator, kept in state (so it needs a codec).
     type Acc: Data;

@@ -16,6 +16,19 @@ use serde::{Deserialize, Serialize};
 
 /// A record a `process` function failed on, sent to the dead-letter output
 /// under the [`on_error::DeadLetter`] policy.
+///
+/// ```
+/// let mut t = weibo::testing::TestJob::new("letters");
+/// let (ok, dead) = t.input(vec!["x".to_string()]).process(weibo::on_error::DeadLetter, |s: &String| s.parse::<u8>());
+/// ok.sink(weibo::sinks::Blackhole::new());
+/// let dead = t.collect(&dead);
+/// t.run()?;
+/// let letter: weibo::DeadLetter<String> = dead.values().remove(0);
+/// assert_eq!(letter.record, "x");
+/// assert!(letter.error.contains("invalid digit"), "{}", letter.error);
+/// assert_eq!(letter.operator, "process");
+/// # Ok::<(), weibo::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DeadLetter<T> {
     /// The record, as the failing operator received it.

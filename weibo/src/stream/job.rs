@@ -59,6 +59,11 @@ impl fmt::Display for Job {
 
 impl Job {
     /// A new, empty job.
+    ///
+    /// ```
+    /// let job = weibo::Job::new("orders");
+    /// assert!(job.to_string().starts_with("job `orders`"));
+    /// ```
     pub fn new(name: impl Into<String>) -> Self {
         let config = JobConfig::default();
         let graph = Graph::new(name.into(), DEFAULT_MAX_KEY_GROUPS, config.state.name().to_string());
@@ -82,12 +87,22 @@ impl Job {
     /// Sets the number of key groups (default 128): the unit of state
     /// ownership and the most partitions a keyed operator may have. Fix it
     /// when a job is first deployed; state is namespaced by key group.
+    ///
+    /// ```
+    /// let job = weibo::Job::new("big").with_max_key_groups(1024);
+    /// assert!(job.to_string().contains("1024 key groups"));
+    /// ```
     #[must_use]
     pub fn with_max_key_groups(self, groups: u16) -> Self {
         self.configure_graph(|g| g.max_key_groups = groups.max(1))
     }
 
     /// Records per batch on edges and between fused operators (default 1024).
+    ///
+    /// ```
+    /// let job = weibo::Job::new("small-batches").with_batch_size(64);
+    /// # drop(job);
+    /// ```
     #[must_use]
     pub fn with_batch_size(self, records: usize) -> Self {
         self.configure(|c| c.batch_size = records.max(1))
@@ -95,18 +110,37 @@ impl Job {
 
     /// How long a partial batch may wait before it is sent anyway (default
     /// 10 ms): the latency bound of a quiet stream.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// // A quiet stream's records wait at most 1 ms in a partial batch.
+    /// let job = weibo::Job::new("low-latency").with_buffer_timeout(Duration::from_millis(1));
+    /// # drop(job);
+    /// ```
     #[must_use]
     pub fn with_buffer_timeout(self, timeout: Duration) -> Self {
         self.configure(|c| c.buffer_timeout = timeout)
     }
 
     /// Batches an edge holds before its sender blocks (default 8).
+    ///
+    /// ```
+    /// let job = weibo::Job::new("deep-edges").with_channel_capacity(32);
+    /// # drop(job);
+    /// ```
     #[must_use]
     pub fn with_channel_capacity(self, batches: usize) -> Self {
         self.configure(|c| c.channel_capacity = batches.max(1))
     }
 
     /// Where keyed state lives (default [`MemoryBackend`]).
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let job = weibo::Job::new("on-disk").with_state_backend(weibo::state::FjallBackend::open(dir.path())?);
+    /// assert!(job.to_string().contains("state: fjall"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[must_use]
     pub fn with_state_backend(self, backend: impl StateBackend) -> Self {
         let mut pipeline = self.lock();
@@ -128,6 +162,17 @@ impl Job {
     /// what its exactly-once sinks still hold, and only then does
     /// [`Job::run`] return: a job started again after it finished restores
     /// that checkpoint and has nothing left to do.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let dir = tempfile::tempdir()?;
+    /// let job = weibo::Job::new("checkpointed").with_checkpoints(dir.path(), Duration::from_millis(50));
+    /// job.source(weibo::sources::IterSource::new(0..10u32)).sink(weibo::sinks::Blackhole::new());
+    /// job.run_blocking()?;
+    /// // At the end of input the job took a final checkpoint.
+    /// assert!(!weibo::checkpoint::complete_checkpoints(dir.path()).is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[must_use]
     pub fn with_checkpoints(self, dir: impl Into<PathBuf>, interval: Duration) -> Self {
         self.with_checkpoint_storage(LocalDir::new(dir), interval)
@@ -137,6 +182,17 @@ impl Job {
     /// [`MemoryStorage`](crate::checkpoint::MemoryStorage) (tests), or
     /// any other [`CheckpointStorage`] such as an object store. The
     /// storage's layout is that of the directory.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::checkpoint::{CheckpointStorage, MemoryStorage};
+    /// let storage = MemoryStorage::new();
+    /// let job = weibo::Job::new("in-memory").with_checkpoint_storage(storage.clone(), Duration::from_millis(50));
+    /// job.source(weibo::sources::IterSource::new(0..10u32)).sink(weibo::sinks::Blackhole::new());
+    /// job.run_blocking()?;
+    /// assert!(!weibo::checkpoint::complete_checkpoints_in(&storage, "")?.is_empty());
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     #[must_use]
     pub fn with_checkpoint_storage(self, storage: impl CheckpointStorage, interval: Duration) -> Self {
         let storage: Arc<dyn CheckpointStorage> = Arc::new(storage);
@@ -151,6 +207,14 @@ impl Job {
     /// after it was triggered; the job goes on and the next one is taken.
     /// The default is ten intervals, at least a minute. Call after
     /// [`Job::with_checkpoints`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let job = weibo::Job::new("patient")
+    ///     .with_checkpoints(std::env::temp_dir().join("weibo-doc-timeout"), Duration::from_secs(10))
+    ///     .with_checkpoint_timeout(Duration::from_secs(120));
+    /// # drop(job);
+    /// ```
     #[must_use]
     pub fn with_checkpoint_timeout(self, timeout: Duration) -> Self {
         let mut pipeline = self.lock();
@@ -166,6 +230,14 @@ impl Job {
 
     /// Keeps the last `n` (at least 1) complete checkpoints. Call after
     /// [`Job::with_checkpoints`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let job = weibo::Job::new("keeps-ten")
+    ///     .with_checkpoints(std::env::temp_dir().join("weibo-doc-retain"), Duration::from_secs(10))
+    ///     .with_retained_checkpoints(10);
+    /// # drop(job);
+    /// ```
     #[must_use]
     pub fn with_retained_checkpoints(self, n: usize) -> Self {
         let mut pipeline = self.lock();
@@ -184,6 +256,30 @@ impl Job {
     /// must be the same pipeline (operators, names, types); keyed
     /// operators may have other partition counts, since state is kept per
     /// key group.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::sinks::CollectSink;
+    /// let dir = tempfile::tempdir()?;
+    /// let pipeline = |job: &weibo::Job, out: &CollectSink<(u32, u64)>| {
+    ///     job.source(weibo::sources::IterSource::new(0..6u32))
+    ///         .key_by(|x: &u32| x % 2)
+    ///         .fold(|| 0u64, |n, _| *n += 1)
+    ///         .sink(out.clone());
+    /// };
+    /// let first = weibo::Job::new("counts").with_checkpoints(dir.path(), Duration::from_millis(20));
+    /// pipeline(&first, &CollectSink::new());
+    /// first.run_blocking()?;
+    /// // The final checkpoint holds the counts; a job restored from it has
+    /// // nothing left to read and emits nothing more.
+    /// let (_, last) = weibo::checkpoint::complete_checkpoints(dir.path()).remove(0);
+    /// let out = CollectSink::new();
+    /// let again = weibo::Job::new("counts").restore_from(last);
+    /// pipeline(&again, &out);
+    /// again.run_blocking()?;
+    /// assert!(out.values().is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[must_use]
     pub fn restore_from(self, path: impl Into<PathBuf>) -> Self {
         let path = path.into();
@@ -195,6 +291,23 @@ impl Job {
     /// one holding checkpoints (`""`, the top: then the newest complete
     /// one). With [`Job::with_checkpoint_storage`] alone, the job already
     /// restores from that storage's newest checkpoint.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use weibo::checkpoint::MemoryStorage;
+    /// let storage = MemoryStorage::new();
+    /// let first = weibo::Job::new("copy").with_checkpoint_storage(storage.clone(), Duration::from_millis(20));
+    /// first.source(weibo::sources::IterSource::new(0..3u32)).sink(weibo::sinks::CollectSink::new());
+    /// first.run_blocking()?;
+    /// // The same pipeline (operators, names, types) restores.
+    /// let again = weibo::Job::new("copy").restore_from_storage(Arc::new(storage), "");
+    /// let out = weibo::sinks::CollectSink::new();
+    /// again.source(weibo::sources::IterSource::new(0..3u32)).sink(out.clone());
+    /// again.run_blocking()?;
+    /// assert!(out.values().is_empty(), "the restored source resumes after its end");
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     #[must_use]
     pub fn restore_from_storage(self, storage: Arc<dyn CheckpointStorage>, dir: impl Into<String>) -> Self {
         let dir = dir.into();
@@ -202,6 +315,14 @@ impl Job {
     }
 
     /// Adds a source; each of its partitions is read by its own task.
+    ///
+    /// ```
+    /// let job = weibo::Job::new("two-partitions");
+    /// let s = job.source(weibo::sources::Generator::new(10, |i| i).with_partitions(2));
+    /// s.sink(weibo::sinks::Blackhole::new());
+    /// assert!(job.plan()?.contains("node `generator` x2"));
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn source<S: Source>(&self, source: S) -> Stream<S::Item> {
         let name = source.default_name();
         let detail = {
@@ -246,6 +367,18 @@ impl Job {
     /// # Errors
     /// [`Error::Graph`] when the pipeline is wired in a way that cannot run,
     /// with every problem found.
+    ///
+    /// ```
+    /// let job = weibo::Job::new("planned");
+    /// job.source(weibo::sources::IterSource::new(vec![1u32]))
+    ///     .map(|x| x + 1)
+    ///     .key_by(|x: &u32| *x)
+    ///     .reduce(|a, b| a + b)
+    ///     .sink(weibo::sinks::Blackhole::new());
+    /// let plan = job.plan()?;
+    /// assert!(plan.contains("values -> map => hash(u32) reduce"), "{plan}");
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn plan(&self) -> Result<String> {
         self.lock().plan_text()
     }
@@ -257,6 +390,19 @@ impl Job {
     /// [`Error::Graph`] for wiring that cannot run, and any error opening a
     /// source, sink or state; [`Error::Runtime`] when called outside a tokio
     /// runtime.
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// let job = weibo::Job::new("spawned");
+    /// let out = weibo::sinks::CollectSink::new();
+    /// job.source(weibo::sources::IterSource::new(vec![1u32, 2])).sink(out.clone());
+    /// let handle = job.spawn()?;
+    /// handle.wait().await?;
+    /// assert_eq!(out.values(), vec![1, 2]);
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn spawn(self) -> Result<JobHandle> {
         let pipeline = self.lock();
         let Launched { name, registry, supervisor, started, completed, savepoints, cancel } =
@@ -269,6 +415,17 @@ impl Job {
     /// # Errors
     /// The first error of any task (the others are stopped), or a wiring
     /// error before anything runs.
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// let job = weibo::Job::new("runs");
+    /// job.source(weibo::sources::IterSource::new(0..5u32)).sink(weibo::sinks::Blackhole::new());
+    /// let report = job.run().await?;
+    /// assert_eq!(report.metrics.operator("values").unwrap().records_out, 5);
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub async fn run(self) -> Result<JobReport> {
         self.spawn()?.wait().await
     }
@@ -313,6 +470,20 @@ impl Job {
 }
 
 /// A running job.
+///
+/// ```
+/// # weibo::testing::block_on(async {
+/// let job = weibo::Job::new("watched");
+/// job.source(weibo::sources::Generator::new(u64::MAX, |i| i).with_rate(10_000.0)).sink(weibo::sinks::Blackhole::new());
+/// let handle = job.spawn()?;
+/// tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+/// assert!(!handle.is_finished());
+/// assert!(handle.metrics().operator("generator").is_some());
+/// handle.cancel().await?;
+/// # Ok::<(), weibo::Error>(())
+/// # })?;
+/// # Ok::<(), weibo::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct JobHandle {
     name: String,
@@ -327,6 +498,23 @@ pub struct JobHandle {
 impl JobHandle {
     /// The number of the newest complete checkpoint (the one restored from,
     /// until a new one completes), if any.
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// use std::time::Duration;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let job = weibo::Job::new("ticks").with_checkpoints(dir.path(), Duration::from_millis(20));
+    /// job.source(weibo::sources::Generator::new(u64::MAX, |i| i).with_rate(1_000.0)).sink(weibo::sinks::Blackhole::new());
+    /// let handle = job.spawn()?;
+    /// assert_eq!(handle.last_checkpoint(), None);
+    /// while handle.last_checkpoint().is_none() {
+    ///     tokio::time::sleep(Duration::from_millis(5)).await;
+    /// }
+    /// handle.cancel().await?;
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn last_checkpoint(&self) -> Option<CheckpointId> {
         match self.completed.load(Ordering::Relaxed) {
             0 => None,
@@ -345,6 +533,21 @@ impl JobHandle {
     /// [`Error::Refused`] when the job takes no checkpoints or has stopped
     /// (or every source has finished); [`Error::Checkpoint`] when the
     /// checkpoint fails or the name is taken.
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// use std::time::Duration;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let job = weibo::Job::new("upgradable").with_checkpoints(dir.path(), Duration::from_secs(60));
+    /// job.source(weibo::sources::Generator::new(u64::MAX, |i| i).with_rate(1_000.0)).sink(weibo::sinks::Blackhole::new());
+    /// let handle = job.spawn()?;
+    /// let saved = handle.savepoint("before-upgrade").await?;
+    /// assert!(saved.ends_with("savepoints/before-upgrade"));
+    /// handle.cancel().await?;
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub async fn savepoint(&self, name: &str) -> Result<PathBuf> {
         let refused = |message: &str| Error::Refused { job: self.name.clone(), message: message.into() };
         let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
@@ -366,6 +569,21 @@ impl JobHandle {
     ///
     /// # Errors
     /// As [`JobHandle::savepoint`].
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// use std::time::Duration;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let job = weibo::Job::new("now").with_checkpoints(dir.path(), Duration::from_secs(3600));
+    /// job.source(weibo::sources::Generator::new(u64::MAX, |i| i).with_rate(1_000.0)).sink(weibo::sinks::Blackhole::new());
+    /// let handle = job.spawn()?;
+    /// let taken = handle.checkpoint().await?; // no waiting for the hour
+    /// assert!(taken.join("MANIFEST").is_file());
+    /// handle.cancel().await?;
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub async fn checkpoint(&self) -> Result<PathBuf> {
         let refused = |message: &str| Error::Refused { job: self.name.clone(), message: message.into() };
         let tx = self
@@ -379,16 +597,58 @@ impl JobHandle {
     }
 
     /// The job's metrics now.
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// let job = weibo::Job::new("counted");
+    /// job.source(weibo::sources::IterSource::new(0..100u32)).map(|x| x * 2).sink(weibo::sinks::Blackhole::new());
+    /// let handle = job.spawn()?;
+    /// let during = handle.metrics(); // while it runs: counters so far
+    /// assert!(during.operator("map").is_some());
+    /// let report = handle.wait().await?;
+    /// assert_eq!(report.metrics.operator("map").unwrap().records_in, 100);
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn metrics(&self) -> MetricsSnapshot {
         self.registry.snapshot()
     }
 
     /// Whether the job has stopped (finished or failed).
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// let job = weibo::Job::new("short");
+    /// job.source(weibo::sources::IterSource::new(vec![1u8])).sink(weibo::sinks::Blackhole::new());
+    /// let handle = job.spawn()?;
+    /// while !handle.is_finished() {
+    ///     tokio::task::yield_now().await;
+    /// }
+    /// handle.wait().await?;
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn is_finished(&self) -> bool {
         self.supervisor.is_finished()
     }
 
     /// Stops the job now, without flushing.
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// let job = weibo::Job::new("endless");
+    /// job.source(weibo::sources::Generator::new(u64::MAX, |i| i)).sink(weibo::sinks::Blackhole::new());
+    /// let handle = job.spawn()?;
+    /// handle.abort(); // asks; `cancel().await` also waits
+    /// while !handle.is_finished() {
+    ///     tokio::task::yield_now().await;
+    /// }
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn abort(&self) {
         self.supervisor.abort();
     }
@@ -402,6 +662,21 @@ impl JobHandle {
     ///
     /// # Errors
     /// The job's error if it had failed before it was stopped.
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// use std::time::Duration;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let job = weibo::Job::new("stoppable").with_checkpoints(dir.path(), Duration::from_secs(3600));
+    /// job.source(weibo::sources::Generator::new(u64::MAX, |i| i).with_rate(1_000.0)).sink(weibo::sinks::Blackhole::new());
+    /// let handle = job.spawn()?;
+    /// tokio::time::sleep(Duration::from_millis(20)).await;
+    /// handle.stop().await?; // a last checkpoint, then stop
+    /// assert_eq!(weibo::checkpoint::complete_checkpoints(dir.path()).len(), 1);
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub async fn stop(self) -> Result<()> {
         if self.savepoints.is_some() && !self.is_finished() {
             match self.checkpoint().await {
@@ -424,6 +699,21 @@ impl JobHandle {
     ///
     /// # Errors
     /// The job's error if it had failed before it was cancelled.
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// let job = weibo::Job::new("cancelled");
+    /// let out = weibo::sinks::CollectSink::new();
+    /// job.source(weibo::sources::Generator::new(u64::MAX, |i| i).with_rate(1_000.0)).sink(out.clone());
+    /// let handle = job.spawn()?;
+    /// handle.cancel().await?;
+    /// let seen = out.values().len();
+    /// tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    /// assert_eq!(out.values().len(), seen, "nothing runs after cancel returned");
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub async fn cancel(self) -> Result<()> {
         let _ = self.cancel.send(());
         match self.supervisor.await {
@@ -436,6 +726,17 @@ impl JobHandle {
     ///
     /// # Errors
     /// The job's first error.
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// let job = weibo::Job::new("awaited");
+    /// job.source(weibo::sources::IterSource::new(vec!["a".to_string()])).sink(weibo::sinks::Blackhole::new());
+    /// let report = job.spawn()?.wait().await?;
+    /// assert!(report.elapsed.as_secs() < 60);
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub async fn wait(self) -> Result<JobReport> {
         let result = match self.supervisor.await {
             Ok(r) => r,
@@ -450,6 +751,14 @@ impl JobHandle {
 }
 
 /// What a finished job reports.
+///
+/// ```
+/// let job = weibo::Job::new("reported");
+/// job.source(weibo::sources::IterSource::new(0..3u32)).sink(weibo::sinks::Blackhole::new());
+/// let report = job.run_blocking()?;
+/// assert_eq!(report.metrics.operator("values").unwrap().records_out, 3);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct JobReport {

@@ -38,6 +38,16 @@ pub use crate::operator::policy::DeadLetter;
 ///   position, to a second stream of [`DeadLetter`]s that must be sunk.
 /// - [`on_error::Fail`]: stop the job with an error naming the operator and
 ///   the record's source position.
+///
+/// ```
+/// use weibo::on_error;
+/// // Drop: failing records are counted and dropped.
+/// let out = weibo::testing::run(vec!["1", "x", "3"], |s| {
+///     s.map(str::to_string).process(on_error::Drop, |t: &String| t.parse::<u32>())
+/// })?;
+/// assert_eq!(out, vec![1, 3]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 pub mod on_error {
     use super::{DeadLetter as Letter, Stream};
 
@@ -45,12 +55,42 @@ pub mod on_error {
     pub use crate::operator::policy::Policy;
 
     /// Drop failing records, counting them.
+    ///
+    /// ```
+    /// let out = weibo::testing::run(vec![2u32, 0, 4], |s| {
+    ///     s.process(weibo::on_error::Drop, |x: &u32| 100u32.checked_div(*x).ok_or("division by zero"))
+    /// })?;
+    /// assert_eq!(out, vec![50, 25]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     #[derive(Clone, Copy, Debug, Default)]
     pub struct Drop;
     /// Send failing records to a dead-letter stream.
+    ///
+    /// ```
+    /// let mut t = weibo::testing::TestJob::new("dead-letters");
+    /// let (ok, dead) = t.input(vec![2u32, 0]).process(weibo::on_error::DeadLetter, |x: &u32| {
+    ///     100u32.checked_div(*x).ok_or("division by zero")
+    /// });
+    /// let (ok, dead) = (t.collect(&ok), t.collect(&dead));
+    /// t.run()?;
+    /// assert_eq!(ok.values(), vec![50]);
+    /// let letter = &dead.values()[0];
+    /// assert_eq!((letter.record, letter.error.as_str(), letter.position.offset), (0, "division by zero", 1));
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     #[derive(Clone, Copy, Debug, Default)]
     pub struct DeadLetter;
     /// Stop the job at the first failing record.
+    ///
+    /// ```
+    /// let err = weibo::testing::run(vec![2u32, 0], |s| {
+    ///     s.process(weibo::on_error::Fail, |x: &u32| 100u32.checked_div(*x).ok_or("division by zero"))
+    /// })
+    /// .unwrap_err();
+    /// assert!(matches!(err, weibo::Error::RecordFailed { .. }), "{err}");
+    /// assert!(err.to_string().contains("division by zero"));
+    /// ```
     #[derive(Clone, Copy, Debug, Default)]
     pub struct Fail;
 
@@ -62,6 +102,15 @@ pub mod on_error {
     }
 
     /// A failure policy; see the [module documentation](self).
+    ///
+    /// ```
+    /// fn parse<P: weibo::on_error::OnError<String, u32>>(s: &weibo::Stream<String>, policy: P) -> P::Output {
+    ///     s.process(policy, |t: &String| t.parse::<u32>())
+    /// }
+    /// let out = weibo::testing::run(vec!["7".to_string()], |s| parse(&s, weibo::on_error::Drop))?;
+    /// assert_eq!(out, vec![7]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub trait OnError<T, U>: sealed::Sealed {
         /// What `process` returns under this policy.
         type Output;
@@ -108,21 +157,35 @@ pub mod on_error {
     label = "this stream has no key",
     note = "call `.key_by(|record| record.some_key)` first; per-key state and aggregation need to know the key of each record"
 )]
+/// ```
+/// // `reduce` on a plain stream does not compile; key the stream first:
+/// let out = weibo::testing::run(vec![1u32, 2, 3], |s| s.key_by(|_: &u32| 0u8).reduce(|a, b| a + b))?;
+/// assert_eq!(out, vec![1, 3, 6]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 pub trait NeedsKeyedStream<Op> {}
 
-/// Marker for [`NeedsKeyedStream`]: `reduce`.
+/// Marker for [`NeedsKeyedStream`]: `reduce` (names the operation in the
+/// compiler's message; not for use).
+#[doc(hidden)]
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub enum reduce {}
-/// Marker for [`NeedsKeyedStream`]: `fold`.
+/// Marker for [`NeedsKeyedStream`]: `fold` (names the operation in the
+/// compiler's message; not for use).
+#[doc(hidden)]
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub enum fold {}
-/// Marker for [`NeedsKeyedStream`]: `aggregate`.
+/// Marker for [`NeedsKeyedStream`]: `aggregate` (names the operation in the
+/// compiler's message; not for use).
+#[doc(hidden)]
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub enum aggregate {}
-/// Marker for [`NeedsKeyedStream`]: `with_partitions`.
+/// Marker for [`NeedsKeyedStream`]: `with_partitions` (names the operation in the
+/// compiler's message; not for use).
+#[doc(hidden)]
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub enum with_partitions {}
@@ -154,6 +217,14 @@ impl std::ops::DerefMut for Pipeline {
 /// Streams come from [`Job::source`](crate::Job::source) and from operators
 /// on other streams; cloning a stream does not copy records, it names the
 /// same output again (consuming it twice sends every record to both).
+///
+/// ```
+/// let out = weibo::testing::run(vec![1u32, 2, 3, 4], |s: weibo::Stream<u32>| {
+///     s.filter(|x| x % 2 == 0).map(|x| x * 10)
+/// })?;
+/// assert_eq!(out, vec![20, 40]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 pub struct Stream<T> {
     pub(crate) graph: Arc<Mutex<Pipeline>>,
     pub(crate) node: NodeId,
@@ -221,6 +292,13 @@ impl<T> Stream<T> {
     ///
     /// # Panics
     /// Never; a duplicate name is reported when the job is planned or run.
+    ///
+    /// ```
+    /// let job = weibo::Job::new("named");
+    /// let doubled = job.source(weibo::sources::IterSource::new(vec![1u32])).map(|x| x * 2).name("double");
+    /// doubled.sink(weibo::sinks::Blackhole::new());
+    /// assert!(job.to_string().contains("map `double`"));
+    /// ```
     #[must_use]
     pub fn name(self, name: &str) -> Self {
         let result = self.lock().rename(self.node, name);
@@ -648,6 +726,13 @@ fn policy_detail(policy: Policy) -> String {
 }
 
 /// A sink in a job's graph; use it to name the sink.
+///
+/// ```
+/// let job = weibo::Job::new("sinks");
+/// let sink: weibo::SinkRef = job.source(weibo::sources::IterSource::new(vec![1u32])).sink(weibo::sinks::Blackhole::new());
+/// let _ = sink.name("discard");
+/// assert!(job.to_string().contains("sink `discard`"));
+/// ```
 pub struct SinkRef {
     graph: Arc<Mutex<Pipeline>>,
     node: NodeId,
@@ -661,6 +746,12 @@ impl std::fmt::Debug for SinkRef {
 
 impl SinkRef {
     /// Names the sink (names show in the graph, metrics and errors).
+    ///
+    /// ```
+    /// let job = weibo::Job::new("named-sink");
+    /// job.source(weibo::sources::IterSource::new(vec![1u32])).sink(weibo::sinks::Blackhole::new()).name("archive");
+    /// assert!(job.to_string().contains("`archive`"));
+    /// ```
     pub fn name(self, name: &str) -> Self {
         let mut graph = self.graph.lock().unwrap_or_else(PoisonError::into_inner);
         if let Err(message) = graph.rename(self.node, name) {
@@ -676,6 +767,16 @@ type KeyFn<K, T> = dyn Fn(&T) -> K + Send + Sync;
 /// A stream partitioned by a key of type `K`: every key has its own state,
 /// and the key space is split over [`with_partitions`](Self::with_partitions)
 /// workers by key group.
+///
+/// ```
+/// use weibo::KeyedStream;
+/// let out = weibo::testing::run(vec![("a".to_string(), 1u32), ("b".to_string(), 2), ("a".to_string(), 3)], |s| {
+///     let by_user: KeyedStream<String, (String, u32)> = s.key_by(|r: &(String, u32)| r.0.clone());
+///     by_user.reduce(|acc, r| (acc.0, acc.1 + r.1))
+/// })?;
+/// assert_eq!(out.last(), Some(&("a".to_string(), 4)));
+/// # Ok::<(), weibo::Error>(())
+/// ```
 pub struct KeyedStream<K, T> {
     upstream: Stream<T>,
     key_fn: Arc<KeyFn<K, T>>,
@@ -701,6 +802,17 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     /// Runs the keyed operators that follow on `n` workers (at least 1, at
     /// most the job's key groups). Each worker owns a contiguous range of
     /// key groups.
+    ///
+    /// ```
+    /// let job = weibo::Job::new("parallel");
+    /// job.source(weibo::sources::IterSource::new(0..100u32))
+    ///     .key_by(|x: &u32| x % 10)
+    ///     .with_partitions(4)
+    ///     .reduce(|a, b| a + b)
+    ///     .sink(weibo::sinks::Blackhole::new());
+    /// assert!(job.plan()?.contains("node `reduce` x4"));
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     #[must_use]
     pub fn with_partitions(mut self, n: usize) -> Self {
         self.partitions = n;
@@ -996,6 +1108,18 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
 
     /// Sends every record to `sink`, partitioned by key: each sink instance
     /// receives the keys of its key groups.
+    ///
+    /// ```
+    /// // Every worker of the keyed stream writes its key groups' records.
+    /// let out = weibo::sinks::CollectSink::new();
+    /// let job = weibo::Job::new("partitioned-sink");
+    /// job.source(weibo::sources::IterSource::new(0..6u32)).key_by(|x: &u32| x % 3).with_partitions(2).sink(out.clone());
+    /// job.run_blocking()?;
+    /// let mut got = out.values();
+    /// got.sort();
+    /// assert_eq!(got, vec![0, 1, 2, 3, 4, 5]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn sink<Sk: Sink<T>>(&self, sink: Sk) -> SinkRef {
         let factory = keyed_factory(move |ctx, outs| {
             let info = ctx.info.clone();

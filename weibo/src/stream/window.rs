@@ -19,6 +19,15 @@ use super::{KeyedStream, Stream};
 
 /// A keyed stream with windows assigned; apply a window function to get
 /// results.
+///
+/// ```
+/// use std::time::Duration;
+/// use weibo::window::{Tumbling, WindowedStream};
+/// let job = weibo::Job::new("windows");
+/// let keyed = job.source(weibo::sources::IterSource::new(vec![1u32])).key_by(|x: &u32| *x);
+/// let windowed: WindowedStream<u32, u32> = keyed.window(Tumbling::of(Duration::from_secs(1)));
+/// # let _ = windowed;
+/// ```
 pub struct WindowedStream<K, T> {
     keyed: KeyedStream<K, T>,
     spec: Spec,
@@ -33,6 +42,21 @@ impl<K, T> std::fmt::Debug for WindowedStream<K, T> {
 
 /// The output of a window function: its results (this derefs to that
 /// stream) and, on request, the records that came too late for any window.
+///
+/// ```
+/// use std::time::Duration;
+/// use weibo::window::{Count, Tumbling};
+/// let mut t = weibo::testing::TestJob::new("late");
+/// let input = t.input(vec![(1_500i64, 1u8), (200, 2)]); // the second is late
+/// let timed = input.with_timestamps(|r: &(i64, u8)| r.0, weibo::time::WatermarkStrategy::monotonous());
+/// let output = timed.key_by(|_: &(i64, u8)| 0u8).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count);
+/// let late = t.collect(&output.late_records());
+/// let results = t.collect(&output); // `output` derefs to the results' stream
+/// t.run()?;
+/// assert_eq!(results.values().len(), 1);
+/// assert_eq!(late.values(), vec![(200, 2)]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 pub struct WindowedOutput<T, U> {
     results: Stream<U>,
     late: Stream<T>,
@@ -56,6 +80,20 @@ impl<T, U> WindowedOutput<T, U> {
     /// The records later than the allowed lateness, which no window took.
     /// Once asked for, they are sent here instead of dropped, and this
     /// stream must be consumed.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::{Count, Tumbling};
+    /// let mut t = weibo::testing::TestJob::new("late");
+    /// let timed = t.input(vec![(5_000i64, 'a'), (10, 'b')])
+    ///     .with_timestamps(|r: &(i64, char)| r.0, weibo::time::WatermarkStrategy::monotonous());
+    /// let output = timed.key_by(|r: &(i64, char)| r.1).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count);
+    /// let late = t.collect(&output.late_records());
+    /// t.collect(&output);
+    /// t.run()?;
+    /// assert_eq!(late.values(), vec![(10, 'b')]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn late_records(&self) -> Stream<T> {
         self.late_enabled.store(true, Ordering::Relaxed);
         let mut graph = self.late.lock();
@@ -67,11 +105,34 @@ impl<T, U> WindowedOutput<T, U> {
     }
 
     /// The results as a plain stream.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::{Count, Tumbling};
+    /// let out = weibo::testing::run_timed(vec![(1, 'a')], |s| {
+    ///     let results: weibo::Stream<_> =
+    ///         s.key_by(|c: &char| *c).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count).into_stream();
+    ///     results.map(|r| r.value)
+    /// })?;
+    /// assert_eq!(out, vec![1]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn into_stream(self) -> Stream<U> {
         self.results
     }
 
     /// Names the window operator.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::{Count, Tumbling};
+    /// let job = weibo::Job::new("named");
+    /// let s = job.source(weibo::sources::IterSource::new(vec![1u32]))
+    ///     .with_timestamps(|_: &u32| 0, weibo::time::WatermarkStrategy::monotonous());
+    /// let counts = s.key_by(|x: &u32| *x).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count).name("per-second");
+    /// counts.sink(weibo::sinks::Blackhole::new());
+    /// assert!(job.to_string().contains("`per-second`"));
+    /// ```
     #[must_use]
     pub fn name(self, name: &str) -> Self {
         let Self { results, late, late_enabled } = self;
@@ -82,6 +143,16 @@ impl<T, U> WindowedOutput<T, U> {
 impl<K: Key, T: Data> KeyedStream<K, T> {
     /// Assigns each record to event-time windows per key. The stream needs
     /// timestamps (`with_timestamps` upstream).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::Tumbling;
+    /// let out = weibo::testing::run_timed(vec![(100, 2u32), (200, 5)], |s| {
+    ///     s.key_by(|_: &u32| 0u8).window(Tumbling::of(Duration::from_secs(1))).reduce(|a, b| a.max(b)).into_stream()
+    /// })?;
+    /// assert_eq!(out[0].value, 5);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn window<W: WindowAssigner>(&self, assigner: W) -> WindowedStream<K, T> {
         let spec = assigner.spec();
         if let Err(message) = spec.validate() {
@@ -94,6 +165,24 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
 impl<K: Key, T: Data> WindowedStream<K, T> {
     /// Keeps windows for `lateness` after they fire: records up to that
     /// late still count, and re-fire their window with the updated result.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::{Count, Tumbling};
+    /// // The record at 500 ms comes after the window [0, 1000) fired, within the
+    /// // allowed lateness: the window fires again with it.
+    /// let input = vec![(100, 'a'), (1_200, 'a'), (500, 'a')];
+    /// let out = weibo::testing::run_timed(input, |s| {
+    ///     s.key_by(|c: &char| *c)
+    ///         .window(Tumbling::of(Duration::from_secs(1)))
+    ///         .allowed_lateness(Duration::from_secs(1))
+    ///         .aggregate(Count)
+    ///         .into_stream()
+    /// })?;
+    /// let first_window: Vec<u64> = out.iter().filter(|r| r.window.start == 0).map(|r| r.value).collect();
+    /// assert_eq!(first_window, vec![1, 2]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     #[must_use]
     pub fn allowed_lateness(mut self, lateness: Duration) -> Self {
         self.lateness = millis(lateness);
@@ -102,6 +191,16 @@ impl<K: Key, T: Data> WindowedStream<K, T> {
 
     /// Folds each window's records with `f`, incrementally (one value per
     /// window is kept).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::Tumbling;
+    /// let out = weibo::testing::run_timed(vec![(1, 3i64), (2, 4), (1_001, 10)], |s| {
+    ///     s.key_by(|_: &i64| "sum".to_string()).window(Tumbling::of(Duration::from_secs(1))).reduce(|a, b| a + b).into_stream()
+    /// })?;
+    /// assert_eq!(out.iter().map(|r| r.value).collect::<Vec<_>>(), vec![7, 10]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn reduce<F>(&self, f: F) -> WindowedOutput<T, WindowResult<K, T>>
     where
         F: Fn(T, T) -> T + Send + Sync + 'static,
@@ -110,12 +209,50 @@ impl<K: Key, T: Data> WindowedStream<K, T> {
     }
 
     /// Aggregates each window's records with `agg`, incrementally.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::Tumbling;
+    /// // The mean per window: an accumulator of (sum, count).
+    /// struct Mean;
+    /// impl weibo::Aggregate<f64> for Mean {
+    ///     type Acc = (f64, u64);
+    ///     type Out = f64;
+    ///     fn create(&self) -> (f64, u64) { (0.0, 0) }
+    ///     fn add(&self, acc: &mut (f64, u64), v: f64) { acc.0 += v; acc.1 += 1; }
+    ///     fn merge(&self, acc: &mut (f64, u64), o: (f64, u64)) { acc.0 += o.0; acc.1 += o.1; }
+    ///     fn result(&self, acc: &(f64, u64)) -> f64 { acc.0 / acc.1 as f64 }
+    /// }
+    /// let out = weibo::testing::run_timed(vec![(1, 1.0), (2, 3.0)], |s| {
+    ///     s.key_by(|_: &f64| 0u8).window(Tumbling::of(Duration::from_secs(1))).aggregate(Mean).into_stream()
+    /// })?;
+    /// assert_eq!(out[0].value, 2.0);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn aggregate<G: Aggregate<T>>(&self, agg: G) -> WindowedOutput<T, WindowResult<K, G::Out>> {
         self.build("window_aggregate", AggregateFn(agg))
     }
 
     /// Calls `f` with all of a window's records when it fires (the records
     /// are kept until then); `f` emits any number of results.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::{Tumbling, WindowContext};
+    /// // The median of each window needs all of its records.
+    /// let out = weibo::testing::run_timed(vec![(1, 9u32), (2, 1), (3, 5)], |s| {
+    ///     s.key_by(|_: &u32| 0u8)
+    ///         .window(Tumbling::of(Duration::from_secs(1)))
+    ///         .process(|_: &WindowContext<'_, u8>, values: &[u32], out: &mut Vec<u32>| {
+    ///             let mut v = values.to_vec();
+    ///             v.sort_unstable();
+    ///             out.push(v[v.len() / 2]);
+    ///         })
+    ///         .into_stream()
+    /// })?;
+    /// assert_eq!(out, vec![5]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn process<U, F>(&self, f: F) -> WindowedOutput<T, U>
     where
         U: Clone + Send + 'static,

@@ -48,18 +48,54 @@ pub struct WatermarkStrategy {
 impl WatermarkStrategy {
     /// Timestamps never decrease: the watermark is the largest timestamp
     /// seen minus one millisecond.
+    ///
+    /// ```
+    /// let out = weibo::testing::run(vec![(10i64, 'a'), (20, 'b')], |s| {
+    ///     s.with_timestamps(|r: &(i64, char)| r.0, weibo::time::WatermarkStrategy::monotonous()).map(|r| r.1)
+    /// })?;
+    /// assert_eq!(out, vec!['a', 'b']);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn monotonous() -> Self {
         Self { bound: 0, idleness: None }
     }
 
     /// Records may arrive up to `bound` late: the watermark is the largest
     /// timestamp seen minus `bound` minus one millisecond.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::window::{Count, Tumbling};
+    /// use weibo::time::WatermarkStrategy;
+    /// // Records up to 500 ms out of order still count in their window.
+    /// let out = weibo::testing::run(vec![(900i64, 'a'), (1_200, 'a'), (800, 'a')], |s| {
+    ///     s.with_timestamps(|r: &(i64, char)| r.0, WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(500)))
+    ///         .key_by(|r: &(i64, char)| r.1)
+    ///         .window(Tumbling::of(Duration::from_secs(1)))
+    ///         .aggregate(Count)
+    ///         .into_stream()
+    /// })?;
+    /// assert_eq!(out[0].value, 2, "the record at 800 came late but within the bound");
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
     pub fn bounded_out_of_orderness(bound: Duration) -> Self {
         Self { bound: millis(bound), idleness: None }
     }
 
     /// Marks the stream idle after `timeout` without records (processing
     /// time), so that it stops holding back watermarks downstream.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::time::WatermarkStrategy;
+    /// // A partition quiet for 10 s stops holding the watermark back.
+    /// let strategy = WatermarkStrategy::bounded_out_of_orderness(Duration::from_secs(1)).with_idleness(Duration::from_secs(10));
+    /// let job = weibo::Job::new("idle");
+    /// job.source(weibo::sources::IterSource::new(vec![1i64]))
+    ///     .with_timestamps(|t: &i64| *t, strategy)
+    ///     .sink(weibo::sinks::Blackhole::new());
+    /// assert!(job.to_string().contains("idle"));
+    /// ```
     #[must_use]
     pub fn with_idleness(mut self, timeout: Duration) -> Self {
         self.idleness = Some(timeout);

@@ -6,6 +6,16 @@ use super::*;
 /// A window's contents, for window functions (`process`) that need every
 /// element. Encoded as a count followed by each element's length and
 /// encoding, with the element type's own codec.
+///
+/// ```
+/// use weibo::Data;
+/// use weibo::window::Elements;
+/// let kept = Elements(vec!["a".to_string(), "bc".to_string()]);
+/// let mut bytes = Vec::new();
+/// kept.encode(&mut bytes)?;
+/// assert_eq!(Elements::<String>::decode(&bytes)?, kept);
+/// # Ok::<(), weibo::codec::CodecError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct Elements<T>(pub Vec<T>);
 

@@ -3,6 +3,18 @@
 use super::*;
 
 /// Counts records: an [`Aggregate`] for any record type.
+///
+/// ```
+/// use std::time::Duration;
+/// use weibo::window::{Count, Tumbling};
+/// let out = weibo::testing::run_timed(vec![(1, 'a'), (2, 'b'), (3, 'a')], |s| {
+///     s.key_by(|c: &char| *c).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count).into_stream()
+/// })?;
+/// let mut counts: Vec<(char, u64)> = out.iter().map(|r| (r.key, r.value)).collect();
+/// counts.sort();
+/// assert_eq!(counts, vec![('a', 2), ('b', 1)]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Count;
 
@@ -24,6 +36,21 @@ impl<T> Aggregate<T> for Count {
 }
 
 /// What a window `process` function sees besides the elements.
+///
+/// ```
+/// use std::time::Duration;
+/// use weibo::window::{Tumbling, WindowContext};
+/// let out = weibo::testing::run_timed(vec![(10, 3u32), (20, 4)], |s| {
+///     s.key_by(|_: &u32| "all".to_string())
+///         .window(Tumbling::of(Duration::from_secs(1)))
+///         .process(|ctx: &WindowContext<'_, String>, values: &[u32], out: &mut Vec<String>| {
+///             out.push(format!("{} {}..{}: {}", ctx.key, ctx.window.start, ctx.window.end, values.iter().sum::<u32>()));
+///         })
+///         .into_stream()
+/// })?;
+/// assert_eq!(out, vec!["all 0..1000: 7".to_string()]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct WindowContext<'a, K> {
     /// The key.

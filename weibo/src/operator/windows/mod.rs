@@ -65,6 +65,13 @@ use crate::time::millis;
 use crate::time::watermarks::InputTime;
 
 /// A window: the event times `[start, end)`.
+///
+/// ```
+/// use weibo::window::Window;
+/// let w = Window { start: 1_000, end: 2_000 };
+/// assert_eq!(w.max_timestamp(), 1_999);
+/// assert!(w.intersects(&Window { start: 2_000, end: 3_000 }), "touching windows intersect");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Window {
     /// First timestamp in the window.
@@ -76,11 +83,23 @@ pub struct Window {
 impl Window {
     /// The last timestamp in the window (`end - 1`): the window fires when
     /// the watermark reaches it, and its result carries it as timestamp.
+    ///
+    /// ```
+    /// let w = weibo::window::Window { start: 0, end: 60_000 };
+    /// assert_eq!(w.max_timestamp(), 59_999);
+    /// ```
     pub fn max_timestamp(&self) -> Timestamp {
         self.end.saturating_sub(1)
     }
 
     /// Whether the two windows overlap or touch (sessions merge then).
+    ///
+    /// ```
+    /// use weibo::window::Window;
+    /// let a = Window { start: 0, end: 10 };
+    /// assert!(a.intersects(&Window { start: 5, end: 20 }));
+    /// assert!(!a.intersects(&Window { start: 11, end: 20 }));
+    /// ```
     pub fn intersects(&self, other: &Window) -> bool {
         self.start <= other.end && self.end >= other.start
     }
@@ -91,6 +110,16 @@ impl Window {
 }
 
 /// The result of a window function: the key, the window, the value.
+///
+/// ```
+/// use std::time::Duration;
+/// use weibo::window::{Tumbling, Window, WindowResult};
+/// let out = weibo::testing::run_timed(vec![(5, 2i64), (6, 3)], |s| {
+///     s.key_by(|_: &i64| 'k').window(Tumbling::of(Duration::from_millis(10))).reduce(|a, b| a + b).into_stream()
+/// })?;
+/// assert_eq!(out, vec![WindowResult { key: 'k', window: Window { start: 0, end: 10 }, value: 5 }]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct WindowResult<K, V> {
     /// The key.
