@@ -191,12 +191,14 @@ fn graph_from_descriptors_runs_without_user_types() {
     assert!(plan.contains("node `sums` x2: sums -> collect"), "{plan}");
 
     let config = JobConfig::default();
-    let report = crate::testing::block_on(async {
-        let launched = super::launch::launch(&graph, &config)?;
-        launched.supervisor.await.map_err(|e| Error::Internal(e.to_string()))??;
-        Ok::<_, Error>(launched.registry.snapshot())
-    })
-    .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let report = runtime
+        .block_on(async {
+            let launched = super::launch::launch(&graph, &config)?;
+            launched.supervisor.await.map_err(|e| Error::Internal(e.to_string()))??;
+            Ok::<_, Error>(launched.registry.snapshot())
+        })
+        .unwrap();
 
     // The last running sum of each user is its total; records without a
     // `user`, or not JSON, were filtered out.
