@@ -2,12 +2,19 @@
 //!
 //! ## Modules
 //!
-//! - [`stream`]: the typed DSL, [`Stream`] and [`KeyedStream`].
+//! - [`stream`]: the typed DSL, [`Stream`], [`KeyedStream`], [`Job`] and
+//!   [`JobHandle`]; [`window`]: event-time windows.
+//! - [`time`]: watermark strategies; [`record`]: timestamps, source
+//!   positions and checkpoint numbers.
 //! - [`key`] and [`codec`]: how keys and values become bytes.
 //! - [`sources`] and [`sinks`]: built-in connectors that need no service.
-//! - [`state`]: keyed state backends.
-//! - [`metrics`]: per-operator and per-edge counters.
+//! - [`state`]: keyed state backends; [`checkpoint`]: checkpoint storage
+//!   and manifests.
+//! - [`metrics`]: per-operator and per-edge counters; [`error`]: the one
+//!   error type and who is to blame.
 //! - [`testing`]: run a pipeline on in-memory input in one call.
+//!
+//! How the crate is layered inside is in the book's design notes.
 
 #[allow(unused_extern_crates)] // lets `#[derive(Key)]` name `::weibo` inside this crate
 extern crate self as weibo;

@@ -166,26 +166,50 @@ pub mod on_error {
 pub trait NeedsKeyedStream<Op> {}
 
 /// Marker for [`NeedsKeyedStream`]: `reduce` (names the operation in the
-/// compiler's message; not for use).
-#[doc(hidden)]
+/// compiler's message when it is called on a plain stream). Key the
+/// stream first:
+///
+/// ```
+/// let out = weibo::testing::run(vec![1u32, 2], |s| s.key_by(|_: &u32| 0u8).reduce(|a, b| a + b))?;
+/// assert_eq!(out.len(), 2);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub enum reduce {}
 /// Marker for [`NeedsKeyedStream`]: `fold` (names the operation in the
-/// compiler's message; not for use).
-#[doc(hidden)]
+/// compiler's message when it is called on a plain stream). Key the
+/// stream first:
+///
+/// ```
+/// let out = weibo::testing::run(vec![1u32, 2], |s| s.key_by(|_: &u32| 0u8).fold(|| 0u32, |acc, x| *acc += x).map(|(_, n)| n))?;
+/// assert_eq!(out.len(), 2);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub enum fold {}
 /// Marker for [`NeedsKeyedStream`]: `aggregate` (names the operation in the
-/// compiler's message; not for use).
-#[doc(hidden)]
+/// compiler's message when it is called on a plain stream). Key the
+/// stream first:
+///
+/// ```
+/// let out = weibo::testing::run(vec![1u32, 2], |s| s.key_by(|_: &u32| 0u8).aggregate(weibo::window::Count).map(|(_, n)| n as u32))?;
+/// assert_eq!(out.len(), 2);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub enum aggregate {}
 /// Marker for [`NeedsKeyedStream`]: `with_partitions` (names the operation in the
-/// compiler's message; not for use).
-#[doc(hidden)]
+/// compiler's message when it is called on a plain stream). Key the
+/// stream first:
+///
+/// ```
+/// let out = weibo::testing::run(vec![1u32, 2], |s| s.key_by(|x: &u32| *x).with_partitions(2).reduce(|a, b| a + b))?;
+/// assert_eq!(out.len(), 2);
+/// # Ok::<(), weibo::Error>(())
+/// ```
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub enum with_partitions {}
