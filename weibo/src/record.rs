@@ -31,7 +31,7 @@ pub struct Meta {
     pub offset: u64,
     /// The source partition.
     pub partition: u32,
-    /// The source's index in the job (resolved to its name by [`SourceNames`]).
+    /// The source's index in the job (resolved to its name by the job).
     pub source: u32,
 }
 

@@ -32,7 +32,7 @@
 //! file is written front to back in one pass, as an object store's upload
 //! streams. The payload is a sequence of frames, each a length (u64 LE) and
 //! an rkyv archive: the first a [`StateFile`] naming the state and its
-//! codec, the others each a [`SnapshotFrame`] carrying entries a chunk at a time
+//! codec, the others each a [`SnapshotFrame`](crate::state::SnapshotFrame) carrying entries a chunk at a time
 //! (a key group, or part of one), their keys and values concatenated with
 //! their end offsets, so neither writing nor reading a file holds all of it
 //! in memory, and writing costs a few allocations per frame, not two per

@@ -15,7 +15,7 @@ use crate::record::SourcePosition;
 use serde::{Deserialize, Serialize};
 
 /// A record a `process` function failed on, sent to the dead-letter output
-/// under the [`on_error::DeadLetter`] policy.
+/// under the [`on_error::DeadLetter`](crate::on_error::DeadLetter) policy.
 ///
 /// ```
 /// let mut t = weibo::testing::TestJob::new("letters");

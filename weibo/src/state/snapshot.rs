@@ -92,7 +92,7 @@ pub const SNAPSHOT_PART: usize = 65_536;
 /// The bytes at which an export passes a part on, whatever its entries.
 pub const SNAPSHOT_PART_BYTES: usize = 16 << 20;
 
-/// An export gathered whole (see [`collect`]).
+/// An export gathered whole (see [`gather`]).
 #[derive(Debug, Default)]
 pub struct GatheredSnapshot {
     /// Whether it is a base.

@@ -133,7 +133,7 @@ impl Job {
         self.configure(|c| c.channel_capacity = batches.max(1))
     }
 
-    /// Where keyed state lives (default [`MemoryBackend`]).
+    /// Where keyed state lives (default [`MemoryBackend`](crate::state::MemoryBackend)).
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;
