@@ -2,7 +2,7 @@
 //! the public DSL, printing one `RESULT` line in the peers' format.
 //!
 //! ```sh
-//! cargo run --release -p weibo-examples --example bench -- <w1|w1-100keys|w2|w3|sessions> <events> <partitions> [threads]
+//! cargo run --release -p weibo-examples --example bench -- <w1|w1-100keys|w2|w3|sessions|sessions-100keys> <events> <partitions> [threads]
 //! ```
 //!
 //! Event `i`: `key = (i * 2654435761) mod K`, `value = i mod 1000`, `ts = i`.
@@ -197,9 +197,12 @@ fn w1(job: &Job, n: u64, partitions: usize, keys: u64, total: Arc<Mutex<Out>>) {
 /// 60 s gap, the sum of values per session. Each of the 100,000 keys gets
 /// an event every 100 s of event time, so every event closes its key's
 /// session and opens the next: per event, a session timer fires and one
-/// is set (timers live in the backend: in fjall's table on fjall).
-fn sessions(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
-    job.source(Generator::new(n, move |i| (i.wrapping_mul(MULT) % 100_000, i % 1000, i)).with_partitions(partitions))
+/// is set (timers live in the backend: in fjall's table on fjall). The
+/// `sessions-100keys` variant has 100 keys, each with an event every
+/// 100 ms: every event extends its key's open session, so per event a
+/// timer is deleted and one set, and most key groups hold one key.
+fn sessions(job: &Job, n: u64, partitions: usize, keys: u64, total: Arc<Mutex<Out>>) {
+    job.source(Generator::new(n, move |i| (i.wrapping_mul(MULT) % keys, i % 1000, i)).with_partitions(partitions))
         .with_timestamps(|e: &(u64, u64, u64)| e.2 as i64, WatermarkStrategy::monotonous())
         .key_by(|e: &(u64, u64, u64)| e.0)
         .with_partitions(partitions)
@@ -333,7 +336,9 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: bench <w1|w1-100keys|w2|w3|sessions> <events> <partitions> [threads] | bench ckpt <keys> 1");
+    eprintln!(
+        "usage: bench <w1|w1-100keys|w2|w3|sessions|sessions-100keys> <events> <partitions> [threads] | bench ckpt <keys> 1"
+    );
     std::process::exit(2)
 }
 
@@ -387,7 +392,8 @@ fn main() {
         "w1-100keys" => w1(&job, n, partitions, 100, total.clone()),
         "w2" => w2(&job, n, partitions, total.clone()),
         "w3" => w3(&job, n, partitions, total.clone()),
-        "sessions" => sessions(&job, n, partitions, total.clone()),
+        "sessions" => sessions(&job, n, partitions, 100_000, total.clone()),
+        "sessions-100keys" => sessions(&job, n, partitions, 100, total.clone()),
         _ => usage(),
     }
     let started = Instant::now();

@@ -448,9 +448,18 @@ impl StateTable for FjallTable {
     /// Seeks to `from` in the key group's range.
     fn scan_from(&mut self, group: u16, from: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<()> {
         let start = self.key(group, from).to_vec();
-        // No upper bound: a bounded range also seeks its end in every
-        // table; the key group's end is checked instead.
-        for guard in self.keyspace.range(start..) {
+        // Bounded by the key group's end. Without the bound, a scan in a
+        // group that has no live key left runs on through the tombstones
+        // of the groups after it, to the next live key anywhere: with
+        // timers on disk, a session workload deletes a timer (its group's
+        // only one, often) before it sets the next, and such scans made it
+        // quadratic in the number of records.
+        let end = group.checked_add(1).map(u16::to_be_bytes);
+        let range = match &end {
+            Some(end) => self.keyspace.range(start..end.to_vec()),
+            None => self.keyspace.range(start..),
+        };
+        for guard in range {
             let (k, v) = guard.into_inner().map_err(|e| state_error(&self.operator, "scan", e))?;
             if k.get(..2) != Some(&group.to_be_bytes()[..]) || !f(k.get(2..).unwrap_or_default(), &v) {
                 break;
@@ -530,5 +539,46 @@ mod tests {
         drop(FjallBackend::open(dir.path()).unwrap());
         drop(FjallBackend::open(dir.path().join("new")).unwrap());
         assert!(dir.path().join("new/version").exists());
+    }
+
+    /// Scans stay in their key group: a group whose keys were all deleted
+    /// scans empty (it does not run on into the groups after it), and the
+    /// last key group (no group after it) scans to the table's end.
+    #[test]
+    fn a_scan_stays_in_its_key_group_past_deleted_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = FjallBackend::open(dir.path()).unwrap();
+        let scope = |groups: std::ops::Range<u16>| StateScope {
+            job: "scan".into(),
+            operator: "op".into(),
+            state: "timers".into(),
+            key_groups: groups,
+            max_key_groups: u16::MAX,
+        };
+        let mut table = backend.open_table(&scope(0..u16::MAX)).unwrap();
+        for k in 0u8..50 {
+            table.put(3, &[k], b"v").unwrap();
+            table.put(4, &[k], b"w").unwrap();
+        }
+        for k in 0u8..50 {
+            table.delete(3, &[k]).unwrap();
+        }
+        table.put(u16::MAX, &[9], b"last").unwrap();
+        let scan = |table: &mut Box<dyn StateTable>, group: u16, from: &[u8]| {
+            let mut seen = Vec::new();
+            table
+                .scan_from(group, from, &mut |k, v| {
+                    seen.push((k.to_vec(), v.to_vec()));
+                    true
+                })
+                .unwrap();
+            seen
+        };
+        assert!(scan(&mut table, 3, &[]).is_empty(), "every key of group 3 was deleted");
+        let four = scan(&mut table, 4, &[10]);
+        assert_eq!(four.len(), 40, "from key 10 on, only group 4's keys");
+        assert!(four.iter().all(|(_, v)| v == b"w"));
+        assert_eq!(scan(&mut table, u16::MAX, &[]), vec![(vec![9], b"last".to_vec())]);
+        assert!(scan(&mut table, 5, &[]).is_empty());
     }
 }
