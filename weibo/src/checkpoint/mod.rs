@@ -5,7 +5,7 @@
 //! checkpoint `n`. A source records its position and sends `Barrier(n)`
 //! after the records before it. A keyed operator instance that receives
 //! `Barrier(n)` on an input stops reading that input until the barrier has
-//! come on all of them (alignment), then exports its state, forwards the
+//! come on all of them (alignment), then snapshots its state, forwards the
 //! barrier and goes on; its state files are written in the background. When
 //! every task has acknowledged `n`, the coordinator writes the checkpoint's
 //! manifest, atomically: only then is the checkpoint complete, and only
@@ -321,7 +321,7 @@ mod tests {
         let meta = StateFile { groups: Vec::new(), removed: Vec::new(), ..whole.clone() };
         let path = name();
         let mut writer = StateFileWriter::create(&storage, &path, &meta).unwrap();
-        // One frame per key group, as an export passes them.
+        // One frame per key group, as a snapshot passes them.
         for g in &whole.groups {
             writer.part(&part_of(&StateFile { groups: vec![g.clone()], removed: Vec::new(), ..meta.clone() })).unwrap();
         }

@@ -172,7 +172,7 @@ pub(crate) trait InputOperator: Send {
     fn on_watermark(&mut self, wm: Timestamp) -> Result<()>;
     fn flush(&mut self) -> Result<()>;
     fn finish(&mut self) -> Result<()>;
-    /// Exports the operator's keyed state for a checkpoint.
+    /// Snapshots the operator's keyed state for a checkpoint.
     fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
         let _ = at;
         Ok(Vec::new())
@@ -187,7 +187,7 @@ pub(crate) trait InputOperator: Send {
 }
 
 /// The checkpoint a barrier belongs to, and the last complete one (whose
-/// state an incremental export builds on).
+/// state an incremental snapshot builds on).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SnapshotAt {
     pub(crate) n: CheckpointId,

@@ -118,19 +118,19 @@ pub(super) struct CacheStore<K, V> {
     /// any, which copies and lets go of it once the worker writes beside
     /// it (`overlays`).
     maps: Vec<Arc<CacheMap<K, V>>>,
-    /// Per owned key group: entries written while an export still shares
+    /// Per owned key group: entries written while a snapshot still shares
     /// the group's map (see the in-memory store's `Overlay`), applied to
-    /// the map in place once the export has let go of it; `None`: an
+    /// the map in place once the snapshot has let go of it; `None`: an
     /// entry to drop from the map (created and removed since the barrier,
-    /// never written back). Outside the budget, as the export's maps are:
+    /// never written back). Outside the budget, as the snapshot's maps are:
     /// an overlay holds at most as many entries as its map (up to
     /// [`OVERLAY_MIN`]) plus an eighth, past which the worker copies the
     /// map instead.
     overlays: Vec<CacheOverlay<K, V>>,
     /// Per owned key group: whether the worker has written beside the map
-    /// since the barrier (the export copies such maps at once).
+    /// since the barrier (the snapshot copies such maps at once).
     wanted: Wanted,
-    /// Maps exports are done with, to copy into (outside the budget: a
+    /// Maps snapshots are done with, to copy into (outside the budget: a
     /// checkpoint's copies, kept for the next one).
     spares: Spares<CacheMap<K, V>>,
     table: Box<dyn StateTable>,
@@ -225,7 +225,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         // (A plain load, not `Arc::get_mut`'s read-modify-write: one of
         // those per update, in `make_mut`, is enough.)
         if Arc::strong_count(map) > 1 && overlay.len() < OVERLAY_MIN.min(map.len()) + map.len() / 8 {
-            // An export still shares the map: write beside it.
+            // A snapshot still shares the map: write beside it.
             self.wanted.set(index);
             return self.overlaid_update(index, group, key, key_bytes, epoch, f);
         }
@@ -262,7 +262,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         Ok(r)
     }
 
-    /// [`CacheStore::update`] of a key group whose map an export still
+    /// [`CacheStore::update`] of a key group whose map a snapshot still
     /// shares: in its overlay.
     #[cold]
     #[inline(never)]
@@ -321,7 +321,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     }
 
     /// Applies key group `index`'s overlay to its map (copying the map if
-    /// an export still shares it: a barrier's, after a slow export).
+    /// a snapshot still shares it: a barrier's, after a slow snapshot).
     #[cold]
     #[inline(never)]
     fn apply_overlay(&mut self, index: usize) {
@@ -635,7 +635,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         })
     }
 
-    /// The maps, shared with an export (at a barrier): overlays a slow
+    /// The maps, shared with a snapshot (at a barrier): overlays a slow
     /// export left are applied first, and the flags cleared.
     fn share(&mut self) -> Holding<CacheMap<K, V>> {
         for index in 0..self.overlays.len() {

@@ -185,7 +185,7 @@ pub trait StateTable: Send {
     /// another thread), for a checkpoint. The default reads them now;
     /// backends with snapshots take one and read it later.
     ///
-    /// The export must pass each key group's entries in one or more parts
+    /// The snapshot must pass each key group's entries in one or more parts
     /// holding that key group only, key groups in order (a cache laid over
     /// the table relies on it). The default passes one part per key group
     /// that has entries; the fjall backend splits a key group into parts of
@@ -622,10 +622,10 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
 
-        /// Exports taken at a barrier and run only after more writes (as a
+        /// Snapshots taken at a barrier and run only after more writes (as a
         /// checkpoint's are, on another thread) hold the state as of the
         /// barrier, on every backend; on the in-memory one those writes go
-        /// beside the maps the export shares (`Overlay`) and into them
+        /// beside the maps the snapshot shares (`Overlay`) and into them
         /// afterwards. Reads and scans agree with a `BTreeMap` throughout.
         #[test]
         fn exports_hold_the_barrier_while_writes_go_on(
@@ -654,7 +654,7 @@ mod tests {
                     let taken = chain.take(
                         |n, last| {
                             let export = s.snapshot_changes(CheckpointId::new(n), CheckpointId::new(last)).unwrap();
-                            // Writes after the barrier, before the export runs.
+                            // Writes after the barrier, before the snapshot runs.
                             for (key, value) in writes {
                                 write(&mut s, &mut after, *key, *value);
                             }

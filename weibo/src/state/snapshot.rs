@@ -15,7 +15,7 @@ pub type RemovedKeys = Vec<(u16, Vec<u8>)>;
 /// delta, removed keys), their bytes concatenated.
 #[derive(Debug, Default, Clone)]
 pub struct SnapshotPart {
-    /// Whether the export is all the state (a base) or what changed since
+    /// Whether the snapshot is all the state (a base) or what changed since
     /// the last complete checkpoint (a delta, applied on top of the chain
     /// before it).
     pub base: bool,
@@ -57,11 +57,11 @@ impl SnapshotPart {
     }
 }
 
-/// What an export at `at` (checkpoint, last complete one) builds on: the
+/// What a snapshot at `at` (checkpoint, last complete one) builds on: the
 /// last complete checkpoint for a delta, `None` for a base. A delta needs
-/// a complete checkpoint of this run (at or after its first export,
+/// a complete checkpoint of this run (at or after its first snapshot,
 /// `first_base`), and every [`FULL_CHECKPOINT_EVERY`]th export is a base
-/// (`since_full`: exports since the last base).
+/// (`since_full`: snapshots since the last base).
 pub(super) fn delta_since(at: Option<(u64, u64)>, first_base: Option<u64>, since_full: u32) -> Option<u32> {
     match at {
         Some((_, since))
@@ -73,7 +73,7 @@ pub(super) fn delta_since(at: Option<(u64, u64)>, first_base: Option<u64>, since
     }
 }
 
-/// Receives an export's parts one at a time (a part's buffers are reused
+/// Receives a snapshot's parts one at a time (a part's buffers are reused
 /// for the next once the sink returns).
 pub type SnapshotSink<'a> = dyn FnMut(&SnapshotPart) -> Result<()> + 'a;
 
@@ -86,13 +86,13 @@ pub type SnapshotSink<'a> = dyn FnMut(&SnapshotPart) -> Result<()> + 'a;
 /// than its entry, or in the same one.
 pub type Snapshot = Box<dyn FnOnce(&mut SnapshotSink<'_>) -> Result<bool> + Send>;
 
-/// The most entries an export passes in one part.
+/// The most entries a snapshot passes in one part.
 pub const SNAPSHOT_PART: usize = 65_536;
 
-/// The bytes at which an export passes a part on, whatever its entries.
+/// The bytes at which a snapshot passes a part on, whatever its entries.
 pub const SNAPSHOT_PART_BYTES: usize = 16 << 20;
 
-/// An export gathered whole (see [`gather`]).
+/// A snapshot gathered whole (see [`gather`]).
 #[derive(Debug, Default)]
 pub struct GatheredSnapshot {
     /// Whether it is a base.
@@ -103,10 +103,10 @@ pub struct GatheredSnapshot {
     pub removed: RemovedKeys,
 }
 
-/// Runs an export and gathers its parts into one.
+/// Runs a snapshot and gathers its parts into one.
 ///
 /// # Errors
-/// The export's.
+/// The snapshot's.
 pub fn gather(export: Snapshot) -> Result<GatheredSnapshot> {
     let mut all = GatheredSnapshot::default();
     all.base = export(&mut |part: &SnapshotPart| {
@@ -132,7 +132,7 @@ pub(crate) fn flush_part(part: &mut SnapshotPart, sink: &mut SnapshotSink<'_>) -
 }
 
 /// Entries and removed keys, their bytes concatenated: a frame of a
-/// state file of version 3 or 4, and a part of an export. Entry `i` is in key group
+/// state file of version 3 or 4, and a part of a snapshot. Entry `i` is in key group
 /// `groups[i]`; its key is `keys[key_ends[i - 1]..key_ends[i]]` (from 0 for
 /// the first), its value likewise in `values`; removed keys likewise.
 /// Building one costs an allocation per buffer, not two per entry, and
@@ -157,7 +157,7 @@ pub struct SnapshotFrame {
     pub removed: Vec<u8>,
 }
 
-/// A buffer's length as an end offset. Exports pass a part on once it
+/// A buffer's length as an end offset. Snapshots pass a part on once it
 /// holds 16 MiB, so only a single entry near 4 GiB fails here.
 pub(super) fn end_of(buffer: &[u8]) -> Result<u32> {
     u32::try_from(buffer.len()).map_err(|_| {

@@ -1,11 +1,11 @@
 //! Spare maps for the copies checkpoints make.
 //!
-//! A checkpoint shares each key group's map with the worker. The export
+//! A checkpoint shares each key group's map with the worker. The snapshot
 //! copies a map it shares as soon as the worker writes beside it (see
 //! [`Holding`], and `Overlay` in the parent module), or the worker copies
 //! it when its overlay has grown too large. Copied into fresh memory, a copy costs a page fault per page (the
 //! kernel zeroes each page first): about half of the copy's time. So
-//! copies go into maps an earlier export has finished with, emptied, when
+//! copies go into maps an earlier snapshot has finished with, emptied, when
 //! there are: their memory is mapped already. Spares are no more than the
 //! state has key groups, memory a checkpoint needs anyway at its peak.
 
@@ -30,7 +30,7 @@ impl<K: Clone, V: Clone, S: Clone> SpareMap for hashbrown::HashMap<K, V, S> {
     }
 }
 
-/// Maps exports are done with, shared by a state and its exports: no more
+/// Maps snapshots are done with, shared by a state and its snapshots: no more
 /// than the state has maps (key groups).
 pub(crate) struct Spares<M> {
     pool: Arc<Mutex<Vec<M>>>,
@@ -50,7 +50,7 @@ impl<M: SpareMap> Spares<M> {
     }
 
     /// `map`, made this side's own to write: copied (into a spare, if
-    /// any) when an export still shares it.
+    /// any) when a snapshot still shares it.
     #[inline]
     pub(crate) fn make_mut<'a>(&self, map: &'a mut Arc<M>) -> &'a mut M {
         // A plain load: the one atomic read-modify-write per call is
@@ -77,7 +77,7 @@ impl<M: SpareMap> Spares<M> {
         *map = Arc::new(copy);
     }
 
-    /// A copy of `map` (into a spare, if any), for an export to keep;
+    /// A copy of `map` (into a spare, if any), for a snapshot to keep;
     /// `map` is let go of at once.
     pub(crate) fn copy_out(&self, map: Arc<M>) -> M {
         // Nothing else holds it (the worker has dropped it): no copy.
@@ -116,12 +116,12 @@ impl<M: SpareMap> Spares<M> {
         }
     }
 
-    /// Takes back a map an export has finished with: kept as a spare,
+    /// Takes back a map a snapshot has finished with: kept as a spare,
     /// emptied, if nothing else holds it (the worker has copied it since,
     /// or dropped it) and there is room; otherwise just released.
     pub(crate) fn give_back(&self, map: Arc<M>) {
         if let Ok(map) = Arc::try_unwrap(map) {
-            // Emptied here, on the export's thread, not the worker's.
+            // Emptied here, on the snapshot's thread, not the worker's.
             self.keep(map);
         }
     }
@@ -133,8 +133,8 @@ impl<M: SpareMap> Spares<M> {
     }
 }
 
-/// Per key group, whether the worker has written beside the map an export
-/// still shares (an overlay) since the last barrier: such a map the export
+/// Per key group, whether the worker has written beside the map a snapshot
+/// still shares (an overlay) since the last barrier: such a map the snapshot
 /// copies and lets go of at once, rather than when it has encoded it.
 #[derive(Clone)]
 pub(crate) struct Wanted(Arc<[AtomicBool]>);
@@ -160,7 +160,7 @@ impl Wanted {
         self.0.get(index).is_some_and(|flag| flag.load(Ordering::Relaxed))
     }
 
-    /// Clears every flag (at a barrier, before the export shares the maps).
+    /// Clears every flag (at a barrier, before the snapshot shares the maps).
     pub(crate) fn clear(&self) {
         for flag in self.0.iter() {
             flag.store(false, Ordering::Relaxed);
@@ -168,7 +168,7 @@ impl Wanted {
     }
 }
 
-/// A map an export shares: still shared, copied (let go of), or done.
+/// A map a snapshot shares: still shared, copied (let go of), or done.
 pub(crate) enum Held<M> {
     Shared(Arc<M>),
     Copied(M),
@@ -186,16 +186,16 @@ impl<M> Held<M> {
     }
 }
 
-/// The maps an export shares with the worker, one per key group.
+/// The maps a snapshot shares with the worker, one per key group.
 ///
 /// The worker writes a key group whose map is still shared beside it (an
-/// overlay) and flags it ([`Wanted`]); the export calls [`Holding::release`]
+/// overlay) and flags it ([`Wanted`]); the snapshot calls [`Holding::release`]
 /// before each key group and every few thousand entries, which copies each
 /// flagged map (into a spare) and lets go of it, so that the worker can
 /// apply its overlay in place. The maps nobody flags are encoded where
 /// they are and let go of when done: an idle job's checkpoint copies
 /// nothing, and the worker copies a map only when its overlay outgrows
-/// its cap, or when an export still holds the map at the next barrier.
+/// its cap, or when a snapshot still holds the map at the next barrier.
 pub(crate) struct Holding<M> {
     held: Vec<Held<M>>,
     spares: Spares<M>,
@@ -262,7 +262,7 @@ mod tests {
         // Not shared: written in place.
         spares.make_mut(&mut map).insert(1000, 1000);
         let shared = map.clone();
-        // Shared with an export: the write copies, leaving the export's as it was.
+        // Shared with a snapshot: the write copies, leaving the snapshot's as it was.
         spares.make_mut(&mut map).insert(1001, 1001);
         assert_eq!((map.len(), shared.len()), (1002, 1001));
         let spare_at = shared.get(&0).unwrap() as *const u64 as usize;

@@ -149,7 +149,7 @@ pub(super) struct TimerLog<K> {
     epoch: u32,
     since_full: u32,
     /// The first base exported since the log was last dropped (`None`: the
-    /// next export is a base, and nothing needs logging until then).
+    /// next snapshot is a base, and nothing needs logging until then).
     first_base: Option<u64>,
     /// Removals of past epochs, shared with the checkpoints that write them.
     removed: Vec<(u32, Arc<RemovedTimers<K>>)>,
@@ -174,7 +174,7 @@ impl<K> TimerLog<K> {
 
     /// Logs a removal; when the log outgrows the `live` timers (and
     /// [`WINDOW_LOG_MIN`]), a delta would outweigh a base: the log is
-    /// dropped and the next export is a base.
+    /// dropped and the next snapshot is a base.
     fn push(&mut self, time: Timestamp, key: K, group: u16, live: usize) {
         self.current.push((time, key, group));
         if self.removed_len + self.current.len() > live.max(WINDOW_LOG_MIN) {

@@ -9,7 +9,7 @@
 //! of a job take no memory per timer.
 //!
 //! The entries go through a [`ValueState`] on the table, without a cache:
-//! it logs changes for incremental checkpoints and exports the table's
+//! it logs changes for incremental checkpoints and snapshots the table's
 //! snapshot for full ones, as for any value state.
 
 use std::collections::BTreeSet;

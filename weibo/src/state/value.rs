@@ -9,7 +9,7 @@ pub(super) enum Store<K, V> {
     /// One map per owned key group, by typed key.
     /// Each map is shared with the checkpoint being written, if any; the
     /// worker writes beside it meanwhile (see [`Overlay`]).
-    /// Each value is stamped with the export epoch in which it last
+    /// Each value is stamped with the snapshot epoch in which it last
     /// changed, so an incremental checkpoint finds what changed.
     Objects(Vec<Arc<StampedMap<K, V>>>),
     /// Live values cached in front of a byte table.
@@ -32,9 +32,9 @@ pub struct ValueState<K, V> {
     /// The checkpoint being built (one after the last barrier): values
     /// changed now are stamped with it.
     epoch: u32,
-    /// Exports since the last full one.
+    /// Snapshots since the last full one.
     since_full: u32,
-    /// The checkpoint of this run's first export (a base): a delta needs
+    /// The checkpoint of this run's first snapshot (a base): a delta needs
     /// a complete checkpoint at or after it to build on, since changes
     /// before it were neither stamped nor logged.
     first_base: Option<u64>,
@@ -52,37 +52,37 @@ pub struct ValueState<K, V> {
     /// checkpoint being taken and copied on the next write, like the
     /// in-memory maps, so the barrier does not copy keys.
     pub(super) changed: Vec<Arc<ChangedKeys>>,
-    /// In-memory store: maps exports are done with, to copy into.
+    /// In-memory store: maps snapshots are done with, to copy into.
     spares: spares::Spares<StampedMap<K, V>>,
-    /// In-memory store, per owned key group: writes made while an export
+    /// In-memory store, per owned key group: writes made while a snapshot
     /// still shares the group's map (it copies each map first thing, then
     /// lets go of it), applied to the map in place once it has; a value,
     /// or `None` for a removal, with its stamp. See [`Overlay`].
     overlays: Vec<Overlay<K, V>>,
     /// In-memory store, per owned key group: whether the worker has written
-    /// beside the map since the last barrier, telling the export to copy
+    /// beside the map since the last barrier, telling the snapshot to copy
     /// the map and let go of it now rather than when it has encoded it.
     wanted: spares::Wanted,
 }
 
-/// Writes to a key group's map while an export still shares it.
+/// Writes to a key group's map while a snapshot still shares it.
 ///
-/// The worker writes a key group whose map an export still shares into
-/// this overlay, and flags the key group (`wanted`); the export, on its
+/// The worker writes a key group whose map a snapshot still shares into
+/// this overlay, and flags the key group (`wanted`); the snapshot, on its
 /// own thread, copies a flagged map and lets go of it as soon as it sees
 /// the flag (before each key group and every 4,096 entries), and encodes
 /// the others where they are. So the worker does not copy the map itself (which, with every key group written right
 /// after each barrier, meant copying the whole state on the worker at
-/// every checkpoint); the next write after the export let go applies the
+/// every checkpoint); the next write after the snapshot let go applies the
 /// overlay to the map in place. An overlay that outgrows
-/// [`OVERLAY_MIN`] plus an eighth of its map (an export slow to start)
+/// [`OVERLAY_MIN`] plus an eighth of its map (a snapshot slow to start)
 /// gives up: the worker copies the map and applies it.
 pub(super) type Overlay<K, V> = ObjectMap<K, (Option<V>, u32)>;
 
 /// See [`Overlay`].
 pub(super) const OVERLAY_MIN: usize = 4_096;
 
-/// Updates `key` in `overlay`, beside `map`, which an export still
+/// Updates `key` in `overlay`, beside `map`, which a snapshot still
 /// shares: as [`ValueState::update`] does in the map (logging a removal in
 /// `removed`, if changes are tracked).
 #[cold]
@@ -243,7 +243,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                     // (A plain load, not `Arc::get_mut`'s read-modify-write:
                     // one of those per update, in `make_mut`, is enough.)
                     if Arc::strong_count(map) > 1 && overlay.len() < OVERLAY_MIN + map.len() / 8 {
-                        // An export still shares the map: write beside it.
+                        // A snapshot still shares the map: write beside it.
                         let removed = self.removed.get_mut(index).filter(|_| self.tracking);
                         self.wanted.set(index);
                         return Ok(overlaid_update(map, overlay, removed, key, epoch, f));
@@ -439,7 +439,7 @@ pub(super) fn key_error(operator: &str, e: crate::codec::key::KeyDecodeError) ->
 }
 
 impl<K: Key, V: Data> ValueState<K, V> {
-    /// Every entry, encoded (a full export).
+    /// Every entry, encoded (a full snapshot).
     ///
     /// # Errors
     /// As [`ValueState::update`].
@@ -457,7 +457,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     }
 
     /// The state at barrier `checkpoint`, to encode later (on another
-    /// thread): every [`FULL_CHECKPOINT_EVERY`] exports (and the first)
+    /// thread): every [`FULL_CHECKPOINT_EVERY`] snapshots (and the first)
     /// all entries, otherwise what changed since checkpoint `since` (the
     /// last complete one: changes made for checkpoints that did not
     /// complete are included again). For the in-memory store this only
@@ -468,7 +468,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// snapshot where the backend has one).
     ///
     /// A delta needs a complete checkpoint taken in this run to build on:
-    /// until one completes (after a start or a restore), every export is a
+    /// until one completes (after a start or a restore), every snapshot is a
     /// base.
     ///
     /// # Errors
@@ -488,10 +488,10 @@ impl<K: Key, V: Data> ValueState<K, V> {
         }
         let base = since.is_none();
         // Removals a complete checkpoint holds are not needed again; the
-        // others are kept even when this export is a base, since a base
+        // others are kept even when this snapshot is a base, since a base
         // whose checkpoint fails leaves the next delta building on an older
         // complete checkpoint.
-        // (A plain export, not for a checkpoint, leaves the logs alone.)
+        // (A plain snapshot, not for a checkpoint, leaves the logs alone.)
         if let Some((_, completed)) = at {
             let pending = |e: &u32| u64::from(*e) > completed;
             for r in &mut self.removed {
@@ -507,7 +507,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             if base { Vec::new() } else { self.groups.clone().zip(self.removed.iter().cloned()).collect() };
         match &mut self.store {
             Store::Objects(maps) => {
-                // Writes an earlier export made wait go into the maps first.
+                // Writes an earlier snapshot made wait go into the maps first.
                 for (map, overlay) in maps.iter_mut().zip(self.overlays.iter_mut()) {
                     if !overlay.is_empty() {
                         apply_overlay(self.spares.make_mut(map), overlay);

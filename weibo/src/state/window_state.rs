@@ -152,7 +152,7 @@ pub(super) struct WindowLog<K, A> {
     epoch: u32,
     since_full: u32,
     /// The first base exported since the log was last dropped: a delta
-    /// needs a complete checkpoint at or after it. `None`: the next export
+    /// needs a complete checkpoint at or after it. `None`: the next snapshot
     /// is a base, and nothing needs logging until then.
     first_base: Option<u64>,
     purged: Vec<PurgedWindow<K, A>>,
@@ -185,7 +185,7 @@ impl<K, A> WindowLog<K, A> {
 
     /// `n` more accumulators removed. When the log holds more than the
     /// windows do, a delta would outweigh a base: the log is dropped and
-    /// the next export is a base (windows that fire soon after they open,
+    /// the next snapshot is a base (windows that fire soon after they open,
     /// like short tumbling windows, are written whole).
     fn grew(&mut self, n: usize) {
         self.removed_len += n;
