@@ -56,7 +56,7 @@ fn requests_a_job_cannot_serve_are_refused() {
         let handle = job.spawn().unwrap();
         let err = handle.savepoint("now").await.unwrap_err();
         assert!(matches!(err, Error::Refused { .. }), "{err:?}");
-        assert_eq!(err.blame(), Blame::Wiring);
+        assert_eq!(err.blame(), Blame::Request);
         assert!(err.to_string().contains("with_checkpoints"), "{err}");
         tokio::time::sleep(Duration::from_millis(10)).await;
         handle.cancel().await.unwrap();

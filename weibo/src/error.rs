@@ -174,9 +174,12 @@ pub enum Error {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Blame {
-    /// The pipeline's wiring, or how the API was used: fix the code that
-    /// builds or drives the job.
+    /// The pipeline's wiring: fix the code that builds the job.
     Wiring,
+    /// A request the job cannot serve as it is now (a savepoint of a job
+    /// without checkpoints, or of one that has stopped or is finishing):
+    /// look at what the job was doing when it was asked.
+    Request,
     /// The data: a record a codec, a source or a `process` function
     /// refused. The error names the record's source position.
     Data,
@@ -204,7 +207,8 @@ impl Error {
     /// Who is to blame for this error.
     pub fn blame(&self) -> Blame {
         match self {
-            Error::Graph { .. } | Error::Refused { .. } => Blame::Wiring,
+            Error::Graph { .. } => Blame::Wiring,
+            Error::Refused { .. } => Blame::Request,
             Error::Codec { .. } | Error::Input { .. } | Error::RecordFailed { .. } | Error::TimerFailed { .. } => {
                 Blame::Data
             }

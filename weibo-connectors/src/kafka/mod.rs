@@ -73,7 +73,7 @@ impl Connection {
         let consumer: BaseConsumer = self
             .config(&[("allow.auto.create.topics", "false")])
             .create()
-            .map_err(|e| connector(name, format!("cannot create a Kafka client: {e}")))?;
+            .map_err(|e| connector_caused(name, "cannot create a Kafka client".to_string(), e))?;
         let mut out = Vec::new();
         for topic in topics {
             let md = consumer.fetch_metadata(Some(topic), self.timeout).map_err(|e| self.unreachable(name, &e))?;
@@ -99,7 +99,11 @@ impl Connection {
 
     /// The error for a broker that did not answer.
     pub(crate) fn unreachable(&self, name: &str, e: &KafkaError) -> Error {
-        connector(name, format!("cannot reach the Kafka brokers at {} within {:?}: {e}", self.brokers, self.timeout))
+        connector_caused(
+            name,
+            format!("cannot reach the Kafka brokers at {} within {:?}", self.brokers, self.timeout),
+            e.clone(),
+        )
     }
 }
 

@@ -414,11 +414,11 @@ impl Core {
             .create_with_context(Deliveries::default())
             .map_err(|e| self.err_caused(format!("cannot create a transactional producer `{id}`"), e))?;
         retry(TXN_CALL_TIMEOUT, || producer.init_transactions(TXN_CALL_TIMEOUT)).map_err(|e| {
-            self.err(format!(
-                "cannot initialise transactions of `{id}` at {} (is transaction.timeout.ms = {} ms above the brokers' transaction.max.timeout.ms?): {e}",
+            self.err_caused(format!(
+                "cannot initialise transactions of `{id}` at {} (is transaction.timeout.ms = {} ms above the brokers' transaction.max.timeout.ms?)",
                 conn.brokers,
                 timeout.as_millis()
-            ))
+            ), e)
         })?;
         self.state().live.insert((instance, slot));
         Ok(Slot { instance, slot, producer: Arc::new(producer) })

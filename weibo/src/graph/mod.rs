@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::codec::CodecId;
+use crate::codec::{CodecId, recorded_type_name};
 use crate::error::{Error, Result};
 use crate::operator::factory::{ChainFactory, KeyedFactory, RouterFactory, SourceFactory};
 use crate::operator::{AnyConsumer, DiscardOp, TeeOp, erase, unerase};
@@ -191,18 +191,21 @@ impl Graph {
 
     /// A hash of the operators, their names, types and edges, leaving out
     /// parallelism: a checkpoint restores only into the same pipeline, but
-    /// may restore with other partition counts.
+    /// may restore with other partition counts. Types are named as
+    /// checkpoints record them (`codec::recorded_type_name`), so a build
+    /// that moved Weibo's own types inside the crate restores the
+    /// checkpoints of the builds before it.
     pub(crate) fn fingerprint(&self) -> String {
         let mut text = String::new();
         for (id, n) in self.nodes.iter().enumerate() {
             let _ = write!(text, "{id}:{}:{}:", n.kind, n.name);
             for p in &n.outputs {
-                let _ = write!(text, "{},", p.type_name);
+                let _ = write!(text, "{},", recorded_type_name(p.type_name));
             }
             for i in &n.inputs {
                 let kind = match &i.kind {
                     EdgeKind::Forward => "forward".to_string(),
-                    EdgeKind::Hash { key_type, codec } => format!("hash({key_type},{codec})"),
+                    EdgeKind::Hash { key_type, codec } => format!("hash({},{codec})", recorded_type_name(key_type)),
                 };
                 let _ = write!(text, "<{}.{}:{kind}", i.from, i.port);
             }

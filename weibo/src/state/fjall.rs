@@ -128,8 +128,8 @@ impl FjallOptions {
             fjall::Database::builder(&path).manual_journal_persist(true).cache_size(self.block_cache).open().map_err(
                 |e| Error::State {
                     operator: String::new(),
-                    message: format!("cannot open the fjall database in `{}`: {e}", path.display()),
-                    source: None,
+                    message: format!("cannot open the fjall database in `{}`", path.display()),
+                    source: Some(e.into()),
                 },
             )?;
         Ok(FjallBackend {
