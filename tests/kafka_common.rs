@@ -333,3 +333,19 @@ pub(crate) fn group_offsets_by_partition(group: &str, topic: &str) -> Vec<i64> {
     }
     by_partition
 }
+
+/// What a child process of a crash or group test runs, per the spec in
+/// `WEIBO_KAFKA_CHILD` (nothing when it is not set): a group member
+/// (`group|<input>|<output>|<dir>|<name>`) or the counting job
+/// (`<input>|<output>|<dir>`).
+pub(crate) fn run_child() {
+    let Ok(spec) = std::env::var("WEIBO_KAFKA_CHILD") else { return };
+    init_logs();
+    let parts: Vec<&str> = spec.split('|').collect();
+    if parts[0] == "group" {
+        group_member(parts[1], parts[2], Path::new(parts[3]), parts[4]);
+        return;
+    }
+    let job = counting_job(parts[0], parts[1], Path::new(parts[2]), true);
+    weibo::testing::block_on(job.run()).unwrap();
+}

@@ -14,17 +14,10 @@ mod kafka_common;
 
 use kafka_common::*;
 
+/// The entry point of this binary's child processes (see `run_child`).
 #[test]
 fn child() {
-    let Ok(spec) = std::env::var("WEIBO_KAFKA_CHILD") else { return };
-    init_logs();
-    let parts: Vec<&str> = spec.split('|').collect();
-    if parts[0] == "group" {
-        group_member(parts[1], parts[2], Path::new(parts[3]), parts[4]);
-        return;
-    }
-    let job = counting_job(parts[0], parts[1], Path::new(parts[2]), true);
-    weibo::testing::block_on(job.run()).unwrap();
+    run_child();
 }
 
 #[test]
