@@ -118,14 +118,54 @@ struct Entry {
     meta: Meta,
 }
 
-/// A batch of encoded records: one contiguous byte arena holding every key
-/// and value, and an entry per record with offsets into it.
-#[derive(Debug, Default)]
+/// A batch of records: one contiguous byte arena holding every key (and,
+/// for encoded records, every value), and an entry per record with offsets
+/// into it.
+///
+/// On an edge inside one process the values stay typed: the router keeps
+/// each record's key and value in [`RecordBatch::typed`] (a `Vec<(K, T)>`,
+/// erased), so nothing is encoded to cross the edge and nothing decoded on
+/// the other side. The encoded key is kept beside it all the same: it is
+/// what the key group was computed from, and what byte state backends
+/// store. A batch without a typed part carries encoded values.
+#[derive(Default)]
 pub(crate) struct RecordBatch {
     data: Vec<u8>,
     entries: Vec<Entry>,
+    /// The records' keys and values, typed (see above), in entry order.
+    typed: Option<Box<dyn TypedRecords>>,
     /// Where the batch's memory goes back once read, for its sender to reuse.
     pool: Option<BatchPool>,
+}
+
+impl fmt::Debug for RecordBatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecordBatch")
+            .field("records", &self.entries.len())
+            .field("bytes", &self.data.len())
+            .field("typed", &self.typed.as_ref().map(|t| t.len()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The typed part of a [`RecordBatch`]: a `Vec` of records, its element
+/// type erased; the runtime sees its length only.
+pub(crate) trait TypedRecords: Send {
+    fn len(&self) -> usize;
+    fn clear(&mut self);
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+impl<R: Send + 'static> TypedRecords for Vec<R> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+    fn clear(&mut self) {
+        Vec::clear(self);
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
 }
 
 /// Spent batches of one edge, returned by the receiver for the sender to
@@ -149,6 +189,10 @@ impl BatchPool {
     fn put(&self, mut batch: RecordBatch) {
         batch.data.clear();
         batch.entries.clear();
+        if let Some(typed) = batch.typed.as_mut() {
+            // Emptied, its memory kept for the sender's next batch.
+            typed.clear();
+        }
         batch.pool = None;
         let mut kept = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if kept.len() < Self::KEEP {
@@ -168,7 +212,47 @@ pub(crate) struct RecordRef<'a> {
 
 impl RecordBatch {
     pub(crate) fn with_capacity(records: usize, bytes: usize) -> Self {
-        Self { data: Vec::with_capacity(bytes), entries: Vec::with_capacity(records), pool: None }
+        Self { data: Vec::with_capacity(bytes), entries: Vec::with_capacity(records), typed: None, pool: None }
+    }
+
+    /// Swaps the batch's typed records with `records` (see [`RecordBatch`]):
+    /// a router fills a `Vec<R>` of its own and swaps it in when it sends the
+    /// batch, getting back the memory of an earlier batch of the same edge.
+    pub(crate) fn swap_typed<R: Send + 'static>(&mut self, records: &mut Vec<R>) {
+        if let Some(mine) = self.typed.as_mut().and_then(|t| t.as_any_mut().downcast_mut::<Vec<R>>()) {
+            std::mem::swap(mine, records);
+        } else {
+            self.typed = Some(Box::new(std::mem::take(records)));
+        }
+    }
+
+    /// Moves the typed records into `into` (emptied first; the batch keeps
+    /// `into`'s memory for its sender to reuse) and says whether there were
+    /// any: `false` means the values are encoded and must be decoded.
+    ///
+    /// # Errors
+    /// What went wrong, when the batch holds typed records of another type,
+    /// or not one per entry (a bug in the plan, which wires a router to the
+    /// operator that reads its records; the caller reports it as internal).
+    pub(crate) fn take_typed<R: Send + 'static>(&mut self, into: &mut Vec<R>, reader: &str) -> Result<bool, String> {
+        into.clear();
+        let Some(typed) = self.typed.as_mut() else { return Ok(false) };
+        if typed.len() == 0 && !self.entries.is_empty() {
+            // A reused batch whose records were encoded this time.
+            return Ok(false);
+        }
+        match typed.as_any_mut().downcast_mut::<Vec<R>>() {
+            Some(records) if records.len() == self.entries.len() => {
+                std::mem::swap(records, into);
+                Ok(true)
+            }
+            Some(records) => Err(format!(
+                "`{reader}` got a batch of {} records with {} typed values",
+                self.entries.len(),
+                records.len()
+            )),
+            None => Err(format!("`{reader}` got typed records that are not `{}`", std::any::type_name::<R>())),
+        }
     }
 
     /// Gives the batch's memory back to its sender, if it came from a pool.
@@ -250,6 +334,58 @@ mod tests {
             vec![(b"ab".to_vec(), b"xyz".to_vec(), 3), (vec![], b"1".to_vec(), 3), (b"k".to_vec(), vec![], 3)]
         );
         assert_eq!(b.len(), 3);
+    }
+
+    #[test]
+    fn typed_records_cross_a_batch_and_their_memory_goes_back_to_the_sender() {
+        let pool = BatchPool::default();
+        let meta = Meta { timestamp: 1, watermark: 0, offset: 0, partition: 0, source: 0 };
+        let mut b = pool.take(4, 64);
+        let mut mine: Vec<(u64, String)> = Vec::with_capacity(8);
+        for k in 0..3u64 {
+            let start = b.data_mut().len();
+            b.data_mut().extend_from_slice(&k.to_be_bytes());
+            let value_start = b.data_mut().len();
+            b.commit(start, value_start, 0, meta);
+            mine.push((k, format!("v{k}")));
+        }
+        b.swap_typed(&mut mine);
+        assert!(mine.is_empty(), "the sender's vector went into the batch");
+        let mut got: Vec<(u64, String)> = Vec::new();
+        assert!(b.take_typed(&mut got, "test").unwrap());
+        assert_eq!(got, vec![(0, "v0".into()), (1, "v1".into()), (2, "v2".into())]);
+        assert!(b.iter().all(|r| r.value.is_empty()), "typed records have no value bytes");
+        let capacity = got.capacity();
+        // The reader's (now empty) vector goes back with the batch, for the
+        // sender to fill next.
+        got.clear();
+        b.swap_typed(&mut got);
+        b.recycle();
+        let mut again = pool.take(4, 64);
+        let mut next: Vec<(u64, String)> = Vec::new();
+        again.swap_typed(&mut next);
+        assert!(next.is_empty() && next.capacity() == capacity, "the memory came back");
+    }
+
+    #[test]
+    fn a_batch_without_typed_records_is_read_as_encoded_and_a_wrong_type_is_an_error() {
+        let meta = Meta { timestamp: 1, watermark: 0, offset: 0, partition: 0, source: 0 };
+        let mut b = RecordBatch::default();
+        b.data_mut().extend_from_slice(b"kv");
+        b.commit(0, 1, 0, meta);
+        let mut into: Vec<u32> = vec![7];
+        assert!(!b.take_typed(&mut into, "test").unwrap(), "no typed part: encoded");
+        assert!(into.is_empty());
+        let mut typed = vec![1u32];
+        b.swap_typed(&mut typed);
+        let mut wrong: Vec<u64> = Vec::new();
+        let e = b.take_typed(&mut wrong, "reader").unwrap_err();
+        assert!(e.contains("reader") && e.contains("u64"), "{e}");
+        let mut short = vec![1u32, 2];
+        b.swap_typed(&mut short);
+        let mut into: Vec<u32> = Vec::new();
+        let e = b.take_typed(&mut into, "reader").unwrap_err();
+        assert!(e.contains("1 records with 2 typed values"), "{e}");
     }
 }
 

@@ -36,6 +36,14 @@ pub(crate) struct RouterOp<T, K, KF: ?Sized> {
     pub(crate) pool: crate::record::BatchPool,
     pub(crate) limits: BatchLimits,
     pub(crate) key_buf: Vec<u8>,
+    /// Whether values are encoded onto the edge rather than kept typed
+    /// (see [`RecordBatch`]): edges between processes would need it; every
+    /// edge today is inside one, so only tests set it, to drive the
+    /// receivers' decoding path.
+    pub(crate) encode: bool,
+    /// Per target, the typed records of the batch being filled, swapped
+    /// into it when it is sent.
+    pub(crate) typed: Vec<Vec<(K, T)>>,
     /// The latest watermark from upstream, and the latest one sent. Records
     /// carry their watermark, so while data flows the receivers know it;
     /// the message goes out with the next flush, after the data before it.
@@ -44,12 +52,17 @@ pub(crate) struct RouterOp<T, K, KF: ?Sized> {
     pub(crate) _t: PhantomData<fn(T) -> K>,
 }
 
-impl<T, K, KF: ?Sized> RouterOp<T, K, KF> {
+impl<T: Send + 'static, K: Send + 'static, KF: ?Sized> RouterOp<T, K, KF> {
     fn send(&mut self, target: usize) {
         if let (Some(batch), Some(&sender)) = (self.targets.get_mut(target), self.senders.get(target))
             && !batch.is_empty()
         {
-            let full = std::mem::replace(batch, self.pool.take(self.limits.records, 16 * self.limits.records));
+            let mut full = std::mem::replace(batch, self.pool.take(self.limits.records, 16 * self.limits.records));
+            if let Some(typed) = self.typed.get_mut(target)
+                && !typed.is_empty()
+            {
+                full.swap_typed(typed);
+            }
             self.outbox.push(sender, Message::Data(full));
         }
     }
@@ -136,9 +149,13 @@ where
     fn push(&mut self, batch: &mut Batch<T>) -> Result<()> {
         let n = batch.len();
         OperatorCounters::add(&self.info.counters.records_in, n);
+        if self.typed.len() < self.targets.len() {
+            self.typed.resize_with(self.targets.len(), || Vec::with_capacity(self.limits.records));
+        }
         for (v, m) in batch.values.drain(..).zip(batch.meta.drain(..)) {
             self.key_buf.clear();
-            (self.key_fn)(&v).encode_key(&mut self.key_buf);
+            let key = (self.key_fn)(&v);
+            key.encode_key(&mut self.key_buf);
             let (group, target) = self.routes.route(&self.key_buf);
             let Some(out) = self.targets.get_mut(target) else {
                 return Err(Error::Internal(format!("key group {group} maps to missing worker {target}")));
@@ -146,10 +163,17 @@ where
             let key_start = out.data_mut().len();
             out.data_mut().extend_from_slice(&self.key_buf);
             let value_start = out.data_mut().len();
-            if let Err(source) = v.encode(out.data_mut()) {
-                out.rollback(key_start);
-                let position = self.info.sources.position(&m);
-                return Err(Error::Codec { operator: format!("{} (record from {position})", self.info.name), source });
+            if self.encode {
+                if let Err(source) = v.encode(out.data_mut()) {
+                    out.rollback(key_start);
+                    let position = self.info.sources.position(&m);
+                    return Err(Error::Codec {
+                        operator: format!("{} (record from {position})", self.info.name),
+                        source,
+                    });
+                }
+            } else if let Some(typed) = self.typed.get_mut(target) {
+                typed.push((key, v));
             }
             out.commit(key_start, value_start, group, m);
             if out.len() >= self.limits.records || out.byte_len() >= self.limits.bytes {

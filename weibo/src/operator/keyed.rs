@@ -1,7 +1,6 @@
 //! Keyed operators: instances fed by a hash edge, with per-key state.
 
 use std::fmt::Display;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::codec::Data;
@@ -92,6 +91,24 @@ fn key_error<K>(info: &OpInfo, r: &RecordRef<'_>, e: crate::codec::key::KeyDecod
     }
 }
 
+/// Puts a batch's records into `pairs` as (key, value): moved out of the
+/// batch when an in-process edge carried them typed, decoded otherwise.
+#[inline]
+pub(crate) fn take_records<K: Key, T: Data>(
+    info: &OpInfo,
+    batch: &mut RecordBatch,
+    pairs: &mut Vec<(K, T)>,
+) -> Result<()> {
+    if batch.take_typed(pairs, &info.name).map_err(Error::Internal)? {
+        return Ok(());
+    }
+    pairs.reserve(batch.len());
+    for r in batch.iter() {
+        pairs.push((decode_key(info, &r)?, decode_value(info, &r)?));
+    }
+    Ok(())
+}
+
 /// `reduce`: the running value per key.
 pub(crate) struct ReduceOp<K, T, F> {
     pub(crate) info: OpInfo,
@@ -99,7 +116,7 @@ pub(crate) struct ReduceOp<K, T, F> {
     pub(crate) f: Arc<F>,
     pub(crate) out: Batch<T>,
     pub(crate) next: Box<dyn Consumer<T>>,
-    /// The batch's records decoded first, so the state lookups that follow
+    /// The batch's records taken first, so the state lookups that follow
     /// run back to back and their cache misses overlap.
     pub(crate) decoded: Vec<(K, T)>,
 }
@@ -110,12 +127,9 @@ where
     T: Data,
     F: Fn(T, T) -> T + Send + Sync + 'static,
 {
-    fn on_batch(&mut self, batch: &RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
+    fn on_batch(&mut self, batch: &mut RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
-        self.decoded.clear();
-        for r in batch.iter() {
-            self.decoded.push((decode_key(&self.info, &r)?, decode_value(&self.info, &r)?));
-        }
+        take_records(&self.info, batch, &mut self.decoded)?;
         self.state.prefetch(self.decoded.iter().zip(batch.iter()).map(|((k, _), r)| (r.group, k)));
         let f = &*self.f;
         for ((key, v), r) in self.decoded.drain(..).zip(batch.iter()) {
@@ -152,7 +166,8 @@ pub(crate) struct FoldOp<K, T, A, O, I, F, R> {
     pub(crate) output: Arc<R>,
     pub(crate) out: Batch<O>,
     pub(crate) next: Box<dyn Consumer<O>>,
-    pub(crate) _t: PhantomData<fn(T)>,
+    /// The batch's records, taken (see [`take_records`]).
+    pub(crate) records: Vec<(K, T)>,
 }
 
 impl<K, T, A, O, I, F, R> InputOperator for FoldOp<K, T, A, O, I, F, R>
@@ -165,12 +180,11 @@ where
     F: Fn(&mut A, T) + Send + Sync + 'static,
     R: Fn(K, &A) -> O + Send + Sync + 'static,
 {
-    fn on_batch(&mut self, batch: &RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
+    fn on_batch(&mut self, batch: &mut RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
+        take_records(&self.info, batch, &mut self.records)?;
         let (init, f, output) = (&*self.init, &*self.f, &*self.output);
-        for r in batch.iter() {
-            let v: T = decode_value(&self.info, &r)?;
-            let key: K = decode_key(&self.info, &r)?;
+        for ((key, v), r) in self.records.drain(..).zip(batch.iter()) {
             let out = self.state.update(r.group, key.clone(), r.key, |slot| {
                 let acc = slot.get_or_insert_with(init);
                 f(acc, v);
@@ -414,7 +428,8 @@ pub(crate) struct KeyedProcessOp<K, T, S, U, F, G> {
     /// The watermark up to which timers have fired.
     pub(crate) watermark: Timestamp,
     pub(crate) key_buf: Vec<u8>,
-    pub(crate) _t: PhantomData<fn(K)>,
+    /// The batch's records, taken (see [`take_records`]).
+    pub(crate) records: Vec<(K, T)>,
 }
 
 impl<K, T, S, U, E, F, G> KeyedProcessOp<K, T, S, U, F, G>
@@ -474,14 +489,14 @@ where
     F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> std::result::Result<(), E> + Send + Sync + 'static,
     G: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, Timestamp) -> std::result::Result<(), E> + Send + Sync + 'static,
 {
-    fn on_batch(&mut self, batch: &RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
+    fn on_batch(&mut self, batch: &mut RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
-        for r in batch.iter() {
+        let mut records = std::mem::take(&mut self.records);
+        take_records(&self.info, batch, &mut records)?;
+        for ((key, v), r) in records.drain(..).zip(batch.iter()) {
             if let Some(wm) = time.observe(&r.meta) {
                 self.advance(wm)?;
             }
-            let v: T = decode_value(&self.info, &r)?;
-            let key: K = decode_key(&self.info, &r)?;
             let (f, out, timers) = (&*self.f, &mut self.out, &mut self.timers);
             let meta = Meta { watermark: self.watermark, ..r.meta };
             let mut timer_error = None;
@@ -505,6 +520,8 @@ where
                 self.failures.fail(&self.info, v, r.meta, &message)?;
             }
         }
+        // Its memory kept for the next batch.
+        self.records = records;
         emit(&self.info, &mut *self.next, &mut self.out)?;
         self.failures.push()
     }
@@ -552,18 +569,20 @@ where
     }
 }
 
-/// Decodes records and passes them on, partitioned by key (a keyed sink).
-pub(crate) struct PartitionOp<T> {
+/// Passes records on, partitioned by key (a keyed sink).
+pub(crate) struct PartitionOp<K, T> {
     pub(crate) info: OpInfo,
     pub(crate) out: Batch<T>,
     pub(crate) next: Box<dyn Consumer<T>>,
+    /// The batch's records, taken (see [`take_records`]).
+    pub(crate) records: Vec<(K, T)>,
 }
 
-impl<T: Data> InputOperator for PartitionOp<T> {
-    fn on_batch(&mut self, batch: &RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
+impl<K: Key, T: Data> InputOperator for PartitionOp<K, T> {
+    fn on_batch(&mut self, batch: &mut RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
-        for r in batch.iter() {
-            let v: T = decode_value(&self.info, &r)?;
+        take_records(&self.info, batch, &mut self.records)?;
+        for ((_, v), r) in self.records.drain(..).zip(batch.iter()) {
             self.out.push(v, stamped(time, r.meta));
         }
         emit(&self.info, &mut *self.next, &mut self.out)

@@ -163,10 +163,11 @@ impl Outbox {
 
 /// A keyed operator instance fed by channels.
 pub(crate) trait InputOperator: Send {
-    /// Processes a batch from one input. Before each record the operator
+    /// Processes a batch from one input (taking its typed records, if it
+    /// has them: see [`RecordBatch`]). Before each record the operator
     /// observes the watermark it was read under (`time.observe`), firing
     /// what became due, and stamps its outputs with `time.current()`.
-    fn on_batch(&mut self, batch: &RecordBatch, time: &mut InputTime<'_>) -> Result<()>;
+    fn on_batch(&mut self, batch: &mut RecordBatch, time: &mut InputTime<'_>) -> Result<()>;
     /// The operator's watermark advanced to `wm` (from a watermark or idle
     /// message, or at the end of a batch): fire what is due and forward it.
     fn on_watermark(&mut self, wm: Timestamp) -> Result<()>;

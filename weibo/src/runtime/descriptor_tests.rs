@@ -89,6 +89,8 @@ impl RouterFactory for ByField {
             outbox: ctx.outbox.clone(),
             limits,
             key_buf: Vec::new(),
+            encode: true,
+            typed: Vec::new(),
             watermark: NO_TIMESTAMP,
             sent_watermark: NO_TIMESTAMP,
             _t: PhantomData,

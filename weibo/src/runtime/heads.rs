@@ -340,7 +340,7 @@ impl HeadRunner for ChannelHead {
                         }
                         aligner.closed(i);
                     }
-                    Next::Message(i, Some(Message::Data(batch))) => {
+                    Next::Message(i, Some(Message::Data(mut batch))) => {
                         if ended.get(i).copied().unwrap_or(false) {
                             let from = self.inputs.get(i).map(|b| b.from.clone()).unwrap_or_default();
                             return Err(Error::Internal(format!(
@@ -350,7 +350,7 @@ impl HeadRunner for ChannelHead {
                         }
                         tracker.activate(i);
                         let started = Instant::now();
-                        self.op.on_batch(&batch, &mut InputTime { tracker: &mut tracker, input: i })?;
+                        self.op.on_batch(&mut batch, &mut InputTime { tracker: &mut tracker, input: i })?;
                         stalls.observe(started.elapsed(), &self.name, &io.chain, "a batch");
                         batch.recycle();
                     }

@@ -869,6 +869,8 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 routes,
                 limits,
                 key_buf: Vec::with_capacity(32),
+                encode: false,
+                typed: Vec::new(),
                 watermark: crate::record::NO_TIMESTAMP,
                 sent_watermark: crate::record::NO_TIMESTAMP,
                 _t: PhantomData,
@@ -1000,7 +1002,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 output: output.clone(),
                 out: Batch::with_capacity(ctx.batch_size),
                 next,
-                _t: PhantomData,
+                records: Vec::with_capacity(ctx.batch_size),
             }))
         });
         let (graph, node) = self.keyed_node(kind, vec![port::<O>("output", true)], factory);
@@ -1116,7 +1118,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 failures: Failures::new(policy, dead)?,
                 watermark: crate::record::NO_TIMESTAMP,
                 key_buf: Vec::new(),
-                _t: PhantomData,
+                records: Vec::with_capacity(ctx.batch_size),
             }))
         });
         let (graph, node) = self.keyed_node(
@@ -1148,7 +1150,12 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         let factory = keyed_factory(move |ctx, outs| {
             let info = ctx.info.clone();
             let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
-            Ok(Box::new(PartitionOp { info, out: Batch::with_capacity(ctx.batch_size), next }))
+            Ok(Box::new(PartitionOp::<K, T> {
+                info,
+                out: Batch::with_capacity(ctx.batch_size),
+                next,
+                records: Vec::with_capacity(ctx.batch_size),
+            }))
         });
         let (graph, node) = self.keyed_node("partition", vec![port::<T>("output", true)], factory);
         Stream::<T>::new(graph, node, 0).sink(sink)

@@ -204,13 +204,15 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> AlignedWindowOp<K, T, W> {
 }
 
 impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T, W> {
-    fn on_batch(&mut self, batch: &RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
+    fn on_batch(&mut self, batch: &mut RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.common.info.counters.records_in, batch.len());
-        for r in batch.iter() {
+        let mut records = std::mem::take(&mut self.common.records);
+        take_records(&self.common.info, batch, &mut records)?;
+        for ((key, value), r) in records.drain(..).zip(batch.iter()) {
             if let Some(wm) = time.observe(&r.meta) {
                 self.advance(wm)?;
             }
-            let (ts, key, value) = self.common.decode(&r)?;
+            let ts = self.common.event_time(&r.meta)?;
             let windows = self.windows.assign(ts, self.size, self.slide, self.offset);
             let c = &mut self.common;
             let wm = c.watermark;
@@ -253,6 +255,8 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
                 }
             }
         }
+        // Its memory kept for the next batch.
+        self.common.records = records;
         self.common.emit()
     }
 

@@ -18,6 +18,8 @@ pub(super) struct Common<K, T, W: WindowFn<K, T>> {
     pub(super) next: Box<dyn Consumer<W::Out>>,
     pub(super) late_next: Box<dyn Consumer<T>>,
     pub(super) key_buf: Vec<u8>,
+    /// The batch's records, taken (see [`take_records`](crate::operator::keyed::take_records)).
+    pub(super) records: Vec<(K, T)>,
 }
 
 impl<K: Key, T: Data, W: WindowFn<K, T>> Common<K, T, W> {
@@ -56,13 +58,14 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> Common<K, T, W> {
         Ok(())
     }
 
-    /// A record's event time, key and value; a record without an event
-    /// time is an error naming its position.
-    pub(super) fn decode(&self, r: &crate::record::RecordRef<'_>) -> Result<(Timestamp, K, T)> {
-        if r.meta.timestamp == crate::record::NO_TIMESTAMP {
-            return Err(self.no_time(&r.meta));
+    /// A record's event time; a record without one is an error naming its
+    /// position.
+    #[inline]
+    pub(super) fn event_time(&self, meta: &Meta) -> Result<Timestamp> {
+        if meta.timestamp == crate::record::NO_TIMESTAMP {
+            return Err(self.no_time(meta));
         }
-        Ok((r.meta.timestamp, decode_key(&self.info, r)?, decode_value(&self.info, r)?))
+        Ok(meta.timestamp)
     }
 
     pub(super) fn no_time(&self, meta: &Meta) -> Error {

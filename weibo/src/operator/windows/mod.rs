@@ -56,7 +56,7 @@ use crate::operator::Consumer;
 use crate::operator::OpInfo;
 use crate::operator::factory::{KeyedFactory, OperatorContext};
 use crate::operator::keyed::TIMERS;
-use crate::operator::keyed::{decode_key, decode_value};
+use crate::operator::keyed::take_records;
 use crate::operator::{AnyConsumer, typed};
 use crate::operator::{InputOperator, SnapshotAt, emit};
 use crate::record::{Batch, Meta, RecordBatch, Timestamp};
@@ -280,6 +280,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> KeyedFactory for WindowFactory<K, T, W>
             next,
             late_next,
             key_buf: Vec::with_capacity(32),
+            records: Vec::with_capacity(ctx.batch_size),
             info,
         };
         Ok(match self.spec {
