@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hashbrown::hash_map::Entry;
 
-use super::spares::{Held, Holding, Spares, Wanted};
+use super::spares::{Held, Holding, Shareable, Spares, Wanted};
 use super::{
     ChangedKeys, Entries, OVERLAY_MIN, ObjectMap, Snapshot, SnapshotPart, SnapshotSink, StateTable, flush_part,
     pass_if_full,
@@ -117,7 +117,7 @@ pub(super) struct CacheStore<K, V> {
     /// Per owned key group; shared with the checkpoint being written, if
     /// any, which copies and lets go of it once the worker writes beside
     /// it (`overlays`).
-    maps: Vec<Arc<CacheMap<K, V>>>,
+    maps: Vec<Shareable<CacheMap<K, V>>>,
     /// Per owned key group: entries written while a snapshot still shares
     /// the group's map (see the in-memory store's `Overlay`), applied to
     /// the map in place once the snapshot has let go of it; `None`: an
@@ -176,7 +176,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     pub(super) fn new(table: Box<dyn StateTable>, cache: Arc<ObjectCache>, groups: Range<u16>, operator: &str) -> Self {
         cache.states.fetch_add(1, Ordering::Relaxed);
         Self {
-            maps: groups.clone().map(|_| Arc::default()).collect(),
+            maps: groups.clone().map(|_| Shareable::default()).collect(),
             overlays: groups.clone().map(|_| CacheOverlay::default()).collect(),
             wanted: Wanted::new(groups.len()),
             spares: Spares::new(groups.len()),
@@ -222,9 +222,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         let (Some(map), Some(overlay)) = (self.maps.get_mut(index), self.overlays.get_mut(index)) else {
             return Err(self.no_cache(group));
         };
-        // (A plain load, not `Arc::get_mut`'s read-modify-write: one of
-        // those per update, in `make_mut`, is enough.)
-        if Arc::strong_count(map) > 1 && overlay.len() < OVERLAY_MIN.min(map.len()) + map.len() / 8 {
+        if map.is_shared() && overlay.len() < OVERLAY_MIN.min(map.len()) + map.len() / 8 {
             // A snapshot still shares the map: write beside it.
             self.wanted.set(index);
             return self.overlaid_update(index, group, key, key_bytes, epoch, f);
@@ -252,7 +250,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 if slot.is_some() || stored {
                     let entry = CachedValue { value: slot, stamp: epoch, born: epoch, stored };
                     if let Some(map) = self.maps.get_mut(index) {
-                        Arc::make_mut(map).insert(key, entry);
+                        self.spares.make_mut(map).insert(key, entry);
                     }
                     self.grown(index, tracking)?;
                 }
@@ -644,7 +642,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
             }
         }
         self.wanted.clear();
-        Holding::new(&self.maps, &self.spares, &self.wanted)
+        Holding::new(&mut self.maps, &self.spares, &self.wanted)
     }
 }
 

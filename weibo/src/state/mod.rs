@@ -39,6 +39,7 @@ use std::sync::Arc;
 
 use hashbrown::hash_map::Entry;
 use rustc_hash::FxBuildHasher;
+use spares::Shareable;
 
 /// The in-memory store's map: hashbrown for `replace_entry_with`, which
 /// lets a value be moved out and back without storing `Option<V>`.
@@ -63,6 +64,33 @@ pub struct StateScope {
     pub key_groups: Range<u16>,
     /// The job's number of key groups.
     pub max_key_groups: u16,
+}
+
+impl StateScope {
+    /// The scope of state `state` of operator `operator` in job `job`, for
+    /// an instance owning `key_groups` of `max_key_groups` (what the
+    /// runtime opens state with; benchmarks and tests of a backend open
+    /// state directly with it).
+    ///
+    /// ```
+    /// use weibo::state::{MemoryBackend, StateScope, ValueState};
+    /// let scope = StateScope::new("job", "totals", "value", 0..128, 128);
+    /// let mut totals = ValueState::<u64, u64>::open(&MemoryBackend, &scope)?;
+    /// let key = weibo::codec::key::encode(&7u64);
+    /// let group = weibo::codec::key::key_group(&key, 128);
+    /// totals.update(group, 7, &key, |v| *v.get_or_insert(0) += 5)?;
+    /// assert_eq!(totals.get(group, &7, &key)?, Some(5));
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn new(
+        job: impl Into<String>,
+        operator: impl Into<String>,
+        state: impl Into<String>,
+        key_groups: Range<u16>,
+        max_key_groups: u16,
+    ) -> Self {
+        Self { job: job.into(), operator: operator.into(), state: state.into(), key_groups, max_key_groups }
+    }
 }
 
 /// Where keyed state lives. Shared by every operator instance of a job.

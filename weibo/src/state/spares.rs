@@ -14,19 +14,125 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 /// A map that can be emptied and copied into, keeping its allocation.
 pub(crate) trait SpareMap: Clone {
+    /// A new, empty map (allocating nothing).
+    fn empty() -> Self;
     fn clear(&mut self);
     /// How many entries it holds without growing: maps of the same
     /// capacity have the same allocation, which a copy reuses.
     fn capacity(&self) -> usize;
 }
 
-impl<K: Clone, V: Clone, S: Clone> SpareMap for hashbrown::HashMap<K, V, S> {
+impl<K: Clone, V: Clone, S: Clone + Default> SpareMap for hashbrown::HashMap<K, V, S> {
+    fn empty() -> Self {
+        hashbrown::HashMap::with_hasher(S::default())
+    }
+
     fn clear(&mut self) {
         hashbrown::HashMap::clear(self);
     }
 
     fn capacity(&self) -> usize {
         hashbrown::HashMap::capacity(self)
+    }
+}
+
+/// A map of the worker's: its own, or shared with the snapshot of a
+/// checkpoint (which encodes it on its own thread meanwhile).
+///
+/// The worker reads it either way (it derefs to the map); to write, it
+/// makes it its own again ([`Spares::make_mut`]): a map it owns is written
+/// without any atomic operation, which a map always kept in an `Arc`
+/// would cost on every write.
+#[derive(Debug)]
+pub(crate) enum Shareable<M> {
+    Own(M),
+    Shared(Arc<M>),
+}
+
+impl<M: Default> Default for Shareable<M> {
+    fn default() -> Self {
+        Shareable::Own(M::default())
+    }
+}
+
+impl<M> std::ops::Deref for Shareable<M> {
+    type Target = M;
+
+    #[inline]
+    fn deref(&self) -> &M {
+        match self {
+            Shareable::Own(map) => map,
+            Shareable::Shared(map) => map,
+        }
+    }
+}
+
+impl<M: SpareMap> Shareable<M> {
+    /// Whether a snapshot still holds the map (the worker must not write
+    /// it in place).
+    #[inline]
+    pub(crate) fn is_shared(&self) -> bool {
+        matches!(self, Shareable::Shared(map) if Arc::strong_count(map) > 1)
+    }
+
+    /// The map, for a snapshot to hold: the worker's moves into an `Arc`
+    /// (the map's table is not copied).
+    pub(crate) fn share(&mut self) -> Arc<M> {
+        if let Shareable::Own(map) = self {
+            *self = Shareable::Shared(Arc::new(std::mem::replace(map, M::empty())));
+        }
+        match self {
+            Shareable::Shared(map) => map.clone(),
+            Shareable::Own(map) => Arc::new(map.clone()),
+        }
+    }
+
+    /// The map, made the worker's own to write: copied when a snapshot
+    /// still shares it (see [`Spares::make_mut`] for a copy into a spare).
+    #[inline]
+    pub(crate) fn make_mut(&mut self) -> &mut M {
+        if let Shareable::Shared(_) = self {
+            self.own_with(M::clone);
+        }
+        self.owned()
+    }
+
+    /// The map, owned: taken back if no snapshot holds it any longer,
+    /// copied (by `copy`) if one does.
+    #[cold]
+    #[inline(never)]
+    fn own_with(&mut self, copy: impl FnOnce(&M) -> M) {
+        let Shareable::Shared(shared) = std::mem::replace(self, Shareable::Own(M::empty())) else { return };
+        *self = Shareable::Own(match Arc::try_unwrap(shared) {
+            Ok(mine) => mine,
+            Err(shared) => copy(&shared),
+        });
+    }
+
+    /// The map itself, if no snapshot holds it any longer.
+    pub(crate) fn into_owned(self) -> Option<M> {
+        match self {
+            Shareable::Own(map) => Some(map),
+            Shareable::Shared(map) => Arc::try_unwrap(map).ok(),
+        }
+    }
+
+    /// The map as a snapshot would hold it.
+    pub(crate) fn into_shared(self) -> Arc<M> {
+        match self {
+            Shareable::Own(map) => Arc::new(map),
+            Shareable::Shared(map) => map,
+        }
+    }
+
+    /// The map, owned: [`Spares::make_mut`] has made it so.
+    #[inline]
+    fn owned(&mut self) -> &mut M {
+        match self {
+            Shareable::Own(map) => map,
+            // Not reached: `make_mut` owns the map first.
+            Shareable::Shared(map) => Arc::make_mut(map),
+        }
     }
 }
 
@@ -52,29 +158,26 @@ impl<M: SpareMap> Spares<M> {
     /// `map`, made this side's own to write: copied (into a spare, if
     /// any) when a snapshot still shares it.
     #[inline]
-    pub(crate) fn make_mut<'a>(&self, map: &'a mut Arc<M>) -> &'a mut M {
-        // A plain load: the one atomic read-modify-write per call is
-        // `make_mut`'s (no `Weak` to these maps is ever made).
-        if Arc::strong_count(map) > 1 {
-            self.copy(map);
+    pub(crate) fn make_mut<'a>(&self, map: &'a mut Shareable<M>) -> &'a mut M {
+        if let Shareable::Shared(_) = map {
+            self.own(map);
         }
-        // Unique now: `make_mut` copies nothing.
-        Arc::make_mut(map)
+        map.owned()
     }
 
+    /// Makes a shared map the worker's own again: taken back if the
+    /// snapshot has let go of it, copied (into a spare of the same
+    /// capacity, if any: a copy into another reallocates) if not.
     #[cold]
     #[inline(never)]
-    fn copy(&self, map: &mut Arc<M>) {
-        // A spare of the same capacity (a copy into another reallocates).
-        let spare = self.take(map.capacity());
-        let copy = match spare {
+    fn own(&self, map: &mut Shareable<M>) {
+        map.own_with(|shared| match self.take(shared.capacity()) {
             Some(mut spare) => {
-                spare.clone_from(map);
+                spare.clone_from(shared);
                 spare
             }
-            None => M::clone(map),
-        };
-        *map = Arc::new(copy);
+            None => M::clone(shared),
+        });
     }
 
     /// A copy of `map` (into a spare, if any), for a snapshot to keep;
@@ -204,9 +307,9 @@ pub(crate) struct Holding<M> {
 
 impl<M: SpareMap> Holding<M> {
     /// Shares `maps`; the caller clears `wanted` first.
-    pub(crate) fn new(maps: &[Arc<M>], spares: &Spares<M>, wanted: &Wanted) -> Self {
+    pub(crate) fn new(maps: &mut [Shareable<M>], spares: &Spares<M>, wanted: &Wanted) -> Self {
         Self {
-            held: maps.iter().map(|m| Held::Shared(m.clone())).collect(),
+            held: maps.iter_mut().map(|m| Held::Shared(m.share())).collect(),
             spares: spares.clone(),
             wanted: wanted.clone(),
         }
@@ -258,28 +361,37 @@ mod tests {
     #[test]
     fn a_shared_map_is_copied_into_a_spare_and_the_export_gives_it_back() {
         let spares = Spares::<Map>::new(1);
-        let mut map: Arc<Map> = Arc::new((0..1000).map(|i| (i, i)).collect());
+        let mut map: Shareable<Map> = Shareable::Own((0..1000).map(|i| (i, i)).collect());
         // Not shared: written in place.
         spares.make_mut(&mut map).insert(1000, 1000);
-        let shared = map.clone();
+        assert!(matches!(map, Shareable::Own(_)));
+        let shared = map.share();
+        assert!(map.is_shared());
         // Shared with a snapshot: the write copies, leaving the snapshot's as it was.
         spares.make_mut(&mut map).insert(1001, 1001);
         assert_eq!((map.len(), shared.len()), (1002, 1001));
+        assert!(!map.is_shared());
         let spare_at = shared.get(&0).unwrap() as *const u64 as usize;
         spares.give_back(shared);
         assert_eq!(spares.len(), 1, "the export's map, copied since, is a spare");
-        let shared = map.clone();
+        let shared = map.share();
         spares.make_mut(&mut map).insert(1002, 1002);
         assert_eq!(spares.len(), 0, "the copy went into the spare");
         assert_eq!(map.get(&0).unwrap() as *const u64 as usize, spare_at, "its memory reused");
         assert_eq!(*map, (0..1003).map(|i| (i, i)).collect::<Map>());
         assert_eq!(shared.len(), 1002);
-        // A map the worker has not copied is still the worker's: no spare.
-        let unshared_export = map.clone();
+        // A map the worker has not copied is still the worker's: no spare,
+        // and the worker takes it back without copying.
+        let unshared_export = map.share();
+        let before = map.get(&0).unwrap() as *const u64 as usize;
         drop(shared);
         spares.give_back(unshared_export);
         assert_eq!(spares.len(), 0);
-        assert_eq!(map.len(), 1003);
+        assert!(!map.is_shared());
+        spares.make_mut(&mut map).insert(1003, 1003);
+        assert!(matches!(map, Shareable::Own(_)));
+        assert_eq!(map.get(&0).unwrap() as *const u64 as usize, before, "taken back, not copied");
+        assert_eq!(map.len(), 1004);
         // No more spares than the state has maps.
         spares.give_back(Arc::new(Map::default()));
         spares.give_back(Arc::new(Map::default()));

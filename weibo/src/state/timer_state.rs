@@ -60,7 +60,8 @@ impl<K: Key> TimerState<K> {
                 removed = log.removed.iter().map(|(_, r)| r.clone()).collect();
             }
         }
-        let shared: Vec<(Timestamp, Arc<TimerKeys<K>>)> = self.by_time.iter().map(|(t, k)| (*t, k.clone())).collect();
+        let shared: Vec<(Timestamp, Arc<TimerKeys<K>>)> =
+            self.by_time.iter_mut().map(|(t, k)| (*t, k.share())).collect();
         let base = since.is_none();
         Ok(Box::new(move |sink| {
             let mut part = SnapshotPart::new(base);
@@ -201,7 +202,7 @@ impl<K> TimerLog<K> {
 pub struct TimerState<K> {
     /// Per time, its keys; shared with the checkpoint being written, if
     /// any, and copied on the next change (copy-on-write per time).
-    by_time: BTreeMap<Timestamp, Arc<TimerKeys<K>>>,
+    by_time: BTreeMap<Timestamp, Shareable<TimerKeys<K>>>,
     len: usize,
     log: TimerLog<K>,
     /// On a byte backend: the timers, in its table (the fields above
@@ -243,7 +244,7 @@ impl<K: Key> TimerState<K> {
         if let Some(table) = &mut self.table {
             return table.register(time, group, key);
         }
-        let keys = Arc::make_mut(self.by_time.entry(time).or_default());
+        let keys = self.by_time.entry(time).or_default().make_mut();
         if !keys.contains_key(key) {
             keys.insert(key.clone(), (group, self.log.epoch));
             self.len += 1;
@@ -262,7 +263,7 @@ impl<K: Key> TimerState<K> {
         }
         let Some(keys) = self.by_time.get_mut(&time) else { return Ok(()) };
         let Some(&(group, stamp)) = keys.get(key) else { return Ok(()) };
-        let keys = Arc::make_mut(keys);
+        let keys = keys.make_mut();
         keys.remove(key);
         if keys.is_empty() {
             self.by_time.remove(&time);
@@ -308,7 +309,10 @@ impl<K: Key> TimerState<K> {
         }
         let (time, keys) = entry.remove_entry();
         self.len -= keys.len();
-        let keys = Arc::try_unwrap(keys).unwrap_or_else(|shared| (*shared).clone());
+        let keys = match keys {
+            Shareable::Own(keys) => keys,
+            Shareable::Shared(keys) => Arc::try_unwrap(keys).unwrap_or_else(|shared| (*shared).clone()),
+        };
         let mut due = Vec::with_capacity(keys.len());
         for (k, (group, stamp)) in keys {
             if self.log.logs(stamp) {

@@ -11,7 +11,7 @@ pub(super) enum Store<K, V> {
     /// worker writes beside it meanwhile (see [`Overlay`]).
     /// Each value is stamped with the snapshot epoch in which it last
     /// changed, so an incremental checkpoint finds what changed.
-    Objects(Vec<Arc<StampedMap<K, V>>>),
+    Objects(Vec<Shareable<StampedMap<K, V>>>),
     /// Live values cached in front of a byte table.
     Cached(Box<cache::CacheStore<K, V>>),
     Bytes {
@@ -170,7 +170,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// [`Error::State`] when the backend cannot open it.
     pub fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
         let store = if backend.keeps_objects() {
-            Store::Objects(scope.key_groups.clone().map(|_| Arc::new(ObjectMap::default())).collect())
+            Store::Objects(scope.key_groups.clone().map(|_| Shareable::default()).collect())
         } else if let Some(cache) = backend.object_cache() {
             Store::Cached(Box::new(cache::CacheStore::new(
                 backend.open_table(scope)?,
@@ -240,9 +240,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                 };
                 let epoch = self.epoch;
                 if let Some(overlay) = self.overlays.get_mut(index) {
-                    // (A plain load, not `Arc::get_mut`'s read-modify-write:
-                    // one of those per update, in `make_mut`, is enough.)
-                    if Arc::strong_count(map) > 1 && overlay.len() < OVERLAY_MIN + map.len() / 8 {
+                    if map.is_shared() && overlay.len() < OVERLAY_MIN + map.len() / 8 {
                         // A snapshot still shares the map: write beside it.
                         let removed = self.removed.get_mut(index).filter(|_| self.tracking);
                         self.wanted.set(index);
@@ -648,7 +646,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             }
             for (map, n) in maps.iter_mut().zip(counts) {
                 if n > 0 && map.is_empty() {
-                    Arc::make_mut(map).reserve(n);
+                    self.spares.make_mut(map).reserve(n);
                 }
             }
         }

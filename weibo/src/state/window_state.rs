@@ -67,7 +67,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
                 removed = log.removed.iter().map(|(_, g, start, k)| (*g, *start, k.clone())).collect();
             }
         }
-        let shared: Vec<(Timestamp, Arc<WindowMap<K, A>>)> = windows.iter().map(|(s, m)| (*s, m.clone())).collect();
+        let shared: Vec<(Timestamp, Arc<WindowMap<K, A>>)> = windows.iter_mut().map(|(s, m)| (*s, m.share())).collect();
         let operator = operator.to_string();
         let base = since.is_none();
         let key_of = |k: &K, start: Timestamp, out: &mut Vec<u8>| {
@@ -209,7 +209,11 @@ pub(super) enum WindowStore<K, A> {
     /// Window-major in memory: per window start, the keys' accumulators.
     /// Each window's map is shared with the checkpoint being written, if
     /// any, and copied on the first write after it.
-    Objects { windows: BTreeMap<Timestamp, Arc<WindowMap<K, A>>>, pool: Vec<WindowMap<K, A>>, log: WindowLog<K, A> },
+    Objects {
+        windows: BTreeMap<Timestamp, Shareable<WindowMap<K, A>>>,
+        pool: Vec<WindowMap<K, A>>,
+        log: WindowLog<K, A>,
+    },
     /// Accumulators in a byte table by (key, window start), with an index of
     /// which keys each window holds.
     Bytes { values: ValueState<(K, Timestamp), A>, index: BTreeMap<Timestamp, DueKeys<K>>, buf: Vec<u8> },
@@ -259,9 +263,9 @@ impl<K: Key, A: Data> WindowState<K, A> {
     ) -> Result<R> {
         match &mut self.store {
             WindowStore::Objects { windows, pool, log } => {
-                let map = windows.entry(start).or_insert_with(|| Arc::new(pool.pop().unwrap_or_default()));
+                let map = windows.entry(start).or_insert_with(|| Shareable::Own(pool.pop().unwrap_or_default()));
                 let epoch = log.epoch;
-                Ok(match Arc::make_mut(map).entry(key) {
+                Ok(match map.make_mut().entry(key) {
                     Entry::Occupied(e) => {
                         let mut result = None;
                         let mut gone = None;
@@ -346,9 +350,9 @@ impl<K: Key, A: Data> WindowState<K, A> {
                         if log.logging() && !map.is_empty() {
                             // Its keys are removed in the next deltas.
                             let n = map.len();
-                            log.purged.push((log.epoch, start, map));
+                            log.purged.push((log.epoch, start, map.into_shared()));
                             log.grew(n);
-                        } else if let Ok(mut map) = Arc::try_unwrap(map) {
+                        } else if let Some(mut map) = map.into_owned() {
                             // Reuse the map unless a checkpoint still reads it.
                             map.clear();
                             pool.push(map);
