@@ -2,7 +2,7 @@
 //! the public DSL, printing one `RESULT` line in the peers' format.
 //!
 //! ```sh
-//! cargo run --release -p weibo-examples --example bench -- <w1|w1-100keys|w2|w3|sessions|sessions-100keys> <events> <partitions> [threads]
+//! cargo run --release -p weibo-examples --example bench -- <w1|w1-100keys|w2|w3|w3-sum|sessions|sessions-100keys> <events> <partitions> [threads]
 //! ```
 //!
 //! Event `i`: `key = (i * 2654435761) mod K`, `value = i mod 1000`, `ts = i`.
@@ -165,6 +165,33 @@ fn w3(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
                 }
                 o.sum = o.sum.wrapping_add(r.delta);
                 o.chk = o.chk.wrapping_add(r.key.wrapping_mul(r.delta));
+            },
+        });
+}
+
+/// W3 with the state timely's peer keeps: the running sum alone (8 bytes
+/// per key, where `w3`'s reduce keeps Flink's 32-byte tuple), in a keyed
+/// `process` function that emits (key, sum, delta, first) per event.
+fn w3_sum(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
+    type Update = (u64, u64, u64, bool);
+    job.source(Generator::new(n, |i| (i.wrapping_mul(MULT) % 5_000_000, i % 1000)).with_partitions(partitions))
+        .key_by(|e: &(u64, u64)| e.0)
+        .with_partitions(partitions)
+        .process(weibo::on_error::Fail, |ctx: &mut weibo::KeyedContext<'_, u64, u64, Update>, e: &(u64, u64)| {
+            let slot = ctx.state();
+            let first = slot.is_none();
+            let sum = slot.get_or_insert(0);
+            *sum += e.1;
+            let sum = *sum;
+            ctx.emit((e.0, sum, e.1, first));
+            Ok::<_, std::convert::Infallible>(())
+        })
+        .sink(Checksum {
+            total,
+            f: |o: &mut Out, &(key, _sum, delta, first): &Update| {
+                o.count += u64::from(first);
+                o.sum = o.sum.wrapping_add(delta);
+                o.chk = o.chk.wrapping_add(key.wrapping_mul(delta));
             },
         });
 }
@@ -337,7 +364,7 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench <w1|w1-100keys|w2|w3|sessions|sessions-100keys> <events> <partitions> [threads] | bench ckpt <keys> 1"
+        "usage: bench <w1|w1-100keys|w2|w3|w3-sum|sessions|sessions-100keys> <events> <partitions> [threads] | bench ckpt <keys> 1"
     );
     std::process::exit(2)
 }
@@ -392,6 +419,7 @@ fn main() {
         "w1-100keys" => w1(&job, n, partitions, 100, total.clone()),
         "w2" => w2(&job, n, partitions, total.clone()),
         "w3" => w3(&job, n, partitions, total.clone()),
+        "w3-sum" => w3_sum(&job, n, partitions, total.clone()),
         "sessions" => sessions(&job, n, partitions, 100_000, total.clone()),
         "sessions-100keys" => sessions(&job, n, partitions, 100, total.clone()),
         _ => usage(),
@@ -407,10 +435,16 @@ fn main() {
     let engine = match (workload.as_str(), on_disk) {
         ("w1-100keys", false) => "weibo-100keys",
         ("w1-100keys", true) => "weibo-fjall-100keys",
+        ("w3-sum", false) => "weibo-sum",
+        ("w3-sum", true) => "weibo-fjall-sum",
         (_, true) => "weibo-fjall",
         _ => "weibo",
     };
-    let workload = if workload == "w1-100keys" { "w1" } else { workload.as_str() };
+    let workload = match workload.as_str() {
+        "w1-100keys" => "w1",
+        "w3-sum" => "w3",
+        w => w,
+    };
     println!(
         "RESULT engine={engine} workload={workload} n={n} par={partitions} secs={secs:.4} eps={:.0} out_count={} out_sum={} out_chk={} threads={threads} heap_peak_kb={}",
         n as f64 / secs,
