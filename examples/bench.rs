@@ -400,6 +400,17 @@ fn main() {
         return;
     }
     let mut job = Job::new(format!("bench-{workload}"));
+    // `WEIBO_ALIGN_MS=<ms>` sets the sources' watermark alignment (the
+    // largest drift between partitions; `off`: none).
+    match std::env::var("WEIBO_ALIGN_MS").as_deref() {
+        Ok("off") => job = job.without_watermark_alignment(),
+        Ok(ms) => {
+            if let Ok(ms) = ms.parse::<u64>() {
+                job = job.with_watermark_alignment(Duration::from_millis(ms));
+            }
+        }
+        Err(_) => {}
+    }
     // `WEIBO_CHECKPOINT_MS=<ms>` takes checkpoints that often (into a
     // temporary directory).
     if let Some(ms) = std::env::var("WEIBO_CHECKPOINT_MS").ok().and_then(|v| v.parse::<u64>().ok()) {

@@ -44,6 +44,9 @@ pub(crate) struct RouterOp<T, K, KF: ?Sized> {
     /// Per target, the typed records of the batch being filled, swapped
     /// into it when it is sent.
     pub(crate) typed: Vec<Vec<(K, T)>>,
+    /// In a source partition's chain: where the chain's watermark is
+    /// published for the source's watermark alignment.
+    pub(crate) alignment: Option<crate::time::alignment::Aligned>,
     /// The latest watermark from upstream, and the latest one sent. Records
     /// carry their watermark, so while data flows the receivers know it;
     /// the message goes out with the next flush, after the data before it.
@@ -53,6 +56,9 @@ pub(crate) struct RouterOp<T, K, KF: ?Sized> {
 }
 
 impl<T: Send + 'static, K: Send + 'static, KF: ?Sized> RouterOp<T, K, KF> {
+    /// Sends target `target`'s batch, if it has records. Once per batch,
+    /// out of the per-record loop.
+    #[inline(never)]
     fn send(&mut self, target: usize) {
         if let (Some(batch), Some(&sender)) = (self.targets.get_mut(target), self.senders.get(target))
             && !batch.is_empty()
@@ -186,6 +192,9 @@ where
 
     fn watermark(&mut self, wm: Timestamp) -> Result<()> {
         self.watermark = self.watermark.max(wm);
+        if let Some(a) = &self.alignment {
+            a.group.publish(a.index, self.watermark);
+        }
         Ok(())
     }
 

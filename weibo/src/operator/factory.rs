@@ -41,6 +41,9 @@ pub(crate) struct OperatorContext<'a> {
     /// Where a router queues what it sends on its edge's channels (the
     /// task that runs it sends them).
     pub(crate) outbox: &'a Outbox,
+    /// In a source partition's chain, when the job aligns watermarks: where
+    /// a router publishes the chain's watermark.
+    pub(crate) alignment: Option<crate::time::alignment::Aligned>,
 }
 
 impl OperatorContext<'_> {

@@ -19,6 +19,7 @@ use crate::operator::factory::OperatorContext;
 use crate::operator::{AnyConsumer, InputOperator, OpInfo, Outbox, key_group_range};
 use crate::record::CheckpointId;
 use crate::record::SourceNames;
+use crate::time::alignment::{Aligned, Alignment};
 
 use super::EdgeSender;
 use super::config::JobConfig;
@@ -52,6 +53,8 @@ struct Builder<'a> {
     senders: Vec<EdgeSender>,
     /// `name[instance]` of the head being built.
     head: String,
+    /// A source partition's place in its source's watermark alignment.
+    alignment: Option<Aligned>,
     /// Every keyed instance's input channels, by (node, instance).
     inboxes: &'a mut HashMap<(NodeId, usize), Vec<Inbox>>,
     /// For fused operators (sinks among them): how many instances each has
@@ -92,6 +95,7 @@ impl Builder<'_> {
             restored: self.restore.map(|r| r.checkpoint),
             restored_position: None,
             outbox: &self.outbox,
+            alignment: self.alignment.clone(),
         }
     }
 
@@ -180,6 +184,13 @@ pub(crate) fn build(
         if !node.is_head() {
             continue;
         }
+        // The partitions of a source read in step (see `Alignment`).
+        let alignment = match (&node.op, config.watermark_alignment) {
+            (Op::Source { .. }, Some(drift)) if node.parallelism() > 1 => {
+                Some(Arc::new(Alignment::new(node.parallelism(), crate::time::millis(drift))))
+            }
+            _ => None,
+        };
         for instance in 0..node.parallelism() {
             let head = format!("{}[{instance}]", node.name);
             let groups = match node.op {
@@ -195,6 +206,7 @@ pub(crate) fn build(
                 outbox: Outbox::default(),
                 senders: Vec::new(),
                 head: head.clone(),
+                alignment: alignment.as_ref().map(|group| Aligned { group: group.clone(), index: instance }),
                 inboxes: &mut inboxes,
                 chain_instances: &mut chain_instances,
             };
@@ -242,6 +254,7 @@ pub(crate) fn build(
                 buffer_timeout: config.buffer_timeout,
                 checkpoint,
                 chain: chain.into(),
+                alignment: b.alignment,
             };
             built.push((head, id, instance, built_head, io));
         }

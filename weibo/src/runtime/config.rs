@@ -9,6 +9,10 @@ use crate::checkpoint::{CheckpointConfig, CheckpointStorage, LocalDir, Restore};
 use crate::error::{Error, Result};
 use crate::state::StateBackend;
 
+/// How far a source partition reads ahead of the slowest partition of its
+/// source, in event time, unless a job says otherwise.
+pub(crate) const DEFAULT_MAX_WATERMARK_DRIFT: Duration = Duration::from_secs(10);
+
 /// How a job runs: batching, channels, state, checkpoints. (What it
 /// runs, and its name and key groups, are its graph's.)
 #[derive(Clone, Debug)]
@@ -17,6 +21,9 @@ pub(crate) struct JobConfig {
     pub(crate) batch_bytes: usize,
     pub(crate) buffer_timeout: Duration,
     pub(crate) channel_capacity: usize,
+    /// How far (in event time) a source partition may read ahead of the
+    /// slowest partition of its source; `None`: as far as it likes.
+    pub(crate) watermark_alignment: Option<Duration>,
     pub(crate) state: Arc<dyn StateBackend>,
     /// Where and how often checkpoints are taken, if at all.
     pub(crate) checkpoint: Option<CheckpointConfig>,
@@ -34,6 +41,7 @@ impl Default for JobConfig {
             batch_bytes: 256 * 1024,
             buffer_timeout: Duration::from_millis(10),
             channel_capacity: 8,
+            watermark_alignment: Some(DEFAULT_MAX_WATERMARK_DRIFT),
             state: Arc::new(crate::state::MemoryBackend),
             checkpoint: None,
             restore_from: None,

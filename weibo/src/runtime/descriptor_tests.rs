@@ -91,6 +91,7 @@ impl RouterFactory for ByField {
             key_buf: Vec::new(),
             encode: true,
             typed: Vec::new(),
+            alignment: ctx.alignment.clone(),
             watermark: NO_TIMESTAMP,
             sent_watermark: NO_TIMESTAMP,
             _t: PhantomData,

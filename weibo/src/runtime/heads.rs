@@ -31,6 +31,9 @@ pub(crate) struct NodeIo {
     pub(crate) checkpoint: Option<CheckpointIo>,
     /// The task's operators, head first (for warnings).
     pub(crate) chain: std::sync::Arc<str>,
+    /// A source partition's place in its source's watermark alignment,
+    /// when the job aligns and the source has more than one partition.
+    pub(crate) alignment: Option<crate::time::alignment::Aligned>,
 }
 
 impl NodeIo {
@@ -197,6 +200,9 @@ impl HeadRunner for SourceHead {
                     last_flush = now;
                 }
                 super::drain(&io.outbox, &io.senders).await?;
+                if io.alignment.is_some() && self.align(status, &mut trigger, &io).await? {
+                    last_flush = Instant::now();
+                }
                 if status == ReadStatus::Done {
                     self.op.finish()?;
                     super::drain(&io.outbox, &io.senders).await?;
@@ -225,6 +231,64 @@ impl HeadRunner for SourceHead {
 }
 
 impl SourceHead {
+    /// Takes part in the source's watermark alignment after a read with
+    /// `status`: waits while this partition is too far ahead. Returns
+    /// whether it flushed (and waited).
+    async fn align(
+        &mut self,
+        status: ReadStatus,
+        trigger: &mut Option<mpsc::UnboundedReceiver<CheckpointId>>,
+        io: &NodeIo,
+    ) -> Result<bool> {
+        let Some(aligned) = io.alignment.as_ref() else { return Ok(false) };
+        // Only a partition with records to read holds the others back (not
+        // one idle now, nor one that ended).
+        aligned.group.set_active(aligned.index, status == ReadStatus::More);
+        if status != ReadStatus::More || !aligned.group.ahead(aligned.index) {
+            return Ok(false);
+        }
+        // What is buffered goes out first: the partitions behind are not
+        // waiting for it, the operators are.
+        self.op.flush()?;
+        super::drain(&io.outbox, &io.senders).await?;
+        self.wait_aligned(aligned, trigger, io).await?;
+        Ok(true)
+    }
+
+    /// Waits until this partition is no longer more than the drift ahead
+    /// of the slowest partition of its source (see
+    /// [`Alignment`](crate::time::alignment::Alignment)), passing the
+    /// barriers of checkpoints meanwhile.
+    async fn wait_aligned(
+        &mut self,
+        aligned: &crate::time::alignment::Aligned,
+        trigger: &mut Option<mpsc::UnboundedReceiver<CheckpointId>>,
+        io: &NodeIo,
+    ) -> Result<()> {
+        loop {
+            let changed = aligned.group.changed();
+            if !aligned.group.ahead(aligned.index) {
+                return Ok(());
+            }
+            let barrier = async {
+                match trigger.as_mut() {
+                    Some(t) => t.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = changed => {}
+                n = barrier => match n {
+                    Some(n) => self.pass_barrier(n, io).await?,
+                    // The coordinator is gone: no more barriers.
+                    None => *trigger = None,
+                },
+                // A safety net: look again now and then whatever happens.
+                () = tokio::time::sleep(io.buffer_timeout.max(Duration::from_millis(10))) => {}
+            }
+        }
+    }
+
     /// Checkpoint `n`: everything read so far is in the chain; the barrier
     /// follows it, and the position is where reading resumes.
     async fn pass_barrier(&mut self, n: CheckpointId, io: &NodeIo) -> Result<()> {

@@ -133,6 +133,41 @@ impl Job {
         self.configure(|c| c.channel_capacity = batches.max(1))
     }
 
+    /// How far, in event time, a source partition may read ahead of the
+    /// slowest partition of the same source (default 10 s).
+    ///
+    /// Operators downstream of a `key_by` keep the records of a partition
+    /// that reads ahead in windows and timers that cannot fire until the
+    /// slowest partition's watermark catches up, so the skew between
+    /// partitions is state. A partition more than `max_drift` ahead of the
+    /// slowest waits (passing checkpoint barriers) until it is not. Only
+    /// partitions with a watermark and records to read hold the others
+    /// back: one its reader reports idle, or one that has ended, does not.
+    /// Results do not change: only the order in which partitions are read.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// // Partitions read within a minute of event time of each other.
+    /// let job = weibo::Job::new("aligned").with_watermark_alignment(Duration::from_secs(60));
+    /// # drop(job);
+    /// ```
+    #[must_use]
+    pub fn with_watermark_alignment(self, max_drift: Duration) -> Self {
+        self.configure(|c| c.watermark_alignment = Some(max_drift))
+    }
+
+    /// Lets every source partition read as far ahead of the others as it
+    /// likes (see [`Job::with_watermark_alignment`]).
+    ///
+    /// ```
+    /// let job = weibo::Job::new("unaligned").without_watermark_alignment();
+    /// # drop(job);
+    /// ```
+    #[must_use]
+    pub fn without_watermark_alignment(self) -> Self {
+        self.configure(|c| c.watermark_alignment = None)
+    }
+
     /// Where keyed state lives (default [`MemoryBackend`](crate::state::MemoryBackend)).
     ///
     /// ```

@@ -871,6 +871,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 key_buf: Vec::with_capacity(32),
                 encode: false,
                 typed: Vec::new(),
+                alignment: ctx.alignment.clone(),
                 watermark: crate::record::NO_TIMESTAMP,
                 sent_watermark: crate::record::NO_TIMESTAMP,
                 _t: PhantomData,

@@ -18,6 +18,7 @@
 //!   left out), and it never moves back;
 //! - the end of input is watermark `+∞`: every window fires.
 
+pub(crate) mod alignment;
 pub(crate) mod watermarks;
 
 use std::time::Duration;

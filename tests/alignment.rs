@@ -1,0 +1,181 @@
+//! Watermark alignment between the partitions of one source: a partition
+//! reads no further than the drift ahead of the slowest, passes barriers
+//! while it waits, and does not wait for a partition that is idle.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use weibo::sinks::CollectSink;
+use weibo::sources::{ReadStatus, Source, SourceOutput, SourceReader};
+use weibo::time::WatermarkStrategy;
+use weibo::{BoxFuture, Job, KeyedContext};
+
+/// Milliseconds of event time between two records of a partition.
+const STEP: i64 = 10;
+
+/// Two partitions of `n` records each, `(partition, timestamp)`, timestamps
+/// `0, STEP, 2 STEP, ...`. Partition 0 reads as fast as it can; partition
+/// 1 reads 4 records, then sleeps a millisecond (`slow`), or, with
+/// `idle_after`, stops after that many records and reports itself idle
+/// until partition 0 has ended, then ends.
+#[derive(Clone)]
+struct Skewed {
+    n: i64,
+    idle_after: Option<i64>,
+    fast_done: Arc<AtomicBool>,
+}
+
+struct SkewedReader {
+    partition: u8,
+    next: i64,
+    source: Skewed,
+}
+
+impl Source for Skewed {
+    type Item = (u8, i64);
+    fn default_name(&self) -> String {
+        "skewed".into()
+    }
+    fn describe(&self) -> String {
+        "a fast and a slow partition".into()
+    }
+    fn partitions(&self) -> usize {
+        2
+    }
+    fn open(&self, partition: usize) -> weibo::Result<Box<dyn SourceReader<(u8, i64)>>> {
+        Ok(Box::new(SkewedReader { partition: partition as u8, next: 0, source: self.clone() }))
+    }
+}
+
+impl SourceReader<(u8, i64)> for SkewedReader {
+    fn position(&self) -> Option<u64> {
+        // Checkpoints need a position; this test never restores.
+        Some(self.next as u64)
+    }
+
+    fn read<'a>(&'a mut self, out: &'a mut SourceOutput<(u8, i64)>) -> BoxFuture<'a, weibo::Result<ReadStatus>> {
+        Box::pin(async move {
+            let n = self.source.n;
+            if self.partition == 0 {
+                while self.next < n && out.remaining() > 0 {
+                    let ts = self.next * STEP;
+                    out.push((0, ts), self.next as u64, None);
+                    self.next += 1;
+                }
+                if self.next < n {
+                    return Ok(ReadStatus::More);
+                }
+                self.source.fast_done.store(true, Ordering::Release);
+                return Ok(ReadStatus::Done);
+            }
+            let stop = self.source.idle_after.unwrap_or(n);
+            if self.next < stop {
+                for _ in 0..4 {
+                    if self.next < stop {
+                        out.push((1, self.next * STEP), self.next as u64, None);
+                        self.next += 1;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                return Ok(ReadStatus::More);
+            }
+            if self.source.idle_after.is_some() && !self.source.fast_done.load(Ordering::Acquire) {
+                tokio::time::sleep_until(tokio::time::Instant::from_std(out.deadline())).await;
+                return Ok(ReadStatus::Idle);
+            }
+            Ok(ReadStatus::Done)
+        })
+    }
+}
+
+/// What the keyed operator saw: per partition the latest timestamp, and the
+/// largest lead of partition 0 over partition 1 when a record arrived.
+#[derive(Default)]
+struct Seen {
+    latest: [Option<i64>; 2],
+    lead: i64,
+}
+
+/// Runs the two partitions into one keyed operator and returns the largest
+/// lead it saw, the records it saw, and the checkpoints completed.
+async fn run(source: Skewed, job: Job) -> (i64, usize, u64) {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let out = CollectSink::new();
+    let record = seen.clone();
+    job.source(source)
+        .with_timestamps(|r: &(u8, i64)| r.1, WatermarkStrategy::monotonous())
+        .key_by(|_: &(u8, i64)| 0u8)
+        .process(weibo::on_error::Fail, move |ctx: &mut KeyedContext<'_, u8, (), u8>, r: &(u8, i64)| {
+            let mut s = record.lock().unwrap();
+            s.latest[usize::from(r.0)] = Some(r.1);
+            if let [Some(fast), Some(slow)] = s.latest {
+                s.lead = s.lead.max(fast - slow);
+            }
+            ctx.emit(r.0);
+            Ok::<_, std::convert::Infallible>(())
+        })
+        .sink(out.clone());
+    let handle = job.spawn().unwrap();
+    let completed = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut last = 0;
+        let mut handle = Some(handle);
+        loop {
+            let h = handle.take().unwrap();
+            if h.is_finished() {
+                h.wait().await.unwrap();
+                return last;
+            }
+            last = h.last_checkpoint().map_or(0, |c| c.get());
+            handle = Some(h);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the job finishes (a partition waiting for alignment must not wait for ever)");
+    let lead = seen.lock().unwrap().lead;
+    (lead, out.values().len(), completed)
+}
+
+fn small_batches(name: &str) -> Job {
+    // Small batches and one batch per edge: little in flight beyond what
+    // alignment allows, so the lead the operator sees is close to it.
+    Job::new(name).with_batch_size(16).with_channel_capacity(1).with_buffer_timeout(Duration::from_millis(5))
+}
+
+fn skewed(n: i64, idle_after: Option<i64>) -> Skewed {
+    Skewed { n, idle_after, fast_done: Arc::new(AtomicBool::new(false)) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_reads_no_further_than_the_drift_ahead_of_the_slowest() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 2_000;
+    let job = small_batches("aligned")
+        .with_watermark_alignment(Duration::from_secs(1))
+        .with_checkpoints(dir.path(), Duration::from_millis(20));
+    let (lead, records, checkpoints) = run(skewed(n, None), job).await;
+    assert_eq!(records, 2 * n as usize, "every record arrived");
+    // The drift, plus what is in flight: the router's partial batch, the
+    // channel's batch and the batch being read (3 x 16 records, 10 ms each).
+    assert!(lead <= 1_000 + 3 * 16 * STEP + 16 * STEP, "partition 0 led by {lead} ms");
+    assert!(checkpoints >= 1, "barriers passed while partition 0 waited");
+
+    // Without alignment the fast partition runs to its end first.
+    let (lead, records, _) = run(skewed(n, None), small_batches("unaligned").without_watermark_alignment()).await;
+    assert_eq!(records, 2 * n as usize);
+    assert!(lead > 5_000, "without alignment, partition 0 led by only {lead} ms");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_partition_holds_nobody_back() {
+    // Partition 1 stops at 500 ms of event time and stays idle until
+    // partition 0 has read everything (20 s): partition 0 must not wait
+    // for it.
+    let job = small_batches("idle").with_watermark_alignment(Duration::from_secs(1));
+    let (lead, records, _) = run(skewed(2_000, Some(50)), job).await;
+    assert_eq!(records, 2_050);
+    assert!(lead > 10_000, "partition 0 read on past the idle partition ({lead} ms ahead)");
+}
