@@ -205,6 +205,9 @@ pub(super) const WINDOW_LOG_MIN: usize = SNAPSHOT_PART;
 #[cfg(test)]
 pub(super) const WINDOW_LOG_MIN: usize = 4;
 
+/// Emptied key sets a byte window store keeps for new windows.
+const SPARE_KEY_SETS: usize = 8;
+
 pub(super) enum WindowStore<K, A> {
     /// Window-major in memory: per window start, the keys' accumulators.
     /// Each window's map is shared with the checkpoint being written, if
@@ -216,7 +219,15 @@ pub(super) enum WindowStore<K, A> {
     },
     /// Accumulators in a byte table by (key, window start), with an index of
     /// which keys each window holds.
-    Bytes { values: ValueState<(K, Timestamp), A>, index: BTreeMap<Timestamp, DueKeys<K>>, buf: Vec<u8> },
+    /// `spare`: emptied key sets of fired windows, for new windows to
+    /// fill (a window's set grows to all its keys, and growing one from
+    /// empty for every window rehashes it over and over).
+    Bytes {
+        values: ValueState<(K, Timestamp), A>,
+        index: BTreeMap<Timestamp, DueKeys<K>>,
+        spare: Vec<DueKeys<K>>,
+        buf: Vec<u8>,
+    },
 }
 
 /// Accumulators of fixed-size (tumbling, sliding) windows, per window start
@@ -241,7 +252,12 @@ impl<K: Key, A: Data> WindowState<K, A> {
         let store = if backend.keeps_objects() {
             WindowStore::Objects { windows: BTreeMap::new(), pool: Vec::new(), log: WindowLog::default() }
         } else {
-            WindowStore::Bytes { values: ValueState::open(backend, scope)?, index: BTreeMap::new(), buf: Vec::new() }
+            WindowStore::Bytes {
+                values: ValueState::open(backend, scope)?,
+                index: BTreeMap::new(),
+                spare: Vec::new(),
+                buf: Vec::new(),
+            }
         };
         Ok(Self { store })
     }
@@ -297,7 +313,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
                     }
                 })
             }
-            WindowStore::Bytes { values, index, buf } => {
+            WindowStore::Bytes { values, index, spare, buf } => {
                 buf.clear();
                 buf.extend_from_slice(key_bytes);
                 start.encode_key(buf);
@@ -307,7 +323,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
                     (r, slot.is_some())
                 })?;
                 if present {
-                    index.entry(start).or_default().insert(k, group);
+                    index.entry(start).or_insert_with(|| spare.pop().unwrap_or_default()).insert(k, group);
                 } else if let Some(keys) = index.get_mut(&start) {
                     keys.remove(&k);
                 }
@@ -365,7 +381,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
                 }
                 Ok(())
             }
-            WindowStore::Bytes { values, index, buf } => {
+            WindowStore::Bytes { values, index, spare, buf } => {
                 let keys: Vec<(K, u16)> = match index.get(&start) {
                     Some(keys) => keys.iter().map(|(k, g)| (k.clone(), *g)).collect(),
                     None => return Ok(()),
@@ -384,8 +400,11 @@ impl<K: Key, A: Data> WindowState<K, A> {
                         f(&k, g, &a);
                     }
                 }
-                if purge {
-                    index.remove(&start);
+                if purge && let Some(mut keys) = index.remove(&start) {
+                    keys.clear();
+                    if spare.len() < SPARE_KEY_SETS {
+                        spare.push(keys);
+                    }
                 }
                 Ok(())
             }
