@@ -187,6 +187,9 @@ impl<K> TimerLog<K> {
     }
 }
 
+/// Emptied key sets a timer state keeps for new times.
+const SPARE_TIMES: usize = 64;
+
 /// Event-time timers per key: "call me back for key `k` when the watermark
 /// reaches `t`". Windows keep their firing and clean-up times here, and
 /// keyed `process` functions register their own.
@@ -202,7 +205,15 @@ impl<K> TimerLog<K> {
 pub struct TimerState<K> {
     /// Per time, its keys; shared with the checkpoint being written, if
     /// any, and copied on the next change (copy-on-write per time).
-    by_time: BTreeMap<Timestamp, Shareable<TimerKeys<K>>>,
+    /// (Boxed: the map moves its values when the earliest time is taken
+    /// out, and a key set is several words.)
+    by_time: BTreeMap<Timestamp, Box<Shareable<TimerKeys<K>>>>,
+    /// Emptied key sets of fired times, for new times to fill: a timer at
+    /// a time of its own (a session window's, one per event) would
+    /// otherwise allocate a set and free it. Boxed as `by_time` holds
+    /// them, so one goes back in without an allocation.
+    #[allow(clippy::vec_box)]
+    spare: Vec<Box<Shareable<TimerKeys<K>>>>,
     len: usize,
     log: TimerLog<K>,
     /// On a byte backend: the timers, in its table (the fields above
@@ -231,7 +242,7 @@ impl<K: Key> TimerState<K> {
         } else {
             Some(Box::new(timers::TableTimers::open(backend, scope)?))
         };
-        Ok(Self { by_time: BTreeMap::new(), len: 0, log: TimerLog::default(), table })
+        Ok(Self { by_time: BTreeMap::new(), spare: Vec::new(), len: 0, log: TimerLog::default(), table })
     }
 
     /// Registers a timer for `key` (of key group `group`) at `time`;
@@ -244,7 +255,8 @@ impl<K: Key> TimerState<K> {
         if let Some(table) = &mut self.table {
             return table.register(time, group, key);
         }
-        let keys = self.by_time.entry(time).or_default().make_mut();
+        let spare = &mut self.spare;
+        let keys = self.by_time.entry(time).or_insert_with(|| spare.pop().unwrap_or_default()).make_mut();
         if !keys.contains_key(key) {
             keys.insert(key.clone(), (group, self.log.epoch));
             self.len += 1;
@@ -307,18 +319,28 @@ impl<K: Key> TimerState<K> {
         if *entry.key() > watermark {
             return Ok(None);
         }
-        let (time, keys) = entry.remove_entry();
+        let (time, mut keys) = entry.remove_entry();
         self.len -= keys.len();
-        let keys = match keys {
-            Shareable::Own(keys) => keys,
-            Shareable::Shared(keys) => Arc::try_unwrap(keys).unwrap_or_else(|shared| (*shared).clone()),
-        };
         let mut due = Vec::with_capacity(keys.len());
-        for (k, (group, stamp)) in keys {
-            if self.log.logs(stamp) {
-                self.log.push(time, k.clone(), group, self.len);
+        let mut push = |k: K, group: u16, stamp: u32, log: &mut TimerLog<K>, len: usize| {
+            if log.logs(stamp) {
+                log.push(time, k.clone(), group, len);
             }
             due.push((k, group));
+        };
+        if let Shareable::Own(own) = &mut *keys {
+            for (k, (group, stamp)) in own.drain() {
+                push(k, group, stamp, &mut self.log, self.len);
+            }
+            if self.spare.len() < SPARE_TIMES {
+                // Emptied, its memory kept.
+                self.spare.push(keys);
+            }
+        } else {
+            // A checkpoint still holds it: read it where it is.
+            for (k, (group, stamp)) in keys.iter() {
+                push(k.clone(), *group, *stamp, &mut self.log, self.len);
+            }
         }
         Ok(Some((time, due)))
     }
