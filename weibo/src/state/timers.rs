@@ -11,8 +11,15 @@
 //! The entries go through a [`ValueState`] on the table, without a cache:
 //! it logs changes for incremental checkpoints and snapshots the table's
 //! snapshot for full ones, as for any value state.
+//!
+//! Each key group's first timers are read ahead, a few at a time, into a
+//! small buffer ([`Ahead`]), kept in step with every timer set and removed:
+//! firing a timer takes it from the buffer and removes it from the table,
+//! and the table is scanned again only when the buffer runs out, not for
+//! every timer fired (a scan of an LSM tree opens an iterator over each of
+//! its levels).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 
 use super::{DueTimers, Entries, RemovedKeys, Snapshot, StateBackend, StateScope, ValueState, key_error};
 use crate::codec::key::Key;
@@ -26,6 +33,8 @@ pub(super) struct TableTimers<K> {
     heads: Vec<Option<Timestamp>>,
     /// (time, index) of every key group's earliest timer.
     queue: BTreeSet<(Timestamp, usize)>,
+    /// Per owned key group, its first timers, read ahead.
+    ahead: Vec<Ahead<K>>,
     first: u16,
     len: usize,
     buf: Vec<u8>,
@@ -38,12 +47,57 @@ impl<K> TableTimers<K> {
     }
 }
 
+/// How many timers of a key group are read ahead at most.
+#[cfg(not(test))]
+const READ_AHEAD: usize = 64;
+/// (Few in tests, so that buffers run out and overflow often.)
+#[cfg(test)]
+const READ_AHEAD: usize = 3;
+
+/// A key group's first timers, in table order: `(time, key, entry key)`.
+/// Unless `complete`, the group has more timers after the last of them,
+/// in the table only. Empty and not complete: nothing is known (read the
+/// table).
+struct Ahead<K> {
+    timers: VecDeque<(Timestamp, K, Vec<u8>)>,
+    complete: bool,
+}
+
+impl<K> Default for Ahead<K> {
+    fn default() -> Self {
+        Self { timers: VecDeque::new(), complete: false }
+    }
+}
+
+impl<K> Ahead<K> {
+    /// Where `entry` sits among the buffered timers, if it is within what
+    /// is buffered (`Err` with the place to insert it); `None` when it
+    /// lies past the buffer, in the part only the table holds.
+    fn find(&self, entry: &[u8]) -> Option<std::result::Result<usize, usize>> {
+        let at = self.timers.binary_search_by(|(_, _, e)| e.as_slice().cmp(entry));
+        match at {
+            Err(end) if end == self.timers.len() && !self.complete => None,
+            at => Some(at),
+        }
+    }
+
+    fn head(&self) -> Option<Timestamp> {
+        self.timers.front().map(|(t, _, _)| *t)
+    }
+
+    /// Nothing buffered, and more in the table: read it again.
+    fn exhausted(&self) -> bool {
+        self.timers.is_empty() && !self.complete
+    }
+}
+
 impl<K: Key> TableTimers<K> {
     pub(super) fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
         let mut timers = Self {
             state: ValueState::open_bytes(backend, scope)?,
             heads: scope.key_groups.clone().map(|_| None).collect(),
             queue: BTreeSet::new(),
+            ahead: scope.key_groups.clone().map(|_| Ahead::default()).collect(),
             first: scope.key_groups.start,
             len: 0,
             buf: Vec::new(),
@@ -79,25 +133,48 @@ impl<K: Key> TableTimers<K> {
         }
     }
 
-    /// Reads key group `index`'s earliest timer again, from `from` (an
-    /// encoded time at or before it): seeking past the timers removed
-    /// before it, whose tombstones the table may still hold.
+    /// Reads key group `index`'s first timers into its buffer, from `from`
+    /// (an entry key at or before the first of them): seeking past the
+    /// timers removed before it, whose tombstones the table may still
+    /// hold. Sets the group's head.
     fn refresh(&mut self, index: usize, from: &[u8]) -> Result<()> {
-        let mut head = None;
+        let mut read = VecDeque::with_capacity(READ_AHEAD);
         let mut failure = None;
+        let mut complete = true;
         self.table_scan(index, from, &mut |key, _| {
-            let mut bytes = key;
-            match Timestamp::decode_key(&mut bytes) {
-                Ok(time) => head = Some(time),
+            if read.len() == READ_AHEAD {
+                complete = false;
+                return false;
+            }
+            match crate::codec::key::decode::<(Timestamp, K)>(key) {
+                Ok((time, k)) => read.push_back((time, k, key.to_vec())),
                 Err(e) => failure = Some(e),
             }
-            false
+            failure.is_none()
         })?;
         if let Some(e) = failure {
             return Err(key_error(&self.operator, e));
         }
+        let head = read.front().map(|(t, _, _)| *t);
+        if let Some(ahead) = self.ahead.get_mut(index) {
+            *ahead = Ahead { timers: read, complete };
+        }
         self.set_head(index, head);
         Ok(())
+    }
+
+    /// The group's head from its buffer, reading the table again from
+    /// `from` if the buffer ran out.
+    fn reload_head(&mut self, index: usize, from: &[u8]) -> Result<()> {
+        match self.ahead.get(index) {
+            Some(ahead) if ahead.exhausted() => self.refresh(index, from),
+            Some(ahead) => {
+                let head = ahead.head();
+                self.set_head(index, head);
+                Ok(())
+            }
+            None => Ok(()),
+        }
     }
 
     fn set_head(&mut self, index: usize, head: Option<Timestamp>) {
@@ -129,8 +206,19 @@ impl<K: Key> TableTimers<K> {
         };
         self.encode(time, key);
         let existed = self.state.update(group, (time, key.clone()), &self.buf, |slot| slot.replace(()).is_some())?;
-        if !existed {
-            self.len += 1;
+        if existed {
+            return Ok(());
+        }
+        self.len += 1;
+        if let Some(ahead) = self.ahead.get_mut(index)
+            && let Some(Err(at)) = ahead.find(&self.buf)
+        {
+            ahead.timers.insert(at, (time, key.clone(), self.buf.clone()));
+            if ahead.timers.len() > READ_AHEAD {
+                // The last one stays in the table only.
+                ahead.timers.pop_back();
+                ahead.complete = false;
+            }
         }
         if self.heads.get(index).copied().flatten().is_none_or(|head| time < head) {
             self.set_head(index, Some(time));
@@ -144,10 +232,15 @@ impl<K: Key> TableTimers<K> {
         let existed = self.state.update(group, (time, key.clone()), &self.buf, |slot| slot.take().is_some())?;
         if existed {
             self.len -= 1;
+            if let Some(ahead) = self.ahead.get_mut(index)
+                && let Some(Ok(at)) = ahead.find(&self.buf)
+            {
+                ahead.timers.remove(at);
+            }
             if self.heads.get(index).copied().flatten() == Some(time) {
                 let mut from = Vec::new();
                 time.encode_key(&mut from);
-                self.refresh(index, &from)?;
+                self.reload_head(index, &from)?;
             }
         }
         Ok(())
@@ -168,29 +261,24 @@ impl<K: Key> TableTimers<K> {
         let mut due = Vec::new();
         for index in groups {
             let group = self.group(index);
-            let mut keys = Vec::new();
-            let mut next = None;
-            let mut failure = None;
-            self.table_scan(index, &prefix, &mut |key, _| {
-                match crate::codec::key::decode::<(Timestamp, K)>(key) {
-                    Ok((t, _)) if t != time => {
-                        next = Some(t);
-                        return false;
-                    }
-                    Ok((_, k)) => keys.push((k, key.to_vec())),
-                    Err(e) => failure = Some(e),
+            loop {
+                if self.ahead.get(index).is_some_and(Ahead::exhausted) {
+                    // Those at `time` already taken are gone from the
+                    // table: the read starts at what is left of them.
+                    self.refresh(index, &prefix)?;
                 }
-                failure.is_none()
-            })?;
-            if let Some(e) = failure {
-                return Err(key_error(&self.operator, e));
-            }
-            for (k, bytes) in keys {
-                self.state.update(group, (time, k.clone()), &bytes, |slot| *slot = None)?;
+                let Some(ahead) = self.ahead.get_mut(index) else { break };
+                let Some((t, _, _)) = ahead.timers.front() else { break };
+                if *t != time {
+                    break;
+                }
+                let Some((_, k, entry)) = ahead.timers.pop_front() else { break };
+                self.state.remove_present(group, &entry)?;
                 self.len = self.len.saturating_sub(1);
                 due.push((k, group));
             }
-            self.set_head(index, next);
+            let head = self.ahead.get(index).and_then(Ahead::head);
+            self.set_head(index, head);
         }
         Ok(Some((time, due)))
     }

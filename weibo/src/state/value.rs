@@ -320,6 +320,39 @@ impl<K: Key, V: Data> ValueState<K, V> {
         }
     }
 
+    /// Removes `key_bytes` from `group` of a byte store without reading it
+    /// first: the caller knows it is there (timers found by a scan of the
+    /// table). Logged for incremental checkpoints as [`ValueState::update`]
+    /// logs a removal.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the table fails; [`Error::Internal`] for a
+    /// key group this instance does not own, or a store that is not a
+    /// byte table.
+    pub(super) fn remove_present(&mut self, group: u16, key_bytes: &[u8]) -> Result<()> {
+        if !self.groups.contains(&group) {
+            return Err(self.group_error(group));
+        }
+        let index = usize::from(group - self.groups.start);
+        let Store::Bytes { table, .. } = &mut self.store else {
+            return Err(Error::Internal(format!("operator `{}`: a blind removal outside a byte table", self.operator)));
+        };
+        table.delete(group, key_bytes)?;
+        if self.tracking
+            && let Some(changed) = self.changed.get_mut(index)
+        {
+            let change = (self.epoch, None);
+            let changed = Arc::make_mut(changed);
+            match changed.get_mut(key_bytes) {
+                Some(last) => *last = change,
+                None => {
+                    changed.insert(key_bytes.into(), change);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Looks `keys` up without changing anything, so that the cache lines
     /// they live on are loaded when [`ValueState::update`] needs them.
     ///
