@@ -286,7 +286,6 @@ where
     }
 }
 
-type GenFn<T> = dyn Fn(u64) -> T + Send + Sync;
 type TsFn = dyn Fn(u64) -> Timestamp + Send + Sync;
 
 /// A deterministic generator: event `i` (for `i` in `0..count`) is `f(i)`.
@@ -309,8 +308,43 @@ pub struct Generator<T> {
     count: u64,
     partitions: usize,
     rate: Option<f64>,
-    f: Arc<GenFn<T>>,
+    f: Arc<dyn Fill<T>>,
     timestamps: Option<Arc<TsFn>>,
+}
+
+/// Appends a generator's events to a batch: made in [`Generator::new`]
+/// over the user's function, so that the loop over a batch's events calls
+/// it directly (inlined) rather than through a pointer per event.
+trait Fill<T>: Send + Sync {
+    /// Appends events `from, from + step, ...` below `end` (`n` of them,
+    /// which fit) to `out`, without event times; `source` and
+    /// `partition` as the output's.
+    fn fill(&self, from: u64, step: u64, n: usize, out: &mut SourceOutput<T>);
+    /// Event `i`.
+    fn event(&self, i: u64) -> T;
+}
+
+struct FillWith<F>(F);
+
+impl<T, F: Fn(u64) -> T + Send + Sync> Fill<T> for FillWith<F> {
+    fn fill(&self, from: u64, step: u64, n: usize, out: &mut SourceOutput<T>) {
+        let (partition, source, watermark) = (out.partition, out.source, out.watermark);
+        let f = &self.0;
+        // Exact-size iterators: one capacity check per batch, not per event.
+        let index = |k: usize| from.wrapping_add(step.wrapping_mul(k as u64));
+        out.batch.values.extend((0..n).map(|k| f(index(k))));
+        out.batch.meta.extend((0..n).map(|k| Meta {
+            timestamp: NO_TIMESTAMP,
+            watermark,
+            offset: index(k),
+            partition,
+            source,
+        }));
+    }
+
+    fn event(&self, i: u64) -> T {
+        (self.0)(i)
+    }
 }
 
 impl<T> fmt::Debug for Generator<T> {
@@ -326,7 +360,7 @@ impl<T> fmt::Debug for Generator<T> {
 impl<T: Clone + Send + 'static> Generator<T> {
     /// `count` events, event `i` being `f(i)`.
     pub fn new(count: u64, f: impl Fn(u64) -> T + Send + Sync + 'static) -> Self {
-        Self { count, partitions: 1, rate: None, f: Arc::new(f), timestamps: None }
+        Self { count, partitions: 1, rate: None, f: Arc::new(FillWith(f)), timestamps: None }
     }
 
     /// Splits the sequence over `n` partitions (at least 1).
@@ -401,7 +435,7 @@ struct GenReader<T> {
     next: u64,
     step: u64,
     count: u64,
-    f: Arc<GenFn<T>>,
+    f: Arc<dyn Fill<T>>,
     timestamps: Option<Arc<TsFn>>,
     /// Events per second for this partition.
     rate: Option<f64>,
@@ -414,27 +448,20 @@ impl<T: Send + 'static> GenReader<T> {
     #[inline]
     fn fill(&mut self, out: &mut SourceOutput<T>, max: usize) {
         let end = self.count.min(self.next.saturating_add(self.step.saturating_mul(max as u64)));
-        let f = &*self.f;
         let n_before = out.batch.len();
-        match &self.timestamps {
-            None => {
-                let (partition, source, watermark) = (out.partition, out.source, out.watermark);
-                let mut i = self.next;
-                while i < end {
-                    out.batch.values.push(f(i));
-                    out.batch.meta.push(Meta { timestamp: NO_TIMESTAMP, watermark, offset: i, partition, source });
-                    i += self.step;
+        if self.next < end {
+            // Events `next, next + step, ...` below `end`: at most `max`.
+            let n = usize::try_from((end - self.next).div_ceil(self.step)).unwrap_or(max).min(max);
+            match &self.timestamps {
+                None => self.f.fill(self.next, self.step, n, out),
+                Some(ts) => {
+                    for k in 0..n as u64 {
+                        let i = self.next + k * self.step;
+                        out.push(self.f.event(i), i, Some(ts(i)));
+                    }
                 }
-                self.next = i;
             }
-            Some(ts) => {
-                let mut i = self.next;
-                while i < end {
-                    out.push(f(i), i, Some(ts(i)));
-                    i += self.step;
-                }
-                self.next = i;
-            }
+            self.next = self.next.saturating_add(self.step.saturating_mul(n as u64));
         }
         self.emitted += (out.batch.len() - n_before) as u64;
     }
