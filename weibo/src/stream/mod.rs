@@ -618,7 +618,12 @@ impl<T: Clone + Send + 'static> Stream<T> {
         T: Data,
         F: Fn(&T) -> K + Send + Sync + 'static,
     {
-        KeyedStream { upstream: self.clone(), key_fn: Arc::new(f), partitions: 1 }
+        KeyedStream {
+            upstream: self.clone(),
+            router: key_router::<T, K, F>(Arc::new(f)),
+            partitions: 1,
+            _k: PhantomData,
+        }
     }
 
     /// Sends every record to `sink`.
@@ -786,7 +791,39 @@ impl SinkRef {
     }
 }
 
-type KeyFn<K, T> = dyn Fn(&T) -> K + Send + Sync;
+/// The router of a hash edge keyed by `key_fn`: made where the key
+/// function's type is known (`key_by`), so that the router calls it
+/// directly for every record, not through a pointer.
+fn key_router<T, K, F>(key_fn: Arc<F>) -> Arc<dyn crate::operator::factory::RouterFactory>
+where
+    T: Data,
+    K: Key,
+    F: Fn(&T) -> K + Send + Sync + 'static,
+{
+    router_factory(move |ctx, senders| {
+        let info = ctx.info.clone();
+        let limits = BatchLimits { records: ctx.batch_size, bytes: ctx.batch_bytes };
+        let routes = KeyGroupRoutes::new(ctx.max_key_groups, senders.len());
+        let pool = crate::record::BatchPool::default();
+        Ok(erase::<T>(Box::new(RouterOp::<T, K, F> {
+            info,
+            key_fn: key_fn.clone(),
+            targets: senders.iter().map(|_| pool.take(limits.records, 16 * limits.records)).collect(),
+            pool,
+            senders,
+            outbox: ctx.outbox.clone(),
+            routes,
+            limits,
+            key_buf: Vec::with_capacity(32),
+            encode: false,
+            typed: Vec::new(),
+            alignment: ctx.alignment.clone(),
+            watermark: crate::record::NO_TIMESTAMP,
+            sent_watermark: crate::record::NO_TIMESTAMP,
+            _t: PhantomData,
+        })))
+    })
+}
 
 /// A stream partitioned by a key of type `K`: every key has its own state,
 /// and the key space is split over [`with_partitions`](Self::with_partitions)
@@ -803,13 +840,20 @@ type KeyFn<K, T> = dyn Fn(&T) -> K + Send + Sync;
 /// ```
 pub struct KeyedStream<K, T> {
     upstream: Stream<T>,
-    key_fn: Arc<KeyFn<K, T>>,
+    /// The router onto the keyed operator's instances, over the key function.
+    router: Arc<dyn crate::operator::factory::RouterFactory>,
     partitions: usize,
+    _k: PhantomData<fn() -> K>,
 }
 
 impl<K, T> Clone for KeyedStream<K, T> {
     fn clone(&self) -> Self {
-        Self { upstream: self.upstream.clone(), key_fn: self.key_fn.clone(), partitions: self.partitions }
+        Self {
+            upstream: self.upstream.clone(),
+            router: self.router.clone(),
+            partitions: self.partitions,
+            _k: PhantomData,
+        }
     }
 }
 
@@ -853,30 +897,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         outputs: Vec<Port>,
         factory: Arc<dyn KeyedFactory>,
     ) -> (Arc<Mutex<Pipeline>>, NodeId) {
-        let key_fn = self.key_fn.clone();
-        let router = router_factory(move |ctx, senders| {
-            let info = ctx.info.clone();
-            let limits = BatchLimits { records: ctx.batch_size, bytes: ctx.batch_bytes };
-            let routes = KeyGroupRoutes::new(ctx.max_key_groups, senders.len());
-            let pool = crate::record::BatchPool::default();
-            Ok(erase::<T>(Box::new(RouterOp::<T, K, KeyFn<K, T>> {
-                info,
-                key_fn: key_fn.clone(),
-                targets: senders.iter().map(|_| pool.take(limits.records, 16 * limits.records)).collect(),
-                pool,
-                senders,
-                outbox: ctx.outbox.clone(),
-                routes,
-                limits,
-                key_buf: Vec::with_capacity(32),
-                encode: false,
-                typed: Vec::new(),
-                alignment: ctx.alignment.clone(),
-                watermark: crate::record::NO_TIMESTAMP,
-                sent_watermark: crate::record::NO_TIMESTAMP,
-                _t: PhantomData,
-            })))
-        });
+        let router = self.router.clone();
         let node = self.upstream.add(Node {
             kind,
             name: kind.to_string(),
