@@ -316,9 +316,9 @@ pub struct Generator<T> {
 /// over the user's function, so that the loop over a batch's events calls
 /// it directly (inlined) rather than through a pointer per event.
 trait Fill<T>: Send + Sync {
-    /// Appends events `from, from + step, ...` below `end` (`n` of them,
-    /// which fit) to `out`, without event times; `source` and
-    /// `partition` as the output's.
+    /// Appends the `n` events `from, from + step, ...` to `out` (which has
+    /// room for them), without event times, with the output's source,
+    /// partition and watermark.
     fn fill(&self, from: u64, step: u64, n: usize, out: &mut SourceOutput<T>);
     /// Event `i`.
     fn event(&self, i: u64) -> T;

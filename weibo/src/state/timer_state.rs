@@ -198,7 +198,7 @@ const SPARE_TIMES: usize = 64;
 /// backend that asks for it ([`StateBackend::timers_in_table`]: fjall,
 /// when built with `FjallOptions::timers_on_disk`),
 /// in its table, ordered by time within each key group, with only each
-/// key group's earliest time in memory. Both are checkpointed
+/// key group's first few timers in memory. Both are checkpointed
 /// incrementally, with the same entries (an entry's key
 /// is the time, in the order-preserving key encoding, then the encoded
 /// key; it has no value).

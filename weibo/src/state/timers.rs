@@ -4,9 +4,10 @@
 //! encoding, followed by the encoded key, and whose value is empty: the
 //! same entries as the in-memory timers' checkpoints, so a job moves
 //! between backends through a savepoint. One key group is one range of the
-//! table, ordered by time; in memory there is only, per owned key group,
-//! the time of its earliest timer (and an index of those), so the timers
-//! of a job take no memory per timer.
+//! table, ordered by time; in memory there are only, per owned key group,
+//! its first few timers (below) and the time of its earliest (with an index
+//! of those), so the memory the timers of a job take does not grow with
+//! their number.
 //!
 //! The entries go through a [`ValueState`] on the table, without a cache:
 //! it logs changes for incremental checkpoints and snapshots the table's
