@@ -407,11 +407,13 @@ fn main() {
     // largest drift between partitions; `off`: none).
     match std::env::var("WEIBO_ALIGN_MS").as_deref() {
         Ok("off") => job = job.without_watermark_alignment(),
-        Ok(ms) => {
-            if let Ok(ms) = ms.parse::<u64>() {
-                job = job.with_watermark_alignment(Duration::from_millis(ms));
+        Ok(ms) => match ms.parse::<u64>() {
+            Ok(ms) => job = job.with_watermark_alignment(Duration::from_millis(ms)),
+            Err(_) => {
+                eprintln!("WEIBO_ALIGN_MS={ms}: expected milliseconds or `off`");
+                std::process::exit(2)
             }
-        }
+        },
         Err(_) => {}
     }
     // `WEIBO_CHECKPOINT_MS=<ms>` takes checkpoints that often (into a
