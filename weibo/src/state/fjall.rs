@@ -153,6 +153,19 @@ fn is_fjall_creation_leftover(name: &str, is_dir: bool) -> bool {
     }
 }
 
+/// The start of fjall's version marker (`FJL`, then a version byte).
+const VERSION_MAGIC: &[u8] = b"FJL";
+
+/// Whether the file at `path` is a version marker whose writing was cut
+/// short: a file holding a strict prefix of `FJL` (nothing, or part of it)
+/// and no version byte.
+fn is_partial_version_marker(path: &Path) -> bool {
+    let short = std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() < VERSION_MAGIC.len() as u64 + 1);
+    short
+        && std::fs::read(path)
+            .is_ok_and(|bytes| bytes.len() <= VERSION_MAGIC.len() && VERSION_MAGIC.starts_with(&bytes))
+}
+
 /// fjall writes its version marker last when it creates a database, and
 /// takes a directory without one for a new database: a process killed
 /// while creating one (a job's first start) leaves a directory that every
@@ -160,7 +173,7 @@ fn is_fjall_creation_leftover(name: &str, is_dir: bool) -> bool {
 /// fjall is rebuilt from the checkpoint whenever a job starts, so such a
 /// directory holds nothing to keep: its leftovers are removed (logged,
 /// naming the directory) and the database created again. A directory with
-/// a version marker (not empty) is opened as it is, whatever else it
+/// a version marker (more than a cut-short `FJL`) is opened as it is, whatever else it
 /// holds; one without, holding anything else (but a volume's
 /// `lost+found`), is refused untouched, and one whose lock another process
 /// holds is left alone.
@@ -181,9 +194,11 @@ fn start_afresh_if_incomplete(path: &Path) -> Result<()> {
         let name = entry.file_name().to_string_lossy().into_owned();
         let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
         if name == "version" {
-            // Created, but killed before its few bytes were written: still
-            // a creation cut short. Any other marker is fjall's to read.
-            if !entry.metadata().is_ok_and(|m| m.is_file() && m.len() == 0) {
+            // Created, but killed before its few bytes were all written
+            // (fjall writes `FJL`, then the version byte, in two writes):
+            // still a creation cut short. Any other marker is fjall's to
+            // read.
+            if !is_partial_version_marker(&entry.path()) {
                 return Ok(());
             }
             leftovers.push((entry.path(), false));
@@ -503,6 +518,26 @@ mod tests {
         std::fs::write(dir.path().join("version"), b"").unwrap();
         drop(FjallBackend::open(dir.path()).unwrap());
         assert_eq!(std::fs::read(dir.path().join("version")).unwrap().get(..3), Some(&b"FJL"[..]));
+    }
+
+    #[test]
+    fn a_version_marker_cut_short_is_a_creation_cut_short_too() {
+        // fjall writes `FJL` and the version byte in two writes: a kill
+        // between them leaves the magic alone, which fjall refuses.
+        for partial in [&b"F"[..], b"FJ", b"FJL"] {
+            let dir = tempfile::tempdir().unwrap();
+            cut_short(dir.path());
+            std::fs::write(dir.path().join("version"), partial).unwrap();
+            assert!(fjall::Database::builder(dir.path()).open().is_err(), "fjall alone refuses it");
+            drop(FjallBackend::open(dir.path()).unwrap());
+            assert_eq!(std::fs::read(dir.path().join("version")).unwrap().get(..3), Some(&b"FJL"[..]));
+        }
+        // A marker that is not fjall's is left for fjall to judge.
+        let dir = tempfile::tempdir().unwrap();
+        cut_short(dir.path());
+        std::fs::write(dir.path().join("version"), b"XY").unwrap();
+        assert!(FjallBackend::open(dir.path()).is_err());
+        assert_eq!(std::fs::read(dir.path().join("version")).unwrap(), b"XY", "left untouched");
     }
 
     #[test]
