@@ -39,6 +39,13 @@ fn key_of(i: u64, keys: u64) -> u64 {
     i.wrapping_mul(MULT) % keys
 }
 
+/// `key` encoded into `bytes`, and its key group.
+fn encoded(key: u64, bytes: &mut Vec<u8>) -> u16 {
+    bytes.clear();
+    weibo::Key::encode_key(&key, bytes);
+    key_group(bytes, GROUPS)
+}
+
 fn scope() -> StateScope {
     StateScope::new("bench", "op", "value", 0..GROUPS, GROUPS)
 }
@@ -51,9 +58,7 @@ fn keys(c: &mut Criterion) {
         b.iter(|| {
             let mut sum = 0u32;
             for i in 0..N {
-                out.clear();
-                weibo::Key::encode_key(&key_of(i, 5_000_000), &mut out);
-                sum += u32::from(key_group(&out, GROUPS));
+                sum += u32::from(encoded(key_of(i, 5_000_000), &mut out));
             }
             black_box(sum)
         });
@@ -125,9 +130,7 @@ fn value_state(c: &mut Criterion) {
             let mut bytes = Vec::new();
             let mut update = |state: &mut ValueState<u64, RunSum>, i: u64| {
                 let key = key_of(i, keys);
-                bytes.clear();
-                weibo::Key::encode_key(&key, &mut bytes);
-                let group = key_group(&bytes, GROUPS);
+                let group = encoded(key, &mut bytes);
                 let v = i % 1000;
                 state
                     .update(group, key, &bytes, |slot| {
@@ -179,9 +182,7 @@ fn timers(c: &mut Criterion) {
                 let mut fired = 0usize;
                 for i in 0..N {
                     let key = key_of(i, 100_000);
-                    bytes.clear();
-                    weibo::Key::encode_key(&key, &mut bytes);
-                    timers.register(time + 60_000, key_group(&bytes, GROUPS), &key).unwrap();
+                    timers.register(time + 60_000, encoded(key, &mut bytes), &key).unwrap();
                     time += 1;
                     while let Some((_, due)) = timers.pop_due(time).unwrap() {
                         fired += due.len();
@@ -214,9 +215,7 @@ fn window_state(c: &mut Criterion) {
                     for i in 0..N {
                         let key = key_of(i, 100_000);
                         let start = (i / 1000 * 1000) as i64;
-                        bytes.clear();
-                        weibo::Key::encode_key(&key, &mut bytes);
-                        let group = key_group(&bytes, GROUPS);
+                        let group = encoded(key, &mut bytes);
                         windows.update(start, group, key, &bytes, |acc| *acc.get_or_insert(0) += i % 1000).unwrap();
                         if i % 1000 == 999 {
                             windows.for_each_in_window(start, true, |_, _, acc| sum += acc).unwrap();

@@ -178,7 +178,11 @@ where
                         source,
                     });
                 }
-            } else if let Some(typed) = self.typed.get_mut(target) {
+            } else {
+                let Some(typed) = self.typed.get_mut(target) else {
+                    out.rollback(key_start);
+                    return Err(Error::Internal(format!("{}: no typed records for worker {target}", self.info.name)));
+                };
                 typed.push((key, v));
             }
             out.commit(key_start, value_start, group, m);
