@@ -1,7 +1,7 @@
 //! The book's "Savepoints and upgrades" and "Rescaling" chapters: a
 //! savepoint taken from a running job, restored with another partition
-//! count, what a savepoint refuses to restore into, and how key groups move
-//! between workers.
+//! count and into a changed pipeline, what a savepoint refuses to restore
+//! into, and how key groups move between workers.
 //!
 //! Run it with `cargo run -p weibo-examples --example book_savepoints`.
 
@@ -21,6 +21,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let _ = std::fs::remove_dir_all(&dir);
     let savepoint = take(&dir).await?;
     restore(&dir, &savepoint).await?;
+    upgraded(&dir, &savepoint).await?;
     refused(&dir, &savepoint).await?;
     key_groups(&dir, &savepoint).await?;
     std::fs::remove_dir_all(&dir)?;
@@ -106,22 +107,62 @@ async fn restore(dir: &Path, savepoint: &Path) -> Result<(), Box<dyn Error>> {
 }
 // ANCHOR_END: restore
 
-// ANCHOR: refused
-async fn refused(dir: &Path, savepoint: &Path) -> Result<(), Box<dyn Error>> {
-    // An operator renamed: another pipeline, so another fingerprint.
-    let job = Job::new("orders-per-customer").with_checkpoints(dir.join("checkpoints-v3"), Duration::from_secs(10));
+// ANCHOR: upgraded
+async fn upgraded(dir: &Path, savepoint: &Path) -> Result<(), Box<dyn Error>> {
+    // Version 2: the filter is gone, a stateless `map` is new, and the
+    // reduce has a new name but keeps its id, the name it had.
+    let out = CollectSink::new();
+    let job = Job::new("orders-per-customer").with_checkpoints(dir.join("checkpoints-v2b"), Duration::from_secs(10));
     job.source(Generator::new(ORDERS, order))
         .name("orders")
-        .filter(|o: &Order| o.amount_cents > 0)
-        .name("paid")
-        .map(|o: Order| Totals { customer: o.customer, orders: 1, cents: o.amount_cents })
+        .map(|o: Order| Order { amount_cents: o.amount_cents.max(0), ..o })
+        .map(|o: Order| Totals { customer: o.customer, orders: u64::from(o.amount_cents > 0), cents: o.amount_cents })
         .key_by(|t: &Totals| t.customer)
+        .reduce(|a, b| Totals { customer: a.customer, orders: a.orders + b.orders, cents: a.cents + b.cents })
+        .uid("totals")
+        .name("totals-per-customer")
+        .sink(out.clone());
+    job.restore_from(savepoint).run().await?;
+    assert_eq!(finals(out.values()), expected(), "the restored totals went on");
+    println!("version 2 (a filter removed, a map added, the reduce renamed) restored its totals");
+    Ok(())
+}
+// ANCHOR_END: upgraded
+
+// ANCHOR: refused
+async fn refused(dir: &Path, savepoint: &Path) -> Result<(), Box<dyn Error>> {
+    // The reduce renamed without keeping its id: its state, filed under
+    // `totals`, has no operator to go to.
+    let v2 = |checkpoints: &str| {
+        let job = Job::new("orders-per-customer").with_checkpoints(dir.join(checkpoints), Duration::from_secs(10));
+        let totals = job
+            .source(Generator::new(ORDERS, order))
+            .name("orders")
+            .map(|o: Order| Totals { customer: o.customer, orders: 1, cents: o.amount_cents })
+            .key_by(|t: &Totals| t.customer)
+            .reduce(|a, b| Totals { customer: a.customer, orders: a.orders + b.orders, cents: a.cents + b.cents })
+            .name("totals-per-customer");
+        totals.sink(CollectSink::new());
+        job
+    };
+    let err = v2("checkpoints-v3").restore_from(savepoint).run().await.err().ok_or("unrestored state is refused")?;
+    println!("{err}");
+    assert!(err.to_string().contains("the state (value) of operator `totals`"), "{err}");
+    // Allowed, the state is dropped (and logged): the totals start over.
+    v2("checkpoints-v3b").restore_from(savepoint).allow_unrestored_state().run().await?;
+
+    // The key type changed (the customer's number instead of its id).
+    let job = Job::new("orders-per-customer").with_checkpoints(dir.join("checkpoints-v3c"), Duration::from_secs(10));
+    job.source(Generator::new(ORDERS, order))
+        .name("orders")
+        .map(|o: Order| Totals { customer: o.customer, orders: 1, cents: o.amount_cents })
+        .key_by(|t: &Totals| t.customer.0)
         .reduce(|a, b| Totals { customer: a.customer, orders: a.orders + b.orders, cents: a.cents + b.cents })
         .name("totals")
         .sink(CollectSink::new());
-    let err = job.restore_from(savepoint).run().await.err().ok_or("a renamed operator must be refused")?;
+    let err = job.restore_from(savepoint).run().await.err().ok_or("a changed key type is refused")?;
     println!("{err}");
-    assert!(err.to_string().contains("different pipeline"));
+    assert!(err.to_string().contains("was keyed by"), "{err}");
 
     // The same pipeline with another number of key groups.
     let out = CollectSink::new();

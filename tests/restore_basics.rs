@@ -80,7 +80,7 @@ async fn a_damaged_newest_checkpoint_falls_back_to_the_one_before() {
 }
 
 #[test]
-fn restoring_another_pipeline_is_refused_naming_the_checkpoint() {
+fn restoring_a_pipeline_without_the_operator_of_its_state_is_refused_naming_both() {
     let dir = tempfile::tempdir().unwrap();
     weibo::testing::block_on(async { run_then_stop(dir.path(), 1, 1).await });
     let other = Job::new("sums").restore_from(dir.path()).with_max_key_groups(16);
@@ -92,5 +92,10 @@ fn restoring_another_pipeline_is_refused_naming_the_checkpoint() {
         .sink(CollectSink::new());
     let err = weibo::testing::block_on(other.run()).unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("different pipeline") && text.contains("chk-"), "{text}");
+    assert!(
+        text.contains("the state (accumulator) of operator `sums`")
+            && text.contains("allow_unrestored_state")
+            && text.contains("chk-"),
+        "{text}"
+    );
 }

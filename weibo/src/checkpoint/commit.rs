@@ -33,7 +33,6 @@ pub(crate) struct Prepared {
 
 /// What the coordinator needs of an exactly-once sink.
 pub(crate) trait Committer: Send + Sync {
-    fn name(&self) -> String;
     /// Takes the handles pre-committed for checkpoints up to `n`.
     fn take_prepared(&self, n: CheckpointId) -> Vec<String>;
     /// Commits `handle`, with the sources' positions of the checkpoint it
@@ -43,16 +42,25 @@ pub(crate) trait Committer: Send + Sync {
     fn abort_after(&self, checkpoint: CheckpointId) -> Result<()>;
 }
 
-impl std::fmt::Debug for dyn Committer {
+/// An exactly-once sink of the job: its node, its id (known once the
+/// graph is complete: [`TwoPhaseCommits::bind`]) and its committer.
+#[derive(Clone)]
+struct Registered {
+    node: usize,
+    id: String,
+    committer: Arc<dyn Committer>,
+}
+
+impl std::fmt::Debug for Registered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Committer({})", self.name())
+        write!(f, "Committer(#{} `{}`)", self.node, self.id)
     }
 }
 
 /// The exactly-once sinks of a job and the commits still owed.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TwoPhaseCommits {
-    committers: Vec<Arc<dyn Committer>>,
+    committers: Vec<Registered>,
     /// Handles of complete checkpoints whose commit failed: tried again
     /// with the next checkpoint.
     uncommitted: Vec<CommitEntry>,
@@ -66,9 +74,18 @@ pub(crate) struct CheckpointCommits {
 }
 
 impl TwoPhaseCommits {
-    /// Step 1: an exactly-once sink joins the job.
-    pub(crate) fn register(&mut self, committer: Arc<dyn Committer>) {
-        self.committers.push(committer);
+    /// Step 1: an exactly-once sink (graph node `node`) joins the job.
+    pub(crate) fn register(&mut self, node: usize, committer: Arc<dyn Committer>) {
+        self.committers.push(Registered { node, id: String::new(), committer });
+    }
+
+    /// Names each sink by its node's id (`id_of`), which manifests file
+    /// its commits under: called when the job starts, since an id may be
+    /// set after the sink joined.
+    pub(crate) fn bind(&mut self, id_of: impl Fn(usize) -> Option<String>) {
+        for r in &mut self.committers {
+            r.id = id_of(r.node).unwrap_or_else(|| format!("#{}", r.node));
+        }
     }
 
     /// Step 4: finishes what the restored checkpoint committed and drops
@@ -76,10 +93,10 @@ impl TwoPhaseCommits {
     pub(crate) fn on_restore(&self, restored: Option<(CheckpointId, &[CommitEntry])>) -> Result<()> {
         let (checkpoint, commits) = restored.unwrap_or((CheckpointId::NONE, &[]));
         for c in &self.committers {
-            for entry in commits.iter().filter(|e| e.sink == c.name()) {
-                c.commit(&entry.handle, &[])?;
+            for entry in commits.iter().filter(|e| e.sink == c.id) {
+                c.committer.commit(&entry.handle, &[])?;
             }
-            c.abort_after(checkpoint)?;
+            c.committer.abort_after(checkpoint)?;
         }
         Ok(())
     }
@@ -89,7 +106,9 @@ impl TwoPhaseCommits {
         let mut entries = std::mem::take(&mut self.uncommitted);
         let retried = entries.clone();
         for c in &self.committers {
-            entries.extend(c.take_prepared(n).into_iter().map(|handle| CommitEntry { sink: c.name(), handle }));
+            entries.extend(
+                c.committer.take_prepared(n).into_iter().map(|handle| CommitEntry { sink: c.id.clone(), handle }),
+            );
         }
         CheckpointCommits { entries, retried }
     }
@@ -117,9 +136,9 @@ impl TwoPhaseCommits {
             if i > 0 {
                 between();
             }
-            let Some(c) = self.committers.iter().find(|c| c.name() == entry.sink) else { continue };
+            let Some(c) = self.committers.iter().find(|c| c.id == entry.sink) else { continue };
             let fresh = !collected.retried.contains(&entry);
-            if let Err(e) = c.commit(&entry.handle, if fresh { positions } else { &[] }) {
+            if let Err(e) = c.committer.commit(&entry.handle, if fresh { positions } else { &[] }) {
                 tracing::warn!(sink = %entry.sink, handle = %entry.handle, error = %e, "commit failed; retried with the next checkpoint");
                 self.uncommitted.push(entry);
             }
@@ -141,8 +160,8 @@ impl TwoPhaseCommits {
             let entries = std::mem::take(&mut self.uncommitted);
             crate::task::blocking(|| {
                 for entry in entries {
-                    let Some(c) = self.committers.iter().find(|c| c.name() == entry.sink) else { continue };
-                    if let Err(e) = c.commit(&entry.handle, &[]) {
+                    let Some(c) = self.committers.iter().find(|c| c.id == entry.sink) else { continue };
+                    if let Err(e) = c.committer.commit(&entry.handle, &[]) {
                         tracing::warn!(sink = %entry.sink, handle = %entry.handle, attempt, error = %e, "commit after the final checkpoint failed; trying again");
                         self.uncommitted.push(entry);
                     }

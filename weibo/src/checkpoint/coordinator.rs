@@ -33,6 +33,8 @@ pub(crate) struct Coordinator {
     pub(crate) config: CheckpointConfig,
     pub(crate) job: String,
     pub(crate) fingerprint: String,
+    /// The job's keyed operators with state, as manifests record them.
+    pub(crate) operators: Vec<OperatorEntry>,
     pub(crate) max_key_groups: u16,
     /// One per source task; dropped when the job is done with
     /// checkpoints, which lets sources at their end stop.
@@ -44,8 +46,6 @@ pub(crate) struct Coordinator {
     pub(crate) next: CheckpointId,
     pub(crate) completed: std::sync::Arc<std::sync::atomic::AtomicU64>,
     pub(crate) commits: commit::TwoPhaseCommits,
-    /// Transactions whose commit failed: carried into the next manifest.
-
     /// Requests for savepoints.
     pub(crate) savepoints: mpsc::UnboundedReceiver<SavepointRequest>,
     /// The last complete checkpoint's manifest, whose chains deltas extend.
@@ -365,6 +365,7 @@ impl Coordinator {
             checkpoint: n,
             graph_fingerprint: self.fingerprint.clone(),
             max_key_groups: self.max_key_groups,
+            operators: self.operators.clone(),
             sources,
             states,
             commits: commits.entries.clone(),

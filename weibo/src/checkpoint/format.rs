@@ -132,6 +132,7 @@ pub(crate) fn write_task_state(
         files.push(StateFileEntry {
             operator: operator.to_string(),
             state: snap.state.to_string(),
+            codec: Some(meta.codec.clone()),
             file: in_manifest,
             key_groups: (groups.start, groups.end),
             checkpoint: n,

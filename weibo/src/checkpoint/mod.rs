@@ -16,7 +16,7 @@
 //! layout:
 //!
 //! ```text
-//! chk-00000000000000000007/MANIFEST   JSON: positions, state files, fingerprint, commits
+//! chk-00000000000000000007/MANIFEST   JSON: operators, positions, state files, commits
 //! shared/<operator>-<instance>-<state>-<checkpoint>-<run>.state
 //! savepoints/<name>/                 a manifest and copies of its state files
 //! ```
@@ -89,7 +89,7 @@ pub const SAVEPOINTS: &str = "savepoints";
 /// A source partition's position in a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourcePositionEntry {
-    /// The source's name.
+    /// The source's id (its uid, or else its name).
     pub source: String,
     /// The partition.
     pub partition: u32,
@@ -104,10 +104,15 @@ pub struct SourcePositionEntry {
 /// A state file in a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateFileEntry {
-    /// The operator's name.
+    /// The operator's id (its uid, or else its name).
     pub operator: String,
     /// The state's name.
     pub state: String,
+    /// The codec identity of its values (also in the file's first frame;
+    /// here so that a restore can compare it before reading any file).
+    /// Checkpoints of earlier builds have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub codec: Option<String>,
     /// The file, relative to the checkpoint's directory.
     pub file: String,
     /// The key groups it holds, `[start, end)`.
@@ -129,11 +134,18 @@ pub struct Manifest {
     pub job: String,
     /// The checkpoint's number.
     pub checkpoint: CheckpointId,
-    /// A hash of the job's operators and types (not their parallelism):
-    /// a checkpoint restores only into the same pipeline.
+    /// A hash of the job's operators and types (not their parallelism),
+    /// for information: a restore matches state to operators by id, not
+    /// by this hash, so a changed pipeline restores (see
+    /// [`OperatorEntry`]).
     pub graph_fingerprint: String,
     /// The job's number of key groups.
     pub max_key_groups: u16,
+    /// The keyed operators that keep state, by id, with their key types
+    /// (checkpoints of earlier builds have none: their operators are
+    /// known only by the state files' names).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operators: Vec<OperatorEntry>,
     /// Every source partition's position.
     pub sources: Vec<SourcePositionEntry>,
     /// Every state file.
@@ -144,10 +156,21 @@ pub struct Manifest {
     pub commits: Vec<CommitEntry>,
 }
 
+/// A keyed operator with state, in a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorEntry {
+    /// Its id: what its state files are filed under.
+    pub id: String,
+    /// What it is (`reduce`, `window`, `process`, ...).
+    pub kind: String,
+    /// The type of its keys, as checkpoints record type names.
+    pub key_type: String,
+}
+
 /// A sink transaction to commit with a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitEntry {
-    /// The sink's name.
+    /// The sink's id (its uid, or else its name).
     pub sink: String,
     /// The sink's handle of the transaction.
     pub handle: String,
@@ -434,6 +457,7 @@ mod tests {
                         job: "j".into(),
                         checkpoint: CheckpointId::new(n),
                         graph_fingerprint: "f".into(),
+                        operators: Vec::new(),
                         max_key_groups: 8,
                         sources: vec![],
                         states: vec![],
@@ -447,10 +471,8 @@ mod tests {
             assert_eq!(found, vec![2, 1]);
             assert_eq!(highest_checkpoint(&*storage).unwrap().get(), 3, "counting the one in flight");
             let two = checkpoint_name(CheckpointId::new(2));
-            let err = Restore::load(&storage, &two, "other", 8).unwrap_err().to_string();
-            assert!(err.contains("different pipeline"), "{err}");
-            assert!(Restore::load(&storage, &two, "f", 16).unwrap_err().to_string().contains("key groups"));
-            assert_eq!(Restore::latest(&storage, "", "f", 8).unwrap().unwrap().checkpoint.get(), 2);
+            assert!(Restore::load(&storage, &two, 16).unwrap_err().to_string().contains("key groups"));
+            assert_eq!(Restore::latest(&storage, "", 8).unwrap().unwrap().checkpoint.get(), 2);
         }
         let listed: Vec<u64> = complete_checkpoints(root.path()).into_iter().map(|(n, _)| n.get()).collect();
         assert_eq!(listed, vec![2, 1]);
@@ -462,11 +484,13 @@ mod tests {
             job: "j".into(),
             checkpoint: CheckpointId::new(4),
             graph_fingerprint: "f".into(),
+            operators: Vec::new(),
             max_key_groups: 8,
             sources: vec![],
             states: vec![StateFileEntry {
                 operator: "op".into(),
                 state: "value".into(),
+                codec: None,
                 file: "../../etc/x.state".into(),
                 key_groups: (0, 8),
                 checkpoint: CheckpointId::new(4),
@@ -475,7 +499,7 @@ mod tests {
             commits: vec![],
         };
         write_manifest(&*storage, &checkpoint_name(CheckpointId::new(4)), &m).unwrap();
-        let err = Restore::load(&storage, &checkpoint_name(CheckpointId::new(4)), "f", 8).unwrap_err().to_string();
+        let err = Restore::load(&storage, &checkpoint_name(CheckpointId::new(4)), 8).unwrap_err().to_string();
         assert!(err.contains("outside the checkpoint storage") && err.contains("chk-"), "{err}");
         assert_eq!(
             read_manifest(&root.path().join(checkpoint_name(CheckpointId::new(2)))).unwrap().checkpoint.get(),

@@ -15,40 +15,49 @@ pub(crate) struct Restore {
     pub(crate) states: BTreeMap<String, Vec<StateFileEntry>>,
     /// Sink transactions the checkpoint committed.
     pub(crate) commits: Vec<CommitEntry>,
+    /// The keyed operators the checkpoint recorded (none from earlier
+    /// builds).
+    pub(crate) operators: Vec<OperatorEntry>,
+    /// The (operator id, state) pairs operators have read: after the job
+    /// is built, any other the checkpoint holds was not restored.
+    pub(crate) read: std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
 }
 
-impl crate::state::RestoreSource for Restore {
+/// A checkpoint as one operator restores from it: its state filed under
+/// the operator's id (see [`Restore::for_operator`]).
+pub(crate) struct OperatorRestore<'a> {
+    restore: &'a Restore,
+    id: &'a str,
+}
+
+impl crate::state::RestoreSource for OperatorRestore<'_> {
+    /// `operator`, the name the operator knows itself by, is not used: the
+    /// state is the one filed under the node's id.
     fn load_entries(
         &self,
-        operator: &str,
+        _operator: &str,
         state: &str,
         codec: &str,
         groups: &std::ops::Range<u16>,
         f: &mut dyn FnMut(crate::state::Entries, crate::state::RemovedKeys) -> Result<()>,
     ) -> Result<()> {
-        self.load_entries_of(operator, state, codec, groups, f)
+        self.restore
+            .read
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert((self.id.to_string(), state.to_string()));
+        self.restore.load_entries_of(self.id, state, codec, groups, f)
     }
 }
 
 impl Restore {
     /// Reads checkpoint (or savepoint) `dir` in `storage` for a job with
-    /// `fingerprint` and `max_key_groups`, and checks every state file it
-    /// names.
-    pub(crate) fn load(
-        storage: &Arc<dyn CheckpointStorage>,
-        dir: &str,
-        fingerprint: &str,
-        max_key_groups: u16,
-    ) -> Result<Self> {
+    /// `max_key_groups`, and checks every state file it names. Which of
+    /// its state goes to which operator is matched by id when the job is
+    /// built (`runtime::matching`).
+    pub(crate) fn load(storage: &Arc<dyn CheckpointStorage>, dir: &str, max_key_groups: u16) -> Result<Self> {
         let manifest = read_manifest_in(&**storage, dir)?;
         let located = storage.locate(dir);
-        if manifest.graph_fingerprint != fingerprint {
-            return Err(bad(
-                &located,
-                "it was taken by a different pipeline (operators or types changed): restore it into the job that wrote it"
-                    .into(),
-            ));
-        }
         if manifest.max_key_groups != max_key_groups {
             return Err(bad(
                 &located,
@@ -78,21 +87,23 @@ impl Restore {
             positions: manifest.sources.into_iter().map(|s| ((s.source, s.partition), s.position)).collect(),
             states,
             commits: manifest.commits,
+            operators: manifest.operators,
+            read: std::sync::Mutex::default(),
         })
+    }
+
+    /// The checkpoint as the operator with id `id` restores from it.
+    pub(crate) fn for_operator<'a>(&'a self, id: &'a str) -> OperatorRestore<'a> {
+        OperatorRestore { restore: self, id }
     }
 
     /// The newest complete checkpoint in `storage` under `dir` that loads,
     /// falling back to older ones when one is damaged (each failure is
     /// logged).
-    pub(crate) fn latest(
-        storage: &Arc<dyn CheckpointStorage>,
-        dir: &str,
-        fingerprint: &str,
-        max_key_groups: u16,
-    ) -> Result<Option<Self>> {
+    pub(crate) fn latest(storage: &Arc<dyn CheckpointStorage>, dir: &str, max_key_groups: u16) -> Result<Option<Self>> {
         let mut last_error = None;
         for (_, checkpoint) in complete_checkpoints_in(&**storage, dir)? {
-            match Self::load(storage, &checkpoint, fingerprint, max_key_groups) {
+            match Self::load(storage, &checkpoint, max_key_groups) {
                 Ok(r) => return Ok(Some(r)),
                 Err(e) => {
                     tracing::warn!(checkpoint = %storage.locate(&checkpoint).display(), error = %e, "cannot restore; trying an older one");

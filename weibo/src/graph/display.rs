@@ -9,6 +9,9 @@ impl fmt::Display for Graph {
         writeln!(f, "job `{}` ({} key groups, state: {})", self.name, self.max_key_groups, self.state)?;
         for (id, node) in self.nodes.iter().enumerate() {
             write!(f, "  #{id} {} `{}`", node.kind, node.name)?;
+            if let Some(uid) = &node.uid {
+                write!(f, " [id {uid}]")?;
+            }
             if let Op::Keyed { parallelism, .. } = node.op {
                 write!(f, " x{parallelism}")?;
             }

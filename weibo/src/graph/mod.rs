@@ -6,7 +6,7 @@
 //! DSL (`crate::stream`) builds it, or anything else that has factories,
 //! and the runtime turns its plan into tasks and channels. Here are the
 //! checks of its wiring ([`validate`]), its text forms ([`display`],
-//! [`plan`]) and its fingerprint.
+//! [`plan`]), its warnings and its fingerprint.
 
 mod display;
 pub(crate) mod plan;
@@ -90,6 +90,13 @@ pub(crate) enum Op {
 pub(crate) struct Node {
     pub(crate) kind: &'static str,
     pub(crate) name: String,
+    /// The stable id set with `.uid(..)`: what checkpoints file the node's
+    /// state, positions and commits under (see [`Node::id`]).
+    pub(crate) uid: Option<String>,
+    /// Whether the name was given (`.name(..)`), not generated from the
+    /// node's kind: a generated name changes when a node of the same kind
+    /// is added before it.
+    pub(crate) named: bool,
     pub(crate) detail: String,
     pub(crate) inputs: Vec<Input>,
     pub(crate) outputs: Vec<Port>,
@@ -97,6 +104,25 @@ pub(crate) struct Node {
 }
 
 impl Node {
+    /// The node's stable id: its uid if it has one, else its name. A
+    /// checkpoint records state, source positions and sink commits by
+    /// id, and a restore matches them to the job's nodes by id.
+    pub(crate) fn id(&self) -> &str {
+        self.uid.as_deref().unwrap_or(&self.name)
+    }
+
+    /// Whether the node keeps state a checkpoint records under its id: a
+    /// keyed operator other than a plain repartition, or an exactly-once
+    /// sink (its pending commits). Sources' positions are filed by id
+    /// too, but their default names come from what they read.
+    pub(crate) fn is_stateful(&self) -> bool {
+        match self.op {
+            Op::Keyed { .. } => self.kind != "partition",
+            Op::Chain(_) => self.kind == "sink" && self.detail == EXACTLY_ONCE,
+            _ => false,
+        }
+    }
+
     /// Whether the node runs in tasks of its own (a source partition, a
     /// keyed instance), rather than fused into another's.
     pub(crate) fn is_head(&self) -> bool {
@@ -112,6 +138,9 @@ impl Node {
         }
     }
 }
+
+/// The detail of an exactly-once sink's node.
+pub(crate) const EXACTLY_ONCE: &str = "exactly once";
 
 /// The logical graph of a job.
 pub(crate) struct Graph {
@@ -173,10 +202,44 @@ impl Graph {
         match self.nodes.get_mut(node) {
             Some(n) => {
                 n.name = name.to_string();
+                n.named = true;
                 Ok(())
             }
             None => Err(format!("no operator #{node}")),
         }
+    }
+
+    /// Gives a node a stable id (see [`Node::id`]); ids are unique in a
+    /// job, and a non-empty line of text.
+    pub(crate) fn set_uid(&mut self, node: NodeId, uid: &str) -> std::result::Result<(), String> {
+        if uid.trim().is_empty() || uid.chars().any(char::is_control) {
+            return Err(format!("`{uid}` is not an operator id: an id is a non-empty line of text"));
+        }
+        match self.nodes.get_mut(node) {
+            Some(n) => {
+                n.uid = Some(uid.to_string());
+                Ok(())
+            }
+            None => Err(format!("no operator #{node}")),
+        }
+    }
+
+    /// The nodes whose state a checkpoint would file under an id that
+    /// was generated, not given: a warning, since adding a node of the
+    /// same kind before one renames it, and a restore would then match
+    /// its state to another node (or refuse it).
+    pub(crate) fn warnings(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|n| n.is_stateful() && n.uid.is_none() && !n.named)
+            .map(|n| {
+                format!(
+                    "{} `{}` keeps state under a generated id: give it a stable one with `.uid(\"...\")` (or a name with \
+                     `.name(..)`), so that a savepoint still restores after operators are added before it",
+                    n.kind, n.name
+                )
+            })
+            .collect()
     }
 
     pub(crate) fn consumers(&self, node: NodeId, port: usize) -> impl Iterator<Item = (NodeId, &Input)> + '_ {
@@ -190,8 +253,8 @@ impl Graph {
     }
 
     /// A hash of the operators, their names, types and edges, leaving out
-    /// parallelism: a checkpoint restores only into the same pipeline, but
-    /// may restore with other partition counts. Types are named as
+    /// parallelism, recorded in manifests for information (a restore
+    /// matches state by operator id: `runtime::matching`). Types are named as
     /// checkpoints record them (`codec::recorded_type_name`), so a build
     /// that moved Weibo's own types inside the crate restores the
     /// checkpoints of the builds before it.

@@ -25,6 +25,9 @@ impl Graph {
             self.chain_text(h, &mut out)?;
             out.push('\n');
         }
+        for w in self.warnings() {
+            let _ = writeln!(out, "  warning: {w}");
+        }
         Ok(out)
     }
 

@@ -83,6 +83,20 @@ impl Graph {
                 }
             }
         }
+        // Ids name state in checkpoints: two nodes with one id would mix
+        // their state (a uid may not take another node's name either, as
+        // a node without a uid goes by its name).
+        let mut ids: std::collections::BTreeMap<&str, Vec<&str>> = std::collections::BTreeMap::new();
+        for node in &self.nodes {
+            ids.entry(node.id()).or_default().push(&node.name);
+        }
+        for (id, names) in ids.into_iter().filter(|(_, names)| names.len() > 1) {
+            let names: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+            out.push(format!(
+                "operators {} share the id `{id}`: operator ids must be unique in a job (set another with `.uid(..)`)",
+                names.join(" and ")
+            ));
+        }
         out
     }
 }

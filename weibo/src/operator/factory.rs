@@ -51,7 +51,7 @@ impl OperatorContext<'_> {
     pub(crate) fn state_scope(&self, state: &str) -> StateScope {
         StateScope {
             job: self.job.to_string(),
-            operator: self.info.name.to_string(),
+            operator: self.info.id.to_string(),
             state: state.to_string(),
             key_groups: self.key_groups.clone(),
             max_key_groups: self.max_key_groups,

@@ -108,6 +108,8 @@ pub(crate) use forward_control;
 #[derive(Clone, Debug)]
 pub(crate) struct OpInfo {
     pub(crate) name: Arc<str>,
+    /// The node's stable id (`Node::id`): what its state is filed under.
+    pub(crate) id: Arc<str>,
     pub(crate) counters: Arc<OperatorCounters>,
     pub(crate) sources: SourceNames,
 }

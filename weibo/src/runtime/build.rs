@@ -68,6 +68,7 @@ impl Builder<'_> {
     fn info(&self, node: &Node) -> OpInfo {
         OpInfo {
             name: node.name.as_str().into(),
+            id: node.id().into(),
             counters: self.registry.operator(&node.name),
             sources: self.sources.clone(),
         }
@@ -143,8 +144,10 @@ impl Builder<'_> {
                     senders.push(self.senders.len());
                     self.senders.push(EdgeSender { tx, counters, to });
                 }
+                let name: Arc<str> = format!("{} -> {}", from.name, node.name).into();
                 let info = OpInfo {
-                    name: format!("{} -> {}", from.name, node.name).into(),
+                    id: name.clone(),
+                    name,
                     counters: Arc::new(OperatorCounters::default()),
                     sources: self.sources.clone(),
                 };
@@ -218,14 +221,14 @@ pub(crate) fn build(
                     let mut ctx = b.context(info, instance, node.parallelism(), 0..0);
                     let partition = u32::try_from(instance).unwrap_or(u32::MAX);
                     ctx.restored_position =
-                        restore.and_then(|r| r.positions.get(&(node.name.clone(), partition))).copied();
+                        restore.and_then(|r| r.positions.get(&(node.id().to_string(), partition))).copied();
                     Built::Runner(Box::new(SourceHead { op: factory.instantiate(&ctx, out)? }))
                 }
                 Op::Keyed { parallelism, factory, .. } => {
                     let ctx = b.context(info, instance, *parallelism, groups.clone());
                     let mut op = factory.instantiate(&ctx, outs)?;
                     if let Some(r) = restore {
-                        op.restore(r, &groups)?;
+                        op.restore(&r.for_operator(node.id()), &groups)?;
                     }
                     Built::Keyed(op)
                 }
@@ -241,7 +244,7 @@ pub(crate) fn build(
                     run: w.run.clone(),
                     completed: w.completed.clone(),
                     task: head.clone(),
-                    operator: node.name.clone(),
+                    operator: node.id().to_string(),
                     instance,
                     groups: groups.clone(),
                 }

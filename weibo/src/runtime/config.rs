@@ -29,6 +29,9 @@ pub(crate) struct JobConfig {
     pub(crate) checkpoint: Option<CheckpointConfig>,
     /// A checkpoint (or a directory of them) to start from.
     pub(crate) restore_from: Option<RestoreFrom>,
+    /// Whether a restore may drop state the job has no operator for
+    /// (logged), rather than refuse it.
+    pub(crate) allow_unrestored_state: bool,
     /// The exactly-once sinks, for the coordinator to commit.
     pub(crate) commits: TwoPhaseCommits,
 }
@@ -45,6 +48,7 @@ impl Default for JobConfig {
             state: Arc::new(crate::state::MemoryBackend),
             checkpoint: None,
             restore_from: None,
+            allow_unrestored_state: false,
             commits: TwoPhaseCommits::default(),
         }
     }
@@ -62,7 +66,7 @@ pub(crate) enum RestoreFrom {
 
 impl RestoreFrom {
     /// Finds the checkpoint to restore and loads it.
-    pub(crate) fn load(&self, fingerprint: &str, max_key_groups: u16) -> Result<Restore> {
+    pub(crate) fn load(&self, max_key_groups: u16) -> Result<Restore> {
         let (storage, dir): (Arc<dyn CheckpointStorage>, String) = match self {
             // A checkpoint's manifest names its state files relative to
             // itself (`../shared/..`): the storage is its parent directory.
@@ -89,9 +93,9 @@ impl RestoreFrom {
             source,
         })?;
         if is_checkpoint {
-            return Restore::load(&storage, &dir, fingerprint, max_key_groups);
+            return Restore::load(&storage, &dir, max_key_groups);
         }
-        Restore::latest(&storage, &dir, fingerprint, max_key_groups)?.ok_or_else(|| Error::Checkpoint {
+        Restore::latest(&storage, &dir, max_key_groups)?.ok_or_else(|| Error::Checkpoint {
             path: storage.locate(&dir),
             message: "holds no complete checkpoint".into(),
             source: None,

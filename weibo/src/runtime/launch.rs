@@ -48,17 +48,25 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
     let fingerprint = graph.fingerprint();
     // Checkpoint storage blocks: off the runtime's workers.
     let restore = crate::task::blocking(|| match (&config.restore_from, &config.checkpoint) {
-        (Some(from), _) => from.load(&fingerprint, graph.max_key_groups).map(Some),
-        (None, Some(cp)) => Restore::latest(&cp.storage, "", &fingerprint, graph.max_key_groups),
+        (Some(from), _) => from.load(graph.max_key_groups).map(Some),
+        (None, Some(cp)) => Restore::latest(&cp.storage, "", graph.max_key_groups),
         (None, None) => Ok(None),
     })?;
+    if config.checkpoint.is_some() || restore.is_some() {
+        for warning in graph.warnings() {
+            tracing::warn!(job = %graph.name, "{warning}");
+        }
+    }
     if let Some(r) = &restore {
         tracing::info!(job = %graph.name, checkpoint = r.checkpoint.get(), dir = %r.location().display(), "restoring");
+        super::matching::check(graph, r, config.allow_unrestored_state)?;
     }
     config.state.prepare(&graph.name)?;
-    // Exactly-once sinks: finish what the restored checkpoint committed
-    // (again: commits are idempotent), drop what came after it.
-    config.commits.on_restore(restore.as_ref().map(|r| (r.checkpoint, r.commits.as_slice())))?;
+    // Exactly-once sinks, by id: finish what the restored checkpoint
+    // committed (again: commits are idempotent), drop what came after it.
+    let mut commits = config.commits.clone();
+    commits.bind(|node| graph.nodes.get(node).map(|n| n.id().to_string()));
+    commits.on_restore(restore.as_ref().map(|r| (r.checkpoint, r.commits.as_slice())))?;
     let completed = Arc::new(AtomicU64::new(restore.as_ref().map_or(0, |r| r.checkpoint.get())));
     let (savepoint_tx, savepoint_rx) = mpsc::unbounded_channel();
     let savepoints = config.checkpoint.is_some().then_some(savepoint_tx);
@@ -80,6 +88,7 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
                     config: cp.clone(),
                     job: graph.name.clone(),
                     fingerprint: fingerprint.clone(),
+                    operators: super::matching::operator_entries(graph),
                     max_key_groups: graph.max_key_groups,
                     triggers: tx,
                     events: ack_rx,
@@ -91,7 +100,7 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
                         .max(restore.as_ref().map_or(CheckpointId::NONE, |r| r.checkpoint))
                         .next(),
                     completed: completed.clone(),
-                    commits: config.commits.clone(),
+                    commits: commits.clone(),
                     savepoints: savepoint_rx,
                     previous: None,
                 }),
@@ -101,6 +110,9 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
     };
     // Building restores state: storage reads, off the runtime's workers.
     let physical = crate::task::blocking(|| super::build::build(graph, config, &registry, restore.as_ref(), wiring))?;
+    if let Some(r) = &restore {
+        super::matching::check_all_read(graph, r, config.allow_unrestored_state)?;
+    }
     let name = graph.name.clone();
     let started = Instant::now();
     let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();

@@ -14,6 +14,7 @@ pub(crate) mod config;
 mod descriptor_tests;
 pub(crate) mod heads;
 pub(crate) mod launch;
+mod matching;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -109,10 +109,6 @@ pub(crate) struct SinkCommitter<T, S> {
 }
 
 impl<T: 'static, S: TwoPhaseCommitSink<T>> Committer for SinkCommitter<T, S> {
-    fn name(&self) -> String {
-        self.sink.default_name()
-    }
-
     fn take_prepared(&self, n: CheckpointId) -> Vec<String> {
         let mut all = self.prepared.by_checkpoint.lock().unwrap_or_else(PoisonError::into_inner);
         let later = all.split_off(&n.next());

@@ -56,7 +56,7 @@ use crate::record::{CheckpointId, Timestamp};
 pub struct StateScope {
     /// The job's name.
     pub job: String,
-    /// The operator's name (unique in the job).
+    /// The operator's id (unique in the job: its uid, or else its name).
     pub operator: String,
     /// The state's name within the operator.
     pub state: String,

@@ -287,10 +287,14 @@ impl Job {
     }
 
     /// Starts from checkpoint `path`: a checkpoint's directory, or a
-    /// directory of checkpoints (then the newest complete one). The job
-    /// must be the same pipeline (operators, names, types); keyed
-    /// operators may have other partition counts, since state is kept per
-    /// key group.
+    /// directory of checkpoints (then the newest complete one). State is
+    /// matched to the job's operators by id (`.uid(..)`, or else the
+    /// operator's name): stateless operators may be added, removed or
+    /// renamed, a new stateful operator starts empty, and keyed operators
+    /// may have other partition counts, since state is kept per key
+    /// group. State whose operator the job no longer has is refused (see
+    /// [`Job::allow_unrestored_state`]), and so is a keyed operator whose
+    /// key type changed.
     ///
     /// ```
     /// use std::time::Duration;
@@ -335,7 +339,7 @@ impl Job {
     /// let first = weibo::Job::new("copy").with_checkpoint_storage(storage.clone(), Duration::from_millis(20));
     /// first.source(weibo::sources::IterSource::new(0..3u32)).sink(weibo::sinks::CollectSink::new());
     /// first.run_blocking()?;
-    /// // The same pipeline (operators, names, types) restores.
+    /// // The same pipeline restores (state is matched to operators by id).
     /// let again = weibo::Job::new("copy").restore_from_storage(Arc::new(storage), "");
     /// let out = weibo::sinks::CollectSink::new();
     /// again.source(weibo::sources::IterSource::new(0..3u32)).sink(out.clone());
@@ -347,6 +351,40 @@ impl Job {
     pub fn restore_from_storage(self, storage: Arc<dyn CheckpointStorage>, dir: impl Into<String>) -> Self {
         let dir = dir.into();
         self.configure(|c| c.restore_from = Some(RestoreFrom::Stored(storage, dir)))
+    }
+
+    /// Lets a restore drop what the checkpoint holds for operators the job
+    /// no longer has (keyed state, a source's positions, an exactly-once
+    /// sink's pending commits), logging each, instead of refusing to start.
+    /// Flink's `allowNonRestoredState`. A dropped sink's pending commits
+    /// are never committed: its output of the checkpoint's last epoch is
+    /// discarded.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let dir = tempfile::tempdir()?;
+    /// let first = weibo::Job::new("counts").with_checkpoints(dir.path(), Duration::from_millis(20));
+    /// first
+    ///     .source(weibo::sources::IterSource::new(0..6u32))
+    ///     .key_by(|x: &u32| x % 2)
+    ///     .fold(|| 0u64, |n, _| *n += 1)
+    ///     .uid("counts")
+    ///     .sink(weibo::sinks::Blackhole::new());
+    /// first.run_blocking()?;
+    /// // The next version has no `counts`: refused, unless allowed.
+    /// let v2 = || {
+    ///     let job = weibo::Job::new("counts").restore_from(dir.path());
+    ///     job.source(weibo::sources::IterSource::new(0..6u32)).sink(weibo::sinks::Blackhole::new());
+    ///     job
+    /// };
+    /// let refused = v2().run_blocking().unwrap_err().to_string();
+    /// assert!(refused.contains("`counts`"), "{refused}");
+    /// v2().allow_unrestored_state().run_blocking()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn allow_unrestored_state(self) -> Self {
+        self.configure(|c| c.allow_unrestored_state = true)
     }
 
     /// Adds a source; each of its partitions is read by its own task.
@@ -388,6 +426,8 @@ impl Job {
         let node = graph.add(Node {
             kind: "source",
             name,
+            uid: None,
+            named: false,
             detail,
             inputs: Vec::new(),
             outputs: vec![port::<S::Item>("output", true)],

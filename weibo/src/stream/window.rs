@@ -138,6 +138,13 @@ impl<T, U> WindowedOutput<T, U> {
         let Self { results, late, late_enabled } = self;
         Self { results: results.name(name), late, late_enabled }
     }
+
+    /// Gives the window operator a stable id (see [`Stream::uid`]).
+    #[must_use]
+    pub fn uid(self, id: &str) -> Self {
+        let Self { results, late, late_enabled } = self;
+        Self { results: results.uid(id), late, late_enabled }
+    }
 }
 
 impl<K: Key, T: Data> KeyedStream<K, T> {
