@@ -22,6 +22,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let savepoint = take(&dir).await?;
     restore(&dir, &savepoint).await?;
     upgraded(&dir, &savepoint).await?;
+    migrated(&dir, &savepoint).await?;
+    processor(&dir, &savepoint).await?;
     refused(&dir, &savepoint).await?;
     key_groups(&dir, &savepoint).await?;
     std::fs::remove_dir_all(&dir)?;
@@ -128,6 +130,96 @@ async fn upgraded(dir: &Path, savepoint: &Path) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 // ANCHOR_END: upgraded
+
+// ANCHOR: migrated
+/// Version 3's running totals: the largest order too.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+struct TotalsV3 {
+    customer: CustomerId,
+    orders: u64,
+    cents: i64,
+    largest: i64,
+}
+
+async fn migrated(dir: &Path, savepoint: &Path) -> Result<(), Box<dyn Error>> {
+    let v3 = |checkpoints: &str| {
+        let job = Job::new("orders-per-customer").with_checkpoints(dir.join(checkpoints), Duration::from_secs(10));
+        let out = CollectSink::new();
+        job.source(Generator::new(ORDERS, order))
+            .name("orders")
+            .filter(|o: &Order| o.amount_cents > 0)
+            .map(|o: Order| TotalsV3 {
+                customer: o.customer,
+                orders: 1,
+                cents: o.amount_cents,
+                largest: o.amount_cents,
+            })
+            .key_by(|t: &TotalsV3| t.customer)
+            .reduce(|a, b| TotalsV3 {
+                customer: a.customer,
+                orders: a.orders + b.orders,
+                cents: a.cents + b.cents,
+                largest: a.largest.max(b.largest),
+            })
+            .uid("totals")
+            .sink(out.clone());
+        (job, out)
+    };
+    // The state was written as `Totals`: without a migration, refused.
+    let (job, _) = v3("checkpoints-v6");
+    let err = job.restore_from(savepoint).run().await.err().ok_or("a changed state type is refused")?;
+    println!("{err}");
+    assert!(err.to_string().contains("has a new field `largest` (i64)"), "{err}");
+
+    // With one, every entry is read as a `Totals` and migrated.
+    let (job, out) = v3("checkpoints-v7");
+    let job = job.restore_from(savepoint).with_state_migration(|old: Totals| TotalsV3 {
+        customer: old.customer,
+        orders: old.orders,
+        cents: old.cents,
+        largest: 0, // not known for the orders before the upgrade
+    });
+    let report = job.run().await?;
+    for m in &report.migrated {
+        println!("migrated {} entries of `{}`/{}", m.entries, m.operator, m.state);
+    }
+    let last = finals(
+        out.values().into_iter().map(|t| Totals { customer: t.customer, orders: t.orders, cents: t.cents }).collect(),
+    );
+    assert_eq!(last, expected(), "the totals went on from the savepoint's");
+    Ok(())
+}
+// ANCHOR_END: migrated
+
+// ANCHOR: processor
+async fn processor(dir: &Path, savepoint: &Path) -> Result<(), Box<dyn Error>> {
+    use weibo::checkpoint::processor::{SavepointReader, SavepointWriter};
+    // Read the totals as the job keeps them, with the job's own types.
+    let reader = SavepointReader::open(savepoint)?;
+    let totals: Vec<(CustomerId, Totals)> = reader.entries("totals", "value")?;
+    println!("the savepoint holds the totals of {} customers", totals.len());
+
+    // Write a new savepoint with customer 3's totals reset, say after a
+    // bug counted some of its orders wrongly; everything else is copied.
+    let mut writer = SavepointWriter::from(&reader);
+    let fixed = totals
+        .into_iter()
+        .map(|(c, t)| if c == CustomerId(3) { (c, Totals { orders: 0, cents: 0, ..t }) } else { (c, t) });
+    writer.set_state("totals", "value", fixed)?;
+    let rewritten = writer.write(dir.join("fixed-savepoint"))?;
+    let reader = SavepointReader::open(&rewritten)?;
+    let three: Option<Totals> = reader.get("totals", "value", &CustomerId(3))?;
+    println!("in the new savepoint: {three:?}");
+    assert_eq!(three.map(|t| t.orders), Some(0));
+    // A job restores it like any other savepoint.
+    let out = CollectSink::new();
+    pipeline(&dir.join("checkpoints-v8"), Generator::new(ORDERS, order), 2, &out)
+        .restore_from(&rewritten)
+        .run()
+        .await?;
+    Ok(())
+}
+// ANCHOR_END: processor
 
 // ANCHOR: refused
 async fn refused(dir: &Path, savepoint: &Path) -> Result<(), Box<dyn Error>> {

@@ -11,6 +11,8 @@ pub(crate) struct Ack {
     pub(crate) checkpoint: CheckpointId,
     pub(crate) sources: Vec<SourcePositionEntry>,
     pub(crate) states: Vec<StateFileEntry>,
+    /// The schemas its state files name, by id.
+    pub(crate) schemas: Vec<(String, crate::codec::schema::Schema)>,
     /// Set when the task could not take its part.
     pub(crate) failure: Option<String>,
     /// The task that acknowledges.
@@ -308,12 +310,14 @@ impl Coordinator {
         let dir = self.config.storage.locate(&name);
         let mut sources = Vec::new();
         let mut states = Vec::new();
+        let mut schemas = BTreeMap::new();
         for ack in acks {
             if let Some(failure) = ack.failure {
                 return Err(bad(&dir, failure));
             }
             sources.extend(ack.sources);
             states.extend(ack.states);
+            schemas.extend(ack.schemas);
         }
         // A delta continues its chain: keep the files of the previous
         // checkpoint's chain for the same state and key groups.
@@ -328,6 +332,11 @@ impl Coordinator {
                 })
                 .cloned()
                 .collect();
+            for id in carried.iter().filter_map(|c| c.schema.as_ref()) {
+                if let Some(schema) = previous.schemas.get(id) {
+                    schemas.entry(id.clone()).or_insert_with(|| schema.clone());
+                }
+            }
             states.extend(carried);
         }
         // A delta without its chain would restore only what changed.
@@ -368,6 +377,7 @@ impl Coordinator {
             operators: self.operators.clone(),
             sources,
             states,
+            schemas,
             commits: commits.entries.clone(),
         };
         if let Err(e) = crate::task::blocking(|| write_manifest(&*self.config.storage, &name, &manifest)) {

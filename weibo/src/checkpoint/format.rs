@@ -103,6 +103,9 @@ pub struct GroupKeys {
     pub keys: Vec<Vec<u8>>,
 }
 
+/// A task's state files for a checkpoint, and the schemas they name.
+pub(crate) type TaskState = (Vec<StateFileEntry>, Vec<(String, crate::codec::schema::Schema)>);
+
 /// Writes the state of one task (`operator`'s instance `instance`, owning
 /// key groups `groups`) for checkpoint `n`: a file per state, a frame per
 /// part of its snapshot, so the state is never all in memory, encoded or
@@ -115,17 +118,20 @@ pub(crate) fn write_task_state(
     groups: &std::ops::Range<u16>,
     n: CheckpointId,
     snapshots: Vec<crate::state::StateSnapshot>,
-) -> Result<Vec<StateFileEntry>> {
+) -> Result<TaskState> {
     let mut files = Vec::new();
+    let mut schemas = Vec::new();
     for snap in snapshots {
         let (name, in_manifest) = naming::state_file(operator, instance, snap.state, n, run);
         let meta = StateFile {
             operator: operator.to_string(),
             state: snap.state.to_string(),
-            codec: snap.codec,
+            codec: snap.ty.codec.clone(),
             groups: Vec::new(),
             removed: Vec::new(),
         };
+        let schema_id = snap.ty.schema.id();
+        schemas.push((schema_id.clone(), (*snap.ty.schema).clone()));
         let mut writer = StateFileWriter::create(storage, &name, &meta)?;
         let base = (snap.snapshot)(&mut |part| writer.part(&part.part))?;
         writer.finish()?;
@@ -133,13 +139,14 @@ pub(crate) fn write_task_state(
             operator: operator.to_string(),
             state: snap.state.to_string(),
             codec: Some(meta.codec.clone()),
+            schema: Some(schema_id.clone()),
             file: in_manifest,
             key_groups: (groups.start, groups.end),
             checkpoint: n,
             base,
         });
     }
-    Ok(files)
+    Ok((files, schemas))
 }
 
 /// Writes a state file frame by frame, front to back (the length and

@@ -49,8 +49,10 @@ pub(crate) mod commit;
 mod coordinator;
 pub mod faults;
 mod format;
+pub mod inspect;
 mod manifest;
 pub(crate) mod naming;
+pub mod processor;
 mod restore;
 pub mod storage;
 
@@ -113,6 +115,10 @@ pub struct StateFileEntry {
     /// Checkpoints of earlier builds have none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub codec: Option<String>,
+    /// The id of its values' schema in the manifest's `schemas`
+    /// (checkpoints of earlier builds have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<String>,
     /// The file, relative to the checkpoint's directory.
     pub file: String,
     /// The key groups it holds, `[start, end)`.
@@ -150,6 +156,10 @@ pub struct Manifest {
     pub sources: Vec<SourcePositionEntry>,
     /// Every state file.
     pub states: Vec<StateFileEntry>,
+    /// The schemas of the states' values, by id (see
+    /// [`StateFileEntry::schema`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub schemas: BTreeMap<String, crate::codec::schema::Schema>,
     /// Exactly-once sink transactions this checkpoint commits (committed
     /// again on restore, which is harmless: commits are idempotent).
     #[serde(default)]
@@ -461,6 +471,7 @@ mod tests {
                         max_key_groups: 8,
                         sources: vec![],
                         states: vec![],
+                        schemas: BTreeMap::new(),
                         commits: vec![],
                     };
                     write_manifest(&*storage, &dir, &m).unwrap();
@@ -491,11 +502,13 @@ mod tests {
                 operator: "op".into(),
                 state: "value".into(),
                 codec: None,
+                schema: None,
                 file: "../../etc/x.state".into(),
                 key_groups: (0, 8),
                 checkpoint: CheckpointId::new(4),
                 base: true,
             }],
+            schemas: BTreeMap::new(),
             commits: vec![],
         };
         write_manifest(&*storage, &checkpoint_name(CheckpointId::new(4)), &m).unwrap();

@@ -21,6 +21,12 @@ pub(crate) struct Restore {
     /// The (operator id, state) pairs operators have read: after the job
     /// is built, any other the checkpoint holds was not restored.
     pub(crate) read: std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
+    /// The schemas of the states' values, by id.
+    pub(crate) schemas: BTreeMap<String, crate::codec::schema::Schema>,
+    /// The migrations the job offers for earlier layouts of its states.
+    pub(crate) migrations: Vec<Migration>,
+    /// Entries migrated, per (operator id, state).
+    pub(crate) migrated: std::sync::Mutex<Vec<(String, String, u64)>>,
 }
 
 /// A checkpoint as one operator restores from it: its state filed under
@@ -28,25 +34,132 @@ pub(crate) struct Restore {
 pub(crate) struct OperatorRestore<'a> {
     restore: &'a Restore,
     id: &'a str,
+    /// Only check each state against what the operator reads: pass no
+    /// entries.
+    checking: bool,
+}
+
+/// A state type's earlier layout and how to bring its values to the
+/// current one (`Job::with_state_migration`).
+#[derive(Clone)]
+pub(crate) struct Migration {
+    pub(crate) from: crate::state::StateType,
+    pub(crate) to: crate::state::StateType,
+    pub(crate) convert: Arc<Convert>,
+}
+
+/// Brings one encoded value from a migration's earlier layout to its
+/// current one.
+pub(crate) type Convert = dyn Fn(&[u8]) -> std::result::Result<Vec<u8>, crate::codec::CodecError> + Send + Sync;
+
+impl std::fmt::Debug for Migration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Migration({} -> {})", self.from.codec, self.to.codec)
+    }
+}
+
+/// How the codec a state file names is checked against the one the
+/// operator reads.
+#[derive(Clone, Copy)]
+pub(crate) struct CodecCheck<'a> {
+    codec: &'a str,
+    /// The schemas were compared (equal, or migrated): the codecs need
+    /// only be of one format, whatever their types' names.
+    by_format: bool,
+}
+
+impl CodecCheck<'_> {
+    /// Accepts any codec (the inspector reads bytes, whatever wrote them).
+    pub(crate) fn any() -> CodecCheck<'static> {
+        CodecCheck { codec: "", by_format: false }
+    }
+
+    fn accepts(&self, written: &str) -> bool {
+        if self.codec.is_empty() {
+            return true;
+        }
+        let format = |c: &str| c.split('<').next().unwrap_or_default().to_string();
+        if self.by_format { format(written) == format(self.codec) } else { written == self.codec }
+    }
 }
 
 impl crate::state::RestoreSource for OperatorRestore<'_> {
     /// `operator`, the name the operator knows itself by, is not used: the
-    /// state is the one filed under the node's id.
+    /// state is the one filed under the node's id. Before any file is
+    /// read, the schemas the checkpoint recorded for the state are
+    /// compared with `ty`'s: equal, the state restores; different, it
+    /// restores through a migration from the recorded schema to `ty`'s,
+    /// or is refused naming the first field that differs.
     fn load_entries(
         &self,
         _operator: &str,
         state: &str,
-        codec: &str,
+        ty: &crate::state::StateType,
         groups: &std::ops::Range<u16>,
         f: &mut dyn FnMut(crate::state::Entries, crate::state::RemovedKeys) -> Result<()>,
     ) -> Result<()> {
-        self.restore
+        let (id, restore) = (self.id, self.restore);
+        restore
             .read
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert((self.id.to_string(), state.to_string()));
-        self.restore.load_entries_of(self.id, state, codec, groups, f)
+            .insert((id.to_string(), state.to_string()));
+        let files = restore.chain(id, state, groups)?;
+        let recorded: std::collections::BTreeSet<&str> = files.iter().filter_map(|f| f.schema.as_deref()).collect();
+        let mut migration = None;
+        for schema in &recorded {
+            let Some(was) = restore.schemas.get(*schema) else {
+                return Err(bad(
+                    &restore.location(),
+                    format!("the state `{state}` of `{id}` names schema {schema}, which its manifest does not hold"),
+                ));
+            };
+            // Layouts, not names: a renamed type with the same fields
+            // reads the same bytes.
+            let Some(difference) = was.first_difference(&ty.schema) else { continue };
+            let same =
+                |a: &crate::codec::schema::Schema, b: &crate::codec::schema::Schema| a.first_difference(b).is_none();
+            match restore.migrations.iter().find(|m| same(&m.from.schema, was) && same(&m.to.schema, &ty.schema)) {
+                Some(m) => migration = Some(m),
+                None => {
+                    return Err(bad(
+                        &restore.location(),
+                        format!(
+                            "the state `{state}` of operator `{id}` was written with another layout than the job \
+                             reads: {difference}. Restore it through a migration from its earlier type \
+                             (`Job::with_state_migration`), or give the operator another id to start it empty"
+                        ),
+                    ));
+                }
+            }
+        }
+        if self.checking {
+            return Ok(());
+        }
+        let check = CodecCheck { codec: &ty.codec, by_format: !recorded.is_empty() };
+        let Some(m) = migration else {
+            return restore.load_entries_of(id, state, check, groups, f);
+        };
+        let mut migrated = 0u64;
+        let location = restore.location();
+        restore.load_entries_of(id, state, check, groups, &mut |entries, removed| {
+            let mut converted = Vec::with_capacity(entries.len());
+            for (group, key, value) in entries {
+                let value = (m.convert)(&value)
+                    .map_err(|e| bad_caused(&location, format!("an entry of `{id}`/{state} does not migrate"), e))?;
+                converted.push((group, key, value));
+            }
+            migrated += converted.len() as u64;
+            f(converted, removed)
+        })?;
+        tracing::info!(operator = id, state, entries = migrated, from = %m.from.codec, to = %m.to.codec,
+            "migrated state to the job's layout");
+        restore.migrated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((
+            id.to_string(),
+            state.to_string(),
+            migrated,
+        ));
+        Ok(())
     }
 }
 
@@ -89,12 +202,16 @@ impl Restore {
             commits: manifest.commits,
             operators: manifest.operators,
             read: std::sync::Mutex::default(),
+            schemas: manifest.schemas,
+            migrations: Vec::new(),
+            migrated: std::sync::Mutex::default(),
         })
     }
 
     /// The checkpoint as the operator with id `id` restores from it.
-    pub(crate) fn for_operator<'a>(&'a self, id: &'a str) -> OperatorRestore<'a> {
-        OperatorRestore { restore: self, id }
+    /// `checking`: only check each state's schema, pass no entries.
+    pub(crate) fn for_operator<'a>(&'a self, id: &'a str, checking: bool) -> OperatorRestore<'a> {
+        OperatorRestore { restore: self, id, checking }
     }
 
     /// The newest complete checkpoint in `storage` under `dir` that loads,
@@ -124,14 +241,14 @@ impl Restore {
     }
 
     /// Reads state file `file` (relative to the checkpoint), whose values
-    /// must have been written with `codec`.
-    fn read_checked(&self, file: &str, codec: &str) -> Result<StateFile> {
+    /// must have been written with a codec `check` accepts.
+    fn read_checked(&self, file: &str, check: CodecCheck<'_>) -> Result<StateFile> {
         let name = storage::join(&self.dir, file);
         let file = read_state_file(&*self.storage, &name)?;
-        if file.codec != codec {
+        if !check.accepts(&file.codec) {
             return Err(bad(
                 &self.storage.locate(&name),
-                format!("its values were written with codec {}, the job reads {codec}", file.codec),
+                format!("its values were written with codec {}, the job reads {}", file.codec, check.codec),
             ));
         }
         Ok(file)
@@ -170,11 +287,11 @@ impl Restore {
     /// parts in order (removals, then puts) gives the state. Chains whose
     /// bases overlap (none that this build writes) are merged in memory
     /// and passed whole.
-    fn load_entries_of(
+    pub(crate) fn load_entries_of(
         &self,
         operator: &str,
         state: &str,
-        codec: &str,
+        check: CodecCheck<'_>,
         groups: &std::ops::Range<u16>,
         f: &mut dyn FnMut(crate::state::Entries, crate::state::RemovedKeys) -> Result<()>,
     ) -> Result<()> {
@@ -183,17 +300,17 @@ impl Restore {
         let overlapping =
             bases.iter().enumerate().any(|(i, a)| bases.iter().skip(i + 1).any(|b| a.0 < b.1 && b.0 < a.1));
         if overlapping {
-            return f(self.entries(operator, state, codec, groups)?, Vec::new());
+            return f(self.entries(operator, state, check, groups)?, Vec::new());
         }
         for s in files {
             let name = storage::join(&self.dir, &s.file);
             let path = self.storage.locate(&name);
             let mut first = true;
             read_state_file_parts(&*self.storage, &name, &mut |part| {
-                if std::mem::take(&mut first) && part.codec != codec {
+                if std::mem::take(&mut first) && !check.accepts(&part.codec) {
                     return Err(bad(
                         &path,
-                        format!("its values were written with codec {}, the job reads {codec}", part.codec),
+                        format!("its values were written with codec {}, the job reads {}", part.codec, check.codec),
                     ));
                 }
                 let removed: crate::state::RemovedKeys = part
@@ -223,7 +340,7 @@ impl Restore {
         &self,
         operator: &str,
         state: &str,
-        codec: &str,
+        check: CodecCheck<'_>,
         groups: &std::ops::Range<u16>,
     ) -> Result<crate::state::Entries> {
         // Chains in checkpoint order: a base replaces its key groups'
@@ -236,7 +353,7 @@ impl Restore {
         if files.iter().all(|s| s.base) && ranges.len() == files.len() {
             let mut out = Vec::new();
             for s in files {
-                let file = self.read_checked(&s.file, codec)?;
+                let file = self.read_checked(&s.file, check)?;
                 for g in file.groups.into_iter().filter(|g| groups.contains(&g.group)) {
                     out.extend(g.entries.into_iter().map(|(k, v)| (g.group, k, v)));
                 }
@@ -245,7 +362,7 @@ impl Restore {
         }
         let mut merged: BTreeMap<(u16, Vec<u8>), Vec<u8>> = BTreeMap::new();
         for s in files {
-            let file = self.read_checked(&s.file, codec)?;
+            let file = self.read_checked(&s.file, check)?;
             let (lo, hi) = s.key_groups;
             if s.base {
                 merged.retain(|(g, _), _| *g < lo || *g >= hi);

@@ -10,6 +10,7 @@
 //! its receiver decodes; the plan refuses a graph where they differ.
 
 pub mod key;
+pub mod schema;
 
 use std::fmt;
 
@@ -146,6 +147,14 @@ pub trait Data: Clone + Send + Sync + 'static {
     /// # Errors
     /// [`CodecError`] when `bytes` are not an encoding of this type.
     fn decode(bytes: &[u8]) -> Result<Self, CodecError>;
+
+    /// The layout of this type's values, which checkpoints record for the
+    /// state it is kept in (see [`schema`]): traced from the serde impl
+    /// for the postcard codec; for other codecs, unless they say more, the
+    /// type's name.
+    fn schema() -> std::sync::Arc<schema::Schema> {
+        std::sync::Arc::new(schema::Schema { shape: schema::Shape::Opaque(std::any::type_name::<Self>().to_string()) })
+    }
 }
 
 impl<T> Data for T
@@ -154,6 +163,10 @@ where
 {
     fn codec_id() -> CodecId {
         CodecId::new(SERDE_POSTCARD_FORMAT, std::any::type_name::<T>())
+    }
+
+    fn schema() -> std::sync::Arc<schema::Schema> {
+        schema::Schema::of::<T>()
     }
 
     #[inline]

@@ -12,7 +12,7 @@ use crate::operator::{Failures, OpInfo, forward_control};
 use crate::operator::{InputOperator, SnapshotAt, emit};
 use crate::record::CheckpointId;
 use crate::record::{Batch, Meta, RecordBatch, RecordRef, Timestamp};
-use crate::state::{RestoreSource, StateSnapshot, TimerState, ValueState};
+use crate::state::{RestoreSource, StateSnapshot, StateType, TimerState, ValueState};
 use crate::time::watermarks::InputTime;
 
 /// A record's value; a value that does not decode is an error naming the
@@ -38,11 +38,7 @@ fn value_snapshot<K: Key, V: Data>(
     name: &'static str,
     at: SnapshotAt,
 ) -> Result<StateSnapshot> {
-    Ok(StateSnapshot {
-        state: name,
-        codec: V::codec_id().to_string(),
-        snapshot: state.snapshot_changes(at.n, at.since)?,
-    })
+    Ok(StateSnapshot { state: name, ty: StateType::of::<V>(), snapshot: state.snapshot_changes(at.n, at.since)? })
 }
 
 /// Loads a value state's entries of `groups` from a checkpoint.
@@ -54,7 +50,7 @@ fn value_restore<K: Key, V: Data>(
     groups: &std::ops::Range<u16>,
 ) -> Result<()> {
     // A part at a time: a large state is never all in memory.
-    from.load_entries(operator, name, &V::codec_id().to_string(), groups, &mut |entries, removed| {
+    from.load_entries(operator, name, &StateType::of::<V>(), groups, &mut |entries, removed| {
         state.import_part(entries, removed)
     })
 }
@@ -553,7 +549,7 @@ where
             value_snapshot(&mut self.state, "value", at)?,
             StateSnapshot {
                 state: "timers",
-                codec: TIMERS.into(),
+                ty: StateType::internal(TIMERS),
                 snapshot: self.timers.snapshot_changes(at.n, at.since)?,
             },
         ])
@@ -563,7 +559,7 @@ where
         value_restore(&mut self.state, from, &self.info.name, "value", groups)?;
         let name = &self.info.name;
         let timers = &mut self.timers;
-        from.load_entries(name, "timers", TIMERS, groups, &mut |entries, removed| {
+        from.load_entries(name, "timers", &StateType::internal(TIMERS), groups, &mut |entries, removed| {
             timers.import_part(entries, removed, name)
         })
     }

@@ -226,11 +226,7 @@ pub(crate) fn build(
                 }
                 Op::Keyed { parallelism, factory, .. } => {
                     let ctx = b.context(info, instance, *parallelism, groups.clone());
-                    let mut op = factory.instantiate(&ctx, outs)?;
-                    if let Some(r) = restore {
-                        op.restore(&r.for_operator(node.id()), &groups)?;
-                    }
-                    Built::Keyed(op)
+                    Built::Keyed(factory.instantiate(&ctx, outs)?)
                 }
                 _ => return Err(Error::Internal("non-head node built as a head".into())),
             };
@@ -260,6 +256,22 @@ pub(crate) fn build(
                 alignment: b.alignment,
             };
             built.push((head, id, instance, built_head, io));
+        }
+    }
+    if let Some(r) = restore {
+        // Every keyed instance restores twice: first without entries, so
+        // that every state is checked against its codec and schema (and
+        // refused, or found a migration) before any is read; then for
+        // real. An operator's restore reads nothing but its entries.
+        for checking in [true, false] {
+            for (_, id, instance, b, _) in &mut built {
+                if let Built::Keyed(op) = b {
+                    let node = graph.node(*id)?;
+                    let Op::Keyed { parallelism, .. } = node.op else { continue };
+                    let groups = key_group_range(*instance, parallelism, graph.max_key_groups);
+                    op.restore(&r.for_operator(node.id(), checking), &groups)?;
+                }
+            }
         }
     }
     let mut tasks = Vec::with_capacity(built.len());

@@ -32,6 +32,8 @@ pub(crate) struct JobConfig {
     /// Whether a restore may drop state the job has no operator for
     /// (logged), rather than refuse it.
     pub(crate) allow_unrestored_state: bool,
+    /// Ways to read state written with an earlier layout of its type.
+    pub(crate) migrations: Vec<crate::checkpoint::Migration>,
     /// The exactly-once sinks, for the coordinator to commit.
     pub(crate) commits: TwoPhaseCommits,
 }
@@ -49,6 +51,7 @@ impl Default for JobConfig {
             checkpoint: None,
             restore_from: None,
             allow_unrestored_state: false,
+            migrations: Vec::new(),
             commits: TwoPhaseCommits::default(),
         }
     }

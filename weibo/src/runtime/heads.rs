@@ -119,11 +119,14 @@ impl CheckpointIo {
             let result =
                 crate::checkpoint::write_task_state(&*storage, &run, &operator, instance, &groups, n, snapshots);
             let ack = match result {
-                Ok(states) => Ack { checkpoint: n, sources: Vec::new(), states, failure: None, task },
+                Ok((states, schemas)) => {
+                    Ack { checkpoint: n, sources: Vec::new(), states, schemas, failure: None, task }
+                }
                 Err(e) => Ack {
                     checkpoint: n,
                     sources: Vec::new(),
                     states: Vec::new(),
+                    schemas: Vec::new(),
                     failure: Some(format!("{task}: {e}")),
                     task,
                 },
@@ -302,12 +305,19 @@ impl SourceHead {
 
     /// This source's part in checkpoint `n`: where reading resumes.
     fn position_ack(&self, n: CheckpointId, task: &str) -> Ack {
-        let mut ack =
-            Ack { checkpoint: n, sources: Vec::new(), states: Vec::new(), failure: None, task: task.to_string() };
+        let mut ack = Ack {
+            checkpoint: n,
+            sources: Vec::new(),
+            states: Vec::new(),
+            schemas: Vec::new(),
+            failure: None,
+            task: task.to_string(),
+        };
         let (name, partition) = (&self.op.info().name, self.op.partition());
         match self.op.position() {
+            // Filed under the source's id, which a restore matches.
             Some(position) => ack.sources.push(SourcePositionEntry {
-                source: name.to_string(),
+                source: self.op.info().id.to_string(),
                 partition,
                 position,
                 partition_name: self.op.partition_name().map(str::to_string),

@@ -30,6 +30,8 @@ pub(crate) struct Launched {
     pub(crate) completed: Arc<AtomicU64>,
     pub(crate) savepoints: Option<mpsc::UnboundedSender<SavepointRequest>>,
     pub(crate) cancel: tokio::sync::oneshot::Sender<()>,
+    /// States restored through a migration: (operator id, state, entries).
+    pub(crate) migrated: Vec<(String, String, u64)>,
 }
 
 /// Starts `graph` on the current tokio runtime: restores from the
@@ -47,11 +49,14 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
     graph.validate()?;
     let fingerprint = graph.fingerprint();
     // Checkpoint storage blocks: off the runtime's workers.
-    let restore = crate::task::blocking(|| match (&config.restore_from, &config.checkpoint) {
+    let mut restore = crate::task::blocking(|| match (&config.restore_from, &config.checkpoint) {
         (Some(from), _) => from.load(graph.max_key_groups).map(Some),
         (None, Some(cp)) => Restore::latest(&cp.storage, "", graph.max_key_groups),
         (None, None) => Ok(None),
     })?;
+    if let Some(r) = &mut restore {
+        r.migrations.clone_from(&config.migrations);
+    }
     if config.checkpoint.is_some() || restore.is_some() {
         for warning in graph.warnings() {
             tracing::warn!(job = %graph.name, "{warning}");
@@ -110,9 +115,13 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
     };
     // Building restores state: storage reads, off the runtime's workers.
     let physical = crate::task::blocking(|| super::build::build(graph, config, &registry, restore.as_ref(), wiring))?;
-    if let Some(r) = &restore {
-        super::matching::check_all_read(graph, r, config.allow_unrestored_state)?;
-    }
+    let migrated = match &restore {
+        Some(r) => {
+            super::matching::check_all_read(graph, r, config.allow_unrestored_state)?;
+            r.migrated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        }
+        None => Vec::new(),
+    };
     let name = graph.name.clone();
     let started = Instant::now();
     let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
@@ -134,7 +143,7 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
         result.and(checkpoints)
     });
     tracing::info!(job = %name, "job started");
-    Ok(Launched { name, registry, supervisor, started, completed, savepoints, cancel })
+    Ok(Launched { name, registry, supervisor, started, completed, savepoints, cancel, migrated })
 }
 
 /// A task handle that aborts its task when dropped, and can be awaited.

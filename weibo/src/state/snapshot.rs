@@ -273,9 +273,29 @@ impl SnapshotFrame {
 /// encodes it (called on a blocking thread).
 pub(crate) struct StateSnapshot {
     pub(crate) state: &'static str,
-    pub(crate) codec: String,
+    /// The codec and schema of its values.
+    pub(crate) ty: StateType,
     /// Encodes the state as of the barrier.
     pub(crate) snapshot: Snapshot,
+}
+
+/// What a state's values are: their codec's identity and their schema.
+#[derive(Clone, Debug)]
+pub(crate) struct StateType {
+    pub(crate) codec: String,
+    pub(crate) schema: Arc<crate::codec::schema::Schema>,
+}
+
+impl StateType {
+    /// The values are `V`s.
+    pub(crate) fn of<V: Data>() -> Self {
+        Self { codec: V::codec_id().to_string(), schema: V::schema() }
+    }
+
+    /// A layout Weibo defines itself, named by `codec` (timers).
+    pub(crate) fn internal(codec: &str) -> Self {
+        Self { codec: codec.to_string(), schema: crate::codec::schema::Schema::internal(codec) }
+    }
 }
 
 /// Where operators read their state back from when a job restores: a
@@ -286,13 +306,13 @@ pub(crate) trait RestoreSource: Sync {
     /// Passes the entries of `operator`'s `state` in key groups `groups` to
     /// `f` a part at a time, as (entries to put, keys to remove first):
     /// applying the parts in order (removals, then puts) gives the state.
-    /// `codec` is the codec identity the operator decodes; a state written
-    /// with another is refused.
+    /// `ty` is what the operator decodes; a state written with another
+    /// codec or schema is refused (or migrated, if the job can).
     fn load_entries(
         &self,
         operator: &str,
         state: &str,
-        codec: &str,
+        ty: &StateType,
         groups: &Range<u16>,
         f: &mut dyn FnMut(Entries, RemovedKeys) -> Result<()>,
     ) -> Result<()>;

@@ -387,6 +387,69 @@ impl Job {
         self.configure(|c| c.allow_unrestored_state = true)
     }
 
+    /// Reads state written with an earlier layout of a state type: where a
+    /// restore finds a state whose recorded schema is `Old`'s and the job
+    /// reads `New`, it decodes each value as an `Old` and keeps `f(old)`;
+    /// every entry goes through it, and the count is in
+    /// [`JobReport::migrated`] and the log. The codec (postcard) has no
+    /// field names or lengths in its bytes, so a changed type cannot be
+    /// read as is: keep the old type beside the new one (under any name;
+    /// layouts are compared, not names) for as long as savepoints of it
+    /// are to be restored. Applies to states whose values are the type
+    /// itself: a `reduce`'s value, a `fold`'s or `aggregate`'s
+    /// accumulator (windowed too), a keyed `process` function's state.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use serde::{Deserialize, Serialize};
+    /// #[derive(Clone, Serialize, Deserialize)]
+    /// struct CountV1 { n: u64 }
+    /// #[derive(Clone, Serialize, Deserialize)]
+    /// struct Count { n: u64, last: u32 }
+    /// let dir = tempfile::tempdir()?;
+    /// let v1 = weibo::Job::new("counts").with_checkpoints(dir.path(), Duration::from_secs(60));
+    /// v1.source(weibo::sources::IterSource::new(0..6u32))
+    ///     .key_by(|x: &u32| x % 2)
+    ///     .fold(|| CountV1 { n: 0 }, |c, _| c.n += 1)
+    ///     .uid("counts")
+    ///     .sink(weibo::sinks::Blackhole::new());
+    /// v1.run_blocking()?;
+    /// let out = weibo::sinks::CollectSink::new();
+    /// let v2 = weibo::Job::new("counts")
+    ///     .restore_from(dir.path())
+    ///     .with_state_migration(|old: CountV1| Count { n: old.n, last: 0 });
+    /// v2.source(weibo::sources::IterSource::new(0..6u32))
+    ///     .key_by(|x: &u32| x % 2)
+    ///     .fold(|| Count { n: 0, last: 0 }, |c, x| { c.n += 1; c.last = x })
+    ///     .uid("counts")
+    ///     .map(|(k, c): (u32, Count)| (k, c.n))
+    ///     .sink(out.clone());
+    /// let report = v2.run_blocking()?;
+    /// assert_eq!(report.migrated[0].entries, 2, "both keys' counts");
+    /// assert!(out.values().is_empty(), "the restored source was at its end");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn with_state_migration<Old, New, F>(self, f: F) -> Self
+    where
+        Old: crate::codec::Data,
+        New: crate::codec::Data,
+        F: Fn(Old) -> New + Send + Sync + 'static,
+    {
+        let convert = move |bytes: &[u8]| {
+            let new = f(Old::decode(bytes)?);
+            let mut out = Vec::new();
+            new.encode(&mut out)?;
+            Ok(out)
+        };
+        let migration = crate::checkpoint::Migration {
+            from: crate::state::StateType::of::<Old>(),
+            to: crate::state::StateType::of::<New>(),
+            convert: Arc::new(convert),
+        };
+        self.configure(|c| c.migrations.push(migration))
+    }
+
     /// Adds a source; each of its partitions is read by its own task.
     ///
     /// ```
@@ -480,9 +543,11 @@ impl Job {
     /// ```
     pub fn spawn(self) -> Result<JobHandle> {
         let pipeline = self.lock();
-        let Launched { name, registry, supervisor, started, completed, savepoints, cancel } =
+        let Launched { name, registry, supervisor, started, completed, savepoints, cancel, migrated } =
             crate::runtime::launch::launch(&pipeline.graph, &pipeline.config)?;
-        Ok(JobHandle { name, registry, supervisor, started, completed, savepoints, cancel })
+        let migrated =
+            migrated.into_iter().map(|(operator, state, entries)| MigratedState { operator, state, entries }).collect();
+        Ok(JobHandle { name, registry, supervisor, started, completed, savepoints, cancel, migrated })
     }
 
     /// Runs the job to the end of its input.
@@ -568,9 +633,16 @@ pub struct JobHandle {
     completed: Arc<AtomicU64>,
     savepoints: Option<mpsc::UnboundedSender<SavepointRequest>>,
     cancel: tokio::sync::oneshot::Sender<()>,
+    migrated: Vec<MigratedState>,
 }
 
 impl JobHandle {
+    /// The states the job restored through a migration
+    /// ([`Job::with_state_migration`]), with how many entries each.
+    pub fn migrated(&self) -> &[MigratedState] {
+        &self.migrated
+    }
+
     /// The number of the newest complete checkpoint (the one restored from,
     /// until a new one completes), if any.
     ///
@@ -821,8 +893,20 @@ impl JobHandle {
         result?;
         let elapsed = self.started.elapsed();
         tracing::info!(job = %self.name, ?elapsed, "job finished");
-        Ok(JobReport { metrics: self.registry.snapshot(), elapsed })
+        Ok(JobReport { metrics: self.registry.snapshot(), elapsed, migrated: self.migrated })
     }
+}
+
+/// A state a restore read through a migration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MigratedState {
+    /// The operator's id.
+    pub operator: String,
+    /// The state's name in the operator (`value`, `accumulator`, `windows`).
+    pub state: String,
+    /// How many entries were migrated.
+    pub entries: u64,
 }
 
 /// What a finished job reports.
@@ -841,4 +925,6 @@ pub struct JobReport {
     pub metrics: MetricsSnapshot,
     /// Wall time from start to end.
     pub elapsed: Duration,
+    /// The states the job restored through a migration.
+    pub migrated: Vec<MigratedState>,
 }

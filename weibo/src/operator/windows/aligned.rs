@@ -264,12 +264,11 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
 
     fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
         let entries = self.state.snapshot_changes(&self.common.info.name, at.n, at.since)?;
-        let mut out =
-            vec![StateSnapshot { state: "windows", codec: W::Acc::codec_id().to_string(), snapshot: entries }];
+        let mut out = vec![StateSnapshot { state: "windows", ty: StateType::of::<W::Acc>(), snapshot: entries }];
         if let Some(f) = self.fired.as_mut() {
             f.record(self.common.watermark)?;
             let entries = f.state.snapshot_changes(at.n, at.since)?;
-            out.push(StateSnapshot { state: "fired", codec: FiredUpTo::codec_id().to_string(), snapshot: entries });
+            out.push(StateSnapshot { state: "fired", ty: StateType::of::<FiredUpTo>(), snapshot: entries });
         }
         Ok(out)
     }
@@ -277,13 +276,13 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
     fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
         let name = self.common.info.name.clone();
         // A part at a time: a large window state is never all in memory.
-        from.load_entries(&name, "windows", &W::Acc::codec_id().to_string(), groups, &mut |entries, removed| {
+        from.load_entries(&name, "windows", &StateType::of::<W::Acc>(), groups, &mut |entries, removed| {
             self.state.import_part(entries, removed, &name)
         })?;
         if let Some(f) = self.fired.as_mut() {
             // Checkpoints of builds before this record have none: their
             // kept windows fire again after a restore, as they did then.
-            from.load_entries(&name, "fired", &FiredUpTo::codec_id().to_string(), groups, &mut |entries, removed| {
+            from.load_entries(&name, "fired", &StateType::of::<FiredUpTo>(), groups, &mut |entries, removed| {
                 f.state.import_part(entries, removed)
             })?;
             let last = self.state.windows_from(Timestamp::MIN).last().map(|start| start.saturating_add(self.size - 1));

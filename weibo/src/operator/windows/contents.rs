@@ -69,6 +69,12 @@ impl<T: Data> Data for Elements<T> {
         CodecId::new("weibo-elements/1", std::any::type_name::<Self>())
     }
 
+    fn schema() -> std::sync::Arc<crate::codec::schema::Schema> {
+        use crate::codec::schema::{Schema, Shape};
+        let fields = vec![(String::new(), Shape::Seq(Box::new(T::schema().shape.clone())))];
+        std::sync::Arc::new(Schema { shape: Shape::Struct { name: "Elements".into(), fields } })
+    }
+
     fn encode(&self, out: &mut Vec<u8>) -> std::result::Result<(), CodecError> {
         put_varint(self.0.len() as u64, out);
         let mut scratch = Vec::new();
@@ -96,6 +102,17 @@ pub(crate) struct Sessions<A>(pub(crate) Vec<(Window, A)>);
 impl<A: Data> Data for Sessions<A> {
     fn codec_id() -> CodecId {
         CodecId::new("weibo-sessions/1", std::any::type_name::<Self>())
+    }
+
+    fn schema() -> std::sync::Arc<crate::codec::schema::Schema> {
+        use crate::codec::schema::{Schema, Shape};
+        let window = Shape::Struct {
+            name: "Window".into(),
+            fields: vec![("start".into(), Shape::I64), ("end".into(), Shape::I64)],
+        };
+        let session = Shape::Tuple(vec![window, A::schema().shape.clone()]);
+        let fields = vec![(String::new(), Shape::Seq(Box::new(session)))];
+        std::sync::Arc::new(Schema { shape: Shape::Struct { name: "Sessions".into(), fields } })
     }
 
     fn encode(&self, out: &mut Vec<u8>) -> std::result::Result<(), CodecError> {

@@ -60,7 +60,7 @@ use crate::operator::keyed::take_records;
 use crate::operator::{AnyConsumer, typed};
 use crate::operator::{InputOperator, SnapshotAt, emit};
 use crate::record::{Batch, Meta, RecordBatch, Timestamp};
-use crate::state::{RestoreSource, StateScope, StateSnapshot, TimerState, ValueState, WindowState};
+use crate::state::{RestoreSource, StateScope, StateSnapshot, StateType, TimerState, ValueState, WindowState};
 use crate::time::millis;
 use crate::time::watermarks::InputTime;
 

@@ -160,17 +160,17 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
         Ok(vec![
             StateSnapshot {
                 state: "sessions",
-                codec: Sessions::<W::Acc>::codec_id().to_string(),
+                ty: StateType::of::<Sessions<W::Acc>>(),
                 snapshot: self.state.snapshot_changes(at.n, at.since)?,
             },
             StateSnapshot {
                 state: "fire-timers",
-                codec: TIMERS.into(),
+                ty: StateType::internal(TIMERS),
                 snapshot: self.common.fire.snapshot_changes(at.n, at.since)?,
             },
             StateSnapshot {
                 state: "cleanup-timers",
-                codec: TIMERS.into(),
+                ty: StateType::internal(TIMERS),
                 snapshot: self.common.cleanup.snapshot_changes(at.n, at.since)?,
             },
         ])
@@ -178,12 +178,12 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
 
     fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
         let name = self.common.info.name.clone();
-        let codec = Sessions::<W::Acc>::codec_id().to_string();
-        from.load_entries(&name, "sessions", &codec, groups, &mut |entries, removed| {
+        let ty = StateType::of::<Sessions<W::Acc>>();
+        from.load_entries(&name, "sessions", &ty, groups, &mut |entries, removed| {
             self.state.import_part(entries, removed)
         })?;
         for (state, timers) in [("fire-timers", &mut self.common.fire), ("cleanup-timers", &mut self.common.cleanup)] {
-            from.load_entries(&name, state, TIMERS, groups, &mut |entries, removed| {
+            from.load_entries(&name, state, &StateType::internal(TIMERS), groups, &mut |entries, removed| {
                 timers.import_part(entries, removed, &name)
             })?;
         }

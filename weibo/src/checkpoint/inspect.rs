@@ -1,0 +1,321 @@
+//! Looking inside a checkpoint or savepoint without the job's code: its
+//! operators, their states (codec, schema, key groups, live entries and
+//! their size), source positions and pending commits; and one key's state,
+//! decoded by the schema the checkpoint recorded. What
+//! `weibo savepoint inspect` prints.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::*;
+use crate::codec::schema::{Schema, Shape, decode_postcard, hex};
+
+/// What a checkpoint holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Inspection {
+    /// Where it is.
+    pub path: PathBuf,
+    /// The job that took it.
+    pub job: String,
+    /// Its number.
+    pub checkpoint: u64,
+    /// The job's number of key groups.
+    pub max_key_groups: u16,
+    /// Per operator with state, by id.
+    pub operators: Vec<OperatorInspection>,
+    /// Every source partition's position.
+    pub sources: Vec<SourcePositionEntry>,
+    /// Exactly-once sink transactions it commits.
+    pub commits: Vec<CommitEntry>,
+}
+
+/// An operator's part of a checkpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct OperatorInspection {
+    /// Its id.
+    pub id: String,
+    /// What it is, when the checkpoint says (earlier builds do not).
+    pub kind: Option<String>,
+    /// Its key type, when the checkpoint says.
+    pub key_type: Option<String>,
+    /// Its states.
+    pub states: Vec<StateInspection>,
+}
+
+/// One state of an operator.
+#[derive(Debug, Clone, Serialize)]
+pub struct StateInspection {
+    /// Its name in the operator.
+    pub name: String,
+    /// The codec of its values.
+    pub codec: Option<String>,
+    /// The schema of its values, when recorded.
+    pub schema: Option<Schema>,
+    /// The key-group ranges of its files (one per instance that wrote it).
+    pub key_groups: Vec<(u16, u16)>,
+    /// Its files (bases and deltas).
+    pub files: usize,
+    /// Live entries, after every delta is applied.
+    pub entries: u64,
+    /// Bytes of their keys and values.
+    pub bytes: u64,
+}
+
+/// One key's entry in a state.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyState {
+    /// The operator's id.
+    pub operator: String,
+    /// The state.
+    pub state: String,
+    /// The key group the key belongs to.
+    pub key_group: u16,
+    /// The encoded key, in hex.
+    pub key: String,
+    /// The value, decoded by its recorded schema (or in hex, if that
+    /// cannot be).
+    pub value: serde_json::Value,
+}
+
+impl Inspection {
+    /// Reads the checkpoint or savepoint in directory `path` (one with a
+    /// `MANIFEST`), every file of it checked.
+    ///
+    /// # Errors
+    /// [`Error::Checkpoint`] or [`Error::Io`] naming the file that cannot
+    /// be read, is damaged or is not a checkpoint's.
+    pub fn open(path: &Path) -> Result<(Self, Opened)> {
+        let manifest = read_manifest(path)?;
+        let canonical = std::fs::canonicalize(path).map_err(io("cannot read checkpoint directory", path.into()))?;
+        let (parent, name) = match (canonical.parent(), canonical.file_name()) {
+            (Some(p), Some(n)) => (p.to_path_buf(), n.to_string_lossy().into_owned()),
+            _ => return Err(bad(path, "is not a checkpoint's directory".into())),
+        };
+        let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalDir::new(parent));
+        let restore = Restore::load(&storage, &name, manifest.max_key_groups)?;
+        let mut operators: BTreeMap<String, OperatorInspection> = BTreeMap::new();
+        for o in &manifest.operators {
+            operators.insert(
+                o.id.clone(),
+                OperatorInspection {
+                    id: o.id.clone(),
+                    kind: Some(o.kind.clone()),
+                    key_type: Some(o.key_type.clone()),
+                    states: Vec::new(),
+                },
+            );
+        }
+        let all = 0..manifest.max_key_groups;
+        for (id, files) in &restore.states {
+            let mut names: Vec<&str> = files.iter().map(|f| f.state.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            let op = operators.entry(id.clone()).or_insert_with(|| OperatorInspection {
+                id: id.clone(),
+                kind: None,
+                key_type: None,
+                states: Vec::new(),
+            });
+            for state in names {
+                let of: Vec<&StateFileEntry> = files.iter().filter(|f| f.state == state).collect();
+                let mut key_groups: Vec<(u16, u16)> = of.iter().map(|f| f.key_groups).collect();
+                key_groups.sort_unstable();
+                key_groups.dedup();
+                let live = live_entries(&restore, id, state, &all)?;
+                op.states.push(StateInspection {
+                    name: state.to_string(),
+                    codec: of.iter().find_map(|f| f.codec.clone()),
+                    schema: of.iter().find_map(|f| f.schema.as_ref()).and_then(|s| manifest.schemas.get(s)).cloned(),
+                    key_groups,
+                    files: of.len(),
+                    entries: live.len() as u64,
+                    bytes: live.iter().map(|((_, k), v)| (k.len() + v.len()) as u64).sum(),
+                });
+            }
+        }
+        let inspection = Self {
+            path: canonical,
+            job: manifest.job.clone(),
+            checkpoint: manifest.checkpoint.get(),
+            max_key_groups: manifest.max_key_groups,
+            operators: operators.into_values().collect(),
+            sources: manifest.sources.clone(),
+            commits: manifest.commits.clone(),
+        };
+        Ok((inspection, Opened { restore }))
+    }
+}
+
+/// An opened checkpoint, to look keys up in.
+pub struct Opened {
+    restore: Restore,
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Opened({})", self.restore.location().display())
+    }
+}
+
+impl Opened {
+    /// The checkpoint, loaded.
+    pub(crate) fn restore(&self) -> &Restore {
+        &self.restore
+    }
+
+    /// The entry of encoded key `key` in `operator`'s `state`, if any,
+    /// decoded by the state's recorded schema.
+    ///
+    /// # Errors
+    /// As [`Inspection::open`].
+    pub fn key_state(
+        &self,
+        inspection: &Inspection,
+        operator: &str,
+        state: &str,
+        key: &[u8],
+    ) -> Result<Option<KeyState>> {
+        let group = crate::codec::key::key_group(key, inspection.max_key_groups);
+        let live = live_entries(&self.restore, operator, state, &(group..group + 1))?;
+        let Some(value) = live.get(&(group, key.to_vec())) else { return Ok(None) };
+        let shape = inspection
+            .operators
+            .iter()
+            .find(|o| o.id == operator)
+            .and_then(|o| o.states.iter().find(|s| s.name == state))
+            .and_then(|s| s.schema.as_ref())
+            .map(|s| &s.shape);
+        let value = match shape.map(|s| decode_postcard(s, value)) {
+            Some(Ok(v)) => v,
+            _ => serde_json::Value::String(hex(value)),
+        };
+        Ok(Some(KeyState { operator: operator.into(), state: state.into(), key_group: group, key: hex(key), value }))
+    }
+}
+
+/// Entries by (key group, encoded key): their encoded values.
+type LiveEntries = HashMap<(u16, Vec<u8>), Vec<u8>>;
+
+/// The live entries of a state in key groups `groups`: each file of its
+/// chains applied in order.
+fn live_entries(restore: &Restore, operator: &str, state: &str, groups: &std::ops::Range<u16>) -> Result<LiveEntries> {
+    let mut live = HashMap::new();
+    restore.load_entries_of(operator, state, CodecCheck::any(), groups, &mut |entries, removed| {
+        for (group, key) in removed {
+            live.remove(&(group, key));
+        }
+        for (group, key, value) in entries {
+            live.insert((group, key), value);
+        }
+        Ok(())
+    })?;
+    Ok(live)
+}
+
+/// Parses `text` as a key of type `key_type` (as checkpoints name types)
+/// and encodes it as keys are stored: for the integer types, `bool`,
+/// `char` and `String`. Other key types take the encoded key in hex.
+///
+/// # Errors
+/// A message naming the text and the type.
+pub fn encode_key_text(key_type: &str, text: &str) -> std::result::Result<Vec<u8>, String> {
+    use crate::codec::key::encode;
+    let bad = |e: &dyn std::fmt::Display| format!("`{text}` is not a key of type `{key_type}`: {e}");
+    Ok(match key_type {
+        "u8" => encode(&text.parse::<u8>().map_err(|e| bad(&e))?),
+        "u16" => encode(&text.parse::<u16>().map_err(|e| bad(&e))?),
+        "u32" => encode(&text.parse::<u32>().map_err(|e| bad(&e))?),
+        "u64" => encode(&text.parse::<u64>().map_err(|e| bad(&e))?),
+        "u128" => encode(&text.parse::<u128>().map_err(|e| bad(&e))?),
+        "i8" => encode(&text.parse::<i8>().map_err(|e| bad(&e))?),
+        "i16" => encode(&text.parse::<i16>().map_err(|e| bad(&e))?),
+        "i32" => encode(&text.parse::<i32>().map_err(|e| bad(&e))?),
+        "i64" => encode(&text.parse::<i64>().map_err(|e| bad(&e))?),
+        "i128" => encode(&text.parse::<i128>().map_err(|e| bad(&e))?),
+        "bool" => encode(&text.parse::<bool>().map_err(|e| bad(&e))?),
+        "char" => encode(&text.parse::<char>().map_err(|e| bad(&e))?),
+        "alloc::string::String" => encode(&text.to_string()),
+        _ => {
+            let hex = text.strip_prefix("0x").unwrap_or(text);
+            if !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!(
+                    "keys of type `{key_type}` are given as their encoding in hex (`0x...`), and `{text}` is not hex"
+                ));
+            }
+            (0..hex.len() / 2)
+                .map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("00"), 16).unwrap_or(0))
+                .collect()
+        }
+    })
+}
+
+impl std::fmt::Display for Inspection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "checkpoint {} of job `{}` ({} key groups)", self.checkpoint, self.job, self.max_key_groups)?;
+        writeln!(f, "  at {}", self.path.display())?;
+        for o in &self.operators {
+            write!(f, "operator `{}`", o.id)?;
+            if let Some(kind) = &o.kind {
+                write!(f, ": {kind}")?;
+            }
+            if let Some(key) = &o.key_type {
+                write!(f, ", keyed by {key}")?;
+            }
+            writeln!(f)?;
+            for s in &o.states {
+                writeln!(
+                    f,
+                    "  state `{}`: {} entries, {} bytes, {} files, key groups {}",
+                    s.name,
+                    s.entries,
+                    s.bytes,
+                    s.files,
+                    s.key_groups.iter().map(|(a, b)| format!("{a}..{b}")).collect::<Vec<_>>().join(" ")
+                )?;
+                if let Some(codec) = &s.codec {
+                    writeln!(f, "    codec  {codec}")?;
+                }
+                if let Some(schema) = &s.schema {
+                    writeln!(f, "    schema {}", describe(&schema.shape))?;
+                }
+            }
+        }
+        for s in &self.sources {
+            write!(f, "source `{}` partition {}: position {}", s.source, s.partition, s.position)?;
+            if let Some(name) = &s.partition_name {
+                write!(f, " ({name})")?;
+            }
+            writeln!(f)?;
+        }
+        for c in &self.commits {
+            writeln!(f, "pending commit of sink `{}`: {}", c.sink, c.handle)?;
+        }
+        Ok(())
+    }
+}
+
+/// A shape spelled out one level deep: a struct with its fields, an enum
+/// with its variants.
+fn describe(shape: &Shape) -> String {
+    let fields = |fields: &[(String, Shape)]| -> String {
+        fields
+            .iter()
+            .map(|(n, s)| if n.is_empty() { s.to_string() } else { format!("{n}: {s}") })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match shape {
+        Shape::Struct { name, fields: f } => format!("{name} {{ {} }}", fields(f)),
+        Shape::Enum { name, variants } => format!(
+            "enum {name} {{ {} }}",
+            variants
+                .iter()
+                .map(|(n, f)| if f.is_empty() { n.clone() } else { format!("{n}({})", fields(f)) })
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,316 @@
+//! The state processor: savepoints read and rewritten offline, with the
+//! job's own types (Flink's State Processor API is the model).
+//!
+//! [`SavepointReader`] opens a savepoint or checkpoint and reads an
+//! operator's value state typed, every entry or one key, after checking
+//! that the type's schema is the one the savepoint recorded.
+//! [`SavepointWriter`] starts from one and writes a new savepoint in which
+//! some operators' value states are replaced (transformed, or bootstrapped
+//! for an operator the savepoint did not have) or dropped; everything else
+//! is copied as it was. A job restores the new savepoint like any other.
+//!
+//! Value states are those whose values are the type itself: `reduce`
+//! (state `value`), `fold` and `aggregate` (`accumulator`), keyed `process`
+//! (`value`; its timers are a state of their own, `timers`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::inspect::{Inspection, Opened};
+use super::*;
+use crate::codec::Data;
+use crate::codec::key::Key;
+use crate::codec::schema::Schema;
+
+/// A savepoint (or checkpoint) opened for reading.
+#[derive(Debug)]
+pub struct SavepointReader {
+    dir: PathBuf,
+    manifest: Manifest,
+    inspection: Inspection,
+    opened: Opened,
+}
+
+impl SavepointReader {
+    /// Opens the savepoint or checkpoint in `dir` (the directory with its
+    /// `MANIFEST`); every state file is checked.
+    ///
+    /// # Errors
+    /// As [`Inspection::open`].
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        let manifest = read_manifest(&dir)?;
+        let (inspection, opened) = Inspection::open(&dir)?;
+        Ok(Self { dir, manifest, inspection, opened })
+    }
+
+    /// What it holds.
+    pub fn inspection(&self) -> &Inspection {
+        &self.inspection
+    }
+
+    /// Its manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Checks that `V` is what `operator`'s `state` holds: its schema is the
+    /// recorded one (by layout), or, for a savepoint without schemas, its
+    /// codec identity is.
+    fn check<V: Data>(&self, operator: &str, state: &str) -> Result<()> {
+        let files: Vec<&StateFileEntry> =
+            self.manifest.states.iter().filter(|s| s.operator == operator && s.state == state).collect();
+        if files.is_empty() {
+            return Err(bad(&self.dir, format!("it holds no state `{state}` of operator `{operator}`")));
+        }
+        let schema = V::schema();
+        for f in &files {
+            match f.schema.as_ref().and_then(|id| self.manifest.schemas.get(id)) {
+                Some(was) => {
+                    if let Some(d) = was.first_difference(&schema) {
+                        return Err(bad(
+                            &self.dir,
+                            format!(
+                                "the state `{state}` of operator `{operator}` is not a {}: {d}",
+                                std::any::type_name::<V>()
+                            ),
+                        ));
+                    }
+                }
+                None => {
+                    let codec = V::codec_id().to_string();
+                    if f.codec.as_ref().is_some_and(|c| *c != codec) {
+                        return Err(bad(
+                            &self.dir,
+                            format!(
+                                "the state `{state}` of operator `{operator}` was written with codec {:?}, not {codec}",
+                                f.codec
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every entry of `operator`'s value state `state`, as `(K, V)`s, in key
+    /// order within each key group.
+    ///
+    /// # Errors
+    /// [`Error::Checkpoint`] when the state is not there or its recorded
+    /// schema is not `V`'s; [`Error::Codec`] or [`Error::State`] when an
+    /// entry does not decode.
+    pub fn entries<K: Key, V: Data>(&self, operator: &str, state: &str) -> Result<Vec<(K, V)>> {
+        self.check::<V>(operator, state)?;
+        let mut live: BTreeMap<(u16, Vec<u8>), Vec<u8>> = BTreeMap::new();
+        let all = 0..self.manifest.max_key_groups;
+        self.opened.restore().load_entries_of(operator, state, CodecCheck::any(), &all, &mut |entries, removed| {
+            for (group, key) in removed {
+                live.remove(&(group, key));
+            }
+            for (group, key, value) in entries {
+                live.insert((group, key), value);
+            }
+            Ok(())
+        })?;
+        live.into_iter()
+            .map(|((_, key), value)| {
+                let k = crate::codec::key::decode::<K>(&key).map_err(|e| Error::State {
+                    operator: operator.to_string(),
+                    message: "a key in the savepoint does not decode".into(),
+                    source: Some(e.into()),
+                })?;
+                let v = V::decode(&value).map_err(|source| Error::Codec { operator: operator.to_string(), source })?;
+                Ok((k, v))
+            })
+            .collect()
+    }
+
+    /// The value of `key` in `operator`'s value state `state`, if any.
+    ///
+    /// # Errors
+    /// As [`SavepointReader::entries`].
+    pub fn get<K: Key, V: Data>(&self, operator: &str, state: &str, key: &K) -> Result<Option<V>> {
+        self.check::<V>(operator, state)?;
+        let encoded = crate::codec::key::encode(key);
+        let group = crate::codec::key::key_group(&encoded, self.manifest.max_key_groups);
+        let mut found = None;
+        self.opened.restore().load_entries_of(
+            operator,
+            state,
+            CodecCheck::any(),
+            &(group..group + 1),
+            &mut |entries, removed| {
+                if removed.iter().any(|(_, k)| *k == encoded) {
+                    found = None;
+                }
+                for (_, k, v) in entries {
+                    if k == encoded {
+                        found = Some(v);
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        found
+            .map(|v| V::decode(&v).map_err(|source| Error::Codec { operator: operator.to_string(), source }))
+            .transpose()
+    }
+}
+
+/// A state to write: its entries, encoded, by key group.
+struct NewState {
+    codec: String,
+    schema: Schema,
+    key_type: String,
+    entries: Vec<(u16, Vec<u8>, Vec<u8>)>,
+}
+
+/// A new savepoint, made from another one with some value states replaced
+/// or dropped.
+pub struct SavepointWriter {
+    from: PathBuf,
+    manifest: Manifest,
+    states: BTreeMap<(String, String), NewState>,
+    dropped: Vec<String>,
+}
+
+impl std::fmt::Debug for SavepointWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SavepointWriter").field("from", &self.from).field("dropped", &self.dropped).finish()
+    }
+}
+
+impl SavepointWriter {
+    /// Starts from `reader`'s savepoint: written as is, unless states are
+    /// replaced or dropped.
+    pub fn from(reader: &SavepointReader) -> Self {
+        Self {
+            from: reader.dir.clone(),
+            manifest: reader.manifest.clone(),
+            states: BTreeMap::new(),
+            dropped: Vec::new(),
+        }
+    }
+
+    /// Replaces `operator`'s value state `state` with `entries` (for an
+    /// operator the savepoint does not have, bootstraps it): a job that
+    /// restores the new savepoint starts with them.
+    ///
+    /// # Errors
+    /// [`Error::Codec`] when a value does not encode.
+    pub fn set_state<K: Key, V: Data>(
+        &mut self,
+        operator: &str,
+        state: &str,
+        entries: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<&mut Self> {
+        let max = self.manifest.max_key_groups;
+        let mut encoded = Vec::new();
+        for (k, v) in entries {
+            let key = crate::codec::key::encode(&k);
+            let mut value = Vec::new();
+            v.encode(&mut value).map_err(|source| Error::Codec { operator: operator.to_string(), source })?;
+            encoded.push((crate::codec::key::key_group(&key, max), key, value));
+        }
+        encoded.sort();
+        encoded.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+        self.states.insert(
+            (operator.to_string(), state.to_string()),
+            NewState {
+                codec: V::codec_id().to_string(),
+                schema: (*V::schema()).clone(),
+                key_type: crate::codec::recorded_type_name(std::any::type_name::<K>()).into_owned(),
+                entries: encoded,
+            },
+        );
+        Ok(self)
+    }
+
+    /// Drops all of `operator`'s state: a job without it restores the new
+    /// savepoint without `allow_unrestored_state`.
+    pub fn drop_operator(&mut self, operator: &str) -> &mut Self {
+        self.dropped.push(operator.to_string());
+        self
+    }
+
+    /// Writes the new savepoint into `dir`, which must not exist: the state
+    /// files it keeps are copied, the new ones written, the manifest last.
+    ///
+    /// # Errors
+    /// [`Error::Io`] or [`Error::Checkpoint`] naming what cannot be read or
+    /// written.
+    pub fn write(self, dir: impl AsRef<Path>) -> Result<PathBuf> {
+        let dir = dir.as_ref().to_path_buf();
+        if dir.exists() {
+            return Err(bad(&dir, "exists already: a savepoint is written into a new directory".into()));
+        }
+        std::fs::create_dir_all(&dir).map_err(io("cannot create savepoint directory", dir.clone()))?;
+        let storage = LocalDir::new(&dir);
+        let mut manifest = self.manifest;
+        let replaced = |s: &StateFileEntry| self.states.contains_key(&(s.operator.clone(), s.state.clone()));
+        manifest.states.retain(|s| !self.dropped.contains(&s.operator) && !replaced(s));
+        manifest.operators.retain(|o| !self.dropped.contains(&o.id));
+        manifest.commits.retain(|c| !self.dropped.contains(&c.sink));
+        manifest.sources.retain(|p| !self.dropped.contains(&p.source));
+        for s in &mut manifest.states {
+            let source = self.from.join(&s.file);
+            let file = source.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+            std::fs::copy(&source, dir.join(&file)).map_err(io("cannot copy into savepoint", source.clone()))?;
+            s.file = file;
+        }
+        let n = manifest.checkpoint;
+        let max = manifest.max_key_groups;
+        for ((operator, state), new) in self.states {
+            let (name, _) = naming::state_file(&operator, 0, &state, n, "rewritten");
+            let file = name.rsplit('/').next().unwrap_or_default().to_string();
+            let meta = StateFile {
+                operator: operator.clone(),
+                state: state.clone(),
+                codec: new.codec.clone(),
+                groups: Vec::new(),
+                removed: Vec::new(),
+            };
+            let mut writer = StateFileWriter::create(&storage, &file, &meta)?;
+            let mut frame = crate::state::SnapshotFrame::default();
+            for (group, key, value) in &new.entries {
+                frame.keys.extend_from_slice(key);
+                frame.values.extend_from_slice(value);
+                frame.end_entry(*group)?;
+                if frame.bytes() >= crate::state::SNAPSHOT_PART_BYTES || frame.len() >= crate::state::SNAPSHOT_PART {
+                    writer.part(&frame)?;
+                    frame = crate::state::SnapshotFrame::default();
+                }
+            }
+            if !frame.is_empty() {
+                writer.part(&frame)?;
+            }
+            writer.finish()?;
+            let schema_id = new.schema.id();
+            manifest.schemas.insert(schema_id.clone(), new.schema);
+            if let Some(o) = manifest.operators.iter_mut().find(|o| o.id == operator) {
+                o.key_type = new.key_type;
+            }
+            manifest.states.push(StateFileEntry {
+                operator,
+                state,
+                codec: Some(new.codec),
+                schema: Some(schema_id),
+                file,
+                key_groups: (0, max),
+                checkpoint: n,
+                base: true,
+            });
+        }
+        // Only the schemas its files still name.
+        let named: std::collections::BTreeSet<String> =
+            manifest.states.iter().filter_map(|s| s.schema.clone()).collect();
+        manifest.schemas.retain(|id, _| named.contains(id));
+        manifest
+            .states
+            .sort_by(|a, b| (&a.operator, &a.state, a.key_groups).cmp(&(&b.operator, &b.state, b.key_groups)));
+        write_manifest(&storage, "", &manifest)?;
+        Ok(dir)
+    }
+}
