@@ -49,6 +49,8 @@ struct Version {
     sums_as_fold: bool,
     /// Without uids (so the ids are the names).
     no_uids: bool,
+    /// State in fjall (in this directory) instead of memory.
+    fjall: Option<&'static str>,
 }
 
 struct Outputs {
@@ -111,7 +113,11 @@ fn id<S>(s: S, v: Version, uid: &str, f: impl FnOnce(S, &str) -> S) -> S {
 /// savepoint is taken on request), its exactly-once sink writing to
 /// `archive`.
 fn pipeline(dir: &Path, archive: &Path, v: Version, rate: Option<f64>, out: &Outputs) -> Job {
-    let job = Job::new("upgrades").with_checkpoints(dir, Duration::from_secs(3600)).with_max_key_groups(32);
+    let mut job = Job::new("upgrades").with_checkpoints(dir, Duration::from_secs(3600)).with_max_key_groups(32);
+    if let Some(state) = v.fjall {
+        let backend = weibo::state::FjallBackend::open(dir.with_file_name(state)).unwrap();
+        job = job.with_state_backend(backend);
+    }
     let name = |base: &str| if v.renamed { format!("{base}-v2") } else { base.to_string() };
     let mut generator = Generator::new(EVENTS, event);
     if let Some(rate) = rate {
@@ -265,6 +271,11 @@ fn upgrade_goes_on(v: Version) {
 #[test]
 fn stateless_operators_removed_and_added_and_operators_renamed_with_their_ids_restore() {
     upgrade_goes_on(Version { other_stateless: true, renamed: true, partitions: 3, ..Version::default() });
+}
+
+#[test]
+fn the_same_pipeline_restores_with_its_state_on_disk() {
+    upgrade_goes_on(Version { fjall: Some("fjall-state"), partitions: 2, ..Version::default() });
 }
 
 #[test]

@@ -413,3 +413,76 @@ fn the_state_processor_reads_state_typed_and_writes_a_savepoint_that_bootstraps_
     job.source(Generator::new(EVENTS, event)).uid("events").sink(CollectSink::new());
     weibo::testing::block_on(job.run()).unwrap();
 }
+
+mod keys_v1 {
+    #[derive(Clone, PartialEq, Eq, Hash, Debug, weibo::Key)]
+    pub(crate) struct Device {
+        pub(crate) id: u64,
+    }
+}
+
+mod keys_moved {
+    /// Version 1's key, in another module and under another name.
+    #[derive(Clone, PartialEq, Eq, Hash, Debug, weibo::Key)]
+    pub(crate) struct Sensor {
+        pub(crate) id: u64,
+    }
+}
+
+mod keys_v2 {
+    /// A field more.
+    #[derive(Clone, PartialEq, Eq, Hash, Debug, weibo::Key)]
+    pub(crate) struct Device {
+        pub(crate) id: u64,
+        pub(crate) site: u32,
+    }
+}
+
+/// Counts per key of type `K`, uid `counts`, restored from `savepoint` if
+/// given; run to the end (`rate`: paced, for a savepoint).
+fn counts_job<K>(dir: &Path, key: fn(u64) -> K, restore: Option<&Path>) -> (Job, CollectSink<(K, u64)>)
+where
+    K: weibo::Key + Send + Sync + 'static,
+{
+    let out = CollectSink::new();
+    let mut job = Job::new("keys").with_checkpoints(dir, Duration::from_secs(3600)).with_max_key_groups(16);
+    if let Some(r) = restore {
+        job = job.restore_from(r);
+    }
+    let rate = if restore.is_some() { 1e9 } else { 6_000.0 };
+    job.source(Generator::new(EVENTS, event).with_rate(rate))
+        .uid("events")
+        .key_by(move |e: &(u64, u64)| key(e.0))
+        .fold(|| 0u64, |n, _| *n += 1)
+        .uid("counts")
+        .sink(out.clone());
+    (job, out)
+}
+
+#[test]
+fn a_key_type_is_matched_by_its_layout_not_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (job, _) = counts_job(&dir.path().join("v1"), |k| keys_v1::Device { id: k }, None);
+    let savepoint = weibo::testing::block_on(async {
+        let handle = job.spawn().unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let savepoint = handle.savepoint("v1").await.unwrap();
+        handle.abort();
+        savepoint
+    });
+    // Moved and renamed, the same layout: restores, and the counts go on.
+    let (job, out) = counts_job(&dir.path().join("v2"), |k| keys_moved::Sensor { id: k }, Some(&savepoint));
+    weibo::testing::block_on(job.run()).unwrap();
+    let mut last: BTreeMap<u64, u64> = BTreeMap::new();
+    for (k, n) in out.values() {
+        let e = last.entry(k.id).or_default();
+        *e = (*e).max(n);
+    }
+    let whole: BTreeMap<u64, u64> = expected().into_iter().map(|(k, (n, _))| (k, n)).collect();
+    assert_eq!(last, whole);
+    // A field more: refused, naming it.
+    let (job, out) = counts_job(&dir.path().join("v3"), |k| keys_v2::Device { id: k, site: 0 }, Some(&savepoint));
+    let err = weibo::testing::block_on(job.run()).expect_err("refused").to_string();
+    assert!(err.contains("operator `counts` was keyed by") && err.contains("has a new field `site` (u32)"), "{err}");
+    assert!(out.values().is_empty());
+}

@@ -94,6 +94,18 @@ fn add_key_bounds(generics: &Generics) -> Generics {
     generics
 }
 
+/// Each field's `(name, key schema)` (`""` for a positional field).
+fn field_schemas(fields: &Fields) -> Vec<TokenStream2> {
+    fields
+        .iter()
+        .map(|field| {
+            let ty = &field.ty;
+            let name = field.ident.as_ref().map(ToString::to_string).unwrap_or_default();
+            quote_spanned! {ty.span()=> (#name.into(), <#ty as ::weibo::Key>::key_schema()) }
+        })
+        .collect()
+}
+
 /// Encode and decode code for one set of fields, bound to names `binding_i`.
 fn field_code(fields: &Fields) -> (Vec<proc_macro2::Ident>, Vec<TokenStream2>, Vec<TokenStream2>) {
     let mut names = Vec::new();
@@ -135,13 +147,19 @@ fn pattern(path: TokenStream2, fields: &Fields, names: &[proc_macro2::Ident]) ->
 
 fn expand_key(input: &DeriveInput) -> syn::Result<TokenStream2> {
     let ident = &input.ident;
-    let (encode_body, decode_body) = match &input.data {
+    let name = ident.to_string();
+    let (encode_body, decode_body, schema_body) = match &input.data {
         Data::Struct(data) => {
             validate_fields(&data.fields)?;
             let (names, encodes, decodes) = field_code(&data.fields);
             let pat = pattern(quote!(#ident), &data.fields, &names);
             let build = construct(quote!(#ident), &data.fields, &decodes);
-            (quote! { let #pat = self; #(#encodes)* }, quote! { ::std::result::Result::Ok(#build) })
+            let fields = field_schemas(&data.fields);
+            (
+                quote! { let #pat = self; #(#encodes)* },
+                quote! { ::std::result::Result::Ok(#build) },
+                quote! { ::weibo::codec::schema::Shape::Struct { name: #name.into(), fields: ::std::vec![#(#fields),*] } },
+            )
         }
         Data::Enum(data) => {
             if data.variants.is_empty() {
@@ -164,6 +182,7 @@ fn expand_key(input: &DeriveInput) -> syn::Result<TokenStream2> {
             }
             let mut encode_arms = Vec::new();
             let mut decode_arms = Vec::new();
+            let mut variant_schemas = Vec::new();
             for (index, variant) in data.variants.iter().enumerate() {
                 let index = u32::try_from(index)
                     .map_err(|_| syn::Error::new_spanned(variant, "`#[derive(Key)]` supports at most 2^32 variants"))?;
@@ -178,6 +197,9 @@ fn expand_key(input: &DeriveInput) -> syn::Result<TokenStream2> {
                     }
                 });
                 decode_arms.push(quote! { #index => ::std::result::Result::Ok(#build), });
+                let vname = vident.to_string();
+                let fields = field_schemas(&variant.fields);
+                variant_schemas.push(quote! { (#vname.into(), ::std::vec![#(#fields),*]) });
             }
             (
                 quote! { match self { #(#encode_arms)* } },
@@ -188,6 +210,9 @@ fn expand_key(input: &DeriveInput) -> syn::Result<TokenStream2> {
                             ::std::format!("variant index {} does not exist", __weibo_other),
                         )),
                     }
+                },
+                quote! {
+                    ::weibo::codec::schema::Shape::Enum { name: #name.into(), variants: ::std::vec![#(#variant_schemas),*] }
                 },
             )
         }
@@ -211,6 +236,9 @@ fn expand_key(input: &DeriveInput) -> syn::Result<TokenStream2> {
                 #[allow(unused_variables)]
                 fn decode_key(__weibo_input: &mut &[u8]) -> ::std::result::Result<Self, ::weibo::key::KeyDecodeError> {
                     #decode_body
+                }
+                fn key_schema() -> ::weibo::codec::schema::Shape {
+                    #schema_body
                 }
             }
         };

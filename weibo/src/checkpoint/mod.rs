@@ -175,6 +175,10 @@ pub struct OperatorEntry {
     pub kind: String,
     /// The type of its keys, as checkpoints record type names.
     pub key_type: String,
+    /// The layout of its keys' encoding (checkpoints of earlier builds
+    /// have none: their key types are compared by name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_schema: Option<crate::codec::schema::Shape>,
 }
 
 /// A sink transaction to commit with a checkpoint.

@@ -26,6 +26,7 @@
 //! can look them up without decoding bytes; that hash never leaves the
 //! process.)
 
+use crate::codec::schema::Shape;
 use std::fmt;
 
 /// A type that can key a stream: it has a stable byte encoding.
@@ -61,6 +62,15 @@ pub trait Key: Clone + Eq + std::hash::Hash + Send + Sync + 'static {
     /// [`KeyDecodeError`] when `input` ends early or holds bytes no value of
     /// this type encodes to.
     fn decode_key(input: &mut &[u8]) -> Result<Self, KeyDecodeError>;
+
+    /// The layout of this key's encoding, which checkpoints record for
+    /// keyed state (see [`crate::codec::schema`]): a key type changed
+    /// under the same name is refused on restore, and one moved to another
+    /// module restores. Weibo's key types and `#[derive(Key)]` say it;
+    /// a hand-written `Key` impl that does not is known by its type name.
+    fn key_schema() -> crate::codec::schema::Shape {
+        crate::codec::schema::Shape::Opaque(std::any::type_name::<Self>().to_string())
+    }
 }
 
 /// The name of the key encoding, with its version, in codec identities.
@@ -147,7 +157,7 @@ fn take_array<const N: usize, T: ?Sized>(input: &mut &[u8]) -> Result<[u8; N], K
 }
 
 macro_rules! unsigned_key {
-    ($($t:ty),*) => {$(
+    ($($t:ty => $shape:ident),*) => {$(
         impl Key for $t {
             #[inline]
             fn encode_key(&self, out: &mut Vec<u8>) {
@@ -157,13 +167,16 @@ macro_rules! unsigned_key {
             fn decode_key(input: &mut &[u8]) -> Result<Self, KeyDecodeError> {
                 Ok(<$t>::from_be_bytes(take_array::<{ size_of::<$t>() }, $t>(input)?))
             }
+            fn key_schema() -> Shape {
+                Shape::$shape
+            }
         }
     )*};
 }
-unsigned_key!(u8, u16, u32, u64, u128);
+unsigned_key!(u8 => U8, u16 => U16, u32 => U32, u64 => U64, u128 => U128);
 
 macro_rules! signed_key {
-    ($($t:ty => $u:ty),*) => {$(
+    ($($t:ty => $u:ty, $shape:ident),*) => {$(
         impl Key for $t {
             #[inline]
             fn encode_key(&self, out: &mut Vec<u8>) {
@@ -177,10 +190,13 @@ macro_rules! signed_key {
                 let raw = <$u>::from_be_bytes(take_array::<{ size_of::<$u>() }, $t>(input)?);
                 Ok((raw ^ (1 << (<$u>::BITS - 1))) as $t)
             }
+            fn key_schema() -> Shape {
+                Shape::$shape
+            }
         }
     )*};
 }
-signed_key!(i8 => u8, i16 => u16, i32 => u32, i64 => u64, i128 => u128);
+signed_key!(i8 => u8, I8, i16 => u16, I16, i32 => u32, I32, i64 => u64, I64, i128 => u128, I128);
 
 impl Key for usize {
     fn encode_key(&self, out: &mut Vec<u8>) {
@@ -189,6 +205,9 @@ impl Key for usize {
     fn decode_key(input: &mut &[u8]) -> Result<Self, KeyDecodeError> {
         let v = u64::decode_key(input)?;
         usize::try_from(v).map_err(|_| KeyDecodeError::new::<usize>(format!("{v} does not fit in usize")))
+    }
+    fn key_schema() -> Shape {
+        Shape::U64
     }
 }
 
@@ -199,6 +218,9 @@ impl Key for isize {
     fn decode_key(input: &mut &[u8]) -> Result<Self, KeyDecodeError> {
         let v = i64::decode_key(input)?;
         isize::try_from(v).map_err(|_| KeyDecodeError::new::<isize>(format!("{v} does not fit in isize")))
+    }
+    fn key_schema() -> Shape {
+        Shape::I64
     }
 }
 
@@ -213,6 +235,9 @@ impl Key for bool {
             other => Err(KeyDecodeError::new::<bool>(format!("byte {other:?} is neither 0 nor 1"))),
         }
     }
+    fn key_schema() -> Shape {
+        Shape::Bool
+    }
 }
 
 impl Key for char {
@@ -222,6 +247,9 @@ impl Key for char {
     fn decode_key(input: &mut &[u8]) -> Result<Self, KeyDecodeError> {
         let v = u32::decode_key(input)?;
         char::from_u32(v).ok_or_else(|| KeyDecodeError::new::<char>(format!("{v:#x} is not a Unicode scalar value")))
+    }
+    fn key_schema() -> Shape {
+        Shape::Char
     }
 }
 
@@ -277,6 +305,9 @@ impl Key for String {
         let bytes = decode_escaped::<String>(input)?;
         String::from_utf8(bytes).map_err(|e| KeyDecodeError::new::<String>(format!("not UTF-8: {e}")))
     }
+    fn key_schema() -> Shape {
+        Shape::Str
+    }
 }
 
 impl Key for Vec<u8> {
@@ -286,6 +317,9 @@ impl Key for Vec<u8> {
     fn decode_key(input: &mut &[u8]) -> Result<Self, KeyDecodeError> {
         decode_escaped::<Vec<u8>>(input)
     }
+    fn key_schema() -> Shape {
+        Shape::Bytes
+    }
 }
 
 impl<const N: usize> Key for [u8; N] {
@@ -294,6 +328,9 @@ impl<const N: usize> Key for [u8; N] {
     }
     fn decode_key(input: &mut &[u8]) -> Result<Self, KeyDecodeError> {
         take_array::<N, [u8; N]>(input)
+    }
+    fn key_schema() -> Shape {
+        Shape::Tuple(vec![Shape::U8; N])
     }
 }
 
@@ -314,12 +351,18 @@ impl<T: Key> Key for Option<T> {
             other => Err(KeyDecodeError::new::<Self>(format!("option tag {other:?} is neither 0 nor 1"))),
         }
     }
+    fn key_schema() -> Shape {
+        Shape::Option(Box::new(T::key_schema()))
+    }
 }
 
 impl Key for () {
     fn encode_key(&self, _out: &mut Vec<u8>) {}
     fn decode_key(_input: &mut &[u8]) -> Result<Self, KeyDecodeError> {
         Ok(())
+    }
+    fn key_schema() -> Shape {
+        Shape::Unit
     }
 }
 
@@ -331,6 +374,9 @@ macro_rules! tuple_key {
             }
             fn decode_key(input: &mut &[u8]) -> Result<Self, KeyDecodeError> {
                 Ok(($($t::decode_key(input)?,)+))
+            }
+            fn key_schema() -> Shape {
+                Shape::Tuple(vec![$($t::key_schema()),+])
             }
         }
     )*};

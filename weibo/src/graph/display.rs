@@ -24,7 +24,7 @@ impl fmt::Display for Graph {
                 if input.port > 0 {
                     write!(f, ".{}", input.port)?;
                 }
-                if let EdgeKind::Hash { key_type, codec } = &input.kind {
+                if let EdgeKind::Hash { key_type, codec, .. } = &input.kind {
                     write!(f, " hash({}) [{}]", short_type_name(key_type), codec.format)?;
                 }
             }

@@ -29,7 +29,12 @@ pub(crate) enum EdgeKind {
     /// Same task, same instance: the operators are fused.
     Forward,
     /// Encoded, routed by key group to the instance that owns it.
-    Hash { key_type: &'static str, codec: CodecId },
+    Hash {
+        key_type: &'static str,
+        /// The layout of the key's encoding (`Key::key_schema`).
+        key_schema: fn() -> crate::codec::schema::Shape,
+        codec: CodecId,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -268,7 +273,7 @@ impl Graph {
             for i in &n.inputs {
                 let kind = match &i.kind {
                     EdgeKind::Forward => "forward".to_string(),
-                    EdgeKind::Hash { key_type, codec } => format!("hash({},{codec})", recorded_type_name(key_type)),
+                    EdgeKind::Hash { key_type, codec, .. } => format!("hash({},{codec})", recorded_type_name(key_type)),
                 };
                 let _ = write!(text, "<{}.{}:{kind}", i.from, i.port);
             }

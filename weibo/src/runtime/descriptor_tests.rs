@@ -163,7 +163,11 @@ fn described(lines: &[&str], out: &CollectSink<Json>) -> Graph {
         vec![json_port(true)],
         Op::Chain(Arc::new(HasField("user"))),
     ));
-    let hash = EdgeKind::Hash { key_type: "json field `user`", codec: Json::codec_id() };
+    let hash = EdgeKind::Hash {
+        key_type: "json field `user`",
+        key_schema: || crate::codec::schema::Shape::Opaque("json field `user`".into()),
+        codec: Json::codec_id(),
+    };
     let sums = g.add(node(
         "reduce",
         "sums",

@@ -32,8 +32,21 @@ pub(crate) fn operator_entries(graph: &Graph) -> Vec<OperatorEntry> {
         .nodes
         .iter()
         .filter(|n| matches!(n.op, Op::Keyed { .. }) && n.is_stateful())
-        .map(|n| OperatorEntry { id: n.id().to_string(), kind: n.kind.to_string(), key_type: key_type(n) })
+        .map(|n| OperatorEntry {
+            id: n.id().to_string(),
+            kind: n.kind.to_string(),
+            key_type: key_type(n),
+            key_schema: key_schema(n),
+        })
         .collect()
+}
+
+/// The layout of a keyed node's keys.
+fn key_schema(node: &Node) -> Option<crate::codec::schema::Shape> {
+    node.inputs.iter().find_map(|i| match &i.kind {
+        EdgeKind::Hash { key_schema, .. } => Some(key_schema()),
+        EdgeKind::Forward => None,
+    })
 }
 
 /// The type a keyed node's records are keyed by, as checkpoints record
@@ -83,10 +96,11 @@ pub(crate) fn check(graph: &Graph, restore: &Restore, allow_unrestored: bool) ->
                  another id, and allow the old one's state to be dropped)",
                 was.kind, node.kind
             ));
-        } else if was.key_type != key {
+        } else if let Some(difference) = key_difference(was, node) {
             incompatible.push(format!(
-                "operator `{id}` was keyed by `{}` and is keyed by `{key}` now: its state cannot restore under \
-                 another key type (keys are stored and grouped by their encoding)",
+                "operator `{id}` was keyed by `{}` and is keyed by `{key}` now (the key's encoding differs: \
+                 {difference}): its state cannot restore under another key type (keys are stored and grouped by \
+                 their encoding)",
                 was.key_type
             ));
         }
@@ -144,6 +158,20 @@ pub(crate) fn check(graph: &Graph, restore: &Restore, allow_unrestored: bool) ->
         return Err(refused(restore, "it cannot restore into this job", &incompatible, ""));
     }
     unrestored_state(graph, restore, &unrestored, allow_unrestored)
+}
+
+/// How `node`'s key type differs from the one `was` recorded: by the
+/// layout of their encodings when both are known (so a key type moved or
+/// renamed is the same), else by name.
+fn key_difference(was: &OperatorEntry, node: &Node) -> Option<String> {
+    use crate::codec::schema::{Schema, Shape};
+    let now = key_schema(node);
+    match (&was.key_schema, now) {
+        (Some(a), Some(b)) if !matches!(a, Shape::Opaque(_)) && !matches!(b, Shape::Opaque(_)) => {
+            Schema { shape: a.clone() }.first_difference(&Schema { shape: b })
+        }
+        _ => (was.key_type != key_type(node)).then(|| "another type".to_string()),
+    }
 }
 
 /// After the job is built (each operator has read its state): a state of

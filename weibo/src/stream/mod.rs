@@ -969,7 +969,11 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
             inputs: vec![Input {
                 from: self.upstream.node,
                 port: self.upstream.port,
-                kind: EdgeKind::Hash { key_type: std::any::type_name::<K>(), codec: T::codec_id() },
+                kind: EdgeKind::Hash {
+                    key_type: std::any::type_name::<K>(),
+                    key_schema: K::key_schema,
+                    codec: T::codec_id(),
+                },
             }],
             outputs,
             op: Op::Keyed { parallelism: self.partitions, router, factory },
