@@ -363,13 +363,45 @@ pub(crate) fn read_state_file_parts(
     name: &str,
     f: &mut dyn FnMut(StateFile) -> Result<()>,
 ) -> Result<()> {
+    walk_state_file(storage, name, Some(f))
+}
+
+/// Checks state file `name` as [`read_state_file_parts`] reads it (header,
+/// length, checksum, every frame's archive and offsets), without copying
+/// its entries out: what a restore does to every file before it reads any.
+pub(crate) fn check_state_file(storage: &dyn CheckpointStorage, name: &str) -> Result<()> {
+    walk_state_file(storage, name, None)
+}
+
+/// Whether a part's offsets are consistent, as [`archived_part_as_file`]
+/// requires, without copying its entries.
+fn archived_part_is_consistent(part: &ArchivedSnapshotFrame) -> bool {
+    let n = part.groups.len();
+    if part.key_ends.len() != n || part.value_ends.len() != n || part.removed_ends.len() != part.removed_groups.len() {
+        return false;
+    }
+    let fits = |bytes: &[u8], ends: &rkyv::vec::ArchivedVec<rkyv::rend::u32_le>| {
+        ends.last().map_or(0, |e| e.to_native() as usize) == bytes.len()
+            && slices(bytes, ends.iter().map(|e| e.to_native())).all(|s| s.is_some())
+    };
+    fits(&part.keys, &part.key_ends) && fits(&part.values, &part.value_ends) && fits(&part.removed, &part.removed_ends)
+}
+
+/// Reads state file `name` frame by frame: passes each part to `f`, or,
+/// without `f`, only checks it.
+fn walk_state_file(
+    storage: &dyn CheckpointStorage,
+    name: &str,
+    mut f: Option<&mut dyn FnMut(StateFile) -> Result<()>>,
+) -> Result<()> {
     use std::io::Read;
     let path = storage.locate(name);
     let (version, mut left, mut input) = open_checked(storage, name)?;
     if version == 1 {
         let mut payload = Vec::new();
         input.read_to_end(&mut payload).map_err(io("cannot read checkpoint file", path.clone()))?;
-        return f(read_archive(&path, &mut payload.as_slice(), payload.len() as u64, "the state")?);
+        let file = read_archive(&path, &mut payload.as_slice(), payload.len() as u64, "the state")?;
+        return f.map_or(Ok(()), |f| f(file));
     }
     let mut index = 0usize;
     loop {
@@ -388,11 +420,24 @@ pub(crate) fn read_state_file_parts(
         }
         left -= len;
         let what = format!("frame {index}");
-        f(if version >= 3 && index > 0 {
-            read_part_archive(&path, &mut input, len, &what)?
-        } else {
-            read_archive(&path, &mut input, len, &what)?
-        })?;
+        match f.as_mut() {
+            Some(f) => f(if version >= 3 && index > 0 {
+                read_part_archive(&path, &mut input, len, &what)?
+            } else {
+                read_archive(&path, &mut input, len, &what)?
+            })?,
+            None if version >= 3 && index > 0 => {
+                let aligned = read_aligned(&path, &mut input, len, &what)?;
+                let part = rkyv::access::<ArchivedSnapshotFrame, rkyv::rancor::Error>(&aligned)
+                    .map_err(|e| bad_caused(&path, format!("{what} does not validate"), e))?;
+                if !archived_part_is_consistent(part) {
+                    return Err(bad(&path, format!("{what} does not validate: its entries' offsets are inconsistent")));
+                }
+            }
+            None => {
+                read_archive(&path, &mut input, len, &what)?;
+            }
+        }
         index += 1;
     }
 }

@@ -273,6 +273,40 @@ mod tests {
         assert!(missing.contains("missing.state"), "{missing}");
     }
 
+    #[test]
+    fn a_frame_whose_offsets_run_past_its_bytes_is_refused_by_the_check_and_the_reader() {
+        let storage = MemoryStorage::new();
+        let name = "shared/bad-0-value.state";
+        let meta = StateFile { groups: Vec::new(), removed: Vec::new(), ..sample() };
+        for (keys, key_ends) in
+            [(b"abc".to_vec(), vec![2u32]), (b"ab".to_vec(), vec![3u32]), (b"ab".to_vec(), vec![2, 1])]
+        {
+            let frame = SnapshotFrame {
+                groups: vec![1; key_ends.len()],
+                value_ends: vec![0; key_ends.len()],
+                key_ends,
+                keys,
+                ..SnapshotFrame::default()
+            };
+            let mut writer = StateFileWriter::create(&storage, name, &meta).unwrap();
+            writer.part(&frame).unwrap();
+            writer.finish().unwrap();
+            let checked = check_state_file(&storage, name).unwrap_err().to_string();
+            assert!(checked.contains("offsets are inconsistent"), "{checked}");
+            let read = read_state_file(&storage, name).unwrap_err().to_string();
+            assert!(read.contains("offsets are inconsistent"), "{read}");
+            storage.delete(name).unwrap();
+        }
+        let mut writer = StateFileWriter::create(&storage, name, &meta).unwrap();
+        let mut frame = SnapshotFrame::default();
+        frame.keys.extend_from_slice(b"k");
+        frame.values.extend_from_slice(b"v");
+        frame.end_entry(3).unwrap();
+        writer.part(&frame).unwrap();
+        writer.finish().unwrap();
+        check_state_file(&storage, name).unwrap();
+    }
+
     /// `file`'s entries and removed keys as one part.
     fn part_of(file: &StateFile) -> SnapshotFrame {
         let mut part = SnapshotFrame::default();

@@ -187,7 +187,7 @@ impl Restore {
             if name.starts_with("..") || s.file.starts_with('/') {
                 return Err(bad(&located, format!("its state file `{}` lies outside the checkpoint storage", s.file)));
             }
-            read_state_file_parts(&**storage, &name, &mut |_| Ok(()))?;
+            check_state_file(&**storage, &name)?;
         }
         let mut states: BTreeMap<String, Vec<StateFileEntry>> = BTreeMap::new();
         for s in manifest.states {
