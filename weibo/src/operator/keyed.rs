@@ -179,6 +179,8 @@ where
     fn on_batch(&mut self, batch: &mut RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
         take_records(&self.info, batch, &mut self.records)?;
+        // The batch's keys looked up first, so that their misses overlap.
+        self.state.prefetch(self.records.iter().zip(batch.iter()).map(|((k, _), r)| (r.group, k)));
         let (init, f, output) = (&*self.init, &*self.f, &*self.output);
         for ((key, v), r) in self.records.drain(..).zip(batch.iter()) {
             let out = self.state.update(r.group, key.clone(), r.key, |slot| {
@@ -489,6 +491,7 @@ where
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
         let mut records = std::mem::take(&mut self.records);
         take_records(&self.info, batch, &mut records)?;
+        self.state.prefetch(records.iter().zip(batch.iter()).map(|((k, _), r)| (r.group, k)));
         for ((key, v), r) in records.drain(..).zip(batch.iter()) {
             if let Some(wm) = time.observe(&r.meta) {
                 self.advance(wm)?;
