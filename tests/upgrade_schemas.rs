@@ -129,9 +129,11 @@ fn a_state_type_with_an_added_field_restores_through_its_migration() {
         .with_max_key_groups(16)
         .restore_from(&savepoint)
         .with_state_migration(|old: v1::Stats| v2::Stats { n: old.n, sum: old.sum, max: 0 });
+    // On two partitions: each migrates its key groups; one line reports both.
     job.source(Generator::new(EVENTS, event))
         .uid("events")
         .key_by(|e: &(u64, u64)| e.0)
+        .with_partitions(2)
         .fold(
             || v2::Stats { n: 0, sum: 0, max: 0 },
             |s, e| {

@@ -106,6 +106,15 @@ impl crate::state::RestoreSource for OperatorRestore<'_> {
             .insert((id.to_string(), state.to_string()));
         let files = restore.chain(id, state, groups)?;
         let recorded: std::collections::BTreeSet<&str> = files.iter().filter_map(|f| f.schema.as_deref()).collect();
+        // One layout per state: a migration converts every entry.
+        let layouts: Vec<&crate::codec::schema::Schema> =
+            recorded.iter().filter_map(|id| restore.schemas.get(*id)).collect();
+        if layouts.windows(2).any(|pair| matches!(pair, [a, b] if a.first_difference(b).is_some())) {
+            return Err(bad(
+                &restore.location(),
+                format!("the files of state `{state}` of operator `{id}` were written with different layouts"),
+            ));
+        }
         let mut migration = None;
         for schema in &recorded {
             let Some(was) = restore.schemas.get(*schema) else {

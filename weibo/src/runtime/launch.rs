@@ -118,7 +118,12 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
     let migrated = match &restore {
         Some(r) => {
             super::matching::check_all_read(graph, r, config.allow_unrestored_state)?;
-            r.migrated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+            // One line per state, its instances' entries summed.
+            let mut by_state: std::collections::BTreeMap<(String, String), u64> = std::collections::BTreeMap::new();
+            for (operator, state, n) in r.migrated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
+                *by_state.entry((operator.clone(), state.clone())).or_default() += n;
+            }
+            by_state.into_iter().map(|((operator, state), n)| (operator, state, n)).collect()
         }
         None => Vec::new(),
     };
