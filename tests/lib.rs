@@ -17,3 +17,19 @@ pub struct Event {
     /// Its index in the input.
     pub seq: u32,
 }
+
+/// Runs `job` for `after`, takes savepoint `v1` of it and stops it: the
+/// first version of an upgrade, stopped in the middle of its input.
+///
+/// # Panics
+/// When the job does not start or the savepoint fails (a test's failure).
+#[allow(clippy::unwrap_used)]
+pub fn savepoint_midway(job: weibo::Job, after: std::time::Duration) -> std::path::PathBuf {
+    weibo::testing::block_on(async {
+        let handle = job.spawn().unwrap();
+        tokio::time::sleep(after).await;
+        let savepoint = handle.savepoint("v1").await.unwrap();
+        handle.abort();
+        savepoint
+    })
+}

@@ -224,13 +224,7 @@ fn version_1(run: &Run) -> (PathBuf, Emitted) {
     let v1 = Version { partitions: 2, ..Version::default() };
     let out = Outputs::new();
     let job = pipeline(&run.dir("checkpoints"), &run.dir("archive"), v1, Some(5_000.0), &out);
-    let savepoint = weibo::testing::block_on(async {
-        let handle = job.spawn().unwrap();
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let savepoint = handle.savepoint("v1").await.unwrap();
-        handle.abort();
-        savepoint
-    });
+    let savepoint = weibo_tests::savepoint_midway(job, Duration::from_millis(500));
     let emitted = Emitted::of(&out);
     assert!(!emitted.sums.is_empty() && emitted.sums.len() < EVENTS as usize, "stopped in the middle");
     (savepoint, emitted)
@@ -326,13 +320,7 @@ fn operators_without_uids_lose_their_state_when_renamed() {
     let out = Outputs::new();
     let v1 = Version { no_uids: true, partitions: 2, ..Version::default() };
     let job = pipeline(&run.dir("checkpoints"), &run.dir("archive"), v1, Some(5_000.0), &out);
-    let savepoint = weibo::testing::block_on(async {
-        let handle = job.spawn().unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let savepoint = handle.savepoint("v1").await.unwrap();
-        handle.abort();
-        savepoint
-    });
+    let savepoint = weibo_tests::savepoint_midway(job, Duration::from_millis(300));
     let err = version_2(&run, &savepoint, Version { renamed: true, ..v1 }, false).err().expect("refused").to_string();
     for id in ["sums", "per-second", "sessions", "timeouts", "events", "archive"] {
         assert!(err.contains(&format!("`{id}`")), "{id} in {err}");

@@ -88,13 +88,7 @@ fn version_1(dir: &Path) -> std::path::PathBuf {
         .uid("stats")
         .map(|(k, s): (u64, v1::Stats)| (k, s.n, s.sum))
         .sink(CollectSink::new());
-    weibo::testing::block_on(async {
-        let handle = job.spawn().unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let savepoint = handle.savepoint("v1").await.unwrap();
-        handle.abort();
-        savepoint
-    })
+    weibo_tests::savepoint_midway(job, Duration::from_millis(300))
 }
 
 /// The final (n, sum) per key over the whole input.
@@ -465,13 +459,7 @@ where
 fn a_key_type_is_matched_by_its_layout_not_its_name() {
     let dir = tempfile::tempdir().unwrap();
     let (job, _) = counts_job(&dir.path().join("v1"), |k| keys_v1::Device { id: k }, None);
-    let savepoint = weibo::testing::block_on(async {
-        let handle = job.spawn().unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let savepoint = handle.savepoint("v1").await.unwrap();
-        handle.abort();
-        savepoint
-    });
+    let savepoint = weibo_tests::savepoint_midway(job, Duration::from_millis(300));
     // Moved and renamed, the same layout: restores, and the counts go on.
     let (job, out) = counts_job(&dir.path().join("v2"), |k| keys_moved::Sensor { id: k }, Some(&savepoint));
     weibo::testing::block_on(job.run()).unwrap();

@@ -4,7 +4,7 @@
 //! decoded by the schema the checkpoint recorded. What
 //! `weibo savepoint inspect` prints.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -123,7 +123,7 @@ impl Inspection {
                 let mut key_groups: Vec<(u16, u16)> = of.iter().map(|f| f.key_groups).collect();
                 key_groups.sort_unstable();
                 key_groups.dedup();
-                let live = live_entries(&restore, id, state, &all)?;
+                let live = restore.entries(id, state, CodecCheck::any(), &all)?;
                 op.states.push(StateInspection {
                     name: state.to_string(),
                     codec: of.iter().find_map(|f| f.codec.clone()),
@@ -131,7 +131,7 @@ impl Inspection {
                     key_groups,
                     files: of.len(),
                     entries: live.len() as u64,
-                    bytes: live.iter().map(|((_, k), v)| (k.len() + v.len()) as u64).sum(),
+                    bytes: live.iter().map(|(_, k, v)| (k.len() + v.len()) as u64).sum(),
                 });
             }
         }
@@ -165,6 +165,13 @@ impl Opened {
         &self.restore
     }
 
+    /// The encoded value of encoded key `key` (of key group `group`) in
+    /// `operator`'s `state`, if any.
+    pub(crate) fn value(&self, operator: &str, state: &str, group: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let entries = self.restore.entries(operator, state, CodecCheck::any(), &(group..group + 1))?;
+        Ok(entries.into_iter().find(|(_, k, _)| k == key).map(|(_, _, v)| v))
+    }
+
     /// The entry of encoded key `key` in `operator`'s `state`, if any,
     /// decoded by the state's recorded schema.
     ///
@@ -178,8 +185,7 @@ impl Opened {
         key: &[u8],
     ) -> Result<Option<KeyState>> {
         let group = crate::codec::key::key_group(key, inspection.max_key_groups);
-        let live = live_entries(&self.restore, operator, state, &(group..group + 1))?;
-        let Some(value) = live.get(&(group, key.to_vec())) else { return Ok(None) };
+        let Some(value) = self.value(operator, state, group, key)? else { return Ok(None) };
         let shape = inspection
             .operators
             .iter()
@@ -187,31 +193,12 @@ impl Opened {
             .and_then(|o| o.states.iter().find(|s| s.name == state))
             .and_then(|s| s.schema.as_ref())
             .map(|s| &s.shape);
-        let value = match shape.map(|s| decode_postcard(s, value)) {
+        let value = match shape.map(|s| decode_postcard(s, &value)) {
             Some(Ok(v)) => v,
-            _ => serde_json::Value::String(hex(value)),
+            _ => serde_json::Value::String(hex(&value)),
         };
         Ok(Some(KeyState { operator: operator.into(), state: state.into(), key_group: group, key: hex(key), value }))
     }
-}
-
-/// Entries by (key group, encoded key): their encoded values.
-type LiveEntries = HashMap<(u16, Vec<u8>), Vec<u8>>;
-
-/// The live entries of a state in key groups `groups`: each file of its
-/// chains applied in order.
-fn live_entries(restore: &Restore, operator: &str, state: &str, groups: &std::ops::Range<u16>) -> Result<LiveEntries> {
-    let mut live = HashMap::new();
-    restore.load_entries_of(operator, state, CodecCheck::any(), groups, &mut |entries, removed| {
-        for (group, key) in removed {
-            live.remove(&(group, key));
-        }
-        for (group, key, value) in entries {
-            live.insert((group, key), value);
-        }
-        Ok(())
-    })?;
-    Ok(live)
 }
 
 /// Parses `text` as a key of type `key_type` (as checkpoints name types)

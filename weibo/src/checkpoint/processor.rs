@@ -94,8 +94,8 @@ impl SavepointReader {
         Ok(())
     }
 
-    /// Every entry of `operator`'s value state `state`, as `(K, V)`s, in key
-    /// order within each key group.
+    /// Every entry of `operator`'s value state `state`, as `(K, V)`s, by
+    /// key group (within one, in no particular order).
     ///
     /// # Errors
     /// [`Error::Checkpoint`] when the state is not there or its recorded
@@ -103,19 +103,10 @@ impl SavepointReader {
     /// entry does not decode.
     pub fn entries<K: Key, V: Data>(&self, operator: &str, state: &str) -> Result<Vec<(K, V)>> {
         self.check::<V>(operator, state)?;
-        let mut live: BTreeMap<(u16, Vec<u8>), Vec<u8>> = BTreeMap::new();
         let all = 0..self.manifest.max_key_groups;
-        self.opened.restore().load_entries_of(operator, state, CodecCheck::any(), &all, &mut |entries, removed| {
-            for (group, key) in removed {
-                live.remove(&(group, key));
-            }
-            for (group, key, value) in entries {
-                live.insert((group, key), value);
-            }
-            Ok(())
-        })?;
+        let live = self.opened.restore().entries(operator, state, CodecCheck::any(), &all)?;
         live.into_iter()
-            .map(|((_, key), value)| {
+            .map(|(_, key, value)| {
                 let k = crate::codec::key::decode::<K>(&key).map_err(|e| Error::State {
                     operator: operator.to_string(),
                     message: "a key in the savepoint does not decode".into(),
@@ -135,24 +126,7 @@ impl SavepointReader {
         self.check::<V>(operator, state)?;
         let encoded = crate::codec::key::encode(key);
         let group = crate::codec::key::key_group(&encoded, self.manifest.max_key_groups);
-        let mut found = None;
-        self.opened.restore().load_entries_of(
-            operator,
-            state,
-            CodecCheck::any(),
-            &(group..group + 1),
-            &mut |entries, removed| {
-                if removed.iter().any(|(_, k)| *k == encoded) {
-                    found = None;
-                }
-                for (_, k, v) in entries {
-                    if k == encoded {
-                        found = Some(v);
-                    }
-                }
-                Ok(())
-            },
-        )?;
+        let found = self.opened.value(operator, state, group, &encoded)?;
         found
             .map(|v| V::decode(&v).map_err(|source| Error::Codec { operator: operator.to_string(), source }))
             .transpose()

@@ -154,8 +154,11 @@ impl crate::state::RestoreSource for OperatorRestore<'_> {
         restore.load_entries_of(id, state, check, groups, &mut |entries, removed| {
             let mut converted = Vec::with_capacity(entries.len());
             for (group, key, value) in entries {
-                let value = (m.convert)(&value)
-                    .map_err(|e| bad_caused(&location, format!("an entry of `{id}`/{state} does not migrate"), e))?;
+                let value = (m.convert)(&value).map_err(|e| {
+                    let key = crate::codec::schema::hex(&key);
+                    let what = format!("the entry of key {key} (key group {group}) of `{id}`/{state} does not migrate");
+                    bad_caused(&location, what, e)
+                })?;
                 converted.push((group, key, value));
             }
             migrated += converted.len() as u64;

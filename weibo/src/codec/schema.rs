@@ -101,7 +101,17 @@ impl Schema {
         if let Some(s) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&id) {
             return s.clone();
         }
-        let shape = trace::<T>().unwrap_or_else(|_| Shape::Opaque(std::any::type_name::<T>().to_string()));
+        let shape = trace::<T>().unwrap_or_else(|e| {
+            // Said once per type: its state is then matched by the type's
+            // name on restore, and a changed layout under that name is
+            // not detected.
+            tracing::warn!(
+                r#type = std::any::type_name::<T>(),
+                reason = %e,
+                "cannot trace the type's layout for state schemas: it is recorded by its name"
+            );
+            Shape::Opaque(std::any::type_name::<T>().to_string())
+        });
         let schema = Arc::new(Schema { shape });
         cache.lock().unwrap_or_else(PoisonError::into_inner).insert(id, schema.clone());
         schema

@@ -102,6 +102,11 @@ pub(crate) struct Node {
     /// node's kind: a generated name changes when a node of the same kind
     /// is added before it.
     pub(crate) named: bool,
+    /// Whether a checkpoint records state under the node's id: a keyed
+    /// operator's (not a plain repartition's), or an exactly-once sink's
+    /// pending commits. Sources' positions are filed by id too, but their
+    /// default names come from what they read.
+    pub(crate) stateful: bool,
     pub(crate) detail: String,
     pub(crate) inputs: Vec<Input>,
     pub(crate) outputs: Vec<Port>,
@@ -114,18 +119,6 @@ impl Node {
     /// id, and a restore matches them to the job's nodes by id.
     pub(crate) fn id(&self) -> &str {
         self.uid.as_deref().unwrap_or(&self.name)
-    }
-
-    /// Whether the node keeps state a checkpoint records under its id: a
-    /// keyed operator other than a plain repartition, or an exactly-once
-    /// sink (its pending commits). Sources' positions are filed by id
-    /// too, but their default names come from what they read.
-    pub(crate) fn is_stateful(&self) -> bool {
-        match self.op {
-            Op::Keyed { .. } => self.kind != "partition",
-            Op::Chain(_) => self.kind == "sink" && self.detail == EXACTLY_ONCE,
-            _ => false,
-        }
     }
 
     /// Whether the node runs in tasks of its own (a source partition, a
@@ -143,9 +136,6 @@ impl Node {
         }
     }
 }
-
-/// The detail of an exactly-once sink's node.
-pub(crate) const EXACTLY_ONCE: &str = "exactly once";
 
 /// The logical graph of a job.
 pub(crate) struct Graph {
@@ -236,7 +226,7 @@ impl Graph {
     pub(crate) fn warnings(&self) -> Vec<String> {
         self.nodes
             .iter()
-            .filter(|n| n.is_stateful() && n.uid.is_none() && !n.named)
+            .filter(|n| n.stateful && n.uid.is_none() && !n.named)
             .map(|n| {
                 format!(
                     "{} `{}` keeps state under a generated id: give it a stable one with `.uid(\"...\")` (or a name with \

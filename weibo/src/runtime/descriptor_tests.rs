@@ -141,7 +141,17 @@ fn json_port(must_consume: bool) -> Port {
 }
 
 fn node(kind: &'static str, name: &str, inputs: Vec<Input>, outputs: Vec<Port>, op: Op) -> Node {
-    Node { kind, name: name.into(), uid: None, named: true, detail: String::new(), inputs, outputs, op }
+    Node {
+        kind,
+        name: name.into(),
+        uid: None,
+        named: true,
+        stateful: matches!(op, Op::Keyed { .. }),
+        detail: String::new(),
+        inputs,
+        outputs,
+        op,
+    }
 }
 
 /// The graph a pipeline description would give: source → filter → hash by

@@ -31,7 +31,7 @@ pub(crate) fn operator_entries(graph: &Graph) -> Vec<OperatorEntry> {
     graph
         .nodes
         .iter()
-        .filter(|n| matches!(n.op, Op::Keyed { .. }) && n.is_stateful())
+        .filter(|n| matches!(n.op, Op::Keyed { .. }) && n.stateful)
         .map(|n| OperatorEntry {
             id: n.id().to_string(),
             kind: n.kind.to_string(),
@@ -105,7 +105,7 @@ pub(crate) fn check(graph: &Graph, restore: &Restore, allow_unrestored: bool) ->
             ));
         }
     }
-    for node in graph.nodes.iter().filter(|n| matches!(n.op, Op::Keyed { .. }) && n.is_stateful()) {
+    for node in graph.nodes.iter().filter(|n| matches!(n.op, Op::Keyed { .. }) && n.stateful) {
         if !restore.states.contains_key(node.id()) {
             tracing::info!(job = %graph.name, operator = node.id(), "not in the checkpoint: starts with empty state");
         }
@@ -143,7 +143,7 @@ pub(crate) fn check(graph: &Graph, restore: &Restore, allow_unrestored: bool) ->
     let sinks: BTreeSet<&str> = restore.commits.iter().map(|c| c.sink.as_str()).collect();
     for id in sinks {
         match nodes.get(id) {
-            Some(node) if node.is_stateful() && node.kind == "sink" => {}
+            Some(node) if node.stateful && node.kind == "sink" => {}
             Some(node) => incompatible.push(format!(
                 "`{id}` was an exactly-once sink with commits pending in the checkpoint, but is a {} in the job",
                 node.kind

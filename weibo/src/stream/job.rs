@@ -491,6 +491,7 @@ impl Job {
             name,
             uid: None,
             named: false,
+            stateful: false,
             detail,
             inputs: Vec::new(),
             outputs: vec![port::<S::Item>("output", true)],
