@@ -337,40 +337,86 @@ pub(super) fn read_archive(path: &Path, input: &mut impl std::io::Read, len: u64
         .map_err(|e| bad_caused(path, format!("{what} does not validate"), e))
 }
 
-/// Reads `len` bytes into an aligned buffer and validates them as a
-/// [`SnapshotFrame`] archive with consistent offsets; returns its entries by
-/// key group.
-pub(super) fn read_part_archive(
-    path: &Path,
-    input: &mut impl std::io::Read,
-    len: u64,
-    what: &str,
-) -> Result<StateFile> {
-    let aligned = read_aligned(path, input, len, what)?;
-    let part = rkyv::access::<ArchivedSnapshotFrame, rkyv::rancor::Error>(&aligned)
-        .map_err(|e| bad_caused(path, format!("{what} does not validate"), e))?;
-    archived_part_as_file(part)
-        .ok_or_else(|| bad(path, format!("{what} does not validate: its entries' offsets are inconsistent")))
+/// A frame of a state file, as [`walk_state_file`] passes it on.
+pub(crate) enum Frame<'a> {
+    /// A frame holding a [`StateFile`]: the first (naming the state and
+    /// codec) and, in versions 1 and 2, every frame.
+    File(StateFile),
+    /// A frame of entries (versions 3 and 4), validated and with its
+    /// offsets checked, read in place from its aligned buffer.
+    Part(&'a ArchivedSnapshotFrame),
+}
+
+impl<'a> Frame<'a> {
+    /// The frame's entries and removed keys in key groups `groups`,
+    /// borrowed (a part's offsets were checked when it was read).
+    pub(crate) fn entries_in(
+        &'a self,
+        groups: &std::ops::Range<u16>,
+    ) -> (Vec<crate::state::EntryRef<'a>>, Vec<crate::state::RemovedRef<'a>>) {
+        match self {
+            Frame::File(file) => (
+                file.groups
+                    .iter()
+                    .filter(|g| groups.contains(&g.group))
+                    .flat_map(|g| g.entries.iter().map(move |(k, v)| (g.group, k.as_slice(), v.as_slice())))
+                    .collect(),
+                file.removed
+                    .iter()
+                    .filter(|r| groups.contains(&r.group))
+                    .flat_map(|r| r.keys.iter().map(move |k| (r.group, k.as_slice())))
+                    .collect(),
+            ),
+            Frame::Part(part) => {
+                let keys = slices(&part.keys, part.key_ends.iter().map(|e| e.to_native()));
+                let values = slices(&part.values, part.value_ends.iter().map(|e| e.to_native()));
+                let entries = part
+                    .groups
+                    .iter()
+                    .map(|g| g.to_native())
+                    .zip(keys.zip(values))
+                    .filter(|(g, _)| groups.contains(g))
+                    .filter_map(|(g, (k, v))| Some((g, k?, v?)))
+                    .collect();
+                let removed = part
+                    .removed_groups
+                    .iter()
+                    .map(|g| g.to_native())
+                    .zip(slices(&part.removed, part.removed_ends.iter().map(|e| e.to_native())))
+                    .filter(|(g, _)| groups.contains(g))
+                    .filter_map(|(g, k)| Some((g, k?)))
+                    .collect();
+                (entries, removed)
+            }
+        }
+    }
 }
 
 /// Checks state file `name` (header, length, checksum), then passes its
 /// parts to `f` one at a time: first the part naming the state and codec,
 /// then the parts holding entries (a version-1 file is one part holding
 /// both; the entries of version 3's and 4's frames come grouped by key
-/// group, in their order).
+/// group, in their order). Copies every entry out: restores read
+/// [`Frame`]s in place through [`walk_state_file`].
 pub(crate) fn read_state_file_parts(
     storage: &dyn CheckpointStorage,
     name: &str,
     f: &mut dyn FnMut(StateFile) -> Result<()>,
 ) -> Result<()> {
-    walk_state_file(storage, name, Some(f))
+    let path = storage.locate(name);
+    walk_state_file(storage, name, &mut |frame| match frame {
+        Frame::File(file) => f(file),
+        Frame::Part(part) => f(archived_part_as_file(part).ok_or_else(|| {
+            bad(&path, "a frame does not validate: its entries' offsets are inconsistent".into())
+        })?),
+    })
 }
 
-/// Checks state file `name` as [`read_state_file_parts`] reads it (header,
+/// Checks state file `name` as [`walk_state_file`] reads it (header,
 /// length, checksum, every frame's archive and offsets), without copying
 /// its entries out: what a restore does to every file before it reads any.
 pub(crate) fn check_state_file(storage: &dyn CheckpointStorage, name: &str) -> Result<()> {
-    walk_state_file(storage, name, None)
+    walk_state_file(storage, name, &mut |_| Ok(()))
 }
 
 /// Whether a part's offsets are consistent, as [`archived_part_as_file`]
@@ -387,12 +433,13 @@ fn archived_part_is_consistent(part: &ArchivedSnapshotFrame) -> bool {
     fits(&part.keys, &part.key_ends) && fits(&part.values, &part.value_ends) && fits(&part.removed, &part.removed_ends)
 }
 
-/// Reads state file `name` frame by frame: passes each part to `f`, or,
-/// without `f`, only checks it.
-fn walk_state_file(
+/// Reads state file `name` frame by frame, each into one aligned buffer,
+/// validated once and then passed to `f` in place: the file is checked
+/// (head, length, checksum) before its first frame is passed on.
+pub(crate) fn walk_state_file(
     storage: &dyn CheckpointStorage,
     name: &str,
-    mut f: Option<&mut dyn FnMut(StateFile) -> Result<()>>,
+    f: &mut dyn FnMut(Frame<'_>) -> Result<()>,
 ) -> Result<()> {
     use std::io::Read;
     let path = storage.locate(name);
@@ -401,7 +448,7 @@ fn walk_state_file(
         let mut payload = Vec::new();
         input.read_to_end(&mut payload).map_err(io("cannot read checkpoint file", path.clone()))?;
         let file = read_archive(&path, &mut payload.as_slice(), payload.len() as u64, "the state")?;
-        return f.map_or(Ok(()), |f| f(file));
+        return f(Frame::File(file));
     }
     let mut index = 0usize;
     loop {
@@ -420,23 +467,16 @@ fn walk_state_file(
         }
         left -= len;
         let what = format!("frame {index}");
-        match f.as_mut() {
-            Some(f) => f(if version >= 3 && index > 0 {
-                read_part_archive(&path, &mut input, len, &what)?
-            } else {
-                read_archive(&path, &mut input, len, &what)?
-            })?,
-            None if version >= 3 && index > 0 => {
-                let aligned = read_aligned(&path, &mut input, len, &what)?;
-                let part = rkyv::access::<ArchivedSnapshotFrame, rkyv::rancor::Error>(&aligned)
-                    .map_err(|e| bad_caused(&path, format!("{what} does not validate"), e))?;
-                if !archived_part_is_consistent(part) {
-                    return Err(bad(&path, format!("{what} does not validate: its entries' offsets are inconsistent")));
-                }
+        if version >= 3 && index > 0 {
+            let aligned = read_aligned(&path, &mut input, len, &what)?;
+            let part = rkyv::access::<ArchivedSnapshotFrame, rkyv::rancor::Error>(&aligned)
+                .map_err(|e| bad_caused(&path, format!("{what} does not validate"), e))?;
+            if !archived_part_is_consistent(part) {
+                return Err(bad(&path, format!("{what} does not validate: its entries' offsets are inconsistent")));
             }
-            None => {
-                read_archive(&path, &mut input, len, &what)?;
-            }
+            f(Frame::Part(part))?;
+        } else {
+            f(Frame::File(read_archive(&path, &mut input, len, &what)?))?;
         }
         index += 1;
     }

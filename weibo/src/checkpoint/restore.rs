@@ -96,7 +96,7 @@ impl crate::state::RestoreSource for OperatorRestore<'_> {
         state: &str,
         ty: &crate::state::StateType,
         groups: &std::ops::Range<u16>,
-        f: &mut dyn FnMut(crate::state::Entries, crate::state::RemovedKeys) -> Result<()>,
+        f: &mut crate::state::LoadPart<'_>,
     ) -> Result<()> {
         let (id, restore) = (self.id, self.restore);
         restore
@@ -152,17 +152,18 @@ impl crate::state::RestoreSource for OperatorRestore<'_> {
         let mut migrated = 0u64;
         let location = restore.location();
         restore.load_entries_of(id, state, check, groups, &mut |entries, removed| {
-            let mut converted = Vec::with_capacity(entries.len());
-            for (group, key, value) in entries {
-                let value = (m.convert)(&value).map_err(|e| {
-                    let key = crate::codec::schema::hex(&key);
+            let mut values = Vec::with_capacity(entries.len());
+            for (group, key, value) in entries.iter() {
+                values.push((m.convert)(value).map_err(|e| {
+                    let key = crate::codec::schema::hex(key);
                     let what = format!("the entry of key {key} (key group {group}) of `{id}`/{state} does not migrate");
                     bad_caused(&location, what, e)
-                })?;
-                converted.push((group, key, value));
+                })?);
             }
+            let mut converted: Vec<crate::state::EntryRef<'_>> =
+                entries.iter().zip(&values).map(|((g, k, _), v)| (*g, *k, v.as_slice())).collect();
             migrated += converted.len() as u64;
-            f(converted, removed)
+            f(&mut converted, removed)
         })?;
         tracing::info!(operator = id, state, entries = migrated, from = %m.from.codec, to = %m.to.codec,
             "migrated state to the job's layout");
@@ -295,52 +296,45 @@ impl Restore {
     /// Passes the entries of `operator`'s `state` in key groups `groups` to
     /// `f` a part at a time, as (entries to put, keys to remove first), so
     /// that the whole state is never in memory: each file of its chain in
-    /// checkpoint order, each base or delta part as written. Applying the
-    /// parts in order (removals, then puts) gives the state. Chains whose
-    /// bases overlap (none that this build writes) are merged in memory
-    /// and passed whole.
+    /// checkpoint order, each base or delta part as written, its bytes
+    /// borrowed from the frame read in place. Applying the parts in order
+    /// (removals, then puts) gives the state. Chains whose bases overlap
+    /// (none that this build writes) are merged in memory and passed whole.
     pub(crate) fn load_entries_of(
         &self,
         operator: &str,
         state: &str,
         check: CodecCheck<'_>,
         groups: &std::ops::Range<u16>,
-        f: &mut dyn FnMut(crate::state::Entries, crate::state::RemovedKeys) -> Result<()>,
+        f: &mut crate::state::LoadPart<'_>,
     ) -> Result<()> {
         let files = self.chain(operator, state, groups)?;
         let bases: Vec<(u16, u16)> = files.iter().filter(|s| s.base).map(|s| s.key_groups).collect();
         let overlapping =
             bases.iter().enumerate().any(|(i, a)| bases.iter().skip(i + 1).any(|b| a.0 < b.1 && b.0 < a.1));
         if overlapping {
-            return f(self.entries(operator, state, check, groups)?, Vec::new());
+            let merged = self.entries(operator, state, check, groups)?;
+            return f(&mut crate::state::entry_refs(&merged), &[]);
         }
         for s in files {
             let name = storage::join(&self.dir, &s.file);
             let path = self.storage.locate(&name);
             let mut first = true;
-            read_state_file_parts(&*self.storage, &name, &mut |part| {
-                if std::mem::take(&mut first) && !check.accepts(&part.codec) {
+            walk_state_file(&*self.storage, &name, &mut |frame| {
+                if std::mem::take(&mut first)
+                    && let Frame::File(file) = &frame
+                    && !check.accepts(&file.codec)
+                {
                     return Err(bad(
                         &path,
-                        format!("its values were written with codec {}, the job reads {}", part.codec, check.codec),
+                        format!("its values were written with codec {}, the job reads {}", file.codec, check.codec),
                     ));
                 }
-                let removed: crate::state::RemovedKeys = part
-                    .removed
-                    .into_iter()
-                    .filter(|r| groups.contains(&r.group))
-                    .flat_map(|r| r.keys.into_iter().map(move |k| (r.group, k)))
-                    .collect();
-                let entries: crate::state::Entries = part
-                    .groups
-                    .into_iter()
-                    .filter(|g| groups.contains(&g.group))
-                    .flat_map(|g| g.entries.into_iter().map(move |(k, v)| (g.group, k, v)))
-                    .collect();
+                let (mut entries, removed) = frame.entries_in(groups);
                 if entries.is_empty() && removed.is_empty() {
                     return Ok(());
                 }
-                f(entries, removed)
+                f(&mut entries, &removed)
             })?;
         }
         Ok(())

@@ -25,7 +25,7 @@ use hashbrown::hash_map::Entry;
 
 use super::spares::{Held, Holding, Shareable, Spares, Wanted};
 use super::{
-    ChangedKeys, Entries, OVERLAY_MIN, ObjectMap, Snapshot, SnapshotPart, SnapshotSink, StateTable, flush_part,
+    ChangedKeys, OVERLAY_MIN, ObjectMap, Snapshot, SnapshotPart, SnapshotSink, StateTable, flush_part,
     pass_if_full,
 };
 use crate::codec::Data;
@@ -481,13 +481,13 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     /// writing the cache back: `removed` first, then `entries`.
     pub(super) fn import(
         &mut self,
-        entries: &Entries,
-        removed: super::RemovedKeys,
+        entries: &[super::EntryRef<'_>],
+        removed: &[super::RemovedRef<'_>],
         tracking: Tracking<'_>,
     ) -> Result<()> {
         self.write_back_all(tracking)?;
         if !removed.is_empty() {
-            self.table.apply(removed.into_iter().map(|(g, k)| (g, k, None)).collect())?;
+            self.table.apply(removed.iter().map(|(g, k)| (*g, k.to_vec(), None)).collect())?;
         }
         for (group, _, _) in entries {
             if let Some(flag) = group.checked_sub(self.first).and_then(|i| self.in_table.get_mut(usize::from(i))) {

@@ -392,14 +392,14 @@ impl StateTable for FjallTable {
     }
 
     /// Writes in batches of 16,384 (one journal write each).
-    fn put_all(&mut self, entries: &[(u16, Vec<u8>, Vec<u8>)]) -> Result<()> {
+    fn put_all(&mut self, entries: &[super::EntryRef<'_>]) -> Result<()> {
         for chunk in entries.chunks(16_384) {
             let mut batch = self.db.batch();
             for (group, key, value) in chunk {
                 let mut k = Vec::with_capacity(2 + key.len());
                 k.extend_from_slice(&group.to_be_bytes());
                 k.extend_from_slice(key);
-                batch.insert(&self.keyspace, k, value.as_slice());
+                batch.insert(&self.keyspace, k, *value);
             }
             batch.commit().map_err(|e| state_error(&self.operator, "batch write", e))?;
         }

@@ -181,7 +181,7 @@ pub trait StateTable: Send {
     ///
     /// # Errors
     /// [`Error::State`] when the storage fails.
-    fn put_all(&mut self, entries: &[(u16, Vec<u8>, Vec<u8>)]) -> Result<()> {
+    fn put_all(&mut self, entries: &[EntryRef<'_>]) -> Result<()> {
         for (group, key, value) in entries {
             self.put(*group, key, value)?;
         }

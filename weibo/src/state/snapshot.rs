@@ -11,6 +11,27 @@ pub type Entries = Vec<(u16, Vec<u8>, Vec<u8>)>;
 /// Keys removed, by key group: (key group, encoded key).
 pub type RemovedKeys = Vec<(u16, Vec<u8>)>;
 
+/// An entry read from a checkpoint in place, its bytes borrowed from the
+/// frame that holds them: (key group, encoded key, encoded value).
+pub type EntryRef<'a> = (u16, &'a [u8], &'a [u8]);
+
+/// A removed key read from a checkpoint in place: (key group, encoded key).
+pub type RemovedRef<'a> = (u16, &'a [u8]);
+
+/// What a restore passes a part of a state to: (entries to put, keys to
+/// remove first), borrowed.
+pub(crate) type LoadPart<'f> = dyn FnMut(&mut [EntryRef<'_>], &[RemovedRef<'_>]) -> Result<()> + 'f;
+
+/// Borrows owned entries as [`EntryRef`]s.
+pub fn entry_refs(entries: &Entries) -> Vec<EntryRef<'_>> {
+    entries.iter().map(|(g, k, v)| (*g, k.as_slice(), v.as_slice())).collect()
+}
+
+/// Borrows owned removed keys as [`RemovedRef`]s.
+pub fn removed_refs(removed: &RemovedKeys) -> Vec<RemovedRef<'_>> {
+    removed.iter().map(|(g, k)| (*g, k.as_slice())).collect()
+}
+
 /// A part of the state exported for a checkpoint: entries (and, in a
 /// delta, removed keys), their bytes concatenated.
 #[derive(Debug, Default, Clone)]
@@ -306,7 +327,8 @@ pub(crate) trait RestoreSource: Sync {
     /// Passes the entries of `operator`'s `state` in key groups `groups` to
     /// `f` a part at a time, as (entries to put, keys to remove first):
     /// applying the parts in order (removals, then puts) gives the state.
-    /// `ty` is what the operator decodes; a state written with another
+    /// The bytes are borrowed from the checkpoint's frames, read in place:
+    /// `f` copies what it keeps. `ty` is what the operator decodes; a state written with another
     /// codec or schema is refused (or migrated, if the job can).
     fn load_entries(
         &self,
@@ -314,6 +336,6 @@ pub(crate) trait RestoreSource: Sync {
         state: &str,
         ty: &StateType,
         groups: &Range<u16>,
-        f: &mut dyn FnMut(Entries, RemovedKeys) -> Result<()>,
+        f: &mut LoadPart<'_>,
     ) -> Result<()>;
 }

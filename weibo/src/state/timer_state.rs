@@ -106,7 +106,7 @@ impl<K: Key> TimerState<K> {
     /// # Errors
     /// [`Error::State`] for entries that do not decode.
     pub fn import(&mut self, entries: Entries, operator: &str) -> Result<()> {
-        self.import_part(entries, Vec::new(), operator)
+        self.import_part(&entry_refs(&entries), &[], operator)
     }
 
     /// Loads a part of a checkpoint: deletes `removed`, then sets `entries`
@@ -114,16 +114,16 @@ impl<K: Key> TimerState<K> {
     ///
     /// # Errors
     /// As [`TimerState::import`].
-    pub fn import_part(&mut self, entries: Entries, removed: RemovedKeys, operator: &str) -> Result<()> {
+    pub fn import_part(&mut self, entries: &[EntryRef<'_>], removed: &[RemovedRef<'_>], operator: &str) -> Result<()> {
         if let Some(table) = &mut self.table {
             return table.import_part(entries, removed);
         }
-        for (group, key) in removed {
-            let (time, k) = crate::codec::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(operator, e))?;
+        for &(group, key) in removed {
+            let (time, k) = crate::codec::key::decode::<(Timestamp, K)>(key).map_err(|e| key_error(operator, e))?;
             self.delete(time, group, &k)?;
         }
-        for (group, key, _) in entries {
-            let (time, k) = crate::codec::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(operator, e))?;
+        for &(group, key, _) in entries {
+            let (time, k) = crate::codec::key::decode::<(Timestamp, K)>(key).map_err(|e| key_error(operator, e))?;
             self.register(time, group, &k)?;
         }
         Ok(())

@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use super::{DueTimers, Entries, RemovedKeys, Snapshot, StateBackend, StateScope, ValueState, key_error};
+use super::{DueTimers, EntryRef, RemovedRef, Snapshot, StateBackend, StateScope, ValueState, key_error};
 use crate::codec::key::Key;
 use crate::error::{Error, Result};
 use crate::record::Timestamp;
@@ -302,15 +302,15 @@ impl<K: Key> TableTimers<K> {
     }
 
     /// Deletes `removed`, then sets `entries` (keys: time ++ key).
-    pub(super) fn import_part(&mut self, entries: Entries, removed: RemovedKeys) -> Result<()> {
-        for (group, key) in removed {
+    pub(super) fn import_part(&mut self, entries: &[EntryRef<'_>], removed: &[RemovedRef<'_>]) -> Result<()> {
+        for &(group, key) in removed {
             let (time, k) =
-                crate::codec::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(&self.operator, e))?;
+                crate::codec::key::decode::<(Timestamp, K)>(key).map_err(|e| key_error(&self.operator, e))?;
             self.delete(time, group, &k)?;
         }
-        for (group, key, _) in entries {
+        for &(group, key, _) in entries {
             let (time, k) =
-                crate::codec::key::decode::<(Timestamp, K)>(&key).map_err(|e| key_error(&self.operator, e))?;
+                crate::codec::key::decode::<(Timestamp, K)>(key).map_err(|e| key_error(&self.operator, e))?;
             self.register(time, group, &k)?;
         }
         Ok(())

@@ -113,7 +113,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// # Errors
     /// [`Error::State`] or [`Error::Codec`] for entries that do not decode.
     pub fn import(&mut self, entries: Entries, operator: &str) -> Result<()> {
-        self.import_part(entries, Vec::new(), operator)
+        self.import_part(&entry_refs(&entries), &[], operator)
     }
 
     /// Loads a part of a checkpoint: removes `removed`, then sets `entries`
@@ -121,15 +121,15 @@ impl<K: Key, A: Data> WindowState<K, A> {
     ///
     /// # Errors
     /// As [`WindowState::import`].
-    pub fn import_part(&mut self, entries: Entries, removed: RemovedKeys, operator: &str) -> Result<()> {
-        for (group, key) in removed {
-            let (k, start) = crate::codec::key::decode::<(K, Timestamp)>(&key).map_err(|e| key_error(operator, e))?;
+    pub fn import_part(&mut self, entries: &[EntryRef<'_>], removed: &[RemovedRef<'_>], operator: &str) -> Result<()> {
+        for &(group, key) in removed {
+            let (k, start) = crate::codec::key::decode::<(K, Timestamp)>(key).map_err(|e| key_error(operator, e))?;
             let key_len = key.len().saturating_sub(8);
             self.update(start, group, k, key.get(..key_len).unwrap_or_default(), |slot| *slot = None)?;
         }
-        for (group, key, value) in entries {
-            let (k, start) = crate::codec::key::decode::<(K, Timestamp)>(&key).map_err(|e| key_error(operator, e))?;
-            let acc = A::decode(&value).map_err(|e| codec_error(operator, e))?;
+        for &(group, key, value) in entries {
+            let (k, start) = crate::codec::key::decode::<(K, Timestamp)>(key).map_err(|e| key_error(operator, e))?;
+            let acc = A::decode(value).map_err(|e| codec_error(operator, e))?;
             let key_len = key.len().saturating_sub(8);
             self.update(start, group, k, key.get(..key_len).unwrap_or_default(), |slot| *slot = Some(acc))?;
         }
