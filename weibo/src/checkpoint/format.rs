@@ -406,9 +406,8 @@ pub(crate) fn read_state_file_parts(
     let path = storage.locate(name);
     walk_state_file(storage, name, &mut |frame| match frame {
         Frame::File(file) => f(file),
-        Frame::Part(part) => f(archived_part_as_file(part).ok_or_else(|| {
-            bad(&path, "a frame does not validate: its entries' offsets are inconsistent".into())
-        })?),
+        Frame::Part(part) => f(archived_part_as_file(part)
+            .ok_or_else(|| bad(&path, "a frame does not validate: its entries' offsets are inconsistent".into()))?),
     })
 }
 

@@ -40,6 +40,8 @@ pub struct OperatorInspection {
     pub kind: Option<String>,
     /// Its key type, when the checkpoint says.
     pub key_type: Option<String>,
+    /// The version of its state the user declared (1 unless set).
+    pub state_version: u32,
     /// Its states.
     pub states: Vec<StateInspection>,
 }
@@ -103,6 +105,7 @@ impl Inspection {
                     id: o.id.clone(),
                     kind: Some(o.kind.clone()),
                     key_type: Some(o.key_type.clone()),
+                    state_version: o.state_version,
                     states: Vec::new(),
                 },
             );
@@ -116,6 +119,7 @@ impl Inspection {
                 id: id.clone(),
                 kind: None,
                 key_type: None,
+                state_version: 1,
                 states: Vec::new(),
             });
             for state in names {
@@ -249,6 +253,9 @@ impl std::fmt::Display for Inspection {
             }
             if let Some(key) = &o.key_type {
                 write!(f, ", keyed by {key}")?;
+            }
+            if o.state_version != 1 {
+                write!(f, ", state version {}", o.state_version)?;
             }
             writeln!(f)?;
             for s in &o.states {

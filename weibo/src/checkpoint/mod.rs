@@ -179,6 +179,18 @@ pub struct OperatorEntry {
     /// have none: their key types are compared by name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_schema: Option<crate::codec::schema::Shape>,
+    /// The version of its state the user declared (`.state_version(..)`;
+    /// 1 when the manifest records none).
+    #[serde(default = "first_state_version", skip_serializing_if = "is_first_state_version")]
+    pub state_version: u32,
+}
+
+fn first_state_version() -> u32 {
+    1
+}
+
+fn is_first_state_version(v: &u32) -> bool {
+    *v == 1
 }
 
 /// A sink transaction to commit with a checkpoint.

@@ -34,6 +34,8 @@ pub(crate) struct Restore {
 pub(crate) struct OperatorRestore<'a> {
     restore: &'a Restore,
     id: &'a str,
+    /// The version of the operator's state in the job (`Node::state_version`).
+    version: u32,
     /// Only check each state against what the operator reads: pass no
     /// entries.
     checking: bool,
@@ -43,6 +45,9 @@ pub(crate) struct OperatorRestore<'a> {
 /// current one (`Job::with_state_migration`).
 #[derive(Clone)]
 pub(crate) struct Migration {
+    /// The operator whose state it migrates (`None`: any operator's state
+    /// of its earlier layout).
+    pub(crate) operator: Option<String>,
     pub(crate) from: crate::state::StateType,
     pub(crate) to: crate::state::StateType,
     pub(crate) convert: Arc<Convert>,
@@ -54,7 +59,11 @@ pub(crate) type Convert = dyn Fn(&[u8]) -> std::result::Result<Vec<u8>, crate::c
 
 impl std::fmt::Debug for Migration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Migration({} -> {})", self.from.codec, self.to.codec)
+        write!(f, "Migration({} -> {}", self.from.codec, self.to.codec)?;
+        match &self.operator {
+            Some(op) => write!(f, " for `{op}`)"),
+            None => f.write_str(")"),
+        }
     }
 }
 
@@ -115,6 +124,20 @@ impl crate::state::RestoreSource for OperatorRestore<'_> {
                 format!("the files of state `{state}` of operator `{id}` were written with different layouts"),
             ));
         }
+        // The user's version of the state: a changed one migrates even an
+        // unchanged layout (its meaning changed).
+        let was_version = restore.operators.iter().find(|o| o.id == id).map_or(1, |o| o.state_version);
+        let bumped = ty.user && was_version != self.version;
+        if bumped && recorded.is_empty() && !files.is_empty() {
+            return Err(bad(
+                &restore.location(),
+                format!(
+                    "the state `{state}` of operator `{id}` is of version {was_version} in the checkpoint, the job \
+                     reads version {}, and the checkpoint records no layout to migrate it from",
+                    self.version
+                ),
+            ));
+        }
         let mut migration = None;
         for schema in &recorded {
             let Some(was) = restore.schemas.get(*schema) else {
@@ -125,18 +148,35 @@ impl crate::state::RestoreSource for OperatorRestore<'_> {
             };
             // Layouts, not names: a renamed type with the same fields
             // reads the same bytes.
-            let Some(difference) = was.first_difference(&ty.schema) else { continue };
+            let difference = was.first_difference(&ty.schema);
+            if difference.is_none() && !bumped {
+                continue;
+            }
             let same =
                 |a: &crate::codec::schema::Schema, b: &crate::codec::schema::Schema| a.first_difference(b).is_none();
-            match restore.migrations.iter().find(|m| same(&m.from.schema, was) && same(&m.to.schema, &ty.schema)) {
+            // One for this operator first, then one for any operator.
+            let found = |scope: Option<&str>| {
+                restore.migrations.iter().find(|m| {
+                    m.operator.as_deref() == scope && same(&m.from.schema, was) && same(&m.to.schema, &ty.schema)
+                })
+            };
+            match found(Some(id)).or_else(|| found(None)) {
                 Some(m) => migration = Some(m),
                 None => {
+                    let what = match difference {
+                        Some(difference) => format!("was written with another layout than the job reads: {difference}"),
+                        None => format!(
+                            "is of version {was_version} in the checkpoint and the job reads version {} (its layout \
+                             did not change, its meaning did)",
+                            self.version
+                        ),
+                    };
                     return Err(bad(
                         &restore.location(),
                         format!(
-                            "the state `{state}` of operator `{id}` was written with another layout than the job \
-                             reads: {difference}. Restore it through a migration from its earlier type \
-                             (`Job::with_state_migration`), or give the operator another id to start it empty"
+                            "the state `{state}` of operator `{id}` {what}. Restore it through a migration from its \
+                             earlier type (`Job::with_state_migration`, or `Job::with_state_migration_for` this \
+                             operator), or give the operator another id to start it empty"
                         ),
                     ));
                 }
@@ -223,8 +263,9 @@ impl Restore {
 
     /// The checkpoint as the operator with id `id` restores from it.
     /// `checking`: only check each state's schema, pass no entries.
-    pub(crate) fn for_operator<'a>(&'a self, id: &'a str, checking: bool) -> OperatorRestore<'a> {
-        OperatorRestore { restore: self, id, checking }
+    /// `version`: the version of its state in the job.
+    pub(crate) fn for_operator<'a>(&'a self, id: &'a str, version: u32, checking: bool) -> OperatorRestore<'a> {
+        OperatorRestore { restore: self, id, version, checking }
     }
 
     /// The newest complete checkpoint in `storage` under `dir` that loads,

@@ -9,8 +9,11 @@ impl fmt::Display for Graph {
         writeln!(f, "job `{}` ({} key groups, state: {})", self.name, self.max_key_groups, self.state)?;
         for (id, node) in self.nodes.iter().enumerate() {
             write!(f, "  #{id} {} `{}`", node.kind, node.name)?;
-            if let Some(uid) = &node.uid {
-                write!(f, " [id {uid}]")?;
+            match (&node.uid, node.state_version) {
+                (Some(uid), 1) => write!(f, " [id {uid}]")?,
+                (Some(uid), v) => write!(f, " [id {uid}, state version {v}]")?,
+                (None, 1) => {}
+                (None, v) => write!(f, " [state version {v}]")?,
             }
             if let Op::Keyed { parallelism, .. } = node.op {
                 write!(f, " x{parallelism}")?;

@@ -98,6 +98,11 @@ pub(crate) struct Node {
     /// The stable id set with `.uid(..)`: what checkpoints file the node's
     /// state, positions and commits under (see [`Node::id`]).
     pub(crate) uid: Option<String>,
+    /// The version of the layout and meaning of the node's state, as the
+    /// user declares it (`.state_version(..)`, 1 unless set): a restore
+    /// into another version migrates every user-defined state of the node
+    /// (or is refused), even when the layout did not change.
+    pub(crate) state_version: u32,
     /// Whether the name was given (`.name(..)`), not generated from the
     /// node's kind: a generated name changes when a node of the same kind
     /// is added before it.
@@ -215,6 +220,18 @@ impl Graph {
                 n.uid = Some(uid.to_string());
                 Ok(())
             }
+            None => Err(format!("no operator #{node}")),
+        }
+    }
+
+    /// Declares the version of a node's state (see [`Node::state_version`]).
+    pub(crate) fn set_state_version(&mut self, node: NodeId, version: u32) -> std::result::Result<(), String> {
+        match self.nodes.get_mut(node) {
+            Some(n) if n.stateful => {
+                n.state_version = version;
+                Ok(())
+            }
+            Some(n) => Err(format!("{} `{}` keeps no state: it has no state version to set", n.kind, n.id())),
             None => Err(format!("no operator #{node}")),
         }
     }

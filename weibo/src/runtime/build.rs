@@ -269,7 +269,7 @@ pub(crate) fn build(
                     let node = graph.node(*id)?;
                     let Op::Keyed { parallelism, .. } = node.op else { continue };
                     let groups = key_group_range(*instance, parallelism, graph.max_key_groups);
-                    op.restore(&r.for_operator(node.id(), checking), &groups)?;
+                    op.restore(&r.for_operator(node.id(), node.state_version, checking), &groups)?;
                 }
             }
         }

@@ -37,6 +37,7 @@ pub(crate) fn operator_entries(graph: &Graph) -> Vec<OperatorEntry> {
             kind: n.kind.to_string(),
             key_type: key_type(n),
             key_schema: key_schema(n),
+            state_version: n.state_version,
         })
         .collect()
 }
@@ -95,6 +96,12 @@ pub(crate) fn check(graph: &Graph, restore: &Restore, allow_unrestored: bool) ->
                 "operator `{id}` was a {} and is a {} now: one cannot take the other's state (give the new operator \
                  another id, and allow the old one's state to be dropped)",
                 was.kind, node.kind
+            ));
+        } else if was.state_version > node.state_version {
+            incompatible.push(format!(
+                "the state of operator `{id}` is of version {} in the checkpoint, the job reads version {}: a \
+                 savepoint of a later version does not restore into an earlier one",
+                was.state_version, node.state_version
             ));
         } else if let Some(difference) = key_difference(was, node) {
             incompatible.push(format!(

@@ -25,8 +25,7 @@ use hashbrown::hash_map::Entry;
 
 use super::spares::{Held, Holding, Shareable, Spares, Wanted};
 use super::{
-    ChangedKeys, OVERLAY_MIN, ObjectMap, Snapshot, SnapshotPart, SnapshotSink, StateTable, flush_part,
-    pass_if_full,
+    ChangedKeys, OVERLAY_MIN, ObjectMap, Snapshot, SnapshotPart, SnapshotSink, StateTable, flush_part, pass_if_full,
 };
 use crate::codec::Data;
 use crate::codec::key::Key;

@@ -305,17 +305,26 @@ pub(crate) struct StateSnapshot {
 pub(crate) struct StateType {
     pub(crate) codec: String,
     pub(crate) schema: Arc<crate::codec::schema::Schema>,
+    /// Whether the values are of a type the user defines (and versions,
+    /// with `.state_version(..)`), not one Weibo keeps for itself.
+    pub(crate) user: bool,
 }
 
 impl StateType {
-    /// The values are `V`s.
+    /// The values are `V`s, a type of the user's.
     pub(crate) fn of<V: Data>() -> Self {
-        Self { codec: V::codec_id().to_string(), schema: V::schema() }
+        Self { codec: V::codec_id().to_string(), schema: V::schema(), user: true }
+    }
+
+    /// The values are `V`s, a type Weibo keeps for itself (not versioned
+    /// with the user's state).
+    pub(crate) fn own<V: Data>() -> Self {
+        Self { user: false, ..Self::of::<V>() }
     }
 
     /// A layout Weibo defines itself, named by `codec` (timers).
     pub(crate) fn internal(codec: &str) -> Self {
-        Self { codec: codec.to_string(), schema: crate::codec::schema::Schema::internal(codec) }
+        Self { codec: codec.to_string(), schema: crate::codec::schema::Schema::internal(codec), user: false }
     }
 }
 

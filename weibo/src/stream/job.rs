@@ -436,18 +436,46 @@ impl Job {
         New: crate::codec::Data,
         F: Fn(Old) -> New + Send + Sync + 'static,
     {
-        let convert = move |bytes: &[u8]| {
-            let new = f(Old::decode(bytes)?);
-            let mut out = Vec::new();
-            new.encode(&mut out)?;
-            Ok(out)
-        };
-        let migration = crate::checkpoint::Migration {
-            from: crate::state::StateType::of::<Old>(),
-            to: crate::state::StateType::of::<New>(),
-            convert: Arc::new(convert),
-        };
-        self.configure(|c| c.migrations.push(migration))
+        self.configure(|c| c.migrations.push(migration(None, f)))
+    }
+
+    /// As [`Job::with_state_migration`], for the state of operator
+    /// `operator` (its id) only: what a state whose layout did not change
+    /// needs when its meaning did (`.state_version(..)` bumped), where
+    /// another operator's state of the same type must stay as it is. A
+    /// restore prefers an operator's own migration to one for any.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let dir = tempfile::tempdir()?;
+    /// let run = |job: weibo::Job, version: u32, out: weibo::sinks::CollectSink<(u32, u64)>| {
+    ///     job.source(weibo::sources::IterSource::new(vec![1u32, 2, 3]))
+    ///         .key_by(|x: &u32| x % 2)
+    ///         .fold(|| 0u64, |total, x| *total += u64::from(x) * 100) // cents
+    ///         .uid("totals")
+    ///         .state_version(version)
+    ///         .sink(out);
+    ///     job.run_blocking()
+    /// };
+    /// let v1 = weibo::Job::new("totals").with_checkpoints(dir.path(), Duration::from_secs(60));
+    /// run(v1, 1, weibo::sinks::CollectSink::new())?;
+    /// // Version 2 keeps totals in tenths of cents: the same layout, another meaning.
+    /// let v2 = weibo::Job::new("totals")
+    ///     .restore_from(dir.path())
+    ///     .with_state_migration_for("totals", |cents: u64| cents * 10);
+    /// let report = run(v2, 2, weibo::sinks::CollectSink::new())?;
+    /// assert_eq!(report.migrated[0].entries, 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn with_state_migration_for<Old, New, F>(self, operator: &str, f: F) -> Self
+    where
+        Old: crate::codec::Data,
+        New: crate::codec::Data,
+        F: Fn(Old) -> New + Send + Sync + 'static,
+    {
+        let operator = operator.to_string();
+        self.configure(|c| c.migrations.push(migration(Some(operator), f)))
     }
 
     /// Adds a source; each of its partitions is read by its own task.
@@ -490,6 +518,7 @@ impl Job {
             kind: "source",
             name,
             uid: None,
+            state_version: 1,
             named: false,
             stateful: false,
             detail,
@@ -928,4 +957,26 @@ pub struct JobReport {
     pub elapsed: Duration,
     /// The states the job restored through a migration.
     pub migrated: Vec<MigratedState>,
+}
+
+/// A migration of `operator`'s state (any operator's: `None`) from
+/// `Old` values to `f`'s.
+fn migration<Old, New, F>(operator: Option<String>, f: F) -> crate::checkpoint::Migration
+where
+    Old: crate::codec::Data,
+    New: crate::codec::Data,
+    F: Fn(Old) -> New + Send + Sync + 'static,
+{
+    let convert = move |bytes: &[u8]| {
+        let new = f(Old::decode(bytes)?);
+        let mut out = Vec::new();
+        new.encode(&mut out)?;
+        Ok(out)
+    };
+    crate::checkpoint::Migration {
+        operator,
+        from: crate::state::StateType::of::<Old>(),
+        to: crate::state::StateType::of::<New>(),
+        convert: Arc::new(convert),
+    }
 }

@@ -145,6 +145,14 @@ impl<T, U> WindowedOutput<T, U> {
         let Self { results, late, late_enabled } = self;
         Self { results: results.uid(id), late, late_enabled }
     }
+
+    /// Declares the version of the window operator's state (see
+    /// [`Stream::state_version`]).
+    #[must_use]
+    pub fn state_version(self, version: u32) -> Self {
+        let Self { results, late, late_enabled } = self;
+        Self { results: results.state_version(version), late, late_enabled }
+    }
 }
 
 impl<K: Key, T: Data> KeyedStream<K, T> {

@@ -268,7 +268,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
         if let Some(f) = self.fired.as_mut() {
             f.record(self.common.watermark)?;
             let entries = f.state.snapshot_changes(at.n, at.since)?;
-            out.push(StateSnapshot { state: "fired", ty: StateType::of::<FiredUpTo>(), snapshot: entries });
+            out.push(StateSnapshot { state: "fired", ty: StateType::own::<FiredUpTo>(), snapshot: entries });
         }
         Ok(out)
     }
@@ -282,7 +282,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
         if let Some(f) = self.fired.as_mut() {
             // Checkpoints of builds before this record have none: their
             // kept windows fire again after a restore, as they did then.
-            from.load_entries(&name, "fired", &StateType::of::<FiredUpTo>(), groups, &mut |entries, removed| {
+            from.load_entries(&name, "fired", &StateType::own::<FiredUpTo>(), groups, &mut |entries, removed| {
                 f.state.import_part(entries, removed)
             })?;
             let last = self.state.windows_from(Timestamp::MIN).last().map(|start| start.saturating_add(self.size - 1));
