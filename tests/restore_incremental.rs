@@ -214,3 +214,33 @@ async fn incremental_timer_checkpoints(on_fjall: bool) {
     assert_eq!(moving, 10_000, "each key's moving timer fires once: none restored that was deleted");
     assert_eq!(got, want);
 }
+
+/// The inspector counts a state's live entries after a chain's deltas
+/// (puts and removals) are applied: a keyed `process` sets each key's
+/// state in the fill of [`fill_then_trickle`] and clears the even keys the
+/// trickle reaches (0, 2 and 4 of its 5), so the newest checkpoint, a
+/// base with deltas, holds 10,000 − 3 entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inspector_counts_live_entries_through_a_chain_of_deltas() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = Job::new("clearing").with_checkpoints(dir.path(), Duration::from_millis(30)).with_max_key_groups(16);
+    job.source(Generator::new(40_000, fill_then_trickle).with_rate(20_000.0))
+        .name("events")
+        .key_by(|e: &(u64, u64)| e.0)
+        .with_partitions(2)
+        .process(weibo::on_error::Fail, |ctx: &mut weibo::KeyedContext<'_, u64, u64, u64>, e: &(u64, u64)| {
+            *ctx.state() = if e.1 >= 10_000 && e.0.is_multiple_of(2) { None } else { Some(e.1) };
+            Ok::<(), String>(())
+        })
+        .name("clearing")
+        .sink(CollectSink::new());
+    past_the_fill_deltas_are_small(job.spawn().unwrap(), dir.path(), "clearing").await;
+    let (_, newest) = weibo::checkpoint::complete_checkpoints(dir.path()).into_iter().next().unwrap();
+    let (inspection, _) = weibo::checkpoint::inspect::Inspection::open(&newest).unwrap();
+    let op = inspection.operators.iter().find(|o| o.id == "clearing").unwrap();
+    let state = op.states.iter().find(|s| s.name == "value").unwrap();
+    assert!(state.files > 2, "bases and deltas: {state:?}");
+    assert_eq!(state.entries, 10_000 - 3, "{state:?}");
+    // Each live entry: an 8-byte key and a 1- to 3-byte varint value.
+    assert!((9_997 * 9..=9_997 * 11).contains(&state.bytes), "{state:?}");
+}

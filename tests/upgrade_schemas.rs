@@ -150,12 +150,13 @@ fn a_state_type_with_an_added_field_restores_through_its_migration() {
 
 /// Per key and tumbling second of event time: the number and sum of
 /// values, kept in `S` (version 1's or 2's accumulator).
-struct WindowStats<S>(fn() -> S, fn(&mut S, u64), fn(&S) -> (u64, u64));
+struct WindowStats<S>(fn() -> S, fn(&mut S, u64), fn(&S) -> (u64, u64), fn(&mut S, S));
 
-/// Event `i` with its event time: 10 ms apart.
+/// Event `i` with its event time: 10 ms apart, with a pause of a second
+/// after every 500 (which closes every key's session).
 fn timed(i: u64) -> (u64, u64, i64) {
     let (k, v) = event(i);
-    (k, v, i64::try_from(i * 10).unwrap_or(i64::MAX))
+    (k, v, i64::try_from(i * 10 + (i / 500) * 1000).unwrap_or(i64::MAX))
 }
 
 impl<S: weibo::codec::Data> weibo::Aggregate<(u64, u64, i64)> for WindowStats<S> {
@@ -167,7 +168,9 @@ impl<S: weibo::codec::Data> weibo::Aggregate<(u64, u64, i64)> for WindowStats<S>
     fn add(&self, acc: &mut S, value: (u64, u64, i64)) {
         (self.1)(acc, value.1);
     }
-    fn merge(&self, _: &mut S, _: S) {}
+    fn merge(&self, acc: &mut S, other: S) {
+        (self.3)(acc, other);
+    }
     fn result(&self, acc: &S) -> (u64, u64) {
         (self.2)(acc)
     }
@@ -181,6 +184,10 @@ fn v1_window_stats() -> WindowStats<v1::Stats> {
             s.sum += v;
         },
         |s| (s.n, s.sum),
+        |s, o| {
+            s.n += o.n;
+            s.sum += o.sum;
+        },
     )
 }
 
@@ -193,6 +200,11 @@ fn v2_window_stats() -> WindowStats<v2::Stats> {
             s.max = s.max.max(v);
         },
         |s| (s.n, s.sum),
+        |s, o| {
+            s.n += o.n;
+            s.sum += o.sum;
+            s.max = s.max.max(o.max);
+        },
     )
 }
 
@@ -201,8 +213,9 @@ type Fired = std::collections::BTreeSet<(u64, i64, u64, u64)>;
 
 /// The windowed stats over the input (event time: 10 ms per event, so a
 /// window of a second holds 100 events of 10 keys), with accumulator `S`.
-fn windowed<S: weibo::codec::Data>(
+fn windowed<S: weibo::codec::Data, W: weibo::window::WindowAssigner>(
     job: &Job,
+    assigner: W,
     stats: WindowStats<S>,
     rate: Option<f64>,
     out: &CollectSink<(u64, i64, u64, u64)>,
@@ -216,7 +229,7 @@ fn windowed<S: weibo::codec::Data>(
         .uid("events")
         .with_timestamps(|e: &(u64, u64, i64)| e.2, weibo::time::WatermarkStrategy::monotonous())
         .key_by(|e: &(u64, u64, i64)| e.0)
-        .window(weibo::window::Tumbling::of(Duration::from_secs(1)))
+        .window(assigner)
         .aggregate(stats)
         .uid("per-second")
         .into_stream()
@@ -226,27 +239,40 @@ fn windowed<S: weibo::codec::Data>(
 
 #[test]
 fn a_window_accumulator_with_an_added_field_restores_through_its_migration() {
+    window_migration(|| weibo::window::Tumbling::of(Duration::from_secs(1)), "windows");
+}
+
+#[test]
+fn a_session_accumulator_with_an_added_field_restores_through_its_migration() {
+    window_migration(|| weibo::window::Session::with_gap(Duration::from_millis(300)), "sessions");
+}
+
+/// Version 1 of a windowed aggregate (windows of `assigner`) runs on part
+/// of the input and takes a savepoint; version 2, whose accumulator has a
+/// field more, restores it through a migration of its `state` and
+/// finishes: the windows both fired are those of an uninterrupted run.
+fn window_migration<W: weibo::window::WindowAssigner>(assigner: impl Fn() -> W, state: &str) {
     let dir = tempfile::tempdir().unwrap();
     let v1_out = CollectSink::new();
     let job = Job::new("windows").with_checkpoints(dir.path(), Duration::from_secs(3600)).with_max_key_groups(16);
-    windowed(&job, v1_window_stats(), Some(6_000.0), &v1_out);
+    windowed(&job, assigner(), v1_window_stats(), Some(6_000.0), &v1_out);
     let savepoint = weibo_tests::savepoint_midway(job, Duration::from_millis(300));
     let v2_out = CollectSink::new();
     let job = Job::new("windows")
         .with_max_key_groups(16)
         .restore_from(&savepoint)
         .with_state_migration(|old: v1::Stats| v2::Stats { n: old.n, sum: old.sum, max: 0 });
-    windowed(&job, v2_window_stats(), None, &v2_out);
+    windowed(&job, assigner(), v2_window_stats(), None, &v2_out);
     let report = weibo::testing::block_on(job.run()).unwrap();
     assert_eq!(report.migrated.len(), 1, "{:?}", report.migrated);
-    assert_eq!((report.migrated[0].operator.as_str(), report.migrated[0].state.as_str()), ("per-second", "windows"));
+    assert_eq!((report.migrated[0].operator.as_str(), report.migrated[0].state.as_str()), ("per-second", state));
     assert!(report.migrated[0].entries > 0);
     // Windows fired before the savepoint, and after the restore: together
     // those of one uninterrupted run (a window fired between the savepoint
     // and the stop fires again after the restore, with the same value).
     let whole = CollectSink::new();
     let job = Job::new("windows").with_max_key_groups(16);
-    windowed(&job, v2_window_stats(), None, &whole);
+    windowed(&job, assigner(), v2_window_stats(), None, &whole);
     weibo::testing::block_on(job.run()).unwrap();
     let both: Fired = v1_out.values().into_iter().chain(v2_out.values()).collect();
     let whole: Fired = whole.values().into_iter().collect();

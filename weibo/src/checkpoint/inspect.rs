@@ -127,15 +127,15 @@ impl Inspection {
                 let mut key_groups: Vec<(u16, u16)> = of.iter().map(|f| f.key_groups).collect();
                 key_groups.sort_unstable();
                 key_groups.dedup();
-                let live = restore.entries(id, state, CodecCheck::any(), &all)?;
+                let (entries, bytes) = live_size(&restore, id, state, &of, &all)?;
                 op.states.push(StateInspection {
                     name: state.to_string(),
                     codec: of.iter().find_map(|f| f.codec.clone()),
                     schema: of.iter().find_map(|f| f.schema.as_ref()).and_then(|s| manifest.schemas.get(s)).cloned(),
                     key_groups,
                     files: of.len(),
-                    entries: live.len() as u64,
-                    bytes: live.iter().map(|(_, k, v)| (k.len() + v.len()) as u64).sum(),
+                    entries,
+                    bytes,
                 });
             }
         }
@@ -150,6 +150,49 @@ impl Inspection {
         };
         Ok((inspection, Opened { restore }))
     }
+}
+
+/// The live entries of `operator`'s `state` (files `of`) and the bytes of
+/// their keys and values, read in place a frame at a time: summed as they
+/// come when every file is a base of its own key groups; otherwise, with
+/// deltas to apply, counted by a 128-bit hash of each key (and its
+/// entry's size), so that no key or value is held.
+fn live_size(
+    restore: &Restore,
+    operator: &str,
+    state: &str,
+    of: &[&StateFileEntry],
+    all: &std::ops::Range<u16>,
+) -> Result<(u64, u64)> {
+    let mut ranges: Vec<(u16, u16)> = of.iter().map(|f| f.key_groups).collect();
+    ranges.sort_unstable();
+    ranges.dedup();
+    let (mut entries, mut bytes) = (0u64, 0u64);
+    if of.iter().all(|f| f.base) && ranges.len() == of.len() {
+        restore.load_entries_of(operator, state, CodecCheck::any(), all, &mut |part, _| {
+            entries += part.len() as u64;
+            bytes += part.iter().map(|(_, k, v)| (k.len() + v.len()) as u64).sum::<u64>();
+            Ok(())
+        })?;
+        return Ok((entries, bytes));
+    }
+    let id = |group: u16, key: &[u8]| {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&group.to_le_bytes());
+        h.update(key);
+        h.digest128()
+    };
+    let mut live: std::collections::HashMap<u128, u64> = std::collections::HashMap::new();
+    restore.load_entries_of(operator, state, CodecCheck::any(), all, &mut |part, removed| {
+        for (g, k) in removed {
+            live.remove(&id(*g, k));
+        }
+        for (g, k, v) in part.iter() {
+            live.insert(id(*g, k), (k.len() + v.len()) as u64);
+        }
+        Ok(())
+    })?;
+    Ok((live.len() as u64, live.values().sum()))
 }
 
 /// An opened checkpoint, to look keys up in.
@@ -171,9 +214,27 @@ impl Opened {
 
     /// The encoded value of encoded key `key` (of key group `group`) in
     /// `operator`'s `state`, if any.
+    /// Reads the files of the key's group in place, a frame at a time,
+    /// and copies out only its value.
     pub(crate) fn value(&self, operator: &str, state: &str, group: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let entries = self.restore.entries(operator, state, CodecCheck::any(), &(group..group + 1))?;
-        Ok(entries.into_iter().find(|(_, k, _)| k == key).map(|(_, _, v)| v))
+        let mut found = None;
+        self.restore.load_entries_of(
+            operator,
+            state,
+            CodecCheck::any(),
+            &(group..group + 1),
+            &mut |entries, removed| {
+                // A part's removals come before its entries.
+                if removed.iter().any(|(_, k)| *k == key) {
+                    found = None;
+                }
+                if let Some((_, _, v)) = entries.iter().find(|(_, k, _)| *k == key) {
+                    found = Some(v.to_vec());
+                }
+                Ok(())
+            },
+        )?;
+        Ok(found)
     }
 
     /// The entry of encoded key `key` in `operator`'s `state`, if any,

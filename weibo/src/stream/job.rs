@@ -397,7 +397,9 @@ impl Job {
     /// layouts are compared, not names) for as long as savepoints of it
     /// are to be restored. Applies to states whose values are the type
     /// itself: a `reduce`'s value, a `fold`'s or `aggregate`'s
-    /// accumulator (windowed too), a keyed `process` function's state.
+    /// accumulator (windowed too), a keyed `process` function's state;
+    /// and to those that hold it in Weibo's containers: a session window's
+    /// sessions, a window `process`'s kept records (each through `f`).
     ///
     /// ```
     /// use std::time::Duration;
@@ -436,7 +438,7 @@ impl Job {
         New: crate::codec::Data,
         F: Fn(Old) -> New + Send + Sync + 'static,
     {
-        self.configure(|c| c.migrations.push(migration(None, f)))
+        self.configure(|c| c.migrations.extend(migrations(None, f)))
     }
 
     /// As [`Job::with_state_migration`], for the state of operator
@@ -475,7 +477,7 @@ impl Job {
         F: Fn(Old) -> New + Send + Sync + 'static,
     {
         let operator = operator.to_string();
-        self.configure(|c| c.migrations.push(migration(Some(operator), f)))
+        self.configure(|c| c.migrations.extend(migrations(Some(operator), f)))
     }
 
     /// Adds a source; each of its partitions is read by its own task.
@@ -959,8 +961,30 @@ pub struct JobReport {
     pub migrated: Vec<MigratedState>,
 }
 
-/// A migration of `operator`'s state (any operator's: `None`) from
-/// `Old` values to `f`'s.
+/// The migrations of `operator`'s state (any operator's: `None`) from
+/// `Old` values to `f`'s: of the values themselves (a reduce's, a fold's
+/// or aggregate's accumulator), and of the containers Weibo keeps them in
+/// (a session window's sessions, a window's kept elements), each
+/// element through `f`.
+fn migrations<Old, New, F>(operator: Option<String>, f: F) -> [crate::checkpoint::Migration; 3]
+where
+    Old: crate::codec::Data,
+    New: crate::codec::Data,
+    F: Fn(Old) -> New + Send + Sync + 'static,
+{
+    use crate::operator::windows::{Elements, Sessions};
+    let f = Arc::new(f);
+    let (sessions, elements) = (f.clone(), f.clone());
+    [
+        migration(operator.clone(), move |old: Old| f(old)),
+        migration(operator.clone(), move |old: Sessions<Old>| {
+            Sessions(old.0.into_iter().map(|(window, acc)| (window, sessions(acc))).collect())
+        }),
+        migration(operator, move |old: Elements<Old>| Elements(old.0.into_iter().map(|e| elements(e)).collect())),
+    ]
+}
+
+/// A migration of `operator`'s state from `Old` values to `f`'s.
 fn migration<Old, New, F>(operator: Option<String>, f: F) -> crate::checkpoint::Migration
 where
     Old: crate::codec::Data,
