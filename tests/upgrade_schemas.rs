@@ -280,6 +280,70 @@ fn window_migration<W: weibo::window::WindowAssigner>(assigner: impl Fn() -> W, 
     assert!(!v1_out.values().is_empty() && !v2_out.values().is_empty(), "the savepoint fell inside the input");
 }
 
+/// A window `process` over records of type `R` (`to` makes one of an
+/// event): per key and second, the number and sum of the records' values
+/// (`sum_of` reads one), computed when the window fires from the records
+/// it kept.
+fn window_process<R: Clone + Send + Sync + Serialize + serde::de::DeserializeOwned + 'static>(
+    job: &Job,
+    to: fn((u64, u64, i64)) -> R,
+    sum_of: fn(&R) -> u64,
+    rate: Option<f64>,
+    out: &CollectSink<(u64, i64, u64, u64)>,
+) {
+    let source = Generator::new(EVENTS, timed);
+    let source = match rate {
+        Some(r) => source.with_rate(r),
+        None => source,
+    };
+    job.source(source)
+        .uid("events")
+        .with_timestamps(|e: &(u64, u64, i64)| e.2, weibo::time::WatermarkStrategy::monotonous())
+        .map(move |e: (u64, u64, i64)| (e.0, to(e)))
+        .key_by(|e: &(u64, R)| e.0)
+        .window(weibo::window::Tumbling::of(Duration::from_secs(1)))
+        .process(move |ctx, records: &[(u64, R)], out: &mut Vec<(u64, i64, u64, u64)>| {
+            let sum = records.iter().map(|(_, r)| sum_of(r)).sum();
+            out.push((*ctx.key, ctx.window.start, records.len() as u64, sum));
+        })
+        .uid("kept")
+        .into_stream()
+        .sink(out.clone());
+}
+
+#[test]
+fn a_window_process_kept_record_type_with_an_added_field_restores_through_its_migration() {
+    fn v1_of(e: (u64, u64, i64)) -> v1::Stats {
+        v1::Stats { n: e.0, sum: e.1 }
+    }
+    fn v2_of(e: (u64, u64, i64)) -> v2::Stats {
+        v2::Stats { n: e.0, sum: e.1, max: e.1 }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let v1_out = CollectSink::new();
+    let job = Job::new("kept").with_checkpoints(dir.path(), Duration::from_secs(3600)).with_max_key_groups(16);
+    window_process(&job, v1_of, |r| r.sum, Some(6_000.0), &v1_out);
+    let savepoint = weibo_tests::savepoint_midway(job, Duration::from_millis(300));
+    let v2_out = CollectSink::new();
+    // The kept records are (key, record) pairs: the migration is of those.
+    let job = Job::new("kept")
+        .with_max_key_groups(16)
+        .restore_from(&savepoint)
+        .with_state_migration(|(k, old): (u64, v1::Stats)| (k, v2::Stats { n: old.n, sum: old.sum, max: old.sum }));
+    window_process(&job, v2_of, |r| r.sum, None, &v2_out);
+    let report = weibo::testing::block_on(job.run()).unwrap();
+    assert_eq!(report.migrated.len(), 1, "{:?}", report.migrated);
+    assert_eq!((report.migrated[0].operator.as_str(), report.migrated[0].state.as_str()), ("kept", "windows"));
+    let whole = CollectSink::new();
+    let job = Job::new("kept").with_max_key_groups(16);
+    window_process(&job, v2_of, |r| r.sum, None, &whole);
+    weibo::testing::block_on(job.run()).unwrap();
+    let both: Fired = v1_out.values().into_iter().chain(v2_out.values()).collect();
+    let whole: Fired = whole.values().into_iter().collect();
+    assert_eq!(both, whole);
+    assert!(!v1_out.values().is_empty() && !v2_out.values().is_empty(), "the savepoint fell inside the input");
+}
+
 #[test]
 fn the_same_layout_in_another_module_and_under_another_name_restores_as_is() {
     let dir = tempfile::tempdir().unwrap();
