@@ -9,6 +9,7 @@
 //! cargo run -p weibo-examples --example book_upgrade -- v1 /tmp/weibo-up
 //! cargo run -p weibo-examples --example book_upgrade -- v2 /tmp/weibo-up --without-migration
 //! cargo run -p weibo-examples --example book_upgrade -- v2 /tmp/weibo-up
+//! cargo run -p weibo-examples --example book_upgrade -- v3 /tmp/weibo-up
 //! ```
 //!
 //! Between the steps, `weibo savepoint inspect <dir>` shows what the
@@ -123,13 +124,18 @@ fn version_3(dir: &Path, orders: Generator<Order>, out: &CollectSink<TotalsV2>) 
     job
 }
 
-/// Restores version 3 from `checkpoint` (version 2's).
-async fn run_v3(checkpoint: &Path, dir: &Path) -> weibo::Result<weibo::JobReport> {
-    version_3(dir, Generator::new(ORDERS, order), &CollectSink::new())
-        .restore_from(checkpoint)
-        .with_state_migration_for("totals", |t: TotalsV2| TotalsV2 { cents: t.cents * 10, ..t })
-        .run()
-        .await
+/// Restores version 3 from `checkpoint` (version 2's), with the
+/// operator's migration or without.
+async fn run_v3(checkpoint: &Path, dir: &Path, with_migration: bool) -> weibo::Result<weibo::JobReport> {
+    let mut job = version_3(dir, Generator::new(ORDERS, order), &CollectSink::new()).restore_from(checkpoint);
+    if with_migration {
+        job = job.with_state_migration_for("totals", |t: TotalsV2| TotalsV2 { cents: t.cents * 10, ..t });
+    }
+    let report = job.run().await?;
+    for m in &report.migrated {
+        println!("version 3: migrated {} entries of `{}`/{}", m.entries, m.operator, m.state);
+    }
+    Ok(report)
 }
 // ANCHOR_END: v3
 
@@ -220,17 +226,12 @@ async fn everything() -> Result<(), Box<dyn Error>> {
 
     // Version 3: the state's meaning changes, not its layout.
     let v2_checkpoint = newest_checkpoint(&dir)?;
-    let refused = version_3(&dir.join("v3"), Generator::new(ORDERS, order), &CollectSink::new())
-        .restore_from(&v2_checkpoint)
-        .run()
-        .await
-        .err()
-        .ok_or("version 3 restored without a migration")?;
+    let refused =
+        run_v3(&v2_checkpoint, &dir.join("v3"), false).await.err().ok_or("version 3 restored without a migration")?;
     println!("{refused}");
     assert!(refused.to_string().contains("is of version 1 in the checkpoint and the job reads version 2"), "{refused}");
-    let report = run_v3(&v2_checkpoint, &dir.join("v3")).await?;
+    let report = run_v3(&v2_checkpoint, &dir.join("v3"), true).await?;
     assert_eq!(report.migrated.first().map(|m| m.entries), Some(5), "{:?}", report.migrated);
-    println!("version 3: migrated {} entries of `totals`/value", report.migrated.first().map_or(0, |m| m.entries));
     // Its checkpoint holds the totals in tenths of a cent, at version 2.
     let v3_checkpoint = newest_checkpoint(&dir.join("v3"))?;
     let reader = weibo::checkpoint::processor::SavepointReader::open(&v3_checkpoint)?;
@@ -253,7 +254,7 @@ async fn main() {
 }
 
 async fn run(args: Vec<String>) -> Result<(), Box<dyn Error>> {
-    let usage = "usage: book_upgrade [v1 <dir> | v2 <dir> [--without-migration]]";
+    let usage = "usage: book_upgrade [v1 <dir> | v2 <dir> [--without-migration] | v3 <dir> [--without-migration]]";
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         [] => everything().await,
         ["v1", dir] => take_v1(Path::new(dir)).await.map(|_| ()),
@@ -269,6 +270,20 @@ async fn run(args: Vec<String>) -> Result<(), Box<dyn Error>> {
                 println!("{t:?}");
             }
             println!("version 2 read the remaining {read} of {ORDERS} orders");
+            println!("its newest checkpoint: {}", newest_checkpoint(dir)?.display());
+            Ok(())
+        }
+        ["v3", dir, rest @ ..] => {
+            let with_migration = match rest {
+                [] => true,
+                ["--without-migration"] => false,
+                _ => return Err(usage.into()),
+            };
+            let dir = Path::new(dir);
+            // Version 2's newest checkpoint, before version 3 writes its own.
+            let v2 = newest_checkpoint(dir)?;
+            println!("version 3: restoring {}", v2.display());
+            run_v3(&v2, dir, with_migration).await?;
             println!("its newest checkpoint: {}", newest_checkpoint(dir)?.display());
             Ok(())
         }

@@ -218,12 +218,13 @@ async fn incremental_timer_checkpoints(on_fjall: bool) {
 /// The inspector counts a state's live entries after a chain's deltas
 /// (puts and removals) are applied: a keyed `process` sets each key's
 /// state in the fill of [`fill_then_trickle`] and clears the even keys the
-/// trickle reaches (0, 2 and 4 of its 5), so the newest checkpoint, a
-/// base with deltas, holds 10,000 − 3 entries.
+/// trickle reaches (0, 2 and 4 of its 5). A checkpoint during the fill is
+/// the base; one after the clearing is a delta that removes them: it holds
+/// 10,000 − 3 live entries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inspector_counts_live_entries_through_a_chain_of_deltas() {
     let dir = tempfile::tempdir().unwrap();
-    let job = Job::new("clearing").with_checkpoints(dir.path(), Duration::from_millis(30)).with_max_key_groups(16);
+    let job = Job::new("clearing").with_checkpoints(dir.path(), Duration::from_secs(3600)).with_max_key_groups(16);
     job.source(Generator::new(40_000, fill_then_trickle).with_rate(20_000.0))
         .name("events")
         .key_by(|e: &(u64, u64)| e.0)
@@ -234,12 +235,24 @@ async fn the_inspector_counts_live_entries_through_a_chain_of_deltas() {
         })
         .name("clearing")
         .sink(CollectSink::new());
-    past_the_fill_deltas_are_small(job.spawn().unwrap(), dir.path(), "clearing").await;
-    let (_, newest) = weibo::checkpoint::complete_checkpoints(dir.path()).into_iter().next().unwrap();
+    let handle = job.spawn().unwrap();
+    let read = |h: &weibo::JobHandle| h.metrics().operator("events").map_or(0, |m| m.records_out);
+    while read(&handle) < 2_000 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    handle.checkpoint().await.unwrap();
+    assert!(read(&handle) < 10_000, "the base was taken during the fill");
+    while read(&handle) < 12_000 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let newest = handle.checkpoint().await.unwrap();
+    handle.cancel().await.unwrap();
+    let manifest = weibo::checkpoint::read_manifest(&newest).unwrap();
+    let deltas = manifest.states.iter().filter(|s| s.operator == "clearing" && !s.base).count();
+    assert!(deltas > 0, "a base and deltas: {:?}", manifest.states);
     let (inspection, _) = weibo::checkpoint::inspect::Inspection::open(&newest).unwrap();
     let op = inspection.operators.iter().find(|o| o.id == "clearing").unwrap();
     let state = op.states.iter().find(|s| s.name == "value").unwrap();
-    assert!(state.files > 2, "bases and deltas: {state:?}");
     assert_eq!(state.entries, 10_000 - 3, "{state:?}");
     // Each live entry: an 8-byte key and a 1- to 3-byte varint value.
     assert!((9_997 * 9..=9_997 * 11).contains(&state.bytes), "{state:?}");

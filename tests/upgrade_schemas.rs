@@ -330,13 +330,16 @@ fn a_window_process_kept_record_type_with_an_added_field_restores_through_its_mi
         .with_max_key_groups(16)
         .restore_from(&savepoint)
         .with_state_migration(|(k, old): (u64, v1::Stats)| (k, v2::Stats { n: old.n, sum: old.sum, max: old.sum }));
-    window_process(&job, v2_of, |r| r.sum, None, &v2_out);
+    // Version 2 sums the migrated field: the kept records' `max` must be
+    // what the migration made of them.
+    window_process(&job, v2_of, |r| r.max, None, &v2_out);
     let report = weibo::testing::block_on(job.run()).unwrap();
     assert_eq!(report.migrated.len(), 1, "{:?}", report.migrated);
     assert_eq!((report.migrated[0].operator.as_str(), report.migrated[0].state.as_str()), ("kept", "windows"));
+    assert!(report.migrated[0].entries > 0);
     let whole = CollectSink::new();
     let job = Job::new("kept").with_max_key_groups(16);
-    window_process(&job, v2_of, |r| r.sum, None, &whole);
+    window_process(&job, v2_of, |r| r.max, None, &whole);
     weibo::testing::block_on(job.run()).unwrap();
     let both: Fired = v1_out.values().into_iter().chain(v2_out.values()).collect();
     let whole: Fired = whole.values().into_iter().collect();

@@ -138,9 +138,35 @@ fn an_unchanged_version_restores_as_is() {
 }
 
 #[test]
-fn the_state_version_is_a_wiring_error_on_an_operator_without_state() {
-    let job = Job::new("stateless");
-    job.source(Generator::new(3, |i| i)).map(|x: u64| x + 1).state_version(2).sink(CollectSink::new());
-    let err = job.run_blocking().unwrap_err().to_string();
+fn the_state_version_is_a_wiring_error_on_an_operator_without_state_and_when_zero() {
+    let stateless = Job::new("stateless");
+    stateless.source(Generator::new(3, |i| i)).map(|x: u64| x + 1).state_version(2).sink(CollectSink::new());
+    let err = stateless.run_blocking().unwrap_err().to_string();
     assert!(err.contains("keeps no state"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let (zero, _, _) = job(new_job(dir.path()), 0, 100, None);
+    let err = zero.run_blocking().unwrap_err().to_string();
+    assert!(err.contains("state version 0"), "{err}");
+}
+
+#[test]
+fn a_savepoint_transformed_offline_into_the_new_meaning_restores_without_a_migration() {
+    use weibo::checkpoint::processor::{SavepointReader, SavepointWriter};
+    let dir = tempfile::tempdir().unwrap();
+    let savepoint = savepoint_of(dir.path(), 1, 100);
+    let reader = SavepointReader::open(&savepoint).unwrap();
+    let cents: Vec<(u64, u64)> = reader.entries("totals", "accumulator").unwrap();
+    assert!(!cents.is_empty());
+    let mut writer = SavepointWriter::from(&reader);
+    writer.set_state("totals", "accumulator", cents.iter().map(|(k, c)| (*k, c * 10))).unwrap();
+    writer.set_state_version("totals", 2).unwrap();
+    assert!(writer.set_state_version("nobody", 2).is_err(), "an operator the savepoint does not have");
+    let rewritten = writer.write(dir.path().join("rewritten")).unwrap();
+    let restored = new_job(&dir.path().join("v2")).restore_from(&rewritten);
+    let (restored, totals, counts) = job(restored, 2, 1_000, None);
+    let report = restored.run_blocking().unwrap();
+    assert!(report.migrated.is_empty(), "already of version 2: {:?}", report.migrated);
+    let (want_totals, want_counts) = uninterrupted(2, 1_000);
+    assert_eq!(finals(totals.values()), want_totals);
+    assert_eq!(finals(counts.values()), want_counts);
 }

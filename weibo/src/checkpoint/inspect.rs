@@ -103,7 +103,7 @@ impl Inspection {
                 o.id.clone(),
                 OperatorInspection {
                     id: o.id.clone(),
-                    kind: Some(o.kind.clone()),
+                    kind: (!o.kind.is_empty()).then(|| o.kind.clone()),
                     key_type: Some(o.key_type.clone()),
                     state_version: o.state_version,
                     states: Vec::new(),

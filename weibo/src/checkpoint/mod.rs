@@ -171,7 +171,8 @@ pub struct Manifest {
 pub struct OperatorEntry {
     /// Its id: what its state files are filed under.
     pub id: String,
-    /// What it is (`reduce`, `window`, `process`, ...).
+    /// What it is (`reduce`, `window`, `process`, ...); empty for state
+    /// the state processor bootstrapped (any kind restores it).
     pub kind: String,
     /// The type of its keys, as checkpoints record type names.
     pub key_type: String,

@@ -138,6 +138,7 @@ struct NewState {
     codec: String,
     schema: Schema,
     key_type: String,
+    key_schema: crate::codec::schema::Shape,
     entries: Vec<(u16, Vec<u8>, Vec<u8>)>,
 }
 
@@ -148,6 +149,7 @@ pub struct SavepointWriter {
     manifest: Manifest,
     states: BTreeMap<(String, String), NewState>,
     dropped: Vec<String>,
+    versions: BTreeMap<String, u32>,
 }
 
 impl std::fmt::Debug for SavepointWriter {
@@ -165,6 +167,7 @@ impl SavepointWriter {
             manifest: reader.manifest.clone(),
             states: BTreeMap::new(),
             dropped: Vec::new(),
+            versions: BTreeMap::new(),
         }
     }
 
@@ -196,9 +199,29 @@ impl SavepointWriter {
                 codec: V::codec_id().to_string(),
                 schema: (*V::schema()).clone(),
                 key_type: crate::codec::recorded_type_name(std::any::type_name::<K>()).into_owned(),
+                key_schema: K::key_schema(),
                 entries: encoded,
             },
         );
+        Ok(self)
+    }
+
+    /// Records version `version` of `operator`'s state (see
+    /// `Stream::state_version`): for state transformed (or bootstrapped)
+    /// into the meaning of a job whose operator declares that version, so
+    /// that its restore does not migrate it again.
+    ///
+    /// # Errors
+    /// [`Error::Checkpoint`] for version 0, or an operator that neither
+    /// the savepoint nor a `set_state` names.
+    pub fn set_state_version(&mut self, operator: &str, version: u32) -> Result<&mut Self> {
+        let known =
+            self.manifest.operators.iter().any(|o| o.id == operator) || self.states.keys().any(|(o, _)| o == operator);
+        if version == 0 || !known {
+            let why = if version == 0 { "versions start at 1" } else { "it has no state in the savepoint" };
+            return Err(bad(&self.from, format!("cannot set the state version of `{operator}` to {version}: {why}")));
+        }
+        self.versions.insert(operator.to_string(), version);
         Ok(self)
     }
 
@@ -263,8 +286,19 @@ impl SavepointWriter {
             writer.finish()?;
             let schema_id = new.schema.id();
             manifest.schemas.insert(schema_id.clone(), new.schema);
-            if let Some(o) = manifest.operators.iter_mut().find(|o| o.id == operator) {
-                o.key_type = new.key_type;
+            match manifest.operators.iter_mut().find(|o| o.id == operator) {
+                Some(o) => {
+                    o.key_type = new.key_type;
+                    o.key_schema = Some(new.key_schema);
+                }
+                // Bootstrapped: of any kind, keyed by `K`.
+                None => manifest.operators.push(crate::checkpoint::OperatorEntry {
+                    id: operator.clone(),
+                    kind: String::new(),
+                    key_type: new.key_type,
+                    key_schema: Some(new.key_schema),
+                    state_version: 1,
+                }),
             }
             manifest.states.push(StateFileEntry {
                 operator,
@@ -276,6 +310,11 @@ impl SavepointWriter {
                 checkpoint: n,
                 base: true,
             });
+        }
+        for (operator, version) in &self.versions {
+            if let Some(o) = manifest.operators.iter_mut().find(|o| o.id == *operator) {
+                o.state_version = *version;
+            }
         }
         // Only the schemas its files still name.
         let named: std::collections::BTreeSet<String> =

@@ -154,10 +154,21 @@ impl crate::state::RestoreSource for OperatorRestore<'_> {
             }
             let same =
                 |a: &crate::codec::schema::Schema, b: &crate::codec::schema::Schema| a.first_difference(b).is_none();
+            // The codec's format (postcard, or one of Weibo's containers)
+            // as well as the layout: a user's `struct Batch(Vec<T>)` has
+            // the layout of a window's `Elements<T>`, not its encoding.
+            let format = |codec: &str| codec.split('<').next().unwrap_or_default().to_string();
+            let written = files.iter().find(|f| f.schema.as_deref() == Some(*schema)).and_then(|f| f.codec.as_deref());
+            let encodes = |m: &Migration| {
+                written.is_none_or(|w| format(w) == format(&m.from.codec)) && format(&m.to.codec) == format(&ty.codec)
+            };
             // One for this operator first, then one for any operator.
             let found = |scope: Option<&str>| {
                 restore.migrations.iter().find(|m| {
-                    m.operator.as_deref() == scope && same(&m.from.schema, was) && same(&m.to.schema, &ty.schema)
+                    m.operator.as_deref() == scope
+                        && same(&m.from.schema, was)
+                        && same(&m.to.schema, &ty.schema)
+                        && encodes(m)
                 })
             };
             match found(Some(id)).or_else(|| found(None)) {

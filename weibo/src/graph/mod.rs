@@ -226,6 +226,9 @@ impl Graph {
 
     /// Declares the version of a node's state (see [`Node::state_version`]).
     pub(crate) fn set_state_version(&mut self, node: NodeId, version: u32) -> std::result::Result<(), String> {
+        if version == 0 {
+            return Err("state version 0: versions start at 1 (the version of state that never declared one)".into());
+        }
         match self.nodes.get_mut(node) {
             Some(n) if n.stateful => {
                 n.state_version = version;

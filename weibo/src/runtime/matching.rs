@@ -91,7 +91,8 @@ pub(crate) fn check(graph: &Graph, restore: &Restore, allow_unrestored: bool) ->
         // files' codecs are still checked as they are read.
         let Some(was) = restore.operators.iter().find(|o| o.id == *id) else { continue };
         let key = key_type(node);
-        if was.kind != node.kind {
+        // A bootstrapped operator's kind is not known (empty): any.
+        if !was.kind.is_empty() && was.kind != node.kind {
             incompatible.push(format!(
                 "operator `{id}` was a {} and is a {} now: one cannot take the other's state (give the new operator \
                  another id, and allow the old one's state to be dropped)",
@@ -110,6 +111,11 @@ pub(crate) fn check(graph: &Graph, restore: &Restore, allow_unrestored: bool) ->
                  their encoding)",
                 was.key_type
             ));
+        }
+    }
+    for m in &restore.migrations {
+        if let Some(id) = m.operator.as_deref().filter(|id| !nodes.contains_key(id)) {
+            tracing::warn!(job = %graph.name, operator = id, "a state migration names an operator the job does not have: it applies to none");
         }
     }
     for node in graph.nodes.iter().filter(|n| matches!(n.op, Op::Keyed { .. }) && n.stateful) {

@@ -27,11 +27,6 @@ pub fn entry_refs(entries: &Entries) -> Vec<EntryRef<'_>> {
     entries.iter().map(|(g, k, v)| (*g, k.as_slice(), v.as_slice())).collect()
 }
 
-/// Borrows owned removed keys as [`RemovedRef`]s.
-pub fn removed_refs(removed: &RemovedKeys) -> Vec<RemovedRef<'_>> {
-    removed.iter().map(|(g, k)| (*g, k.as_slice())).collect()
-}
-
 /// A part of the state exported for a checkpoint: entries (and, in a
 /// delta, removed keys), their bytes concatenated.
 #[derive(Debug, Default, Clone)]

@@ -616,7 +616,9 @@ impl<K: Key, V: Data> ValueState<K, V> {
 
     /// Loads a part of a checkpoint: removes `removed`, then sets `entries`
     /// (see [`Restore`](crate::checkpoint) chains: a delta's part removes
-    /// and then puts).
+    /// and then puts). The entries are borrowed from the checkpoint's
+    /// frame; a backend that writes them to a table sorts `entries` in
+    /// place (by key group and key) first.
     ///
     /// # Errors
     /// As [`ValueState::import`].
