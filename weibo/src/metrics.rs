@@ -108,8 +108,14 @@ impl Registry {
     }
 }
 
+/// A duration as milliseconds (fractional), as the admin API's JSON
+/// gives durations.
+fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1000.0)
+}
+
 /// One operator's counters, summed over its instances.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct OperatorMetrics {
     /// The operator's name.
@@ -131,11 +137,12 @@ pub struct OperatorMetrics {
     /// The longest time a checkpoint barrier held one instance of the
     /// operator: from the last input's barrier to passing it on (exporting
     /// keyed state happens in between).
+    #[serde(rename = "max_checkpoint_pause_ms", serialize_with = "millis")]
     pub max_checkpoint_pause: Duration,
 }
 
 /// One edge's counters: one sender instance to one receiver instance.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct EdgeMetrics {
     /// The sending node instance, as `name[instance]`.
@@ -143,6 +150,7 @@ pub struct EdgeMetrics {
     /// The receiving node instance, as `name[instance]`.
     pub to: String,
     /// Time the sender spent blocked because the edge was full.
+    #[serde(rename = "blocked_ms", serialize_with = "millis")]
     pub blocked: Duration,
     /// Batches sent.
     pub batches: u64,
@@ -151,7 +159,7 @@ pub struct EdgeMetrics {
 }
 
 /// A copy of a job's metrics at one moment.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct MetricsSnapshot {
     /// Per operator.

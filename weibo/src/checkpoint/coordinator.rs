@@ -52,6 +52,8 @@ pub(crate) struct Coordinator {
     pub(crate) savepoints: mpsc::UnboundedReceiver<SavepointRequest>,
     /// The last complete checkpoint's manifest, whose chains deltas extend.
     pub(crate) previous: Option<Manifest>,
+    /// Every checkpoint attempt, for the admin API.
+    pub(crate) history: std::sync::Arc<super::history::History>,
 }
 
 /// A request for a savepoint: a checkpoint now, copied under `name`.
@@ -175,7 +177,9 @@ impl Coordinator {
             if is_final {
                 faults::point("final-barrier");
             }
+            let triggered_at = (std::time::SystemTime::now(), std::time::Instant::now());
             let outcome = self.take(n, is_final, timeout, &mut ended, &mut stop).await;
+            self.record(n, is_final, savepoint.as_ref().and_then(|r| r.name.clone()), triggered_at, &outcome);
             let reply = match &outcome {
                 Outcome::Complete => match savepoint.as_ref().and_then(|r| r.name.clone()) {
                     Some(name) => self.copy_to_savepoint(n, &name),
@@ -220,6 +224,44 @@ impl Coordinator {
             }
             n = n.next();
         }
+    }
+
+    /// Records checkpoint `n`'s attempt in the history.
+    fn record(
+        &self,
+        n: CheckpointId,
+        is_final: bool,
+        savepoint: Option<String>,
+        (at, started): (std::time::SystemTime, std::time::Instant),
+        outcome: &Outcome,
+    ) {
+        let (outcome, error) = match outcome {
+            Outcome::Complete => ("completed", None),
+            Outcome::Failed(why) => ("failed", Some(why.clone())),
+            Outcome::Stopped => return,
+        };
+        let bytes = match (outcome, &self.previous) {
+            // The files this checkpoint wrote, not those it carried.
+            ("completed", Some(m)) if m.checkpoint == n => {
+                m.states.iter().filter(|s| s.checkpoint == n).filter_map(|s| s.bytes).sum()
+            }
+            _ => 0,
+        };
+        let kind = match (&savepoint, is_final) {
+            (Some(_), _) => "savepoint",
+            (None, true) => "final",
+            (None, false) => "checkpoint",
+        };
+        self.history.push(super::history::CheckpointRecord {
+            id: n.get(),
+            kind,
+            savepoint,
+            started_unix_ms: super::history::unix_ms(at),
+            duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+            bytes,
+            outcome,
+            error,
+        });
     }
 
     /// Collects every task's part in checkpoint `n` and completes it.

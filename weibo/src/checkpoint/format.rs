@@ -134,7 +134,7 @@ pub(crate) fn write_task_state(
         schemas.push((schema_id.clone(), (*snap.ty.schema).clone()));
         let mut writer = StateFileWriter::create(storage, &name, &meta)?;
         let base = (snap.snapshot)(&mut |part| writer.part(&part.part))?;
-        writer.finish()?;
+        let bytes = writer.finish()?;
         files.push(StateFileEntry {
             operator: operator.to_string(),
             state: snap.state.to_string(),
@@ -144,6 +144,7 @@ pub(crate) fn write_task_state(
             key_groups: (groups.start, groups.end),
             checkpoint: n,
             base,
+            bytes: Some(bytes),
         });
     }
     Ok((files, schemas))
@@ -199,14 +200,15 @@ impl StateFileWriter {
         Ok(())
     }
 
-    /// Writes the trailer and completes the object.
-    pub(crate) fn finish(mut self) -> Result<()> {
+    /// Writes the trailer and completes the object; returns its size.
+    pub(crate) fn finish(mut self) -> Result<u64> {
         let mut trailer = Vec::with_capacity(TRAILER);
         trailer.extend_from_slice(&self.len.to_le_bytes());
         trailer.extend_from_slice(&self.hasher.digest().to_le_bytes());
         trailer.extend_from_slice(END_MAGIC);
         self.out.write_all(&trailer).map_err(io("cannot write checkpoint file", self.path.clone()))?;
-        self.out.finish().map_err(io("cannot complete checkpoint file", self.path))
+        self.out.finish().map_err(io("cannot complete checkpoint file", self.path))?;
+        Ok(HEAD as u64 + self.len + TRAILER as u64)
     }
 }
 
@@ -234,7 +236,7 @@ pub(crate) fn write_state_file(storage: &dyn CheckpointStorage, name: &str, file
     }
     let mut writer = StateFileWriter::create(storage, name, &meta)?;
     writer.part(&part)?;
-    writer.finish()
+    writer.finish().map(|_| ())
 }
 
 /// A state file's payload, read through a buffer.

@@ -83,3 +83,21 @@ pub fn complete_checkpoints(root: &Path) -> Vec<(CheckpointId, PathBuf)> {
         .map(|(n, dir)| (n, root.join(dir)))
         .collect()
 }
+
+/// The names of the complete savepoints in `storage` (those with a
+/// manifest), sorted: restore one from `savepoints/<name>`.
+///
+/// # Errors
+/// When the storage cannot be listed.
+pub fn savepoints_in(storage: &dyn CheckpointStorage) -> Result<Vec<String>> {
+    let prefix = "savepoints/";
+    let names = storage.list(prefix).map_err(io("cannot list savepoints", storage.locate(prefix)))?;
+    let mut found: Vec<String> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix(prefix)?.strip_suffix(MANIFEST)?.strip_suffix('/'))
+        .filter(|n| !n.contains('/'))
+        .map(str::to_string)
+        .collect();
+    found.sort();
+    Ok(found)
+}

@@ -49,6 +49,7 @@ pub(crate) mod commit;
 mod coordinator;
 pub mod faults;
 mod format;
+pub(crate) mod history;
 pub mod inspect;
 mod manifest;
 pub(crate) mod naming;
@@ -58,6 +59,7 @@ pub mod storage;
 
 pub(crate) use self::coordinator::*;
 pub use self::format::*;
+pub use self::history::CheckpointRecord;
 pub use self::manifest::*;
 pub(crate) use self::restore::*;
 
@@ -129,6 +131,9 @@ pub struct StateFileEntry {
     /// changes since the previous file of its chain (a delta). Restore
     /// applies a chain in checkpoint order: the newest base, then deltas.
     pub base: bool,
+    /// The file's size in bytes (checkpoints of earlier builds have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 /// What a complete checkpoint holds.
@@ -558,6 +563,7 @@ mod tests {
                 key_groups: (0, 8),
                 checkpoint: CheckpointId::new(4),
                 base: true,
+                bytes: None,
             }],
             schemas: BTreeMap::new(),
             commits: vec![],

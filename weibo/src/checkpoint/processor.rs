@@ -283,7 +283,7 @@ impl SavepointWriter {
             if !frame.is_empty() {
                 writer.part(&frame)?;
             }
-            writer.finish()?;
+            let bytes = writer.finish()?;
             let schema_id = new.schema.id();
             manifest.schemas.insert(schema_id.clone(), new.schema);
             match manifest.operators.iter_mut().find(|o| o.id == operator) {
@@ -309,6 +309,7 @@ impl SavepointWriter {
                 key_groups: (0, max),
                 checkpoint: n,
                 base: true,
+                bytes: Some(bytes),
             });
         }
         for (operator, version) in &self.versions {

@@ -47,3 +47,62 @@ impl fmt::Display for Graph {
         Ok(())
     }
 }
+
+impl Graph {
+    /// The graph as JSON, for the admin API: every node with its id, kind,
+    /// name, parallelism (`null` for an operator fused into the task of
+    /// what feeds it), whether it keeps state, and its inputs (the edge's
+    /// kind, and for a hash edge the key type and the records' codec).
+    #[cfg(feature = "admin")]
+    pub(crate) fn describe(&self) -> serde_json::Value {
+        let nodes: Vec<serde_json::Value> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(index, node)| {
+                let parallelism = match node.op {
+                    Op::Source { partitions, .. } => Some(partitions),
+                    Op::Keyed { parallelism, .. } => Some(parallelism),
+                    Op::Chain(_) | Op::Union => None,
+                };
+                let inputs: Vec<serde_json::Value> = node
+                    .inputs
+                    .iter()
+                    .map(|i| match &i.kind {
+                        EdgeKind::Forward => serde_json::json!({ "from": i.from, "port": i.port, "edge": "forward" }),
+                        EdgeKind::Hash { key_type, codec, .. } => serde_json::json!({
+                            "from": i.from,
+                            "port": i.port,
+                            "edge": "hash",
+                            "key_type": short_type_name(key_type),
+                            "codec": codec.format,
+                        }),
+                    })
+                    .collect();
+                let outputs: Vec<serde_json::Value> = node
+                    .outputs
+                    .iter()
+                    .map(|p| serde_json::json!({ "label": p.label, "type": short_type_name(p.type_name) }))
+                    .collect();
+                serde_json::json!({
+                    "index": index,
+                    "id": node.id(),
+                    "name": node.name,
+                    "kind": node.kind,
+                    "detail": node.detail,
+                    "parallelism": parallelism,
+                    "stateful": node.stateful,
+                    "state_version": node.state_version,
+                    "inputs": inputs,
+                    "outputs": outputs,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "job": self.name,
+            "max_key_groups": self.max_key_groups,
+            "state_backend": self.state,
+            "nodes": nodes,
+        })
+    }
+}

@@ -212,7 +212,11 @@ fn graph_from_descriptors_runs_without_user_types() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let report = runtime
         .block_on(async {
-            let launched = super::launch::launch(&graph, &config)?;
+            let launched = super::launch::launch(
+                &graph,
+                &config,
+                &std::sync::Arc::new(tokio::sync::watch::channel(super::status::JobState::Starting).0),
+            )?;
             launched.supervisor.await.map_err(|e| Error::Internal(e.to_string()))??;
             Ok::<_, Error>(launched.registry.snapshot())
         })

@@ -18,6 +18,7 @@ use crate::record::CheckpointId;
 use super::build::CheckpointWiring;
 use super::config::JobConfig;
 use super::heads::{HeadRunner, NodeIo};
+use super::status::{EndGuard, JobState, JobStatus};
 
 /// A job that runs: what its handle watches and steers.
 #[derive(Debug)]
@@ -32,6 +33,8 @@ pub(crate) struct Launched {
     pub(crate) cancel: tokio::sync::oneshot::Sender<()>,
     /// States restored through a migration: (operator id, state, entries).
     pub(crate) migrated: Vec<(String, String, u64)>,
+    /// Every checkpoint attempt.
+    pub(crate) history: Arc<crate::checkpoint::history::History>,
 }
 
 /// Starts `graph` on the current tokio runtime: restores from the
@@ -39,7 +42,8 @@ pub(crate) struct Launched {
 /// finishes the restored checkpoint's commits, builds the tasks and
 /// spawns them under a supervisor, with the checkpoint coordinator beside
 /// them.
-pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
+/// `status` follows the job: restoring, running, and how it ended.
+pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>) -> Result<Launched> {
     let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Runtime {
         job: graph.name.clone(),
         message: "a job runs on tokio: call `run`/`spawn` inside a tokio runtime (for example under #[tokio::main])"
@@ -63,6 +67,7 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
         }
     }
     if let Some(r) = &restore {
+        status.send_replace(JobState::Restoring { checkpoint: r.checkpoint.get() });
         tracing::info!(job = %graph.name, checkpoint = r.checkpoint.get(), dir = %r.location().display(), "restoring");
         super::matching::check(graph, r, config.allow_unrestored_state)?;
     }
@@ -73,6 +78,7 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
     commits.bind(|node| graph.nodes.get(node).map(|n| n.id().to_string()));
     commits.on_restore(restore.as_ref().map(|r| (r.checkpoint, r.commits.as_slice())))?;
     let completed = Arc::new(AtomicU64::new(restore.as_ref().map_or(0, |r| r.checkpoint.get())));
+    let history = Arc::new(crate::checkpoint::history::History::default());
     let (savepoint_tx, savepoint_rx) = mpsc::unbounded_channel();
     let savepoints = config.checkpoint.is_some().then_some(savepoint_tx);
     let (wiring, coordinator) = match &config.checkpoint {
@@ -108,6 +114,7 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
                     commits: commits.clone(),
                     savepoints: savepoint_rx,
                     previous: None,
+                    history: history.clone(),
                 }),
             )
         }
@@ -130,12 +137,16 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
     let name = graph.name.clone();
     let started = Instant::now();
     let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
+    let end = EndGuard(status.clone());
+    status.send_replace(JobState::Running);
     let supervisor = runtime.spawn(async move {
         // The coordinator lives as long as the supervisor: aborting the
         // job aborts it too (`AbortOnDrop`).
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let coordinator = coordinator.map(|c| AbortOnDrop(tokio::spawn(c.run(stopped))));
-        let result = supervise(physical.tasks, cancelled).await;
+        let supervised = supervise(physical.tasks, cancelled).await;
+        let was_cancelled = matches!(supervised, Ok(true));
+        let result = supervised.map(|_| ());
         // Let a checkpoint being completed finish (and commit) before
         // the job reports its end. A job whose tasks all ended has
         // taken its final checkpoint, or failed to: the coordinator
@@ -145,10 +156,12 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig) -> Result<Launched> {
             Some(c) => tokio::time::timeout(Duration::from_secs(30), c).await.unwrap_or(Ok(())),
             None => Ok(()),
         };
-        result.and(checkpoints)
+        let result = result.and(checkpoints);
+        end.ended(&result, was_cancelled);
+        result
     });
     tracing::info!(job = %name, "job started");
-    Ok(Launched { name, registry, supervisor, started, completed, savepoints, cancel, migrated })
+    Ok(Launched { name, registry, supervisor, started, completed, savepoints, cancel, migrated, history })
 }
 
 /// A task handle that aborts its task when dropped, and can be awaited.
@@ -172,10 +185,12 @@ impl<R> std::future::Future for AbortOnDrop<Result<R>> {
 /// Runs the tasks until they end, one fails, or `cancel` fires; on
 /// cancellation every task is aborted and awaited, so nothing of the job
 /// runs when this returns.
+/// Runs `tasks` until they all end (`Ok(false)`), one fails, or `cancel`
+/// fires (`Ok(true)`).
 async fn supervise(
     tasks: Vec<(String, Box<dyn HeadRunner>, NodeIo)>,
     cancel: tokio::sync::oneshot::Receiver<()>,
-) -> Result<()> {
+) -> Result<bool> {
     // A dropped handle is no request to stop.
     let cancelled = async {
         if cancel.await.is_err() {
@@ -205,7 +220,7 @@ async fn supervise(
                 () = &mut cancelled => {
                     set.abort_all();
                     while set.join_next().await.is_some() {}
-                    return Ok(());
+                    return Ok(true);
                 }
             },
         };
@@ -241,6 +256,6 @@ async fn supervise(
     set.abort_all();
     match secondary {
         Some(e) => Err(e),
-        None => Ok(()),
+        None => Ok(false),
     }
 }

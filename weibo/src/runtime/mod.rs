@@ -15,6 +15,7 @@ mod descriptor_tests;
 pub(crate) mod heads;
 pub(crate) mod launch;
 mod matching;
+pub(crate) mod status;
 
 use std::sync::Arc;
 use std::time::Instant;

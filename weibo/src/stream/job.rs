@@ -19,6 +19,7 @@ use crate::operator::typed;
 use crate::record::CheckpointId;
 use crate::runtime::config::{JobConfig, RestoreFrom};
 use crate::runtime::launch::Launched;
+use crate::runtime::status::JobState;
 use crate::sources::{Source, SourceOutput};
 use crate::state::StateBackend;
 use crate::stream::{Pipeline, Stream, port};
@@ -67,7 +68,14 @@ impl Job {
     pub fn new(name: impl Into<String>) -> Self {
         let config = JobConfig::default();
         let graph = Graph::new(name.into(), DEFAULT_MAX_KEY_GROUPS, config.state.name().to_string());
-        Self { graph: Arc::new(Mutex::new(Pipeline { graph, config })) }
+        Self {
+            graph: Arc::new(Mutex::new(Pipeline {
+                graph,
+                config,
+                #[cfg(feature = "admin")]
+                admin: None,
+            })),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Pipeline> {
@@ -480,6 +488,53 @@ impl Job {
         self.configure(|c| c.migrations.extend(migrations(Some(operator), f)))
     }
 
+    /// Serves the admin API on `addr` (`"127.0.0.1:8081"`; port 0 picks
+    /// one, see [`JobHandle::admin_addr`]) while the job runs: its status,
+    /// plan, metrics and checkpoints as JSON, savepoints, stop and cancel,
+    /// and `/healthz` and `/readyz` probes (the book's "Operating a job"
+    /// chapter lists the endpoints). An address other than loopback needs
+    /// a token ([`Job::with_admin_token`]): without one the job refuses to
+    /// start. Needs the `admin` feature.
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// let job = weibo::Job::new("watched").with_admin("127.0.0.1:0");
+    /// job.source(weibo::sources::Generator::new(u64::MAX, |i| i).with_rate(100.0)).sink(weibo::sinks::Blackhole::new());
+    /// let handle = job.spawn()?;
+    /// assert!(handle.admin_addr().is_some_and(|a| a.ip().is_loopback()));
+    /// handle.cancel().await?;
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    #[cfg(feature = "admin")]
+    #[must_use]
+    pub fn with_admin(self, addr: impl Into<String>) -> Self {
+        let addr = addr.into();
+        {
+            let mut pipeline = self.lock();
+            let token = pipeline.admin.take().and_then(|a| a.token);
+            pipeline.admin = Some(crate::stream::admin::AdminConfig { addr, token });
+        }
+        self
+    }
+
+    /// The bearer token every admin API request must carry
+    /// (`Authorization: Bearer <token>`), but the probes: required to
+    /// bind anything other than loopback, and a good idea on a shared
+    /// machine even there.
+    #[cfg(feature = "admin")]
+    #[must_use]
+    pub fn with_admin_token(self, token: impl Into<String>) -> Self {
+        let token = token.into();
+        {
+            let mut pipeline = self.lock();
+            let addr = pipeline.admin.take().map_or_else(|| "127.0.0.1:8081".to_string(), |a| a.addr);
+            pipeline.admin = Some(crate::stream::admin::AdminConfig { addr, token: Some(token) });
+        }
+        self
+    }
+
     /// Adds a source; each of its partitions is read by its own task.
     ///
     /// ```
@@ -575,11 +630,63 @@ impl Job {
     /// ```
     pub fn spawn(self) -> Result<JobHandle> {
         let pipeline = self.lock();
-        let Launched { name, registry, supervisor, started, completed, savepoints, cancel, migrated } =
-            crate::runtime::launch::launch(&pipeline.graph, &pipeline.config)?;
+        let status = Arc::new(tokio::sync::watch::channel(JobState::Starting).0);
+        // The admin API first: it answers while the job restores.
+        #[cfg(feature = "admin")]
+        let admin = match &pipeline.admin {
+            Some(config) => {
+                if tokio::runtime::Handle::try_current().is_err() {
+                    return Err(Error::Runtime {
+                        job: pipeline.graph.name.clone(),
+                        message: "a job runs on tokio: call `run`/`spawn` inside a tokio runtime".into(),
+                    });
+                }
+                Some(crate::stream::admin::start(
+                    &pipeline.graph.name,
+                    config,
+                    status.subscribe(),
+                    pipeline.graph.describe(),
+                )?)
+            }
+            None => None,
+        };
+        let launched = crate::runtime::launch::launch(&pipeline.graph, &pipeline.config, &status);
+        let Launched { name, registry, supervisor, started, completed, savepoints, cancel, migrated, history } =
+            match launched {
+                Ok(l) => l,
+                Err(e) => {
+                    status.send_replace(JobState::Failed { error: e.to_string() });
+                    return Err(e);
+                }
+            };
+        let cancel = Arc::new(Mutex::new(Some(cancel)));
+        #[cfg(feature = "admin")]
+        if let Some(server) = &admin {
+            server.admin.attach(crate::stream::admin::Control {
+                registry: registry.clone(),
+                requests: savepoints.clone(),
+                completed: completed.clone(),
+                cancel: cancel.clone(),
+                history: history.clone(),
+                storage: pipeline.config.checkpoint.as_ref().map(|c| c.storage.clone()),
+            });
+        }
         let migrated =
             migrated.into_iter().map(|(operator, state, entries)| MigratedState { operator, state, entries }).collect();
-        Ok(JobHandle { name, registry, supervisor, started, completed, savepoints, cancel, migrated })
+        Ok(JobHandle {
+            name,
+            registry,
+            supervisor,
+            started,
+            completed,
+            savepoints,
+            cancel,
+            migrated,
+            history,
+            status: status.subscribe(),
+            #[cfg(feature = "admin")]
+            admin,
+        })
     }
 
     /// Runs the job to the end of its input.
@@ -664,11 +771,61 @@ pub struct JobHandle {
     started: Instant,
     completed: Arc<AtomicU64>,
     savepoints: Option<mpsc::UnboundedSender<SavepointRequest>>,
-    cancel: tokio::sync::oneshot::Sender<()>,
+    /// Taken by whoever cancels first: this handle or the admin API.
+    cancel: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
     migrated: Vec<MigratedState>,
+    history: Arc<crate::checkpoint::history::History>,
+    status: tokio::sync::watch::Receiver<JobState>,
+    /// The admin API's server, while the handle lives.
+    #[cfg(feature = "admin")]
+    admin: Option<crate::stream::admin::AdminServer>,
 }
 
 impl JobHandle {
+    /// What the job is doing: running, or how it ended.
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// let job = weibo::Job::new("status");
+    /// job.source(weibo::sources::Generator::new(u64::MAX, |i| i).with_rate(100.0)).sink(weibo::sinks::Blackhole::new());
+    /// let handle = job.spawn()?;
+    /// assert_eq!(handle.status(), weibo::JobState::Running);
+    /// handle.cancel().await?;
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn status(&self) -> JobState {
+        self.status.borrow().clone()
+    }
+
+    /// The checkpoints the job took (or failed to), oldest first: the
+    /// last 200.
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let job = weibo::Job::new("history").with_checkpoints(dir.path(), std::time::Duration::from_secs(3600));
+    /// job.source(weibo::sources::Generator::new(u64::MAX, |i| i).with_rate(100.0)).sink(weibo::sinks::Blackhole::new());
+    /// let handle = job.spawn()?;
+    /// handle.savepoint("one").await?;
+    /// let history = handle.checkpoint_history();
+    /// assert_eq!((history[0].kind, history[0].outcome), ("savepoint", "completed"));
+    /// handle.cancel().await?;
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn checkpoint_history(&self) -> Vec<crate::checkpoint::CheckpointRecord> {
+        self.history.records()
+    }
+
+    /// Where the admin API listens ([`Job::with_admin`]), if it does.
+    #[cfg(feature = "admin")]
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin.as_ref().map(|a| a.local_addr)
+    }
+
     /// The states the job restored through a migration
     /// ([`Job::with_state_migration`]), with how many entries each.
     pub fn migrated(&self) -> &[MigratedState] {
@@ -894,7 +1051,9 @@ impl JobHandle {
     /// # Ok::<(), weibo::Error>(())
     /// ```
     pub async fn cancel(self) -> Result<()> {
-        let _ = self.cancel.send(());
+        if let Some(tx) = self.cancel.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            let _ = tx.send(());
+        }
         match self.supervisor.await {
             Ok(r) => r,
             Err(e) => Err(Error::Internal(format!("job `{}` supervisor failed: {e}", self.name))),

@@ -5,6 +5,8 @@
 //! Types are checked here, by the compiler; the runtime only sees bytes at
 //! node boundaries.
 
+#[cfg(feature = "admin")]
+pub(crate) mod admin;
 pub(crate) mod job;
 pub(crate) mod window;
 
@@ -221,6 +223,9 @@ pub use crate::operator::Aggregate;
 pub(crate) struct Pipeline {
     pub(crate) graph: Graph,
     pub(crate) config: JobConfig,
+    /// Where the admin API listens, if it is on (`Job::with_admin`).
+    #[cfg(feature = "admin")]
+    pub(crate) admin: Option<admin::AdminConfig>,
 }
 
 impl std::ops::Deref for Pipeline {

@@ -1,0 +1,223 @@
+//! The admin API over real HTTP: every endpoint of a running job, a
+//! savepoint taken through it and restored, a stop with a savepoint,
+//! bad names (400), a job without checkpoints (409), a failed job's
+//! readiness, and the bearer token (401 without it or with a wrong one,
+//! and nothing changes).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use weibo::sinks::CollectSink;
+use weibo::sources::Generator;
+use weibo::{Job, JobState};
+
+/// An HTTP/1.1 exchange: `method path`, with a bearer `token` and a JSON
+/// `body` if given; returns the status and the body.
+async fn http(addr: SocketAddr, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        request.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    let body = body.unwrap_or("");
+    request.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8(response).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, body.to_string())
+}
+
+async fn json(addr: SocketAddr, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> (u16, Value) {
+    let (status, text) = http(addr, method, path, token, body).await;
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {text}")))
+}
+
+/// Running totals per key, on two workers, at `rate` events a second.
+fn totals(job: &Job, rate: f64, out: &CollectSink<(u64, u64)>) {
+    job.source(Generator::new(1_000_000, |i| (i % 10, 1u64)).with_rate(rate))
+        .name("events")
+        .key_by(|e: &(u64, u64)| e.0)
+        .with_partitions(2)
+        .reduce(|a, b| (a.0, a.1 + b.1))
+        .uid("totals")
+        .sink(out.clone());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_of_a_running_job_and_a_savepoint_taken_through_it_restores() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = Job::new("admin").with_checkpoints(dir.path(), Duration::from_secs(3600)).with_admin("127.0.0.1:0");
+    let out = CollectSink::new();
+    totals(&job, 20_000.0, &out);
+    let handle = job.spawn().unwrap();
+    let addr = handle.admin_addr().unwrap();
+
+    assert_eq!(http(addr, "GET", "/healthz", None, None).await, (200, "ok\n".to_string()));
+    let (status, ready) = json(addr, "GET", "/readyz", None, None).await;
+    assert_eq!((status, &ready["ready"]), (200, &Value::Bool(true)), "{ready}");
+    let (status, job) = json(addr, "GET", "/api/job", None, None).await;
+    assert_eq!(status, 200);
+    assert_eq!((job["job"].as_str(), job["status"]["state"].as_str()), (Some("admin"), Some("running")), "{job}");
+    assert_eq!(job["checkpoints"], Value::Bool(true));
+
+    let (status, plan) = json(addr, "GET", "/api/plan", None, None).await;
+    assert_eq!(status, 200);
+    let nodes = plan["nodes"].as_array().unwrap();
+    let reduce = nodes.iter().find(|n| n["id"] == "totals").unwrap();
+    assert_eq!((reduce["kind"].as_str(), reduce["parallelism"].as_u64()), (Some("reduce"), Some(2)), "{plan}");
+    assert_eq!(reduce["stateful"], Value::Bool(true));
+    assert_eq!(reduce["inputs"][0]["edge"], "hash");
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, metrics) = json(addr, "GET", "/api/metrics", None, None).await;
+    assert_eq!(status, 200);
+    let events = metrics["operators"].as_array().unwrap().iter().find(|o| o["name"] == "events").unwrap();
+    let read = events["records_out"].as_u64().unwrap();
+    assert!(read > 0 && read <= handle.metrics().operator("events").unwrap().records_out, "{metrics}");
+    assert!(metrics["edges"].as_array().is_some_and(|e| !e.is_empty()));
+
+    let (status, history) = json(addr, "GET", "/api/checkpoints", None, None).await;
+    assert_eq!((status, history["checkpoints"].as_array().map(Vec::len)), (200, Some(0)));
+    let (status, listed) = json(addr, "GET", "/api/savepoints", None, None).await;
+    assert_eq!((status, listed["savepoints"].as_array().map(Vec::len)), (200, Some(0)));
+
+    // A savepoint by name; the same name again is a conflict; a bad name a bad request.
+    let (status, taken) = json(addr, "POST", "/api/savepoints", None, Some(r#"{"name": "via-api"}"#)).await;
+    assert_eq!(status, 201, "{taken}");
+    let path = std::path::PathBuf::from(taken["path"].as_str().unwrap());
+    assert!(path.join("MANIFEST").is_file());
+    let (status, again) = json(addr, "POST", "/api/savepoints", None, Some(r#"{"name": "via-api"}"#)).await;
+    assert_eq!(status, 409, "{again}");
+    for bad in [r#"{"name": "../escape"}"#, r#"{"name": ""}"#, r#"{"nom": "x"}"#, "not json"] {
+        let (status, err) = json(addr, "POST", "/api/savepoints", None, Some(bad)).await;
+        assert_eq!(status, 400, "{bad}: {err}");
+        assert!(err["error"].is_string());
+    }
+    let (_, listed) = json(addr, "GET", "/api/savepoints", None, None).await;
+    assert_eq!(listed["savepoints"][0]["name"], "via-api", "{listed}");
+    let (_, history) = json(addr, "GET", "/api/checkpoints", None, None).await;
+    let records = history["checkpoints"].as_array().unwrap();
+    let first = &records[0];
+    assert_eq!(
+        (first["kind"].as_str(), first["outcome"].as_str()),
+        (Some("savepoint"), Some("completed")),
+        "{history}"
+    );
+    assert!(first["bytes"].as_u64().unwrap() > 0 && first["duration_ms"].as_f64().unwrap() > 0.0, "{first}");
+    assert_eq!(records.len(), handle.checkpoint_history().len());
+
+    let (status, _) = json(addr, "GET", "/api/nothing", None, None).await;
+    assert_eq!(status, 404);
+
+    // Stop with a savepoint: the job ends, and the savepoint restores.
+    let (status, stopped) = json(addr, "POST", "/api/stop", None, Some(r#"{"savepoint": "last"}"#)).await;
+    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(stopped["status"]["state"], "stopped");
+    assert_eq!(handle.status(), JobState::Stopped);
+    let (status, _) = json(addr, "GET", "/readyz", None, None).await;
+    assert_eq!(status, 503, "not ready once stopped");
+    let (status, _) = json(addr, "POST", "/api/cancel", None, None).await;
+    assert_eq!(status, 409, "already ended");
+    let last = std::path::PathBuf::from(stopped["checkpoint"].as_str().unwrap());
+    handle.cancel().await.unwrap();
+    let before = out.values().iter().map(|(_, n)| *n).max().unwrap();
+
+    // The savepoint taken through the API restores: totals go on from it.
+    let restored = Job::new("admin").restore_from(&last);
+    let after = CollectSink::new();
+    totals(&restored, 20_000.0, &after);
+    let handle = restored.spawn().unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    handle.cancel().await.unwrap();
+    let resumed = after.values().iter().map(|(_, n)| *n).min().unwrap();
+    assert!(resumed > 1 && resumed <= before + 1, "totals resume from the savepoint: {resumed} after {before}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_without_checkpoints_has_no_savepoints_and_a_failed_job_is_not_ready() {
+    let job = Job::new("plain").with_admin("127.0.0.1:0");
+    job.source(Generator::new(u64::MAX, |i| i).with_rate(1_000.0)).sink(CollectSink::new());
+    let handle = job.spawn().unwrap();
+    let addr = handle.admin_addr().unwrap();
+    let (status, err) = json(addr, "POST", "/api/savepoints", None, Some(r#"{"name": "x"}"#)).await;
+    assert_eq!(status, 409, "{err}");
+    assert!(err["error"].as_str().unwrap().contains("no checkpoints"), "{err}");
+    let (status, _) = json(addr, "GET", "/api/savepoints", None, None).await;
+    assert_eq!(status, 409);
+    let (status, _) = json(addr, "POST", "/api/stop", None, Some(r#"{"savepoint": "x"}"#)).await;
+    assert_eq!(status, 409);
+    assert_eq!(handle.status(), JobState::Running, "a refused stop changes nothing");
+    let (status, cancelled) = json(addr, "POST", "/api/cancel", None, None).await;
+    assert_eq!((status, cancelled["status"]["state"].as_str()), (200, Some("stopped")), "{cancelled}");
+    handle.cancel().await.unwrap();
+
+    let job = Job::new("failing").with_admin("127.0.0.1:0");
+    job.source(Generator::new(u64::MAX, |i| i).with_rate(1_000.0))
+        .process(weibo::on_error::Fail, |x: &u64| if *x < 50 { Ok(*x) } else { Err("no more") })
+        .sink(CollectSink::new());
+    let handle = job.spawn().unwrap();
+    let addr = handle.admin_addr().unwrap();
+    while !handle.status().has_ended() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, ready) = json(addr, "GET", "/readyz", None, None).await;
+    assert_eq!((status, ready["status"]["state"].as_str()), (503, Some("failed")), "{ready}");
+    let (_, job) = json(addr, "GET", "/api/job", None, None).await;
+    assert!(job["status"]["error"].as_str().unwrap().contains("no more"), "{job}");
+    assert!(handle.wait().await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_right_token_every_request_gets_401_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = Job::new("guarded")
+        .with_checkpoints(dir.path(), Duration::from_secs(3600))
+        .with_admin("127.0.0.1:0")
+        .with_admin_token("s3cret-token");
+    job.source(Generator::new(u64::MAX, |i| i).with_rate(1_000.0)).sink(CollectSink::new());
+    let handle = job.spawn().unwrap();
+    let addr = handle.admin_addr().unwrap();
+    for token in [None, Some("wrong"), Some("s3cret-toke"), Some("s3cret-token-")] {
+        for (method, path, body) in [
+            ("GET", "/api/job", None),
+            ("GET", "/api/metrics", None),
+            ("POST", "/api/savepoints", Some(r#"{"name": "sneaky"}"#)),
+            ("POST", "/api/stop", None),
+            ("POST", "/api/cancel", None),
+        ] {
+            let (status, err) = json(addr, method, path, token, body).await;
+            assert_eq!(status, 401, "{method} {path} with {token:?}: {err}");
+        }
+    }
+    assert_eq!(handle.status(), JobState::Running, "nothing was stopped");
+    assert!(handle.checkpoint_history().is_empty(), "no savepoint was taken");
+    assert!(!dir.path().join("savepoints/sneaky").exists());
+    // The probes need no token.
+    assert_eq!(http(addr, "GET", "/healthz", None, None).await.0, 200);
+    assert_eq!(http(addr, "GET", "/readyz", None, None).await.0, 200);
+    let (status, _) = json(addr, "GET", "/api/job", Some("s3cret-token"), None).await;
+    assert_eq!(status, 200);
+    let (status, _) = json(addr, "POST", "/api/cancel", Some("s3cret-token"), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(handle.status(), JobState::Stopped);
+    handle.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_loopback_address_without_a_token_is_refused() {
+    let job = Job::new("exposed").with_admin("0.0.0.0:0");
+    job.source(Generator::new(10, |i| i)).sink(CollectSink::new());
+    let err = job.spawn().unwrap_err().to_string();
+    assert!(err.contains("not loopback") && err.contains("with_admin_token"), "{err}");
+    let job = Job::new("typo").with_admin("localhost:80:80");
+    job.source(Generator::new(10, |i| i)).sink(CollectSink::new());
+    let err = job.spawn().unwrap_err().to_string();
+    assert!(err.contains("localhost:80:80"), "{err}");
+}

@@ -1,0 +1,65 @@
+//! The checkpoints a running job took, newest last: what the admin API
+//! shows (`GET /api/checkpoints`).
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+
+/// How many checkpoints a history keeps (the oldest go first).
+const KEPT: usize = 200;
+
+/// One checkpoint attempt.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct CheckpointRecord {
+    /// Its number.
+    pub id: u64,
+    /// `checkpoint` (on the interval or asked for), `savepoint`, or
+    /// `final` (at the end of the input).
+    pub kind: &'static str,
+    /// The savepoint's name, for a savepoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub savepoint: Option<String>,
+    /// When it was triggered, in milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
+    /// From the trigger to the manifest written (or the failure).
+    pub duration_ms: f64,
+    /// Bytes of the state files it wrote (not those it carried over from
+    /// earlier checkpoints of a chain).
+    pub bytes: u64,
+    /// `completed` or `failed`.
+    pub outcome: &'static str,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A job's checkpoint history, shared by its coordinator (which writes
+/// it) and whoever reads it.
+#[derive(Debug, Default)]
+pub(crate) struct History {
+    records: Mutex<VecDeque<CheckpointRecord>>,
+}
+
+impl History {
+    /// Adds a record, dropping the oldest beyond [`KEPT`].
+    pub(crate) fn push(&self, record: CheckpointRecord) {
+        let mut records = self.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if records.len() == KEPT {
+            records.pop_front();
+        }
+        records.push_back(record);
+    }
+
+    /// The records, oldest first.
+    pub(crate) fn records(&self) -> Vec<CheckpointRecord> {
+        self.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().cloned().collect()
+    }
+}
+
+/// Milliseconds since the Unix epoch of `at`.
+pub(crate) fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH).unwrap_or(Duration::ZERO).as_millis().try_into().unwrap_or(u64::MAX)
+}

@@ -1,0 +1,389 @@
+//! The admin API: an HTTP server embedded in the job's process
+//! (`Job::with_admin`), to see a running job and steer it from outside
+//! the binary: its status, plan, metrics and checkpoints as JSON; a
+//! savepoint by name, a stop (with or without one), a cancel; liveness
+//! and readiness probes for a container orchestrator.
+//!
+//! It binds loopback unless told otherwise; on any other address it
+//! requires a bearer token (`Job::with_admin_token`), compared in constant
+//! time, and every request without it or with a wrong one gets 401 and
+//! changes nothing. The probes (`/healthz`, `/readyz`) need no token:
+//! they reveal only whether the job runs.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::checkpoint::history::History;
+use crate::checkpoint::{CheckpointStorage, SavepointRequest};
+use crate::error::{Error, Result};
+use crate::metrics::Registry;
+use crate::runtime::status::JobState;
+
+/// Where the admin API listens, and the token it requires.
+#[derive(Clone, Debug)]
+pub(crate) struct AdminConfig {
+    pub(crate) addr: String,
+    pub(crate) token: Option<String>,
+}
+
+/// What the admin API can do to a running job: filled in once the job
+/// has started (before, only the status and the plan are known).
+pub(crate) struct Control {
+    pub(crate) registry: Registry,
+    pub(crate) requests: Option<mpsc::UnboundedSender<SavepointRequest>>,
+    pub(crate) completed: Arc<AtomicU64>,
+    pub(crate) cancel: Arc<Mutex<Option<oneshot::Sender<()>>>>,
+    pub(crate) history: Arc<History>,
+    pub(crate) storage: Option<Arc<dyn CheckpointStorage>>,
+}
+
+/// The admin API's view of its job.
+pub(crate) struct Admin {
+    job: String,
+    started: Instant,
+    status: watch::Receiver<JobState>,
+    plan: Value,
+    /// The token's digest: compared, never the token itself.
+    token: Option<[u8; 16]>,
+    control: OnceLock<Control>,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Admin({})", self.job)
+    }
+}
+
+/// A running admin server: stops when dropped.
+#[derive(Debug)]
+pub(crate) struct AdminServer {
+    pub(crate) admin: Arc<Admin>,
+    pub(crate) local_addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for AdminServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn digest(token: &str) -> [u8; 16] {
+    xxhash_rust::xxh3::xxh3_128(token.as_bytes()).to_le_bytes()
+}
+
+/// Whether two digests are equal, in time that does not depend on where
+/// they differ.
+fn same(a: &[u8; 16], b: &[u8; 16]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Binds `config.addr` (refusing a non-loopback address without a token)
+/// and serves the admin API of job `job` on the current runtime.
+///
+/// # Errors
+/// [`Error::Refused`] for an address that does not parse, a non-loopback
+/// one without a token, or one that cannot be bound.
+pub(crate) fn start(
+    job: &str,
+    config: &AdminConfig,
+    status: watch::Receiver<JobState>,
+    plan: Value,
+) -> Result<AdminServer> {
+    let refused = |message: String| Error::Refused { job: job.to_string(), message };
+    let addr: SocketAddr = config
+        .addr
+        .parse()
+        .map_err(|e| refused(format!("the admin API's address `{}` is not an address and port: {e}", config.addr)))?;
+    if !addr.ip().is_loopback() && config.token.as_deref().is_none_or(str::is_empty) {
+        return Err(refused(format!(
+            "the admin API would listen on {addr}, which is not loopback, without a token: set one with \
+             `Job::with_admin_token`, or bind 127.0.0.1"
+        )));
+    }
+    let listener = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|e| refused(format!("the admin API cannot listen on {addr}: {e}")))?;
+    let local_addr = listener.local_addr().map_err(|e| refused(format!("the admin API's address: {e}")))?;
+    let listener = tokio::net::TcpListener::from_std(listener)
+        .map_err(|e| refused(format!("the admin API cannot listen on {addr}: {e}")))?;
+    let admin = Arc::new(Admin {
+        job: job.to_string(),
+        started: Instant::now(),
+        status,
+        plan,
+        token: config.token.as_deref().map(digest),
+        control: OnceLock::new(),
+    });
+    let app = router(admin.clone());
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!(error = %e, "the admin API stopped");
+        }
+    });
+    tracing::info!(job, %local_addr, token = admin.token.is_some(), "admin API listening{}",
+        if admin.token.is_some() { " (requests need the bearer token)" } else { "" });
+    Ok(AdminServer { admin, local_addr, task })
+}
+
+impl Admin {
+    /// Gives the admin API the running job's controls.
+    pub(crate) fn attach(&self, control: Control) {
+        let _ = self.control.set(control);
+    }
+}
+
+fn router(admin: Arc<Admin>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/api/job", get(job_status))
+        .route("/api/plan", get(plan))
+        .route("/api/metrics", get(metrics))
+        .route("/api/checkpoints", get(checkpoints))
+        .route("/api/savepoints", get(savepoints).post(take_savepoint))
+        .route("/api/stop", post(stop))
+        .route("/api/cancel", post(cancel))
+        .fallback(not_found)
+        .with_state(admin)
+}
+
+/// An error as the API answers it: a status and `{"error": ...}`.
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({ "error": self.1, "status": self.0.as_u16() });
+        (self.0, axum::Json(body)).into_response()
+    }
+}
+
+type Answer = std::result::Result<Response, ApiError>;
+
+fn ok(value: Value) -> Answer {
+    Ok(axum::Json(value).into_response())
+}
+
+impl Admin {
+    fn authorize(&self, headers: &HeaderMap) -> std::result::Result<(), ApiError> {
+        let Some(want) = &self.token else { return Ok(()) };
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(digest);
+        match given {
+            Some(given) if same(&given, want) => Ok(()),
+            _ => Err(ApiError(StatusCode::UNAUTHORIZED, "a valid bearer token is required".into())),
+        }
+    }
+
+    fn control(&self) -> std::result::Result<&Control, ApiError> {
+        self.control.get().ok_or_else(|| ApiError(StatusCode::SERVICE_UNAVAILABLE, "the job is still starting".into()))
+    }
+
+    fn state(&self) -> JobState {
+        self.status.borrow().clone()
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, "no such endpoint: see the book's \"Operating a job\" chapter".into())
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(admin): State<Arc<Admin>>) -> Response {
+    let state = admin.state();
+    let ready = state == JobState::Running;
+    let body = axum::Json(json!({ "ready": ready, "status": state }));
+    if ready { (StatusCode::OK, body).into_response() } else { (StatusCode::SERVICE_UNAVAILABLE, body).into_response() }
+}
+
+async fn job_status(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
+    admin.authorize(&headers)?;
+    let last = admin.control.get().map(|c| c.completed.load(Ordering::Relaxed)).filter(|n| *n > 0);
+    ok(json!({
+        "job": admin.job,
+        "status": admin.state(),
+        "uptime_ms": u64::try_from(admin.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        "last_checkpoint": last,
+        "checkpoints": admin.control.get().is_some_and(|c| c.requests.is_some()),
+    }))
+}
+
+async fn plan(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
+    admin.authorize(&headers)?;
+    ok(admin.plan.clone())
+}
+
+async fn metrics(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
+    admin.authorize(&headers)?;
+    let snapshot = admin.control()?.registry.snapshot();
+    ok(serde_json::to_value(&snapshot).map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?)
+}
+
+async fn checkpoints(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
+    admin.authorize(&headers)?;
+    let records = admin.control()?.history.records();
+    ok(json!({ "checkpoints": records }))
+}
+
+async fn savepoints(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
+    admin.authorize(&headers)?;
+    let control = admin.control()?;
+    let Some(storage) = control.storage.clone() else {
+        return Err(no_checkpoints());
+    };
+    let names = crate::task::blocking(|| crate::checkpoint::savepoints_in(&*storage))
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let found: Vec<Value> = names
+        .into_iter()
+        .map(|name| {
+            let path = storage.locate(&format!("savepoints/{name}"));
+            json!({ "name": name, "path": path })
+        })
+        .collect();
+    ok(json!({ "savepoints": found }))
+}
+
+fn no_checkpoints() -> ApiError {
+    ApiError(
+        StatusCode::CONFLICT,
+        "the job takes no checkpoints (`Job::with_checkpoints`): it has no savepoints".into(),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavepointBody {
+    name: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StopBody {
+    /// Take a savepoint of this name before stopping.
+    #[serde(default)]
+    savepoint: Option<String>,
+}
+
+/// Parses a JSON body (empty is `T::default()` where `empty` allows it).
+fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes, empty: Option<T>) -> std::result::Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace)
+        && let Some(empty) = empty
+    {
+        return Ok(empty);
+    }
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("the request's JSON body: {e}")))
+}
+
+/// Why a savepoint name is refused, if it is.
+fn bad_name(name: &str) -> Option<ApiError> {
+    let valid = !name.is_empty()
+        && !name.starts_with('.')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    (!valid).then(|| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("`{name}` is not a savepoint name: use letters, digits, `-`, `_` and `.` (not first)"),
+        )
+    })
+}
+
+/// The API's answer to a job's error.
+fn job_error(e: Error) -> ApiError {
+    let status = match &e {
+        Error::Refused { .. } => StatusCode::CONFLICT,
+        Error::Checkpoint { message, .. } if message.contains("exists") => StatusCode::CONFLICT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    ApiError(status, e.to_string())
+}
+
+/// Asks the job for a checkpoint now, or a savepoint named `name`.
+async fn request(control: &Control, name: Option<String>) -> std::result::Result<std::path::PathBuf, ApiError> {
+    let Some(tx) = &control.requests else { return Err(no_checkpoints()) };
+    let (reply, answer) = oneshot::channel();
+    let gone = || ApiError(StatusCode::CONFLICT, "the job has stopped taking checkpoints".into());
+    tx.send(SavepointRequest { name, reply }).map_err(|_| gone())?;
+    answer.await.map_err(|_| gone())?.map_err(job_error)
+}
+
+async fn take_savepoint(State(admin): State<Arc<Admin>>, headers: HeaderMap, bytes: Bytes) -> Answer {
+    admin.authorize(&headers)?;
+    let SavepointBody { name } = body(&bytes, None)?;
+    if let Some(e) = bad_name(&name) {
+        return Err(e);
+    }
+    let control = admin.control()?;
+    let path = request(control, Some(name.clone())).await?;
+    tracing::info!(job = %admin.job, savepoint = %name, path = %path.display(), "savepoint taken through the admin API");
+    Ok((StatusCode::CREATED, axum::Json(json!({ "name": name, "path": path }))).into_response())
+}
+
+/// Stops the job: with a savepoint first if the body names one, else
+/// with a last checkpoint (if the job takes checkpoints); then cancels it
+/// and waits for it to end.
+async fn stop(State(admin): State<Arc<Admin>>, headers: HeaderMap, bytes: Bytes) -> Answer {
+    admin.authorize(&headers)?;
+    let StopBody { savepoint } = body(&bytes, Some(StopBody::default()))?;
+    if let Some(e) = savepoint.as_deref().and_then(bad_name) {
+        return Err(e);
+    }
+    let control = admin.control()?;
+    if admin.state().has_ended() {
+        return Err(ApiError(StatusCode::CONFLICT, "the job has already ended".into()));
+    }
+    let path = match (&savepoint, &control.requests) {
+        (Some(_), None) => return Err(no_checkpoints()),
+        (Some(name), Some(_)) => Some(request(control, Some(name.clone())).await?),
+        (None, Some(_)) => match request(control, None).await {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(job = %admin.job, error = %e.1, "no last checkpoint before stopping");
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    let state = end(&admin, control).await;
+    tracing::info!(job = %admin.job, "stopped through the admin API");
+    ok(json!({ "stopped": true, "checkpoint": path, "status": state }))
+}
+
+async fn cancel(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
+    admin.authorize(&headers)?;
+    let control = admin.control()?;
+    if admin.state().has_ended() {
+        return Err(ApiError(StatusCode::CONFLICT, "the job has already ended".into()));
+    }
+    let state = end(&admin, control).await;
+    tracing::info!(job = %admin.job, "cancelled through the admin API");
+    ok(json!({ "cancelled": true, "status": state }))
+}
+
+/// Cancels the job and waits until it has ended.
+async fn end(admin: &Admin, control: &Control) -> JobState {
+    if let Some(tx) = control.cancel.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+        let _ = tx.send(());
+    }
+    let mut status = admin.status.clone();
+    let _ = status.wait_for(JobState::has_ended).await;
+    admin.state()
+}
