@@ -57,10 +57,16 @@ async fn main() -> Result<(), Box<dyn Error>> {
         ("POST", "/api/savepoints", r#"{"name": "before-upgrade"}"#),
         ("POST", "/api/savepoints", r#"{"name": "../elsewhere"}"#),
         ("GET", "/api/checkpoints", ""),
+        ("GET", "/metrics", ""),
         ("POST", "/api/stop", ""),
     ] {
         let (status, answer) = http(addr, method, path, body).await?;
-        println!("{method} {path} {body}\n  -> {status} {}", answer.trim_end());
+        // Of the scrape, the families of the operator `orders`.
+        let answer: Vec<&str> = match path {
+            "/metrics" => answer.lines().filter(|l| l.contains("operator=\"orders\"")).collect(),
+            _ => vec![answer.trim_end()],
+        };
+        println!("{method} {path} {body}\n  -> {status} {}", answer.join("\n     "));
     }
     // ANCHOR_END: requests
     assert_eq!(handle.status(), weibo::JobState::Stopped);

@@ -7,6 +7,8 @@
 # rustfmt), and Java 17 and Maven for the Kafka tests: the broker (Apache
 # Kafka, KRaft) is fetched from Maven Central once into
 # $HOME/.cache/weibo/ and started by the tests themselves on loopback.
+# Debian's `prometheus` (a real scraper for the metrics endpoint) is
+# installed with apt-get when missing; the tests start it themselves.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -24,6 +26,15 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "Kafka broker for the tests"
 scripts/fetch-kafka.sh
+
+step "Prometheus for the tests"
+if ! command -v prometheus > /dev/null; then
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get install -y prometheus || { $sudo apt-get update && $sudo apt-get install -y prometheus; }
+fi
+prometheus --version | head -n 1
 
 step "tests"
 cargo test --workspace --locked

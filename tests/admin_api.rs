@@ -10,29 +10,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use weibo::sinks::CollectSink;
 use weibo::sources::Generator;
 use weibo::{Job, JobState};
-
-/// An HTTP/1.1 exchange: `method path`, with a bearer `token` and a JSON
-/// `body` if given; returns the status and the body.
-async fn http(addr: SocketAddr, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if let Some(t) = token {
-        request.push_str(&format!("Authorization: Bearer {t}\r\n"));
-    }
-    let body = body.unwrap_or("");
-    request.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()));
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.unwrap();
-    let text = String::from_utf8(response).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, body.to_string())
-}
+use weibo_tests::http;
 
 async fn json(addr: SocketAddr, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> (u16, Value) {
     let (status, text) = http(addr, method, path, token, body).await;
@@ -111,7 +92,7 @@ async fn every_endpoint_of_a_running_job_and_a_savepoint_taken_through_it_restor
         "{history}"
     );
     assert!(first["bytes"].as_u64().unwrap() > 0 && first["duration_ms"].as_f64().unwrap() > 0.0, "{first}");
-    assert_eq!(records.len(), handle.checkpoint_history().len());
+    assert_eq!(handle.checkpoint_history()[0].id, first["id"].as_u64().unwrap());
 
     let (status, _) = json(addr, "GET", "/api/nothing", None, None).await;
     assert_eq!(status, 404);
@@ -164,11 +145,16 @@ async fn a_job_without_checkpoints_has_no_savepoints_and_a_failed_job_is_not_rea
         .sink(CollectSink::new());
     let handle = job.spawn().unwrap();
     let addr = handle.admin_addr().unwrap();
-    while !handle.status().has_ended() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !handle.status().has_ended() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the failing job ends");
     let (status, ready) = json(addr, "GET", "/readyz", None, None).await;
-    assert_eq!((status, ready["status"]["state"].as_str()), (503, Some("failed")), "{ready}");
+    assert_eq!((status, ready["state"].as_str()), (503, Some("failed")), "{ready}");
+    assert!(!ready.to_string().contains("no more"), "the probe tells no error without the token: {ready}");
     let (_, job) = json(addr, "GET", "/api/job", None, None).await;
     assert!(job["status"]["error"].as_str().unwrap().contains("no more"), "{job}");
     assert!(handle.wait().await.is_err());
@@ -220,4 +206,49 @@ async fn a_non_loopback_address_without_a_token_is_refused() {
     job.source(Generator::new(10, |i| i)).sink(CollectSink::new());
     let err = job.spawn().unwrap_err().to_string();
     assert!(err.contains("localhost:80:80"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_job_says_so_and_refuses_to_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = Job::new("short").with_checkpoints(dir.path(), Duration::from_secs(3600)).with_admin("127.0.0.1:0");
+    job.source(Generator::new(1_000, |i| i)).sink(CollectSink::new());
+    let handle = job.spawn().unwrap();
+    let addr = handle.admin_addr().unwrap();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !handle.status().has_ended() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the job ends");
+    assert_eq!(handle.status(), JobState::Finished);
+    let (status, ready) = json(addr, "GET", "/readyz", None, None).await;
+    assert_eq!((status, ready["state"].as_str()), (503, Some("finished")), "{ready}");
+    let (_, job) = json(addr, "GET", "/api/job", None, None).await;
+    assert_eq!(job["status"]["state"], "finished", "{job}");
+    assert!(job["last_checkpoint"].as_u64().is_some(), "the final checkpoint: {job}");
+    let (_, history) = json(addr, "GET", "/api/checkpoints", None, None).await;
+    assert_eq!(history["checkpoints"][0]["kind"], "final", "{history}");
+    let (status, _) = json(addr, "POST", "/api/stop", None, None).await;
+    assert_eq!(status, 409);
+    let (status, err) = json(addr, "DELETE", "/api/job", None, None).await;
+    assert_eq!(status, 405, "{err}");
+    let long = format!(r#"{{"name": "{}"}}"#, "n".repeat(129));
+    let (status, _) = json(addr, "POST", "/api/savepoints", None, Some(&long)).await;
+    assert_eq!(status, 400);
+    handle.wait().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_address_with_a_token_serves_the_api() {
+    let job = Job::new("exposed").with_admin("0.0.0.0:0").with_admin_token("t0ken");
+    job.source(Generator::new(u64::MAX, |i| i).with_rate(100.0)).sink(CollectSink::new());
+    let handle = job.spawn().unwrap();
+    let bound = handle.admin_addr().unwrap();
+    assert!(bound.ip().is_unspecified());
+    let addr: SocketAddr = format!("127.0.0.1:{}", bound.port()).parse().unwrap();
+    assert_eq!(json(addr, "GET", "/api/job", None, None).await.0, 401);
+    assert_eq!(json(addr, "GET", "/api/job", Some("t0ken"), None).await.0, 200);
+    handle.cancel().await.unwrap();
 }

@@ -33,3 +33,144 @@ pub fn savepoint_midway(job: weibo::Job, after: std::time::Duration) -> std::pat
         savepoint
     })
 }
+
+/// One HTTP/1.1 exchange over loopback (what the admin API and Prometheus
+/// tests need, without an HTTP client crate): `method path`, with a bearer
+/// `token` and a JSON `body` if given; returns the status and the body.
+///
+/// # Panics
+/// When the server cannot be reached or answers something that is not
+/// HTTP (a test's failure).
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub async fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        request.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    let body = body.unwrap_or("");
+    request.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8(response).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("a status line");
+    // Prometheus answers in chunks.
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { unchunk(body) } else { body.to_string() };
+    (status, body)
+}
+
+/// The body of a chunked HTTP response.
+fn unchunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        let (chunk, after) = rest.split_at(n);
+        out.push_str(chunk);
+        body = after.strip_prefix("\r\n").unwrap_or(after);
+    }
+    out
+}
+
+/// A Prometheus server (Debian's `prometheus` package, which the README's
+/// test command installs) scraping `target`'s `/metrics` every second
+/// (keeping the job's own `job` label: `honor_labels`),
+/// on a free loopback port in a temporary directory; killed when dropped.
+pub struct Prometheus {
+    child: std::process::Child,
+    /// Where its HTTP API listens.
+    pub addr: std::net::SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    /// Starts it and waits until it is ready.
+    ///
+    /// # Panics
+    /// When `prometheus` is not installed (the message says how to get it)
+    /// or does not become ready in 30 seconds.
+    #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    pub async fn start(target: std::net::SocketAddr, token: Option<&str>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = token.map_or(String::new(), |t| format!("    authorization: {{ credentials: '{t}' }}\n"));
+        let config = format!(
+            "global: {{ scrape_interval: 1s, scrape_timeout: 1s }}\nscrape_configs:\n  - job_name: weibo\n    honor_labels: true\n{auth}    static_configs: [ {{ targets: ['{target}'] }} ]\n"
+        );
+        let file = dir.path().join("prometheus.yml");
+        std::fs::write(&file, config).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let child = std::process::Command::new("prometheus")
+            .arg(format!("--config.file={}", file.display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("prometheus.log")).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start `prometheus` ({e}): install it with `apt-get install -y prometheus` (the README's test command does)")
+            });
+        let server = Self { child, addr, _dir: dir };
+        for _ in 0..300 {
+            if tokio::net::TcpStream::connect(addr).await.is_ok()
+                && http(addr, "GET", "/-/ready", None, None).await.0 == 200
+            {
+                return server;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("prometheus did not become ready on {addr} in 30 s");
+    }
+
+    /// What Prometheus says of its scrape targets (`/api/v1/targets`), for
+    /// a failure's message.
+    pub async fn targets(&self) -> String {
+        http(self.addr, "GET", "/api/v1/targets", None, None).await.1
+    }
+
+    /// The value of instant query `expr` now (`None` while it has no
+    /// sample), summed over the series it returns.
+    ///
+    /// # Panics
+    /// When the query fails (a test's failure).
+    #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+    pub async fn query(&self, expr: &str) -> Option<f64> {
+        let encoded: String = expr
+            .bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"_.-".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect();
+        let (status, body) = http(self.addr, "GET", &format!("/api/v1/query?query={encoded}"), None, None).await;
+        assert_eq!(status, 200, "{expr}: {body}");
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let results = json["data"]["result"].as_array().expect("a vector result");
+        if results.is_empty() {
+            return None;
+        }
+        Some(results.iter().map(|r| r["value"][1].as_str().unwrap().parse::<f64>().unwrap()).sum())
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

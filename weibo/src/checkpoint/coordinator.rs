@@ -64,6 +64,9 @@ pub(crate) struct SavepointRequest {
     pub(crate) reply: tokio::sync::oneshot::Sender<Result<PathBuf>>,
 }
 
+/// Why a savepoint is refused when one of its name exists.
+pub(crate) const SAVEPOINT_EXISTS: &str = "a savepoint of this name exists already: choose another name";
+
 /// Why no checkpoint or savepoint can be taken once every source has
 /// reached its end (the final checkpoint is, or was, being taken).
 pub(crate) const ALL_SOURCES_ENDED: &str =
@@ -136,7 +139,14 @@ impl Coordinator {
                             let _ = request.reply.send(Err(Error::Refused { job: self.job.clone(), message: ALL_SOURCES_ENDED.into() }));
                             continue;
                         }
-                        Some(request) => Some(request),
+                        Some(request) => match request.name.as_deref().map(|name| self.savepoint_taken(name)) {
+                            // Refused before a checkpoint is taken for it.
+                            Some(Err(e)) => {
+                                let _ = request.reply.send(Err(e));
+                                continue;
+                            }
+                            _ => Some(request),
+                        },
                         None => {
                             savepoints_open = false;
                             continue;
@@ -179,7 +189,6 @@ impl Coordinator {
             }
             let triggered_at = (std::time::SystemTime::now(), std::time::Instant::now());
             let outcome = self.take(n, is_final, timeout, &mut ended, &mut stop).await;
-            self.record(n, is_final, savepoint.as_ref().and_then(|r| r.name.clone()), triggered_at, &outcome);
             let reply = match &outcome {
                 Outcome::Complete => match savepoint.as_ref().and_then(|r| r.name.clone()) {
                     Some(name) => self.copy_to_savepoint(n, &name),
@@ -195,6 +204,8 @@ impl Coordinator {
                     message: "the job stopped before the checkpoint completed".into(),
                 }),
             };
+            let name = savepoint.as_ref().and_then(|r| r.name.clone());
+            self.record(n, is_final, name, triggered_at, &outcome, reply.as_ref().err());
             if let Some(request) = savepoint {
                 let _ = request.reply.send(reply);
             }
@@ -234,11 +245,15 @@ impl Coordinator {
         savepoint: Option<String>,
         (at, started): (std::time::SystemTime, std::time::Instant),
         outcome: &Outcome,
+        reply: Option<&Error>,
     ) {
-        let (outcome, error) = match outcome {
-            Outcome::Complete => ("completed", None),
-            Outcome::Failed(why) => ("failed", Some(why.clone())),
-            Outcome::Stopped => return,
+        let (outcome, error) = match (outcome, reply) {
+            // A savepoint whose copy failed: its checkpoint completed, the
+            // savepoint did not.
+            (Outcome::Complete, Some(e)) => ("failed", Some(e.to_string())),
+            (Outcome::Complete, None) => ("completed", None),
+            (Outcome::Failed(why), _) => ("failed", Some(why.clone())),
+            (Outcome::Stopped, _) => return,
         };
         let bytes = match (outcome, &self.previous) {
             // The files this checkpoint wrote, not those it carried.
@@ -449,6 +464,19 @@ impl Coordinator {
 
     /// Copies complete checkpoint `n` to `savepoints/<name>`, outside
     /// retention (the manifest last, so a half-copied savepoint is not one).
+    /// `Err` if a savepoint named `name` exists already.
+    fn savepoint_taken(&self, name: &str) -> Result<()> {
+        let storage = &*self.config.storage;
+        let to = storage::join(SAVEPOINTS, name);
+        let manifest_name = storage::join(&to, MANIFEST);
+        let taken = crate::task::blocking(|| storage.exists(&manifest_name))
+            .map_err(io("cannot read checkpoint storage", storage.locate(&manifest_name)))?;
+        if taken {
+            return Err(bad(&storage.locate(&to), SAVEPOINT_EXISTS.into()));
+        }
+        Ok(())
+    }
+
     fn copy_to_savepoint(&self, n: CheckpointId, name: &str) -> Result<PathBuf> {
         let storage = &*self.config.storage;
         let from = checkpoint_name(n);
@@ -459,10 +487,7 @@ impl Coordinator {
                 .exists(&manifest_name)
                 .map_err(io("cannot read checkpoint storage", storage.locate(&manifest_name)))?;
             if taken {
-                return Err(bad(
-                    &storage.locate(&to),
-                    "a savepoint of this name exists already: choose another name".into(),
-                ));
+                return Err(bad(&storage.locate(&to), SAVEPOINT_EXISTS.into()));
             }
             let mut manifest = read_manifest_in(storage, &from)?;
             for s in &mut manifest.states {

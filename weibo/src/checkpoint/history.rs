@@ -41,16 +41,53 @@ pub struct CheckpointRecord {
 #[derive(Debug, Default)]
 pub(crate) struct History {
     records: Mutex<VecDeque<CheckpointRecord>>,
+    /// Since the job started (the records keep only the newest).
+    totals: Mutex<Totals>,
+}
+
+#[derive(Debug, Default)]
+struct Totals {
+    completed: u64,
+    failed: u64,
+    bytes: u64,
+    last: Option<CheckpointRecord>,
 }
 
 impl History {
     /// Adds a record, dropping the oldest beyond [`KEPT`].
     pub(crate) fn push(&self, record: CheckpointRecord) {
+        {
+            let mut totals = self.totals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            totals.bytes += record.bytes;
+            if record.outcome == "completed" {
+                totals.completed += 1;
+                totals.last = Some(record.clone());
+            } else {
+                totals.failed += 1;
+            }
+        }
         let mut records = self.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if records.len() == KEPT {
             records.pop_front();
         }
         records.push_back(record);
+    }
+
+    /// What the job's checkpoints have done since it started, as its
+    /// instruments report it.
+    pub(crate) fn totals(&self) -> crate::metrics::prometheus::CheckpointTotals {
+        let totals = self.totals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = unix_ms(SystemTime::now());
+        #[expect(clippy::cast_precision_loss, reason = "milliseconds since 1970 are far below 2^53")]
+        let age = totals.last.as_ref().map(|l| now.saturating_sub(l.started_unix_ms) as f64 / 1000.0);
+        crate::metrics::prometheus::CheckpointTotals {
+            completed: totals.completed,
+            failed: totals.failed,
+            bytes: totals.bytes,
+            last_id: totals.last.as_ref().map(|l| l.id),
+            last_duration_seconds: totals.last.as_ref().map(|l| l.duration_ms / 1000.0),
+            last_age_seconds: age,
+        }
     }
 
     /// The records, oldest first.

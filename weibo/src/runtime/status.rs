@@ -57,11 +57,16 @@ impl EndGuard {
 
 impl Drop for EndGuard {
     fn drop(&mut self) {
+        let panicked = std::thread::panicking();
         self.0.send_if_modified(|state| {
             if state.has_ended() {
                 false
             } else {
-                *state = JobState::Stopped;
+                *state = if panicked {
+                    JobState::Failed { error: "the job's supervisor panicked".into() }
+                } else {
+                    JobState::Stopped
+                };
                 true
             }
         });

@@ -32,10 +32,20 @@ use crate::metrics::Registry;
 use crate::runtime::status::JobState;
 
 /// Where the admin API listens, and the token it requires.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct AdminConfig {
     pub(crate) addr: String,
     pub(crate) token: Option<String>,
+}
+
+/// Never shows the token.
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("addr", &self.addr)
+            .field("token", &self.token.as_ref().map(|_| "…"))
+            .finish()
+    }
 }
 
 /// What the admin API can do to a running job: filled in once the job
@@ -66,17 +76,20 @@ impl std::fmt::Debug for Admin {
     }
 }
 
-/// A running admin server: stops when dropped.
+/// A running admin server: shuts down when dropped (it stops accepting,
+/// and open connections close after their request).
 #[derive(Debug)]
 pub(crate) struct AdminServer {
     pub(crate) admin: Arc<Admin>,
     pub(crate) local_addr: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
+    shutdown: Option<oneshot::Sender<()>>,
 }
 
 impl Drop for AdminServer {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
     }
 }
 
@@ -128,14 +141,18 @@ pub(crate) fn start(
         control: OnceLock::new(),
     });
     let app = router(admin.clone());
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
+    let (shutdown, stopped) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let serving = axum::serve(listener, app).with_graceful_shutdown(async {
+            let _ = stopped.await;
+        });
+        if let Err(e) = serving.await {
             tracing::warn!(error = %e, "the admin API stopped");
         }
     });
     tracing::info!(job, %local_addr, token = admin.token.is_some(), "admin API listening{}",
         if admin.token.is_some() { " (requests need the bearer token)" } else { "" });
-    Ok(AdminServer { admin, local_addr, task })
+    Ok(AdminServer { admin, local_addr, shutdown: Some(shutdown) })
 }
 
 impl Admin {
@@ -156,7 +173,9 @@ fn router(admin: Arc<Admin>) -> Router {
         .route("/api/savepoints", get(savepoints).post(take_savepoint))
         .route("/api/stop", post(stop))
         .route("/api/cancel", post(cancel))
+        .route("/metrics", get(prometheus))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(admin)
 }
 
@@ -166,7 +185,11 @@ struct ApiError(StatusCode, String);
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({ "error": self.1, "status": self.0.as_u16() });
-        (self.0, axum::Json(body)).into_response()
+        let mut response = (self.0, axum::Json(body)).into_response();
+        if self.0 == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        response
     }
 }
 
@@ -182,8 +205,9 @@ impl Admin {
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(digest);
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| digest(token.trim()));
         match given {
             Some(given) if same(&given, want) => Ok(()),
             _ => Err(ApiError(StatusCode::UNAUTHORIZED, "a valid bearer token is required".into())),
@@ -203,14 +227,21 @@ async fn not_found() -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "no such endpoint: see the book's \"Operating a job\" chapter".into())
 }
 
+async fn method_not_allowed() -> ApiError {
+    ApiError(StatusCode::METHOD_NOT_ALLOWED, "the endpoint does not take this method".into())
+}
+
 async fn healthz() -> &'static str {
     "ok\n"
 }
 
+/// Ready: restored, processing, and the API's controls attached. Says
+/// only the state's name (an error's text needs the token: `/api/job`).
 async fn readyz(State(admin): State<Arc<Admin>>) -> Response {
     let state = admin.state();
-    let ready = state == JobState::Running;
-    let body = axum::Json(json!({ "ready": ready, "status": state }));
+    let ready = state == JobState::Running && admin.control.get().is_some();
+    let name = serde_json::to_value(&state).ok().and_then(|v| v.get("state").cloned()).unwrap_or(Value::Null);
+    let body = axum::Json(json!({ "ready": ready, "state": name }));
     if ready { (StatusCode::OK, body).into_response() } else { (StatusCode::SERVICE_UNAVAILABLE, body).into_response() }
 }
 
@@ -261,6 +292,22 @@ async fn savepoints(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answ
     ok(json!({ "savepoints": found }))
 }
 
+/// The job's metrics in Prometheus' text format (behind the token, which a
+/// scrape config gives as `authorization: { credentials: ... }`).
+async fn prometheus(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
+    admin.authorize(&headers)?;
+    let control = admin.control()?;
+    let totals = control.requests.is_some().then(|| control.history.totals());
+    let families = crate::metrics::prometheus::families(
+        &admin.job,
+        &control.registry.snapshot(),
+        totals.as_ref(),
+        admin.started.elapsed().as_secs_f64(),
+    );
+    let text = crate::metrics::prometheus::prometheus_text(&families);
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+}
+
 fn no_checkpoints() -> ApiError {
     ApiError(
         StatusCode::CONFLICT,
@@ -296,12 +343,13 @@ fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes, empty: Option<T>) -> std:
 /// Why a savepoint name is refused, if it is.
 fn bad_name(name: &str) -> Option<ApiError> {
     let valid = !name.is_empty()
+        && name.len() <= 128
         && !name.starts_with('.')
         && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
     (!valid).then(|| {
         ApiError(
             StatusCode::BAD_REQUEST,
-            format!("`{name}` is not a savepoint name: use letters, digits, `-`, `_` and `.` (not first)"),
+            format!("`{name}` is not a savepoint name: use up to 128 letters, digits, `-`, `_` and `.` (not first)"),
         )
     })
 }
@@ -310,7 +358,7 @@ fn bad_name(name: &str) -> Option<ApiError> {
 fn job_error(e: Error) -> ApiError {
     let status = match &e {
         Error::Refused { .. } => StatusCode::CONFLICT,
-        Error::Checkpoint { message, .. } if message.contains("exists") => StatusCode::CONFLICT,
+        Error::Checkpoint { message, .. } if message == crate::checkpoint::SAVEPOINT_EXISTS => StatusCode::CONFLICT,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
     ApiError(status, e.to_string())
@@ -355,6 +403,12 @@ async fn stop(State(admin): State<Arc<Admin>>, headers: HeaderMap, bytes: Bytes)
         (Some(name), Some(_)) => Some(request(control, Some(name.clone())).await?),
         (None, Some(_)) => match request(control, None).await {
             Ok(p) => Some(p),
+            // Every source has ended: the job is finishing with its final
+            // checkpoint; cancelling would lose it. Wait for the end.
+            Err(e) if e.1.contains(crate::checkpoint::ALL_SOURCES_ENDED) => {
+                let state = ended(&admin).await;
+                return ok(json!({ "stopped": true, "checkpoint": null, "status": state }));
+            }
             Err(e) => {
                 tracing::warn!(job = %admin.job, error = %e.1, "no last checkpoint before stopping");
                 None
@@ -383,6 +437,11 @@ async fn end(admin: &Admin, control: &Control) -> JobState {
     if let Some(tx) = control.cancel.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
         let _ = tx.send(());
     }
+    ended(admin).await
+}
+
+/// Waits for the job to end.
+async fn ended(admin: &Admin) -> JobState {
     let mut status = admin.status.clone();
     let _ = status.wait_for(JobState::has_ended).await;
     admin.state()

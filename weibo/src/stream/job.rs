@@ -522,7 +522,8 @@ impl Job {
     /// The bearer token every admin API request must carry
     /// (`Authorization: Bearer <token>`), but the probes: required to
     /// bind anything other than loopback, and a good idea on a shared
-    /// machine even there.
+    /// machine even there. Called without [`Job::with_admin`], it turns
+    /// the admin API on at `127.0.0.1:8081`.
     #[cfg(feature = "admin")]
     #[must_use]
     pub fn with_admin_token(self, token: impl Into<String>) -> Self {
@@ -820,6 +821,33 @@ impl JobHandle {
         self.history.records()
     }
 
+    /// The job's metrics now in Prometheus' text exposition format: what
+    /// the admin API's `/metrics` serves (the book's "Operating a job"
+    /// chapter lists them), for a server of your own to serve instead.
+    ///
+    /// ```
+    /// # weibo::testing::block_on(async {
+    /// let job = weibo::Job::new("scraped");
+    /// job.source(weibo::sources::Generator::new(u64::MAX, |i| i).with_rate(100.0)).sink(weibo::sinks::Blackhole::new());
+    /// let handle = job.spawn()?;
+    /// let text = handle.prometheus_metrics();
+    /// assert!(text.contains(r#"weibo_operator_records_out_total{job="scraped",operator="generator"}"#));
+    /// handle.cancel().await?;
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn prometheus_metrics(&self) -> String {
+        let totals = self.savepoints.is_some().then(|| self.history.totals());
+        let families = crate::metrics::prometheus::families(
+            &self.name,
+            &self.registry.snapshot(),
+            totals.as_ref(),
+            self.started.elapsed().as_secs_f64(),
+        );
+        crate::metrics::prometheus::prometheus_text(&families)
+    }
+
     /// Where the admin API listens ([`Job::with_admin`]), if it does.
     #[cfg(feature = "admin")]
     pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
@@ -886,9 +914,11 @@ impl JobHandle {
     /// ```
     pub async fn savepoint(&self, name: &str) -> Result<PathBuf> {
         let refused = |message: &str| Error::Refused { job: self.name.clone(), message: message.into() };
-        let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        let valid = !name.is_empty()
+            && name.len() <= 128
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
         if !valid || name.starts_with('.') {
-            return Err(refused("a savepoint name uses letters, digits, `-`, `_` and `.` (not first)"));
+            return Err(refused("a savepoint name uses up to 128 letters, digits, `-`, `_` and `.` (not first)"));
         }
         let tx = self
             .savepoints

@@ -5,6 +5,8 @@
 //! Read them with [`JobHandle::metrics`](crate::JobHandle::metrics) while a
 //! job runs, or from [`JobReport::metrics`](crate::JobReport) when it ends.
 
+pub mod prometheus;
+
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,273 @@
+//! A job's metrics as instruments with OpenTelemetry's names and units
+//! (`weibo.operator.records_in`, `{record}`), and the Prometheus text
+//! format they are scraped in (`weibo_operator_records_in_total`), as the
+//! OpenTelemetry–Prometheus compatibility rules map one to the other.
+//!
+//! Every value is read from counters the job keeps anyway (atomics added
+//! to per batch): scraping costs the job nothing per record.
+
+use std::fmt::Write as _;
+
+use super::MetricsSnapshot;
+
+/// What kind of instrument a family is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up (a count, a total time).
+    Counter,
+    /// Goes up and down (a duration now, an age).
+    Gauge,
+}
+
+/// One value of a family, with its attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    /// Attribute names and values (`job`, `operator`, `edge`, ...).
+    pub attributes: Vec<(&'static str, String)>,
+    /// The value, in the family's unit.
+    pub value: f64,
+}
+
+/// One instrument and its values now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Family {
+    /// Its OpenTelemetry name (`weibo.operator.records_in`).
+    pub name: &'static str,
+    /// Its unit, in UCUM (`s`, `By`, `{record}`).
+    pub unit: &'static str,
+    /// Counter or gauge.
+    pub kind: Kind,
+    /// What it measures.
+    pub help: &'static str,
+    /// Its values.
+    pub samples: Vec<Sample>,
+}
+
+/// What a job's checkpoints have done so far (for its instruments).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CheckpointTotals {
+    /// Checkpoints (and savepoints) completed.
+    pub completed: u64,
+    /// Attempts that failed or were abandoned.
+    pub failed: u64,
+    /// Bytes of state files written.
+    pub bytes: u64,
+    /// The newest completed checkpoint's number.
+    pub last_id: Option<u64>,
+    /// How long the newest completed checkpoint took, in seconds.
+    pub last_duration_seconds: Option<f64>,
+    /// Seconds since the newest completed checkpoint was triggered.
+    pub last_age_seconds: Option<f64>,
+}
+
+/// The families of job `job`: its operators' and edges' counters in
+/// `snapshot`, its checkpoints' `checkpoints` (when it takes them), and
+/// its uptime.
+pub fn families(
+    job: &str,
+    snapshot: &MetricsSnapshot,
+    checkpoints: Option<&CheckpointTotals>,
+    uptime_seconds: f64,
+) -> Vec<Family> {
+    let job_only = || vec![("job", job.to_string())];
+    let op = |name: &'static str, unit, kind, help, value: &dyn Fn(&super::OperatorMetrics) -> f64| Family {
+        name,
+        unit,
+        kind,
+        help,
+        samples: snapshot
+            .operators
+            .iter()
+            .map(|o| Sample {
+                attributes: vec![("job", job.to_string()), ("operator", o.name.clone())],
+                value: value(o),
+            })
+            .collect(),
+    };
+    let edge = |name: &'static str, unit, help, value: &dyn Fn(&super::EdgeMetrics) -> f64| Family {
+        name,
+        unit,
+        kind: Kind::Counter,
+        help,
+        samples: snapshot
+            .edges
+            .iter()
+            .map(|e| Sample {
+                attributes: vec![
+                    ("job", job.to_string()),
+                    ("edge", format!("{} -> {}", e.from, e.to)),
+                    ("from", e.from.clone()),
+                    ("to", e.to.clone()),
+                ],
+                value: value(e),
+            })
+            .collect(),
+    };
+    #[expect(clippy::cast_precision_loss, reason = "counts far below 2^53 are exact")]
+    let n = |v: u64| v as f64;
+    let mut out = vec![
+        op("weibo.operator.records_in", "{record}", Kind::Counter, "Records that reached the operator.", &|o| {
+            n(o.records_in)
+        }),
+        op("weibo.operator.records_out", "{record}", Kind::Counter, "Records the operator emitted.", &|o| {
+            n(o.records_out)
+        }),
+        op(
+            "weibo.operator.dropped",
+            "{record}",
+            Kind::Counter,
+            "Records the operator dropped and counted (a failed function under Drop, a record in no window).",
+            &|o| n(o.dropped),
+        ),
+        op(
+            "weibo.operator.dead_lettered",
+            "{record}",
+            Kind::Counter,
+            "Records the operator's function failed on, sent to its dead-letter output.",
+            &|o| n(o.dead_lettered),
+        ),
+        op("weibo.operator.late", "{record}", Kind::Counter, "Records a window operator got too late.", &|o| n(o.late)),
+        op(
+            "weibo.operator.checkpoint_pause.max",
+            "s",
+            Kind::Gauge,
+            "The longest a checkpoint barrier held one instance of the operator.",
+            &|o| o.max_checkpoint_pause.as_secs_f64(),
+        ),
+        edge("weibo.edge.records", "{record}", "Records sent over the edge.", &|e| n(e.records)),
+        edge("weibo.edge.batches", "{batch}", "Batches sent over the edge.", &|e| n(e.batches)),
+        edge(
+            "weibo.edge.blocked",
+            "s",
+            "Time the edge's sender was blocked because the edge was full (backpressure).",
+            &|e| e.blocked.as_secs_f64(),
+        ),
+        Family {
+            name: "weibo.job.uptime",
+            unit: "s",
+            kind: Kind::Gauge,
+            help: "Time since the job started.",
+            samples: vec![Sample { attributes: job_only(), value: uptime_seconds }],
+        },
+    ];
+    if let Some(c) = checkpoints {
+        let one = |value: f64| vec![Sample { attributes: job_only(), value }];
+        let maybe = |value: Option<f64>| value.map(one).unwrap_or_default();
+        out.extend([
+            Family {
+                name: "weibo.checkpoint.completed",
+                unit: "{checkpoint}",
+                kind: Kind::Counter,
+                help: "Checkpoints and savepoints completed.",
+                samples: one(n(c.completed)),
+            },
+            Family {
+                name: "weibo.checkpoint.failed",
+                unit: "{checkpoint}",
+                kind: Kind::Counter,
+                help: "Checkpoint attempts that failed or were abandoned.",
+                samples: one(n(c.failed)),
+            },
+            Family {
+                name: "weibo.checkpoint.written",
+                unit: "By",
+                kind: Kind::Counter,
+                help: "Bytes of state files checkpoints wrote.",
+                samples: one(n(c.bytes)),
+            },
+            Family {
+                name: "weibo.checkpoint.last_id",
+                unit: "1",
+                kind: Kind::Gauge,
+                help: "The newest completed checkpoint's number.",
+                samples: maybe(c.last_id.map(n)),
+            },
+            Family {
+                name: "weibo.checkpoint.last_duration",
+                unit: "s",
+                kind: Kind::Gauge,
+                help: "How long the newest completed checkpoint took, from trigger to manifest.",
+                samples: maybe(c.last_duration_seconds),
+            },
+            Family {
+                name: "weibo.checkpoint.age",
+                unit: "s",
+                kind: Kind::Gauge,
+                help: "Time since the newest completed checkpoint was triggered.",
+                samples: maybe(c.last_age_seconds),
+            },
+        ]);
+    }
+    out
+}
+
+/// The Prometheus name of an instrument: dots to underscores, the unit as
+/// a suffix (`s` → `_seconds`, `By` → `_bytes`; annotations such as
+/// `{record}` and the unit `1` add none), and `_total` for counters.
+pub fn prometheus_name(family: &Family) -> String {
+    let mut name: String = family.name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    let suffix = match family.unit {
+        "s" => "_seconds",
+        "By" => "_bytes",
+        _ => "",
+    };
+    if !name.ends_with(suffix) {
+        name.push_str(suffix);
+    }
+    if family.kind == Kind::Counter {
+        name.push_str("_total");
+    }
+    name
+}
+
+/// Escapes a label value: backslash, double quote and newline.
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// `families` in Prometheus' text exposition format (version 0.0.4).
+pub fn prometheus_text(families: &[Family]) -> String {
+    let mut out = String::new();
+    for f in families.iter().filter(|f| !f.samples.is_empty()) {
+        let name = prometheus_name(f);
+        let kind = match f.kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+        };
+        let _ = writeln!(out, "# HELP {name} {}", f.help);
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for s in &f.samples {
+            let labels: Vec<String> = s.attributes.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
+            let _ = writeln!(out, "{name}{{{}}} {}", labels.join(","), s.value);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_compatibility_rules_and_labels_are_escaped() {
+        let f = |name, unit, kind| Family { name, unit, kind, help: "h", samples: Vec::new() };
+        assert_eq!(
+            prometheus_name(&f("weibo.operator.records_in", "{record}", Kind::Counter)),
+            "weibo_operator_records_in_total"
+        );
+        assert_eq!(prometheus_name(&f("weibo.edge.blocked", "s", Kind::Counter)), "weibo_edge_blocked_seconds_total");
+        assert_eq!(
+            prometheus_name(&f("weibo.checkpoint.written", "By", Kind::Counter)),
+            "weibo_checkpoint_written_bytes_total"
+        );
+        assert_eq!(prometheus_name(&f("weibo.checkpoint.age", "s", Kind::Gauge)), "weibo_checkpoint_age_seconds");
+        assert_eq!(prometheus_name(&f("weibo.checkpoint.last_id", "1", Kind::Gauge)), "weibo_checkpoint_last_id");
+        let family = Family {
+            samples: vec![Sample { attributes: vec![("operator", "a \"b\"\\\nc".into())], value: 1.5 }],
+            ..f("weibo.x", "s", Kind::Gauge)
+        };
+        let text = prometheus_text(&[family]);
+        assert!(text.contains("# TYPE weibo_x_seconds gauge\n"), "{text}");
+        assert!(text.contains(r#"weibo_x_seconds{operator="a \"b\"\\\nc"} 1.5"#), "{text}");
+    }
+}
