@@ -5,6 +5,8 @@
 //! Read them with [`JobHandle::metrics`](crate::JobHandle::metrics) while a
 //! job runs, or from [`JobReport::metrics`](crate::JobReport) when it ends.
 
+#[cfg(feature = "otel")]
+pub(crate) mod otel;
 pub mod prometheus;
 
 use std::fmt;

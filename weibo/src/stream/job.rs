@@ -74,6 +74,8 @@ impl Job {
                 config,
                 #[cfg(feature = "admin")]
                 admin: None,
+                #[cfg(feature = "otel")]
+                meter: None,
             })),
         }
     }
@@ -536,6 +538,27 @@ impl Job {
         self
     }
 
+    /// Registers the job's instruments (the book's "Operating a job"
+    /// chapter lists them) with an OpenTelemetry `meter`, as observable
+    /// counters and gauges: the meter provider's readers and exporters
+    /// (OTLP, or any other) collect them, when they collect, from the
+    /// counters the job keeps anyway; nothing is recorded per record.
+    /// Needs the `otel` feature. The instruments stay registered as long
+    /// as the job's handle lives.
+    ///
+    /// ```
+    /// let job = weibo::Job::new("metered").with_meter(opentelemetry::global::meter("weibo"));
+    /// job.source(weibo::sources::IterSource::new(0..3u32)).sink(weibo::sinks::Blackhole::new());
+    /// job.run_blocking()?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    #[cfg(feature = "otel")]
+    #[must_use]
+    pub fn with_meter(self, meter: opentelemetry::metrics::Meter) -> Self {
+        self.lock().meter = Some(meter);
+        self
+    }
+
     /// Adds a source; each of its partitions is read by its own task.
     ///
     /// ```
@@ -672,6 +695,21 @@ impl Job {
                 storage: pipeline.config.checkpoint.as_ref().map(|c| c.storage.clone()),
             });
         }
+        #[cfg(feature = "otel")]
+        let instruments = pipeline.meter.as_ref().map(|meter| {
+            let (job, registry, history, has_checkpoints) =
+                (name.clone(), registry.clone(), history.clone(), savepoints.is_some());
+            let source: crate::metrics::otel::FamilySource = Arc::new(move || {
+                let totals = has_checkpoints.then(|| history.totals());
+                crate::metrics::prometheus::families(
+                    &job,
+                    &registry.snapshot(),
+                    totals.as_ref(),
+                    started.elapsed().as_secs_f64(),
+                )
+            });
+            crate::metrics::otel::register(meter, &source)
+        });
         let migrated =
             migrated.into_iter().map(|(operator, state, entries)| MigratedState { operator, state, entries }).collect();
         Ok(JobHandle {
@@ -687,6 +725,8 @@ impl Job {
             status: status.subscribe(),
             #[cfg(feature = "admin")]
             admin,
+            #[cfg(feature = "otel")]
+            _instruments: instruments,
         })
     }
 
@@ -780,6 +820,9 @@ pub struct JobHandle {
     /// The admin API's server, while the handle lives.
     #[cfg(feature = "admin")]
     admin: Option<crate::stream::admin::AdminServer>,
+    /// The instruments registered with the job's meter.
+    #[cfg(feature = "otel")]
+    _instruments: Option<crate::metrics::otel::Instruments>,
 }
 
 impl JobHandle {

@@ -1,0 +1,82 @@
+//! The job's instruments registered with an OpenTelemetry meter
+//! (`Job::with_meter`): observable counters and gauges whose callbacks
+//! read the same counters as the Prometheus text (see [`super::prometheus`]),
+//! when the meter provider collects. Nothing is recorded per record.
+
+use std::sync::Arc;
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::Meter;
+
+use super::prometheus::{Family, Kind, Sample};
+
+/// What the instruments read: the job's families now.
+pub(crate) type FamilySource = Arc<dyn Fn() -> Vec<Family> + Send + Sync>;
+
+/// The registered instruments, kept as long as the job's handle.
+pub(crate) struct Instruments {
+    _kept: Vec<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Instruments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Instruments({})", self._kept.len())
+    }
+}
+
+fn attributes(sample: &Sample) -> Vec<KeyValue> {
+    sample.attributes.iter().map(|(k, v)| KeyValue::new(*k, v.clone())).collect()
+}
+
+/// Registers an observable instrument on `meter` for every family
+/// `source` gives (counters of whole units as `u64`, of seconds as `f64`,
+/// gauges as `f64`).
+pub(crate) fn register(meter: &Meter, source: &FamilySource) -> Instruments {
+    let mut kept: Vec<Box<dyn std::any::Any + Send + Sync>> = Vec::new();
+    for family in source() {
+        let name = family.name;
+        let read = source.clone();
+        let samples = move || read().into_iter().find(|f| f.name == name).map(|f| f.samples).unwrap_or_default();
+        match (family.kind, family.unit) {
+            (Kind::Counter, "s") => kept.push(Box::new(
+                meter
+                    .f64_observable_counter(name)
+                    .with_unit(family.unit)
+                    .with_description(family.help)
+                    .with_callback(move |o| {
+                        for s in samples() {
+                            o.observe(s.value, &attributes(&s));
+                        }
+                    })
+                    .build(),
+            )),
+            (Kind::Counter, _) => kept.push(Box::new(
+                meter
+                    .u64_observable_counter(name)
+                    .with_unit(family.unit)
+                    .with_description(family.help)
+                    .with_callback(move |o| {
+                        for s in samples() {
+                            // Counts, exact below 2^53.
+                            #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                            o.observe(s.value as u64, &attributes(&s));
+                        }
+                    })
+                    .build(),
+            )),
+            (Kind::Gauge, _) => kept.push(Box::new(
+                meter
+                    .f64_observable_gauge(name)
+                    .with_unit(family.unit)
+                    .with_description(family.help)
+                    .with_callback(move |o| {
+                        for s in samples() {
+                            o.observe(s.value, &attributes(&s));
+                        }
+                    })
+                    .build(),
+            )),
+        }
+    }
+    Instruments { _kept: kept }
+}
