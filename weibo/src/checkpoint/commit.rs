@@ -138,6 +138,9 @@ impl TwoPhaseCommits {
             }
             let Some(c) = self.committers.iter().find(|c| c.id == entry.sink) else { continue };
             let fresh = !collected.retried.contains(&entry);
+            let _commit =
+                tracing::info_span!("transaction.commit", sink = %entry.sink, handle = %entry.handle, retried = !fresh)
+                    .entered();
             if let Err(e) = c.committer.commit(&entry.handle, if fresh { positions } else { &[] }) {
                 tracing::warn!(sink = %entry.sink, handle = %entry.handle, error = %e, "commit failed; retried with the next checkpoint");
                 self.uncommitted.push(entry);

@@ -188,7 +188,17 @@ impl Coordinator {
                 faults::point("final-barrier");
             }
             let triggered_at = (std::time::SystemTime::now(), std::time::Instant::now());
-            let outcome = self.take(n, is_final, timeout, &mut ended, &mut stop).await;
+            let kind = match (savepoint.as_ref().and_then(|r| r.name.as_deref()), is_final) {
+                (Some(_), _) => "savepoint",
+                (None, true) => "final",
+                (None, false) => "checkpoint",
+            };
+            let span = tracing::info_span!("checkpoint", job = %self.job, checkpoint = n.get(), kind);
+            let outcome = {
+                use tracing::Instrument as _;
+                self.take(n, is_final, timeout, &mut ended, &mut stop).instrument(span.clone()).await
+            };
+            let in_checkpoint = span.enter();
             let reply = match &outcome {
                 Outcome::Complete => match savepoint.as_ref().and_then(|r| r.name.clone()) {
                     Some(name) => self.copy_to_savepoint(n, &name),
@@ -209,6 +219,7 @@ impl Coordinator {
             if let Some(request) = savepoint {
                 let _ = request.reply.send(reply);
             }
+            drop(in_checkpoint);
             match outcome {
                 Outcome::Stopped => return Ok(()),
                 Outcome::Complete if is_final => {
@@ -292,22 +303,36 @@ impl Coordinator {
         // A checkpoint that cannot complete in time (a task stuck in user
         // code, a task that failed to take its part) is abandoned.
         let deadline = tokio::time::Instant::now() + timeout;
-        while acks.len() < self.tasks {
-            let event = tokio::select! {
-                _ = &mut *stop => return Outcome::Stopped,
-                () = tokio::time::sleep_until(deadline) => break,
-                event = self.events.recv() => event,
-            };
-            match event {
-                Some(TaskEvent::Ack(ack)) if ack.checkpoint == n => {
-                    acks.insert(ack.task.clone(), ack);
+        // Every task's part: its inputs' barriers aligned, its state exported.
+        let acknowledging = tracing::info_span!("checkpoint.acknowledge", tasks = self.tasks);
+        let stopped = {
+            use tracing::Instrument as _;
+            let (events, tasks) = (&mut self.events, self.tasks);
+            async {
+                while acks.len() < tasks {
+                    let event = tokio::select! {
+                        _ = &mut *stop => return true,
+                        () = tokio::time::sleep_until(deadline) => break,
+                        event = events.recv() => event,
+                    };
+                    match event {
+                        Some(TaskEvent::Ack(ack)) if ack.checkpoint == n => {
+                            acks.insert(ack.task.clone(), ack);
+                        }
+                        Some(TaskEvent::Ack(_)) => {}
+                        Some(TaskEvent::SourceEnded { task }) => {
+                            ended.insert(task);
+                        }
+                        None => return true,
+                    }
                 }
-                Some(TaskEvent::Ack(_)) => {}
-                Some(TaskEvent::SourceEnded { task }) => {
-                    ended.insert(task);
-                }
-                None => return Outcome::Stopped,
+                false
             }
+            .instrument(acknowledging)
+            .await
+        };
+        if stopped {
+            return Outcome::Stopped;
         }
         if acks.len() < self.tasks {
             let missing = self.tasks - acks.len();
@@ -437,7 +462,11 @@ impl Coordinator {
             schemas,
             commits: commits.entries.clone(),
         };
-        if let Err(e) = crate::task::blocking(|| write_manifest(&*self.config.storage, &name, &manifest)) {
+        let written = crate::task::blocking(|| {
+            let _manifest = tracing::info_span!("checkpoint.manifest", states = manifest.states.len()).entered();
+            write_manifest(&*self.config.storage, &name, &manifest)
+        });
+        if let Err(e) = written {
             // Not complete: its transactions (and those carried from
             // before) are committed with the next checkpoint that is.
             self.commits.keep(commits);
@@ -449,6 +478,7 @@ impl Coordinator {
         // The checkpoint is complete: now the sinks may show its records.
         // Commits wait on external systems: off the runtime's workers.
         crate::task::blocking(|| {
+            let _commit = tracing::info_span!("checkpoint.commit", transactions = commits.entries.len()).entered();
             let count = self.commits.commit_completed(commits, &positions, || {
                 faults::point(if is_final { "between-final-commits" } else { "between-commits" });
             });

@@ -39,6 +39,8 @@ pub(crate) struct CheckpointWiring {
     pub(crate) storage: Arc<dyn crate::checkpoint::CheckpointStorage>,
     pub(crate) run: Arc<str>,
     pub(crate) completed: Arc<std::sync::atomic::AtomicU64>,
+    /// The job's name, for the tasks' checkpoint spans.
+    pub(crate) job: Arc<str>,
 }
 
 /// Building one head instance and the chain behind it.
@@ -238,6 +240,7 @@ pub(crate) fn build(
                     interval: w.interval,
                     storage: w.storage.clone(),
                     run: w.run.clone(),
+                    job: w.job.clone(),
                     completed: w.completed.clone(),
                     task: head.clone(),
                     operator: node.id().to_string(),

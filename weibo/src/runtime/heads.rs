@@ -98,6 +98,8 @@ pub(crate) struct CheckpointIo {
     pub(crate) storage: std::sync::Arc<dyn crate::checkpoint::CheckpointStorage>,
     /// This run's token, in the names of its state files.
     pub(crate) run: std::sync::Arc<str>,
+    /// The job's name.
+    pub(crate) job: std::sync::Arc<str>,
     pub(crate) task: String,
     pub(crate) operator: String,
     pub(crate) instance: usize,
@@ -109,13 +111,25 @@ pub(crate) struct CheckpointIo {
 
 impl CheckpointIo {
     /// Writes the exported state of checkpoint `n` in the background, then
-    /// acknowledges (a failure is acknowledged as such).
-    fn write_and_ack(&self, n: CheckpointId, snapshots: Vec<StateSnapshot>) {
+    /// acknowledges (a failure is acknowledged as such). `aligned` is how
+    /// long the barrier took to arrive on every input, `paused` how long
+    /// the task held it (exporting its state): both on the export's span.
+    fn write_and_ack(&self, n: CheckpointId, snapshots: Vec<StateSnapshot>, aligned: Duration, paused: Duration) {
         let (storage, run) = (self.storage.clone(), self.run.clone());
         let (acks, operator, instance, groups) =
             (self.acks.clone(), self.operator.clone(), self.instance, self.groups.clone());
         let task = self.task.clone();
+        let span = tracing::info_span!(
+            "checkpoint.export",
+            job = %self.job,
+            operator = %operator,
+            instance,
+            checkpoint = n.get(),
+            alignment_ms = aligned.as_secs_f64() * 1000.0,
+            pause_ms = paused.as_secs_f64() * 1000.0,
+        );
         tokio::task::spawn_blocking(move || {
+            let _export = span.enter();
             let result =
                 crate::checkpoint::write_task_state(&*storage, &run, &operator, instance, &groups, n, snapshots);
             let ack = match result {
@@ -468,7 +482,8 @@ impl HeadRunner for ChannelHead {
                     let nanos = u64::try_from(paused.elapsed().as_nanos()).unwrap_or(u64::MAX);
                     self.counters.checkpoint_pause_nanos.fetch_max(nanos, std::sync::atomic::Ordering::Relaxed);
                     if let Some(cp) = io.checkpoint.as_ref() {
-                        cp.write_and_ack(b, snapshots);
+                        let aligned = aligner.took().unwrap_or_default();
+                        cp.write_and_ack(b, snapshots, aligned, paused.elapsed());
                     }
                     aligner.release();
                 }

@@ -94,6 +94,7 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
                     storage: cp.storage.clone(),
                     run: crate::checkpoint::run_token().into(),
                     completed: completed.clone(),
+                    job: graph.name.as_str().into(),
                 }),
                 Some(Coordinator {
                     config: cp.clone(),
@@ -121,7 +122,12 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
         None => (None, None),
     };
     // Building restores state: storage reads, off the runtime's workers.
+    let restoring = restore.as_ref().map(|r| {
+        tracing::info_span!("restore", job = %graph.name, checkpoint = r.checkpoint.get(), dir = %r.location().display())
+            .entered()
+    });
     let physical = crate::task::blocking(|| super::build::build(graph, config, &registry, restore.as_ref(), wiring))?;
+    drop(restoring);
     let migrated = match &restore {
         Some(r) => {
             super::matching::check_all_read(graph, r, config.allow_unrestored_state)?;

@@ -1,0 +1,102 @@
+//! Tracing spans a user's subscriber sees: each checkpoint (with its
+//! kind), the wait for every task's part, each task's export (with job,
+//! operator, instance, checkpoint id, alignment and pause), the manifest,
+//! the commits and each transaction's commit; and a restore.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt as _};
+use tracing_subscriber::registry::LookupSpan;
+use weibo::Job;
+use weibo::sinks::TxnFileSink;
+use weibo::sources::Generator;
+
+/// A span as the subscriber saw it open: its name, fields and parent's name.
+type Seen = (String, BTreeMap<String, String>, Option<String>);
+
+struct Recorder(Arc<Mutex<Vec<Seen>>>);
+
+struct Fields(BTreeMap<String, String>);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_string(), format!("{value:?}"));
+    }
+}
+
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut fields = Fields(BTreeMap::new());
+        attrs.record(&mut fields);
+        let parent = ctx.span(id).and_then(|s| s.parent()).map(|p| p.name().to_string());
+        self.0.lock().unwrap().push((attrs.metadata().name().to_string(), fields.0, parent));
+    }
+}
+
+fn job(dir: &std::path::Path, out: &std::path::Path) -> Job {
+    let job = Job::new("traced").with_checkpoints(dir, Duration::from_secs(3600)).with_max_key_groups(16);
+    job.source(Generator::new(2_000, |i| i))
+        .name("numbers")
+        .key_by(|x: &u64| x % 4)
+        .with_partitions(2)
+        .reduce(|a, b| a.max(b))
+        .uid("maxima")
+        .sink_exactly_once(TxnFileSink::json_lines(out))
+        .uid("files");
+    job
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_restores_and_commits_open_spans_with_their_fields() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Recorder(seen.clone()))).unwrap();
+    let (dir, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    job(dir.path(), out.path()).run().await.unwrap();
+    // Started again, it restores the final checkpoint.
+    job(dir.path(), out.path()).run().await.unwrap();
+
+    let seen = seen.lock().unwrap().clone();
+    let named = |name: &str| seen.iter().filter(|(n, _, _)| n == name).cloned().collect::<Vec<_>>();
+    let field = |s: &Seen, f: &str| s.1.get(f).cloned().unwrap_or_default();
+
+    let checkpoints = named("checkpoint");
+    let last = checkpoints.iter().find(|c| field(c, "kind") == "\"final\"").expect("the final checkpoint's span");
+    assert_eq!(field(last, "job"), "traced");
+    let id = field(last, "checkpoint");
+    assert!(id.parse::<u64>().is_ok(), "{last:?}");
+    for (child, parent) in [
+        ("checkpoint.acknowledge", "checkpoint"),
+        ("checkpoint.manifest", "checkpoint"),
+        ("checkpoint.commit", "checkpoint"),
+    ] {
+        let spans = named(child);
+        assert!(!spans.is_empty(), "no `{child}` span: {seen:?}");
+        assert!(spans.iter().all(|s| s.2.as_deref() == Some(parent)), "`{child}` opens inside `{parent}`: {spans:?}");
+    }
+    // Each keyed instance's part of the final checkpoint.
+    let exports: Vec<Seen> = named("checkpoint.export")
+        .into_iter()
+        .filter(|e| field(e, "checkpoint") == id && field(e, "operator") == "maxima")
+        .collect();
+    let instances: std::collections::BTreeSet<String> = exports.iter().map(|e| field(e, "instance")).collect();
+    assert_eq!(instances, ["0".to_string(), "1".to_string()].into(), "{exports:?}");
+    assert!(
+        exports
+            .iter()
+            .all(|e| field(e, "job") == "traced" && e.1.contains_key("alignment_ms") && e.1.contains_key("pause_ms"))
+    );
+    let commits = named("transaction.commit");
+    assert!(
+        commits.iter().any(|c| field(c, "sink") == "files" && c.2.as_deref() == Some("checkpoint.commit")),
+        "{commits:?}"
+    );
+    let restores = named("restore");
+    assert_eq!(restores.len(), 1, "{restores:?}");
+    assert_eq!((field(&restores[0], "job"), field(&restores[0], "checkpoint")), ("traced".to_string(), id));
+}
