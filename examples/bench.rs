@@ -441,8 +441,36 @@ fn main() {
         "sessions-100keys" => sessions(&job, n, partitions, 100, total.clone()),
         _ => usage(),
     }
+    // `WEIBO_SCRAPE_MS=<ms>` serves the admin API and scrapes its
+    // Prometheus endpoint that often while the job runs (what the cost of
+    // metrics is measured with).
+    let scrape = std::env::var("WEIBO_SCRAPE_MS").ok().and_then(|v| v.parse::<u64>().ok());
+    if scrape.is_some() {
+        job = job.with_admin("127.0.0.1:0");
+    }
     let started = Instant::now();
-    if let Err(e) = runtime.block_on(job.run()) {
+    let result = runtime.block_on(async {
+        let handle = job.spawn()?;
+        if let (Some(ms), Some(addr)) = (scrape, handle.admin_addr()) {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut ticker = tokio::time::interval(Duration::from_millis(ms));
+                loop {
+                    ticker.tick().await;
+                    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else { break };
+                    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+                    let mut response = Vec::new();
+                    if stream.write_all(request.as_bytes()).await.is_err()
+                        || stream.read_to_end(&mut response).await.is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+        }
+        handle.wait().await
+    });
+    if let Err(e) = result {
         eprintln!("job failed: {e}");
         std::process::exit(1);
     }
