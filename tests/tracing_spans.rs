@@ -20,7 +20,7 @@ use weibo::sources::Generator;
 /// A span as the subscriber saw it open: its name, fields and parent's name.
 type Seen = (String, BTreeMap<String, String>, Option<String>);
 
-struct Recorder(Arc<Mutex<Vec<Seen>>>);
+struct Recorder(Arc<Mutex<Vec<Seen>>>, Arc<Mutex<Vec<BTreeMap<String, String>>>>);
 
 struct Fields(BTreeMap<String, String>);
 
@@ -36,6 +36,12 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
         attrs.record(&mut fields);
         let parent = ctx.span(id).and_then(|s| s.parent()).map(|p| p.name().to_string());
         self.0.lock().unwrap().push((attrs.metadata().name().to_string(), fields.0, parent));
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let mut fields = Fields(BTreeMap::new());
+        event.record(&mut fields);
+        self.1.lock().unwrap().push(fields.0);
     }
 }
 
@@ -54,8 +60,11 @@ fn job(dir: &std::path::Path, out: &std::path::Path) -> Job {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_restores_and_commits_open_spans_with_their_fields() {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Recorder(seen.clone()))).unwrap();
+    let (seen, events) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::registry().with(Recorder(seen.clone(), events.clone())),
+    )
+    .unwrap();
     let (dir, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     job(dir.path(), out.path()).run().await.unwrap();
     // Started again, it restores the final checkpoint.
@@ -99,4 +108,11 @@ async fn checkpoints_restores_and_commits_open_spans_with_their_fields() {
     let restores = named("restore");
     assert_eq!(restores.len(), 1, "{restores:?}");
     assert_eq!((field(&restores[0], "job"), field(&restores[0], "checkpoint")), ("traced".to_string(), id));
+    // The restore's progress: every entry its files hold was read.
+    let events = events.lock().unwrap().clone();
+    let restored =
+        events.iter().find(|e| e.get("message").is_some_and(|m| m == "restored")).expect("a `restored` line");
+    let (entries, of) = (restored["entries"].parse::<u64>().unwrap(), restored["of"].parse::<u64>().unwrap());
+    assert_eq!(entries, of, "{restored:?}");
+    assert!(entries >= 4, "the four keys' maxima at least: {restored:?}");
 }

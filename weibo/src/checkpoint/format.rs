@@ -134,7 +134,7 @@ pub(crate) fn write_task_state(
         schemas.push((schema_id.clone(), (*snap.ty.schema).clone()));
         let mut writer = StateFileWriter::create(storage, &name, &meta)?;
         let base = (snap.snapshot)(&mut |part| writer.part(&part.part))?;
-        let bytes = writer.finish()?;
+        let (bytes, entries) = writer.finish()?;
         files.push(StateFileEntry {
             operator: operator.to_string(),
             state: snap.state.to_string(),
@@ -145,6 +145,7 @@ pub(crate) fn write_task_state(
             checkpoint: n,
             base,
             bytes: Some(bytes),
+            entries: Some(entries),
         });
     }
     Ok((files, schemas))
@@ -156,6 +157,8 @@ pub(crate) struct StateFileWriter {
     out: Box<dyn ObjectWriter>,
     hasher: xxhash_rust::xxh3::Xxh3,
     len: u64,
+    /// Entries written (not counting removed keys).
+    entries: u64,
     path: PathBuf,
 }
 
@@ -170,7 +173,7 @@ impl StateFileWriter {
         head.extend_from_slice(&STATE_FILE_VERSION.to_le_bytes());
         head.extend_from_slice(&0u32.to_le_bytes());
         out.write_all(&head).map_err(io("cannot write checkpoint file", path.clone()))?;
-        let mut writer = Self { out, hasher: xxhash_rust::xxh3::Xxh3::new(), len: 0, path };
+        let mut writer = Self { out, hasher: xxhash_rust::xxh3::Xxh3::new(), len: 0, entries: 0, path };
         writer.frame(meta)?;
         Ok(writer)
     }
@@ -185,6 +188,7 @@ impl StateFileWriter {
 
     /// Appends a frame holding entries (versions 3 and 4).
     pub(crate) fn part(&mut self, part: &SnapshotFrame) -> Result<()> {
+        self.entries += part.len() as u64;
         let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(part)
             .map_err(|e| bad_caused(&self.path, "cannot encode the state".into(), e))?;
         self.raw_frame(&bytes)
@@ -200,15 +204,16 @@ impl StateFileWriter {
         Ok(())
     }
 
-    /// Writes the trailer and completes the object; returns its size.
-    pub(crate) fn finish(mut self) -> Result<u64> {
+    /// Writes the trailer and completes the object; returns its size and
+    /// the entries it holds.
+    pub(crate) fn finish(mut self) -> Result<(u64, u64)> {
         let mut trailer = Vec::with_capacity(TRAILER);
         trailer.extend_from_slice(&self.len.to_le_bytes());
         trailer.extend_from_slice(&self.hasher.digest().to_le_bytes());
         trailer.extend_from_slice(END_MAGIC);
         self.out.write_all(&trailer).map_err(io("cannot write checkpoint file", self.path.clone()))?;
         self.out.finish().map_err(io("cannot complete checkpoint file", self.path))?;
-        Ok(HEAD as u64 + self.len + TRAILER as u64)
+        Ok((HEAD as u64 + self.len + TRAILER as u64, self.entries))
     }
 }
 

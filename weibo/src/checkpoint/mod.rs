@@ -134,6 +134,10 @@ pub struct StateFileEntry {
     /// The file's size in bytes (checkpoints of earlier builds have none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
+    /// The entries it holds, not counting a delta's removed keys
+    /// (checkpoints of earlier builds have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entries: Option<u64>,
 }
 
 /// What a complete checkpoint holds.
@@ -564,6 +568,7 @@ mod tests {
                 checkpoint: CheckpointId::new(4),
                 base: true,
                 bytes: None,
+                entries: None,
             }],
             schemas: BTreeMap::new(),
             commits: vec![],

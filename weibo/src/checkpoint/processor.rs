@@ -283,7 +283,7 @@ impl SavepointWriter {
             if !frame.is_empty() {
                 writer.part(&frame)?;
             }
-            let bytes = writer.finish()?;
+            let (bytes, entries) = writer.finish()?;
             let schema_id = new.schema.id();
             manifest.schemas.insert(schema_id.clone(), new.schema);
             match manifest.operators.iter_mut().find(|o| o.id == operator) {
@@ -310,6 +310,7 @@ impl SavepointWriter {
                 checkpoint: n,
                 base: true,
                 bytes: Some(bytes),
+                entries: Some(entries),
             });
         }
         for (operator, version) in &self.versions {

@@ -27,6 +27,54 @@ pub(crate) struct Restore {
     pub(crate) migrations: Vec<Migration>,
     /// Entries migrated, per (operator id, state).
     pub(crate) migrated: std::sync::Mutex<Vec<(String, String, u64)>>,
+    /// How far the restore is.
+    pub(crate) progress: Progress,
+}
+
+/// How far a restore is: entries read of all its files hold, logged every
+/// few seconds (a large state takes a while).
+#[derive(Debug)]
+pub(crate) struct Progress {
+    /// Entries the checkpoint's files hold (0 when their manifest does not
+    /// say: checkpoints of earlier builds).
+    pub(crate) total: u64,
+    done: std::sync::atomic::AtomicU64,
+    started: std::time::Instant,
+    logged: std::sync::Mutex<std::time::Instant>,
+}
+
+/// How often a restore logs its progress.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Progress {
+    fn new(total: u64) -> Self {
+        let now = std::time::Instant::now();
+        Self { total, done: std::sync::atomic::AtomicU64::new(0), started: now, logged: std::sync::Mutex::new(now) }
+    }
+
+    /// Entries read so far.
+    pub(crate) fn done(&self) -> u64 {
+        self.done.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Since the restore began.
+    pub(crate) fn elapsed(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
+    /// Counts `n` entries read from checkpoint `checkpoint`; logs where the
+    /// restore is if it has not for a while.
+    fn read(&self, n: usize, checkpoint: CheckpointId) {
+        let done = self.done.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed) + n as u64;
+        let mut logged = self.logged.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if logged.elapsed() >= PROGRESS_EVERY {
+            *logged = std::time::Instant::now();
+            #[expect(clippy::cast_precision_loss, reason = "a percentage")]
+            let percent = if self.total > 0 { (done as f64 * 100.0 / self.total as f64).min(100.0) } else { 0.0 };
+            tracing::info!(checkpoint = checkpoint.get(), entries = done, of = self.total, percent = format!("{percent:.0}"),
+                elapsed = ?self.started.elapsed(), "restoring");
+        }
+    }
 }
 
 /// A checkpoint as one operator restores from it: its state filed under
@@ -253,6 +301,7 @@ impl Restore {
             }
             check_state_file(&**storage, &name)?;
         }
+        let total = manifest.states.iter().filter_map(|s| s.entries).sum();
         let mut states: BTreeMap<String, Vec<StateFileEntry>> = BTreeMap::new();
         for s in manifest.states {
             states.entry(s.operator.clone()).or_default().push(s);
@@ -269,6 +318,7 @@ impl Restore {
             schemas: manifest.schemas,
             migrations: Vec::new(),
             migrated: std::sync::Mutex::default(),
+            progress: Progress::new(total),
         })
     }
 
@@ -386,6 +436,7 @@ impl Restore {
                 if entries.is_empty() && removed.is_empty() {
                     return Ok(());
                 }
+                self.progress.read(entries.len(), self.checkpoint);
                 f(&mut entries, &removed)
             })?;
         }

@@ -127,6 +127,10 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
             .entered()
     });
     let physical = crate::task::blocking(|| super::build::build(graph, config, &registry, restore.as_ref(), wiring))?;
+    if let Some(r) = &restore {
+        tracing::info!(job = %graph.name, checkpoint = r.checkpoint.get(), entries = r.progress.done(),
+            of = r.progress.total, elapsed = ?r.progress.elapsed(), "restored");
+    }
     drop(restoring);
     let migrated = match &restore {
         Some(r) => {
