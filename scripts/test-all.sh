@@ -31,10 +31,13 @@ step "Prometheus for the tests"
 if ! command -v prometheus > /dev/null; then
     sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"
-    export DEBIAN_FRONTEND=noninteractive
-    $sudo apt-get install -y prometheus || { $sudo apt-get update && $sudo apt-get install -y prometheus; }
+    install() { $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }
+    install || { $sudo apt-get update && install; }
 fi
 prometheus --version | head -n 1
+
+step "the library without its optional features"
+cargo check --locked -q -p weibo --no-default-features
 
 step "tests"
 cargo test --workspace --locked

@@ -60,26 +60,29 @@ pub async fn http(
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await.unwrap();
-    let text = String::from_utf8(response).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let split = response.windows(4).position(|w| w == b"\r\n\r\n").expect("an HTTP response");
+    let (head, body) = response.split_at(split);
+    let (head, body) = (String::from_utf8_lossy(head).into_owned(), body.get(4..).unwrap_or_default());
     let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("a status line");
     // Prometheus answers in chunks.
     let body =
-        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { unchunk(body) } else { body.to_string() };
-    (status, body)
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { unchunk(body) } else { body.to_vec() };
+    (status, String::from_utf8(body).expect("a UTF-8 body"))
 }
 
 /// The body of a chunked HTTP response.
-fn unchunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+fn unchunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(end) = body.windows(2).position(|w| w == b"\r\n") {
+        let (size, rest) = body.split_at(end);
+        let rest = rest.get(2..).unwrap_or_default();
+        let Ok(n) = usize::from_str_radix(String::from_utf8_lossy(size).trim(), 16) else { break };
         if n == 0 || rest.len() < n {
             break;
         }
         let (chunk, after) = rest.split_at(n);
-        out.push_str(chunk);
-        body = after.strip_prefix("\r\n").unwrap_or(after);
+        out.extend_from_slice(chunk);
+        body = after.strip_prefix(b"\r\n").unwrap_or(after);
     }
     out
 }
@@ -122,8 +125,13 @@ impl Prometheus {
             .unwrap_or_else(|e| {
                 panic!("cannot start `prometheus` ({e}): install it with `apt-get install -y prometheus` (the README's test command does)")
             });
-        let server = Self { child, addr, _dir: dir };
+        let log = dir.path().join("prometheus.log");
+        let mut server = Self { child, addr, _dir: dir };
         for _ in 0..300 {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("prometheus exited ({status}) before it was ready on {addr}:\n{log}");
+            }
             if tokio::net::TcpStream::connect(addr).await.is_ok()
                 && http(addr, "GET", "/-/ready", None, None).await.0 == 200
             {
@@ -131,7 +139,8 @@ impl Prometheus {
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
-        panic!("prometheus did not become ready on {addr} in 30 s");
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        panic!("prometheus did not become ready on {addr} in 30 s:\n{log}");
     }
 
     /// What Prometheus says of its scrape targets (`/api/v1/targets`), for

@@ -40,50 +40,57 @@ async fn prometheus_scrapes_the_counters_and_the_backpressure_the_job_reports() 
     assert!(text.contains(r#"weibo_operator_records_out_total{job="scraped",operator="numbers"}"#), "{text}");
 
     let prometheus = Prometheus::start(addr, Some("scrape-token")).await;
-    // The job's own counters, sampled every 100 ms while Prometheus scrapes.
-    let mut samples: Vec<(Instant, u64, f64)> = Vec::new();
+    // The job's own counters, sampled every 100 ms (with the wall-clock
+    // time) while Prometheus scrapes.
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     let sample = |h: &weibo::JobHandle| {
         let m = h.metrics();
         let read = m.operator("numbers").map_or(0, |o| o.records_out);
-        let blocked = m.edges.iter().filter(|e| e.to.starts_with("slow")).map(|e| e.blocked.as_secs_f64()).sum();
-        (Instant::now(), read, blocked)
+        let blocked = m.edges.iter().filter(|e| e.to.starts_with("slow")).map(|e| e.blocked.as_secs_f64()).sum::<f64>();
+        (now(), read, blocked)
     };
     let records = r#"weibo_operator_records_out_total{job="scraped",operator="numbers"}"#;
     let blocked = r#"sum(weibo_edge_blocked_seconds_total{job="scraped"})"#;
+    let mut samples: Vec<(f64, u64, f64)> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
-    let (scraped_records, scraped_blocked, queried_at) = loop {
+    // The newest scrape's values and time (every series of a scrape has its time).
+    let (scraped_records, scraped_blocked, scraped_at) = loop {
         if Instant::now() > deadline {
             panic!("Prometheus scraped nothing in 30 s; its targets: {}", prometheus.targets().await);
         }
         samples.push(sample(&handle));
         tokio::time::sleep(Duration::from_millis(100)).await;
-        // Past a few scrapes, so that the newest sample is recent.
-        if samples.len() < 40 {
+        if samples.len() < 30 {
             continue;
         }
-        if let (Some(r), Some(b)) = (prometheus.query(records).await, prometheus.query(blocked).await) {
-            break (r, b, Instant::now());
+        let at = prometheus.query(&format!("timestamp({records})")).await;
+        let (r, b) = (prometheus.query(records).await, prometheus.query(blocked).await);
+        if let (Some(at), Some(r), Some(b)) = (at, r, b)
+            && prometheus.query(&format!("timestamp({records})")).await == Some(at)
+        {
+            break (r, b, at);
         }
     };
+    // The job's values a little before and a little after the scrape
+    // bracket what Prometheus holds.
+    while now() < scraped_at + 0.3 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     samples.push(sample(&handle));
-    // What Prometheus holds was scraped within the last interval (1 s) and
-    // its timeout: between the job's values 2.5 s before the query and now.
-    let (_, read_then, blocked_then) = *samples
-        .iter()
-        .rev()
-        .find(|(at, _, _)| queried_at.duration_since(*at) >= Duration::from_millis(2_500))
-        .unwrap();
-    let (_, read_now, blocked_now) = *samples.last().unwrap();
+    let (_, read_before, blocked_before) =
+        *samples.iter().rev().find(|(t, _, _)| *t <= scraped_at - 0.3).expect("a sample from before the scrape");
+    let (_, read_after, blocked_after) =
+        *samples.iter().find(|(t, _, _)| *t >= scraped_at + 0.3).expect("a sample from after the scrape");
     #[expect(clippy::cast_precision_loss)]
-    let (read_then, read_now) = (read_then as f64, read_now as f64);
+    let (read_before, read_after) = (read_before as f64, read_after as f64);
     assert!(
-        read_then <= scraped_records && scraped_records <= read_now,
-        "records: Prometheus has {scraped_records}, the job had {read_then} 2.5 s before and {read_now} now"
+        read_before <= scraped_records && scraped_records <= read_after,
+        "records: Prometheus has {scraped_records} at {scraped_at}, the job had {read_before} just before and {read_after} just after"
     );
-    assert!(blocked_now > 0.0, "the slow operator's input edge was blocked");
+    assert!(blocked_after > 0.0, "the slow operator's input edge was blocked");
     assert!(
-        blocked_then <= scraped_blocked + 1e-9 && scraped_blocked <= blocked_now + 1e-9,
-        "blocked: Prometheus has {scraped_blocked} s, the job had {blocked_then} s 2.5 s before and {blocked_now} s now"
+        blocked_before <= scraped_blocked + 1e-9 && scraped_blocked <= blocked_after + 1e-9,
+        "blocked: Prometheus has {scraped_blocked} s at {scraped_at}, the job had {blocked_before} s just before and {blocked_after} s just after"
     );
     handle.cancel().await.unwrap();
 }

@@ -272,7 +272,13 @@ pub(super) fn open_checked(storage: &dyn CheckpointStorage, name: &str) -> Resul
     if head.get(..8) != Some(MAGIC.as_slice()) {
         return Err(bad(&path, "not a Weibo state file (wrong magic)".into()));
     }
-    let version = field(&head, 8) as u32;
+    // The version, then a reserved word every build writes as zero: a
+    // flipped bit there is damage too.
+    let word = field(&head, 8);
+    let (version, reserved) = (word as u32, (word >> 32) as u32);
+    if (1..=STATE_FILE_VERSION).contains(&version) && reserved != 0 {
+        return Err(bad(&path, format!("its header's reserved word is {reserved:#x}, not 0: the file is corrupt")));
+    }
     if !(1..=STATE_FILE_VERSION).contains(&version) {
         return Err(bad(
             &path,

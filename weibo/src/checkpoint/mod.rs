@@ -253,6 +253,26 @@ mod tests {
     }
 
     #[test]
+    fn every_flipped_bit_of_a_state_file_is_found() {
+        let storage = MemoryStorage::new();
+        let name = "shared/sum-0-value.state";
+        write_state_file(&storage, name, &sample()).unwrap();
+        let good = storage.get(name).unwrap().to_vec();
+        for at in 0..good.len() {
+            for bit in 0..8 {
+                let mut flipped = good.clone();
+                flipped[at] ^= 1 << bit;
+                storage.set(name, flipped);
+                assert!(
+                    check_state_file(&storage, name).is_err(),
+                    "byte {at} bit {bit} of {} went unnoticed",
+                    good.len()
+                );
+            }
+        }
+    }
+
+    #[test]
     fn state_files_round_trip_and_refuse_damage_naming_the_file() {
         let storage = MemoryStorage::new();
         let name = "shared/sum-0-value.state";

@@ -416,6 +416,7 @@ impl Restore {
             bases.iter().enumerate().any(|(i, a)| bases.iter().skip(i + 1).any(|b| a.0 < b.1 && b.0 < a.1));
         if overlapping {
             let merged = self.entries(operator, state, check, groups)?;
+            self.progress.read(merged.len(), self.checkpoint);
             return f(&mut crate::state::entry_refs(&merged), &[]);
         }
         for s in files {

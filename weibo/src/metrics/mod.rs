@@ -7,7 +7,7 @@
 
 #[cfg(feature = "otel")]
 pub(crate) mod otel;
-pub mod prometheus;
+pub(crate) mod prometheus;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

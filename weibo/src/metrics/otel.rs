@@ -13,14 +13,24 @@ use super::prometheus::{Family, Kind, Sample};
 /// What the instruments read: the job's families now.
 pub(crate) type FamilySource = Arc<dyn Fn() -> Vec<Family> + Send + Sync>;
 
-/// The registered instruments, kept as long as the job's handle.
+/// The registered instruments, kept as long as the job's handle. The
+/// meter provider keeps their callbacks for as long as it lives (the
+/// OpenTelemetry API cannot unregister them): dropped, this empties the
+/// slot they read, so they report nothing more and hold nothing of the job.
 pub(crate) struct Instruments {
+    slot: Arc<std::sync::Mutex<Option<FamilySource>>>,
     _kept: Vec<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Instruments {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Instruments({})", self._kept.len())
+    }
+}
+
+impl Drop for Instruments {
+    fn drop(&mut self) {
+        *self.slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 }
 
@@ -33,10 +43,14 @@ fn attributes(sample: &Sample) -> Vec<KeyValue> {
 /// gauges as `f64`).
 pub(crate) fn register(meter: &Meter, source: &FamilySource) -> Instruments {
     let mut kept: Vec<Box<dyn std::any::Any + Send + Sync>> = Vec::new();
+    let slot = Arc::new(std::sync::Mutex::new(Some(source.clone())));
     for family in source() {
         let name = family.name;
-        let read = source.clone();
-        let samples = move || read().into_iter().find(|f| f.name == name).map(|f| f.samples).unwrap_or_default();
+        let read = slot.clone();
+        let samples = move || {
+            let source = read.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            source.map(|s| s()).into_iter().flatten().find(|f| f.name == name).map(|f| f.samples).unwrap_or_default()
+        };
         match (family.kind, family.unit) {
             (Kind::Counter, "s") => kept.push(Box::new(
                 meter
@@ -78,5 +92,5 @@ pub(crate) fn register(meter: &Meter, source: &FamilySource) -> Instruments {
             )),
         }
     }
-    Instruments { _kept: kept }
+    Instruments { slot, _kept: kept }
 }

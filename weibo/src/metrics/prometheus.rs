@@ -12,7 +12,7 @@ use super::MetricsSnapshot;
 
 /// What kind of instrument a family is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// Only goes up (a count, a total time).
     Counter,
     /// Goes up and down (a duration now, an age).
@@ -21,49 +21,49 @@ pub enum Kind {
 
 /// One value of a family, with its attributes.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// Attribute names and values (`job`, `operator`, `edge`, ...).
-    pub attributes: Vec<(&'static str, String)>,
+    pub(crate) attributes: Vec<(&'static str, String)>,
     /// The value, in the family's unit.
-    pub value: f64,
+    pub(crate) value: f64,
 }
 
 /// One instrument and its values now.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Family {
+pub(crate) struct Family {
     /// Its OpenTelemetry name (`weibo.operator.records_in`).
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// Its unit, in UCUM (`s`, `By`, `{record}`).
-    pub unit: &'static str,
+    pub(crate) unit: &'static str,
     /// Counter or gauge.
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     /// What it measures.
-    pub help: &'static str,
+    pub(crate) help: &'static str,
     /// Its values.
-    pub samples: Vec<Sample>,
+    pub(crate) samples: Vec<Sample>,
 }
 
 /// What a job's checkpoints have done so far (for its instruments).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct CheckpointTotals {
+pub(crate) struct CheckpointTotals {
     /// Checkpoints (and savepoints) completed.
-    pub completed: u64,
+    pub(crate) completed: u64,
     /// Attempts that failed or were abandoned.
-    pub failed: u64,
+    pub(crate) failed: u64,
     /// Bytes of state files written.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// The newest completed checkpoint's number.
-    pub last_id: Option<u64>,
+    pub(crate) last_id: Option<u64>,
     /// How long the newest completed checkpoint took, in seconds.
-    pub last_duration_seconds: Option<f64>,
+    pub(crate) last_duration_seconds: Option<f64>,
     /// Seconds since the newest completed checkpoint was triggered.
-    pub last_age_seconds: Option<f64>,
+    pub(crate) last_age_seconds: Option<f64>,
 }
 
 /// The families of job `job`: its operators' and edges' counters in
 /// `snapshot`, its checkpoints' `checkpoints` (when it takes them), and
 /// its uptime.
-pub fn families(
+pub(crate) fn families(
     job: &str,
     snapshot: &MetricsSnapshot,
     checkpoints: Option<&CheckpointTotals>,
@@ -84,24 +84,34 @@ pub fn families(
             })
             .collect(),
     };
-    let edge = |name: &'static str, unit, help, value: &dyn Fn(&super::EdgeMetrics) -> f64| Family {
-        name,
-        unit,
-        kind: Kind::Counter,
-        help,
-        samples: snapshot
-            .edges
-            .iter()
-            .map(|e| Sample {
-                attributes: vec![
-                    ("job", job.to_string()),
-                    ("edge", format!("{} -> {}", e.from, e.to)),
-                    ("from", e.from.clone()),
-                    ("to", e.to.clone()),
-                ],
-                value: value(e),
-            })
-            .collect(),
+    // One series per (sender, receiver) pair: a head that feeds one keyed
+    // node through two edges has its counters summed.
+    let edge = |name: &'static str, unit, help, value: &dyn Fn(&super::EdgeMetrics) -> f64| {
+        let mut by_pair: Vec<(&str, &str, f64)> = Vec::new();
+        for e in &snapshot.edges {
+            match by_pair.iter_mut().find(|(f, t, _)| *f == e.from && *t == e.to) {
+                Some(p) => p.2 += value(e),
+                None => by_pair.push((&e.from, &e.to, value(e))),
+            }
+        }
+        Family {
+            name,
+            unit,
+            kind: Kind::Counter,
+            help,
+            samples: by_pair
+                .into_iter()
+                .map(|(from, to, value)| Sample {
+                    attributes: vec![
+                        ("job", job.to_string()),
+                        ("edge", format!("{from} -> {to}")),
+                        ("from", from.to_string()),
+                        ("to", to.to_string()),
+                    ],
+                    value,
+                })
+                .collect(),
+        }
     };
     #[expect(clippy::cast_precision_loss, reason = "counts far below 2^53 are exact")]
     let n = |v: u64| v as f64;
@@ -177,7 +187,7 @@ pub fn families(
             },
             Family {
                 name: "weibo.checkpoint.last_id",
-                unit: "1",
+                unit: "{checkpoint}",
                 kind: Kind::Gauge,
                 help: "The newest completed checkpoint's number.",
                 samples: maybe(c.last_id.map(n)),
@@ -186,7 +196,7 @@ pub fn families(
                 name: "weibo.checkpoint.last_duration",
                 unit: "s",
                 kind: Kind::Gauge,
-                help: "How long the newest completed checkpoint took, from trigger to manifest.",
+                help: "How long the newest completed checkpoint took, from its trigger to its manifest and commits.",
                 samples: maybe(c.last_duration_seconds),
             },
             Family {
@@ -204,7 +214,7 @@ pub fn families(
 /// The Prometheus name of an instrument: dots to underscores, the unit as
 /// a suffix (`s` → `_seconds`, `By` → `_bytes`; annotations such as
 /// `{record}` and the unit `1` add none), and `_total` for counters.
-pub fn prometheus_name(family: &Family) -> String {
+pub(crate) fn prometheus_name(family: &Family) -> String {
     let mut name: String = family.name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
     let suffix = match family.unit {
         "s" => "_seconds",
@@ -226,7 +236,7 @@ fn escape(value: &str) -> String {
 }
 
 /// `families` in Prometheus' text exposition format (version 0.0.4).
-pub fn prometheus_text(families: &[Family]) -> String {
+pub(crate) fn prometheus_text(families: &[Family]) -> String {
     let mut out = String::new();
     for f in families.iter().filter(|f| !f.samples.is_empty()) {
         let name = prometheus_name(f);
@@ -261,7 +271,10 @@ mod tests {
             "weibo_checkpoint_written_bytes_total"
         );
         assert_eq!(prometheus_name(&f("weibo.checkpoint.age", "s", Kind::Gauge)), "weibo_checkpoint_age_seconds");
-        assert_eq!(prometheus_name(&f("weibo.checkpoint.last_id", "1", Kind::Gauge)), "weibo_checkpoint_last_id");
+        assert_eq!(
+            prometheus_name(&f("weibo.checkpoint.last_id", "{checkpoint}", Kind::Gauge)),
+            "weibo_checkpoint_last_id"
+        );
         let family = Family {
             samples: vec![Sample { attributes: vec![("operator", "a \"b\"\\\nc".into())], value: 1.5 }],
             ..f("weibo.x", "s", Kind::Gauge)

@@ -474,6 +474,7 @@ impl HeadRunner for ChannelHead {
                             }
                         }
                     }
+                    let aligned = aligner.took().unwrap_or_default();
                     let paused = Instant::now();
                     let since =
                         io.checkpoint.as_ref().map_or(0, |c| c.completed.load(std::sync::atomic::Ordering::Relaxed));
@@ -482,8 +483,7 @@ impl HeadRunner for ChannelHead {
                     let nanos = u64::try_from(paused.elapsed().as_nanos()).unwrap_or(u64::MAX);
                     self.counters.checkpoint_pause_nanos.fetch_max(nanos, std::sync::atomic::Ordering::Relaxed);
                     if let Some(cp) = io.checkpoint.as_ref() {
-                        let aligned = aligner.took().unwrap_or_default();
-                        cp.write_and_ack(b, snapshots, aligned, paused.elapsed());
+                        cp.write_and_ack(b, snapshots, aligned, Duration::from_nanos(nanos));
                     }
                     aligner.release();
                 }

@@ -543,8 +543,9 @@ impl Job {
     /// counters and gauges: the meter provider's readers and exporters
     /// (OTLP, or any other) collect them, when they collect, from the
     /// counters the job keeps anyway; nothing is recorded per record.
-    /// Needs the `otel` feature. The instruments stay registered as long
-    /// as the job's handle lives.
+    /// Needs the `otel` feature. The instruments report while the job's
+    /// handle lives; once it is dropped they report nothing (the meter
+    /// provider keeps their callbacks: the API cannot unregister them).
     ///
     /// ```
     /// let job = weibo::Job::new("metered").with_meter(opentelemetry::global::meter("weibo"));
