@@ -66,7 +66,10 @@ async fn checkpoints_restores_and_commits_open_spans_with_their_fields() {
     )
     .unwrap();
     let (dir, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    job(dir.path(), out.path()).run().await.unwrap();
+    let report = job(dir.path(), out.path()).run().await.unwrap();
+    // The sink's transactions are counted too.
+    let files = report.metrics.sinks.iter().find(|s| s.id == "files").expect("the sink's counters");
+    assert!(files.committed >= 1 && files.failed == 0, "{files:?}");
     // Started again, it restores the final checkpoint.
     job(dir.path(), out.path()).run().await.unwrap();
 

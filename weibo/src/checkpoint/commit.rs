@@ -49,6 +49,8 @@ struct Registered {
     node: usize,
     id: String,
     committer: Arc<dyn Committer>,
+    /// Its transactions' counters (known once the job starts: `count_into`).
+    counters: Arc<crate::metrics::SinkCounters>,
 }
 
 impl std::fmt::Debug for Registered {
@@ -76,7 +78,7 @@ pub(crate) struct CheckpointCommits {
 impl TwoPhaseCommits {
     /// Step 1: an exactly-once sink (graph node `node`) joins the job.
     pub(crate) fn register(&mut self, node: usize, committer: Arc<dyn Committer>) {
-        self.committers.push(Registered { node, id: String::new(), committer });
+        self.committers.push(Registered { node, id: String::new(), committer, counters: Arc::default() });
     }
 
     /// Names each sink by its node's id (`id_of`), which manifests file
@@ -85,6 +87,13 @@ impl TwoPhaseCommits {
     pub(crate) fn bind(&mut self, id_of: impl Fn(usize) -> Option<String>) {
         for r in &mut self.committers {
             r.id = id_of(r.node).unwrap_or_else(|| format!("#{}", r.node));
+        }
+    }
+
+    /// Counts each sink's transactions in `registry` (after `bind`).
+    pub(crate) fn count_into(&mut self, registry: &crate::metrics::Registry) {
+        for r in &mut self.committers {
+            r.counters = registry.sink(&r.id);
         }
     }
 
@@ -141,7 +150,10 @@ impl TwoPhaseCommits {
             let _commit =
                 tracing::info_span!("transaction.commit", sink = %entry.sink, handle = %entry.handle, retried = !fresh)
                     .entered();
-            if let Err(e) = c.committer.commit(&entry.handle, if fresh { positions } else { &[] }) {
+            let started = std::time::Instant::now();
+            let result = c.committer.commit(&entry.handle, if fresh { positions } else { &[] });
+            count_commit(&c.counters, started, result.is_ok());
+            if let Err(e) = result {
                 tracing::warn!(sink = %entry.sink, handle = %entry.handle, error = %e, "commit failed; retried with the next checkpoint");
                 self.uncommitted.push(entry);
             }
@@ -164,7 +176,10 @@ impl TwoPhaseCommits {
             crate::task::blocking(|| {
                 for entry in entries {
                     let Some(c) = self.committers.iter().find(|c| c.id == entry.sink) else { continue };
-                    if let Err(e) = c.committer.commit(&entry.handle, &[]) {
+                    let started = std::time::Instant::now();
+                    let result = c.committer.commit(&entry.handle, &[]);
+                    count_commit(&c.counters, started, result.is_ok());
+                    if let Err(e) = result {
                         tracing::warn!(sink = %entry.sink, handle = %entry.handle, attempt, error = %e, "commit after the final checkpoint failed; trying again");
                         self.uncommitted.push(entry);
                     }
@@ -173,4 +188,13 @@ impl TwoPhaseCommits {
         }
         self.uncommitted.first().cloned().map(|e| (e, self.uncommitted.len()))
     }
+}
+
+/// Counts a commit that started at `started`.
+fn count_commit(counters: &crate::metrics::SinkCounters, started: std::time::Instant, ok: bool) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    counters.commit_nanos.fetch_add(nanos, Relaxed);
+    let counter = if ok { &counters.committed } else { &counters.failed };
+    counter.fetch_add(1, Relaxed);
 }

@@ -43,6 +43,14 @@ pub(crate) struct EdgeCounters {
     pub(crate) records: AtomicU64,
 }
 
+/// Counters of one exactly-once sink's transactions.
+#[derive(Debug, Default)]
+pub(crate) struct SinkCounters {
+    pub(crate) committed: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) commit_nanos: AtomicU64,
+}
+
 #[derive(Debug)]
 struct Named<T> {
     name: String,
@@ -57,6 +65,7 @@ type NamedEdge = (String, String, Arc<EdgeCounters>);
 pub(crate) struct Registry {
     operators: Arc<Mutex<Vec<Named<OperatorCounters>>>>,
     edges: Arc<Mutex<Vec<NamedEdge>>>,
+    sinks: Arc<Mutex<Vec<Named<SinkCounters>>>>,
 }
 
 impl Registry {
@@ -68,6 +77,17 @@ impl Registry {
         }
         let counters = Arc::new(OperatorCounters::default());
         ops.push(Named { name: name.to_string(), counters: counters.clone() });
+        counters
+    }
+
+    /// The counters of exactly-once sink `id`.
+    pub(crate) fn sink(&self, id: &str) -> Arc<SinkCounters> {
+        let mut sinks = self.sinks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(found) = sinks.iter().find(|n| n.name == id) {
+            return found.counters.clone();
+        }
+        let counters = Arc::new(SinkCounters::default());
+        sinks.push(Named { name: id.to_string(), counters: counters.clone() });
         counters
     }
 
@@ -108,7 +128,19 @@ impl Registry {
                 records: c.records.load(Ordering::Relaxed),
             })
             .collect();
-        MetricsSnapshot { operators, edges }
+        let sinks = self
+            .sinks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|n| SinkMetrics {
+                id: n.name.clone(),
+                committed: n.counters.committed.load(Ordering::Relaxed),
+                failed: n.counters.failed.load(Ordering::Relaxed),
+                commit_time: Duration::from_nanos(n.counters.commit_nanos.load(Ordering::Relaxed)),
+            })
+            .collect();
+        MetricsSnapshot { operators, edges, sinks }
     }
 }
 
@@ -162,6 +194,21 @@ pub struct EdgeMetrics {
     pub records: u64,
 }
 
+/// One exactly-once sink's transactions.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct SinkMetrics {
+    /// The sink's id.
+    pub id: String,
+    /// Transactions committed (each once, after its checkpoint completed).
+    pub committed: u64,
+    /// Commits that failed (each is tried again with the next checkpoint).
+    pub failed: u64,
+    /// Time spent committing, in all.
+    #[serde(rename = "commit_time_ms", serialize_with = "millis")]
+    pub commit_time: Duration,
+}
+
 /// A copy of a job's metrics at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
@@ -170,6 +217,8 @@ pub struct MetricsSnapshot {
     pub operators: Vec<OperatorMetrics>,
     /// Per edge.
     pub edges: Vec<EdgeMetrics>,
+    /// Per exactly-once sink.
+    pub sinks: Vec<SinkMetrics>,
 }
 
 impl MetricsSnapshot {
@@ -206,6 +255,16 @@ impl fmt::Display for MetricsSnapshot {
                 if e.batches == 1 { "" } else { "es" },
                 e.blocked
             )?;
+        }
+        if !self.sinks.is_empty() {
+            writeln!(f, "exactly-once sinks:")?;
+            for s in &self.sinks {
+                writeln!(
+                    f,
+                    "  {}: {} committed, {} failed, {:?} committing",
+                    s.id, s.committed, s.failed, s.commit_time
+                )?;
+            }
         }
         Ok(())
     }

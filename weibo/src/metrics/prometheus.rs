@@ -115,6 +115,13 @@ pub(crate) fn families(
     };
     #[expect(clippy::cast_precision_loss, reason = "counts far below 2^53 are exact")]
     let n = |v: u64| v as f64;
+    let sink = |value: &dyn Fn(&super::SinkMetrics) -> f64| -> Vec<Sample> {
+        snapshot
+            .sinks
+            .iter()
+            .map(|s| Sample { attributes: vec![("job", job.to_string()), ("sink", s.id.clone())], value: value(s) })
+            .collect()
+    };
     let mut out = vec![
         op("weibo.operator.records_in", "{record}", Kind::Counter, "Records that reached the operator.", &|o| {
             n(o.records_in)
@@ -152,6 +159,27 @@ pub(crate) fn families(
             "Time the edge's sender was blocked because the edge was full (backpressure).",
             &|e| e.blocked.as_secs_f64(),
         ),
+        Family {
+            name: "weibo.sink.transactions.committed",
+            unit: "{transaction}",
+            kind: Kind::Counter,
+            help: "Transactions the exactly-once sink committed.",
+            samples: sink(&|s| n(s.committed)),
+        },
+        Family {
+            name: "weibo.sink.transactions.failed",
+            unit: "{transaction}",
+            kind: Kind::Counter,
+            help: "Commits that failed (tried again with the next checkpoint).",
+            samples: sink(&|s| n(s.failed)),
+        },
+        Family {
+            name: "weibo.sink.commit.duration",
+            unit: "s",
+            kind: Kind::Counter,
+            help: "Time the exactly-once sink spent committing (divided by the committed count: the mean commit latency).",
+            samples: sink(&|s| s.commit_time.as_secs_f64()),
+        },
         Family {
             name: "weibo.job.uptime",
             unit: "s",

@@ -76,6 +76,7 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
     // committed (again: commits are idempotent), drop what came after it.
     let mut commits = config.commits.clone();
     commits.bind(|node| graph.nodes.get(node).map(|n| n.id().to_string()));
+    commits.count_into(&registry);
     commits.on_restore(restore.as_ref().map(|r| (r.checkpoint, r.commits.as_slice())))?;
     let completed = Arc::new(AtomicU64::new(restore.as_ref().map_or(0, |r| r.checkpoint.get())));
     let history = Arc::new(crate::checkpoint::history::History::default());
