@@ -70,8 +70,20 @@ async fn checkpoints_restores_and_commits_open_spans_with_their_fields() {
     // The sink's transactions are counted too.
     let files = report.metrics.sinks.iter().find(|s| s.id == "files").expect("the sink's counters");
     assert!(files.committed >= 1 && files.failed == 0, "{files:?}");
-    // Started again, it restores the final checkpoint.
-    job(dir.path(), out.path()).run().await.unwrap();
+    // Started again, it restores the final checkpoint; its metrics say
+    // what the restore read and where the source is.
+    let again = job(dir.path(), out.path()).spawn().unwrap();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !again.status().has_ended() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap();
+    let text = again.prometheus_metrics();
+    assert!(text.contains("# TYPE weibo_restore_entries gauge"), "{text}");
+    assert!(text.contains(r#"weibo_source_position{job="traced",source="numbers",partition="0"} 2000"#), "{text}");
+    again.wait().await.unwrap();
 
     let seen = seen.lock().unwrap().clone();
     let named = |name: &str| seen.iter().filter(|(n, _, _)| n == name).cloned().collect::<Vec<_>>();
@@ -117,5 +129,6 @@ async fn checkpoints_restores_and_commits_open_spans_with_their_fields() {
         events.iter().find(|e| e.get("message").is_some_and(|m| m == "restored")).expect("a `restored` line");
     let (entries, of) = (restored["entries"].parse::<u64>().unwrap(), restored["of"].parse::<u64>().unwrap());
     assert_eq!(entries, of, "{restored:?}");
+    assert!(text.contains(&format!(r#"weibo_restore_entries{{job="traced"}} {entries}"#)), "{text}");
     assert!(entries >= 4, "the four keys' maxima at least: {restored:?}");
 }

@@ -269,6 +269,7 @@ impl Coordinator {
         let bytes = match (outcome, &self.previous) {
             // The files this checkpoint wrote, not those it carried.
             ("completed", Some(m)) if m.checkpoint == n => {
+                self.history.positions(m.sources.iter().map(|s| (s.source.clone(), s.partition, s.position)).collect());
                 m.states.iter().filter(|s| s.checkpoint == n).filter_map(|s| s.bytes).sum()
             }
             _ => 0,

@@ -45,12 +45,27 @@ pub(crate) struct History {
     totals: Mutex<Totals>,
 }
 
+impl History {
+    /// Records the sources' positions of the newest completed checkpoint.
+    pub(crate) fn positions(&self, positions: Vec<(String, u32, u64)>) {
+        self.totals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).positions = positions;
+    }
+
+    /// Records the restore the job started with.
+    pub(crate) fn restored(&self, entries: u64, took: Duration) {
+        self.totals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restored =
+            Some((entries, took.as_secs_f64()));
+    }
+}
+
 #[derive(Debug, Default)]
 struct Totals {
     completed: u64,
     failed: u64,
     bytes: u64,
     last: Option<CheckpointRecord>,
+    positions: Vec<(String, u32, u64)>,
+    restored: Option<(u64, f64)>,
 }
 
 impl History {
@@ -87,6 +102,8 @@ impl History {
             last_id: totals.last.as_ref().map(|l| l.id),
             last_duration_seconds: totals.last.as_ref().map(|l| l.duration_ms / 1000.0),
             last_age_seconds: age,
+            positions: totals.positions.clone(),
+            restored: totals.restored,
         }
     }
 

@@ -58,6 +58,11 @@ pub(crate) struct CheckpointTotals {
     pub(crate) last_duration_seconds: Option<f64>,
     /// Seconds since the newest completed checkpoint was triggered.
     pub(crate) last_age_seconds: Option<f64>,
+    /// Each source partition's position in the newest completed
+    /// checkpoint: (source id, partition, position).
+    pub(crate) positions: Vec<(String, u32, u64)>,
+    /// The restore the job started with: entries read, seconds taken.
+    pub(crate) restored: Option<(u64, f64)>,
 }
 
 /// The families of job `job`: its operators' and edges' counters in
@@ -226,6 +231,38 @@ pub(crate) fn families(
                 kind: Kind::Gauge,
                 help: "How long the newest completed checkpoint took, from its trigger to its manifest and commits.",
                 samples: maybe(c.last_duration_seconds),
+            },
+            Family {
+                name: "weibo.source.position",
+                unit: "{position}",
+                kind: Kind::Gauge,
+                help: "Where each source partition resumes, as of the newest completed checkpoint (an offset, for Kafka).",
+                samples: c
+                    .positions
+                    .iter()
+                    .map(|(source, partition, position)| Sample {
+                        attributes: vec![
+                            ("job", job.to_string()),
+                            ("source", source.clone()),
+                            ("partition", partition.to_string()),
+                        ],
+                        value: n(*position),
+                    })
+                    .collect(),
+            },
+            Family {
+                name: "weibo.restore.entries",
+                unit: "{entry}",
+                kind: Kind::Gauge,
+                help: "Entries the job's restore read when it started.",
+                samples: maybe(c.restored.map(|(entries, _)| n(entries))),
+            },
+            Family {
+                name: "weibo.restore.duration",
+                unit: "s",
+                kind: Kind::Gauge,
+                help: "How long the job's restore took when it started.",
+                samples: maybe(c.restored.map(|(_, seconds)| seconds)),
             },
             Family {
                 name: "weibo.checkpoint.age",

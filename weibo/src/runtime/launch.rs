@@ -131,6 +131,7 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
     if let Some(r) = &restore {
         tracing::info!(job = %graph.name, checkpoint = r.checkpoint.get(), entries = r.progress.done(),
             of = r.progress.total, elapsed = ?r.progress.elapsed(), "restored");
+        history.restored(r.progress.done(), r.progress.elapsed());
     }
     drop(restoring);
     let migrated = match &restore {
