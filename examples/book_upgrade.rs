@@ -258,32 +258,26 @@ async fn run(args: Vec<String>) -> Result<(), Box<dyn Error>> {
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         [] => everything().await,
         ["v1", dir] => take_v1(Path::new(dir)).await.map(|_| ()),
-        ["v2", dir, rest @ ..] => {
+        [step @ ("v2" | "v3"), dir, rest @ ..] => {
             let with_migration = match rest {
                 [] => true,
                 ["--without-migration"] => false,
                 _ => return Err(usage.into()),
             };
             let dir = Path::new(dir);
+            if *step == "v3" {
+                // Version 2's newest checkpoint, before version 3 writes its own.
+                let v2 = newest_checkpoint(dir)?;
+                println!("version 3: restoring {}", v2.display());
+                run_v3(&v2, dir, with_migration).await?;
+                println!("its newest checkpoint: {}", newest_checkpoint(dir)?.display());
+                return Ok(());
+            }
             let (totals, read) = run_v2(dir, with_migration).await?;
             for t in totals.values() {
                 println!("{t:?}");
             }
             println!("version 2 read the remaining {read} of {ORDERS} orders");
-            println!("its newest checkpoint: {}", newest_checkpoint(dir)?.display());
-            Ok(())
-        }
-        ["v3", dir, rest @ ..] => {
-            let with_migration = match rest {
-                [] => true,
-                ["--without-migration"] => false,
-                _ => return Err(usage.into()),
-            };
-            let dir = Path::new(dir);
-            // Version 2's newest checkpoint, before version 3 writes its own.
-            let v2 = newest_checkpoint(dir)?;
-            println!("version 3: restoring {}", v2.display());
-            run_v3(&v2, dir, with_migration).await?;
             println!("its newest checkpoint: {}", newest_checkpoint(dir)?.display());
             Ok(())
         }

@@ -145,13 +145,7 @@ async fn a_job_without_checkpoints_has_no_savepoints_and_a_failed_job_is_not_rea
         .sink(CollectSink::new());
     let handle = job.spawn().unwrap();
     let addr = handle.admin_addr().unwrap();
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while !handle.status().has_ended() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the failing job ends");
+    weibo_tests::until_ended(&handle).await;
     let (status, ready) = json(addr, "GET", "/readyz", None, None).await;
     assert_eq!((status, ready["state"].as_str()), (503, Some("failed")), "{ready}");
     assert!(!ready.to_string().contains("no more"), "the probe tells no error without the token: {ready}");
@@ -215,13 +209,7 @@ async fn a_finished_job_says_so_and_refuses_to_stop() {
     job.source(Generator::new(1_000, |i| i)).sink(CollectSink::new());
     let handle = job.spawn().unwrap();
     let addr = handle.admin_addr().unwrap();
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while !handle.status().has_ended() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the job ends");
+    weibo_tests::until_ended(&handle).await;
     assert_eq!(handle.status(), JobState::Finished);
     let (status, ready) = json(addr, "GET", "/readyz", None, None).await;
     assert_eq!((status, ready["state"].as_str()), (503, Some("finished")), "{ready}");

@@ -34,6 +34,22 @@ pub fn savepoint_midway(job: weibo::Job, after: std::time::Duration) -> std::pat
     })
 }
 
+/// Waits until `handle`'s job has ended (finished, failed or stopped),
+/// keeping the handle (and so its admin API and instruments) alive.
+///
+/// # Panics
+/// When it has not ended in 30 seconds (a test's failure).
+#[allow(clippy::expect_used)]
+pub async fn until_ended(handle: &weibo::JobHandle) {
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while !handle.status().has_ended() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the job ends within 30 s");
+}
+
 /// One HTTP/1.1 exchange over loopback (what the admin API and Prometheus
 /// tests need, without an HTTP client crate): `method path`, with a bearer
 /// `token` and a JSON `body` if given; returns the status and the body.

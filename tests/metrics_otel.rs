@@ -65,13 +65,7 @@ async fn a_meter_provider_collects_what_the_job_counted() {
         .sink(CollectSink::new());
     let handle = job.spawn().unwrap();
     // Ended, its counters are final: a collection now has them exactly.
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while !handle.status().has_ended() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap();
+    weibo_tests::until_ended(&handle).await;
     let snapshot = handle.metrics();
     provider.force_flush().unwrap();
     let (read, unit) = collected(&exporter, "weibo.operator.records_out", "operator", "numbers").unwrap();

@@ -73,13 +73,7 @@ async fn checkpoints_restores_and_commits_open_spans_with_their_fields() {
     // Started again, it restores the final checkpoint; its metrics say
     // what the restore read and where the source is.
     let again = job(dir.path(), out.path()).spawn().unwrap();
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while !again.status().has_ended() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap();
+    weibo_tests::until_ended(&again).await;
     let text = again.prometheus_metrics();
     assert!(text.contains("# TYPE weibo_restore_entries gauge"), "{text}");
     assert!(text.contains(r#"weibo_source_position{job="traced",source="numbers",partition="0"} 2000"#), "{text}");

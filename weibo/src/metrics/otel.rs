@@ -51,24 +51,26 @@ pub(crate) fn register(meter: &Meter, source: &FamilySource) -> Instruments {
             let source = read.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
             source.map(|s| s()).into_iter().flatten().find(|f| f.name == name).map(|f| f.samples).unwrap_or_default()
         };
-        match (family.kind, family.unit) {
+        // Observes every sample as an `f64` (seconds, gauges).
+        let samples = Arc::new(samples);
+        let as_f64 = {
+            let samples = samples.clone();
+            move |o: &dyn opentelemetry::metrics::AsyncInstrument<f64>| {
+                for s in samples() {
+                    o.observe(s.value, &attributes(&s));
+                }
+            }
+        };
+        let (unit, help) = (family.unit, family.help);
+        match (family.kind, unit) {
             (Kind::Counter, "s") => kept.push(Box::new(
-                meter
-                    .f64_observable_counter(name)
-                    .with_unit(family.unit)
-                    .with_description(family.help)
-                    .with_callback(move |o| {
-                        for s in samples() {
-                            o.observe(s.value, &attributes(&s));
-                        }
-                    })
-                    .build(),
+                meter.f64_observable_counter(name).with_unit(unit).with_description(help).with_callback(as_f64).build(),
             )),
             (Kind::Counter, _) => kept.push(Box::new(
                 meter
                     .u64_observable_counter(name)
-                    .with_unit(family.unit)
-                    .with_description(family.help)
+                    .with_unit(unit)
+                    .with_description(help)
                     .with_callback(move |o| {
                         for s in samples() {
                             // Counts, exact below 2^53.
@@ -79,16 +81,7 @@ pub(crate) fn register(meter: &Meter, source: &FamilySource) -> Instruments {
                     .build(),
             )),
             (Kind::Gauge, _) => kept.push(Box::new(
-                meter
-                    .f64_observable_gauge(name)
-                    .with_unit(family.unit)
-                    .with_description(family.help)
-                    .with_callback(move |o| {
-                        for s in samples() {
-                            o.observe(s.value, &attributes(&s));
-                        }
-                    })
-                    .build(),
+                meter.f64_observable_gauge(name).with_unit(unit).with_description(help).with_callback(as_f64).build(),
             )),
         }
     }
