@@ -173,6 +173,7 @@ async fn idleness(idle_after: Option<Duration>) -> weibo::Result<()> {
         .key_by(|v: &View| v.user)
         .window(Tumbling::of(Duration::from_millis(10)))
         .aggregate(Count)
+        .name("views per 10 ms")
         .sink(counts.clone());
     let handle = job.spawn()?;
 
@@ -185,6 +186,11 @@ async fn idleness(idle_after: Option<Duration>) -> weibo::Result<()> {
             break;
         }
     }
+    // What the job's metrics say of its time while it runs.
+    let metrics = handle.metrics();
+    assert!(metrics.operator("views per 10 ms").is_some(), "the window operator counts");
+    let (watermark, idle_inputs) =
+        metrics.operator("views per 10 ms").map(|w| (w.watermark, w.idle_inputs)).unwrap_or_default();
     stop.store(true, Ordering::Relaxed); // both partitions end: watermark +∞
     handle.wait().await?;
     let at_end: Vec<_> = counts.take().into_iter().map(|r| (r.window.start, r.value)).collect();
@@ -193,10 +199,15 @@ async fn idleness(idle_after: Option<Duration>) -> weibo::Result<()> {
         // Partition 1 went idle after 50 ms: partition 0's watermark (24 - 1) alone counts.
         assert_eq!(fired, [(0, 10), (10, 10)]);
         assert_eq!(at_end, [(20, 5)]);
+        // Partition 1's input edge is idle (and partition 0's too, once it
+        // has been quiet for 50 ms).
+        assert_eq!(watermark, Some(23));
+        assert!(idle_inputs >= 1);
     } else {
         // Partition 1 never sent a watermark, so it held every window open until the end.
         assert!(fired.is_empty());
         assert_eq!(at_end, [(0, 10), (10, 10), (20, 5)]);
+        assert_eq!((watermark, idle_inputs), (None, 0));
     }
     Ok(())
 }

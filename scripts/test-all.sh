@@ -7,8 +7,9 @@
 # rustfmt), and Java 17 and Maven for the Kafka tests: the broker (Apache
 # Kafka, KRaft) is fetched from Maven Central once into
 # $HOME/.cache/weibo/ and started by the tests themselves on loopback.
-# Debian's `prometheus` (a real scraper for the metrics endpoint) is
-# installed with apt-get when missing; the tests start it themselves.
+# Debian's `prometheus` (a real scraper for the metrics endpoint) and
+# `chromium` (a real browser for the dashboard) are installed with apt-get
+# when missing; the tests start them themselves.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -27,14 +28,19 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "Kafka broker for the tests"
 scripts/fetch-kafka.sh
 
-step "Prometheus for the tests"
-if ! command -v prometheus > /dev/null; then
-    sudo=""
+step "Prometheus and Chromium for the tests"
+# Installs Debian package $1 when command $2 is missing.
+need() {
+    command -v "$2" > /dev/null && return 0
+    local sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"
-    install() { $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }
-    install || { $sudo apt-get update && install; }
-fi
+    install() { $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$1"; }
+    install "$1" || { $sudo apt-get update && install "$1"; }
+}
+need prometheus prometheus
+need chromium chromium
 prometheus --version | head -n 1
+chromium --version 2> /dev/null | head -n 1
 
 step "the library without its optional features"
 cargo check --locked -q -p weibo --no-default-features

@@ -133,3 +133,58 @@ fn a_transaction_timeout_above_the_brokers_maximum_is_refused_naming_both() {
     assert!(err.contains("transaction.max.timeout.ms"), "{err}");
     eprintln!("{err}");
 }
+
+/// A Kafka source's consumer lag: each partition's end (its last stable
+/// offset, from librdkafka's statistics) and read position in the job's
+/// metrics, the lag above zero while a slow operator holds reading back,
+/// and zero with the position at the end once everything is read.
+#[test]
+fn each_partitions_consumer_lag_is_in_the_metrics() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let input = unique("lag-in");
+    create_topic(&input, 2);
+    let values: Vec<Vec<u8>> = (0..2000u64).map(|n| serde_json::to_vec(&Payload { n }).unwrap()).collect();
+    let keys: Vec<Vec<u8>> = (0..2000u64).map(|n| format!("k{n}").into_bytes()).collect();
+    let records: Vec<In<'_>> =
+        (0..2000usize).map(|i| In { key: Some(&keys[i]), value: &values[i], headers: vec![], timestamp: None }).collect();
+    produce(&input, &records);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let source = KafkaSource::builder(bootstrap(), [input.clone()], Json).build::<Payload>().unwrap();
+        let job = Job::new("lagging").with_batch_size(20).with_channel_capacity(1);
+        job.source(source)
+            .name("in")
+            .map(|r: KafkaRecord<Payload>| {
+                std::thread::sleep(Duration::from_millis(2)); // reads at most 500 records a second
+                r.value.n
+            })
+            .sink(weibo::sinks::Blackhole::new())
+            .name("out");
+        let handle = job.spawn().unwrap();
+        let lags = |h: &weibo::JobHandle| -> Vec<(Option<u64>, Option<u64>)> {
+            h.metrics().tasks.iter().filter_map(|t| t.source.as_ref()).map(|s| (s.position, s.end_position)).collect()
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut lagged = false;
+        loop {
+            let now = lags(&handle);
+            assert_eq!(now.len(), 2, "one entry per partition: {now:?}");
+            lagged |= now.iter().any(|(p, e)| matches!((p, e), (Some(p), Some(e)) if e > p));
+            let read = handle.metrics().operator("out").unwrap().records_in;
+            let ends: u64 = now.iter().filter_map(|(_, e)| *e).sum();
+            if read == 2000 && ends == 2000 && now.iter().all(|(p, e)| p.is_some() && p == e) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "read {read} of 2000, positions and ends {now:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(lagged, "no partition was ever seen behind its end");
+        let text = handle.prometheus_metrics();
+        let zero_lags = text.lines().filter(|l| l.starts_with("weibo_source_lag{") && l.ends_with(" 0")).count();
+        assert_eq!(zero_lags, 2, "{text}");
+        handle.cancel().await.unwrap();
+    });
+}

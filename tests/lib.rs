@@ -199,3 +199,242 @@ impl Drop for Prometheus {
         let _ = self.child.wait();
     }
 }
+
+/// A headless Chromium (Debian's `chromium` package, which the README's
+/// test command installs) with its DevTools protocol on a free loopback
+/// port and a throwaway profile; killed when dropped.
+///
+/// The protocol is spoken here directly over a WebSocket (a JSON request
+/// `{id, method, params}`, a response with the same `id`, events in
+/// between): the tests need five of its commands, and a client crate
+/// (`chromiumoxide`) would compile the whole generated protocol.
+pub struct Browser {
+    child: std::process::Child,
+    port: u16,
+    _profile: tempfile::TempDir,
+}
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// One page (tab) of a [`Browser`], driven over its DevTools WebSocket.
+pub struct Page {
+    socket: Socket,
+    next_id: u64,
+    /// Every event the page sent so far (method and params).
+    pub events: Vec<(String, serde_json::Value)>,
+}
+
+// Indexing a `serde_json::Value` gives `Null` for what is missing.
+#[allow(clippy::indexing_slicing)]
+impl Browser {
+    /// Starts Chromium with a window of `width` × `height` and waits for
+    /// its DevTools endpoint.
+    ///
+    /// # Panics
+    /// When `chromium` is not installed (the message says how to get it)
+    /// or does not announce its endpoint in 30 seconds.
+    #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    pub async fn start(width: u32, height: u32) -> Self {
+        use std::io::BufRead as _;
+        let profile = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--no-default-browser-check",
+                "--hide-scrollbars",
+                "--remote-debugging-address=127.0.0.1",
+                "--remote-debugging-port=0",
+                &format!("--window-size={width},{height}"),
+                &format!("--user-data-dir={}", profile.path().display()),
+                "about:blank",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start `chromium` ({e}): install it with `apt-get install -y chromium` (the README's test command does)")
+            });
+        // Chromium says where its endpoint is on stderr:
+        // `DevTools listening on ws://127.0.0.1:<port>/devtools/browser/<id>`.
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in std::io::BufReader::new(stderr).lines().map_while(std::result::Result::ok) {
+                if !sent && let Some(rest) = line.split("DevTools listening on ws://").nth(1) {
+                    let port =
+                        rest.split('/').next().and_then(|a| a.rsplit(':').next()).and_then(|p| p.parse::<u16>().ok());
+                    let _ = tx.send(port);
+                    sent = true;
+                }
+            }
+        });
+        let port = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .ok()
+            .flatten()
+            .expect("chromium did not announce its DevTools endpoint in 30 s");
+        Self { child, port, _profile: profile }
+    }
+
+    /// The browser's first page, connected.
+    ///
+    /// # Panics
+    /// When the endpoint lists no page or the WebSocket cannot connect.
+    #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    pub async fn page(&self) -> Page {
+        let body = self.targets().await;
+        let targets: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let url = targets
+            .as_array()
+            .and_then(|t| t.iter().find(|t| t["type"] == "page"))
+            .and_then(|t| t["webSocketDebuggerUrl"].as_str())
+            .unwrap_or_else(|| panic!("no page among the browser's targets: {body}"))
+            .to_string();
+        let (socket, _) = tokio_tungstenite::connect_async(url.as_str()).await.unwrap();
+        let mut page = Page { socket, next_id: 0, events: Vec::new() };
+        for domain in ["Page.enable", "Runtime.enable", "Log.enable"] {
+            page.call(domain, serde_json::json!({})).await;
+        }
+        page
+    }
+}
+
+#[allow(clippy::indexing_slicing)]
+impl Browser {
+    /// The browser's `/json/list` (its targets). Its HTTP server keeps
+    /// the connection open, so the body is read by its length.
+    #[allow(clippy::unwrap_used, clippy::expect_used)]
+    async fn targets(&self) -> String {
+        use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.unwrap();
+        let mut stream = tokio::io::BufReader::new(stream);
+        let request = format!("GET /json/list HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n", self.port);
+        stream.get_mut().write_all(request.as_bytes()).await.unwrap();
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            stream.read_line(&mut line).await.unwrap();
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().expect("a length");
+            }
+        }
+        let mut body = vec![0; length];
+        stream.read_exact(&mut body).await.unwrap();
+        String::from_utf8(body).expect("UTF-8")
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[allow(clippy::indexing_slicing)]
+impl Page {
+    /// Sends `method` with `params`; returns its result (events that come
+    /// before it are kept in [`events`](Self::events)).
+    ///
+    /// # Panics
+    /// When the connection fails or the command answers an error.
+    #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    pub async fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        use futures_util::{SinkExt as _, StreamExt as _};
+        self.next_id += 1;
+        let id = self.next_id;
+        let request = serde_json::json!({ "id": id, "method": method, "params": params });
+        self.socket.send(tokio_tungstenite::tungstenite::Message::text(request.to_string())).await.unwrap();
+        loop {
+            let message = tokio::time::timeout(std::time::Duration::from_secs(60), self.socket.next())
+                .await
+                .unwrap_or_else(|_| panic!("{method}: no answer in 60 s"))
+                .expect("the DevTools connection closed")
+                .unwrap();
+            let Ok(text) = message.to_text() else { continue };
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else { continue };
+            if value["id"] == id {
+                assert!(value.get("error").is_none(), "{method}: {}", value["error"]);
+                return value["result"].clone();
+            }
+            if let Some(event) = value["method"].as_str() {
+                self.events.push((event.to_string(), value["params"].clone()));
+            }
+        }
+    }
+
+    /// Opens `url` and waits until its `load` event.
+    ///
+    /// # Panics
+    /// When the page does not load in 30 seconds.
+    #[allow(clippy::panic)]
+    pub async fn navigate(&mut self, url: &str) {
+        let before = self.events.len();
+        self.call("Page.navigate", serde_json::json!({ "url": url })).await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !self.events.iter().skip(before).any(|(m, _)| m == "Page.loadEventFired") {
+            assert!(std::time::Instant::now() < deadline, "{url} did not load in 30 s");
+            self.eval("1").await;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The value of JavaScript `expression` in the page (awaited if it is a
+    /// promise).
+    ///
+    /// # Panics
+    /// When the expression throws.
+    #[allow(clippy::panic)]
+    pub async fn eval(&mut self, expression: &str) -> serde_json::Value {
+        let result = self
+            .call(
+                "Runtime.evaluate",
+                serde_json::json!({ "expression": expression, "returnByValue": true, "awaitPromise": true }),
+            )
+            .await;
+        if let Some(e) = result.get("exceptionDetails") {
+            panic!("{expression} threw: {e}");
+        }
+        result["result"]["value"].clone()
+    }
+
+    /// Every error the page reported so far: uncaught exceptions,
+    /// `console.error` calls, and the browser's own log errors (a failed
+    /// request, a refused script or style).
+    pub fn errors(&self) -> Vec<String> {
+        self.events
+            .iter()
+            .filter_map(|(method, p)| match method.as_str() {
+                "Runtime.exceptionThrown" => Some(format!("exception: {}", p["exceptionDetails"])),
+                "Runtime.consoleAPICalled" if p["type"] == "error" || p["type"] == "assert" => {
+                    Some(format!("console.{}: {}", p["type"], p["args"]))
+                }
+                "Log.entryAdded" if p["entry"]["level"] == "error" => {
+                    Some(format!("log: {} {}", p["entry"]["text"], p["entry"]["url"]))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A PNG of the page as it is now.
+    ///
+    /// # Panics
+    /// When the screenshot cannot be taken or decoded.
+    #[allow(clippy::unwrap_used, clippy::expect_used)]
+    pub async fn screenshot(&mut self) -> Vec<u8> {
+        let shot = self.call("Page.captureScreenshot", serde_json::json!({ "format": "png" })).await;
+        data_encoding::BASE64.decode(shot["data"].as_str().expect("the image").as_bytes()).unwrap()
+    }
+}

@@ -88,9 +88,57 @@ async fn prometheus_scrapes_the_counters_and_the_backpressure_the_job_reports() 
         "records: Prometheus has {scraped_records} at {scraped_at}, the job had {read_before} just before and {read_after} just after"
     );
     assert!(blocked_after > 0.0, "the slow operator's input edge was blocked");
+    let m = handle.metrics();
+    let into_slow: Vec<_> = m.edges.iter().filter(|e| e.to.starts_with("slow")).collect();
+    assert!(into_slow.iter().all(|e| e.capacity == 1 && e.queued <= 1), "{into_slow:?}");
     assert!(
         blocked_before <= scraped_blocked + 1e-9 && scraped_blocked <= blocked_after + 1e-9,
         "blocked: Prometheus has {scraped_blocked} s at {scraped_at}, the job had {blocked_before} s just before and {blocked_after} s just after"
     );
+    handle.cancel().await.unwrap();
+}
+
+/// An edge into an operator that stops reading fills up: its channel's
+/// fill in the snapshot and in the scrape text is its capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_edge_shows_as_full() {
+    let held = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let hold = held.clone();
+    let job = Job::new("full-edge").with_channel_capacity(4);
+    job.source(Generator::new(u64::MAX, |i| i))
+        .name("numbers")
+        .key_by(|x: &u64| x % 4)
+        .process(weibo::on_error::Fail, move |ctx: &mut weibo::KeyedContext<'_, u64, u64, u64>, x: &u64| {
+            // Stops reading until released: its input edge fills.
+            while hold.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            ctx.emit(*x);
+            Ok::<(), String>(())
+        })
+        .name("held")
+        .sink(weibo::sinks::Blackhole::new());
+    let handle = job.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let full = loop {
+        let m = handle.metrics();
+        if let Some(e) = m.edges.iter().find(|e| e.to == "held[0]" && e.queued == e.capacity) {
+            break e.clone();
+        }
+        assert!(Instant::now() < deadline, "the edge never filled: {:?}", m.edges);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(full.capacity, 4);
+    let text = handle.prometheus_metrics();
+    assert!(
+        text.contains(
+            r#"weibo_edge_queued{job="full-edge",edge="numbers[0] -> held[0]",from="numbers[0]",to="held[0]"} 4"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains(
+        r#"weibo_edge_capacity{job="full-edge",edge="numbers[0] -> held[0]",from="numbers[0]",to="held[0]"} 4"#
+    ));
+    held.store(false, std::sync::atomic::Ordering::Relaxed);
     handle.cancel().await.unwrap();
 }

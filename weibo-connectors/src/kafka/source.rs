@@ -281,8 +281,16 @@ impl<T> KafkaSource<T> {
                 ("enable.partition.eof", "true"),
                 ("isolation.level", "read_committed"),
                 ("auto.offset.reset", "earliest"),
+                // librdkafka's statistics, every second, carry the
+                // partition's last stable offset: the end its lag is
+                // measured to (see `ReaderContext::stats`).
+                ("statistics.interval.ms", "1000"),
             ])
-            .create_with_context(ReaderContext)
+            .create_with_context(ReaderContext {
+                topic: topic.clone(),
+                partition: *kp,
+                end: Arc::new(AtomicI64::new(-1)),
+            })
             .map_err(|e| connector_caused(&name, "cannot create a Kafka consumer".to_string(), e))?;
         let (low, high) =
             consumer.fetch_watermarks(topic, *kp, self.conn.timeout).map_err(|e| self.conn.unreachable(&name, &e))?;
@@ -295,7 +303,10 @@ impl<T> KafkaSource<T> {
         tpl.add_partition_offset(topic, *kp, Offset::Offset(start))
             .map_err(|e| connector_caused(&name, format!("cannot assign {topic}/{kp}"), e))?;
         consumer.assign(&tpl).map_err(|e| connector_caused(&name, format!("cannot assign {topic}/{kp}"), e))?;
+        let end = Arc::clone(&consumer.context().end);
+        end.store(high, std::sync::atomic::Ordering::Relaxed);
         Ok(Box::new(KafkaReader {
+            partition_end: end,
             consumer,
             d: Decoder {
                 name,
@@ -354,9 +365,24 @@ pub(crate) fn parse_partition_name(name: &str) -> Option<(String, i32)> {
 /// of a partition, which librdkafka also reports as a global error event,
 /// is logged at debug level (the reader sees it as `PartitionEOF` and
 /// acts on it); every other error as rdkafka's default context does.
-struct ReaderContext;
+/// A partition reader's consumer context: logs librdkafka's errors and
+/// keeps the partition's end from its statistics.
+struct ReaderContext {
+    topic: String,
+    partition: i32,
+    /// The partition's last stable offset (the end of what a
+    /// `read_committed` consumer can read), or -1 before it is known.
+    end: Arc<AtomicI64>,
+}
 
 impl rdkafka::ClientContext for ReaderContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let found = statistics.topics.get(&self.topic).and_then(|t| t.partitions.get(&self.partition));
+        if let Some(p) = found.filter(|p| p.ls_offset >= 0) {
+            self.end.store(p.ls_offset, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if matches!(error.rdkafka_error_code(), Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF))
             || matches!(error, KafkaError::PartitionEOF(_))
@@ -396,6 +422,8 @@ struct KafkaReader<T> {
     /// Where a bounded source ends.
     end: Option<i64>,
     progress: Arc<AtomicI64>,
+    /// Where the partition ends now (see `ReaderContext`).
+    partition_end: Arc<AtomicI64>,
 }
 
 /// Turns messages into records; apart from the consumer so that a message
@@ -521,5 +549,9 @@ impl<T: Send + 'static> SourceReader<KafkaRecord<T>> for KafkaReader<T> {
 
     fn position(&self) -> Option<u64> {
         u64::try_from(self.d.next).ok()
+    }
+
+    fn end_position(&self) -> Option<u64> {
+        u64::try_from(self.partition_end.load(std::sync::atomic::Ordering::Relaxed)).ok()
     }
 }

@@ -270,6 +270,18 @@ impl Coordinator {
             // The files this checkpoint wrote, not those it carried.
             ("completed", Some(m)) if m.checkpoint == n => {
                 self.history.positions(m.sources.iter().map(|s| (s.source.clone(), s.partition, s.position)).collect());
+                let mut sizes: Vec<(String, u64, u64)> = Vec::new();
+                for file in &m.states {
+                    let size = file.bytes.unwrap_or(0);
+                    match sizes.iter_mut().find(|(op, _, _)| *op == file.operator) {
+                        Some(entry) => {
+                            entry.1 += size;
+                            entry.2 += 1;
+                        }
+                        None => sizes.push((file.operator.clone(), size, 1)),
+                    }
+                }
+                self.history.state_sizes(sizes);
                 m.states.iter().filter(|s| s.checkpoint == n).filter_map(|s| s.bytes).sum()
             }
             _ => 0,

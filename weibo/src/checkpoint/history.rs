@@ -51,6 +51,12 @@ impl History {
         self.totals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).positions = positions;
     }
 
+    /// Records each operator's state in the newest completed checkpoint:
+    /// (operator id, bytes of the files a restore would read, files).
+    pub(crate) fn state_sizes(&self, sizes: Vec<(String, u64, u64)>) {
+        self.totals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).state = sizes;
+    }
+
     /// Records the restore the job started with.
     pub(crate) fn restored(&self, entries: u64, took: Duration) {
         self.totals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restored =
@@ -65,6 +71,7 @@ struct Totals {
     bytes: u64,
     last: Option<CheckpointRecord>,
     positions: Vec<(String, u32, u64)>,
+    state: Vec<(String, u64, u64)>,
     restored: Option<(u64, f64)>,
 }
 
@@ -103,6 +110,7 @@ impl History {
             last_duration_seconds: totals.last.as_ref().map(|l| l.duration_ms / 1000.0),
             last_age_seconds: age,
             positions: totals.positions.clone(),
+            state: totals.state.clone(),
             restored: totals.restored,
         }
     }

@@ -72,6 +72,28 @@ impl Graph {
         Ok(())
     }
 
+    /// The names of the operators fused behind `node` (not unions, not
+    /// the keyed operators its shuffle edges lead to), in graph order.
+    pub(crate) fn chain_names(&self, node: NodeId, out: &mut Vec<String>) -> Result<()> {
+        let n = self.node(node)?;
+        for p in 0..n.outputs.len() {
+            for (dst, _) in self.consumers(node, p) {
+                let dst_node = self.node(dst)?;
+                match dst_node.op {
+                    Op::Keyed { .. } => {}
+                    Op::Union => self.chain_names(dst, out)?,
+                    _ => {
+                        if !out.contains(&dst_node.name) {
+                            out.push(dst_node.name.clone());
+                        }
+                        self.chain_names(dst, out)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Every fused operator's number of instances: it runs once per
     /// instance of each head that reaches it without crossing a shuffle
     /// edge (after a `union`, from several heads).

@@ -10,7 +10,7 @@ pub(crate) mod otel;
 pub(crate) mod prometheus;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,6 +43,88 @@ pub(crate) struct EdgeCounters {
     pub(crate) records: AtomicU64,
 }
 
+/// How full an edge's channel is now: messages queued, if the channel is
+/// still open. Read only when metrics are read.
+pub(crate) type Fill = Box<dyn Fn() -> Option<usize> + Send + Sync>;
+
+/// What one task (a head and its fused chain) reports of its time.
+#[derive(Debug)]
+pub(crate) struct TaskCounters {
+    /// The watermark the task passed on last (milliseconds), or
+    /// `i64::MIN` before its first.
+    pub(crate) watermark: AtomicI64,
+    /// Inputs of the task now marked idle (they do not hold its watermark
+    /// back).
+    pub(crate) idle_inputs: AtomicU64,
+    /// A source partition's read position and the position its end is
+    /// at now (`u64::MAX`: unknown), read from the reader about once a
+    /// second.
+    pub(crate) position: AtomicU64,
+    pub(crate) end_position: AtomicU64,
+}
+
+impl Default for TaskCounters {
+    fn default() -> Self {
+        Self {
+            watermark: AtomicI64::new(i64::MIN),
+            idle_inputs: AtomicU64::new(0),
+            position: AtomicU64::new(u64::MAX),
+            end_position: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl TaskCounters {
+    /// Records the watermark passed on.
+    #[inline]
+    pub(crate) fn watermark(&self, at: i64) {
+        self.watermark.store(at, Ordering::Relaxed);
+    }
+
+    /// Records a source partition's read position and end, if known.
+    pub(crate) fn positions(&self, position: Option<u64>, end: Option<u64>) {
+        self.position.store(position.unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.end_position.store(end.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+}
+
+/// A source task's source id and partition.
+pub(crate) type SourcePartition = (String, u32);
+
+/// A task's counters with its name, its operators and its input count.
+struct NamedTask {
+    name: String,
+    operators: Vec<String>,
+    inputs: usize,
+    source: Option<SourcePartition>,
+    counters: Arc<TaskCounters>,
+}
+
+/// An edge's counters with its sender and receiver instance names, its
+/// channel's capacity and a way to read how full it is.
+struct NamedEdge {
+    from: String,
+    to: String,
+    capacity: usize,
+    fill: Fill,
+    counters: Arc<EdgeCounters>,
+}
+
+impl fmt::Debug for NamedEdge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NamedEdge").field("from", &self.from).field("to", &self.to).finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for NamedTask {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NamedTask")
+            .field("name", &self.name)
+            .field("operators", &self.operators)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Counters of one exactly-once sink's transactions.
 #[derive(Debug, Default)]
 pub(crate) struct SinkCounters {
@@ -57,15 +139,13 @@ struct Named<T> {
     counters: Arc<T>,
 }
 
-/// An edge's counters with its sender and receiver instance names.
-type NamedEdge = (String, String, Arc<EdgeCounters>);
-
 /// The registry all counters of a job live in.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Registry {
     operators: Arc<Mutex<Vec<Named<OperatorCounters>>>>,
     edges: Arc<Mutex<Vec<NamedEdge>>>,
     sinks: Arc<Mutex<Vec<Named<SinkCounters>>>>,
+    tasks: Arc<Mutex<Vec<NamedTask>>>,
 }
 
 impl Registry {
@@ -91,16 +171,68 @@ impl Registry {
         counters
     }
 
-    /// New counters for the edge from `from` to `to`.
-    pub(crate) fn edge(&self, from: String, to: String) -> Arc<EdgeCounters> {
+    /// New counters for the edge from `from` to `to`, whose channel holds
+    /// `capacity` messages and is `fill` full.
+    pub(crate) fn edge(&self, from: String, to: String, capacity: usize, fill: Fill) -> Arc<EdgeCounters> {
         let counters = Arc::new(EdgeCounters::default());
-        self.edges.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((from, to, counters.clone()));
+        self.edges.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(NamedEdge {
+            from,
+            to,
+            capacity,
+            fill,
+            counters: counters.clone(),
+        });
+        counters
+    }
+
+    /// Registers the `counters` of task `name` (`head[instance]`), which
+    /// runs `operators` (its head first, then its fused chain) and reads
+    /// `inputs` channels (none for a source; a source's task names its
+    /// source id and partition).
+    pub(crate) fn task(
+        &self,
+        name: String,
+        operators: Vec<String>,
+        inputs: usize,
+        source: Option<SourcePartition>,
+        counters: Arc<TaskCounters>,
+    ) -> Arc<TaskCounters> {
+        self.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(NamedTask {
+            name,
+            operators,
+            inputs,
+            source,
+            counters: counters.clone(),
+        });
         counters
     }
 
     /// A consistent-enough copy of every counter (each read atomically).
     pub(crate) fn snapshot(&self) -> MetricsSnapshot {
-        let operators = self
+        let tasks: Vec<TaskMetrics> = self
+            .tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|t| {
+                let at = t.counters.watermark.load(Ordering::Relaxed);
+                let known = |p: &AtomicU64| Some(p.load(Ordering::Relaxed)).filter(|p| *p != u64::MAX);
+                TaskMetrics {
+                    name: t.name.clone(),
+                    operators: t.operators.clone(),
+                    inputs: t.inputs,
+                    idle_inputs: t.counters.idle_inputs.load(Ordering::Relaxed),
+                    watermark: (at != i64::MIN).then_some(at),
+                    source: t.source.as_ref().map(|(id, partition)| SourceTaskMetrics {
+                        source: id.clone(),
+                        partition: *partition,
+                        position: known(&t.counters.position),
+                        end_position: known(&t.counters.end_position),
+                    }),
+                }
+            })
+            .collect();
+        let mut operators: Vec<OperatorMetrics> = self
             .operators
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -113,19 +245,32 @@ impl Registry {
                 dead_lettered: n.counters.dead_lettered.load(Ordering::Relaxed),
                 late: n.counters.late.load(Ordering::Relaxed),
                 max_checkpoint_pause: Duration::from_nanos(n.counters.checkpoint_pause_nanos.load(Ordering::Relaxed)),
+                watermark: None,
+                idle_inputs: 0,
             })
             .collect();
+        for o in &mut operators {
+            // The operator's watermark is its slowest instance's: none
+            // while any instance has none yet.
+            let mut running = tasks.iter().filter(|t| t.operators.contains(&o.name)).peekable();
+            if running.peek().is_some() {
+                o.watermark = running.clone().map(|t| t.watermark).min().flatten();
+                o.idle_inputs = running.filter(|t| t.operators.first() == Some(&o.name)).map(|t| t.idle_inputs).sum();
+            }
+        }
         let edges = self
             .edges
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
-            .map(|(from, to, c)| EdgeMetrics {
-                from: from.clone(),
-                to: to.clone(),
-                blocked: Duration::from_nanos(c.blocked_nanos.load(Ordering::Relaxed)),
-                batches: c.batches.load(Ordering::Relaxed),
-                records: c.records.load(Ordering::Relaxed),
+            .map(|e| EdgeMetrics {
+                from: e.from.clone(),
+                to: e.to.clone(),
+                blocked: Duration::from_nanos(e.counters.blocked_nanos.load(Ordering::Relaxed)),
+                batches: e.counters.batches.load(Ordering::Relaxed),
+                records: e.counters.records.load(Ordering::Relaxed),
+                queued: (e.fill)().map_or(0, |q| u64::try_from(q).unwrap_or(u64::MAX)),
+                capacity: u64::try_from(e.capacity).unwrap_or(u64::MAX),
             })
             .collect();
         let sinks = self
@@ -140,7 +285,7 @@ impl Registry {
                 commit_time: Duration::from_nanos(n.counters.commit_nanos.load(Ordering::Relaxed)),
             })
             .collect();
-        MetricsSnapshot { operators, edges, sinks }
+        MetricsSnapshot { operators, edges, sinks, tasks }
     }
 }
 
@@ -175,6 +320,14 @@ pub struct OperatorMetrics {
     /// keyed state happens in between).
     #[serde(rename = "max_checkpoint_pause_ms", serialize_with = "millis")]
     pub max_checkpoint_pause: Duration,
+    /// The watermark of its slowest instance (event time in milliseconds),
+    /// or none while an instance has none yet. After the end of the input
+    /// it is `i64::MAX`, the end of time.
+    #[serde(rename = "watermark_ms")]
+    pub watermark: Option<i64>,
+    /// Inputs of its instances now marked idle (for an operator at the
+    /// head of a task: a keyed operator's input edges).
+    pub idle_inputs: u64,
 }
 
 /// One edge's counters: one sender instance to one receiver instance.
@@ -192,6 +345,55 @@ pub struct EdgeMetrics {
     pub batches: u64,
     /// Records sent.
     pub records: u64,
+    /// Messages (batches, watermarks, barriers) queued in the channel now.
+    pub queued: u64,
+    /// How many messages the channel holds when full.
+    pub capacity: u64,
+}
+
+/// One task: a head instance (a source partition or a keyed operator
+/// instance) and the operators fused behind it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct TaskMetrics {
+    /// The head instance, as `name[instance]`.
+    pub name: String,
+    /// The operators it runs, its head first.
+    pub operators: Vec<String>,
+    /// Its input channels (none for a source partition).
+    pub inputs: usize,
+    /// Those of them now marked idle.
+    pub idle_inputs: u64,
+    /// The watermark it passed on last (milliseconds), if any: its
+    /// head's, or the one a timestamps operator in its chain generated.
+    #[serde(rename = "watermark_ms")]
+    pub watermark: Option<i64>,
+    /// For a source partition: where it reads.
+    pub source: Option<SourceTaskMetrics>,
+}
+
+/// Where a source partition reads, and how far behind its end it is.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct SourceTaskMetrics {
+    /// The source's id.
+    pub source: String,
+    /// The partition's number in the source.
+    pub partition: u32,
+    /// Where the next record will be read from (for Kafka, an offset),
+    /// as of about a second ago; `None` if the reader cannot say.
+    pub position: Option<u64>,
+    /// Where the partition ends now (for Kafka, the last stable offset),
+    /// if the reader can tell.
+    pub end_position: Option<u64>,
+}
+
+impl SourceTaskMetrics {
+    /// How far reading is behind the partition's end (for Kafka, the
+    /// consumer lag in offsets), when both are known.
+    pub fn lag(&self) -> Option<u64> {
+        Some(self.end_position?.saturating_sub(self.position?))
+    }
 }
 
 /// One exactly-once sink's transactions.
@@ -219,6 +421,8 @@ pub struct MetricsSnapshot {
     pub edges: Vec<EdgeMetrics>,
     /// Per exactly-once sink.
     pub sinks: Vec<SinkMetrics>,
+    /// Per task.
+    pub tasks: Vec<TaskMetrics>,
 }
 
 impl MetricsSnapshot {
@@ -267,5 +471,55 @@ impl fmt::Display for MetricsSnapshot {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_operators_watermark_is_its_slowest_tasks_and_fill_is_read_when_read() {
+        let r = Registry::default();
+        let _ = r.operator("source");
+        let _ = r.operator("window");
+        let _ = r.operator("sink");
+        let task = |name: &str, ops: &[&str], inputs, source| {
+            r.task(name.into(), ops.iter().map(|o| o.to_string()).collect(), inputs, source, Arc::default())
+        };
+        let a = task("source[0]", &["source"], 0, Some(("source".into(), 0)));
+        let b = task("source[1]", &["source"], 0, Some(("source".into(), 1)));
+        let w = task("window[0]", &["window", "sink"], 2, None);
+        let queued = Arc::new(AtomicU64::new(0));
+        let q = queued.clone();
+        let _ = r.edge(
+            "source[0]".into(),
+            "window[0]".into(),
+            4,
+            Box::new(move || usize::try_from(q.load(Ordering::Relaxed)).ok()),
+        );
+        let _ = r.edge("source[1]".into(), "window[0]".into(), 4, Box::new(|| None));
+        let m = r.snapshot();
+        assert_eq!(m.operator("source").unwrap().watermark, None, "no task has passed one on yet");
+        a.watermark(10);
+        assert_eq!(r.snapshot().operator("source").unwrap().watermark, None, "source[1] has none yet");
+        b.watermark(7);
+        w.watermark(5);
+        w.idle_inputs.store(1, Ordering::Relaxed);
+        queued.store(3, Ordering::Relaxed);
+        let m = r.snapshot();
+        assert_eq!(m.operator("source").unwrap().watermark, Some(7));
+        assert_eq!(m.operator("sink").unwrap().watermark, Some(5), "a fused operator has its head's watermark");
+        assert_eq!(m.operator("window").unwrap().idle_inputs, 1);
+        assert_eq!(m.operator("sink").unwrap().idle_inputs, 0, "idle inputs are the head's");
+        assert_eq!(m.edges.iter().map(|e| (e.queued, e.capacity)).collect::<Vec<_>>(), [(3, 4), (0, 4)]);
+        assert_eq!(m.tasks.len(), 3);
+        assert_eq!(m.tasks[0].source.as_ref().unwrap().lag(), None);
+        a.positions(Some(40), Some(100));
+        let m = r.snapshot();
+        let source = m.tasks[0].source.as_ref().unwrap();
+        assert_eq!((source.partition, source.position, source.lag()), (0, Some(40), Some(60)));
+        assert!(m.tasks[2].source.is_none());
     }
 }

@@ -61,6 +61,9 @@ pub(crate) struct CheckpointTotals {
     /// Each source partition's position in the newest completed
     /// checkpoint: (source id, partition, position).
     pub(crate) positions: Vec<(String, u32, u64)>,
+    /// Each operator's state in the newest completed checkpoint:
+    /// (operator id, bytes of its files, its files).
+    pub(crate) state: Vec<(String, u64, u64)>,
     /// The restore the job started with: entries read, seconds taken.
     pub(crate) restored: Option<(u64, f64)>,
 }
@@ -91,7 +94,7 @@ pub(crate) fn families(
     };
     // One series per (sender, receiver) pair: a head that feeds one keyed
     // node through two edges has its counters summed.
-    let edge = |name: &'static str, unit, help, value: &dyn Fn(&super::EdgeMetrics) -> f64| {
+    let edge = |name: &'static str, unit, kind, help, value: &dyn Fn(&super::EdgeMetrics) -> f64| {
         let mut by_pair: Vec<(&str, &str, f64)> = Vec::new();
         for e in &snapshot.edges {
             match by_pair.iter_mut().find(|(f, t, _)| *f == e.from && *t == e.to) {
@@ -102,7 +105,7 @@ pub(crate) fn families(
         Family {
             name,
             unit,
-            kind: Kind::Counter,
+            kind,
             help,
             samples: by_pair
                 .into_iter()
@@ -125,6 +128,26 @@ pub(crate) fn families(
             .sinks
             .iter()
             .map(|s| Sample { attributes: vec![("job", job.to_string()), ("sink", s.id.clone())], value: value(s) })
+            .collect()
+    };
+    let now_millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let partitions = |value: &dyn Fn(&super::SourceTaskMetrics) -> Option<f64>| -> Vec<Sample> {
+        snapshot
+            .tasks
+            .iter()
+            .filter_map(|t| {
+                let p = t.source.as_ref()?;
+                Some(Sample {
+                    attributes: vec![
+                        ("job", job.to_string()),
+                        ("source", p.source.clone()),
+                        ("partition", p.partition.to_string()),
+                    ],
+                    value: value(p)?,
+                })
+            })
             .collect()
     };
     let mut out = vec![
@@ -156,14 +179,60 @@ pub(crate) fn families(
             "The longest a checkpoint barrier held one instance of the operator.",
             &|o| o.max_checkpoint_pause.as_secs_f64(),
         ),
-        edge("weibo.edge.records", "{record}", "Records sent over the edge.", &|e| n(e.records)),
-        edge("weibo.edge.batches", "{batch}", "Batches sent over the edge.", &|e| n(e.batches)),
+        edge("weibo.edge.records", "{record}", Kind::Counter, "Records sent over the edge.", &|e| n(e.records)),
+        edge("weibo.edge.batches", "{batch}", Kind::Counter, "Batches sent over the edge.", &|e| n(e.batches)),
         edge(
             "weibo.edge.blocked",
             "s",
+            Kind::Counter,
             "Time the edge's sender was blocked because the edge was full (backpressure).",
             &|e| e.blocked.as_secs_f64(),
         ),
+        edge(
+            "weibo.edge.queued",
+            "{message}",
+            Kind::Gauge,
+            "Messages waiting in the edge's channel now (divided by weibo.edge.capacity: how full it is).",
+            &|e| n(e.queued),
+        ),
+        edge("weibo.edge.capacity", "{message}", Kind::Gauge, "How many messages the edge's channel holds.", &|e| {
+            n(e.capacity)
+        }),
+        op(
+            "weibo.operator.idle_inputs",
+            "{input}",
+            Kind::Gauge,
+            "Input edges of the operator's instances now marked idle (not holding its watermark back).",
+            &|o| n(o.idle_inputs),
+        ),
+        Family {
+            name: "weibo.operator.watermark",
+            unit: "s",
+            kind: Kind::Gauge,
+            help: "The watermark of the operator's slowest instance, in event time (seconds since the epoch); absent before the first watermark and after the end of the input.",
+            samples: watermarks(snapshot, job, None),
+        },
+        Family {
+            name: "weibo.operator.watermark.lag",
+            unit: "s",
+            kind: Kind::Gauge,
+            help: "Wall-clock time minus the operator's watermark (how far event time is behind; meaningful when event time is wall-clock time).",
+            samples: watermarks(snapshot, job, Some(now_millis)),
+        },
+        Family {
+            name: "weibo.source.read_position",
+            unit: "{position}",
+            kind: Kind::Gauge,
+            help: "Where each source partition reads now (an offset, for Kafka), as of about a second ago.",
+            samples: partitions(&|p| p.position.map(n)),
+        },
+        Family {
+            name: "weibo.source.lag",
+            unit: "{position}",
+            kind: Kind::Gauge,
+            help: "How far each source partition's reading is behind its end (for Kafka, the consumer lag in offsets, transaction markers included).",
+            samples: partitions(&|p| p.lag().map(n)),
+        },
         Family {
             name: "weibo.sink.transactions.committed",
             unit: "{transaction}",
@@ -251,6 +320,20 @@ pub(crate) fn families(
                     .collect(),
             },
             Family {
+                name: "weibo.state.checkpointed_size",
+                unit: "By",
+                kind: Kind::Gauge,
+                help: "Each stateful operator's state in the newest completed checkpoint: the bytes of the files a restore reads (an incremental chain's base and deltas).",
+                samples: c
+                    .state
+                    .iter()
+                    .map(|(operator, bytes, _)| Sample {
+                        attributes: vec![("job", job.to_string()), ("operator", operator.clone())],
+                        value: n(*bytes),
+                    })
+                    .collect(),
+            },
+            Family {
                 name: "weibo.restore.entries",
                 unit: "{entry}",
                 kind: Kind::Gauge,
@@ -274,6 +357,24 @@ pub(crate) fn families(
         ]);
     }
     out
+}
+
+/// One sample per operator with a watermark (not before its first, not
+/// after the end of the input): the watermark in seconds, or with `now`
+/// (milliseconds since the epoch) how far it is behind.
+#[expect(clippy::cast_precision_loss, reason = "milliseconds since the epoch are far below 2^53")]
+fn watermarks(snapshot: &MetricsSnapshot, job: &str, now: Option<i64>) -> Vec<Sample> {
+    snapshot
+        .operators
+        .iter()
+        .filter_map(|o| {
+            let at = o.watermark.filter(|at| *at != i64::MAX && *at != i64::MIN)?;
+            Some(Sample {
+                attributes: vec![("job", job.to_string()), ("operator", o.name.clone())],
+                value: now.map_or(at, |now| now.saturating_sub(at)) as f64 / 1000.0,
+            })
+        })
+        .collect()
 }
 
 /// The Prometheus name of an instrument: dots to underscores, the unit as

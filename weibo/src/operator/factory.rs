@@ -44,6 +44,9 @@ pub(crate) struct OperatorContext<'a> {
     /// In a source partition's chain, when the job aligns watermarks: where
     /// a router publishes the chain's watermark.
     pub(crate) alignment: Option<crate::time::alignment::Aligned>,
+    /// What the task running this instance reports of its time (a
+    /// timestamps operator records the watermarks it generates there).
+    pub(crate) task: &'a std::sync::Arc<crate::metrics::TaskCounters>,
 }
 
 impl OperatorContext<'_> {

@@ -31,6 +31,8 @@ pub(crate) trait SourceOperator: Send {
     /// Where reading resumes, for a checkpoint; `None` if the reader
     /// cannot say.
     fn position(&self) -> Option<u64>;
+    /// Where the partition ends now, if the reader can tell (for lag).
+    fn end_position(&self) -> Option<u64>;
     fn forward_watermark(&mut self, wm: Timestamp) -> Result<()>;
     fn barrier(&mut self, n: CheckpointId) -> Result<()>;
     fn flush(&mut self) -> Result<()>;
@@ -81,6 +83,10 @@ impl<T: Send + 'static> SourceOperator for SourceOp<T> {
 
     fn position(&self) -> Option<u64> {
         self.reader.position()
+    }
+
+    fn end_position(&self) -> Option<u64> {
+        self.reader.end_position()
     }
 
     fn forward_watermark(&mut self, wm: Timestamp) -> Result<()> {

@@ -23,11 +23,19 @@ pub(crate) struct TimestampOp<T, F> {
     pub(crate) last_record: Instant,
     pub(crate) idle: bool,
     pub(crate) next: Box<dyn Consumer<T>>,
+    /// Where the task's metrics take the watermark from.
+    pub(crate) task: Arc<crate::metrics::TaskCounters>,
     pub(crate) _t: PhantomData<fn(T)>,
 }
 
 impl<T, F> TimestampOp<T, F> {
-    pub(crate) fn new(info: OpInfo, f: Arc<F>, strategy: WatermarkStrategy, next: Box<dyn Consumer<T>>) -> Self {
+    pub(crate) fn new(
+        info: OpInfo,
+        f: Arc<F>,
+        strategy: WatermarkStrategy,
+        next: Box<dyn Consumer<T>>,
+        task: Arc<crate::metrics::TaskCounters>,
+    ) -> Self {
         Self {
             info,
             f,
@@ -38,6 +46,7 @@ impl<T, F> TimestampOp<T, F> {
             last_record: Instant::now(),
             idle: false,
             next,
+            task,
             _t: PhantomData,
         }
     }
@@ -71,6 +80,7 @@ where
         if self.watermark > self.reported {
             self.reported = self.watermark;
             self.next.watermark(self.watermark)?;
+            self.task.watermark(self.watermark);
         }
         Ok(())
     }

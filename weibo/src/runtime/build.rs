@@ -64,6 +64,8 @@ struct Builder<'a> {
     /// runs once per head instance that reaches it, so after a `union` its
     /// instances come from several heads.
     chain_instances: &'a mut HashMap<NodeId, (usize, usize)>,
+    /// The head's task counters (registered once the task is built).
+    task: Arc<crate::metrics::TaskCounters>,
 }
 
 impl Builder<'_> {
@@ -99,6 +101,7 @@ impl Builder<'_> {
             restored_position: None,
             outbox: &self.outbox,
             alignment: self.alignment.clone(),
+            task: &self.task,
         }
     }
 
@@ -139,9 +142,14 @@ impl Builder<'_> {
                 let from = self.graph.node(input.from)?;
                 let mut senders = Vec::with_capacity(*parallelism);
                 for j in 0..*parallelism {
-                    let (tx, rx) = mpsc::channel(self.config.channel_capacity.max(1));
+                    let capacity = self.config.channel_capacity.max(1);
+                    let (tx, rx) = mpsc::channel(capacity);
                     let to = format!("{}[{j}]", node.name);
-                    let counters = self.registry.edge(self.head.clone(), to.clone());
+                    // A weak sender: reading the fill must not keep the
+                    // channel open once the task's sender is gone.
+                    let weak = tx.downgrade();
+                    let fill = Box::new(move || weak.upgrade().map(|s| s.max_capacity() - s.capacity()));
+                    let counters = self.registry.edge(self.head.clone(), to.clone(), capacity, fill);
                     self.inboxes.entry((dst, j)).or_default().push(Inbox { from: self.head.clone(), rx });
                     senders.push(self.senders.len());
                     self.senders.push(EdgeSender { tx, counters, to });
@@ -214,6 +222,7 @@ pub(crate) fn build(
                 alignment: alignment.as_ref().map(|group| Aligned { group: group.clone(), index: instance }),
                 inboxes: &mut inboxes,
                 chain_instances: &mut chain_instances,
+                task: Arc::default(),
             };
             let outs = b.outputs(id)?;
             let info = b.info(node);
@@ -257,6 +266,7 @@ pub(crate) fn build(
                 checkpoint,
                 chain: chain.into(),
                 alignment: b.alignment,
+                task: b.task,
             };
             built.push((head, id, instance, built_head, io));
         }
@@ -279,6 +289,13 @@ pub(crate) fn build(
     }
     let mut tasks = Vec::with_capacity(built.len());
     for (head, id, instance, b, io) in built {
+        let mut operators = vec![graph.node(id)?.name.clone()];
+        graph.chain_names(id, &mut operators)?;
+        let inputs = inboxes.get(&(id, instance)).map_or(0, Vec::len);
+        let node = graph.node(id)?;
+        let source = matches!(node.op, Op::Source { .. })
+            .then(|| (node.id().to_string(), u32::try_from(instance).unwrap_or(u32::MAX)));
+        registry.task(head.clone(), operators, inputs, source, io.task.clone());
         let runner: Box<dyn HeadRunner> = match b {
             Built::Runner(r) => r,
             Built::Keyed(op) => {

@@ -34,6 +34,8 @@ pub(crate) struct NodeIo {
     /// A source partition's place in its source's watermark alignment,
     /// when the job aligns and the source has more than one partition.
     pub(crate) alignment: Option<crate::time::alignment::Aligned>,
+    /// What the task reports of its time (watermark, idle inputs).
+    pub(crate) task: std::sync::Arc<crate::metrics::TaskCounters>,
 }
 
 impl NodeIo {
@@ -162,6 +164,9 @@ pub(crate) trait HeadRunner: Send {
 /// wait no longer than that for a turn.
 const YIELD_EVERY: u32 = 64;
 
+/// How often a source task reads its partition's positions for metrics.
+const POSITIONS_EVERY: Duration = Duration::from_secs(1);
+
 /// The task of one source partition.
 pub(crate) struct SourceHead {
     pub(crate) op: Box<dyn SourceOperator>,
@@ -173,6 +178,9 @@ impl HeadRunner for SourceHead {
             let mut last_flush = Instant::now();
             let mut since_yield = 0u32;
             let mut last_yield = Instant::now();
+            // The partition's positions, for its lag, about once a second.
+            let mut last_positions = Instant::now();
+            io.task.positions(self.op.position(), self.op.end_position());
             let mut forwarded = crate::record::NO_TIMESTAMP;
             let mut io = io;
             let mut stalls = StallWatch::new(io.stall_limit());
@@ -211,6 +219,7 @@ impl HeadRunner for SourceHead {
                 if self.op.watermark() > forwarded {
                     forwarded = self.op.watermark();
                     self.op.forward_watermark(forwarded)?;
+                    io.task.watermark(forwarded);
                 }
                 if status != ReadStatus::More || now.saturating_duration_since(last_flush) >= io.buffer_timeout {
                     self.op.flush()?;
@@ -219,6 +228,10 @@ impl HeadRunner for SourceHead {
                 super::drain(&io.outbox, &io.senders).await?;
                 if io.alignment.is_some() && self.align(status, &mut trigger, &io).await? {
                     last_flush = Instant::now();
+                }
+                if status == ReadStatus::Done || now.saturating_duration_since(last_positions) >= POSITIONS_EVERY {
+                    last_positions = now;
+                    io.task.positions(self.op.position(), self.op.end_position());
                 }
                 if status == ReadStatus::Done {
                     self.op.finish()?;
@@ -377,6 +390,7 @@ impl HeadRunner for ChannelHead {
             let mut open = vec![true; n];
             let mut finished = false;
             let mut tracker = WatermarkTracker::new(n);
+            let mut idle_inputs = 0;
             let mut forwarded = NO_TIMESTAMP;
             let mut start = 0usize;
             let mut last_flush = Instant::now();
@@ -458,6 +472,10 @@ impl HeadRunner for ChannelHead {
                         aligner.barrier(i, b).map_err(|m| Error::Internal(format!("`{}`: {m}", self.name)))?;
                     }
                 }
+                if tracker.idle_inputs() != idle_inputs {
+                    idle_inputs = tracker.idle_inputs();
+                    io.task.idle_inputs.store(idle_inputs, std::sync::atomic::Ordering::Relaxed);
+                }
                 if let Some(b) = aligner.aligned() {
                     // Every input has delivered barrier `b`: snapshot, pass
                     // the barrier on, read everything again.
@@ -490,6 +508,7 @@ impl HeadRunner for ChannelHead {
                 if tracker.current() > forwarded {
                     forwarded = tracker.current();
                     self.op.on_watermark(forwarded)?;
+                    io.task.watermark(forwarded);
                 }
                 if !finished && ended.iter().all(|e| *e) {
                     // Every input has ended: fire what is left, flush, and
@@ -497,6 +516,7 @@ impl HeadRunner for ChannelHead {
                     if forwarded < END_OF_TIME {
                         forwarded = END_OF_TIME;
                         self.op.on_watermark(END_OF_TIME)?;
+                        io.task.watermark(forwarded);
                     }
                     self.op.finish()?;
                     finished = true;

@@ -97,6 +97,15 @@ pub trait SourceReader<T>: Send {
     fn position(&self) -> Option<u64> {
         None
     }
+
+    /// Where the partition ends now, in the same terms as
+    /// [`position`](Self::position), if the reader can tell (for Kafka, the
+    /// last stable offset). The difference is the partition's lag, which
+    /// the job's metrics report; read about once a second, off the path of
+    /// records. `None` (the default): no lag is reported.
+    fn end_position(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The batch a [`SourceReader`] fills.

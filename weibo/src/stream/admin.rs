@@ -8,7 +8,9 @@
 //! requires a bearer token (`Job::with_admin_token`), compared in constant
 //! time, and every request without it or with a wrong one gets 401 and
 //! changes nothing. The probes (`/healthz`, `/readyz`) need no token:
-//! they reveal only whether the job runs.
+//! they reveal only whether the job runs; nor does the dashboard's page
+//! (`/`, `/dashboard` and its script and style), which holds no data and
+//! reads everything through the API with the token.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -174,6 +176,10 @@ fn router(admin: Arc<Admin>) -> Router {
         .route("/api/stop", post(stop))
         .route("/api/cancel", post(cancel))
         .route("/metrics", get(prometheus))
+        .route("/", get(dashboard_page))
+        .route("/dashboard", get(dashboard_page))
+        .route("/dashboard/app.js", get(dashboard_script))
+        .route("/dashboard/style.css", get(dashboard_style))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(admin)
@@ -231,6 +237,42 @@ async fn method_not_allowed() -> ApiError {
     ApiError(StatusCode::METHOD_NOT_ALLOWED, "the endpoint does not take this method".into())
 }
 
+/// The dashboard: a page, its script and its style, embedded in the
+/// binary (no build step, nothing fetched from elsewhere).
+const DASHBOARD_PAGE: &str = include_str!("dashboard/index.html");
+const DASHBOARD_SCRIPT: &str = include_str!("dashboard/app.js");
+const DASHBOARD_STYLE: &str = include_str!("dashboard/style.css");
+
+/// Serves one of the dashboard's files, with a policy that lets the page
+/// load only its own script and style and talk only to this server.
+fn dashboard_file(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src data:; frame-ancestors 'none'",
+            ),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn dashboard_page() -> Response {
+    dashboard_file("text/html; charset=utf-8", DASHBOARD_PAGE)
+}
+
+async fn dashboard_script() -> Response {
+    dashboard_file("text/javascript; charset=utf-8", DASHBOARD_SCRIPT)
+}
+
+async fn dashboard_style() -> Response {
+    dashboard_file("text/css; charset=utf-8", DASHBOARD_STYLE)
+}
+
 async fn healthz() -> &'static str {
     "ok\n"
 }
@@ -270,8 +312,14 @@ async fn metrics(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer 
 
 async fn checkpoints(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
     admin.authorize(&headers)?;
-    let records = admin.control()?.history.records();
-    ok(json!({ "checkpoints": records }))
+    let history = &admin.control()?.history;
+    let state: Vec<Value> = history
+        .totals()
+        .state
+        .into_iter()
+        .map(|(operator, bytes, files)| json!({ "operator": operator, "bytes": bytes, "files": files }))
+        .collect();
+    ok(json!({ "checkpoints": history.records(), "state": state }))
 }
 
 async fn savepoints(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {

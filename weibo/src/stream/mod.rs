@@ -638,7 +638,8 @@ impl<T: Clone + Send + 'static> Stream<T> {
             chain_factory(move |ctx, outs| {
                 let info = ctx.info.clone();
                 let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
-                Ok(erase::<T>(Box::new(TimestampOp::new(info, f.clone(), strategy, next))))
+                let task = ctx.task.clone();
+                Ok(erase::<T>(Box::new(TimestampOp::new(info, f.clone(), strategy, next, task))))
             }),
         );
         if let Some(n) = stream.lock().nodes.get_mut(stream.node) {

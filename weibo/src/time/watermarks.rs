@@ -16,11 +16,17 @@ struct InputClock {
 pub(crate) struct WatermarkTracker {
     inputs: Vec<InputClock>,
     current: Timestamp,
+    /// How many inputs are marked idle now.
+    idle: u64,
 }
 
 impl WatermarkTracker {
     pub(crate) fn new(inputs: usize) -> Self {
-        Self { inputs: vec![InputClock { watermark: NO_TIMESTAMP, idle: false }; inputs], current: NO_TIMESTAMP }
+        Self {
+            inputs: vec![InputClock { watermark: NO_TIMESTAMP, idle: false }; inputs],
+            current: NO_TIMESTAMP,
+            idle: 0,
+        }
     }
 
     /// The operator's watermark now.
@@ -35,6 +41,7 @@ impl WatermarkTracker {
     pub(crate) fn advance(&mut self, input: usize, watermark: Timestamp) -> Option<Timestamp> {
         let clock = self.inputs.get_mut(input)?;
         let woke = std::mem::replace(&mut clock.idle, false);
+        self.idle -= u64::from(woke);
         if watermark <= clock.watermark {
             // Waking alone can only lower the minimum, and the watermark
             // never moves back; but a woken input may be the only active
@@ -49,15 +56,21 @@ impl WatermarkTracker {
     #[inline]
     pub(crate) fn activate(&mut self, input: usize) {
         if let Some(clock) = self.inputs.get_mut(input) {
-            clock.idle = false;
+            self.idle -= u64::from(std::mem::replace(&mut clock.idle, false));
         }
     }
 
     /// Input `input` went idle: it no longer holds the watermark back.
     pub(crate) fn idle(&mut self, input: usize) -> Option<Timestamp> {
         let clock = self.inputs.get_mut(input)?;
-        clock.idle = true;
+        self.idle += u64::from(!std::mem::replace(&mut clock.idle, true));
         self.recompute()
+    }
+
+    /// How many inputs are marked idle now.
+    #[inline]
+    pub(crate) fn idle_inputs(&self) -> u64 {
+        self.idle
     }
 
     fn recompute(&mut self) -> Option<Timestamp> {
@@ -109,18 +122,24 @@ mod tests {
         assert_eq!(t.advance(2, 7), Some(5));
         assert_eq!(t.advance(1, 20), Some(7));
         assert_eq!(t.idle(2), Some(10), "an idle input stops holding the watermark back");
+        assert_eq!(t.idle_inputs(), 1);
         assert_eq!(t.advance(2, 8), None, "a woken input below the watermark does not move it back");
+        assert_eq!(t.idle_inputs(), 0);
         assert_eq!(t.current(), 10);
         assert_eq!(t.advance(0, 30), None, "input 2 (at 8) holds it again");
         assert_eq!(t.advance(2, 25), Some(20));
         assert_eq!(t.idle(0), None);
         assert_eq!(t.idle(1), Some(25));
         assert_eq!(t.idle(2), Some(30), "all idle: the largest watermark of any input");
+        assert_eq!(t.idle(2), None, "idle twice counts once");
+        assert_eq!(t.idle_inputs(), 3);
         assert_eq!(t.advance(1, 28), None, "input 1 wakes below the watermark: it stays");
         assert_eq!(
             t.advance(1, i64::MAX),
             Some(i64::MAX),
             "input 1 ended while the others are idle: as in Flink, nothing holds the watermark back"
         );
+        t.activate(0);
+        assert_eq!(t.idle_inputs(), 1, "inputs 0 and 1 woke");
     }
 }
