@@ -93,6 +93,23 @@ async fn every_endpoint_of_a_running_job_and_a_savepoint_taken_through_it_restor
     );
     assert!(first["bytes"].as_u64().unwrap() > 0 && first["duration_ms"].as_f64().unwrap() > 0.0, "{first}");
     assert_eq!(handle.checkpoint_history()[0].id, first["id"].as_u64().unwrap());
+    // The savepoint's state, per operator; its alignment; per-instance counts.
+    assert_eq!(history["state"][0]["operator"], "totals", "{history}");
+    assert!(history["state"][0]["bytes"].as_u64().unwrap() > 0, "{history}");
+    let (_, metrics) = json(addr, "GET", "/api/metrics", None, None).await;
+    let reduce = metrics["operators"].as_array().unwrap().iter().find(|o| o["name"] == "reduce").unwrap();
+    assert!(reduce["max_checkpoint_alignment_ms"].as_f64().is_some(), "{reduce}");
+    let instances = reduce["instances"].as_array().unwrap();
+    assert_eq!(instances.len(), 2, "{reduce}");
+    let summed: u64 = instances.iter().map(|i| i["records_in"].as_u64().unwrap()).sum();
+    assert_eq!(summed, reduce["records_in"].as_u64().unwrap());
+    assert!(
+        instances.iter().all(|i| i["records_in"].as_u64().unwrap() > 0),
+        "keys 0..10 reach both instances: {reduce}"
+    );
+    let text = handle.prometheus_metrics();
+    assert!(text.contains(r#"weibo_checkpoint_started_total{job="admin"} 1"#), "{text}");
+    assert!(text.contains(r#"weibo_operator_instance_records_in_total{job="admin",operator="reduce",instance="1"}"#));
 
     let (status, _) = json(addr, "GET", "/api/nothing", None, None).await;
     assert_eq!(status, 404);

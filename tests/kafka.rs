@@ -147,8 +147,9 @@ fn each_partitions_consumer_lag_is_in_the_metrics() {
     create_topic(&input, 2);
     let values: Vec<Vec<u8>> = (0..2000u64).map(|n| serde_json::to_vec(&Payload { n }).unwrap()).collect();
     let keys: Vec<Vec<u8>> = (0..2000u64).map(|n| format!("k{n}").into_bytes()).collect();
-    let records: Vec<In<'_>> =
-        (0..2000usize).map(|i| In { key: Some(&keys[i]), value: &values[i], headers: vec![], timestamp: None }).collect();
+    let records: Vec<In<'_>> = (0..2000usize)
+        .map(|i| In { key: Some(&keys[i]), value: &values[i], headers: vec![], timestamp: None })
+        .collect();
     produce(&input, &records);
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();

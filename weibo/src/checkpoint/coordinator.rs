@@ -312,6 +312,7 @@ impl Coordinator {
         ended: &mut std::collections::BTreeSet<String>,
         stop: &mut tokio::sync::oneshot::Receiver<()>,
     ) -> Outcome {
+        self.history.started();
         let mut acks: BTreeMap<String, Ack> = BTreeMap::new();
         // A checkpoint that cannot complete in time (a task stuck in user
         // code, a task that failed to take its part) is abandoned.

@@ -57,6 +57,11 @@ impl History {
         self.totals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).state = sizes;
     }
 
+    /// Counts a checkpoint (or savepoint) triggered.
+    pub(crate) fn started(&self) {
+        self.totals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).started += 1;
+    }
+
     /// Records the restore the job started with.
     pub(crate) fn restored(&self, entries: u64, took: Duration) {
         self.totals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restored =
@@ -66,6 +71,7 @@ impl History {
 
 #[derive(Debug, Default)]
 struct Totals {
+    started: u64,
     completed: u64,
     failed: u64,
     bytes: u64,
@@ -103,6 +109,7 @@ impl History {
         #[expect(clippy::cast_precision_loss, reason = "milliseconds since 1970 are far below 2^53")]
         let age = totals.last.as_ref().map(|l| now.saturating_sub(l.started_unix_ms) as f64 / 1000.0);
         crate::metrics::prometheus::CheckpointTotals {
+            started: totals.started,
             completed: totals.completed,
             failed: totals.failed,
             bytes: totals.bytes,

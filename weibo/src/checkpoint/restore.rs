@@ -41,6 +41,9 @@ pub(crate) struct Progress {
     done: std::sync::atomic::AtomicU64,
     started: std::time::Instant,
     logged: std::sync::Mutex<std::time::Instant>,
+    /// A bar on stderr, when it is a terminal (feature `progress`).
+    #[cfg(feature = "progress")]
+    bar: Option<indicatif::ProgressBar>,
 }
 
 /// How often a restore logs its progress.
@@ -49,7 +52,40 @@ const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 impl Progress {
     fn new(total: u64) -> Self {
         let now = std::time::Instant::now();
-        Self { total, done: std::sync::atomic::AtomicU64::new(0), started: now, logged: std::sync::Mutex::new(now) }
+        Self {
+            total,
+            done: std::sync::atomic::AtomicU64::new(0),
+            started: now,
+            logged: std::sync::Mutex::new(now),
+            #[cfg(feature = "progress")]
+            bar: Self::bar(total),
+        }
+    }
+
+    /// A bar of `total` entries, if stderr is a terminal and the total
+    /// is known. indicatif redraws it at most a few times a second.
+    #[cfg(feature = "progress")]
+    fn bar(total: u64) -> Option<indicatif::ProgressBar> {
+        use std::io::IsTerminal as _;
+        if total == 0 || !std::io::stderr().is_terminal() {
+            return None;
+        }
+        let bar = indicatif::ProgressBar::with_draw_target(Some(total), indicatif::ProgressDrawTarget::stderr());
+        let style = indicatif::ProgressStyle::with_template(
+            "restoring {bar:40} {human_pos}/{human_len} entries ({percent}%, {elapsed}, {eta} left)",
+        );
+        if let Ok(style) = style {
+            bar.set_style(style);
+        }
+        Some(bar)
+    }
+
+    /// The restore is over: the bar (if any) goes.
+    pub(crate) fn finish(&self) {
+        #[cfg(feature = "progress")]
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
     }
 
     /// Entries read so far.
@@ -66,6 +102,10 @@ impl Progress {
     /// restore is if it has not for a while.
     fn read(&self, n: usize, checkpoint: CheckpointId) {
         let done = self.done.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed) + n as u64;
+        #[cfg(feature = "progress")]
+        if let Some(bar) = &self.bar {
+            bar.set_position(done);
+        }
         let mut logged = self.logged.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if logged.elapsed() >= PROGRESS_EVERY {
             *logged = std::time::Instant::now();

@@ -24,6 +24,9 @@ pub(crate) struct OperatorCounters {
     pub(crate) late: AtomicU64,
     /// The longest a checkpoint barrier held an instance (nanoseconds).
     pub(crate) checkpoint_pause_nanos: AtomicU64,
+    /// The longest a keyed instance took to align a checkpoint's barriers
+    /// (from the first input's barrier to the last's, nanoseconds).
+    pub(crate) checkpoint_alignment_nanos: AtomicU64,
 }
 
 impl OperatorCounters {
@@ -139,25 +142,47 @@ struct Named<T> {
     counters: Arc<T>,
 }
 
+/// An operator's counters, one per instance.
+#[derive(Debug)]
+struct NamedOperator {
+    name: String,
+    instances: Vec<Arc<OperatorCounters>>,
+}
+
 /// The registry all counters of a job live in.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Registry {
-    operators: Arc<Mutex<Vec<Named<OperatorCounters>>>>,
+    operators: Arc<Mutex<Vec<NamedOperator>>>,
     edges: Arc<Mutex<Vec<NamedEdge>>>,
     sinks: Arc<Mutex<Vec<Named<SinkCounters>>>>,
     tasks: Arc<Mutex<Vec<NamedTask>>>,
 }
 
 impl Registry {
-    /// The counters of operator `name` (shared by all its instances).
-    pub(crate) fn operator(&self, name: &str) -> Arc<OperatorCounters> {
+    /// Lists operator `name` (metrics list operators in the order they
+    /// are first named).
+    pub(crate) fn operator(&self, name: &str) {
         let mut ops = self.operators.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(found) = ops.iter().find(|n| n.name == name) {
-            return found.counters.clone();
+        if !ops.iter().any(|n| n.name == name) {
+            ops.push(NamedOperator { name: name.to_string(), instances: Vec::new() });
         }
-        let counters = Arc::new(OperatorCounters::default());
-        ops.push(Named { name: name.to_string(), counters: counters.clone() });
-        counters
+    }
+
+    /// The counters of instance `instance` of operator `name`.
+    pub(crate) fn instance(&self, name: &str, instance: usize) -> Arc<OperatorCounters> {
+        let mut ops = self.operators.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let at = match ops.iter().position(|n| n.name == name) {
+            Some(at) => at,
+            None => {
+                ops.push(NamedOperator { name: name.to_string(), instances: Vec::new() });
+                ops.len() - 1
+            }
+        };
+        let Some(op) = ops.get_mut(at) else { return Arc::default() };
+        while op.instances.len() <= instance {
+            op.instances.push(Arc::default());
+        }
+        op.instances.get(instance).cloned().unwrap_or_default()
     }
 
     /// The counters of exactly-once sink `id`.
@@ -237,16 +262,36 @@ impl Registry {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
-            .map(|n| OperatorMetrics {
-                name: n.name.clone(),
-                records_in: n.counters.records_in.load(Ordering::Relaxed),
-                records_out: n.counters.records_out.load(Ordering::Relaxed),
-                dropped: n.counters.dropped.load(Ordering::Relaxed),
-                dead_lettered: n.counters.dead_lettered.load(Ordering::Relaxed),
-                late: n.counters.late.load(Ordering::Relaxed),
-                max_checkpoint_pause: Duration::from_nanos(n.counters.checkpoint_pause_nanos.load(Ordering::Relaxed)),
-                watermark: None,
-                idle_inputs: 0,
+            .map(|n| {
+                let instances: Vec<InstanceMetrics> = n
+                    .instances
+                    .iter()
+                    .enumerate()
+                    .map(|(instance, c)| InstanceMetrics {
+                        instance,
+                        records_in: c.records_in.load(Ordering::Relaxed),
+                        records_out: c.records_out.load(Ordering::Relaxed),
+                        dropped: c.dropped.load(Ordering::Relaxed),
+                        dead_lettered: c.dead_lettered.load(Ordering::Relaxed),
+                        late: c.late.load(Ordering::Relaxed),
+                    })
+                    .collect();
+                let longest = |f: fn(&OperatorCounters) -> &AtomicU64| {
+                    Duration::from_nanos(n.instances.iter().map(|c| f(c).load(Ordering::Relaxed)).max().unwrap_or(0))
+                };
+                OperatorMetrics {
+                    name: n.name.clone(),
+                    records_in: instances.iter().map(|i| i.records_in).sum(),
+                    records_out: instances.iter().map(|i| i.records_out).sum(),
+                    dropped: instances.iter().map(|i| i.dropped).sum(),
+                    dead_lettered: instances.iter().map(|i| i.dead_lettered).sum(),
+                    late: instances.iter().map(|i| i.late).sum(),
+                    max_checkpoint_pause: longest(|c| &c.checkpoint_pause_nanos),
+                    max_checkpoint_alignment: longest(|c| &c.checkpoint_alignment_nanos),
+                    watermark: None,
+                    idle_inputs: 0,
+                    instances,
+                }
             })
             .collect();
         for o in &mut operators {
@@ -320,6 +365,11 @@ pub struct OperatorMetrics {
     /// keyed state happens in between).
     #[serde(rename = "max_checkpoint_pause_ms", serialize_with = "millis")]
     pub max_checkpoint_pause: Duration,
+    /// The longest time one keyed instance of the operator took to align a
+    /// checkpoint's barriers: from the first input's barrier to the last's
+    /// (an input slow to deliver it, under backpressure, makes it long).
+    #[serde(rename = "max_checkpoint_alignment_ms", serialize_with = "millis")]
+    pub max_checkpoint_alignment: Duration,
     /// The watermark of its slowest instance (event time in milliseconds),
     /// or none while an instance has none yet. After the end of the input
     /// it is `i64::MAX`, the end of time.
@@ -328,6 +378,27 @@ pub struct OperatorMetrics {
     /// Inputs of its instances now marked idle (for an operator at the
     /// head of a task: a keyed operator's input edges).
     pub idle_inputs: u64,
+    /// The counters above per instance (an operator fused after a `union`
+    /// runs once per head instance that feeds it).
+    pub instances: Vec<InstanceMetrics>,
+}
+
+/// One instance's counters of an operator.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct InstanceMetrics {
+    /// The instance's number.
+    pub instance: usize,
+    /// Records that reached it.
+    pub records_in: u64,
+    /// Records it emitted.
+    pub records_out: u64,
+    /// Records it dropped and counted.
+    pub dropped: u64,
+    /// Records it sent to the dead-letter output.
+    pub dead_lettered: u64,
+    /// Records too late for any window.
+    pub late: u64,
 }
 
 /// One edge's counters: one sender instance to one receiver instance.
@@ -482,9 +553,9 @@ mod tests {
     #[test]
     fn an_operators_watermark_is_its_slowest_tasks_and_fill_is_read_when_read() {
         let r = Registry::default();
-        let _ = r.operator("source");
-        let _ = r.operator("window");
-        let _ = r.operator("sink");
+        r.operator("source");
+        r.operator("window");
+        r.operator("sink");
         let task = |name: &str, ops: &[&str], inputs, source| {
             r.task(name.into(), ops.iter().map(|o| o.to_string()).collect(), inputs, source, Arc::default())
         };
@@ -516,6 +587,17 @@ mod tests {
         assert_eq!(m.edges.iter().map(|e| (e.queued, e.capacity)).collect::<Vec<_>>(), [(3, 4), (0, 4)]);
         assert_eq!(m.tasks.len(), 3);
         assert_eq!(m.tasks[0].source.as_ref().unwrap().lag(), None);
+        // Per instance, and summed; the longest pause of any instance.
+        r.instance("source", 1).records_out.store(5, Ordering::Relaxed);
+        r.instance("source", 0).records_out.store(3, Ordering::Relaxed);
+        r.instance("source", 1).checkpoint_pause_nanos.store(7, Ordering::Relaxed);
+        r.instance("source", 0).checkpoint_pause_nanos.store(2, Ordering::Relaxed);
+        let m = r.snapshot();
+        let source = m.operator("source").unwrap();
+        assert_eq!(source.records_out, 8);
+        assert_eq!(source.instances.iter().map(|i| (i.instance, i.records_out)).collect::<Vec<_>>(), [(0, 3), (1, 5)]);
+        assert_eq!(source.max_checkpoint_pause, Duration::from_nanos(7));
+        assert_eq!(m.operators.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(), ["source", "window", "sink"]);
         a.positions(Some(40), Some(100));
         let m = r.snapshot();
         let source = m.tasks[0].source.as_ref().unwrap();

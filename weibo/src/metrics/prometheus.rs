@@ -46,6 +46,8 @@ pub(crate) struct Family {
 /// What a job's checkpoints have done so far (for its instruments).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct CheckpointTotals {
+    /// Checkpoints (and savepoints) triggered.
+    pub(crate) started: u64,
     /// Checkpoints (and savepoints) completed.
     pub(crate) completed: u64,
     /// Attempts that failed or were abandoned.
@@ -133,6 +135,22 @@ pub(crate) fn families(
     let now_millis = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let instances = |value: &dyn Fn(&super::InstanceMetrics) -> f64| -> Vec<Sample> {
+        snapshot
+            .operators
+            .iter()
+            .flat_map(|o| {
+                o.instances.iter().map(move |i| Sample {
+                    attributes: vec![
+                        ("job", job.to_string()),
+                        ("operator", o.name.clone()),
+                        ("instance", i.instance.to_string()),
+                    ],
+                    value: value(i),
+                })
+            })
+            .collect()
+    };
     let partitions = |value: &dyn Fn(&super::SourceTaskMetrics) -> Option<f64>| -> Vec<Sample> {
         snapshot
             .tasks
@@ -172,6 +190,27 @@ pub(crate) fn families(
             &|o| n(o.dead_lettered),
         ),
         op("weibo.operator.late", "{record}", Kind::Counter, "Records a window operator got too late.", &|o| n(o.late)),
+        op(
+            "weibo.operator.checkpoint_alignment.max",
+            "s",
+            Kind::Gauge,
+            "The longest one keyed instance of the operator took to align a checkpoint's barriers (first input's to last's).",
+            &|o| o.max_checkpoint_alignment.as_secs_f64(),
+        ),
+        Family {
+            name: "weibo.operator.instance.records_in",
+            unit: "{record}",
+            kind: Kind::Counter,
+            help: "Records that reached each instance of the operator (for skew between instances).",
+            samples: instances(&|i| n(i.records_in)),
+        },
+        Family {
+            name: "weibo.operator.instance.records_out",
+            unit: "{record}",
+            kind: Kind::Counter,
+            help: "Records each instance of the operator emitted.",
+            samples: instances(&|i| n(i.records_out)),
+        },
         op(
             "weibo.operator.checkpoint_pause.max",
             "s",
@@ -266,6 +305,13 @@ pub(crate) fn families(
         let one = |value: f64| vec![Sample { attributes: job_only(), value }];
         let maybe = |value: Option<f64>| value.map(one).unwrap_or_default();
         out.extend([
+            Family {
+                name: "weibo.checkpoint.started",
+                unit: "{checkpoint}",
+                kind: Kind::Counter,
+                help: "Checkpoints and savepoints triggered (completed, failed, or in progress).",
+                samples: one(n(c.started)),
+            },
             Family {
                 name: "weibo.checkpoint.completed",
                 unit: "{checkpoint}",

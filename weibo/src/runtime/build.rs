@@ -69,11 +69,11 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    fn info(&self, node: &Node) -> OpInfo {
+    fn info(&self, node: &Node, instance: usize) -> OpInfo {
         OpInfo {
             name: node.name.as_str().into(),
             id: node.id().into(),
-            counters: self.registry.operator(&node.name),
+            counters: self.registry.instance(&node.name, instance),
             sources: self.sources.clone(),
         }
     }
@@ -134,7 +134,7 @@ impl Builder<'_> {
                 let outs = self.outputs(dst)?;
                 let (next, total) = self.chain_instances.get(&dst).copied().unwrap_or((0, 1));
                 self.chain_instances.insert(dst, (next + 1, total));
-                let ctx = self.context(self.info(node), next, total, 0..0);
+                let ctx = self.context(self.info(node, next), next, total, 0..0);
                 factory.instantiate(&ctx, outs)
             }
             Op::Union => self.port(dst, 0),
@@ -186,7 +186,7 @@ pub(crate) fn build(
     graph.validate()?;
     // Register every operator in graph order, so metrics list them so.
     for node in graph.nodes.iter().filter(|n| !matches!(n.op, Op::Union)) {
-        let _ = registry.operator(&node.name);
+        registry.operator(&node.name);
     }
     let mut chain_instances: HashMap<NodeId, (usize, usize)> =
         graph.chain_instances().into_iter().map(|(id, total)| (id, (0, total))).collect();
@@ -225,7 +225,7 @@ pub(crate) fn build(
                 task: Arc::default(),
             };
             let outs = b.outputs(id)?;
-            let info = b.info(node);
+            let info = b.info(node, instance);
             let built_head = match &node.op {
                 Op::Source { factory, .. } => {
                     let out = outs.into_iter().next().ok_or_else(|| Error::Internal("source without port".into()))?;
@@ -303,7 +303,7 @@ pub(crate) fn build(
                 if inputs.is_empty() {
                     return Err(Error::Internal(format!("`{head}` has no input edges")));
                 }
-                let counters = registry.operator(&graph.node(id)?.name);
+                let counters = registry.instance(&graph.node(id)?.name, instance);
                 Box::new(ChannelHead { name: head.clone(), counters, op, inputs })
             }
         };

@@ -500,6 +500,8 @@ impl HeadRunner for ChannelHead {
                     self.op.barrier(b)?;
                     let nanos = u64::try_from(paused.elapsed().as_nanos()).unwrap_or(u64::MAX);
                     self.counters.checkpoint_pause_nanos.fetch_max(nanos, std::sync::atomic::Ordering::Relaxed);
+                    let alignment = u64::try_from(aligned.as_nanos()).unwrap_or(u64::MAX);
+                    self.counters.checkpoint_alignment_nanos.fetch_max(alignment, std::sync::atomic::Ordering::Relaxed);
                     if let Some(cp) = io.checkpoint.as_ref() {
                         cp.write_and_ack(b, snapshots, aligned, Duration::from_nanos(nanos));
                     }

@@ -129,6 +129,7 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
     });
     let physical = crate::task::blocking(|| super::build::build(graph, config, &registry, restore.as_ref(), wiring))?;
     if let Some(r) = &restore {
+        r.progress.finish();
         tracing::info!(job = %graph.name, checkpoint = r.checkpoint.get(), entries = r.progress.done(),
             of = r.progress.total, elapsed = ?r.progress.elapsed(), "restored");
         history.restored(r.progress.done(), r.progress.elapsed());

@@ -369,7 +369,10 @@ function drawOperators() {
     const row = el('tr', { 'data-operator': n.name },
       cell(n.name, { class: 'name' }),
       cell(n.kind),
-      cell(n.parallelism ? String(n.parallelism) : '', { class: 'n' }),
+      cell(n.parallelism ? String(n.parallelism) : '', {
+        class: 'n',
+        title: o.instances.map((i) => `#${i.instance}: ${count(i.records_in)} in, ${count(i.records_out)} out`).join('\n'),
+      }),
       cell(n.kind === 'source' ? '' : count(rate(get('records_in'), older, newer)), { class: 'n', 'data-field': 'in-rate' }),
       cell(count(rate(get('records_out'), older, newer)), { class: 'n', 'data-field': 'out-rate' }),
       el('td', {}, sparkline(series(get('records_out')))),
