@@ -87,3 +87,30 @@ pub(crate) fn register(meter: &Meter, source: &FamilySource) -> Instruments {
     }
     Instruments { slot, _kept: kept }
 }
+
+/// A meter provider that exports over OTLP (HTTP, protobuf) to `endpoint`
+/// every `every`, describing the job as service `job`: what
+/// `Job::with_otlp` registers the job's instruments with. Dropping it
+/// exports once more (the job's last values) and shuts it down.
+#[cfg(feature = "otlp")]
+pub(crate) fn otlp_provider(
+    job: &str,
+    endpoint: &str,
+    every: std::time::Duration,
+) -> crate::error::Result<opentelemetry_sdk::metrics::SdkMeterProvider> {
+    use opentelemetry_otlp::{Protocol, WithExportConfig as _};
+    let exporter = opentelemetry_otlp::MetricExporter::builder()
+        .with_http()
+        .with_endpoint(endpoint)
+        .with_protocol(Protocol::HttpBinary)
+        .with_timeout(every.clamp(std::time::Duration::from_secs(1), std::time::Duration::from_secs(10)))
+        .build()
+        .map_err(|e| crate::error::Error::Connector {
+            name: "otlp".into(),
+            message: format!("cannot export metrics to `{endpoint}`: {e}"),
+            source: None,
+        })?;
+    let reader = opentelemetry_sdk::metrics::PeriodicReader::builder(exporter).with_interval(every).build();
+    let resource = opentelemetry_sdk::Resource::builder().with_service_name(job.to_string()).build();
+    Ok(opentelemetry_sdk::metrics::SdkMeterProvider::builder().with_reader(reader).with_resource(resource).build())
+}

@@ -76,6 +76,8 @@ impl Job {
                 admin: None,
                 #[cfg(feature = "otel")]
                 meter: None,
+                #[cfg(feature = "otlp")]
+                otlp: None,
             })),
         }
     }
@@ -560,6 +562,22 @@ impl Job {
         self
     }
 
+    /// Exports the job's instruments (as [`with_meter`](Self::with_meter)
+    /// registers them) over OTLP to `endpoint`, the full URL of a
+    /// collector's metrics endpoint over HTTP with protobuf (for example
+    /// `http://127.0.0.1:4318/v1/metrics`), every `every`, as service
+    /// (the job's name). The last export, when the job's handle is
+    /// dropped, carries the job's final values. Needs the `otlp` feature;
+    /// a URL the exporter refuses makes [`spawn`](Self::spawn) fail naming
+    /// it. For TLS, authentication headers or another protocol, build your
+    /// own meter provider and pass its meter to `with_meter`.
+    #[cfg(feature = "otlp")]
+    #[must_use]
+    pub fn with_otlp(self, endpoint: impl Into<String>, every: Duration) -> Self {
+        self.lock().otlp = Some((endpoint.into(), every));
+        self
+    }
+
     /// Adds a source; each of its partitions is read by its own task.
     ///
     /// ```
@@ -675,6 +693,15 @@ impl Job {
             }
             None => None,
         };
+        // Before the job starts: an endpoint the exporter refuses fails
+        // the spawn with nothing running.
+        #[cfg(feature = "otlp")]
+        let otlp = match &pipeline.otlp {
+            Some((endpoint, every)) => {
+                Some(crate::metrics::otel::otlp_provider(&pipeline.graph.name, endpoint, *every)?)
+            }
+            None => None,
+        };
         let launched = crate::runtime::launch::launch(&pipeline.graph, &pipeline.config, &status);
         let Launched { name, registry, supervisor, started, completed, savepoints, cancel, migrated, history } =
             match launched {
@@ -697,20 +724,30 @@ impl Job {
             });
         }
         #[cfg(feature = "otel")]
-        let instruments = pipeline.meter.as_ref().map(|meter| {
-            let (job, registry, history, has_checkpoints) =
-                (name.clone(), registry.clone(), history.clone(), savepoints.is_some());
-            let source: crate::metrics::otel::FamilySource = Arc::new(move || {
-                let totals = has_checkpoints.then(|| history.totals());
-                crate::metrics::prometheus::families(
-                    &job,
-                    &registry.snapshot(),
-                    totals.as_ref(),
-                    started.elapsed().as_secs_f64(),
-                )
-            });
-            crate::metrics::otel::register(meter, &source)
-        });
+        let meters: Vec<opentelemetry::metrics::Meter> = {
+            let mut meters: Vec<_> = pipeline.meter.iter().cloned().collect();
+            #[cfg(feature = "otlp")]
+            meters.extend(otlp.as_ref().map(|p| opentelemetry::metrics::MeterProvider::meter(p, "weibo")));
+            meters
+        };
+        #[cfg(feature = "otel")]
+        let instruments: Vec<_> = meters
+            .iter()
+            .map(|meter| {
+                let (job, registry, history, has_checkpoints) =
+                    (name.clone(), registry.clone(), history.clone(), savepoints.is_some());
+                let source: crate::metrics::otel::FamilySource = Arc::new(move || {
+                    let totals = has_checkpoints.then(|| history.totals());
+                    crate::metrics::prometheus::families(
+                        &job,
+                        &registry.snapshot(),
+                        totals.as_ref(),
+                        started.elapsed().as_secs_f64(),
+                    )
+                });
+                crate::metrics::otel::register(meter, &source)
+            })
+            .collect();
         let migrated =
             migrated.into_iter().map(|(operator, state, entries)| MigratedState { operator, state, entries }).collect();
         Ok(JobHandle {
@@ -726,6 +763,8 @@ impl Job {
             status: status.subscribe(),
             #[cfg(feature = "admin")]
             admin,
+            #[cfg(feature = "otlp")]
+            _otlp: otlp,
             #[cfg(feature = "otel")]
             _instruments: instruments,
         })
@@ -821,9 +860,14 @@ pub struct JobHandle {
     /// The admin API's server, while the handle lives.
     #[cfg(feature = "admin")]
     admin: Option<crate::stream::admin::AdminServer>,
-    /// The instruments registered with the job's meter.
+    /// The OTLP exporter's meter provider (`Job::with_otlp`): dropped
+    /// before the instruments, so that its last export, on shutdown, still
+    /// reads them.
+    #[cfg(feature = "otlp")]
+    _otlp: Option<opentelemetry_sdk::metrics::SdkMeterProvider>,
+    /// The instruments registered with the job's meters.
     #[cfg(feature = "otel")]
-    _instruments: Option<crate::metrics::otel::Instruments>,
+    _instruments: Vec<crate::metrics::otel::Instruments>,
 }
 
 impl JobHandle {

@@ -229,6 +229,10 @@ pub(crate) struct Pipeline {
     /// The meter the job's instruments register with (`Job::with_meter`).
     #[cfg(feature = "otel")]
     pub(crate) meter: Option<opentelemetry::metrics::Meter>,
+    /// Where the job exports its instruments over OTLP, and how often
+    /// (`Job::with_otlp`).
+    #[cfg(feature = "otlp")]
+    pub(crate) otlp: Option<(String, std::time::Duration)>,
 }
 
 impl std::ops::Deref for Pipeline {
