@@ -90,7 +90,7 @@ async fn prometheus_scrapes_the_counters_and_the_backpressure_the_job_reports() 
     assert!(blocked_after > 0.0, "the slow operator's input edge was blocked");
     let m = handle.metrics();
     let into_slow: Vec<_> = m.edges.iter().filter(|e| e.to.starts_with("slow")).collect();
-    assert!(into_slow.iter().all(|e| e.capacity == 1 && e.queued <= 1), "{into_slow:?}");
+    assert!(!into_slow.is_empty() && into_slow.iter().all(|e| e.capacity == 1), "{into_slow:?}");
     assert!(
         blocked_before <= scraped_blocked + 1e-9 && scraped_blocked <= blocked_after + 1e-9,
         "blocked: Prometheus has {scraped_blocked} s at {scraped_at}, the job had {blocked_before} s just before and {blocked_after} s just after"

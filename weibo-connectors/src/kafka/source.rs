@@ -366,7 +366,8 @@ pub(crate) fn parse_partition_name(name: &str) -> Option<(String, i32)> {
 /// is logged at debug level (the reader sees it as `PartitionEOF` and
 /// acts on it); every other error as rdkafka's default context does.
 /// A partition reader's consumer context: logs librdkafka's errors and
-/// keeps the partition's end from its statistics.
+/// keeps the partition's end (its last stable offset) from librdkafka's
+/// statistics, which it emits every second.
 struct ReaderContext {
     topic: String,
     partition: i32,
@@ -552,6 +553,9 @@ impl<T: Send + 'static> SourceReader<KafkaRecord<T>> for KafkaReader<T> {
     }
 
     fn end_position(&self) -> Option<u64> {
-        u64::try_from(self.partition_end.load(std::sync::atomic::Ordering::Relaxed)).ok()
+        let end = self.partition_end.load(std::sync::atomic::Ordering::Relaxed);
+        // A bounded source ends at its bound, whatever came after it.
+        let end = self.end.map_or(end, |bound| end.min(bound));
+        u64::try_from(end).ok()
     }
 }

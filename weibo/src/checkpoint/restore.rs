@@ -117,6 +117,14 @@ impl Progress {
     }
 }
 
+/// A restore that failed leaves no bar behind either.
+#[cfg(feature = "progress")]
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
 /// A checkpoint as one operator restores from it: its state filed under
 /// the operator's id (see [`Restore::for_operator`]).
 pub(crate) struct OperatorRestore<'a> {

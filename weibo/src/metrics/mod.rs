@@ -64,6 +64,10 @@ pub(crate) struct TaskCounters {
     /// second.
     pub(crate) position: AtomicU64,
     pub(crate) end_position: AtomicU64,
+    /// Set once a timestamps operator in the task's chain has generated a
+    /// watermark: from then on the task reports that one (what the
+    /// operators after it see), not its head's.
+    pub(crate) generated: std::sync::atomic::AtomicBool,
 }
 
 impl Default for TaskCounters {
@@ -73,15 +77,32 @@ impl Default for TaskCounters {
             idle_inputs: AtomicU64::new(0),
             position: AtomicU64::new(u64::MAX),
             end_position: AtomicU64::new(u64::MAX),
+            generated: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
 
 impl TaskCounters {
-    /// Records the watermark passed on.
+    /// Records the watermark the task's head passes on (unless a
+    /// timestamps operator in its chain generates the task's own).
     #[inline]
     pub(crate) fn watermark(&self, at: i64) {
+        if !self.generated.load(Ordering::Relaxed) {
+            self.watermark.store(at, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a watermark a timestamps operator in the chain generated.
+    #[inline]
+    pub(crate) fn generated_watermark(&self, at: i64) {
+        self.generated.store(true, Ordering::Relaxed);
         self.watermark.store(at, Ordering::Relaxed);
+    }
+
+    /// The task's input has ended: every operator in it is at the end of
+    /// time.
+    pub(crate) fn ended(&self) {
+        self.watermark.store(i64::MAX, Ordering::Relaxed);
     }
 
     /// Records a source partition's read position and end, if known.

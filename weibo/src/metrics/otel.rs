@@ -99,17 +99,26 @@ pub(crate) fn otlp_provider(
     every: std::time::Duration,
 ) -> crate::error::Result<opentelemetry_sdk::metrics::SdkMeterProvider> {
     use opentelemetry_otlp::{Protocol, WithExportConfig as _};
+    let refused = |why: &str| crate::error::Error::Connector {
+        name: "otlp".into(),
+        message: format!("cannot export metrics to `{endpoint}`: {why}"),
+        source: None,
+    };
+    if endpoint.trim().is_empty() {
+        return Err(refused("no endpoint given"));
+    }
+    if every.is_zero() {
+        return Err(refused("the export interval is zero"));
+    }
     let exporter = opentelemetry_otlp::MetricExporter::builder()
         .with_http()
         .with_endpoint(endpoint)
         .with_protocol(Protocol::HttpBinary)
-        .with_timeout(every.clamp(std::time::Duration::from_secs(1), std::time::Duration::from_secs(10)))
+        // Below the 5 s the SDK waits for the last export on shutdown, so
+        // that one is not abandoned mid-flight.
+        .with_timeout(every.clamp(std::time::Duration::from_secs(1), std::time::Duration::from_secs(4)))
         .build()
-        .map_err(|e| crate::error::Error::Connector {
-            name: "otlp".into(),
-            message: format!("cannot export metrics to `{endpoint}`: {e}"),
-            source: None,
-        })?;
+        .map_err(|e| refused(&e.to_string()))?;
     let reader = opentelemetry_sdk::metrics::PeriodicReader::builder(exporter).with_interval(every).build();
     let resource = opentelemetry_sdk::Resource::builder().with_service_name(job.to_string()).build();
     Ok(opentelemetry_sdk::metrics::SdkMeterProvider::builder().with_reader(reader).with_resource(resource).build())

@@ -80,7 +80,7 @@ where
         if self.watermark > self.reported {
             self.reported = self.watermark;
             self.next.watermark(self.watermark)?;
-            self.task.watermark(self.watermark);
+            self.task.generated_watermark(self.watermark);
         }
         Ok(())
     }

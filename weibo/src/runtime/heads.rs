@@ -218,8 +218,9 @@ impl HeadRunner for SourceHead {
                 }
                 if self.op.watermark() > forwarded {
                     forwarded = self.op.watermark();
-                    self.op.forward_watermark(forwarded)?;
+                    // Recorded before it fires anything downstream.
                     io.task.watermark(forwarded);
+                    self.op.forward_watermark(forwarded)?;
                 }
                 if status != ReadStatus::More || now.saturating_duration_since(last_flush) >= io.buffer_timeout {
                     self.op.flush()?;
@@ -234,6 +235,7 @@ impl HeadRunner for SourceHead {
                     io.task.positions(self.op.position(), self.op.end_position());
                 }
                 if status == ReadStatus::Done {
+                    io.task.ended();
                     self.op.finish()?;
                     super::drain(&io.outbox, &io.senders).await?;
                     break;
@@ -509,16 +511,17 @@ impl HeadRunner for ChannelHead {
                 }
                 if tracker.current() > forwarded {
                     forwarded = tracker.current();
-                    self.op.on_watermark(forwarded)?;
+                    // Recorded before it fires anything downstream.
                     io.task.watermark(forwarded);
+                    self.op.on_watermark(forwarded)?;
                 }
                 if !finished && ended.iter().all(|e| *e) {
                     // Every input has ended: fire what is left, flush, and
                     // tell everything downstream; barriers may still come.
                     if forwarded < END_OF_TIME {
                         forwarded = END_OF_TIME;
+                        io.task.ended();
                         self.op.on_watermark(END_OF_TIME)?;
-                        io.task.watermark(forwarded);
                     }
                     self.op.finish()?;
                     finished = true;

@@ -723,13 +723,12 @@ impl Job {
                 storage: pipeline.config.checkpoint.as_ref().map(|c| c.storage.clone()),
             });
         }
+        #[cfg(feature = "otlp")]
+        let otlp_meter = otlp.as_ref().map(|p| opentelemetry::metrics::MeterProvider::meter(p, "weibo"));
+        #[cfg(all(feature = "otel", not(feature = "otlp")))]
+        let otlp_meter: Option<opentelemetry::metrics::Meter> = None;
         #[cfg(feature = "otel")]
-        let meters: Vec<opentelemetry::metrics::Meter> = {
-            let mut meters: Vec<_> = pipeline.meter.iter().cloned().collect();
-            #[cfg(feature = "otlp")]
-            meters.extend(otlp.as_ref().map(|p| opentelemetry::metrics::MeterProvider::meter(p, "weibo")));
-            meters
-        };
+        let meters: Vec<opentelemetry::metrics::Meter> = pipeline.meter.iter().cloned().chain(otlp_meter).collect();
         #[cfg(feature = "otel")]
         let instruments: Vec<_> = meters
             .iter()

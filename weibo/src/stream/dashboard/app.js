@@ -233,20 +233,30 @@ function tasksRunning(metrics, name) {
   return metrics.tasks.filter((t) => t.operators.includes(name)).map((t) => t.name);
 }
 
+// The operators that send through node `index`: itself, or for a union
+// (which no task lists) what feeds it.
+function sendersOf(index) {
+  const node = view.plan.nodes[index];
+  if (node.kind !== 'union') return [node.name];
+  return node.inputs.flatMap((i) => sendersOf(i.from));
+}
+
 const instanceOf = (task) => task.replace(/\[\d+\]$/, '');
 
 // The channel edges of one graph edge: from the tasks running `from` into
 // the instances of keyed node `to`.
 function channelEdges(metrics, from, to) {
-  const senders = new Set(tasksRunning(metrics, from));
+  const senders = new Set(sendersOf(from).flatMap((name) => tasksRunning(metrics, name)));
   return metrics.edges.filter((e) => senders.has(e.from) && instanceOf(e.to) === to);
 }
 
+// `from` is a node index, `to` a name.
 function edgeNumbers(from, to, kind) {
   const newer = view.samples[view.samples.length - 1];
   const older = baseline();
   if (!newer) return {};
   if (kind === 'hash') {
+    if (!channelEdges(newer.metrics, from, to).length) return {}; // nothing known: no number, no colour
     const sum = (m, field) => channelEdges(m, from, to).reduce((s, e) => s + e[field], 0);
     const senders = new Set(channelEdges(newer.metrics, from, to).map((e) => e.from)).size || 1;
     const blockedMsPerS = rate((m) => sum(m, 'blocked_ms'), older, newer);
@@ -293,7 +303,7 @@ function drawGraph() {
       const x2 = b.x;
       const y2 = b.y + NODE_H / 2;
       const mid = (x1 + x2) / 2;
-      const numbers = edgeNumbers(from.name, n.name, input.edge);
+      const numbers = edgeNumbers(from.index, n.name, input.edge);
       const colour = input.edge === 'hash' ? pressureColour(numbers.blocked) : '#9aa3b2';
       const path = svg('path', {
         d: `M ${x1} ${y1} C ${mid} ${y1}, ${mid} ${y2}, ${x2 - 2} ${y2}`,
@@ -464,7 +474,7 @@ function drawState() {
     return el('tr', {}, cell(s.operator, { class: 'name' }), cell(bytes(s.bytes), { class: 'n' }), cell(String(s.files), { class: 'n' }), el('td', { class: 'bar-cell' }, bar));
   });
   document.querySelector('#state tbody').replaceChildren(...rows);
-  const list = view.savepoints.map((s) => el('li', { text: `${s.name}${s.checkpoint ? ' (checkpoint ' + s.checkpoint + ')' : ''}` }));
+  const list = view.savepoints.map((s) => el('li', { text: s.name, title: s.path }));
   if (!list.length) list.push(el('li', { class: 'muted', text: 'none yet' }));
   $('savepoints').replaceChildren(...list);
 }
