@@ -126,3 +126,39 @@ async fn checkpoints_restores_and_commits_open_spans_with_their_fields() {
     assert!(text.contains(&format!(r#"weibo_restore_entries{{job="traced"}} {entries}"#)), "{text}");
     assert!(entries >= 4, "the four keys' maxima at least: {restored:?}");
 }
+
+/// Restored from a savepoint, an exactly-once sink discards what its
+/// instances had written after it (the epochs that follow are processed
+/// again), and the job's metrics count those transactions as aborted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_counts_the_transactions_it_aborted() {
+    let (dir, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let slow = |dir: &std::path::Path, out: &std::path::Path| {
+        let job = Job::new("aborting").with_checkpoints(dir, Duration::from_secs(3600));
+        job.source(Generator::new(u64::MAX, |i| i).with_rate(20_000.0))
+            .key_by(|x: &u64| x % 4)
+            .with_partitions(2)
+            .reduce(|a, b| a.max(b))
+            .uid("maxima")
+            .sink_exactly_once(TxnFileSink::json_lines(out))
+            .uid("files");
+        job
+    };
+    let handle = slow(dir.path(), out.path()).spawn().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let savepoint = handle.savepoint("before").await.unwrap();
+    // Both instances write into the epoch after the savepoint, then the
+    // process dies.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    handle.abort();
+    let restored = slow(dir.path(), out.path()).restore_from(&savepoint).spawn().unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let files = restored.metrics().sinks.into_iter().find(|s| s.id == "files").expect("the sink's counters");
+    assert_eq!(files.aborted, 2, "one open epoch per instance: {files:?}");
+    assert!(
+        restored
+            .prometheus_metrics()
+            .contains(r#"weibo_sink_transactions_aborted_total{job="aborting",sink="files"} 2"#)
+    );
+    restored.cancel().await.unwrap();
+}

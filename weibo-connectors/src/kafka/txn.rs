@@ -819,8 +819,12 @@ impl Core {
         Ok(())
     }
 
-    fn abort_after(&self, checkpoint: u64) -> Result<()> {
+    /// Returns how many pre-committed epochs (an instance's transaction
+    /// each, with its redo log) it discarded; open transactions without a
+    /// redo log yet are aborted by the fencing too, uncounted.
+    fn abort_after(&self, checkpoint: u64) -> Result<u64> {
         // Drop the redo logs of epochs that will be written again.
+        let mut discarded = 0;
         for entry in fs::read_dir(&self.redo).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let epoch =
@@ -828,11 +832,13 @@ impl Core {
             if epoch.is_some_and(|e| e > checkpoint) {
                 let path = entry.path();
                 fs::remove_file(&path).map_err(self.io("cannot discard redo log", &path))?;
+                discarded += 1;
             }
         }
         // Fence every transactional id an earlier run used: their open
         // transactions (epochs after the checkpoint) are aborted.
-        self.fence_all()
+        self.fence_all()?;
+        Ok(discarded)
     }
 }
 
@@ -964,7 +970,7 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for TxnKafkaSink<T> {
         self.core.commit(handle, sources)
     }
 
-    fn abort_after(&self, checkpoint: CheckpointId) -> Result<()> {
+    fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64> {
         self.sync_conn();
         self.core.abort_after(checkpoint.get())
     }

@@ -38,8 +38,9 @@ pub(crate) trait Committer: Send + Sync {
     /// Commits `handle`, with the sources' positions of the checkpoint it
     /// belongs to (empty when they are not this commit's to claim).
     fn commit(&self, handle: &str, sources: &[SourcePositionEntry]) -> Result<()>;
-    /// Discards everything pre-committed after `checkpoint`.
-    fn abort_after(&self, checkpoint: CheckpointId) -> Result<()>;
+    /// Discards everything pre-committed after `checkpoint`; returns how
+    /// many transactions that was, as far as the sink can tell.
+    fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64>;
 }
 
 /// An exactly-once sink of the job: its node, its id (known once the
@@ -105,7 +106,8 @@ impl TwoPhaseCommits {
             for entry in commits.iter().filter(|e| e.sink == c.id) {
                 c.committer.commit(&entry.handle, &[])?;
             }
-            c.committer.abort_after(checkpoint)?;
+            let aborted = c.committer.abort_after(checkpoint)?;
+            c.counters.aborted.fetch_add(aborted, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(())
     }

@@ -153,6 +153,8 @@ impl fmt::Debug for NamedTask {
 #[derive(Debug, Default)]
 pub(crate) struct SinkCounters {
     pub(crate) committed: AtomicU64,
+    /// Pre-committed transactions discarded on restore.
+    pub(crate) aborted: AtomicU64,
     pub(crate) failed: AtomicU64,
     pub(crate) commit_nanos: AtomicU64,
 }
@@ -347,6 +349,7 @@ impl Registry {
             .map(|n| SinkMetrics {
                 id: n.name.clone(),
                 committed: n.counters.committed.load(Ordering::Relaxed),
+                aborted: n.counters.aborted.load(Ordering::Relaxed),
                 failed: n.counters.failed.load(Ordering::Relaxed),
                 commit_time: Duration::from_nanos(n.counters.commit_nanos.load(Ordering::Relaxed)),
             })
@@ -496,6 +499,9 @@ pub struct SinkMetrics {
     pub id: String,
     /// Transactions committed (each once, after its checkpoint completed).
     pub committed: u64,
+    /// Pre-committed transactions of epochs after the restored checkpoint,
+    /// discarded when the job started (their records are processed again).
+    pub aborted: u64,
     /// Commits that failed (each is tried again with the next checkpoint).
     pub failed: u64,
     /// Time spent committing, in all.
@@ -557,8 +563,8 @@ impl fmt::Display for MetricsSnapshot {
             for s in &self.sinks {
                 writeln!(
                     f,
-                    "  {}: {} committed, {} failed, {:?} committing",
-                    s.id, s.committed, s.failed, s.commit_time
+                    "  {}: {} committed, {} failed, {} aborted on restore, {:?} committing",
+                    s.id, s.committed, s.failed, s.aborted, s.commit_time
                 )?;
             }
         }

@@ -280,6 +280,13 @@ pub(crate) fn families(
             samples: sink(&|s| n(s.committed)),
         },
         Family {
+            name: "weibo.sink.transactions.aborted",
+            unit: "{transaction}",
+            kind: Kind::Counter,
+            help: "Pre-committed transactions the exactly-once sink discarded on restore (epochs after the restored checkpoint).",
+            samples: sink(&|s| n(s.aborted)),
+        },
+        Family {
             name: "weibo.sink.transactions.failed",
             unit: "{transaction}",
             kind: Kind::Counter,

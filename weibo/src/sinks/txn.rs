@@ -68,11 +68,13 @@ pub trait TwoPhaseCommitSink<T>: Send + Sync + 'static {
     }
 
     /// Discards everything pre-committed for epochs after `checkpoint`
-    /// (called on restore, before anything runs).
+    /// (called on restore, before anything runs). Returns how many
+    /// transactions it discarded, as far as it can tell (the job's
+    /// metrics count them as aborted; 0 when it cannot say).
     ///
     /// # Errors
     /// When the sink's storage fails.
-    fn abort_after(&self, checkpoint: CheckpointId) -> Result<()>;
+    fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64>;
 }
 
 /// Writes one instance's transactions.
@@ -120,7 +122,7 @@ impl<T: 'static, S: TwoPhaseCommitSink<T>> Committer for SinkCommitter<T, S> {
         self.sink.commit_at(handle, sources)
     }
 
-    fn abort_after(&self, checkpoint: CheckpointId) -> Result<()> {
+    fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64> {
         self.sink.abort_after(checkpoint)
     }
 }
@@ -254,16 +256,18 @@ impl<T: Serialize + Send + 'static> TwoPhaseCommitSink<T> for TxnFileSink {
         }
     }
 
-    fn abort_after(&self, checkpoint: CheckpointId) -> Result<()> {
+    fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64> {
         let pending = self.pending();
+        let mut discarded = 0;
         for entry in fs::read_dir(&pending).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if Self::epoch_of(&name).is_some_and(|e| e > checkpoint) {
                 let path = entry.path();
                 fs::remove_file(&path).map_err(self.io("cannot discard pending output", &path))?;
+                discarded += 1;
             }
         }
-        Ok(())
+        Ok(discarded)
     }
 }
 
