@@ -265,3 +265,79 @@ async fn any_address_with_a_token_serves_the_api() {
     assert_eq!(json(addr, "GET", "/api/job", Some("t0ken"), None).await.0, 200);
     handle.cancel().await.unwrap();
 }
+
+/// Several jobs behind one admin API (`AdminGroup`): each under
+/// `/jobs/<name>/` with all its endpoints and dashboard, the group's
+/// listing, probes and one `/metrics` for all; the group's token guards
+/// them all; a job leaves when its handle is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_serves_one_admin_api_for_its_jobs() {
+    let group = weibo::AdminGroup::serve("tasks", "127.0.0.1:0", Some("group-token")).unwrap();
+    let addr = group.local_addr();
+    let spawn = |name: &str| {
+        let job = Job::new(name).with_admin_group(&group);
+        job.source(Generator::new(u64::MAX, |i| (i % 10, 1u64)).with_rate(5_000.0))
+            .name("events")
+            .sink(CollectSink::new());
+        job.spawn().unwrap()
+    };
+    let (a, b) = (spawn("task-a"), spawn("task-b"));
+    assert_eq!((a.admin_addr(), b.admin_addr()), (Some(addr), Some(addr)));
+    assert_eq!(group.jobs(), ["task-a", "task-b"]);
+    let token = Some("group-token");
+
+    // Two running jobs of one name cannot share the group; nor can a job
+    // have both APIs.
+    let twin = Job::new("task-a").with_admin_group(&group);
+    twin.source(Generator::new(3, |i| i)).sink(CollectSink::new());
+    let err = twin.spawn().err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("already has a job named `task-a`"), "{err}");
+    let both = Job::new("both").with_admin("127.0.0.1:0").with_admin_group(&group);
+    both.source(Generator::new(3, |i| i)).sink(CollectSink::new());
+    assert!(both.spawn().err().is_some_and(|e| e.to_string().contains("choose one")));
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, ready) = json(addr, "GET", "/readyz", None, None).await;
+    assert_eq!((status, &ready["jobs"]["task-b"]), (200, &Value::from("running")), "{ready}");
+    for path in ["/api/jobs", "/metrics", "/jobs/task-a/api/job", "/jobs/task-b/api/metrics"] {
+        assert_eq!(http(addr, "GET", path, None, None).await.0, 401, "{path} without the token");
+    }
+    let (status, listed) = json(addr, "GET", "/api/jobs", token, None).await;
+    assert_eq!(status, 200);
+    let names: Vec<&str> = listed["jobs"].as_array().unwrap().iter().map(|j| j["job"].as_str().unwrap()).collect();
+    assert_eq!(names, ["task-a", "task-b"], "{listed}");
+    assert_eq!(listed["jobs"][0]["dashboard"], "jobs/task-a/dashboard");
+    let (status, job) = json(addr, "GET", "/jobs/task-b/api/job", token, None).await;
+    assert_eq!((status, job["job"].as_str()), (200, Some("task-b")), "{job}");
+    let (status, metrics) = json(addr, "GET", "/jobs/task-a/api/metrics", token, None).await;
+    assert_eq!(status, 200);
+    assert!(metrics["operators"][0]["records_out"].as_u64().unwrap() > 0, "{metrics}");
+    assert_eq!(json(addr, "GET", "/jobs/nobody/api/job", token, None).await.0, 404);
+    // One exposition: each family once, with both jobs' samples.
+    let (_, text) = http(addr, "GET", "/metrics", token, None).await;
+    assert_eq!(text.matches("# TYPE weibo_operator_records_out_total counter").count(), 1, "{text}");
+    for name in ["task-a", "task-b"] {
+        assert!(text.contains(&format!(r#"weibo_operator_records_out_total{{job="{name}",operator="events"}}"#)));
+    }
+    // The pages: the group's list and each job's dashboard, with its files.
+    let (status, page) = http(addr, "GET", "/", None, None).await;
+    assert!(status == 200 && page.contains("dashboard/group.js"), "{page}");
+    let (status, page) = http(addr, "GET", "/jobs/task-a/dashboard", None, None).await;
+    assert!(status == 200 && page.contains("<title>Weibo job</title>"), "{page}");
+    assert_eq!(http(addr, "GET", "/jobs/task-a/dashboard/app.js", None, None).await.0, 200);
+    // A stop through the group reaches the one job.
+    let (status, stopped) = json(addr, "POST", "/jobs/task-a/api/stop", token, None).await;
+    assert_eq!((status, stopped["stopped"].as_bool()), (200, Some(true)), "{stopped}");
+    assert_eq!(a.status(), JobState::Stopped);
+    assert_eq!(b.status(), JobState::Running);
+
+    // Dropped, a job leaves; the server stays while the group does.
+    drop(a);
+    assert_eq!(group.jobs(), ["task-b"]);
+    let (_, listed) = json(addr, "GET", "/api/jobs", token, None).await;
+    assert_eq!(listed["jobs"].as_array().map(Vec::len), Some(1), "{listed}");
+    b.cancel().await.unwrap();
+    assert!(group.jobs().is_empty());
+    let (status, ready) = json(addr, "GET", "/readyz", None, None).await;
+    assert_eq!(status, 200, "a group without jobs waits, ready: {ready}");
+}

@@ -101,7 +101,10 @@ fn input_not_partitioned_by_key_is_repartitioned_through_a_topic_by_two_groups()
             })
             .unwrap();
         // Stage 2: each key is in one partition of `middle` now: count.
-        let second = KafkaGroup::new(bootstrap(), format!("{o}-group"), [m], d.join("second"))
+        let second_group = format!("{o}-group");
+        let second = KafkaGroup::new(bootstrap(), second_group.clone(), [m], d.join("second"))
+            .with_admin("127.0.0.1:0")
+            .with_admin_token("group-token")
             .spawn(move |task| {
                 let job = paced_job(&task.id(), task.checkpoint_dir());
                 let sink = TxnKafkaSink::new(bootstrap(), &o, Json, task.id(), task.redo_dir());
@@ -113,6 +116,27 @@ fn input_not_partitioned_by_key_is_repartitioned_through_a_topic_by_two_groups()
         while committed(&out).0.len() < EVENTS as usize {
             assert!(started.elapsed() < Duration::from_secs(120), "both stages wrote everything");
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // The second group's one admin API serves every task it runs.
+        let addr = second.admin_addr().expect("the group's admin API");
+        assert_eq!(weibo_tests::http(addr, "GET", "/api/jobs", None, None).await.0, 401);
+        let (status, body) = weibo_tests::http(addr, "GET", "/api/jobs", Some("group-token"), None).await;
+        assert_eq!(status, 200, "{body}");
+        let listed: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let mut names: Vec<String> =
+            listed["jobs"].as_array().unwrap().iter().map(|j| j["job"].as_str().unwrap().to_string()).collect();
+        names.sort();
+        let mut owned: Vec<String> = second.owned().iter().map(|p| format!("{second_group}-{p}")).collect();
+        owned.sort();
+        assert_eq!(names, owned, "{body}");
+        let (_, text) = weibo_tests::http(addr, "GET", "/metrics", Some("group-token"), None).await;
+        assert_eq!(text.matches("# TYPE weibo_operator_records_in_total counter").count(), 1, "{text}");
+        for name in &names {
+            let (status, job) =
+                weibo_tests::http(addr, "GET", &format!("/jobs/{name}/api/job"), Some("group-token"), None).await;
+            assert_eq!(status, 200, "{job}");
+            assert!(job.contains(&format!(r#""job":"{name}""#)), "{job}");
+            assert!(text.contains(&format!(r#"job="{name}""#)), "{name} in the group's /metrics");
         }
         first.stop().await.unwrap();
         second.stop().await.unwrap();

@@ -52,6 +52,8 @@ pub use codec::key::Key;
 pub use error::{Error, Result};
 pub use operator::keyed::KeyedContext;
 pub use runtime::status::JobState;
+#[cfg(feature = "admin")]
+pub use stream::admin::AdminGroup;
 pub use stream::job::{DEFAULT_MAX_KEY_GROUPS, Job, JobHandle, JobReport, MigratedState};
 pub use stream::{Aggregate, DeadLetter, KeyedStream, SinkRef, Stream, on_error};
 pub use task::{BoxFuture, blocking};

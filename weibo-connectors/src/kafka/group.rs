@@ -70,6 +70,9 @@ pub struct KafkaGroup {
     session_timeout: Duration,
     /// `None`: the tasks' sinks commit the offsets.
     commit_interval: Option<Duration>,
+    /// Where one admin API serves every task's job, and its token.
+    #[cfg(feature = "admin")]
+    admin: Option<(String, Option<String>)>,
 }
 
 impl fmt::Debug for KafkaGroup {
@@ -100,7 +103,35 @@ impl KafkaGroup {
             dir: dir.into(),
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             commit_interval: Some(Duration::from_secs(5)),
+            #[cfg(feature = "admin")]
+            admin: None,
         }
+    }
+
+    /// Serves one admin API on `addr` for every task this process runs
+    /// (`weibo::AdminGroup`): each task's job under `/jobs/<task id>/`
+    /// (its endpoints and dashboard), and for all of them `/api/jobs`,
+    /// `/metrics`, `/healthz` and `/readyz`. A job the build closure gives
+    /// joins it (so it must not have an admin API of its own). Loopback
+    /// by default; any other address needs [`with_admin_token`](Self::with_admin_token).
+    /// Needs the `admin` feature.
+    #[cfg(feature = "admin")]
+    #[must_use]
+    pub fn with_admin(mut self, addr: impl Into<String>) -> Self {
+        let token = self.admin.take().and_then(|(_, t)| t);
+        self.admin = Some((addr.into(), token));
+        self
+    }
+
+    /// The bearer token the group's admin API requires (see
+    /// [`with_admin`](Self::with_admin); on its own, it serves on
+    /// `127.0.0.1:8081`).
+    #[cfg(feature = "admin")]
+    #[must_use]
+    pub fn with_admin_token(mut self, token: impl Into<String>) -> Self {
+        let addr = self.admin.take().map_or_else(|| "127.0.0.1:8081".to_string(), |(a, _)| a);
+        self.admin = Some((addr, Some(token.into())));
+        self
     }
 
     /// How long the group waits for a silent member before giving its
@@ -179,6 +210,11 @@ impl KafkaGroup {
         std::fs::create_dir_all(&self.dir).map_err(|e| {
             connector_caused(&name, format!("cannot create the group's directory {}", self.dir.display()), e)
         })?;
+        #[cfg(feature = "admin")]
+        let admin = match &self.admin {
+            Some((addr, token)) => Some(weibo::AdminGroup::serve(&name, addr, token.as_deref())?),
+            None => None,
+        };
         let shared = Arc::new(Shared {
             name: name.clone(),
             conn: self.conn.clone(),
@@ -189,6 +225,8 @@ impl KafkaGroup {
             build: Mutex::new(Box::new(build)),
             tasks: Mutex::new(BTreeMap::new()),
             failure: Mutex::new(None),
+            #[cfg(feature = "admin")]
+            admin,
         });
         let session = self.session_timeout.as_millis().to_string();
         let heartbeat = (self.session_timeout.as_millis() / 3).max(100).to_string();
@@ -277,6 +315,9 @@ struct Shared {
     build: Mutex<Build>,
     tasks: Mutex<BTreeMap<i32, Running>>,
     failure: Mutex<Option<Error>>,
+    /// The admin API every task's job joins.
+    #[cfg(feature = "admin")]
+    admin: Option<weibo::AdminGroup>,
 }
 
 struct Running {
@@ -312,7 +353,14 @@ impl Shared {
             // unwind into C.
             let build = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (lock(&self.build))(&task)));
             match build {
-                Ok(Ok(job)) => built.push((p, task.progress, job)),
+                Ok(Ok(job)) => {
+                    #[cfg(feature = "admin")]
+                    let job = match &self.admin {
+                        Some(group) => job.with_admin_group(group),
+                        None => job,
+                    };
+                    built.push((p, task.progress, job));
+                }
                 Ok(Err(e)) => return self.fail(p, &e),
                 Err(_) => {
                     return self.fail(p, &Error::Internal("the closure that builds the task's job panicked".into()));
@@ -492,6 +540,12 @@ impl GroupHandle {
     /// [`GroupHandle::wait`] tells which).
     pub fn is_finished(&self) -> bool {
         self.finished.load(Ordering::Relaxed)
+    }
+
+    /// Where the group's admin API listens ([`KafkaGroup::with_admin`]).
+    #[cfg(feature = "admin")]
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.shared.admin.as_ref().map(weibo::AdminGroup::local_addr)
     }
 
     /// The metrics of each running task, by partition.

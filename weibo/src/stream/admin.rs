@@ -79,18 +79,28 @@ impl std::fmt::Debug for Admin {
 }
 
 /// A running admin server: shuts down when dropped (it stops accepting,
-/// and open connections close after their request).
+/// and open connections close after their request). For a job in an
+/// [`AdminGroup`], its place in the group: dropped, the job leaves it.
 #[derive(Debug)]
 pub(crate) struct AdminServer {
     pub(crate) admin: Arc<Admin>,
     pub(crate) local_addr: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
+    group: Option<AdminGroup>,
 }
 
 impl Drop for AdminServer {
     fn drop(&mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
+        }
+        if let Some(group) = &self.group {
+            let mut jobs = group.state.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Only this job's entry: a job of the same name may have
+            // joined since (a partition's task restarted).
+            if jobs.get(&self.admin.job).is_some_and(|a| Arc::ptr_eq(a, &self.admin)) {
+                jobs.remove(&self.admin.job);
+            }
         }
     }
 }
@@ -105,6 +115,48 @@ fn same(a: &[u8; 16], b: &[u8; 16]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Binds `addr` for the admin API of `job` (refusing a non-loopback
+/// address without a token).
+fn bind(job: &str, addr: &str, token: Option<&str>) -> Result<(tokio::net::TcpListener, SocketAddr)> {
+    let refused = |message: String| Error::Refused { job: job.to_string(), message };
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|e| refused(format!("the admin API's address `{addr}` is not an address and port: {e}")))?;
+    if !addr.ip().is_loopback() && token.is_none_or(str::is_empty) {
+        return Err(refused(format!(
+            "the admin API would listen on {addr}, which is not loopback, without a token: set one with \
+             `Job::with_admin_token`, or bind 127.0.0.1"
+        )));
+    }
+    let listener = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|e| refused(format!("the admin API cannot listen on {addr}: {e}")))?;
+    let local_addr = listener.local_addr().map_err(|e| refused(format!("the admin API's address: {e}")))?;
+    let listener = tokio::net::TcpListener::from_std(listener)
+        .map_err(|e| refused(format!("the admin API cannot listen on {addr}: {e}")))?;
+    Ok((listener, local_addr))
+}
+
+/// Serves `app` on `listener` until the returned sender is sent or dropped.
+fn serve_app(listener: tokio::net::TcpListener, app: Router) -> oneshot::Sender<()> {
+    let (shutdown, stopped) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let serving = axum::serve(listener, app).with_graceful_shutdown(async {
+            let _ = stopped.await;
+        });
+        if let Err(e) = serving.await {
+            tracing::warn!(error = %e, "the admin API stopped");
+        }
+    });
+    shutdown
+}
+
+impl Admin {
+    fn new(job: &str, status: watch::Receiver<JobState>, plan: Value, token: Option<[u8; 16]>) -> Arc<Self> {
+        Arc::new(Self { job: job.to_string(), started: Instant::now(), status, plan, token, control: OnceLock::new() })
+    }
+}
+
 /// Binds `config.addr` (refusing a non-loopback address without a token)
 /// and serves the admin API of job `job` on the current runtime.
 ///
@@ -117,44 +169,122 @@ pub(crate) fn start(
     status: watch::Receiver<JobState>,
     plan: Value,
 ) -> Result<AdminServer> {
-    let refused = |message: String| Error::Refused { job: job.to_string(), message };
-    let addr: SocketAddr = config
-        .addr
-        .parse()
-        .map_err(|e| refused(format!("the admin API's address `{}` is not an address and port: {e}", config.addr)))?;
-    if !addr.ip().is_loopback() && config.token.as_deref().is_none_or(str::is_empty) {
-        return Err(refused(format!(
-            "the admin API would listen on {addr}, which is not loopback, without a token: set one with \
-             `Job::with_admin_token`, or bind 127.0.0.1"
-        )));
-    }
-    let listener = std::net::TcpListener::bind(addr)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(|e| refused(format!("the admin API cannot listen on {addr}: {e}")))?;
-    let local_addr = listener.local_addr().map_err(|e| refused(format!("the admin API's address: {e}")))?;
-    let listener = tokio::net::TcpListener::from_std(listener)
-        .map_err(|e| refused(format!("the admin API cannot listen on {addr}: {e}")))?;
-    let admin = Arc::new(Admin {
-        job: job.to_string(),
-        started: Instant::now(),
-        status,
-        plan,
-        token: config.token.as_deref().map(digest),
-        control: OnceLock::new(),
-    });
-    let app = router(admin.clone());
-    let (shutdown, stopped) = oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let serving = axum::serve(listener, app).with_graceful_shutdown(async {
-            let _ = stopped.await;
-        });
-        if let Err(e) = serving.await {
-            tracing::warn!(error = %e, "the admin API stopped");
-        }
-    });
+    let (listener, local_addr) = bind(job, &config.addr, config.token.as_deref())?;
+    let admin = Admin::new(job, status, plan, config.token.as_deref().map(digest));
+    let shutdown = serve_app(listener, router(admin.clone()));
     tracing::info!(job, %local_addr, token = admin.token.is_some(), "admin API listening{}",
         if admin.token.is_some() { " (requests need the bearer token)" } else { "" });
-    Ok(AdminServer { admin, local_addr, shutdown: Some(shutdown) })
+    Ok(AdminServer { admin, local_addr, shutdown: Some(shutdown), group: None })
+}
+
+/// Adds job `job` to `group`'s admin API, under `/jobs/<job>/`, until the
+/// returned server is dropped.
+///
+/// # Errors
+/// [`Error::Refused`] when the group already has a job of that name.
+pub(crate) fn join(
+    group: &AdminGroup,
+    job: &str,
+    status: watch::Receiver<JobState>,
+    plan: Value,
+) -> Result<AdminServer> {
+    let admin = Admin::new(job, status, plan, group.state.token);
+    {
+        let mut jobs = group.state.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A job of the same name that has ended (a partition's task
+        // before it restarted) gives way; one still running does not.
+        if jobs.get(job).is_some_and(|a| !a.state().has_ended()) {
+            return Err(Error::Refused {
+                job: job.to_string(),
+                message: format!("the admin group `{}` already has a job named `{job}`", group.state.name),
+            });
+        }
+        jobs.insert(job.to_string(), admin.clone());
+    }
+    Ok(AdminServer { admin, local_addr: group.server.local_addr, shutdown: None, group: Some(group.clone()) })
+}
+
+/// One admin API for several jobs in one process (the tasks of a
+/// `KafkaGroup`, say): each job's endpoints and dashboard under
+/// `/jobs/<job>/`, and for all of them `/healthz`, `/readyz` (ready when
+/// every job is), `/api/jobs`, `/metrics` (every job's families, told
+/// apart by their `job` label) and a page listing the jobs at `/`. A job
+/// joins with [`Job::with_admin_group`](crate::Job::with_admin_group) and
+/// leaves when its handle is dropped; the server stops when the group and
+/// every job's handle are gone. Needs the `admin` feature.
+///
+/// ```
+/// # weibo::testing::block_on(async {
+/// let group = weibo::AdminGroup::serve("tasks", "127.0.0.1:0", None)?;
+/// let job = weibo::Job::new("task-0").with_admin_group(&group);
+/// job.source(weibo::sources::IterSource::new(0..3u32)).sink(weibo::sinks::Blackhole::new());
+/// let handle = job.spawn()?;
+/// assert_eq!(handle.admin_addr(), Some(group.local_addr()));
+/// assert_eq!(group.jobs(), ["task-0"]);
+/// # Ok::<(), weibo::Error>(())
+/// # })?;
+/// # Ok::<(), weibo::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct AdminGroup {
+    state: Arc<GroupState>,
+    server: Arc<GroupServer>,
+}
+
+/// What the group's server reads: its jobs and its token's digest.
+#[derive(Debug)]
+struct GroupState {
+    name: String,
+    token: Option<[u8; 16]>,
+    jobs: Mutex<std::collections::BTreeMap<String, Arc<Admin>>>,
+}
+
+/// The group's server: stops when the last handle on it is dropped.
+#[derive(Debug)]
+struct GroupServer {
+    local_addr: SocketAddr,
+    shutdown: Mutex<Option<oneshot::Sender<()>>>,
+}
+
+impl Drop for GroupServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl AdminGroup {
+    /// Binds `addr` and serves the group `name`'s admin API on the current
+    /// tokio runtime: loopback by default; any other address needs a
+    /// `token` (every request but the probes and the pages must then carry
+    /// it as a bearer token, compared in constant time).
+    ///
+    /// # Errors
+    /// [`Error::Refused`] for an address that does not parse, a
+    /// non-loopback one without a token, or one that cannot be bound.
+    pub fn serve(name: &str, addr: &str, token: Option<&str>) -> Result<Self> {
+        let (listener, local_addr) = bind(name, addr, token)?;
+        let state = Arc::new(GroupState {
+            name: name.to_string(),
+            token: token.map(digest),
+            jobs: Mutex::new(std::collections::BTreeMap::new()),
+        });
+        let shutdown = serve_app(listener, group_router(state.clone()));
+        tracing::info!(group = name, %local_addr, token = token.is_some(), "admin API of a group of jobs listening{}",
+            if token.is_some() { " (requests need the bearer token)" } else { "" });
+        Ok(Self { state, server: Arc::new(GroupServer { local_addr, shutdown: Mutex::new(Some(shutdown)) }) })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.server.local_addr
+    }
+
+    /// The names of the jobs in it now.
+    pub fn jobs(&self) -> Vec<String> {
+        self.state.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).keys().cloned().collect()
+    }
 }
 
 impl Admin {
@@ -185,6 +315,143 @@ fn router(admin: Arc<Admin>) -> Router {
         .with_state(admin)
 }
 
+fn group_router(state: Arc<GroupState>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(group_readyz))
+        .route("/api/jobs", get(group_jobs))
+        .route("/metrics", get(group_prometheus))
+        .route("/", get(group_page))
+        .route("/dashboard", get(group_page))
+        .route("/dashboard/group.js", get(group_script))
+        .route("/dashboard/style.css", get(dashboard_style))
+        .route("/jobs/{job}", axum::routing::any(group_job_root))
+        .route("/jobs/{job}/{*rest}", axum::routing::any(group_job))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+impl GroupState {
+    fn authorize(&self, headers: &HeaderMap) -> std::result::Result<(), ApiError> {
+        authorize(self.token.as_ref(), headers)
+    }
+
+    fn job(&self, name: &str) -> Option<Arc<Admin>> {
+        self.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(name).cloned()
+    }
+
+    fn all(&self) -> Vec<Arc<Admin>> {
+        self.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values().cloned().collect()
+    }
+}
+
+/// Ready when every job of the group is (a group without jobs, waiting for
+/// partitions, is ready); says each job's state.
+async fn group_readyz(State(group): State<Arc<GroupState>>) -> Response {
+    let jobs = group.all();
+    let ready = jobs.iter().all(|a| a.state() == JobState::Running && a.control.get().is_some());
+    let states: serde_json::Map<String, Value> = jobs
+        .iter()
+        .map(|a| {
+            let name =
+                serde_json::to_value(a.state()).ok().and_then(|v| v.get("state").cloned()).unwrap_or(Value::Null);
+            (a.job.clone(), name)
+        })
+        .collect();
+    let body = axum::Json(json!({ "ready": ready, "jobs": states }));
+    if ready { (StatusCode::OK, body).into_response() } else { (StatusCode::SERVICE_UNAVAILABLE, body).into_response() }
+}
+
+async fn group_jobs(State(group): State<Arc<GroupState>>, headers: HeaderMap) -> Answer {
+    group.authorize(&headers)?;
+    let jobs: Vec<Value> = group
+        .all()
+        .iter()
+        .map(|a| {
+            json!({
+                "job": a.job,
+                "status": a.state(),
+                "uptime_ms": u64::try_from(a.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "api": format!("jobs/{}/api/job", a.job),
+                "dashboard": format!("jobs/{}/dashboard", a.job),
+            })
+        })
+        .collect();
+    ok(json!({ "group": group.name, "jobs": jobs }))
+}
+
+/// Every job's families in one exposition: a family's samples from all
+/// jobs together, under one `# TYPE` line.
+async fn group_prometheus(State(group): State<Arc<GroupState>>, headers: HeaderMap) -> Answer {
+    group.authorize(&headers)?;
+    let mut merged: Vec<crate::metrics::prometheus::Family> = Vec::new();
+    for admin in group.all() {
+        let Some(control) = admin.control.get() else { continue };
+        let totals = control.requests.is_some().then(|| control.history.totals());
+        let families = crate::metrics::prometheus::families(
+            &admin.job,
+            &control.registry.snapshot(),
+            totals.as_ref(),
+            admin.started.elapsed().as_secs_f64(),
+        );
+        for family in families {
+            match merged.iter_mut().find(|f| f.name == family.name) {
+                Some(f) => f.samples.extend(family.samples),
+                None => merged.push(family),
+            }
+        }
+    }
+    let text = crate::metrics::prometheus::prometheus_text(&merged);
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+}
+
+async fn group_job_root(
+    State(group): State<Arc<GroupState>>,
+    axum::extract::Path(job): axum::extract::Path<String>,
+    request: axum::extract::Request,
+) -> Response {
+    dispatch(&group, &job, "", request).await
+}
+
+async fn group_job(
+    State(group): State<Arc<GroupState>>,
+    axum::extract::Path((job, rest)): axum::extract::Path<(String, String)>,
+    request: axum::extract::Request,
+) -> Response {
+    dispatch(&group, &job, &rest, request).await
+}
+
+/// Answers `request` for `/jobs/<job>/<rest>` as job `job`'s own admin API
+/// answers `/<rest>` (its token is the group's).
+async fn dispatch(group: &GroupState, job: &str, rest: &str, mut request: axum::extract::Request) -> Response {
+    use tower::ServiceExt as _;
+    let Some(admin) = group.job(job) else {
+        return ApiError(StatusCode::NOT_FOUND, format!("the group has no job `{job}`: see /api/jobs")).into_response();
+    };
+    let query = request.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
+    match format!("/{rest}{query}").parse::<axum::http::Uri>() {
+        Ok(uri) => *request.uri_mut() = uri,
+        Err(e) => return ApiError(StatusCode::BAD_REQUEST, format!("a path that is not one: {e}")).into_response(),
+    }
+    match router(admin).oneshot(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+/// The group's page: its jobs, each with a link to its dashboard.
+const GROUP_PAGE: &str = include_str!("dashboard/group.html");
+const GROUP_SCRIPT: &str = include_str!("dashboard/group.js");
+
+async fn group_page() -> Response {
+    dashboard_file("text/html; charset=utf-8", GROUP_PAGE)
+}
+
+async fn group_script() -> Response {
+    dashboard_file("text/javascript; charset=utf-8", GROUP_SCRIPT)
+}
+
 /// An error as the API answers it: a status and `{"error": ...}`.
 struct ApiError(StatusCode, String);
 
@@ -205,19 +472,25 @@ fn ok(value: Value) -> Answer {
     Ok(axum::Json(value).into_response())
 }
 
+/// Checks the bearer token of a request against `want` (no token: all
+/// may).
+fn authorize(want: Option<&[u8; 16]>, headers: &HeaderMap) -> std::result::Result<(), ApiError> {
+    let Some(want) = want else { return Ok(()) };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| digest(token.trim()));
+    match given {
+        Some(given) if same(&given, want) => Ok(()),
+        _ => Err(ApiError(StatusCode::UNAUTHORIZED, "a valid bearer token is required".into())),
+    }
+}
+
 impl Admin {
     fn authorize(&self, headers: &HeaderMap) -> std::result::Result<(), ApiError> {
-        let Some(want) = &self.token else { return Ok(()) };
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| digest(token.trim()));
-        match given {
-            Some(given) if same(&given, want) => Ok(()),
-            _ => Err(ApiError(StatusCode::UNAUTHORIZED, "a valid bearer token is required".into())),
-        }
+        authorize(self.token.as_ref(), headers)
     }
 
     fn control(&self) -> std::result::Result<&Control, ApiError> {

@@ -74,6 +74,8 @@ impl Job {
                 config,
                 #[cfg(feature = "admin")]
                 admin: None,
+                #[cfg(feature = "admin")]
+                admin_group: None,
                 #[cfg(feature = "otel")]
                 meter: None,
                 #[cfg(feature = "otlp")]
@@ -540,6 +542,19 @@ impl Job {
         self
     }
 
+    /// Serves the job's admin API in `group`'s (one server for several
+    /// jobs of a process, as a `KafkaGroup` does for its tasks), under
+    /// `/jobs/<job name>/`, with the group's token, instead of a server of
+    /// its own. The job leaves the group when its handle is dropped. A
+    /// group cannot hold two running jobs of the same name: the second
+    /// one's `spawn` fails. Needs the `admin` feature.
+    #[cfg(feature = "admin")]
+    #[must_use]
+    pub fn with_admin_group(self, group: &crate::stream::admin::AdminGroup) -> Self {
+        self.lock().admin_group = Some(group.clone());
+        self
+    }
+
     /// Registers the job's instruments (the book's "Operating a job"
     /// chapter lists them) with an OpenTelemetry `meter`, as observable
     /// counters and gauges: the meter provider's readers and exporters
@@ -676,8 +691,22 @@ impl Job {
         let status = Arc::new(tokio::sync::watch::channel(JobState::Starting).0);
         // The admin API first: it answers while the job restores.
         #[cfg(feature = "admin")]
-        let admin = match &pipeline.admin {
-            Some(config) => {
+        let admin = match (&pipeline.admin, &pipeline.admin_group) {
+            (Some(_), Some(_)) => {
+                return Err(Error::Refused {
+                    job: pipeline.graph.name.clone(),
+                    message: "the job has its own admin API (`with_admin`) and a group's (`with_admin_group`): \
+                              choose one"
+                        .into(),
+                });
+            }
+            (None, Some(group)) => Some(crate::stream::admin::join(
+                group,
+                &pipeline.graph.name,
+                status.subscribe(),
+                pipeline.graph.describe(),
+            )?),
+            (Some(config), None) => {
                 if tokio::runtime::Handle::try_current().is_err() {
                     return Err(Error::Runtime {
                         job: pipeline.graph.name.clone(),
@@ -691,7 +720,7 @@ impl Job {
                     pipeline.graph.describe(),
                 )?)
             }
-            None => None,
+            (None, None) => None,
         };
         // Before the job starts: an endpoint the exporter refuses fails
         // the spawn with nothing running.

@@ -226,6 +226,9 @@ pub(crate) struct Pipeline {
     /// Where the admin API listens, if it is on (`Job::with_admin`).
     #[cfg(feature = "admin")]
     pub(crate) admin: Option<admin::AdminConfig>,
+    /// The group whose admin API serves the job (`Job::with_admin_group`).
+    #[cfg(feature = "admin")]
+    pub(crate) admin_group: Option<admin::AdminGroup>,
     /// The meter the job's instruments register with (`Job::with_meter`).
     #[cfg(feature = "otel")]
     pub(crate) meter: Option<opentelemetry::metrics::Meter>,
