@@ -107,7 +107,20 @@ async fn every_endpoint_of_a_running_job_and_a_savepoint_taken_through_it_restor
         instances.iter().all(|i| i["records_in"].as_u64().unwrap() > 0),
         "keys 0..10 reach both instances: {reduce}"
     );
+    // The reduce's state: its ten keys in memory, over its two instances.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = handle.metrics();
+        let value = m.operator("reduce").and_then(|o| o.state.iter().find(|s| s.state == "value").cloned());
+        if let Some(v) = value.filter(|v| v.memory_entries == 10) {
+            assert!(v.memory_bytes >= 10 * 16 && v.table_entries.is_none(), "{v:?}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the state's size: {:?}", m.operator("reduce"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let text = handle.prometheus_metrics();
+    assert!(text.contains(r#"weibo_state_memory_entries{job="admin",operator="reduce",state="value"} 10"#), "{text}");
     assert!(text.contains(r#"weibo_checkpoint_started_total{job="admin"} 1"#), "{text}");
     assert!(text.contains(r#"weibo_operator_instance_records_in_total{job="admin",operator="reduce",instance="1"}"#));
 
@@ -340,4 +353,37 @@ async fn a_group_serves_one_admin_api_for_its_jobs() {
     assert!(group.jobs().is_empty());
     let (status, ready) = json(addr, "GET", "/readyz", None, None).await;
     assert_eq!(status, 200, "a group without jobs waits, ready: {ready}");
+}
+
+/// On fjall with a small cache, a state's metrics show its table on disk
+/// and the cache's misses as well as its hits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_on_fjall_reports_its_table_and_its_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = weibo::state::FjallBackend::builder(dir.path()).object_cache(64 * 1024).open().unwrap();
+    let job = Job::new("on-disk").with_state_backend(backend);
+    job.source(Generator::new(u64::MAX, |i| (i % 50_000, 1u64)).with_rate(200_000.0))
+        .name("events")
+        .key_by(|e: &(u64, u64)| e.0)
+        .reduce(|a, b| (a.0, a.1 + b.1))
+        .sink(CollectSink::new());
+    let handle = job.spawn().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let value = loop {
+        let m = handle.metrics();
+        let value = m.operator("reduce").and_then(|o| o.state.iter().find(|s| s.state == "value").cloned());
+        if let Some(v) = value.filter(|v| v.table_entries.unwrap_or(0) > 0 && v.cache_misses > 0) {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "no table or no misses: {:?}", m.operator("reduce"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(value.cache_hits > 0 && value.memory_entries < 50_000, "{value:?}");
+    let text = handle.prometheus_metrics();
+    assert!(
+        text.contains(r#"weibo_state_cache_misses_total{job="on-disk",operator="reduce",state="value"}"#),
+        "{text}"
+    );
+    assert!(text.contains("# TYPE weibo_state_table_size_bytes gauge"), "{text}");
+    handle.cancel().await.unwrap();
 }

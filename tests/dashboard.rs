@@ -238,7 +238,13 @@ async fn the_dashboard_shows_a_running_job_and_takes_a_savepoint() {
 
     // Checkpoints and the stateful operators' sizes.
     until(&mut page, "checkpoints", "document.querySelectorAll('#checkpoints tbody tr.completed').length > 0").await;
-    until(&mut page, "state sizes", "document.querySelectorAll('#state tbody tr').length >= 2").await;
+    until(&mut page, "state sizes", "document.querySelectorAll('#state tbody tr').length >= 3").await;
+    until(
+        &mut page,
+        "the running totals' keys",
+        "Number((document.querySelector('#state tr[data-operator=\"running totals\"][data-state=\"value\"] [data-field=\"entries\"]') || {dataset: {}}).dataset.value) > 0",
+    )
+    .await;
 
     if let Ok(path) = std::env::var("WEIBO_DASHBOARD_SCREENSHOT") {
         // A few more seconds of history for the sparklines.

@@ -50,6 +50,32 @@ pub(crate) struct EdgeCounters {
 /// still open. Read only when metrics are read.
 pub(crate) type Fill = Box<dyn Fn() -> Option<usize> + Send + Sync>;
 
+/// What one state of an operator instance holds now, for its metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct StateStats {
+    /// Entries in memory: all of them with the in-memory backend, those
+    /// cached in front of a table with fjall.
+    pub(crate) memory_entries: u64,
+    /// What those take in memory, roughly: their maps' slots (keys and
+    /// values, not what they point to on the heap).
+    pub(crate) memory_bytes: u64,
+    /// For a state in a table: the table's entries (approximate) and its
+    /// size on disk, for all the operator's instances (they share it).
+    pub(crate) table: Option<(u64, u64)>,
+    /// Reads of a cached state answered from memory, and those that read
+    /// the table.
+    pub(crate) hits: u64,
+    pub(crate) misses: u64,
+}
+
+impl StateStats {
+    /// `entries` entries of `slot` bytes each in memory.
+    pub(crate) fn in_memory(entries: usize, slot: usize) -> Self {
+        let entries = entries as u64;
+        Self { memory_entries: entries, memory_bytes: entries.saturating_mul(slot as u64 + 1), ..Self::default() }
+    }
+}
+
 /// What one task (a head and its fused chain) reports of its time.
 #[derive(Debug)]
 pub(crate) struct TaskCounters {
@@ -68,6 +94,9 @@ pub(crate) struct TaskCounters {
     /// watermark: from then on the task reports that one (what the
     /// operators after it see), not its head's.
     pub(crate) generated: std::sync::atomic::AtomicBool,
+    /// What each state of a keyed task's operator holds, as of about a
+    /// second ago.
+    pub(crate) state: Mutex<Vec<(&'static str, StateStats)>>,
 }
 
 impl Default for TaskCounters {
@@ -78,6 +107,7 @@ impl Default for TaskCounters {
             position: AtomicU64::new(u64::MAX),
             end_position: AtomicU64::new(u64::MAX),
             generated: std::sync::atomic::AtomicBool::new(false),
+            state: Mutex::new(Vec::new()),
         }
     }
 }
@@ -271,6 +301,14 @@ impl Registry {
                     inputs: t.inputs,
                     idle_inputs: t.counters.idle_inputs.load(Ordering::Relaxed),
                     watermark: (at != i64::MIN).then_some(at),
+                    state: t
+                        .counters
+                        .state
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .iter()
+                        .map(|(state, s)| StateMetrics::of(state, s))
+                        .collect(),
                     source: t.source.as_ref().map(|(id, partition)| SourceTaskMetrics {
                         source: id.clone(),
                         partition: *partition,
@@ -313,6 +351,7 @@ impl Registry {
                     max_checkpoint_alignment: longest(|c| &c.checkpoint_alignment_nanos),
                     watermark: None,
                     idle_inputs: 0,
+                    state: Vec::new(),
                     instances,
                 }
             })
@@ -323,7 +362,18 @@ impl Registry {
             let mut running = tasks.iter().filter(|t| t.operators.contains(&o.name)).peekable();
             if running.peek().is_some() {
                 o.watermark = running.clone().map(|t| t.watermark).min().flatten();
-                o.idle_inputs = running.filter(|t| t.operators.first() == Some(&o.name)).map(|t| t.idle_inputs).sum();
+                let heads: Vec<&TaskMetrics> = running.filter(|t| t.operators.first() == Some(&o.name)).collect();
+                o.idle_inputs = heads.iter().map(|t| t.idle_inputs).sum();
+                // Its instances' states, each summed over them (a table,
+                // which they share, counted once).
+                for t in &heads {
+                    for s in &t.state {
+                        match o.state.iter_mut().find(|m| m.state == s.state) {
+                            Some(m) => m.add(s),
+                            None => o.state.push(s.clone()),
+                        }
+                    }
+                }
             }
         }
         let edges = self
@@ -402,9 +452,63 @@ pub struct OperatorMetrics {
     /// Inputs of its instances now marked idle (for an operator at the
     /// head of a task: a keyed operator's input edges).
     pub idle_inputs: u64,
+    /// What each of its keyed states holds now, over its instances (read
+    /// from them about once a second); empty for an operator without
+    /// keyed state.
+    pub state: Vec<StateMetrics>,
     /// The counters above per instance (an operator fused after a `union`
     /// runs once per head instance that feeds it).
     pub instances: Vec<InstanceMetrics>,
+}
+
+/// What one keyed state of an operator holds.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct StateMetrics {
+    /// The state's name (`value`, `accumulator`, `windows`, `timers`, ...).
+    pub state: String,
+    /// Entries in memory: all of them with the in-memory backend; those
+    /// cached in front of the table with fjall.
+    pub memory_entries: u64,
+    /// Roughly what they take in memory: their maps' slots (keys and
+    /// values as laid out, not what they point to on the heap); with
+    /// fjall, the cache's own count.
+    pub memory_bytes: u64,
+    /// With fjall: the state's table's entries (approximate: fjall counts
+    /// a removed key until compaction) and bytes on disk.
+    pub table_entries: Option<u64>,
+    /// See `table_entries`.
+    pub table_bytes: Option<u64>,
+    /// With fjall: reads and updates answered from the cache, and those
+    /// that read the table, since the job started.
+    pub cache_hits: u64,
+    /// See `cache_hits`.
+    pub cache_misses: u64,
+}
+
+impl StateMetrics {
+    fn of(state: &str, s: &StateStats) -> Self {
+        Self {
+            state: state.to_string(),
+            memory_entries: s.memory_entries,
+            memory_bytes: s.memory_bytes,
+            table_entries: s.table.map(|t| t.0),
+            table_bytes: s.table.map(|t| t.1),
+            cache_hits: s.hits,
+            cache_misses: s.misses,
+        }
+    }
+
+    /// Adds another instance's: memory and cache counts add up; the table
+    /// is the same one.
+    fn add(&mut self, other: &Self) {
+        self.memory_entries += other.memory_entries;
+        self.memory_bytes += other.memory_bytes;
+        self.table_entries = self.table_entries.max(other.table_entries);
+        self.table_bytes = self.table_bytes.max(other.table_bytes);
+        self.cache_hits += other.cache_hits;
+        self.cache_misses += other.cache_misses;
+    }
 }
 
 /// One instance's counters of an operator.
@@ -465,6 +569,8 @@ pub struct TaskMetrics {
     pub watermark: Option<i64>,
     /// For a source partition: where it reads.
     pub source: Option<SourceTaskMetrics>,
+    /// For a keyed operator's instance: what its states hold.
+    pub state: Vec<StateMetrics>,
 }
 
 /// Where a source partition reads, and how far behind its end it is.

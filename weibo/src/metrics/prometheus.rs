@@ -151,6 +151,24 @@ pub(crate) fn families(
             })
             .collect()
     };
+    let states = |value: &dyn Fn(&super::StateMetrics) -> Option<f64>| -> Vec<Sample> {
+        snapshot
+            .operators
+            .iter()
+            .flat_map(|o| {
+                o.state.iter().filter_map(move |s| {
+                    Some(Sample {
+                        attributes: vec![
+                            ("job", job.to_string()),
+                            ("operator", o.name.clone()),
+                            ("state", s.state.clone()),
+                        ],
+                        value: value(s)?,
+                    })
+                })
+            })
+            .collect()
+    };
     let partitions = |value: &dyn Fn(&super::SourceTaskMetrics) -> Option<f64>| -> Vec<Sample> {
         snapshot
             .tasks
@@ -257,6 +275,48 @@ pub(crate) fn families(
             kind: Kind::Gauge,
             help: "Wall-clock time minus the operator's watermark (how far event time is behind; meaningful when event time is wall-clock time).",
             samples: watermarks(snapshot, job, Some(now_millis)),
+        },
+        Family {
+            name: "weibo.state.memory.entries",
+            unit: "{entry}",
+            kind: Kind::Gauge,
+            help: "Entries of each keyed state in memory (all of them in memory; those cached in front of the table on fjall).",
+            samples: states(&|s| Some(n(s.memory_entries))),
+        },
+        Family {
+            name: "weibo.state.memory.size",
+            unit: "By",
+            kind: Kind::Gauge,
+            help: "Roughly what those entries take in memory (their maps' slots, not what they point to).",
+            samples: states(&|s| Some(n(s.memory_bytes))),
+        },
+        Family {
+            name: "weibo.state.table.entries",
+            unit: "{entry}",
+            kind: Kind::Gauge,
+            help: "Entries of each keyed state's table on disk (fjall; approximate).",
+            samples: states(&|s| s.table_entries.map(n)),
+        },
+        Family {
+            name: "weibo.state.table.size",
+            unit: "By",
+            kind: Kind::Gauge,
+            help: "Bytes of each keyed state's table on disk (fjall).",
+            samples: states(&|s| s.table_bytes.map(n)),
+        },
+        Family {
+            name: "weibo.state.cache.hits",
+            unit: "{read}",
+            kind: Kind::Counter,
+            help: "Reads and updates of a cached keyed state (fjall) answered from memory.",
+            samples: states(&|s| s.table_entries.map(|_| n(s.cache_hits))),
+        },
+        Family {
+            name: "weibo.state.cache.misses",
+            unit: "{read}",
+            kind: Kind::Counter,
+            help: "Reads and updates of a cached keyed state (fjall) that read the table.",
+            samples: states(&|s| s.table_entries.map(|_| n(s.cache_misses))),
         },
         Family {
             name: "weibo.source.read_position",

@@ -147,6 +147,10 @@ where
         Ok(vec![value_snapshot(&mut self.state, "value", at)?])
     }
 
+    fn state_stats(&self) -> Vec<(&'static str, crate::state::StateStats)> {
+        vec![("value", self.state.stats())]
+    }
+
     fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
         value_restore(&mut self.state, from, &self.info.name, "value", groups)
     }
@@ -196,6 +200,10 @@ where
 
     fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
         Ok(vec![value_snapshot(&mut self.state, "accumulator", at)?])
+    }
+
+    fn state_stats(&self) -> Vec<(&'static str, crate::state::StateStats)> {
+        vec![("accumulator", self.state.stats())]
     }
 
     fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
@@ -545,6 +553,10 @@ where
     fn barrier(&mut self, n: CheckpointId) -> Result<()> {
         self.next.barrier(n)?;
         self.failures.barrier(n)
+    }
+
+    fn state_stats(&self) -> Vec<(&'static str, crate::state::StateStats)> {
+        vec![("value", self.state.stats()), ("timers", self.timers.stats())]
     }
 
     fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {

@@ -187,6 +187,11 @@ pub(crate) trait InputOperator: Send {
     }
     /// Barrier `n` passed the operator: forward it.
     fn barrier(&mut self, n: CheckpointId) -> Result<()>;
+    /// What each of its states holds now (for metrics; read about once a
+    /// second).
+    fn state_stats(&self) -> Vec<(&'static str, crate::state::StateStats)> {
+        Vec::new()
+    }
 }
 
 /// The checkpoint a barrier belongs to, and the last complete one (whose

@@ -164,7 +164,8 @@ pub(crate) trait HeadRunner: Send {
 /// wait no longer than that for a turn.
 const YIELD_EVERY: u32 = 64;
 
-/// How often a source task reads its partition's positions for metrics.
+/// How often a task reads its partition's positions (a source) or its
+/// state's sizes (a keyed operator) for metrics.
 const POSITIONS_EVERY: Duration = Duration::from_secs(1);
 
 /// The task of one source partition.
@@ -393,6 +394,9 @@ impl HeadRunner for ChannelHead {
             let mut finished = false;
             let mut tracker = WatermarkTracker::new(n);
             let mut idle_inputs = 0;
+            // What the operator's state holds, for metrics, about once a second.
+            let mut stats_at = Instant::now();
+            *io.task.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = self.op.state_stats();
             let mut forwarded = NO_TIMESTAMP;
             let mut start = 0usize;
             let mut last_flush = Instant::now();
@@ -473,6 +477,10 @@ impl HeadRunner for ChannelHead {
                     Next::Message(i, Some(Message::Barrier(b))) => {
                         aligner.barrier(i, b).map_err(|m| Error::Internal(format!("`{}`: {m}", self.name)))?;
                     }
+                }
+                if stats_at.elapsed() >= POSITIONS_EVERY {
+                    stats_at = Instant::now();
+                    *io.task.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = self.op.state_stats();
                 }
                 if tracker.idle_inputs() != idle_inputs {
                     idle_inputs = tracker.idle_inputs();

@@ -142,6 +142,9 @@ pub(super) struct CacheStore<K, V> {
     cache: Arc<ObjectCache>,
     /// The key group to write back next (round robin).
     next: usize,
+    /// Reads and updates, and those that read the table (for metrics).
+    lookups: u64,
+    misses: u64,
     /// The first owned key group.
     first: u16,
     operator: String,
@@ -186,6 +189,8 @@ impl<K: Key, V: Data> CacheStore<K, V> {
             counted: groups.clone().map(|_| 0).collect(),
             cache,
             next: 0,
+            lookups: 0,
+            misses: 0,
             operator: operator.to_string(),
         }
     }
@@ -198,6 +203,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         if !self.in_table.get(index).copied().unwrap_or(true) {
             return Ok(None);
         }
+        self.misses += 1;
         match self.table.get(group, key_bytes)? {
             Some(bytes) => V::decode(&bytes).map(Some).map_err(|e| codec_error(&self.operator, e)),
             None => Ok(None),
@@ -218,6 +224,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         tracking: Tracking<'_>,
         f: impl FnOnce(&mut Option<V>) -> R,
     ) -> Result<R> {
+        self.lookups += 1;
         let (Some(map), Some(overlay)) = (self.maps.get_mut(index), self.overlays.get_mut(index)) else {
             return Err(self.no_cache(group));
         };
@@ -375,6 +382,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     /// The value of `key`, from the cache or the table (which does not
     /// bring it into the cache).
     pub(super) fn get(&mut self, index: usize, group: u16, key: &K, key_bytes: &[u8]) -> Result<Option<V>> {
+        self.lookups += 1;
         if let Some(entry) = self.overlays.get(index).and_then(|o| o.get(key)) {
             return Ok(entry.as_ref().and_then(|e| e.value.clone()));
         }
@@ -382,6 +390,17 @@ impl<K: Key, V: Data> CacheStore<K, V> {
             return Ok(entry.value.clone());
         }
         self.read(index, group, key_bytes)
+    }
+
+    /// What the cache holds and how often it answered (for metrics).
+    pub(super) fn stats(&self) -> super::StateStats {
+        super::StateStats {
+            memory_entries: self.maps.iter().map(|m| m.len() as u64).sum(),
+            memory_bytes: self.held as u64,
+            table: self.table.size(),
+            hits: self.lookups.saturating_sub(self.misses),
+            misses: self.misses,
+        }
     }
 
     /// Writes back key groups in turn until the cache is a quarter below

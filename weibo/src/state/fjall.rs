@@ -378,6 +378,10 @@ impl FjallTable {
 }
 
 impl StateTable for FjallTable {
+    fn size(&self) -> Option<(u64, u64)> {
+        Some((self.keyspace.approximate_len() as u64, self.keyspace.disk_space()))
+    }
+
     fn get(&mut self, group: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let k = self.key(group, key).to_vec();
         match self.keyspace.get(&k) {

@@ -138,6 +138,8 @@ pub trait StateBackend: Send + Sync + fmt::Debug + 'static {
     fn open_table(&self, scope: &StateScope) -> Result<Box<dyn StateTable>>;
 }
 
+pub(crate) use crate::metrics::StateStats;
+
 /// Byte-level keyed state of one operator instance: values by (key group,
 /// encoded key).
 pub trait StateTable: Send {
@@ -193,6 +195,12 @@ pub trait StateTable: Send {
     /// # Errors
     /// [`Error::State`] when the storage fails.
     fn scan_group(&mut self, group: u16, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<()>;
+
+    /// The table's entries (approximate) and bytes on disk, if the backend
+    /// can tell cheaply (for metrics). The default: it cannot.
+    fn size(&self) -> Option<(u64, u64)> {
+        None
+    }
 
     /// Calls `f` with the (key, value) entries of `group` from key `from`
     /// on, in key order, until `f` returns `false`. The default filters

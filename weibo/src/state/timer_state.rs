@@ -245,6 +245,15 @@ impl<K: Key> TimerState<K> {
         Ok(Self { by_time: BTreeMap::new(), spare: Vec::new(), len: 0, log: TimerLog::default(), table })
     }
 
+    /// What it holds now (for metrics): its timers in memory, or its
+    /// table's entries.
+    pub(crate) fn stats(&self) -> super::StateStats {
+        match &self.table {
+            None => super::StateStats::in_memory(self.len, std::mem::size_of::<(Timestamp, K)>()),
+            Some(table) => table.stats(),
+        }
+    }
+
     /// Registers a timer for `key` (of key group `group`) at `time`;
     /// registering the same one twice keeps one.
     ///

@@ -29,7 +29,7 @@ use crate::record::Timestamp;
 
 /// See the module documentation.
 pub(super) struct TableTimers<K> {
-    state: ValueState<(Timestamp, K), ()>,
+    pub(super) state: ValueState<(Timestamp, K), ()>,
     /// Per owned key group, the time of its earliest timer.
     heads: Vec<Option<Timestamp>>,
     /// (time, index) of every key group's earliest timer.
@@ -93,6 +93,11 @@ impl<K> Ahead<K> {
 }
 
 impl<K: Key> TableTimers<K> {
+    /// What its table holds (for metrics).
+    pub(super) fn stats(&self) -> super::StateStats {
+        self.state.stats()
+    }
+
     pub(super) fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
         let mut timers = Self {
             state: ValueState::open_bytes(backend, scope)?,

@@ -164,6 +164,18 @@ impl<K, V> fmt::Debug for ValueState<K, V> {
 }
 
 impl<K: Key, V: Data> ValueState<K, V> {
+    /// What it holds now (for metrics; overlays a checkpoint has not let
+    /// go of yet are not counted).
+    pub(crate) fn stats(&self) -> super::StateStats {
+        match &self.store {
+            Store::Objects(maps) => {
+                super::StateStats::in_memory(maps.iter().map(|m| m.len()).sum(), std::mem::size_of::<(K, (V, u32))>())
+            }
+            Store::Cached(store) => store.stats(),
+            Store::Bytes { table, .. } => super::StateStats { table: table.size(), ..super::StateStats::default() },
+        }
+    }
+
     /// Opens the state `scope` names on `backend`.
     ///
     /// # Errors

@@ -244,6 +244,17 @@ impl<K, A> fmt::Debug for WindowState<K, A> {
 }
 
 impl<K: Key, A: Data> WindowState<K, A> {
+    /// What it holds now (for metrics): its open windows' accumulators.
+    pub(crate) fn stats(&self) -> super::StateStats {
+        match &self.store {
+            WindowStore::Objects { windows, .. } => super::StateStats::in_memory(
+                windows.values().map(|w| w.len()).sum(),
+                std::mem::size_of::<(K, (u16, A, u32))>(),
+            ),
+            WindowStore::Bytes { values, .. } => values.stats(),
+        }
+    }
+
     /// Opens the window state `scope` names on `backend`.
     ///
     /// # Errors

@@ -262,6 +262,10 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
 
     window_control!();
 
+    fn state_stats(&self) -> Vec<(&'static str, crate::state::StateStats)> {
+        vec![("windows", self.state.stats())]
+    }
+
     fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
         let entries = self.state.snapshot_changes(&self.common.info.name, at.n, at.since)?;
         let mut out = vec![StateSnapshot { state: "windows", ty: StateType::of::<W::Acc>(), snapshot: entries }];

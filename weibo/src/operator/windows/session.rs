@@ -156,6 +156,14 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
 
     window_control!();
 
+    fn state_stats(&self) -> Vec<(&'static str, crate::state::StateStats)> {
+        vec![
+            ("sessions", self.state.stats()),
+            ("fire-timers", self.common.fire.stats()),
+            ("cleanup-timers", self.common.cleanup.stats()),
+        ]
+    }
+
     fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
         Ok(vec![
             StateSnapshot {

@@ -466,14 +466,34 @@ function drawCheckpoints() {
 }
 
 function drawState() {
-  const state = (view.checkpoints && view.checkpoints.state) || [];
-  const max = Math.max(1, ...state.map((s) => s.bytes));
-  const rows = state.map((s) => {
-    const bar = el('div', { class: 'bar state' });
-    bar.append(el('span', { width: `${Math.max(1, (s.bytes / max) * 100).toFixed(1)}%` }));
-    return el('tr', {}, cell(s.operator, { class: 'name' }), cell(bytes(s.bytes), { class: 'n' }), cell(String(s.files), { class: 'n' }), el('td', { class: 'bar-cell' }, bar));
-  });
+  const newer = view.samples[view.samples.length - 1];
+  const checkpointed = new Map(((view.checkpoints && view.checkpoints.state) || []).map((s) => [s.operator, s]));
+  const rows = [];
+  if (newer && view.plan) {
+    for (const n of view.plan.nodes) {
+      const o = operatorOf(newer.metrics, n.name);
+      if (!o || !o.state.length) continue;
+      const saved = checkpointed.get(n.id);
+      o.state.forEach((s, i) => {
+        // Entries: the table's (fjall) when there is one, else those in memory.
+        const entries = s.table_entries === null ? s.memory_entries : s.table_entries;
+        const reads = s.cache_hits + s.cache_misses;
+        rows.push(el('tr', { 'data-operator': n.name, 'data-state': s.state },
+          cell(i === 0 ? n.name : '', { class: 'name' }),
+          cell(s.state),
+          cell(count(entries), { class: 'n', 'data-field': 'entries', 'data-value': String(entries) }),
+          cell(bytes(s.memory_bytes), { class: 'n' }),
+          cell(s.table_bytes === null ? '' : bytes(s.table_bytes), { class: 'n disk' }),
+          cell(s.table_entries === null || !reads ? '' : ((s.cache_hits * 100) / reads).toFixed(1) + ' %', { class: 'n disk' }),
+          cell(i === 0 && saved ? bytes(saved.bytes) : '', { class: 'n' }),
+        ));
+      });
+    }
+  }
   document.querySelector('#state tbody').replaceChildren(...rows);
+  // Columns of tables on disk only when a state has one (fjall).
+  const onDisk = newer && newer.metrics.operators.some((o) => o.state.some((s) => s.table_entries !== null));
+  $('state').classList.toggle('no-disk', !onDisk);
   const list = view.savepoints.map((s) => el('li', { text: s.name, title: s.path }));
   if (!list.length) list.push(el('li', { class: 'muted', text: 'none yet' }));
   $('savepoints').replaceChildren(...list);
