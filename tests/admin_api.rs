@@ -99,6 +99,14 @@ async fn every_endpoint_of_a_running_job_and_a_savepoint_taken_through_it_restor
     assert!(history["state"][0]["bytes"].as_u64().unwrap() > 0, "{history}");
     let (_, metrics) = json(addr, "GET", "/api/metrics", None, None).await;
     let reduce = metrics["operators"].as_array().unwrap().iter().find(|o| o["name"] == "reduce").unwrap();
+    let busy: f64 = metrics["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["operators"][0] == "reduce")
+        .map(|t| t["busy_ms"].as_f64().unwrap())
+        .sum();
+    assert!(busy > 0.0, "the reduce's tasks spent time on batches: {metrics}");
     let instances = reduce["instances"].as_array().unwrap();
     assert_eq!(instances.len(), 2, "{reduce}");
     let summed: u64 = instances.iter().map(|i| i["records_in"].as_u64().unwrap()).sum();

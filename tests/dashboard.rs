@@ -212,6 +212,12 @@ async fn the_dashboard_shows_a_running_job_and_takes_a_savepoint() {
     let own = own as f64;
     assert!(first > 0.0 && first <= own, "the page shows {first} records read, the job {own}");
     until(&mut page, "the count move", &format!("{read} > {first}")).await;
+    until(
+        &mut page,
+        "the busy share of the running totals",
+        "/%$/.test(document.querySelector('#operators tr[data-operator=\"running totals\"] [data-field=\"busy\"]').textContent)",
+    )
+    .await;
     let rate = text(&mut page, "#operators tr[data-operator=\"orders\"] [data-field=\"out-rate\"]").await;
     assert!(rate != "–" && !rate.is_empty(), "no rate for orders: {rate:?}");
     // Hash edges get a colour for backpressure and a rate label.

@@ -693,9 +693,7 @@ impl Core {
             s.producer
                 .begin_transaction()
                 .map_err(|e| self.err_caused(format!("cannot begin transaction `{id}`"), e))?;
-            for r in &records {
-                produce(&self.name(), &s.producer, &self.topic, r)?;
-            }
+            self.replay(&s, &records, &redo)?;
             self.settle(&mut s, &redo)?;
             self.commit_slot(&mut s, epoch, run.unwrap_or_default(), None)?;
             tracing::info!(sink = %self.name(), instance, epoch, records = records.len(), "re-committed an epoch from its redo log");
@@ -780,9 +778,26 @@ impl Core {
         let _ = s.producer.context().check(&name);
         let records = read_redo(redo)?;
         s.producer.begin_transaction().map_err(|e| self.err_caused(format!("cannot begin transaction `{id}`"), e))?;
-        for r in &records {
+        self.replay(s, &records, redo)
+    }
+
+    /// Produces a redo log's `records` again in `s`'s open transaction,
+    /// saying how far it is every few seconds (a large epoch takes a
+    /// while) and when it is done.
+    fn replay(&self, s: &Slot, records: &[OutRecord], redo: &Path) -> Result<()> {
+        let name = self.name();
+        let started = std::time::Instant::now();
+        let mut said = started;
+        for (done, r) in records.iter().enumerate() {
             produce(&name, &s.producer, &self.topic, r)?;
+            if said.elapsed() >= Duration::from_secs(2) {
+                said = std::time::Instant::now();
+                tracing::info!(sink = %name, redo = %redo.display(), records = done + 1, of = records.len(),
+                    elapsed = ?started.elapsed(), "replaying a redo log");
+            }
         }
+        tracing::info!(sink = %name, redo = %redo.display(), records = records.len(), elapsed = ?started.elapsed(),
+            "replayed a redo log");
         Ok(())
     }
 

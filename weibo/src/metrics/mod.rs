@@ -97,6 +97,9 @@ pub(crate) struct TaskCounters {
     /// What each state of a keyed task's operator holds, as of about a
     /// second ago.
     pub(crate) state: Mutex<Vec<(&'static str, StateStats)>>,
+    /// Time spent on batches: a keyed head's operator and chain on them, a
+    /// source's chain on what it read (nanoseconds).
+    pub(crate) busy_nanos: AtomicU64,
 }
 
 impl Default for TaskCounters {
@@ -108,6 +111,7 @@ impl Default for TaskCounters {
             end_position: AtomicU64::new(u64::MAX),
             generated: std::sync::atomic::AtomicBool::new(false),
             state: Mutex::new(Vec::new()),
+            busy_nanos: AtomicU64::new(0),
         }
     }
 }
@@ -120,6 +124,12 @@ impl TaskCounters {
         if !self.generated.load(Ordering::Relaxed) {
             self.watermark.store(at, Ordering::Relaxed);
         }
+    }
+
+    /// Counts time spent on a batch.
+    #[inline]
+    pub(crate) fn busy(&self, took: Duration) {
+        self.busy_nanos.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// Records a watermark a timestamps operator in the chain generated.
@@ -301,6 +311,7 @@ impl Registry {
                     inputs: t.inputs,
                     idle_inputs: t.counters.idle_inputs.load(Ordering::Relaxed),
                     watermark: (at != i64::MIN).then_some(at),
+                    busy: Duration::from_nanos(t.counters.busy_nanos.load(Ordering::Relaxed)),
                     state: t
                         .counters
                         .state
@@ -571,6 +582,12 @@ pub struct TaskMetrics {
     pub source: Option<SourceTaskMetrics>,
     /// For a keyed operator's instance: what its states hold.
     pub state: Vec<StateMetrics>,
+    /// Time it spent on batches since it started: a keyed instance's
+    /// operator and chain on what it received, a source partition's chain
+    /// on what it read (not the reading itself, nor waiting). Its rate is
+    /// the task's busy share: near 1, the task is the bottleneck.
+    #[serde(rename = "busy_ms", serialize_with = "millis")]
+    pub busy: Duration,
 }
 
 /// Where a source partition reads, and how far behind its end it is.

@@ -277,6 +277,24 @@ pub(crate) fn families(
             samples: watermarks(snapshot, job, Some(now_millis)),
         },
         Family {
+            name: "weibo.task.busy",
+            unit: "s",
+            kind: Kind::Counter,
+            help: "Time each task spent on batches (its rate: the share of time it is busy; near 1, the task is the bottleneck).",
+            samples: snapshot
+                .tasks
+                .iter()
+                .map(|t| Sample {
+                    attributes: vec![
+                        ("job", job.to_string()),
+                        ("task", t.name.clone()),
+                        ("operator", t.operators.first().cloned().unwrap_or_default()),
+                    ],
+                    value: t.busy.as_secs_f64(),
+                })
+                .collect(),
+        },
+        Family {
             name: "weibo.state.memory.entries",
             unit: "{entry}",
             kind: Kind::Gauge,

@@ -215,7 +215,9 @@ impl HeadRunner for SourceHead {
                 let mut now = polled;
                 if self.op.emit()? > 0 {
                     now = Instant::now();
-                    stalls.observe(now.saturating_duration_since(polled), &task, &io.chain, "a batch");
+                    let took = now.saturating_duration_since(polled);
+                    io.task.busy(took);
+                    stalls.observe(took, &task, &io.chain, "a batch");
                 }
                 if self.op.watermark() > forwarded {
                     forwarded = self.op.watermark();
@@ -459,7 +461,9 @@ impl HeadRunner for ChannelHead {
                         tracker.activate(i);
                         let started = Instant::now();
                         self.op.on_batch(&mut batch, &mut InputTime { tracker: &mut tracker, input: i })?;
-                        stalls.observe(started.elapsed(), &self.name, &io.chain, "a batch");
+                        let took = started.elapsed();
+                        io.task.busy(took);
+                        stalls.observe(took, &self.name, &io.chain, "a batch");
                         batch.recycle();
                     }
                     Next::Message(i, Some(Message::Watermark(wm))) => {

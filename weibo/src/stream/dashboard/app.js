@@ -359,6 +359,19 @@ function cell(text, attrs) {
   return el('td', Object.assign({ text }, attrs || {}));
 }
 
+// The busiest share of time any task headed by operator `name` spent on
+// batches, over the rate window; null for an operator fused behind another.
+function busyShare(name, older, newer) {
+  if (!older) return null;
+  const tasks = newer.metrics.tasks.filter((t) => t.operators[0] === name).map((t) => t.name);
+  let busiest = null;
+  for (const task of tasks) {
+    const r = rate((m) => (m.tasks.find((t) => t.name === task) || {}).busy_ms, older, newer);
+    if (r !== null) busiest = Math.max(busiest === null ? 0 : busiest, Math.min(1, r / 1000));
+  }
+  return busiest;
+}
+
 function drawOperators() {
   const newer = view.samples[view.samples.length - 1];
   if (!newer || !view.plan) return;
@@ -376,6 +389,7 @@ function drawOperators() {
       return { at: s.at, v: op ? lagOf(op.watermark_ms, s.at) : null };
     });
     const size = sizes.get(n.id);
+    const busy = busyShare(n.name, older, newer);
     const row = el('tr', { 'data-operator': n.name },
       cell(n.name, { class: 'name' }),
       cell(n.kind),
@@ -383,6 +397,7 @@ function drawOperators() {
         class: 'n',
         title: o.instances.map((i) => `#${i.instance}: ${count(i.records_in)} in, ${count(i.records_out)} out`).join('\n'),
       }),
+      cell(busy === null ? '' : (busy * 100).toFixed(0) + ' %', { class: 'n' + (busy !== null && busy > 0.8 ? ' warn' : ''), 'data-field': 'busy' }),
       cell(n.kind === 'source' ? '' : count(rate(get('records_in'), older, newer)), { class: 'n', 'data-field': 'in-rate' }),
       cell(count(rate(get('records_out'), older, newer)), { class: 'n', 'data-field': 'out-rate' }),
       el('td', {}, sparkline(series(get('records_out')))),
