@@ -317,7 +317,11 @@ async fn a_group_serves_one_admin_api_for_its_jobs() {
     both.source(Generator::new(3, |i| i)).sink(CollectSink::new());
     assert!(both.spawn().err().is_some_and(|e| e.to_string().contains("choose one")));
 
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while [&a, &b].iter().any(|h| h.metrics().operator("events").is_none_or(|o| o.records_out == 0)) {
+        assert!(std::time::Instant::now() < deadline, "both jobs read");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let (status, ready) = json(addr, "GET", "/readyz", None, None).await;
     assert_eq!((status, &ready["jobs"]["task-b"]), (200, &Value::from("running")), "{ready}");
     for path in ["/api/jobs", "/metrics", "/jobs/task-a/api/job", "/jobs/task-b/api/metrics"] {
@@ -334,6 +338,11 @@ async fn a_group_serves_one_admin_api_for_its_jobs() {
     assert_eq!(status, 200);
     assert!(metrics["operators"][0]["records_out"].as_u64().unwrap() > 0, "{metrics}");
     assert_eq!(json(addr, "GET", "/jobs/nobody/api/job", token, None).await.0, 404);
+    assert_eq!(
+        http(addr, "GET", "/jobs/nobody/api/job", None, None).await.0,
+        401,
+        "no probing names without the token"
+    );
     // One exposition: each family once, with both jobs' samples.
     let (_, text) = http(addr, "GET", "/metrics", token, None).await;
     assert_eq!(text.matches("# TYPE weibo_operator_records_out_total counter").count(), 1, "{text}");
@@ -343,8 +352,12 @@ async fn a_group_serves_one_admin_api_for_its_jobs() {
     // The pages: the group's list and each job's dashboard, with its files.
     let (status, page) = http(addr, "GET", "/", None, None).await;
     assert!(status == 200 && page.contains("dashboard/group.js"), "{page}");
-    let (status, page) = http(addr, "GET", "/jobs/task-a/dashboard", None, None).await;
-    assert!(status == 200 && page.contains("<title>Weibo job</title>"), "{page}");
+    for path in ["/jobs/task-a/dashboard", "/jobs/task-a/"] {
+        let (status, page) = http(addr, "GET", path, None, None).await;
+        assert!(status == 200 && page.contains("<title>Weibo job</title>"), "{path}: {page}");
+    }
+    let (status, _) = http(addr, "GET", "/jobs/task-a", None, None).await;
+    assert_eq!(status, 308, "on to /jobs/task-a/, where the page's relative links resolve under the job");
     assert_eq!(http(addr, "GET", "/jobs/task-a/dashboard/app.js", None, None).await.0, 200);
     // A stop through the group reaches the one job.
     let (status, stopped) = json(addr, "POST", "/jobs/task-a/api/stop", token, None).await;

@@ -138,6 +138,10 @@ fn input_not_partitioned_by_key_is_repartitioned_through_a_topic_by_two_groups()
             assert!(job.contains(&format!(r#""job":"{name}""#)), "{job}");
             assert!(text.contains(&format!(r#"job="{name}""#)), "{name} in the group's /metrics");
         }
+        // The group starts and stops its tasks: not the API.
+        let stop = format!("/jobs/{}/api/stop", names[0]);
+        let (status, refused) = weibo_tests::http(addr, "POST", &stop, Some("group-token"), None).await;
+        assert_eq!(status, 409, "{refused}");
         first.stop().await.unwrap();
         second.stop().await.unwrap();
     });

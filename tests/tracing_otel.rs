@@ -17,8 +17,7 @@ use weibo::sources::Generator;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoint_spans_reach_an_opentelemetry_exporter_with_their_fields_and_parents() {
     let exporter = InMemorySpanExporter::default();
-    let provider =
-        SdkTracerProvider::builder().with_span_processor(SimpleSpanProcessor::new(exporter.clone())).build();
+    let provider = SdkTracerProvider::builder().with_span_processor(SimpleSpanProcessor::new(exporter.clone())).build();
     let subscriber =
         tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(provider.tracer("weibo")));
     tracing::subscriber::set_global_default(subscriber).unwrap();
@@ -41,7 +40,9 @@ async fn checkpoint_spans_reach_an_opentelemetry_exporter_with_their_fields_and_
     let checkpoint = spans
         .iter()
         .find(|s| s.name == "checkpoint" && attribute(s, "kind").as_deref() == Some("final"))
-        .unwrap_or_else(|| panic!("no final checkpoint span among {:?}", spans.iter().map(|s| &s.name).collect::<Vec<_>>()));
+        .unwrap_or_else(|| {
+            panic!("no final checkpoint span among {:?}", spans.iter().map(|s| &s.name).collect::<Vec<_>>())
+        });
     assert_eq!(attribute(checkpoint, "job").as_deref(), Some("traced-otel"));
     let trace = checkpoint.span_context.trace_id();
     for child in ["checkpoint.acknowledge", "checkpoint.manifest", "checkpoint.commit"] {

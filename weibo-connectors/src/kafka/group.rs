@@ -112,7 +112,9 @@ impl KafkaGroup {
     /// (`weibo::AdminGroup`): each task's job under `/jobs/<task id>/`
     /// (its endpoints and dashboard), and for all of them `/api/jobs`,
     /// `/metrics`, `/healthz` and `/readyz`. A job the build closure gives
-    /// joins it (so it must not have an admin API of its own). Loopback
+    /// joins it (so it must not have an admin API of its own). Stopping or
+    /// cancelling one task through it is refused (409): stop the group.
+    /// Loopback
     /// by default; any other address needs [`with_admin_token`](Self::with_admin_token).
     /// Needs the `admin` feature.
     #[cfg(feature = "admin")]
@@ -212,7 +214,13 @@ impl KafkaGroup {
         })?;
         #[cfg(feature = "admin")]
         let admin = match &self.admin {
-            Some((addr, token)) => Some(weibo::AdminGroup::serve(&name, addr, token.as_deref())?),
+            Some((addr, token)) => {
+                let group = weibo::AdminGroup::serve(&name, addr, token.as_deref())?;
+                // The group starts and stops its tasks: a task stopped
+                // through the API would leave its partition unread.
+                group.refuse_stop_and_cancel();
+                Some(group)
+            }
             None => None,
         };
         let shared = Arc::new(Shared {

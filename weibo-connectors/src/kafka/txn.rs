@@ -834,9 +834,9 @@ impl Core {
         Ok(())
     }
 
-    /// Returns how many pre-committed epochs (an instance's transaction
-    /// each, with its redo log) it discarded; open transactions without a
-    /// redo log yet are aborted by the fencing too, uncounted.
+    /// Returns how many epochs after `checkpoint` (an instance's
+    /// transaction each, pre-committed or still open, with its redo log)
+    /// it discarded; the fencing aborts their transactions.
     fn abort_after(&self, checkpoint: u64) -> Result<u64> {
         // Drop the redo logs of epochs that will be written again.
         let mut discarded = 0;

@@ -583,8 +583,9 @@ pub struct TaskMetrics {
     /// For a keyed operator's instance: what its states hold.
     pub state: Vec<StateMetrics>,
     /// Time it spent on batches since it started: a keyed instance's
-    /// operator and chain on what it received, a source partition's chain
-    /// on what it read (not the reading itself, nor waiting). Its rate is
+    /// operator and chain on what it received and on the windows and
+    /// timers its watermarks fired, a source partition's chain on what it
+    /// read (not the reading itself, nor waiting, nor checkpoint pauses). Its rate is
     /// the task's busy share: near 1, the task is the bottleneck.
     #[serde(rename = "busy_ms", serialize_with = "millis")]
     pub busy: Duration,
@@ -622,8 +623,9 @@ pub struct SinkMetrics {
     pub id: String,
     /// Transactions committed (each once, after its checkpoint completed).
     pub committed: u64,
-    /// Pre-committed transactions of epochs after the restored checkpoint,
-    /// discarded when the job started (their records are processed again).
+    /// Transactions (pre-committed, or still open) of epochs after the
+    /// restored checkpoint, discarded when the job started (their records
+    /// are processed again).
     pub aborted: u64,
     /// Commits that failed (each is tried again with the next checkpoint).
     pub failed: u64,

@@ -361,7 +361,7 @@ pub(crate) fn families(
             name: "weibo.sink.transactions.aborted",
             unit: "{transaction}",
             kind: Kind::Counter,
-            help: "Pre-committed transactions the exactly-once sink discarded on restore (epochs after the restored checkpoint).",
+            help: "Transactions (pre-committed or still open) of epochs after the restored checkpoint the exactly-once sink discarded on restore.",
             samples: sink(&|s| n(s.aborted)),
         },
         Family {

@@ -525,7 +525,10 @@ impl HeadRunner for ChannelHead {
                     forwarded = tracker.current();
                     // Recorded before it fires anything downstream.
                     io.task.watermark(forwarded);
+                    // Firing windows and timers is work too.
+                    let started = Instant::now();
                     self.op.on_watermark(forwarded)?;
+                    io.task.busy(started.elapsed());
                 }
                 if !finished && ended.iter().all(|e| *e) {
                     // Every input has ended: fire what is left, flush, and
@@ -533,7 +536,9 @@ impl HeadRunner for ChannelHead {
                     if forwarded < END_OF_TIME {
                         forwarded = END_OF_TIME;
                         io.task.ended();
+                        let started = Instant::now();
                         self.op.on_watermark(END_OF_TIME)?;
+                        io.task.busy(started.elapsed());
                     }
                     self.op.finish()?;
                     finished = true;

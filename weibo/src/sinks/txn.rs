@@ -69,8 +69,9 @@ pub trait TwoPhaseCommitSink<T>: Send + Sync + 'static {
 
     /// Discards everything pre-committed for epochs after `checkpoint`
     /// (called on restore, before anything runs). Returns how many
-    /// transactions it discarded, as far as it can tell (the job's
-    /// metrics count them as aborted; 0 when it cannot say).
+    /// transactions (pre-committed or still open) it discarded, as far as
+    /// it can tell (the job's metrics count them as aborted; 0 when it
+    /// cannot say).
     ///
     /// # Errors
     /// When the sink's storage fails.

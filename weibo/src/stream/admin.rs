@@ -124,8 +124,8 @@ fn bind(job: &str, addr: &str, token: Option<&str>) -> Result<(tokio::net::TcpLi
         .map_err(|e| refused(format!("the admin API's address `{addr}` is not an address and port: {e}")))?;
     if !addr.ip().is_loopback() && token.is_none_or(str::is_empty) {
         return Err(refused(format!(
-            "the admin API would listen on {addr}, which is not loopback, without a token: set one with \
-             `Job::with_admin_token`, or bind 127.0.0.1"
+            "the admin API would listen on {addr}, which is not loopback, without a token: set one \
+             (`Job::with_admin_token`, `AdminGroup::serve`'s token, `KafkaGroup::with_admin_token`), or bind 127.0.0.1"
         )));
     }
     let listener = std::net::TcpListener::bind(addr)
@@ -232,11 +232,23 @@ pub struct AdminGroup {
 }
 
 /// What the group's server reads: its jobs and its token's digest.
-#[derive(Debug)]
 struct GroupState {
     name: String,
     token: Option<[u8; 16]>,
     jobs: Mutex<std::collections::BTreeMap<String, Arc<Admin>>>,
+    /// Whether the jobs' owner starts and stops them (a `KafkaGroup`):
+    /// stop and cancel through the API are refused.
+    keeps_lifecycle: std::sync::atomic::AtomicBool,
+}
+
+/// Never shows the token's digest.
+impl std::fmt::Debug for GroupState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupState")
+            .field("name", &self.name)
+            .field("token", &self.token.map(|_| "…"))
+            .finish_non_exhaustive()
+    }
 }
 
 /// The group's server: stops when the last handle on it is dropped.
@@ -264,11 +276,18 @@ impl AdminGroup {
     /// [`Error::Refused`] for an address that does not parse, a
     /// non-loopback one without a token, or one that cannot be bound.
     pub fn serve(name: &str, addr: &str, token: Option<&str>) -> Result<Self> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::Runtime {
+                job: name.to_string(),
+                message: "an admin API serves on tokio: call `AdminGroup::serve` inside a tokio runtime".into(),
+            });
+        }
         let (listener, local_addr) = bind(name, addr, token)?;
         let state = Arc::new(GroupState {
             name: name.to_string(),
             token: token.map(digest),
             jobs: Mutex::new(std::collections::BTreeMap::new()),
+            keeps_lifecycle: std::sync::atomic::AtomicBool::new(false),
         });
         let shutdown = serve_app(listener, group_router(state.clone()));
         tracing::info!(group = name, %local_addr, token = token.is_some(), "admin API of a group of jobs listening{}",
@@ -279,6 +298,14 @@ impl AdminGroup {
     /// Where it listens.
     pub fn local_addr(&self) -> SocketAddr {
         self.server.local_addr
+    }
+
+    /// Refuses `POST /jobs/<job>/api/stop` and `/api/cancel` from now on
+    /// (409): for jobs whose owner starts and stops them, as a `KafkaGroup`
+    /// does with its tasks (a task stopped from outside would leave its
+    /// partition unread until the next rebalance).
+    pub fn refuse_stop_and_cancel(&self) {
+        self.state.keeps_lifecycle.store(true, Ordering::Relaxed);
     }
 
     /// The names of the jobs in it now.
@@ -326,6 +353,7 @@ fn group_router(state: Arc<GroupState>) -> Router {
         .route("/dashboard/group.js", get(group_script))
         .route("/dashboard/style.css", get(dashboard_style))
         .route("/jobs/{job}", axum::routing::any(group_job_root))
+        .route("/jobs/{job}/", axum::routing::any(group_job))
         .route("/jobs/{job}/{*rest}", axum::routing::any(group_job))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -373,8 +401,8 @@ async fn group_jobs(State(group): State<Arc<GroupState>>, headers: HeaderMap) ->
                 "job": a.job,
                 "status": a.state(),
                 "uptime_ms": u64::try_from(a.started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                "api": format!("jobs/{}/api/job", a.job),
-                "dashboard": format!("jobs/{}/dashboard", a.job),
+                "api": format!("jobs/{}/api/job", encode_segment(&a.job)),
+                "dashboard": format!("jobs/{}/dashboard", encode_segment(&a.job)),
             })
         })
         .collect();
@@ -406,31 +434,80 @@ async fn group_prometheus(State(group): State<Arc<GroupState>>, headers: HeaderM
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 
-async fn group_job_root(
-    State(group): State<Arc<GroupState>>,
-    axum::extract::Path(job): axum::extract::Path<String>,
-    request: axum::extract::Request,
-) -> Response {
-    dispatch(&group, &job, "", request).await
+/// `/jobs/<job>`: on to `/jobs/<job>/`, so that the dashboard's relative
+/// links resolve under the job.
+async fn group_job_root(uri: axum::http::Uri) -> Response {
+    let to = match uri.query() {
+        Some(q) => format!("{}/?{q}", uri.path()),
+        None => format!("{}/", uri.path()),
+    };
+    (StatusCode::PERMANENT_REDIRECT, [(header::LOCATION, to)]).into_response()
 }
 
 async fn group_job(
     State(group): State<Arc<GroupState>>,
-    axum::extract::Path((job, rest)): axum::extract::Path<(String, String)>,
+    axum::extract::Path(params): axum::extract::Path<std::collections::HashMap<String, String>>,
+    headers: HeaderMap,
     request: axum::extract::Request,
 ) -> Response {
-    dispatch(&group, &job, &rest, request).await
+    let job = params.get("job").cloned().unwrap_or_default();
+    dispatch(&group, &job, &headers, request).await
+}
+
+/// The path of `uri` after `/jobs/<segment>`, as received (still
+/// percent-encoded), with its query.
+fn rest_of(uri: &axum::http::Uri) -> String {
+    let path = uri.path();
+    let after = path.strip_prefix("/jobs/").unwrap_or_default();
+    let rest = after.find('/').map_or("/", |at| after.get(at..).unwrap_or("/"));
+    match uri.query() {
+        Some(q) => format!("{rest}?{q}"),
+        None => rest.to_string(),
+    }
+}
+
+/// A path segment with everything but unreserved characters
+/// percent-encoded (for links to a job by name).
+fn encode_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for b in segment.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// Answers `request` for `/jobs/<job>/<rest>` as job `job`'s own admin API
-/// answers `/<rest>` (its token is the group's).
-async fn dispatch(group: &GroupState, job: &str, rest: &str, mut request: axum::extract::Request) -> Response {
+/// answers `/<rest>`, with the group's token. Anything but the job's pages
+/// and probes needs the token before the job is even looked up (so names
+/// cannot be probed without it); a group that runs its jobs' lifecycle
+/// itself (a `KafkaGroup`) refuses to stop or cancel one of them.
+async fn dispatch(group: &GroupState, job: &str, headers: &HeaderMap, mut request: axum::extract::Request) -> Response {
     use tower::ServiceExt as _;
+    let rest = rest_of(request.uri());
+    let path = rest.split('?').next().unwrap_or_default();
+    let open = matches!(path, "/" | "/dashboard" | "/healthz" | "/readyz") || path.starts_with("/dashboard/");
+    if !open && let Err(e) = group.authorize(headers) {
+        return e.into_response();
+    }
     let Some(admin) = group.job(job) else {
         return ApiError(StatusCode::NOT_FOUND, format!("the group has no job `{job}`: see /api/jobs")).into_response();
     };
-    let query = request.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
-    match format!("/{rest}{query}").parse::<axum::http::Uri>() {
+    if group.keeps_lifecycle.load(Ordering::Relaxed) && matches!(path, "/api/stop" | "/api/cancel") {
+        return ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "`{job}` is one of the group `{}`'s tasks: the group starts and stops them (stop the group, or let a \
+                 rebalance move the partition)",
+                group.name
+            ),
+        )
+        .into_response();
+    }
+    match rest.parse::<axum::http::Uri>() {
         Ok(uri) => *request.uri_mut() = uri,
         Err(e) => return ApiError(StatusCode::BAD_REQUEST, format!("a path that is not one: {e}")).into_response(),
     }
