@@ -555,6 +555,23 @@ pub(crate) fn prometheus_text(families: &[Family]) -> String {
 mod tests {
     use super::*;
 
+    /// The book's table of instruments ("Operating a job") lists every
+    /// family, with its Prometheus name, unit and kind.
+    #[test]
+    fn the_book_lists_every_instrument() {
+        let book = include_str!("../../../book/src/operating.md");
+        let all = families("j", &MetricsSnapshot::default(), Some(&CheckpointTotals::default()), 0.0);
+        assert!(all.len() >= 40, "{} families", all.len());
+        for f in &all {
+            let kind = match f.kind {
+                Kind::Counter => "counter",
+                Kind::Gauge => "gauge",
+            };
+            let row = format!("| `{}` | `{}` | `{}` | {kind} |", f.name, prometheus_name(f), f.unit);
+            assert!(book.contains(&row), "the book's table lacks {row}");
+        }
+    }
+
     #[test]
     fn names_follow_the_compatibility_rules_and_labels_are_escaped() {
         let f = |name, unit, kind| Family { name, unit, kind, help: "h", samples: Vec::new() };
