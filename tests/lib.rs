@@ -200,6 +200,38 @@ impl Drop for Prometheus {
     }
 }
 
+/// One HTTP/1.1 message from `stream` whose body has a `Content-Length`
+/// (a request or a response): its first line and its body; `None` when
+/// the connection closed before it.
+///
+/// # Panics
+/// When the stream fails or the length is not a number (a test's failure).
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub async fn read_message<R: tokio::io::AsyncBufRead + Unpin>(stream: &mut R) -> Option<(String, Vec<u8>)> {
+    use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _};
+    let mut first = String::new();
+    if stream.read_line(&mut first).await.unwrap_or(0) == 0 {
+        return None;
+    }
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        stream.read_line(&mut line).await.unwrap();
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().expect("a length");
+        }
+    }
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body).await.unwrap();
+    Some((first.trim_end().to_string(), body))
+}
+
 /// A headless Chromium (Debian's `chromium` package, which the README's
 /// test command installs) with its DevTools protocol on a free loopback
 /// port and a throwaway profile; killed when dropped.
@@ -310,27 +342,12 @@ impl Browser {
     /// the connection open, so the body is read by its length.
     #[allow(clippy::unwrap_used, clippy::expect_used)]
     async fn targets(&self) -> String {
-        use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+        use tokio::io::AsyncWriteExt as _;
         let stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.unwrap();
         let mut stream = tokio::io::BufReader::new(stream);
         let request = format!("GET /json/list HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n", self.port);
         stream.get_mut().write_all(request.as_bytes()).await.unwrap();
-        let mut length = 0;
-        loop {
-            let mut line = String::new();
-            stream.read_line(&mut line).await.unwrap();
-            let line = line.trim_end();
-            if line.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = line.split_once(':')
-                && name.eq_ignore_ascii_case("content-length")
-            {
-                length = value.trim().parse().expect("a length");
-            }
-        }
-        let mut body = vec![0; length];
-        stream.read_exact(&mut body).await.unwrap();
+        let (_, body) = read_message(&mut stream).await.expect("an answer");
         String::from_utf8(body).expect("UTF-8")
     }
 }

@@ -14,7 +14,7 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use opentelemetry_proto::tonic::metrics::v1::number_data_point::Value as Number;
 use prost::Message as _;
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::AsyncWriteExt as _;
 use weibo::Job;
 use weibo::sinks::Blackhole;
 use weibo::sources::Generator;
@@ -35,28 +35,8 @@ async fn receiver() -> (std::net::SocketAddr, Received) {
             tokio::spawn(async move {
                 let mut stream = tokio::io::BufReader::new(stream);
                 // One connection may carry several requests.
-                loop {
-                    let mut request_line = String::new();
-                    if stream.read_line(&mut request_line).await.unwrap_or(0) == 0 {
-                        return;
-                    }
+                while let Some((request_line, body)) = weibo_tests::read_message(&mut stream).await {
                     let path = request_line.split(' ').nth(1).unwrap_or_default().to_string();
-                    let mut length = 0;
-                    loop {
-                        let mut line = String::new();
-                        stream.read_line(&mut line).await.unwrap();
-                        let line = line.trim_end();
-                        if line.is_empty() {
-                            break;
-                        }
-                        if let Some((name, value)) = line.split_once(':')
-                            && name.eq_ignore_ascii_case("content-length")
-                        {
-                            length = value.trim().parse().unwrap();
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    stream.read_exact(&mut body).await.unwrap();
                     let request = ExportMetricsServiceRequest::decode(&body[..]).expect("an OTLP metrics request");
                     keep.lock().unwrap().push((path, request));
                     let answer = "HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n";

@@ -45,9 +45,11 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
     }
 }
 
-fn job(dir: &std::path::Path, out: &std::path::Path) -> Job {
-    let job = Job::new("traced").with_checkpoints(dir, Duration::from_secs(3600)).with_max_key_groups(16);
-    job.source(Generator::new(2_000, |i| i))
+/// Maxima of four keys over `numbers`, on two instances, into an
+/// exactly-once file sink.
+fn job(name: &str, dir: &std::path::Path, out: &std::path::Path, numbers: Generator<u64>) -> Job {
+    let job = Job::new(name).with_checkpoints(dir, Duration::from_secs(3600)).with_max_key_groups(16);
+    job.source(numbers)
         .name("numbers")
         .key_by(|x: &u64| x % 4)
         .with_partitions(2)
@@ -66,13 +68,13 @@ async fn checkpoints_restores_and_commits_open_spans_with_their_fields() {
     )
     .unwrap();
     let (dir, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let report = job(dir.path(), out.path()).run().await.unwrap();
+    let report = job("traced", dir.path(), out.path(), Generator::new(2_000, |i| i)).run().await.unwrap();
     // The sink's transactions are counted too.
     let files = report.metrics.sinks.iter().find(|s| s.id == "files").expect("the sink's counters");
     assert!(files.committed >= 1 && files.failed == 0, "{files:?}");
     // Started again, it restores the final checkpoint; its metrics say
     // what the restore read and where the source is.
-    let again = job(dir.path(), out.path()).spawn().unwrap();
+    let again = job("traced", dir.path(), out.path(), Generator::new(2_000, |i| i)).spawn().unwrap();
     weibo_tests::until_ended(&again).await;
     let text = again.prometheus_metrics();
     assert!(text.contains("# TYPE weibo_restore_entries gauge"), "{text}");
@@ -134,15 +136,7 @@ async fn checkpoints_restores_and_commits_open_spans_with_their_fields() {
 async fn a_restore_counts_the_transactions_it_aborted() {
     let (dir, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let slow = |dir: &std::path::Path, out: &std::path::Path| {
-        let job = Job::new("aborting").with_checkpoints(dir, Duration::from_secs(3600));
-        job.source(Generator::new(u64::MAX, |i| i).with_rate(20_000.0))
-            .key_by(|x: &u64| x % 4)
-            .with_partitions(2)
-            .reduce(|a, b| a.max(b))
-            .uid("maxima")
-            .sink_exactly_once(TxnFileSink::json_lines(out))
-            .uid("files");
-        job
+        job("aborting", dir, out, Generator::new(u64::MAX, |i| i).with_rate(20_000.0))
     };
     let handle = slow(dir.path(), out.path()).spawn().unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -378,17 +378,15 @@ impl GroupState {
 /// partitions, is ready); says each job's state.
 async fn group_readyz(State(group): State<Arc<GroupState>>) -> Response {
     let jobs = group.all();
-    let ready = jobs.iter().all(|a| a.state() == JobState::Running && a.control.get().is_some());
-    let states: serde_json::Map<String, Value> = jobs
-        .iter()
-        .map(|a| {
-            let name =
-                serde_json::to_value(a.state()).ok().and_then(|v| v.get("state").cloned()).unwrap_or(Value::Null);
-            (a.job.clone(), name)
-        })
-        .collect();
-    let body = axum::Json(json!({ "ready": ready, "jobs": states }));
-    if ready { (StatusCode::OK, body).into_response() } else { (StatusCode::SERVICE_UNAVAILABLE, body).into_response() }
+    let ready = jobs.iter().all(|a| a.ready());
+    let states: serde_json::Map<String, Value> = jobs.iter().map(|a| (a.job.clone(), a.state_name())).collect();
+    readiness(ready, json!({ "ready": ready, "jobs": states }))
+}
+
+/// 200 with `body` when ready, 503 otherwise.
+fn readiness(ready: bool, body: Value) -> Response {
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(body)).into_response()
 }
 
 async fn group_jobs(State(group): State<Arc<GroupState>>, headers: HeaderMap) -> Answer {
@@ -415,14 +413,7 @@ async fn group_prometheus(State(group): State<Arc<GroupState>>, headers: HeaderM
     group.authorize(&headers)?;
     let mut merged: Vec<crate::metrics::prometheus::Family> = Vec::new();
     for admin in group.all() {
-        let Some(control) = admin.control.get() else { continue };
-        let totals = control.requests.is_some().then(|| control.history.totals());
-        let families = crate::metrics::prometheus::families(
-            &admin.job,
-            &control.registry.snapshot(),
-            totals.as_ref(),
-            admin.started.elapsed().as_secs_f64(),
-        );
+        let Some(families) = admin.families() else { continue };
         for family in families {
             match merged.iter_mut().find(|f| f.name == family.name) {
                 Some(f) => f.samples.extend(family.samples),
@@ -430,8 +421,7 @@ async fn group_prometheus(State(group): State<Arc<GroupState>>, headers: HeaderM
             }
         }
     }
-    let text = crate::metrics::prometheus::prometheus_text(&merged);
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+    Ok(exposition(&merged))
 }
 
 /// `/jobs/<job>`: on to `/jobs/<job>/`, so that the dashboard's relative
@@ -577,6 +567,29 @@ impl Admin {
     fn state(&self) -> JobState {
         self.status.borrow().clone()
     }
+
+    /// The state's name alone (`running`, `failed`, ...): what the probes
+    /// say without the token.
+    fn state_name(&self) -> Value {
+        serde_json::to_value(self.state()).ok().and_then(|v| v.get("state").cloned()).unwrap_or(Value::Null)
+    }
+
+    /// Restored, processing, and its controls attached.
+    fn ready(&self) -> bool {
+        self.state() == JobState::Running && self.control.get().is_some()
+    }
+
+    /// The job's instrument families now, once it has started.
+    fn families(&self) -> Option<Vec<crate::metrics::prometheus::Family>> {
+        let control = self.control.get()?;
+        let totals = control.requests.is_some().then(|| control.history.totals());
+        Some(crate::metrics::prometheus::families(
+            &self.job,
+            &control.registry.snapshot(),
+            totals.as_ref(),
+            self.started.elapsed().as_secs_f64(),
+        ))
+    }
 }
 
 async fn not_found() -> ApiError {
@@ -630,11 +643,8 @@ async fn healthz() -> &'static str {
 /// Ready: restored, processing, and the API's controls attached. Says
 /// only the state's name (an error's text needs the token: `/api/job`).
 async fn readyz(State(admin): State<Arc<Admin>>) -> Response {
-    let state = admin.state();
-    let ready = state == JobState::Running && admin.control.get().is_some();
-    let name = serde_json::to_value(&state).ok().and_then(|v| v.get("state").cloned()).unwrap_or(Value::Null);
-    let body = axum::Json(json!({ "ready": ready, "state": name }));
-    if ready { (StatusCode::OK, body).into_response() } else { (StatusCode::SERVICE_UNAVAILABLE, body).into_response() }
+    let ready = admin.ready();
+    readiness(ready, json!({ "ready": ready, "state": admin.state_name() }))
 }
 
 async fn job_status(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
@@ -694,16 +704,14 @@ async fn savepoints(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answ
 /// scrape config gives as `authorization: { credentials: ... }`).
 async fn prometheus(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
     admin.authorize(&headers)?;
-    let control = admin.control()?;
-    let totals = control.requests.is_some().then(|| control.history.totals());
-    let families = crate::metrics::prometheus::families(
-        &admin.job,
-        &control.registry.snapshot(),
-        totals.as_ref(),
-        admin.started.elapsed().as_secs_f64(),
-    );
-    let text = crate::metrics::prometheus::prometheus_text(&families);
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+    admin.control()?; // 503 while the job is still starting
+    Ok(exposition(&admin.families().unwrap_or_default()))
+}
+
+/// `families` in Prometheus' text format, as a response.
+fn exposition(families: &[crate::metrics::prometheus::Family]) -> Response {
+    let text = crate::metrics::prometheus::prometheus_text(families);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
 fn no_checkpoints() -> ApiError {
