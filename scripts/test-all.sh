@@ -7,9 +7,11 @@
 # rustfmt), and Java 17 and Maven for the Kafka tests: the broker (Apache
 # Kafka, KRaft) is fetched from Maven Central once into
 # $HOME/.cache/weibo/ and started by the tests themselves on loopback.
-# Debian's `prometheus` (a real scraper for the metrics endpoint) and
-# `chromium` (a real browser for the dashboard) are installed with apt-get
-# when missing; the tests start them themselves.
+# Debian's `prometheus` (a real scraper for the metrics endpoint),
+# `chromium` (a real browser for the dashboard) and `postgresql` (the
+# server binaries for the Postgres sink's tests, which run a throwaway
+# cluster of their own) are installed with apt-get when missing; the tests
+# start them themselves.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -28,10 +30,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "Kafka broker for the tests"
 scripts/fetch-kafka.sh
 
-step "Prometheus and Chromium for the tests"
-# Installs Debian package $1 when command $2 is missing.
+step "Prometheus, Chromium and PostgreSQL for the tests"
+# Installs Debian package $1 when command (or file) $2 is missing.
 need() {
     command -v "$2" > /dev/null && return 0
+    compgen -G "$2" > /dev/null && return 0
     local sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"
     install() { $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$1"; }
@@ -39,8 +42,11 @@ need() {
 }
 need prometheus prometheus
 need chromium chromium
+# The server binaries live in /usr/lib/postgresql/<version>/bin, off the PATH.
+need postgresql '/usr/lib/postgresql/*/bin/initdb'
 prometheus --version | head -n 1
 chromium --version 2> /dev/null | head -n 1
+"$(compgen -G '/usr/lib/postgresql/*/bin/postgres' | sort -V | tail -n 1)" --version
 
 step "the library without its optional features"
 cargo check --locked -q -p weibo --no-default-features

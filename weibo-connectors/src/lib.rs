@@ -4,6 +4,8 @@
 //! compiles what it uses:
 //! - `kafka`: [`kafka::KafkaSource`], [`kafka::KafkaSink`] (at least once)
 //!   and [`kafka::TxnKafkaSink`] (exactly once), on rdkafka.
+//! - `postgres`: [`postgres::PostgresSink`] (append or upsert, at least
+//!   once or exactly once), on deadpool-postgres.
 //!
 //! The built-in connectors that need no service (in-memory values,
 //! generator, files, stdout, blackhole) are in `weibo::sources` and
@@ -13,3 +15,6 @@ pub use weibo;
 
 #[cfg(feature = "kafka")]
 pub mod kafka;
+
+#[cfg(feature = "postgres")]
+pub mod postgres;

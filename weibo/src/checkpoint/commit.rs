@@ -67,6 +67,9 @@ pub(crate) struct TwoPhaseCommits {
     /// Handles of complete checkpoints whose commit failed: tried again
     /// with the next checkpoint.
     uncommitted: Vec<CommitEntry>,
+    /// The error of the last commit that failed, for the job's error when
+    /// commits are still owed at the end.
+    last_error: Option<String>,
 }
 
 /// The commits of one checkpoint: its own handles and those carried over.
@@ -157,6 +160,7 @@ impl TwoPhaseCommits {
             count_commit(&c.counters, started, result.is_ok());
             if let Err(e) = result {
                 tracing::warn!(sink = %entry.sink, handle = %entry.handle, error = %e, "commit failed; retried with the next checkpoint");
+                self.last_error = Some(e.to_string());
                 self.uncommitted.push(entry);
             }
         }
@@ -165,8 +169,8 @@ impl TwoPhaseCommits {
 
     /// After the final checkpoint: commits that failed with it are tried
     /// a few more times (there is no later checkpoint to carry them).
-    /// Returns the first still owed, and how many are.
-    pub(crate) async fn retry_leftovers(&mut self) -> Option<(CommitEntry, usize)> {
+    /// Returns the first still owed, how many are, and the last error.
+    pub(crate) async fn retry_leftovers(&mut self) -> Option<(CommitEntry, usize, String)> {
         let mut pause = Duration::from_millis(200);
         for attempt in 1..=5 {
             if self.uncommitted.is_empty() {
@@ -183,12 +187,14 @@ impl TwoPhaseCommits {
                     count_commit(&c.counters, started, result.is_ok());
                     if let Err(e) = result {
                         tracing::warn!(sink = %entry.sink, handle = %entry.handle, attempt, error = %e, "commit after the final checkpoint failed; trying again");
+                        self.last_error = Some(e.to_string());
                         self.uncommitted.push(entry);
                     }
                 }
             });
         }
-        self.uncommitted.first().cloned().map(|e| (e, self.uncommitted.len()))
+        let why = self.last_error.clone().unwrap_or_default();
+        self.uncommitted.first().cloned().map(|e| (e, self.uncommitted.len(), why))
     }
 }
 

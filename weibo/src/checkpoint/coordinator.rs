@@ -376,10 +376,10 @@ impl Coordinator {
     async fn commit_leftovers(&mut self, n: CheckpointId) -> Result<()> {
         match self.commits.retry_leftovers().await {
             None => Ok(()),
-            Some((entry, owed)) => Err(Error::Checkpoint {
+            Some((entry, owed, why)) => Err(Error::Checkpoint {
                 path: self.config.storage.locate(&checkpoint_name(n)),
                 message: format!(
-                    "the final checkpoint is complete, but sink `{}` could not commit `{}` (and {} more): the job's next start commits them",
+                    "the final checkpoint is complete, but sink `{}` could not commit `{}` (and {} more): the job's next start commits them; the last failure: {why}",
                     entry.sink,
                     entry.handle,
                     owed - 1

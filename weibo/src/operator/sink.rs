@@ -32,7 +32,7 @@ impl<T: Send + 'static> Consumer<T> for SinkOp<T> {
             return Ok(());
         }
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
-        self.writer.write(&mut crate::sinks::SinkBatch { batch })?;
+        self.writer.write(&mut crate::sinks::SinkBatch { batch, sources: &self.info.sources })?;
         batch.clear();
         Ok(())
     }

@@ -92,6 +92,7 @@ pub trait SinkWriter<T>: Send {
 /// Records handed to a [`SinkWriter`]: values with their metadata.
 pub struct SinkBatch<'a, T> {
     pub(crate) batch: &'a mut Batch<T>,
+    pub(crate) sources: &'a crate::record::SourceNames,
 }
 
 impl<T> fmt::Debug for SinkBatch<'_, T> {
@@ -119,6 +120,18 @@ impl<T> SinkBatch<'_, T> {
     /// The metadata (event time, source position) of each value.
     pub fn meta(&self) -> &[Meta] {
         &self.batch.meta
+    }
+
+    /// Where record `i` came from (its source's name, partition and
+    /// offset), for error messages and dead letters; `None` past the end.
+    pub fn position(&self, i: usize) -> Option<crate::record::SourcePosition> {
+        self.batch.meta.get(i).map(|m| self.sources.position(m))
+    }
+
+    /// The job's source names, by the index in [`Meta::source`]: what a
+    /// sink keeps to name a record's source after the batch is gone.
+    pub fn source_names(&self) -> &std::sync::Arc<[String]> {
+        &self.sources.0
     }
 
     /// Takes the values out, leaving the batch empty.

@@ -1,0 +1,523 @@
+//! Writes a stream into a PostgreSQL table: appended or upserted by key,
+//! at least once ([`weibo::Stream::sink`]) or exactly once
+//! ([`weibo::Stream::sink_exactly_once`]).
+//!
+//! Rows go in with binary `COPY`, a chunk at a time, never one `INSERT`
+//! per record. How each mode works:
+//!
+//! - **At least once**: each chunk is copied into a temporary table and
+//!   merged into the target (`INSERT … SELECT`, with `ON CONFLICT … DO
+//!   UPDATE` for an upsert) in one transaction. A barrier waits for every
+//!   chunk before it, so a checkpoint covers what it acknowledges; after a
+//!   crash the rows since the last checkpoint are written again (an upsert
+//!   makes that invisible, an append shows them twice).
+//! - **Exactly once**: each checkpoint epoch's chunks are copied into a
+//!   staging table of their own (`weibo_s<sink>_<instance>_<epoch>_<run>`,
+//!   a plain logged table: it survives the job and the database). The
+//!   barrier waits for them (the pre-commit). When the checkpoint is
+//!   complete, one transaction merges the staging table into the target,
+//!   drops it, and records `(sink, instance, run, epoch)` in
+//!   `weibo_sink_progress`; a commit retried after a crash finds that row
+//!   and does nothing. A restore drops the staging tables of epochs after
+//!   the restored checkpoint. The design notes say why staging tables and
+//!   not `PREPARE TRANSACTION`.
+//!
+//! Connections come from a `deadpool-postgres` pool on the sink's own
+//! small tokio runtime, so the sink works on any runtime the job runs on.
+//! Lost connections, a database that restarts, serialization failures and
+//! deadlocks are retried with exponential backoff and jitter (for up to 5
+//! minutes by default, [`PostgresSinkBuilder::retry_for`]). A row that
+//! Postgres refuses (a constraint, a value out of the column's range) goes
+//! to the sink's [`Rejected`] policy.
+
+mod copy;
+mod schema;
+mod txn;
+mod write;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio_postgres::types::{IsNull, ToSql, Type};
+use weibo::error::BoxError;
+use weibo::sinks::{Sink, SinkWriter};
+use weibo::{Error, Result};
+
+pub(crate) use schema::Checked;
+
+/// What the sink does with a row Postgres refuses (a unique, foreign-key,
+/// check or not-null constraint, a value the column cannot hold), or a
+/// value the sink cannot encode for its column.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Rejected {
+    /// Fail the job with an error naming the table, the record's source
+    /// position, the row and Postgres's error (the default). Under
+    /// exactly-once the failing commit is retried when the job restarts,
+    /// and fails again until the table or the data is fixed.
+    #[default]
+    Fail,
+    /// Write the row (as JSON text), its source position and Postgres's
+    /// error into this table, created if missing, in the same transaction
+    /// as the rows around it, and go on: under exactly-once each refused
+    /// row is recorded once. Its columns: `sink`, `instance`, `epoch`,
+    /// `source`, `partition`, `offset`, `row`, `error`, `rejected_at`.
+    DeadLetterTable(String),
+}
+
+/// Writes a record's value of one column in Postgres's binary form.
+type Encode<T> = Box<dyn Fn(&T, &Type, &mut BytesMut) -> std::result::Result<IsNull, BoxError> + Send + Sync>;
+
+/// One column of the mapping from a record to a row.
+pub(crate) struct Column<T> {
+    pub(crate) name: String,
+    /// The Rust type the mapping gives, for messages.
+    pub(crate) rust_type: &'static str,
+    /// Whether that type can be written to a Postgres type.
+    pub(crate) accepts: fn(&Type) -> bool,
+    pub(crate) encode: Encode<T>,
+    /// The value as text (its `Debug` form), for a refused row.
+    pub(crate) render: Box<dyn Fn(&T) -> String + Send + Sync>,
+}
+
+impl<T> Column<T> {
+    pub(crate) fn new<V, F>(name: impl Into<String>, f: F) -> Self
+    where
+        V: ToSql + 'static,
+        F: Fn(&T) -> V + Send + Sync + 'static,
+    {
+        let f = Arc::new(f);
+        let g = Arc::clone(&f);
+        Column {
+            name: name.into(),
+            rust_type: std::any::type_name::<V>(),
+            accepts: <V as ToSql>::accepts,
+            encode: Box::new(move |row, ty, out| f(row).to_sql_checked(ty, out)),
+            render: Box::new(move |row| format!("{:?}", g(row))),
+        }
+    }
+
+    fn by_ref<V, F>(name: impl Into<String>, f: F) -> Self
+    where
+        V: ToSql + 'static,
+        F: for<'a> Fn(&'a T) -> &'a V + Send + Sync + 'static,
+    {
+        let f = Arc::new(f);
+        let g = Arc::clone(&f);
+        Column {
+            name: name.into(),
+            rust_type: std::any::type_name::<V>(),
+            accepts: <V as ToSql>::accepts,
+            encode: Box::new(move |row, ty, out| f(row).to_sql_checked(ty, out)),
+            render: Box::new(move |row| format!("{:?}", g(row))),
+        }
+    }
+}
+
+/// A table name, as given and quoted.
+#[derive(Clone, Debug)]
+pub(crate) struct TableName {
+    /// The schema, when the name was qualified (`schema.table`).
+    pub(crate) schema: Option<String>,
+    pub(crate) name: String,
+}
+
+impl TableName {
+    fn parse(sink: &str, s: &str) -> Result<Self> {
+        let (schema, name) = match s.split_once('.') {
+            Some((schema, name)) => (Some(schema.to_string()), name.to_string()),
+            None => (None, s.to_string()),
+        };
+        if name.is_empty() || schema.as_deref().is_some_and(str::is_empty) || name.contains('.') {
+            return Err(Error::connector(sink, format!("`{s}` is not a table name (write `table` or `schema.table`)")));
+        }
+        Ok(TableName { schema, name })
+    }
+
+    /// The quoted, qualified name for SQL.
+    pub(crate) fn sql(&self) -> String {
+        self.qualify(&self.name)
+    }
+
+    /// Another table in the same schema, quoted.
+    pub(crate) fn qualify(&self, table: &str) -> String {
+        match &self.schema {
+            Some(s) => format!("{}.{}", quote(s), quote(table)),
+            None => quote(table),
+        }
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.schema {
+            Some(s) => write!(f, "{s}.{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+/// `s` as a quoted SQL identifier.
+pub(crate) fn quote(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// The sink's own runtime: dropped without waiting (a sink may be dropped
+/// inside the job's runtime, where a runtime cannot shut down blocking).
+struct Rt(Option<tokio::runtime::Runtime>);
+
+impl Drop for Rt {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Everything the sink's writers and committers share.
+pub(crate) struct Inner<T> {
+    pub(crate) name: String,
+    /// Names the sink's progress rows and staging tables.
+    pub(crate) id: String,
+    pub(crate) table: TableName,
+    pub(crate) columns: Vec<Column<T>>,
+    /// Indices of the upsert key's columns (empty: append).
+    pub(crate) keys: Vec<usize>,
+    pub(crate) rejected: Rejected,
+    pub(crate) chunk_rows: usize,
+    pub(crate) retry_for: Duration,
+    pub(crate) pool: deadpool_postgres::Pool,
+    rt: Rt,
+    /// The table's columns as checked when the first writer opened.
+    checked: Mutex<Option<Arc<Checked>>>,
+    /// The job's source names (from the writers' batches), for messages.
+    pub(crate) sources: Mutex<Arc<[String]>>,
+    /// Rows sent to the dead-letter table.
+    pub(crate) dead_lettered: AtomicU64,
+}
+
+impl<T> Inner<T> {
+    pub(crate) fn err(&self, message: impl Into<String>) -> Error {
+        Error::connector(&self.name, message)
+    }
+
+    pub(crate) fn err_caused(&self, message: impl Into<String>, e: impl Into<BoxError>) -> Error {
+        Error::connector_caused(&self.name, message, e)
+    }
+
+    /// Runs `f` on the sink's runtime and waits for it (off the job's
+    /// async threads where it can).
+    pub(crate) fn run<R: Send + 'static>(&self, f: impl Future<Output = R> + Send + 'static) -> Result<R> {
+        self.start(f).wait()
+    }
+
+    /// Starts `f` on the sink's runtime.
+    pub(crate) fn start<R: Send + 'static>(&self, f: impl Future<Output = R> + Send + 'static) -> Pending<R> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        if let Some(rt) = &self.rt.0 {
+            rt.spawn(async move {
+                let _ = tx.send(f.await);
+            });
+        }
+        Pending { rx, name: self.name.clone() }
+    }
+
+    pub(crate) fn source_names(&self) -> Arc<[String]> {
+        Arc::clone(&self.sources.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    pub(crate) fn remember_sources(&self, names: &Arc<[String]>) {
+        let mut s = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+        if !Arc::ptr_eq(&s, names) {
+            *s = Arc::clone(names);
+        }
+    }
+
+    /// "source `s` partition p offset o", for messages.
+    pub(crate) fn describe(&self, origin: copy::Origin) -> String {
+        let names = self.source_names();
+        let pos = weibo::record::SourcePosition {
+            source: usize::try_from(origin.source)
+                .ok()
+                .and_then(|i| names.get(i))
+                .cloned()
+                .unwrap_or_else(|| format!("#{}", origin.source)),
+            partition: origin.partition,
+            offset: origin.offset,
+        };
+        pos.to_string()
+    }
+}
+
+impl<T: Send + 'static> Inner<T> {
+    /// The table's columns, checked against the mapping (once per sink).
+    pub(crate) fn checked(self: &Arc<Self>) -> Result<Arc<Checked>> {
+        let mut slot = self.checked.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = slot.as_ref() {
+            return Ok(Arc::clone(c));
+        }
+        let me = Arc::clone(self);
+        let c = Arc::new(self.run(async move { schema::check(&me).await })??);
+        *slot = Some(Arc::clone(&c));
+        Ok(c)
+    }
+}
+
+/// A future running on the sink's runtime.
+pub(crate) struct Pending<R> {
+    rx: std::sync::mpsc::Receiver<R>,
+    name: String,
+}
+
+impl<R> Pending<R> {
+    /// Waits for it.
+    pub(crate) fn wait(self) -> Result<R> {
+        weibo::blocking(|| self.rx.recv())
+            .map_err(|_| Error::connector(&self.name, "the sink's connection task ended before it answered"))
+    }
+}
+
+/// Writes records into a PostgreSQL table; see the [module notes](self).
+///
+/// ```no_run
+/// use weibo_connectors::postgres::{PostgresSink, Rejected};
+///
+/// #[derive(Clone, Debug)]
+/// struct Total { account: String, cents: i64 }
+///
+/// # fn main() -> weibo::Result<()> {
+/// let sink = PostgresSink::<Total>::builder("host=127.0.0.1 user=app dbname=shop", "totals")
+///     .column_ref("account", |t: &Total| &t.account)
+///     .column("cents", |t: &Total| t.cents)
+///     .upsert_on(["account"])
+///     .on_rejected(Rejected::DeadLetterTable("totals_rejected".into()))
+///     .build()?;
+/// let job = weibo::Job::new("totals").with_checkpoints("/var/lib/totals", std::time::Duration::from_secs(5));
+/// # let totals = job.source(weibo::sources::IterSource::new(Vec::<Total>::new()));
+/// totals.sink_exactly_once(sink);
+/// # Ok(()) }
+/// ```
+pub struct PostgresSink<T> {
+    inner: Arc<Inner<T>>,
+}
+
+impl<T> Clone for PostgresSink<T> {
+    fn clone(&self) -> Self {
+        Self { inner: Arc::clone(&self.inner) }
+    }
+}
+
+impl<T> fmt::Debug for PostgresSink<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresSink")
+            .field("table", &self.inner.table.to_string())
+            .field("id", &self.inner.id)
+            .finish()
+    }
+}
+
+impl<T: Send + 'static> PostgresSink<T> {
+    /// A sink into `table` (`table` or `schema.table`) of the database at
+    /// `url` (`postgresql://user@host:port/db` or `host=… user=… dbname=…`;
+    /// plain TCP, no TLS).
+    pub fn builder(url: impl Into<String>, table: impl Into<String>) -> PostgresSinkBuilder<T> {
+        PostgresSinkBuilder {
+            url: url.into(),
+            table: table.into(),
+            id: None,
+            columns: Vec::new(),
+            keys: Vec::new(),
+            rejected: Rejected::Fail,
+            chunk_rows: 16_384,
+            retry_for: Duration::from_secs(300),
+            pool_size: 8,
+        }
+    }
+
+    /// How many rows went to the dead-letter table (in this process).
+    pub fn dead_lettered(&self) -> u64 {
+        self.inner.dead_lettered.load(Ordering::Relaxed)
+    }
+}
+
+/// Configures a [`PostgresSink`].
+pub struct PostgresSinkBuilder<T> {
+    url: String,
+    table: String,
+    id: Option<String>,
+    columns: Vec<Column<T>>,
+    keys: Vec<String>,
+    rejected: Rejected,
+    chunk_rows: usize,
+    retry_for: Duration,
+    pool_size: usize,
+}
+
+impl<T> fmt::Debug for PostgresSinkBuilder<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let columns: Vec<&str> = self.columns.iter().map(|c| c.name.as_str()).collect();
+        f.debug_struct("PostgresSinkBuilder").field("table", &self.table).field("columns", &columns).finish()
+    }
+}
+
+impl<T: Send + 'static> PostgresSinkBuilder<T> {
+    /// Maps column `name` to the value `f` computes from a record. `V` is
+    /// any type tokio-postgres writes (`bool`, `i16`, `i32`, `i64`, `f32`,
+    /// `f64`, `String`, `&str`, `Vec<u8>`, `std::time::SystemTime`,
+    /// `serde_json::Value`, `Vec<V>` for arrays, `Option<V>` for NULL);
+    /// whether it fits the column's type is checked when the job starts.
+    pub fn column<V, F>(mut self, name: impl Into<String>, f: F) -> Self
+    where
+        V: ToSql + 'static,
+        F: Fn(&T) -> V + Send + Sync + 'static,
+    {
+        self.columns.push(Column::new(name, f));
+        self
+    }
+
+    /// As [`PostgresSinkBuilder::column`], for a value borrowed from the
+    /// record (a `String` field, say), without a copy.
+    pub fn column_ref<V, F>(mut self, name: impl Into<String>, f: F) -> Self
+    where
+        V: ToSql + 'static,
+        F: for<'a> Fn(&'a T) -> &'a V + Send + Sync + 'static,
+    {
+        self.columns.push(Column::by_ref(name, f));
+        self
+    }
+
+    /// Upserts by these columns (`INSERT … ON CONFLICT (keys) DO UPDATE`)
+    /// instead of appending; the table needs a unique index or constraint
+    /// on exactly them. Within one epoch (or chunk, at least once) the last
+    /// record of a key wins. Key the stream by the same columns when the
+    /// sink runs in parallel, so that one instance writes each key.
+    pub fn upsert_on<I, S>(mut self, keys: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.keys = keys.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Names the sink's progress rows and staging tables (default: the
+    /// table's name). Give every job and sink writing to one database its
+    /// own id, and keep it across restarts.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// What to do with a row Postgres refuses (default [`Rejected::Fail`]).
+    pub fn on_rejected(mut self, policy: Rejected) -> Self {
+        self.rejected = policy;
+        self
+    }
+
+    /// Rows per `COPY` (default 16,384).
+    pub fn chunk_rows(mut self, rows: usize) -> Self {
+        self.chunk_rows = rows.max(1);
+        self
+    }
+
+    /// How long to keep retrying a database that cannot be reached or a
+    /// transaction that fails for a passing reason (default 5 minutes).
+    pub fn retry_for(mut self, limit: Duration) -> Self {
+        self.retry_for = limit;
+        self
+    }
+
+    /// The most connections the sink opens (default 8; each instance
+    /// uses one at a time, a commit another).
+    pub fn pool_size(mut self, connections: usize) -> Self {
+        self.pool_size = connections.max(1);
+        self
+    }
+
+    /// Checks the configuration (not yet the table: that happens when the
+    /// job starts, before any row is written).
+    ///
+    /// # Errors
+    /// [`Error::Connector`] for a URL that does not parse, a table name
+    /// that is not one, no columns, a column mapped twice, or an upsert key
+    /// that is not a mapped column.
+    pub fn build(self) -> Result<PostgresSink<T>> {
+        let name = format!("postgres {}", self.table);
+        let table = TableName::parse(&name, &self.table)?;
+        if self.columns.is_empty() {
+            return Err(Error::connector(&name, "no columns: map at least one with `.column(name, f)`"));
+        }
+        for (i, c) in self.columns.iter().enumerate() {
+            if self.columns.iter().take(i).any(|d| d.name == c.name) {
+                return Err(Error::connector(&name, format!("column `{}` is mapped twice", c.name)));
+            }
+        }
+        let mut keys = Vec::new();
+        for k in &self.keys {
+            match self.columns.iter().position(|c| &c.name == k) {
+                Some(i) if !keys.contains(&i) => keys.push(i),
+                Some(_) => return Err(Error::connector(&name, format!("upsert key column `{k}` is named twice"))),
+                None => {
+                    return Err(Error::connector(
+                        &name,
+                        format!("upsert key `{k}` is not a mapped column (map it with `.column(\"{k}\", …)`)"),
+                    ));
+                }
+            }
+        }
+        let pg: tokio_postgres::Config = self
+            .url
+            .parse()
+            .map_err(|e| Error::connector_caused(&name, "cannot read the connection string".to_string(), e))?;
+        let manager = deadpool_postgres::Manager::from_config(
+            pg,
+            tokio_postgres::NoTls,
+            deadpool_postgres::ManagerConfig { recycling_method: deadpool_postgres::RecyclingMethod::Fast },
+        );
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(self.pool_size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .create_timeout(Some(Duration::from_secs(10)))
+            .build()
+            .map_err(|e| Error::connector_caused(&name, "cannot create the connection pool".to_string(), e))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("weibo-postgres")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::connector_caused(&name, "cannot start the sink's runtime".to_string(), e))?;
+        let id = self.id.unwrap_or_else(|| table.to_string());
+        Ok(PostgresSink {
+            inner: Arc::new(Inner {
+                name,
+                id,
+                table,
+                columns: self.columns,
+                keys,
+                rejected: self.rejected,
+                chunk_rows: self.chunk_rows,
+                retry_for: self.retry_for,
+                pool,
+                rt: Rt(Some(rt)),
+                checked: Mutex::new(None),
+                sources: Mutex::new(Arc::from(Vec::new())),
+                dead_lettered: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
+    fn default_name(&self) -> String {
+        self.inner.name.clone()
+    }
+
+    fn open(&self, _instance: usize, _parallelism: usize) -> Result<Box<dyn SinkWriter<T>>> {
+        let checked = self.inner.checked()?;
+        Ok(Box::new(write::PlainWriter::new(Arc::clone(&self.inner), checked)))
+    }
+}
