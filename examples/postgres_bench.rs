@@ -119,7 +119,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    let base = median(&mut rates[0].clone());
+    let base = median(&mut rates.first().cloned().unwrap_or_default());
     println!("\n{rows} rows, medians of {reps}:");
     for (name, r) in names.iter().zip(rates.iter_mut()) {
         let (lo, hi) = (r.iter().copied().fold(f64::INFINITY, f64::min), r.iter().copied().fold(0.0, f64::max));

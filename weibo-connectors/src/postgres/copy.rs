@@ -1,15 +1,6 @@
-//! Rows in PostgreSQL's binary `COPY` format, with the sink's own columns
-//! in front of the user's.
-//!
-//! Every row the sink stages starts with five columns of its own:
-//!
-//! | column | type | what |
-//! | --- | --- | --- |
-//! | `weibo_seq` | `int8` | chunk number (high 32 bits) and row number in the chunk |
-//! | `weibo_src` | `int8` | the record's source index (high 32 bits) and partition |
-//! | `weibo_offset` | `int8` | the record's offset in its source partition |
-//! | `weibo_error` | `text` | why the sink could not encode the row (then every user column is NULL) |
-//! | `weibo_row` | `text` | the row's values as text, for such a row |
+//! Rows in PostgreSQL's binary `COPY` format: the mapped columns only, so
+//! that a chunk goes into the target table as it is; and where each row
+//! came from, beside it.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio_postgres::types::{IsNull, Type};
@@ -17,12 +8,7 @@ use tokio_postgres::types::{IsNull, Type};
 use super::Column;
 
 /// The binary `COPY` signature, flags and header extension length.
-const HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
-/// The sink's own columns in front of the user's (see the module notes).
-pub(crate) const META_COLUMNS: usize = 5;
-/// Their definitions, in that order.
-pub(crate) const META_DDL: &str =
-    "weibo_seq int8 NOT NULL, weibo_src int8 NOT NULL, weibo_offset int8 NOT NULL, weibo_error text, weibo_row text";
+pub(crate) const HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
 
 /// Where a row came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,15 +18,36 @@ pub(crate) struct Origin {
     pub(crate) offset: u64,
 }
 
-impl Origin {
-    pub(crate) fn packed_source(self) -> i64 {
-        (i64::from(self.source) << 32) | i64::from(self.partition)
+/// `origins` as 16 bytes each (source, partition, offset; big-endian).
+pub(crate) fn encode_origins(origins: &[Origin]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(origins.len() * 16);
+    for o in origins {
+        out.extend_from_slice(&o.source.to_be_bytes());
+        out.extend_from_slice(&o.partition.to_be_bytes());
+        out.extend_from_slice(&o.offset.to_be_bytes());
     }
+    out
+}
 
-    pub(crate) fn unpack(src: i64, offset: i64) -> Self {
-        let src = src as u64;
-        Origin { source: (src >> 32) as u32, partition: src as u32, offset: offset as u64 }
-    }
+/// The inverse of [`encode_origins`] (a trailing partial entry is dropped).
+pub(crate) fn decode_origins(bytes: &[u8]) -> Vec<Origin> {
+    bytes
+        .chunks_exact(16)
+        .map(|c| {
+            let (s, rest) = c.split_at(4);
+            let (p, o) = rest.split_at(4);
+            Origin {
+                source: u32::from_be_bytes(s.try_into().unwrap_or_default()),
+                partition: u32::from_be_bytes(p.try_into().unwrap_or_default()),
+                offset: u64::from_be_bytes(o.try_into().unwrap_or_default()),
+            }
+        })
+        .collect()
+}
+
+/// Whether Postgres stores values of `ty` as text, which cannot hold NUL.
+fn is_text(ty: &Type) -> bool {
+    [Type::TEXT, Type::VARCHAR, Type::BPCHAR, Type::NAME].contains(ty)
 }
 
 /// A chunk of rows being encoded: the bytes of a `COPY ... (FORMAT
@@ -66,83 +73,51 @@ impl RowBuffer {
         self.bytes.len()
     }
 
-    /// Appends `row` as row `seq` from `origin`. On an encoding error the
-    /// row is left out and the error returned (with the buffer as before).
-    pub(crate) fn push<T>(
-        &mut self,
-        columns: &[Column<T>],
-        types: &[Type],
-        row: &T,
-        seq: i64,
-        origin: Origin,
-    ) -> Result<(), String> {
+    /// Appends `row`. On an encoding error (or a text value with a NUL
+    /// byte, which Postgres refuses) the row is left out and the error
+    /// returned, with the buffer as before.
+    pub(crate) fn push<T>(&mut self, columns: &[Column<T>], types: &[Type], row: &T) -> Result<(), String> {
         let start = self.bytes.len();
-        let fields = i16::try_from(columns.len() + META_COLUMNS).map_err(|_| "too many columns".to_string())?;
+        let fields = i16::try_from(columns.len()).map_err(|_| "too many columns".to_string())?;
         self.bytes.put_i16(fields);
-        self.meta(seq, origin);
-        self.null();
-        self.null();
         for (c, ty) in columns.iter().zip(types) {
             let at = self.bytes.len();
             self.bytes.put_i32(0);
+            let fail = |buf: &mut BytesMut, why: String| {
+                buf.truncate(start);
+                Err(why)
+            };
             match (c.encode)(row, ty, &mut self.bytes) {
                 Ok(IsNull::No) => {
                     let len = self.bytes.len() - at - 4;
-                    let Ok(len) = i32::try_from(len) else {
-                        self.bytes.truncate(start);
-                        return Err(format!(
-                            "the value of column `{}` is {len} bytes, more than Postgres takes",
-                            c.name
-                        ));
+                    let Ok(len32) = i32::try_from(len) else {
+                        return fail(
+                            &mut self.bytes,
+                            format!("the value of column `{}` is {len} bytes, more than Postgres takes", c.name),
+                        );
                     };
+                    if is_text(ty) && self.bytes.get(at + 4..).is_some_and(|v| v.contains(&0)) {
+                        return fail(
+                            &mut self.bytes,
+                            format!(
+                                "the text of column `{}` holds a NUL byte (0x00), which Postgres does not store",
+                                c.name
+                            ),
+                        );
+                    }
                     if let Some(slot) = self.bytes.get_mut(at..at + 4) {
-                        slot.copy_from_slice(&len.to_be_bytes());
+                        slot.copy_from_slice(&len32.to_be_bytes());
                     }
                 }
                 Ok(IsNull::Yes) => {
                     self.bytes.truncate(at);
-                    self.null();
+                    self.bytes.put_i32(-1);
                 }
-                Err(e) => {
-                    self.bytes.truncate(start);
-                    return Err(format!("cannot encode column `{}` as `{ty}`: {e}", c.name));
-                }
+                Err(e) => return fail(&mut self.bytes, format!("cannot encode column `{}` as `{ty}`: {e}", c.name)),
             }
         }
         self.ends.push(self.bytes.len());
         Ok(())
-    }
-
-    /// Appends a row the sink could not encode: its origin, the error and
-    /// its values as text, every user column NULL.
-    pub(crate) fn push_refused(&mut self, columns: usize, seq: i64, origin: Origin, error: &str, row: &str) {
-        let fields = i16::try_from(columns + META_COLUMNS).unwrap_or(i16::MAX);
-        self.bytes.put_i16(fields);
-        self.meta(seq, origin);
-        self.text(error);
-        self.text(row);
-        for _ in 0..columns {
-            self.null();
-        }
-        self.ends.push(self.bytes.len());
-    }
-
-    fn meta(&mut self, seq: i64, origin: Origin) {
-        for v in [seq, origin.packed_source(), origin.offset as i64] {
-            self.bytes.put_i32(8);
-            self.bytes.put_i64(v);
-        }
-    }
-
-    fn null(&mut self) {
-        self.bytes.put_i32(-1);
-    }
-
-    fn text(&mut self, s: &str) {
-        // Postgres refuses NUL in text; the texts here are the sink's own.
-        let s = s.replace('\0', "\u{fffd}");
-        self.bytes.put_i32(i32::try_from(s.len()).unwrap_or(i32::MAX));
-        self.bytes.extend_from_slice(s.as_bytes());
     }
 
     /// The finished `COPY` body, leaving the buffer empty (and ready for
@@ -156,14 +131,48 @@ impl RowBuffer {
     }
 }
 
+/// Where each row of a binary `COPY` body ends; `None` when `body` is not
+/// one (a spooled chunk damaged outside the sink).
+pub(crate) fn row_ends(body: &[u8]) -> Option<Vec<usize>> {
+    let mut at = HEADER.len();
+    if body.get(..at)? != HEADER {
+        return None;
+    }
+    let mut ends = Vec::new();
+    loop {
+        let fields = i16::from_be_bytes(body.get(at..at + 2)?.try_into().ok()?);
+        at += 2;
+        if fields == -1 {
+            return (at == body.len()).then_some(ends);
+        }
+        for _ in 0..fields {
+            let len = i32::from_be_bytes(body.get(at..at + 4)?.try_into().ok()?);
+            at += 4;
+            if len > 0 {
+                at = at.checked_add(usize::try_from(len).ok()?)?;
+            }
+        }
+        if at > body.len() {
+            return None;
+        }
+        ends.push(at);
+    }
+}
+
 /// The `COPY` body holding row `i` of `body` alone (`ends` as
-/// [`RowBuffer::take`] returned them).
-pub(crate) fn single_row(body: &Bytes, ends: &[usize], i: usize) -> Option<Bytes> {
+/// [`RowBuffer::take`] or [`row_ends`] gave them), with `seq` as one more
+/// `int8` field at its end.
+pub(crate) fn single_row(body: &[u8], ends: &[usize], i: usize, seq: i64) -> Option<Bytes> {
     let start = if i == 0 { HEADER.len() } else { *ends.get(i - 1)? };
     let end = *ends.get(i)?;
-    let mut out = BytesMut::with_capacity(HEADER.len() + end - start + 2);
+    let row = body.get(start..end)?;
+    let fields = i16::from_be_bytes(row.get(..2)?.try_into().ok()?);
+    let mut out = BytesMut::with_capacity(HEADER.len() + row.len() + 16);
     out.extend_from_slice(HEADER);
-    out.extend_from_slice(body.get(start..end)?);
+    out.put_i16(fields.checked_add(1)?);
+    out.extend_from_slice(row.get(2..)?);
+    out.put_i32(8);
+    out.put_i64(seq);
     out.put_i16(-1);
     Some(out.freeze())
 }
@@ -181,24 +190,27 @@ mod tests {
     }
 
     #[test]
-    fn a_chunk_is_a_binary_copy_body() {
+    fn a_chunk_is_a_binary_copy_body_whose_rows_can_be_found_again() {
         let cols = columns();
         let types = [Type::INT8, Type::TEXT];
         let mut buf = RowBuffer::new();
-        let origin = Origin { source: 1, partition: 2, offset: 3 };
-        buf.push(&cols, &types, &(7, Some("x".into())), 9, origin).unwrap();
-        buf.push(&cols, &types, &(8, None), 10, origin).unwrap();
+        buf.push(&cols, &types, &(7, Some("x".into()))).unwrap();
+        buf.push(&cols, &types, &(8, None)).unwrap();
         let (body, ends) = buf.take();
         assert_eq!(ends.len(), 2);
         assert!(body.starts_with(HEADER));
         assert!(body.ends_with(&[0xff, 0xff]));
-        // One row: 2 (count) + 3 × 12 (meta) + 2 × 4 (NULL texts) + 12 (int8) + 5 (text "x").
-        assert_eq!(ends[0] - HEADER.len(), 2 + 36 + 8 + 12 + 5);
+        // One row: 2 (count) + 12 (int8) + 5 (text "x").
+        assert_eq!(ends[0] - HEADER.len(), 2 + 12 + 5);
         // The second row's text is NULL: a length of -1 and no bytes.
         assert_eq!(&body[ends[1] - 4..ends[1]], &(-1i32).to_be_bytes());
-        let one = single_row(&body, &ends, 1).unwrap();
-        assert_eq!(one.len(), HEADER.len() + ends[1] - ends[0] + 2);
-        assert_eq!(Origin::unpack(origin.packed_source(), 3), origin);
+        assert_eq!(row_ends(&body), Some(ends.clone()));
+        assert_eq!(row_ends(&body[..body.len() - 1]), None);
+        assert_eq!(row_ends(b"not a copy"), None);
+        let one = single_row(&body, &ends, 1, 42).unwrap();
+        assert_eq!(one.len(), HEADER.len() + ends[1] - ends[0] + 12 + 2);
+        assert_eq!(row_ends(&one).map(|e| e.len()), Some(1));
+        assert_eq!(&one[HEADER.len()..HEADER.len() + 2], &3i16.to_be_bytes());
     }
 
     #[test]
@@ -207,9 +219,18 @@ mod tests {
         let mut buf = RowBuffer::new();
         let before = buf.bytes();
         // `i64` does not encode as `int4`.
-        let err = buf.push(&cols, &[Type::INT4], &1, 0, Origin { source: 0, partition: 0, offset: 0 });
-        assert!(err.is_err());
+        assert!(buf.push(&cols, &[Type::INT4], &1).is_err());
+        let texts = vec![Column::new("t", |r: &String| r.clone())];
+        let err = buf.push(&texts, &[Type::TEXT], &"a\0b".to_string()).unwrap_err();
+        assert!(err.contains("NUL"), "{err}");
         assert_eq!(buf.bytes(), before);
         assert_eq!(buf.rows(), 0);
+    }
+
+    #[test]
+    fn origins_round_trip() {
+        let o =
+            vec![Origin { source: 1, partition: 2, offset: u64::MAX }, Origin { source: 0, partition: 9, offset: 3 }];
+        assert_eq!(decode_origins(&encode_origins(&o)), o);
     }
 }

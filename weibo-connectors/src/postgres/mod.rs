@@ -5,22 +5,22 @@
 //! Rows go in with binary `COPY`, a chunk at a time, never one `INSERT`
 //! per record. How each mode works:
 //!
-//! - **At least once**: each chunk is copied into a temporary table and
-//!   merged into the target (`INSERT … SELECT`, with `ON CONFLICT … DO
-//!   UPDATE` for an upsert) in one transaction. A barrier waits for every
-//!   chunk before it, so a checkpoint covers what it acknowledges; after a
-//!   crash the rows since the last checkpoint are written again (an upsert
-//!   makes that invisible, an append shows them twice).
-//! - **Exactly once**: each checkpoint epoch's chunks are copied into a
-//!   staging table of their own (`weibo_s<sink>_<instance>_<epoch>_<run>`,
-//!   a plain logged table: it survives the job and the database). The
-//!   barrier waits for them (the pre-commit). When the checkpoint is
-//!   complete, one transaction merges the staging table into the target,
-//!   drops it, and records `(sink, instance, run, epoch)` in
-//!   `weibo_sink_progress`; a commit retried after a crash finds that row
-//!   and does nothing. A restore drops the staging tables of epochs after
-//!   the restored checkpoint. The design notes say why staging tables and
-//!   not `PREPARE TRANSACTION`.
+//! - **At least once**: each chunk is applied to the target in a
+//!   transaction of its own: `COPY`'d straight in (append), or into a
+//!   temporary table merged with `INSERT … ON CONFLICT … DO UPDATE`
+//!   (upsert). A barrier waits for every chunk before it, so a checkpoint
+//!   covers what it acknowledges; after a crash the rows since the last
+//!   checkpoint are written again (an upsert makes that invisible, an
+//!   append shows them twice).
+//! - **Exactly once**: each checkpoint epoch's chunks are spooled into
+//!   Postgres (`weibo_sink_spool`: one row per chunk, its `COPY` body as
+//!   `bytea`, durable when the barrier's pre-commit returns). When the
+//!   checkpoint is complete, one transaction applies the epoch's chunks to
+//!   the target as above, deletes them from the spool, and records `(sink,
+//!   instance, run, epoch)` in `weibo_sink_progress`; a commit retried
+//!   after a crash finds that row and does nothing. A restore deletes the
+//!   spooled epochs after the restored checkpoint. The book's design notes
+//!   say why a spool and not `PREPARE TRANSACTION`.
 //!
 //! Connections come from a `deadpool-postgres` pool on the sink's own
 //! small tokio runtime, so the sink works on any runtime the job runs on.
@@ -197,6 +197,9 @@ pub(crate) struct Inner<T> {
     pub(crate) sources: Mutex<Arc<[String]>>,
     /// Rows sent to the dead-letter table.
     pub(crate) dead_lettered: AtomicU64,
+    /// The chunks this process spooled and has not committed yet, so that
+    /// their commit need not read them back (see [`txn::Cache`]).
+    pub(crate) cache: Mutex<txn::Cache>,
 }
 
 impl<T> Inner<T> {
@@ -506,6 +509,7 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
                 checked: Mutex::new(None),
                 sources: Mutex::new(Arc::from(Vec::new())),
                 dead_lettered: AtomicU64::new(0),
+                cache: Mutex::new(txn::Cache::default()),
             }),
         })
     }

@@ -3,7 +3,6 @@
 
 use tokio_postgres::types::Type;
 
-use super::copy::META_DDL;
 use super::write::{Attempt, Kind, kind, message};
 use super::{Inner, Rejected, quote};
 
@@ -11,14 +10,15 @@ use super::{Inner, Rejected, quote};
 pub(crate) struct Checked {
     /// Each mapped column's Postgres type, in mapping order.
     pub(crate) types: Vec<Type>,
-    /// The staging tables' columns: the sink's, then the mapped ones
-    /// with the target's types (no constraints: Postgres checks those in
-    /// the merge).
-    pub(crate) stage_ddl: String,
+    /// The mapped columns with the target's types, for a table the rows
+    /// go through (no constraints: Postgres checks those in the target).
+    pub(crate) rows_ddl: String,
+    /// The target, quoted.
+    pub(crate) target: String,
     /// `INSERT INTO <target> (<columns>)`.
     insert: String,
     /// The mapped columns, quoted and joined.
-    columns: String,
+    pub(crate) columns: String,
     /// The upsert key, quoted and joined (empty: append).
     keys: String,
     /// `ON CONFLICT …` (empty: append).
@@ -26,16 +26,22 @@ pub(crate) struct Checked {
 }
 
 impl Checked {
-    /// Merges the rows of `stage` (only the row `weibo_seq = $1` when
-    /// `one`) into the target: appended, or upserted with the last row of
-    /// each key winning.
-    pub(crate) fn merge_sql(&self, stage: &str, one: bool) -> String {
-        let only = if one { " AND weibo_seq = $1" } else { "" };
+    /// Whether the sink appends (or upserts).
+    pub(crate) fn is_append(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Merges the rows of `rows` (a table of the mapped columns and their
+    /// order, `weibo_seq`; only the row `weibo_seq = $1` when `one`) into
+    /// the target: appended, or upserted with the last row of each key
+    /// winning.
+    pub(crate) fn merge_sql(&self, rows: &str, one: bool) -> String {
+        let only = if one { " WHERE weibo_seq = $1" } else { "" };
         if self.keys.is_empty() {
-            format!("{} SELECT {} FROM {stage} WHERE weibo_error IS NULL{only}", self.insert, self.columns)
+            format!("{} SELECT {} FROM {rows}{only}", self.insert, self.columns)
         } else {
             format!(
-                "{} SELECT DISTINCT ON ({keys}) {} FROM {stage} WHERE weibo_error IS NULL{only} ORDER BY {keys}, weibo_seq DESC {}",
+                "{} SELECT DISTINCT ON ({keys}) {} FROM {rows}{only} ORDER BY {keys}, weibo_seq DESC {}",
                 self.insert,
                 self.columns,
                 self.conflict,
@@ -136,8 +142,11 @@ async fn check_once<T>(inner: &Inner<T>) -> Result<Checked, Attempt> {
         }
         types.push(ty);
     }
-    let stage_ddl = std::iter::once(META_DDL.to_string())
-        .chain(inner.columns.iter().zip(&mapped).map(|(c, a)| format!("{} {}", quote(&c.name), a.sql_type)))
+    let rows_ddl = inner
+        .columns
+        .iter()
+        .zip(&mapped)
+        .map(|(c, a)| format!("{} {}", quote(&c.name), a.sql_type))
         .collect::<Vec<_>>()
         .join(", ");
     let keys = inner.keys.iter().filter_map(|&i| inner.columns.get(i)).map(|c| quote(&c.name)).collect::<Vec<_>>();
@@ -155,7 +164,8 @@ async fn check_once<T>(inner: &Inner<T>) -> Result<Checked, Attempt> {
     };
     let checked = Checked {
         types,
-        stage_ddl,
+        rows_ddl,
+        target: table.clone(),
         insert: format!("INSERT INTO {table} ({columns})"),
         columns,
         keys: keys.join(", "),
@@ -165,8 +175,8 @@ async fn check_once<T>(inner: &Inner<T>) -> Result<Checked, Attempt> {
     // unique index on exactly its columns fails here (the planner picks
     // the arbiter index), not at the first commit.
     let probe = format!(
-        "BEGIN; CREATE TEMP TABLE weibo_probe ({}) ON COMMIT DROP; EXPLAIN {}; ROLLBACK",
-        checked.stage_ddl,
+        "BEGIN; CREATE TEMP TABLE weibo_probe ({}, weibo_seq int8) ON COMMIT DROP; EXPLAIN {}; ROLLBACK",
+        checked.rows_ddl,
         checked.merge_sql("weibo_probe", false)
     );
     if let Err(e) = client.batch_execute(&probe).await {
@@ -193,6 +203,23 @@ async fn check_once<T>(inner: &Inner<T>) -> Result<Checked, Attempt> {
         ),
     )
     .await?;
+    let spool = inner.table.qualify(super::txn::SPOOL);
+    create(
+        inner,
+        &client,
+        &format!(
+            "CREATE TABLE IF NOT EXISTS {spool} (sink text NOT NULL, instance int4 NOT NULL, run text NOT NULL, \
+             epoch int8 NOT NULL, chunk int4 NOT NULL, body bytea NOT NULL, origins bytea NOT NULL, refused text, \
+             PRIMARY KEY (sink, instance, run, epoch, chunk))"
+        ),
+    )
+    .await?;
+    // Chunks compress well (rows of one table side by side): LZ4 where the
+    // server has it (PostgreSQL 14 and later, built with it), which halves
+    // what the spool writes for a little of the server's time.
+    if client.batch_execute(&format!("ALTER TABLE {spool} ALTER COLUMN body SET COMPRESSION lz4")).await.is_err() {
+        tracing::debug!(sink = %inner.name, "the server has no LZ4: spooled chunks are compressed with pglz");
+    }
     if let Rejected::DeadLetterTable(dead) = &inner.rejected {
         create(
             inner,

@@ -1,23 +1,72 @@
-//! Exactly once: staging tables per epoch, merged at commit with a
-//! progress row in the same transaction.
+//! Exactly once: each epoch's chunks spooled into Postgres, applied to the
+//! target at commit in one transaction with a progress row.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 
 use weibo::Result;
 use weibo::checkpoint::SourcePositionEntry;
 use weibo::record::CheckpointId;
 use weibo::sinks::{SinkBatch, TransactionWriter, TwoPhaseCommitSink};
 
-use super::write::{Attempt, Collector, copy_rows, merge, retrying};
+use super::copy::{decode_origins, encode_origins};
+use super::write::{Attempt, Chunk, Collector, apply, refused_from_json, refused_to_json, retrying};
 use super::{Checked, Inner, Pending, PostgresSink};
 
 /// The table of committed epochs: a row `(sink, instance, run, epoch)`
 /// for each of the last [`KEEP_PROGRESS`] epochs of each instance and run.
 pub(crate) const PROGRESS: &str = "weibo_sink_progress";
+/// The table of pre-committed chunks: `(sink, instance, run, epoch,
+/// chunk) → (COPY body, origins, refused records)`.
+pub(crate) const SPOOL: &str = "weibo_sink_spool";
 /// How many epochs back a commit can be retried and still be recognised
 /// by its own progress row.
 const KEEP_PROGRESS: i64 = 1000;
+
+/// The most bytes of chunks [`Cache`] keeps; beyond, commits read the
+/// spool.
+const CACHE_BYTES: usize = 256 << 20;
+
+/// Chunks this process spooled, by `(instance, run, epoch)`, until their
+/// commit: a commit in the process that wrote them takes them from here
+/// instead of reading them back from the spool (which stays the source of
+/// truth after a restart).
+#[derive(Default)]
+pub(crate) struct Cache {
+    epochs: std::collections::HashMap<(usize, String, u64), Vec<Chunk>>,
+    bytes: usize,
+}
+
+impl Cache {
+    fn add(&mut self, key: (usize, String, u64), chunk: &Chunk) {
+        let size = chunk.body.len() + chunk.origins.len() * 16;
+        if self.bytes + size > CACHE_BYTES {
+            // Too much waits for commits: this epoch is read back instead.
+            if let Some(dropped) = self.epochs.remove(&key) {
+                self.bytes -= dropped.iter().map(|c| c.body.len() + c.origins.len() * 16).sum::<usize>();
+            }
+            return;
+        }
+        let chunks = self.epochs.entry(key).or_default();
+        if chunks.len() as u64 == u64::from(u32::MAX) {
+            return;
+        }
+        self.bytes += size;
+        chunks.push(chunk.clone());
+    }
+
+    /// The chunks of `key` when all `count` are here.
+    fn take(&mut self, key: &(usize, String, u64), count: u32) -> Option<Vec<Chunk>> {
+        let chunks = self.epochs.remove(key)?;
+        self.bytes -= chunks.iter().map(|c| c.body.len() + c.origins.len() * 16).sum::<usize>();
+        (chunks.len() == count as usize).then_some(chunks)
+    }
+
+    fn clear(&mut self) {
+        self.epochs.clear();
+        self.bytes = 0;
+    }
+}
 
 /// A pre-committed epoch: what its commit needs.
 #[derive(Debug, PartialEq, Eq)]
@@ -26,110 +75,66 @@ pub(crate) struct Handle {
     pub(crate) epoch: u64,
     /// The run that wrote it (a new token each time the job starts).
     pub(crate) run: String,
-    /// Whether it staged any row (an epoch without rows has no table).
-    pub(crate) rows: bool,
+    /// How many chunks it spooled.
+    pub(crate) chunks: u32,
 }
 
 impl Handle {
     pub(crate) fn encode(&self) -> String {
-        format!("pg1:{}:{}:{}:{}", self.instance, self.epoch, self.run, u8::from(self.rows))
+        format!("pg2:{}:{}:{}:{}", self.instance, self.epoch, self.run, self.chunks)
     }
 
     pub(crate) fn parse(h: &str) -> Option<Self> {
-        let mut parts = h.strip_prefix("pg1:")?.split(':');
+        let mut parts = h.strip_prefix("pg2:")?.split(':');
         let instance = parts.next()?.parse().ok()?;
         let epoch = parts.next()?.parse().ok()?;
         let run = parts.next()?.to_string();
-        let rows = match parts.next()? {
-            "0" => false,
-            "1" => true,
-            _ => return None,
-        };
+        let chunks = parts.next()?.parse().ok()?;
         if parts.next().is_some() || run.is_empty() || !run.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
-        Some(Handle { instance, epoch, run, rows })
+        Some(Handle { instance, epoch, run, chunks })
     }
 }
 
-/// FNV-1a of `s`, for short table names.
-fn fnv(s: &str) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in s.bytes() {
-        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
-    }
-    h
-}
-
-/// A fresh run token: 8 hex digits from the clock and the process id.
+/// A fresh run token: 8 hex digits from the clock and the process id
+/// (FNV-1a).
 fn run_token() -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    format!("{:08x}", fnv(&format!("{nanos}-{}", std::process::id())))
+    let mut h: u32 = 0x811c_9dc5;
+    for b in format!("{nanos}-{}", std::process::id()).bytes() {
+        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    format!("{h:08x}")
 }
 
 impl<T> Inner<T> {
-    /// The prefix of this sink's staging tables.
-    fn stage_prefix(&self) -> String {
-        format!("weibo_s{:08x}_", fnv(&self.id))
-    }
-
-    /// The staging table of one epoch of one instance and run (unquoted).
-    fn stage_name(&self, instance: usize, epoch: u64, run: &str) -> String {
-        format!("{}{instance}_{epoch}_{run}", self.stage_prefix())
-    }
-
-    /// This sink's staging tables: `(name, instance, epoch)`.
-    async fn stages(&self, client: &tokio_postgres::Client) -> std::result::Result<Vec<(String, usize, u64)>, Attempt> {
-        let prefix = self.stage_prefix();
-        let rows = client
-            .query(
-                "SELECT tablename::text FROM pg_tables WHERE schemaname = coalesce($1, current_schema()) \
-                 AND starts_with(tablename, $2)",
-                &[&self.table.schema, &prefix],
-            )
-            .await
-            .map_err(|e| self.attempt("list the staging tables", e))?;
-        Ok(rows
-            .iter()
-            .filter_map(|r| {
-                let name: String = r.get(0);
-                let mut parts = name.strip_prefix(&prefix)?.split('_');
-                let instance = parts.next()?.parse().ok()?;
-                let epoch = parts.next()?.parse().ok()?;
-                Some((name, instance, epoch))
-            })
-            .collect())
-    }
-
-    /// Drops the staging tables `keep` says no to; returns how many.
-    async fn drop_stages(&self, what: &str, keep: impl Fn(usize, u64) -> bool + Send) -> Result<u64> {
+    /// Deletes spooled chunks of this sink (`filter`: more conditions on
+    /// `instance` = $2 and `epoch` = $3); returns how many epochs.
+    async fn drop_spooled(&self, what: &str, filter: &str, instance: i32, epoch: i64) -> Result<u64> {
+        let spool = self.table.qualify(SPOOL);
+        let q = format!(
+            "WITH d AS (DELETE FROM {spool} WHERE sink = $1 AND {filter} RETURNING instance, run, epoch) \
+             SELECT count(DISTINCT (instance, run, epoch)) FROM d"
+        );
         retrying!(self, what, |_attempt| {
             let client = self.connect().await?;
-            let mut dropped = 0;
-            for (name, instance, epoch) in self.stages(&client).await? {
-                if !keep(instance, epoch) {
-                    client
-                        .batch_execute(&format!("DROP TABLE IF EXISTS {}", self.table.qualify(&name)))
-                        .await
-                        .map_err(|e| self.attempt(what, e))?;
-                    dropped += 1;
-                }
-            }
-            Ok(dropped)
+            let n: i64 =
+                client.query_one(&q, &[&self.id, &instance, &epoch]).await.map_err(|e| self.attempt(what, e))?.get(0);
+            Ok(u64::try_from(n).unwrap_or(0))
         })
     }
 
-    /// Commits handle `h`: merges its staging table into the target, drops
-    /// it and records the epoch, in one transaction; nothing when the
+    /// Commits handle `h`: applies its chunks to the target, deletes them
+    /// and records the epoch, in one transaction; nothing when the
     /// progress table says it is committed already. Epochs are recorded
     /// one by one (not as a high-water mark): a commit that failed is
     /// retried after later epochs of the same instance committed.
     async fn commit_handle(&self, checked: &Checked, h: &Handle) -> Result<u64> {
-        let stage = self.table.qualify(&self.stage_name(h.instance, h.epoch, &h.run));
         let instance =
             i32::try_from(h.instance).map_err(|_| self.err(format!("instance {} out of range", h.instance)))?;
         let epoch = i64::try_from(h.epoch).map_err(|_| self.err(format!("epoch {} out of range", h.epoch)))?;
-        let progress = self.table.qualify(PROGRESS);
+        let (progress, spool) = (self.table.qualify(PROGRESS), self.table.qualify(SPOOL));
         retrying!(self, "commit an epoch", |_attempt| {
             let mut client = self.connect().await?;
             let sql = |e| self.attempt("commit an epoch", e);
@@ -154,13 +159,31 @@ impl<T> Inner<T> {
                 return Ok(0);
             }
             let mut dead = 0;
-            if h.rows {
-                let exists: bool =
-                    tx.query_one("SELECT to_regclass($1) IS NOT NULL", &[&stage]).await.map_err(sql)?.get(0);
-                if exists {
-                    dead = merge(self, checked, &tx, &stage, instance, epoch).await?;
-                    tx.batch_execute(&format!("DROP TABLE {stage}")).await.map_err(sql)?;
-                } else {
+            let cached = self
+                .cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(&(h.instance, h.run.clone(), h.epoch), h.chunks);
+            if let Some(chunks) = cached.filter(|c| !c.is_empty()) {
+                dead = apply(self, checked, &tx, &chunks, instance, epoch).await?;
+                tx.execute(
+                    &format!("DELETE FROM {spool} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch = $4"),
+                    &[&self.id, &instance, &h.run, &epoch],
+                )
+                .await
+                .map_err(sql)?;
+            } else if h.chunks > 0 {
+                let rows = tx
+                    .query(
+                        &format!(
+                            "SELECT body, origins, refused FROM {spool} \
+                             WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch = $4 ORDER BY chunk"
+                        ),
+                        &[&self.id, &instance, &h.run, &epoch],
+                    )
+                    .await
+                    .map_err(sql)?;
+                if rows.len() != h.chunks as usize {
                     // Committed so long ago that its progress row is
                     // pruned (a handle of an old savepoint), or lost.
                     let oldest: Option<i64> = tx
@@ -173,17 +196,39 @@ impl<T> Inner<T> {
                         .await
                         .map_err(sql)?
                         .get(0);
-                    if oldest.is_some_and(|o| o > epoch) {
+                    if rows.is_empty() && oldest.is_some_and(|o| o > epoch) {
                         tracing::info!(sink = %self.name, instance, epoch, "epoch committed long ago (its progress row is pruned): nothing to do");
                         return Ok(0);
                     }
                     return Err(Attempt::Fail(self.err(format!(
-                        "cannot commit epoch {epoch} of instance {instance}: its staging table {stage} is gone and \
-                         `{progress}` does not record the epoch as committed (was the table dropped by hand, or \
-                         another job given the same sink id `{}`?)",
+                        "cannot commit epoch {epoch} of instance {instance}: `{spool}` holds {} of its {} chunks, and \
+                         `{progress}` does not record it as committed (were rows deleted by hand, or another job \
+                         given the same sink id `{}`?)",
+                        rows.len(),
+                        h.chunks,
                         self.id
                     ))));
                 }
+                let mut chunks = Vec::with_capacity(rows.len());
+                for r in &rows {
+                    let body: Vec<u8> = r.try_get(0).map_err(sql)?;
+                    let origins: Vec<u8> = r.try_get(1).map_err(sql)?;
+                    let refused: Option<String> = r.try_get(2).map_err(sql)?;
+                    let refused = match refused.as_deref() {
+                        None => Vec::new(),
+                        Some(text) => refused_from_json(text).ok_or_else(|| {
+                            Attempt::Fail(self.err(format!("a spooled chunk of epoch {epoch} is damaged")))
+                        })?,
+                    };
+                    chunks.push(Chunk { body: body.into(), origins: decode_origins(&origins), refused });
+                }
+                dead = apply(self, checked, &tx, &chunks, instance, epoch).await?;
+                tx.execute(
+                    &format!("DELETE FROM {spool} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch = $4"),
+                    &[&self.id, &instance, &h.run, &epoch],
+                )
+                .await
+                .map_err(sql)?;
             }
             tx.execute(
                 &format!("INSERT INTO {progress} (sink, instance, run, epoch) VALUES ($1, $2, $3, $4)"),
@@ -207,42 +252,32 @@ impl<T> Inner<T> {
     }
 }
 
-/// Stages one chunk of an epoch (creating the epoch's table with the
-/// first), in one transaction. A retry after an attempt whose outcome is
-/// unknown (the connection dropped around the commit) first looks whether
-/// the chunk is there.
-async fn stage_chunk<T>(
-    inner: &Inner<T>,
-    checked: &Checked,
-    stage: &str,
-    chunk: &super::write::Chunk<T>,
-) -> Result<()> {
-    let lo = i64::from(chunk.number) << 32;
-    let hi = (i64::from(chunk.number) + 1) << 32;
-    retrying!(inner, "stage rows", |attempt| {
-        let mut client = inner.connect().await?;
-        let sql = |e| inner.attempt("stage rows", e);
-        let tx = tokio_postgres::Client::transaction(&mut client).await.map_err(sql)?;
-        tx.batch_execute(&format!("CREATE TABLE IF NOT EXISTS {stage} ({})", checked.stage_ddl)).await.map_err(sql)?;
-        if attempt > 0 {
-            let there: bool = tx
-                .query_one(
-                    &format!("SELECT EXISTS (SELECT 1 FROM {stage} WHERE weibo_seq >= $1 AND weibo_seq < $2)"),
-                    &[&lo, &hi],
-                )
-                .await
-                .map_err(sql)?
-                .get(0);
-            if there {
-                return Ok(());
-            }
-        }
-        copy_rows(inner, &tx, stage, chunk).await?;
-        tx.commit().await.map_err(sql)
+/// Spools one chunk of an epoch. Idempotent: a retry after an attempt
+/// whose outcome is unknown (the connection dropped around the commit)
+/// finds the chunk there and adds nothing.
+async fn spool_chunk<T>(inner: &Inner<T>, key: (i32, &str, i64, i32), chunk: &Chunk) -> Result<()> {
+    let (instance, run, epoch, number) = key;
+    let spool = inner.table.qualify(SPOOL);
+    let origins = encode_origins(&chunk.origins);
+    let refused = (!chunk.refused.is_empty()).then(|| refused_to_json(&chunk.refused));
+    let body: &[u8] = &chunk.body;
+    retrying!(inner, "spool rows", |_attempt| {
+        let client = inner.connect().await?;
+        client
+            .execute(
+                &format!(
+                    "INSERT INTO {spool} (sink, instance, run, epoch, chunk, body, origins, refused) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING"
+                ),
+                &[&inner.id, &instance, &run, &epoch, &number, &body, &origins, &refused],
+            )
+            .await
+            .map_err(|e| inner.attempt("spool rows", e))?;
+        Ok(())
     })
 }
 
-/// Writes one instance's epochs into staging tables.
+/// Writes one instance's epochs into the spool.
 struct TxnWriter<T> {
     inner: Arc<Inner<T>>,
     checked: Arc<Checked>,
@@ -250,9 +285,9 @@ struct TxnWriter<T> {
     run: String,
     /// The epoch being written.
     epoch: u64,
-    rows: Collector<T>,
-    /// Whether the epoch has staged a chunk.
-    staged: bool,
+    rows: Collector,
+    /// How many chunks the epoch has spooled (or is spooling).
+    chunks: u32,
     in_flight: Option<Pending<Result<()>>>,
 }
 
@@ -270,19 +305,28 @@ impl<T: Send + 'static> TxnWriter<T> {
         }
         self.wait()?;
         let chunk = self.rows.take();
-        let stage = self.inner.table.qualify(&self.inner.stage_name(self.instance, self.epoch, &self.run));
-        let (inner, checked) = (Arc::clone(&self.inner), Arc::clone(&self.checked));
-        self.in_flight = Some(self.inner.start(async move { stage_chunk(&inner, &checked, &stage, &chunk).await }));
-        self.staged = true;
+        let inner = Arc::clone(&self.inner);
+        let instance = i32::try_from(self.instance).map_err(|_| inner.err("instance out of range"))?;
+        let epoch = i64::try_from(self.epoch).map_err(|_| inner.err("epoch out of range"))?;
+        let number = i32::try_from(self.chunks).map_err(|_| inner.err("too many chunks in one epoch"))?;
+        let run = self.run.clone();
+        self.inner
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .add((self.instance, run.clone(), self.epoch), &chunk);
+        self.in_flight =
+            Some(self.inner.start(async move { spool_chunk(&inner, (instance, &run, epoch, number), &chunk).await }));
+        self.chunks += 1;
         Ok(())
     }
 
-    /// Stages what is left of the epoch and waits for it: the epoch is
+    /// Spools what is left of the epoch and waits for it: the epoch is
     /// then durable in Postgres.
     fn seal(&mut self) -> Result<String> {
         self.ship()?;
         self.wait()?;
-        Ok(Handle { instance: self.instance, epoch: self.epoch, run: self.run.clone(), rows: self.staged }.encode())
+        Ok(Handle { instance: self.instance, epoch: self.epoch, run: self.run.clone(), chunks: self.chunks }.encode())
     }
 }
 
@@ -298,8 +342,7 @@ impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
     fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<String> {
         let handle = self.seal()?;
         self.epoch = checkpoint.next().get();
-        self.rows.chunk = 0;
-        self.staged = false;
+        self.chunks = 0;
         Ok(handle)
     }
 
@@ -316,14 +359,16 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for PostgresSink<T> {
     fn open(&self, instance: usize, _parallelism: usize, epoch: CheckpointId) -> Result<Box<dyn TransactionWriter<T>>> {
         let checked = self.inner.checked()?;
         if epoch == CheckpointId::FIRST {
-            // A fresh start: no checkpoint names any staged epoch of this
+            // A fresh start: no checkpoint names any spooled epoch of this
             // instance, so what an earlier run left is garbage.
             let me = Arc::clone(&self.inner);
+            let i = i32::try_from(instance).map_err(|_| self.inner.err("instance out of range"))?;
             let dropped = self.inner.run(async move {
-                me.drop_stages("drop an earlier run's staging tables", |i, _| i != instance).await
+                me.drop_spooled("drop an earlier run's spooled rows", "instance = $2 AND $3::int8 IS NOT NULL", i, 0)
+                    .await
             })??;
             if dropped > 0 {
-                tracing::info!(sink = %self.inner.name, instance, dropped, "dropped staging tables an earlier run left");
+                tracing::info!(sink = %self.inner.name, instance, dropped, "dropped the spooled epochs an earlier run left");
             }
         }
         Ok(Box::new(TxnWriter {
@@ -333,7 +378,7 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for PostgresSink<T> {
             run: run_token(),
             epoch: epoch.get(),
             rows: Collector::new(),
-            staged: false,
+            chunks: 0,
             in_flight: None,
         }))
     }
@@ -353,31 +398,44 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for PostgresSink<T> {
     }
 
     fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64> {
+        // Called before any writer opens: the check creates the spool.
+        self.inner.checked()?;
+        self.inner.cache.lock().unwrap_or_else(PoisonError::into_inner).clear();
         let me = Arc::clone(&self.inner);
-        let after = checkpoint.get();
+        let after = i64::try_from(checkpoint.get()).unwrap_or(i64::MAX);
         self.inner.run(async move {
-            me.drop_stages("drop staging tables after the restored checkpoint", |_, e| e <= after).await
+            me.drop_spooled(
+                "drop the spooled epochs after the restored checkpoint",
+                "$2::int4 IS NOT NULL AND epoch > $3",
+                0,
+                after,
+            )
+            .await
         })?
     }
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     #[test]
     fn handles_round_trip_and_strangers_are_refused() {
-        let h = Handle { instance: 3, epoch: 17, run: "00ab12cd".into(), rows: true };
+        let h = Handle { instance: 3, epoch: 17, run: "00ab12cd".into(), chunks: 4 };
         assert_eq!(Handle::parse(&h.encode()), Some(h));
-        for bad in ["", "pg1:", "pg1:1:2:zz:1", "pg1:1:2:ab:2", "pg1:1:2:ab:1:x", "part-0-1.jsonl", "pg1:a:2:ab:1"] {
+        for bad in [
+            "",
+            "pg2:",
+            "pg2:1:2:zz:1",
+            "pg2:1:2:ab:x",
+            "pg2:1:2:ab:1:x",
+            "part-0-1.jsonl",
+            "pg2:a:2:ab:1",
+            "pg1:1:2:ab:1",
+        ] {
             assert_eq!(Handle::parse(bad), None, "{bad}");
         }
-    }
-
-    #[test]
-    fn table_names_stay_within_postgres_limit() {
-        let name = format!("weibo_s{:08x}_{}_{}_{}", fnv("x"), usize::MAX, u64::MAX, run_token());
-        assert!(name.len() <= 63, "{name}");
+        assert_eq!(run_token().len(), 8);
     }
 }

@@ -1,6 +1,7 @@
-//! Getting rows into Postgres: retries, `COPY` with a row-by-row fallback
-//! for a chunk Postgres refuses, the merge into the target, and the
-//! at-least-once writer.
+//! Getting rows into Postgres: retries, applying chunks to the target
+//! (`COPY` straight in, or through a temporary table for an upsert, with a
+//! row-by-row fallback for rows Postgres refuses), and the at-least-once
+//! writer.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,8 +12,8 @@ use tokio_postgres::Transaction;
 use weibo::sinks::{SinkBatch, SinkWriter};
 use weibo::{Error, Result};
 
-use super::copy::{Origin, RowBuffer, single_row};
-use super::{Checked, Inner, Pending, Rejected, quote};
+use super::copy::{Origin, RowBuffer, row_ends, single_row};
+use super::{Checked, Inner, Pending, Rejected};
 
 /// Why one attempt failed.
 pub(crate) enum Attempt {
@@ -37,8 +38,16 @@ pub(crate) enum Kind {
 
 pub(crate) fn kind(e: &tokio_postgres::Error) -> Kind {
     let Some(code) = e.code() else {
-        // No SQLSTATE: the connection (I/O, closed, refused).
-        return Kind::Passing;
+        // No SQLSTATE: the connection (I/O, closed, refused, timed out)
+        // passes; the client's own errors (a parameter that does not
+        // convert, an answer it cannot read, authentication) do not.
+        // tokio-postgres does not expose its error kinds but by their text.
+        let text = e.to_string();
+        let passing = e.is_closed()
+            || ["error communicating with the server", "error connecting to server", "timeout waiting for server"]
+                .iter()
+                .any(|p| text.starts_with(p));
+        return if passing { Kind::Passing } else { Kind::Other };
     };
     let code = code.code();
     match code.get(..2) {
@@ -177,242 +186,323 @@ impl<'a, T> Backoff<'a, T> {
     }
 }
 
-/// One chunk of rows: the `COPY` body, where each row ends, and the
-/// records and origins behind them (to name and show a refused one).
-pub(crate) struct Chunk<T> {
-    pub(crate) number: u32,
+/// A record the sink could not encode for its columns, kept for the
+/// dead-letter table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Refused {
+    pub(crate) origin: Origin,
+    pub(crate) error: String,
+    /// Its values as text.
+    pub(crate) row: String,
+}
+
+/// `refused` as JSON text (what the spool keeps).
+pub(crate) fn refused_to_json(refused: &[Refused]) -> String {
+    let list: Vec<serde_json::Value> = refused
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "source": r.origin.source, "partition": r.origin.partition, "offset": r.origin.offset,
+                "error": r.error, "row": r.row,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(list).to_string()
+}
+
+/// The inverse of [`refused_to_json`].
+pub(crate) fn refused_from_json(text: &str) -> Option<Vec<Refused>> {
+    let list: Vec<serde_json::Value> = serde_json::from_str(text).ok()?;
+    list.iter()
+        .map(|v| {
+            Some(Refused {
+                origin: Origin {
+                    source: u32::try_from(v.get("source")?.as_u64()?).ok()?,
+                    partition: u32::try_from(v.get("partition")?.as_u64()?).ok()?,
+                    offset: v.get("offset")?.as_u64()?,
+                },
+                error: v.get("error")?.as_str()?.to_string(),
+                row: v.get("row")?.as_str()?.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// One chunk of rows: the `COPY` body of the mapped columns, where each
+/// row came from, and the records the sink could not encode.
+#[derive(Clone, Debug)]
+pub(crate) struct Chunk {
     pub(crate) body: Bytes,
-    pub(crate) ends: Vec<usize>,
-    /// Behind a lock only so that the chunk can be shared while a future
-    /// writes it (`T` need not be `Sync`).
-    pub(crate) rows: std::sync::Mutex<Vec<T>>,
     pub(crate) origins: Vec<Origin>,
+    pub(crate) refused: Vec<Refused>,
 }
 
-impl<T> Chunk<T> {
-    /// Row `i`'s values as text.
-    pub(crate) fn render(&self, inner: &Inner<T>, i: usize) -> String {
-        let rows = self.rows.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        rows.get(i).map_or_else(String::new, |r| inner.render(r))
-    }
+/// Rows being collected into chunks.
+pub(crate) struct Collector {
+    buf: RowBuffer,
+    origins: Vec<Origin>,
+    refused: Vec<Refused>,
 }
 
-/// Rows being collected into chunks, with their records and origins.
-pub(crate) struct Collector<T> {
-    pub(crate) buf: RowBuffer,
-    pub(crate) rows: Vec<T>,
-    pub(crate) origins: Vec<Origin>,
-    /// The next chunk's number (from 0 in each epoch).
-    pub(crate) chunk: u32,
-}
-
-impl<T> Collector<T> {
+impl Collector {
     pub(crate) fn new() -> Self {
-        Self { buf: RowBuffer::new(), rows: Vec::new(), origins: Vec::new(), chunk: 0 }
+        Self { buf: RowBuffer::new(), origins: Vec::new(), refused: Vec::new() }
     }
 
     /// Encodes `batch`'s records. A record the sink cannot encode for its
-    /// column fails the job under [`Rejected::Fail`] and is kept as a
-    /// refused row (its text and the error) for the dead-letter table
-    /// otherwise.
-    pub(crate) fn add(&mut self, inner: &Inner<T>, checked: &Checked, batch: &mut SinkBatch<'_, T>) -> Result<()> {
+    /// column fails the job under [`Rejected::Fail`] and is kept for the
+    /// dead-letter table otherwise.
+    pub(crate) fn add<T>(&mut self, inner: &Inner<T>, checked: &Checked, batch: &mut SinkBatch<'_, T>) -> Result<()> {
         inner.remember_sources(batch.source_names());
-        let start = self.origins.len();
-        self.origins.extend(batch.meta().iter().map(|m| Origin {
-            source: m.source,
-            partition: m.partition,
-            offset: m.offset,
-        }));
-        for (i, v) in batch.drain().enumerate() {
-            let origin = self.origins.get(start + i).copied().unwrap_or(Origin { source: 0, partition: 0, offset: 0 });
-            let seq = (i64::from(self.chunk) << 32) | i64::try_from(self.rows.len()).unwrap_or(i64::MAX);
-            if let Err(why) = self.buf.push(&inner.columns, &checked.types, &v, seq, origin) {
-                let row = inner.render(&v);
-                if inner.rejected == Rejected::Fail {
-                    self.origins.truncate(start);
-                    return Err(inner.refused(origin, &row, &why));
+        let origins: Vec<Origin> = batch
+            .meta()
+            .iter()
+            .map(|m| Origin { source: m.source, partition: m.partition, offset: m.offset })
+            .collect();
+        for (v, origin) in batch.drain().zip(origins) {
+            match self.buf.push(&inner.columns, &checked.types, &v) {
+                Ok(()) => self.origins.push(origin),
+                Err(error) => {
+                    let row = inner.render(&v);
+                    if inner.rejected == Rejected::Fail {
+                        return Err(inner.refused(origin, &row, &error));
+                    }
+                    self.refused.push(Refused { origin, error, row });
                 }
-                self.buf.push_refused(inner.columns.len(), seq, origin, &why, &row);
             }
-            self.rows.push(v);
         }
         Ok(())
     }
 
-    pub(crate) fn full(&self, inner: &Inner<T>) -> bool {
-        self.buf.rows() >= inner.chunk_rows || self.buf.bytes() >= 8 << 20
+    pub(crate) fn full<T>(&self, inner: &Inner<T>) -> bool {
+        self.buf.rows() + self.refused.len() >= inner.chunk_rows || self.buf.bytes() >= 8 << 20
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.buf.rows() == 0
+        self.buf.rows() == 0 && self.refused.is_empty()
     }
 
     /// The rows so far as a chunk, leaving the collector empty.
-    pub(crate) fn take(&mut self) -> Chunk<T> {
-        let (body, ends) = self.buf.take();
-        let number = self.chunk;
-        self.chunk += 1;
-        Chunk {
-            number,
-            body,
-            ends,
-            rows: std::sync::Mutex::new(std::mem::take(&mut self.rows)),
-            origins: std::mem::take(&mut self.origins),
-        }
+    pub(crate) fn take(&mut self) -> Chunk {
+        let (body, _) = self.buf.take();
+        Chunk { body, origins: std::mem::take(&mut self.origins), refused: std::mem::take(&mut self.refused) }
     }
 }
 
-/// `COPY`s `body` into `table`.
+/// `COPY`s `body` into `table` (`columns`: the column list).
 pub(crate) async fn copy_in(
     tx: &Transaction<'_>,
     table: &str,
+    columns: &str,
     body: Bytes,
 ) -> std::result::Result<u64, tokio_postgres::Error> {
-    let sink = tx.copy_in::<_, Bytes>(&format!("COPY {table} FROM STDIN (FORMAT binary)")).await?;
+    let sink = tx.copy_in::<_, Bytes>(&format!("COPY {table} ({columns}) FROM STDIN (FORMAT binary)")).await?;
     futures_util::pin_mut!(sink);
     sink.send(body).await?;
     sink.finish().await
 }
 
-/// Copies `chunk` into `stage` within `tx`. When Postgres refuses the
-/// chunk for its data, copies it row by row instead, each under a
-/// savepoint: a refused row fails (under [`Rejected::Fail`]) or goes into
-/// the stage as a refused row, for the dead-letter table.
-pub(crate) async fn copy_rows<T>(
+/// The temporary table the rows of an upsert (or of chunks Postgres
+/// refused) go through, with their order.
+const ROWS: &str = "weibo_rows";
+
+/// Applies `chunks` (in order) to the target within `tx`; returns how
+/// many rows went to the dead-letter table. An append `COPY`s each chunk
+/// straight into the target; an upsert loads them into a temporary table
+/// and merges it, the last row of each key winning. When Postgres refuses
+/// rows for their data, the chunks go in row by row, each under a
+/// savepoint, and the refused rows to the [`Rejected`] policy.
+pub(crate) async fn apply<T>(
     inner: &Inner<T>,
+    checked: &Checked,
     tx: &Transaction<'_>,
-    stage: &str,
-    chunk: &Chunk<T>,
-) -> std::result::Result<(), Attempt> {
-    let sql = |e| inner.attempt("copy rows", e);
-    tx.batch_execute("SAVEPOINT weibo_copy").await.map_err(sql)?;
-    match copy_in(tx, stage, chunk.body.clone()).await {
-        Ok(_) => return tx.batch_execute("RELEASE SAVEPOINT weibo_copy").await.map_err(sql),
-        Err(e) if kind(&e) == Kind::Data => {
-            tracing::info!(sink = %inner.name, error = %message(&e), "a chunk was refused: copying it row by row");
-            tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_copy").await.map_err(sql)?;
+    chunks: &[Chunk],
+    instance: i32,
+    epoch: i64,
+) -> std::result::Result<u64, Attempt> {
+    let sql = |e| inner.attempt("write rows into the table", e);
+    let mut slow = false;
+    if checked.is_append() {
+        tx.batch_execute("SAVEPOINT weibo_apply").await.map_err(sql)?;
+        for c in chunks.iter().filter(|c| !c.origins.is_empty()) {
+            match copy_in(tx, &checked.target, &checked.columns, c.body.clone()).await {
+                Ok(_) => {}
+                Err(e) if kind(&e) == Kind::Data => {
+                    tracing::info!(sink = %inner.name, error = %message(&e), "rows refused: writing them one by one");
+                    slow = true;
+                    break;
+                }
+                Err(e) => return Err(sql(e)),
+            }
         }
-        Err(e) => return Err(sql(e)),
+        let end = if slow { "ROLLBACK TO SAVEPOINT weibo_apply" } else { "RELEASE SAVEPOINT weibo_apply" };
+        tx.batch_execute(end).await.map_err(sql)?;
     }
-    for (i, origin) in chunk.origins.iter().enumerate() {
-        let Some(one) = single_row(&chunk.body, &chunk.ends, i) else { continue };
+    let mut dead = 0;
+    if slow || !checked.is_append() {
+        let (origins, refused) = load(inner, checked, tx, chunks).await?;
+        dead += refuse(inner, tx, &refused, instance, epoch).await?;
+        if !slow {
+            tx.batch_execute("SAVEPOINT weibo_apply").await.map_err(sql)?;
+            match tx.batch_execute(&checked.merge_sql(ROWS, false)).await {
+                Ok(()) => tx.batch_execute("RELEASE SAVEPOINT weibo_apply").await.map_err(sql)?,
+                Err(e) if kind(&e) == Kind::Data => {
+                    tracing::info!(sink = %inner.name, error = %message(&e), "rows refused: merging them one by one");
+                    tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_apply").await.map_err(sql)?;
+                    slow = true;
+                }
+                Err(e) => return Err(sql(e)),
+            }
+        }
+        if slow {
+            dead += one_by_one(inner, checked, tx, &origins, instance, epoch).await?;
+        }
+    }
+    let encoded: Vec<Refused> = chunks.iter().flat_map(|c| c.refused.iter().cloned()).collect();
+    dead += refuse(inner, tx, &encoded, instance, epoch).await?;
+    Ok(dead)
+}
+
+/// Loads `chunks` into the temporary table, numbering the rows in order
+/// (`weibo_seq` from 1); returns each number's origin (`origins[seq - 1]`,
+/// `None` for a row Postgres could not read) and the rows it could not
+/// read. A chunk Postgres refuses as a whole goes in row by row.
+async fn load<T>(
+    inner: &Inner<T>,
+    checked: &Checked,
+    tx: &Transaction<'_>,
+    chunks: &[Chunk],
+) -> std::result::Result<(Vec<Option<Origin>>, Vec<Refused>), Attempt> {
+    let sql = |e| inner.attempt("load rows", e);
+    tx.batch_execute(&format!(
+        "DROP TABLE IF EXISTS pg_temp.{ROWS}; \
+         CREATE TEMP TABLE {ROWS} ({}, weibo_seq int8 GENERATED BY DEFAULT AS IDENTITY) ON COMMIT DROP",
+        checked.rows_ddl
+    ))
+    .await
+    .map_err(sql)?;
+    let columns = format!("{}, weibo_seq", checked.columns);
+    let mut origins: Vec<Option<Origin>> = Vec::new();
+    let mut refused = Vec::new();
+    for c in chunks.iter().filter(|c| !c.origins.is_empty()) {
+        let ends = row_ends(&c.body).ok_or_else(|| Attempt::Fail(inner.err("a spooled chunk is not a COPY body")))?;
+        // Fast: the chunk as it is, numbered by the identity column from
+        // where the rows so far end.
+        tx.batch_execute("SAVEPOINT weibo_load").await.map_err(sql)?;
+        let next = i64::try_from(origins.len() + 1).unwrap_or(i64::MAX);
+        tx.execute(
+            &format!("SELECT setval(pg_get_serial_sequence('pg_temp.{ROWS}', 'weibo_seq'), $1, false)"),
+            &[&next],
+        )
+        .await
+        .map_err(sql)?;
+        match copy_in(tx, ROWS, &checked.columns, c.body.clone()).await {
+            Ok(_) => {
+                tx.batch_execute("RELEASE SAVEPOINT weibo_load").await.map_err(sql)?;
+                origins.extend(c.origins.iter().copied().map(Some));
+                continue;
+            }
+            Err(e) if kind(&e) == Kind::Data => {
+                tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_load").await.map_err(sql)?;
+            }
+            Err(e) => return Err(sql(e)),
+        }
+        for (i, origin) in c.origins.iter().enumerate() {
+            let seq = i64::try_from(origins.len() + 1).unwrap_or(i64::MAX);
+            let Some(one) = single_row(&c.body, &ends, i, seq) else { continue };
+            tx.batch_execute("SAVEPOINT weibo_row").await.map_err(sql)?;
+            match copy_in(tx, ROWS, &columns, one).await {
+                Ok(_) => {
+                    tx.batch_execute("RELEASE SAVEPOINT weibo_row").await.map_err(sql)?;
+                    origins.push(Some(*origin));
+                }
+                Err(e) if kind(&e) == Kind::Data => {
+                    tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_row").await.map_err(sql)?;
+                    origins.push(None);
+                    refused.push(Refused {
+                        origin: *origin,
+                        error: message(&e),
+                        row: "(not shown: Postgres cannot read it)".into(),
+                    });
+                }
+                Err(e) => return Err(sql(e)),
+            }
+        }
+    }
+    Ok((origins, refused))
+}
+
+/// Writes the loaded rows into the target one by one, each under a
+/// savepoint; a row Postgres refuses goes to the [`Rejected`] policy.
+async fn one_by_one<T>(
+    inner: &Inner<T>,
+    checked: &Checked,
+    tx: &Transaction<'_>,
+    origins: &[Option<Origin>],
+    instance: i32,
+    epoch: i64,
+) -> std::result::Result<u64, Attempt> {
+    let sql = |e| inner.attempt("write rows into the table", e);
+    tx.batch_execute(&format!("CREATE INDEX ON {ROWS} (weibo_seq)")).await.map_err(sql)?;
+    let one = tx.prepare(&checked.merge_sql(ROWS, true)).await.map_err(sql)?;
+    let show = tx
+        .prepare(&format!("SELECT (to_jsonb(r) - 'weibo_seq')::text FROM {ROWS} r WHERE weibo_seq = $1"))
+        .await
+        .map_err(sql)?;
+    let mut refused = Vec::new();
+    for (i, origin) in origins.iter().enumerate() {
+        let Some(origin) = origin else { continue };
+        let seq = i64::try_from(i + 1).unwrap_or(i64::MAX);
         tx.batch_execute("SAVEPOINT weibo_row").await.map_err(sql)?;
-        match copy_in(tx, stage, one).await {
+        match tx.execute(&one, &[&seq]).await {
             Ok(_) => tx.batch_execute("RELEASE SAVEPOINT weibo_row").await.map_err(sql)?,
             Err(e) if kind(&e) == Kind::Data => {
                 tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_row").await.map_err(sql)?;
-                let text = chunk.render(inner, i);
-                let why = message(&e);
+                let row: String = tx.query_one(&show, &[&seq]).await.map_err(sql)?.try_get(0).unwrap_or_default();
+                let r = Refused { origin: *origin, error: message(&e), row };
                 if inner.rejected == Rejected::Fail {
-                    return Err(Attempt::Fail(inner.refused(*origin, &text, &why)));
+                    return Err(Attempt::Fail(inner.refused(r.origin, &r.row, &r.error)));
                 }
-                let seq = (i64::from(chunk.number) << 32) | i64::try_from(i).unwrap_or(i64::MAX);
-                let mut refused = RowBuffer::new();
-                refused.push_refused(inner.columns.len(), seq, *origin, &why, &text);
-                copy_in(tx, stage, refused.take().0).await.map_err(sql)?;
+                refused.push(r);
             }
             Err(e) => return Err(sql(e)),
         }
     }
-    Ok(())
+    refuse(inner, tx, &refused, instance, epoch).await
 }
 
-/// Merges `stage` into the target within `tx`; returns how many rows went
-/// to the dead-letter table. When Postgres refuses the merge for its data,
-/// merges row by row, each under a savepoint, and sends the refused ones
-/// to the [`Rejected`] policy.
-pub(crate) async fn merge<T>(
+/// Sends refused rows to the [`Rejected`] policy: the dead-letter table,
+/// within `tx`, or the job's failure.
+async fn refuse<T>(
     inner: &Inner<T>,
-    checked: &Checked,
     tx: &Transaction<'_>,
-    stage: &str,
+    refused: &[Refused],
     instance: i32,
     epoch: i64,
 ) -> std::result::Result<u64, Attempt> {
-    let sql = |e| inner.attempt("merge rows into the table", e);
-    let mut dead = 0;
-    tx.batch_execute("SAVEPOINT weibo_merge").await.map_err(sql)?;
-    match tx.batch_execute(&checked.merge_sql(stage, false)).await {
-        Ok(()) => tx.batch_execute("RELEASE SAVEPOINT weibo_merge").await.map_err(sql)?,
-        Err(e) if kind(&e) == Kind::Data => {
-            tracing::info!(sink = %inner.name, error = %message(&e), "the merge was refused: merging row by row");
-            tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_merge").await.map_err(sql)?;
-            tx.batch_execute(&format!("CREATE INDEX ON {stage} (weibo_seq)")).await.map_err(sql)?;
-            let one = tx.prepare(&checked.merge_sql(stage, true)).await.map_err(sql)?;
-            let rows = tx
-                .query(
-                    &format!(
-                        "SELECT weibo_seq, weibo_src, weibo_offset, (to_jsonb(s) - ARRAY['weibo_seq', 'weibo_src', \
-                         'weibo_offset', 'weibo_error', 'weibo_row'])::text FROM {stage} s WHERE weibo_error IS NULL \
-                         ORDER BY weibo_seq"
-                    ),
-                    &[],
-                )
-                .await
-                .map_err(sql)?;
-            for r in rows {
-                let (seq, src, offset, text): (i64, i64, i64, String) = (
-                    r.try_get(0).unwrap_or(0),
-                    r.try_get(1).unwrap_or(0),
-                    r.try_get(2).unwrap_or(0),
-                    r.try_get(3).unwrap_or_default(),
-                );
-                tx.batch_execute("SAVEPOINT weibo_row").await.map_err(sql)?;
-                match tx.execute(&one, &[&seq]).await {
-                    Ok(_) => tx.batch_execute("RELEASE SAVEPOINT weibo_row").await.map_err(sql)?,
-                    Err(e) if kind(&e) == Kind::Data => {
-                        tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_row").await.map_err(sql)?;
-                        let origin = Origin::unpack(src, offset);
-                        let why = message(&e);
-                        let Rejected::DeadLetterTable(table) = &inner.rejected else {
-                            return Err(Attempt::Fail(inner.refused(origin, &text, &why)));
-                        };
-                        let source = inner.describe_source(origin);
-                        tx.execute(
-                            &format!(
-                                "INSERT INTO {} (sink, instance, epoch, source, partition, \"offset\", row, error) \
-                                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                                inner.table.qualify(table)
-                            ),
-                            &[
-                                &inner.id,
-                                &instance,
-                                &epoch,
-                                &source,
-                                &i64::from(origin.partition),
-                                &offset,
-                                &text,
-                                &why,
-                            ],
-                        )
-                        .await
-                        .map_err(sql)?;
-                        dead += 1;
-                    }
-                    Err(e) => return Err(sql(e)),
-                }
-            }
-        }
-        Err(e) => return Err(sql(e)),
+    let Some(first) = refused.first() else { return Ok(0) };
+    let Rejected::DeadLetterTable(table) = &inner.rejected else {
+        return Err(Attempt::Fail(inner.refused(first.origin, &first.row, &first.error)));
+    };
+    let insert = tx
+        .prepare(&format!(
+            "INSERT INTO {} (sink, instance, epoch, source, partition, \"offset\", row, error) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            inner.table.qualify(table)
+        ))
+        .await
+        .map_err(|e| inner.attempt("write to the dead-letter table", e))?;
+    for r in refused {
+        let source = inner.describe_source(r.origin);
+        let offset = i64::try_from(r.origin.offset).unwrap_or(i64::MAX);
+        tx.execute(
+            &insert,
+            &[&inner.id, &instance, &epoch, &source, &i64::from(r.origin.partition), &offset, &r.row, &r.error],
+        )
+        .await
+        .map_err(|e| inner.attempt("write to the dead-letter table", e))?;
     }
-    if let Rejected::DeadLetterTable(table) = &inner.rejected {
-        let names: Vec<String> = inner.source_names().to_vec();
-        let n = tx
-            .execute(
-                &format!(
-                    "INSERT INTO {} (sink, instance, epoch, source, partition, \"offset\", row, error) \
-                     SELECT $1, $2, $3, coalesce(($4::text[])[(weibo_src >> 32)::int + 1], '#' || (weibo_src >> 32)), \
-                     weibo_src & 4294967295, weibo_offset, weibo_row, weibo_error FROM {stage} \
-                     WHERE weibo_error IS NOT NULL ORDER BY weibo_seq",
-                    inner.table.qualify(table)
-                ),
-                &[&inner.id, &instance, &epoch, &names],
-            )
-            .await
-            .map_err(sql)?;
-        dead += n;
-    }
-    Ok(dead)
+    Ok(refused.len() as u64)
 }
 
 impl<T> Inner<T> {
@@ -427,13 +517,13 @@ impl<T> Inner<T> {
     }
 }
 
-/// At least once: each chunk is copied into a temporary table and merged
-/// into the target in one transaction, one chunk in flight while the next
-/// is encoded; flushes and barriers wait for every chunk.
+/// At least once: each chunk is applied to the target in a transaction of
+/// its own, one chunk in flight while the next is encoded; flushes and
+/// barriers wait for every chunk.
 pub(crate) struct PlainWriter<T> {
     inner: Arc<Inner<T>>,
     checked: Arc<Checked>,
-    rows: Collector<T>,
+    rows: Collector,
     in_flight: Option<Pending<Result<u64>>>,
 }
 
@@ -456,25 +546,20 @@ impl<T: Send + 'static> PlainWriter<T> {
         }
         self.wait()?;
         let chunk = self.rows.take();
-        self.rows.chunk = 0;
         let (inner, checked) = (Arc::clone(&self.inner), Arc::clone(&self.checked));
-        self.in_flight = Some(self.inner.start(async move { write_chunk(&inner, &checked, &chunk).await }));
+        self.in_flight = Some(self.inner.start(async move { write_chunk(&inner, &checked, chunk).await }));
         Ok(())
     }
 }
 
-/// One at-least-once chunk: temporary table, `COPY`, merge, commit.
-async fn write_chunk<T>(inner: &Inner<T>, checked: &Checked, chunk: &Chunk<T>) -> Result<u64> {
+/// One at-least-once chunk, in its own transaction.
+async fn write_chunk<T>(inner: &Inner<T>, checked: &Checked, chunk: Chunk) -> Result<u64> {
+    let chunks = [chunk];
     retrying!(inner, "write rows", |_attempt| {
         let mut client = inner.connect().await?;
         let sql = |e| inner.attempt("write rows", e);
         let tx = tokio_postgres::Client::transaction(&mut client).await.map_err(sql)?;
-        let stage = quote("weibo_chunk");
-        tx.batch_execute(&format!("CREATE TEMP TABLE {stage} ({}) ON COMMIT DROP", checked.stage_ddl))
-            .await
-            .map_err(sql)?;
-        copy_rows(inner, &tx, &stage, chunk).await?;
-        let dead = merge(inner, checked, &tx, &stage, -1, 0).await?;
+        let dead = apply(inner, checked, &tx, &chunks, -1, 0).await?;
         tx.commit().await.map_err(sql)?;
         Ok(dead)
     })
@@ -492,5 +577,31 @@ impl<T: Send + 'static> SinkWriter<T> for PlainWriter<T> {
     fn flush(&mut self) -> Result<()> {
         self.ship()?;
         self.wait()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_records_round_trip_through_the_spool_text() {
+        let refused = vec![
+            Refused {
+                origin: Origin { source: 1, partition: 2, offset: u64::MAX },
+                error: "e \"1\"".into(),
+                row: "{a: 1}".into(),
+            },
+            Refused {
+                origin: Origin { source: 0, partition: 0, offset: 0 },
+                error: String::new(),
+                row: "naïve\n".into(),
+            },
+        ];
+        assert_eq!(refused_from_json(&refused_to_json(&refused)), Some(refused));
+        assert_eq!(refused_from_json("[]"), Some(Vec::new()));
+        assert_eq!(refused_from_json("[{\"source\": 1}]"), None);
+        assert_eq!(refused_from_json("not json"), None);
     }
 }
