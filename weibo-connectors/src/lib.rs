@@ -6,6 +6,8 @@
 //!   and [`kafka::TxnKafkaSink`] (exactly once), on rdkafka.
 //! - `postgres`: [`postgres::PostgresSink`] (append or upsert, at least
 //!   once or exactly once), on deadpool-postgres.
+//! - `http`: [`http::HttpSink`] (batches of JSON to an endpoint, at least
+//!   once with idempotency keys), on reqwest.
 //!
 //! The built-in connectors that need no service (in-memory values,
 //! generator, files, stdout, blackhole) are in `weibo::sources` and
@@ -18,3 +20,9 @@ pub mod kafka;
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
+
+#[cfg(feature = "http")]
+pub mod http;
+
+#[cfg(any(feature = "postgres", feature = "http"))]
+mod runtime;

@@ -47,6 +47,8 @@ use weibo::error::BoxError;
 use weibo::sinks::{Sink, SinkWriter};
 use weibo::{Error, Result};
 
+pub(crate) use crate::runtime::Pending;
+use crate::runtime::SinkRuntime;
 pub(crate) use schema::Checked;
 
 /// What the sink does with a row Postgres refuses (a unique, foreign-key,
@@ -165,18 +167,6 @@ pub(crate) fn quote(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }
 
-/// The sink's own runtime: dropped without waiting (a sink may be dropped
-/// inside the job's runtime, where a runtime cannot shut down blocking).
-struct Rt(Option<tokio::runtime::Runtime>);
-
-impl Drop for Rt {
-    fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
 /// Everything the sink's writers and committers share.
 pub(crate) struct Inner<T> {
     pub(crate) name: String,
@@ -190,7 +180,7 @@ pub(crate) struct Inner<T> {
     pub(crate) chunk_rows: usize,
     pub(crate) retry_for: Duration,
     pub(crate) pool: deadpool_postgres::Pool,
-    rt: Rt,
+    rt: SinkRuntime,
     /// The table's columns as checked when the first writer opened.
     checked: Mutex<Option<Arc<Checked>>>,
     /// The job's source names (from the writers' batches), for messages.
@@ -214,18 +204,12 @@ impl<T> Inner<T> {
     /// Runs `f` on the sink's runtime and waits for it (off the job's
     /// async threads where it can).
     pub(crate) fn run<R: Send + 'static>(&self, f: impl Future<Output = R> + Send + 'static) -> Result<R> {
-        self.start(f).wait()
+        self.rt.run(f)
     }
 
     /// Starts `f` on the sink's runtime.
     pub(crate) fn start<R: Send + 'static>(&self, f: impl Future<Output = R> + Send + 'static) -> Pending<R> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        if let Some(rt) = &self.rt.0 {
-            rt.spawn(async move {
-                let _ = tx.send(f.await);
-            });
-        }
-        Pending { rx, name: self.name.clone() }
+        self.rt.start(f)
     }
 
     pub(crate) fn source_names(&self) -> Arc<[String]> {
@@ -266,20 +250,6 @@ impl<T: Send + 'static> Inner<T> {
         let c = Arc::new(self.run(async move { schema::check(&me).await })??);
         *slot = Some(Arc::clone(&c));
         Ok(c)
-    }
-}
-
-/// A future running on the sink's runtime.
-pub(crate) struct Pending<R> {
-    rx: std::sync::mpsc::Receiver<R>,
-    name: String,
-}
-
-impl<R> Pending<R> {
-    /// Waits for it.
-    pub(crate) fn wait(self) -> Result<R> {
-        weibo::blocking(|| self.rx.recv())
-            .map_err(|_| Error::connector(&self.name, "the sink's connection task ended before it answered"))
     }
 }
 
@@ -487,12 +457,7 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
             .create_timeout(Some(Duration::from_secs(10)))
             .build()
             .map_err(|e| Error::connector_caused(&name, "cannot create the connection pool".to_string(), e))?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("weibo-postgres")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::connector_caused(&name, "cannot start the sink's runtime".to_string(), e))?;
+        let rt = SinkRuntime::new(&name, "weibo-postgres")?;
         let id = self.id.unwrap_or_else(|| table.to_string());
         Ok(PostgresSink {
             inner: Arc::new(Inner {
@@ -505,7 +470,7 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
                 chunk_rows: self.chunk_rows,
                 retry_for: self.retry_for,
                 pool,
-                rt: Rt(Some(rt)),
+                rt,
                 checked: Mutex::new(None),
                 sources: Mutex::new(Arc::from(Vec::new())),
                 dead_lettered: AtomicU64::new(0),

@@ -38,6 +38,43 @@ pub trait Sink<T>: Send + Sync + 'static {
     /// # Errors
     /// [`Error::Io`] or [`Error::Connector`] when the sink cannot be opened.
     fn open(&self, instance: usize, parallelism: usize) -> Result<Box<dyn SinkWriter<T>>>;
+
+    /// Opens a writer knowing more of where it runs (the job, the sink's
+    /// id, the first checkpoint epoch); what the job calls. The default
+    /// calls [`Sink::open`].
+    ///
+    /// # Errors
+    /// As [`Sink::open`].
+    fn open_in(&self, context: &SinkContext) -> Result<Box<dyn SinkWriter<T>>> {
+        self.open(context.instance, context.parallelism)
+    }
+}
+
+/// Where a sink writer runs: what [`Sink::open_in`] gets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SinkContext {
+    /// The job's name.
+    pub job: String,
+    /// The sink's stable id in the job (its uid, or else its name).
+    pub sink: String,
+    /// This writer's instance, of `parallelism`.
+    pub instance: usize,
+    /// How many writers the sink has.
+    pub parallelism: usize,
+    /// The checkpoint epoch the writer starts in: one after the
+    /// checkpoint the job restored, or [`CheckpointId::FIRST`]. Barrier
+    /// `n` ends epoch `n`.
+    pub epoch: CheckpointId,
+}
+
+impl SinkContext {
+    /// The context of writer `instance` of `parallelism` of sink `sink` in
+    /// job `job`, in the first epoch (for a sink that opens another sink's
+    /// writer, or for tests).
+    pub fn new(job: impl Into<String>, sink: impl Into<String>, instance: usize, parallelism: usize) -> Self {
+        Self { job: job.into(), sink: sink.into(), instance, parallelism, epoch: CheckpointId::FIRST }
+    }
 }
 
 /// Writes one instance's records.
@@ -139,6 +176,26 @@ impl<T> SinkBatch<'_, T> {
         self.batch.meta.clear();
         self.batch.values.drain(..)
     }
+}
+
+/// Hands `values`, with their metadata, to `writer` as one batch (the job's
+/// source names, for [`SinkBatch::position`], in `sources`): for a sink
+/// that passes records on to another sink's writer, its dead letters say.
+///
+/// # Errors
+/// As the writer's [`SinkWriter::write`]; [`Error::Internal`] when
+/// `values` and `meta` differ in length.
+pub fn write_batch<T>(
+    writer: &mut dyn SinkWriter<T>,
+    values: Vec<T>,
+    meta: Vec<Meta>,
+    sources: &Arc<[String]>,
+) -> Result<()> {
+    if values.len() != meta.len() {
+        return Err(Error::Internal(format!("{} values with {} metadata", values.len(), meta.len())));
+    }
+    let names = crate::record::SourceNames(Arc::clone(sources));
+    writer.write(&mut SinkBatch { batch: &mut Batch { values, meta }, sources: &names })
 }
 
 /// Prints each record's `Debug` form on its own line of standard output.

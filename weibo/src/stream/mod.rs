@@ -735,7 +735,14 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let sink = Arc::new(sink);
         let factory = chain_factory(move |ctx, _outs| {
             let info = ctx.info.clone();
-            let writer = sink.open(ctx.instance, ctx.parallelism)?;
+            let context = crate::sinks::SinkContext {
+                job: ctx.job.to_string(),
+                sink: info.id.to_string(),
+                instance: ctx.instance,
+                parallelism: ctx.parallelism,
+                epoch: ctx.restored.map_or(CheckpointId::FIRST, CheckpointId::next),
+            };
+            let writer = sink.open_in(&context)?;
             Ok(erase::<T>(Box::new(crate::operator::SinkOp::new(info, writer, false))))
         });
         let node = self.add(Node {

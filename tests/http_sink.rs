@@ -1,0 +1,316 @@
+//! The HTTP sink against a local server that fails on purpose: 5xx, 429
+//! with `Retry-After`, answers slower than the client's timeout (after
+//! taking the batch), dropped connections, and a 400 for one record. Every
+//! record must arrive at least once and, deduplicated by the idempotency
+//! key, exactly once; the refused record must be dead-lettered (or fail
+//! the job, naming it). A job restored twice from one savepoint must send
+//! the same keys for the same records.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use weibo::sinks::CollectSink;
+use weibo::sources::Generator;
+use weibo::{DeadLetter, Job};
+use weibo_connectors::http::{BodyFormat, HttpSink, Refused};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Event {
+    id: u64,
+    name: String,
+}
+
+const POISON: u64 = 4242;
+
+fn event(i: u64) -> Event {
+    Event { id: i, name: format!("event {i} — ünïcode") }
+}
+
+/// How the server misbehaves, by the number of the request (from 0).
+#[derive(Clone, Copy)]
+struct Faults {
+    /// Misbehave at all.
+    on: bool,
+}
+
+#[derive(Default)]
+struct Seen {
+    requests: u64,
+    /// Every accepted body's record ids, by idempotency key.
+    by_key: BTreeMap<String, Vec<u64>>,
+    /// How many times a key's body was accepted (repeats included).
+    accepted: HashMap<String, u32>,
+    /// When each key was last answered 429, and when it came again.
+    throttled: HashMap<String, (Instant, Option<Instant>)>,
+    /// Keys that arrived with another body than the first time.
+    conflicts: Vec<String>,
+    content_types: BTreeSet<String>,
+}
+
+struct Server {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Seen>>,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn start(faults: Faults) -> Server {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let state = Arc::clone(&seen);
+    rt.spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            let state = Arc::clone(&state);
+            tokio::spawn(async move { serve(stream, state, faults).await });
+        }
+    });
+    Server { addr, seen, _rt: rt }
+}
+
+/// One connection: requests until the client closes it or the server
+/// drops it on purpose.
+async fn serve(stream: tokio::net::TcpStream, seen: Arc<Mutex<Seen>>, faults: Faults) {
+    let (read, mut write) = stream.into_split();
+    let mut read = BufReader::new(read);
+    loop {
+        let mut line = String::new();
+        if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+            return;
+        }
+        let mut headers = HashMap::new();
+        loop {
+            let mut h = String::new();
+            read.read_line(&mut h).await.unwrap();
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+            }
+        }
+        let length: usize = headers.get("content-length").map_or(0, |v| v.parse().unwrap());
+        let mut body = vec![0; length];
+        read.read_exact(&mut body).await.unwrap();
+        let key = headers.get("idempotency-key").cloned().unwrap_or_default();
+        let n = {
+            let mut s = seen.lock().unwrap();
+            s.requests += 1;
+            s.content_types.insert(headers.get("content-type").cloned().unwrap_or_default());
+            if let Some((_, again)) = s.throttled.get_mut(&key) {
+                again.get_or_insert_with(Instant::now);
+            }
+            s.requests - 1
+        };
+        let ids: Vec<u64> = serde_json::from_slice::<Vec<Event>>(&body).unwrap().iter().map(|e| e.id).collect();
+        let respond = |status: &str, extra: &str, text: &str| {
+            format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\n{extra}\r\n{text}", text.len())
+        };
+        if faults.on && n % 11 == 4 {
+            // Drop the connection without an answer.
+            return;
+        }
+        let answer = if ids.contains(&POISON) {
+            respond("400 Bad Request", "", &format!("bad record {POISON}"))
+        } else if faults.on && n % 7 == 1 {
+            respond("503 Service Unavailable", "", "boom")
+        } else if faults.on && n % 7 == 3 && n < 40 {
+            seen.lock().unwrap().throttled.insert(key.clone(), (Instant::now(), None));
+            respond("429 Too Many Requests", "retry-after: 1\r\n", "slow down")
+        } else {
+            {
+                let mut s = seen.lock().unwrap();
+                let first = s.by_key.entry(key.clone()).or_insert_with(|| ids.clone()).clone();
+                if first != ids {
+                    s.conflicts.push(key.clone());
+                }
+                *s.accepted.entry(key.clone()).or_insert(0) += 1;
+            }
+            if faults.on && n % 7 == 5 {
+                // Taken, but answered after the client gave up.
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+            }
+            respond("200 OK", "", "ok")
+        };
+        if write.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn sink(server: &Server, refused: Refused<Event>) -> HttpSink<Event> {
+    HttpSink::builder(format!("http://{}/events", server.addr))
+        .batch_records(97)
+        .concurrency(4)
+        .timeout(Duration::from_millis(500))
+        .linger(Duration::from_secs(60))
+        .on_refused(refused)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn through_failures_every_record_arrives_and_the_keys_make_it_exactly_once() {
+    let n = 6_000;
+    let server = start(Faults { on: true });
+    let dead = CollectSink::<DeadLetter<Event>>::new();
+    let job = Job::new("http");
+    job.source(Generator::new(n, event).with_partitions(2))
+        .name("events")
+        .sink(sink(&server, Refused::DeadLetter(Box::new(dead.clone()))));
+    weibo::testing::block_on(job.run()).unwrap();
+
+    let s = server.seen.lock().unwrap();
+    assert!(s.conflicts.is_empty(), "keys sent again with other records: {:?}", s.conflicts);
+    let mut once: Vec<u64> = s.by_key.values().flatten().copied().collect();
+    once.sort_unstable();
+    let expected: Vec<u64> = (0..n).filter(|i| *i != POISON).collect();
+    assert_eq!(once, expected, "deduplicated by key, every record but the refused one exactly once");
+    let repeats: u32 = s.accepted.values().map(|c| c - 1).sum();
+    assert!(repeats > 0, "some batches were taken twice (answered too late) and the keys caught it");
+    // Retry-After: 1 was honoured.
+    assert!(!s.throttled.is_empty());
+    for (key, (at, again)) in &s.throttled {
+        let again = again.unwrap_or_else(|| panic!("{key} never came again after its 429"));
+        assert!(again.duration_since(*at) >= Duration::from_millis(950), "{key} came back after {:?}", again - *at);
+    }
+    assert_eq!(s.content_types, BTreeSet::from(["application/json".to_string()]));
+
+    let letters = dead.values();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].record, event(POISON));
+    assert!(letters[0].error.contains("HTTP 400 Bad Request: bad record 4242"), "{}", letters[0].error);
+    assert_eq!(letters[0].position.source, "events");
+    assert_eq!(letters[0].position.offset, POISON);
+    // The refused batch was split until the record was alone: its key ends
+    // in halves.
+    assert!(s.by_key.keys().any(|k| k.ends_with(".0") || k.ends_with(".1")));
+}
+
+#[test]
+fn a_refused_record_fails_the_job_naming_it_without_a_dead_letter_sink() {
+    let server = start(Faults { on: false });
+    let job = Job::new("http-strict");
+    job.source(Generator::new(5_000, event)).name("events").sink(sink(&server, Refused::Fail));
+    let err = weibo::testing::block_on(job.run()).expect_err("the 400 fails the job").to_string();
+    assert!(
+        err.contains("the endpoint refused the record from source `events` partition 0 offset 4242: HTTP 400 Bad Request: bad record 4242"),
+        "{err}"
+    );
+}
+
+#[test]
+fn json_lines_go_out_as_such() {
+    let raw = start_raw();
+    let job = Job::new("http-lines");
+    job.source(Generator::new(300, event)).sink(
+        HttpSink::builder(format!("http://{}/events", raw.0))
+            .format(BodyFormat::JsonLines)
+            .batch_records(1_000)
+            .build()
+            .unwrap(),
+    );
+    weibo::testing::block_on(job.run()).unwrap();
+    let bodies = raw.1.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 1);
+    let (content_type, body) = &bodies[0];
+    assert_eq!(content_type, "application/x-ndjson");
+    let lines: Vec<Event> = body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines, (0..300).map(event).collect::<Vec<_>>());
+}
+
+/// A server that answers 200 to anything, keeping each request's content
+/// type and body.
+type Bodies = Arc<Mutex<Vec<(String, String)>>>;
+
+fn start_raw() -> (SocketAddr, Bodies, tokio::runtime::Runtime) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let bodies: Bodies = Arc::default();
+    let keep = Arc::clone(&bodies);
+    rt.spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            let keep = Arc::clone(&keep);
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut read = BufReader::new(read);
+                loop {
+                    let mut line = String::new();
+                    if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let (mut length, mut content_type) = (0usize, String::new());
+                    loop {
+                        let mut h = String::new();
+                        read.read_line(&mut h).await.unwrap();
+                        let h = h.trim_end().to_string();
+                        if h.is_empty() {
+                            break;
+                        }
+                        let (k, v) = h.split_once(':').unwrap();
+                        match k.to_ascii_lowercase().as_str() {
+                            "content-length" => length = v.trim().parse().unwrap(),
+                            "content-type" => content_type = v.trim().to_string(),
+                            _ => {}
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    read.read_exact(&mut body).await.unwrap();
+                    keep.lock().unwrap().push((content_type, String::from_utf8(body).unwrap()));
+                    if write.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, bodies, rt)
+}
+
+#[test]
+fn a_job_restored_twice_from_one_savepoint_sends_the_same_keys_for_the_same_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 200_000;
+    let first = start(Faults { on: false });
+    let job = Job::new("http-restore").with_checkpoints(dir.path(), Duration::from_secs(3600));
+    // Odd ids: no poison among them.
+    let odd = |i: u64| event(2 * i + 1);
+    job.source(Generator::new(n, odd).with_rate(20_000.0)).name("events").sink(sink(&first, Refused::Fail)).name("out");
+    let savepoint = weibo_tests::savepoint_midway(job, Duration::from_millis(700));
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let server = start(Faults { on: false });
+        let job = Job::new("http-restore").restore_from(&savepoint);
+        job.source(Generator::new(n, odd)).name("events").sink(sink(&server, Refused::Fail)).name("out");
+        weibo::testing::block_on(job.run()).unwrap();
+        let by_key = server.seen.lock().unwrap().by_key.clone();
+        runs.push(by_key);
+    }
+    assert!(runs[0].len() > 100, "{} requests", runs[0].len());
+    assert_eq!(runs[0].len(), runs[1].len());
+    for ((k0, v0), (k1, v1)) in runs[0].iter().zip(&runs[1]) {
+        assert_eq!((k0, v0), (k1, v1), "the same records under the same keys");
+    }
+    assert!(runs[0].keys().all(|k| k.starts_with("http-restore/out/0/")), "{:?}", runs[0].keys().next());
+    let first_run = first.seen.lock().unwrap().by_key.clone();
+    let resumed: u64 = runs[0].values().flatten().copied().min().unwrap();
+    assert!(resumed > 1, "the restored job started after the savepoint's position");
+    // What the first run sent after its savepoint, before it stopped, went
+    // under the same keys as the restored runs' for the same records (an
+    // endpoint drops those repeats): never another batch under one of them.
+    for (key, ids) in &first_run {
+        if let Some(again) = runs[0].get(key) {
+            assert!(again == ids, "{key}: other records than the first run's");
+        }
+    }
+}
