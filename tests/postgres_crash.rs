@@ -1,7 +1,8 @@
 //! Crash tests of the exactly-once Postgres sink against a real server: a
 //! child process runs three pipelines into three tables (every event
-//! appended, a running sum per key upserted, tumbling-window counts
-//! appended), is killed with SIGKILL at random moments and restarted until
+//! appended, the table refusing every 500th into a dead-letter table; a
+//! running sum per key upserted; tumbling-window counts appended), is
+//! killed with SIGKILL at random moments and restarted until
 //! it finishes, and the tables must equal those of a run that never
 //! crashed: no row lost, none twice. Then the same with the process dying
 //! at chosen points: at its first start, between a pre-commit and its
@@ -26,7 +27,7 @@ use weibo::Job;
 use weibo::sources::Generator;
 use weibo::time::WatermarkStrategy;
 use weibo::window::Tumbling;
-use weibo_connectors::postgres::PostgresSink;
+use weibo_connectors::postgres::{PostgresSink, Rejected};
 
 const EVENTS: u64 = 6_000;
 
@@ -37,21 +38,23 @@ fn event(i: u64) -> Event {
     (i as i64, (i % 17) as i64, (i % 11) as i64 + 1, i as i64)
 }
 
-fn tables(prefix: &str) -> [String; 3] {
-    [format!("{prefix}_events"), format!("{prefix}_totals"), format!("{prefix}_windows")]
+fn tables(prefix: &str) -> [String; 4] {
+    [format!("{prefix}_events"), format!("{prefix}_totals"), format!("{prefix}_windows"), format!("{prefix}_refused")]
 }
 
 fn create_tables(prefix: &str) {
-    let [events, totals, windows] = tables(prefix);
+    let [events, totals, windows, _] = tables(prefix);
+    // The check refuses every 500th event: those go to the dead-letter
+    // table, through the commits' row-by-row path.
     execute(&format!(
-        "CREATE TABLE {events} (id int8 NOT NULL, key int8 NOT NULL, amount int8 NOT NULL); \
+        "CREATE TABLE {events} (id int8 NOT NULL CHECK (id % 500 <> 499), key int8 NOT NULL, amount int8 NOT NULL); \
          CREATE TABLE {totals} (key int8 PRIMARY KEY, total int8 NOT NULL, last int8 NOT NULL); \
          CREATE TABLE {windows} (key int8 NOT NULL, start int8 NOT NULL, count int8 NOT NULL)"
     ));
 }
 
 fn pipeline(url: &str, prefix: &str, checkpoints: &Path, paced: bool) -> Job {
-    let [events, totals, windows] = tables(prefix);
+    let [events, totals, windows, refused] = tables(prefix);
     let job = Job::new("pg-crash").with_checkpoints(checkpoints, Duration::from_millis(100)).with_max_key_groups(32);
     let mut source = Generator::new(EVENTS, event).with_partitions(2);
     if paced {
@@ -67,6 +70,7 @@ fn pipeline(url: &str, prefix: &str, checkpoints: &Path, paced: bool) -> Job {
             .column("key", |e: &Event| e.1)
             .column("amount", |e: &Event| e.2)
             .chunk_rows(200)
+            .on_rejected(Rejected::DeadLetterTable(refused))
             .build()
             .unwrap(),
     );
@@ -116,9 +120,9 @@ fn child() {
     weibo::testing::block_on(job.run()).unwrap();
 }
 
-/// What the three tables hold, each as sorted rows of text.
-fn contents(prefix: &str) -> [Vec<String>; 3] {
-    let [events, totals, windows] = tables(prefix);
+/// What the four tables hold, each as sorted rows of text.
+fn contents(prefix: &str) -> [Vec<String>; 4] {
+    let [events, totals, windows, refused] = tables(prefix);
     let read = |q: String| -> Vec<String> {
         rows(&q)
             .into_iter()
@@ -129,18 +133,23 @@ fn contents(prefix: &str) -> [Vec<String>; 3] {
         read(format!("SELECT id, key, amount FROM {events} ORDER BY id, key, amount")),
         read(format!("SELECT key, total, last FROM {totals} ORDER BY key")),
         read(format!("SELECT key, start, count FROM {windows} ORDER BY key, start, count")),
+        read(format!(
+            "SELECT source, partition, \"offset\", row FROM {refused} ORDER BY source, partition, \"offset\", row"
+        )),
     ]
 }
 
-fn reference() -> &'static [Vec<String>; 3] {
-    static REFERENCE: std::sync::OnceLock<[Vec<String>; 3]> = std::sync::OnceLock::new();
+fn reference() -> &'static [Vec<String>; 4] {
+    static REFERENCE: std::sync::OnceLock<[Vec<String>; 4]> = std::sync::OnceLock::new();
     REFERENCE.get_or_init(|| {
         let prefix = unique("reference");
         create_tables(&prefix);
         let dir = tempfile::tempdir().unwrap();
         weibo::testing::block_on(pipeline(&server().url, &prefix, dir.path(), false).run()).unwrap();
         let out = contents(&prefix);
-        assert_eq!(out[0].len() as u64, EVENTS);
+        assert_eq!(out[0].len() as u64, EVENTS - EVENTS / 500);
+        assert_eq!(out[3].len() as u64, EVENTS / 500, "{:?}", out[3]);
+        assert!(out[3].iter().all(|r| r.starts_with("events,")), "{:?}", out[3]);
         assert_eq!(out[1].len(), 17);
         assert!(out[2].len() > 300, "windows: {}", out[2].len());
         out
@@ -164,7 +173,9 @@ fn live(prefix: &str, checkpoints: &Path, after: Duration, crash_at: Option<&str
     let started = Instant::now();
     loop {
         if let Some(status) = child.try_wait().unwrap() {
-            if crash_at.is_some() && !status.success() {
+            // A fault point aborts the process (SIGABRT); anything else is a
+            // failure of the child, not the planned crash.
+            if crash_at.is_some() && std::os::unix::process::ExitStatusExt::signal(&status) == Some(6) {
                 return false;
             }
             assert!(status.success(), "the child failed: {status}");
@@ -182,7 +193,7 @@ fn live(prefix: &str, checkpoints: &Path, after: Duration, crash_at: Option<&str
 fn assert_same_as_reference(prefix: &str, what: &str) {
     let got = contents(prefix);
     let want = reference();
-    for (i, name) in ["events", "totals", "windows"].iter().enumerate() {
+    for (i, name) in ["events", "totals", "windows", "refused"].iter().enumerate() {
         if got[i] != want[i] {
             let missing: Vec<&String> = want[i].iter().filter(|r| !got[i].contains(r)).take(5).collect();
             let extra = got[i].len() as i64 - want[i].len() as i64;

@@ -176,11 +176,14 @@ fn a_mapping_that_does_not_fit_the_table_is_refused_before_any_row_is_written() 
     );
     assert!(unmapped.contains(&format!("column `{table}.needed` (text) is NOT NULL without a default")), "{unmapped}");
 
-    let no_index = try_run(
+    let no_index = try_run(&table, base().column("id", id).upsert_on(["needed"]).build().unwrap());
+    assert!(no_index.contains("an upsert on (\"needed\") needs a unique index"), "{no_index}");
+
+    let nullable = try_run(
         &table,
         base().column("id", id).column_ref("name", |r: &(i64, String)| &r.1).upsert_on(["name"]).build().unwrap(),
     );
-    assert!(no_index.contains("an upsert on (\"name\") needs a unique index"), "{no_index}");
+    assert!(nullable.contains(&format!("upsert key column `{table}.name` may be NULL")), "{nullable}");
 
     let absent = unique("absent");
     let job = Job::new("absent");
@@ -313,7 +316,7 @@ fn exactly_once_in_parallel_appends_each_record_once_and_upserts_the_last_value(
     weibo::testing::block_on(payments_job("eos", &p).run()).unwrap();
     assert_each_payment_once(url, &append, n);
     assert_eq!(table_totals(url, &upsert), totals(n));
-    // Every epoch committed: no staging table of these sinks left, and
+    // Every epoch committed: nothing of these sinks left in the spool, and
     // progress recorded for each of their instances.
     let progress = rows(&format!(
         "SELECT count(DISTINCT (sink, instance)), count(DISTINCT run) FROM weibo_sink_progress WHERE sink IN ('{append}', '{upsert}')"
@@ -520,4 +523,28 @@ fn the_books_example_writes_every_order_once_and_each_customers_total() {
         })
         .collect();
     assert_eq!(got, want);
+}
+
+#[test]
+fn a_commit_refused_for_good_fails_a_running_job_and_no_later_epoch_commits_before_it() {
+    let table = unique("streaming");
+    execute(&format!("CREATE TABLE {table} (id int8 PRIMARY KEY, amount int8 CHECK (amount >= 0), note text)"));
+    let dir = tempfile::tempdir().unwrap();
+    let job = Job::new("streaming").with_checkpoints(dir.path(), Duration::from_millis(50));
+    // 20 s of input at 2,000 a second; order 507 (a quarter second in) is
+    // refused by the table's check.
+    job.source(
+        Generator::new(40_000, |i| Order { id: i as i64, amount: if i == 507 { -1 } else { 1 }, note: String::new() })
+            .with_rate(2_000.0),
+    )
+    .name("orders")
+    .sink_exactly_once(orders_sink(&table, Rejected::Fail));
+    let started = std::time::Instant::now();
+    let err = weibo::testing::block_on(job.run()).expect_err("the refused row fails the job").to_string();
+    assert!(started.elapsed() < Duration::from_secs(10), "the job failed only after {:?}", started.elapsed());
+    assert!(err.contains("offset 507") && err.contains("violates check constraint"), "{err}");
+    // Epochs commit in order: nothing after the refused one's epoch.
+    let max = rows(&format!("SELECT coalesce(max(id), -1) FROM {table}"));
+    let max: i64 = max[0][0].as_ref().unwrap().parse().unwrap();
+    assert!(max < 507, "rows after the refused one committed: up to {max}");
 }

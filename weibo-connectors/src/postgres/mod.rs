@@ -58,15 +58,21 @@ pub(crate) use schema::Checked;
 pub enum Rejected {
     /// Fail the job with an error naming the table, the record's source
     /// position, the row and Postgres's error (the default). Under
-    /// exactly-once the failing commit is retried when the job restarts,
-    /// and fails again until the table or the data is fixed.
+    /// exactly-once the epoch's commit fails, and the sink's writers fail
+    /// the job at their next record or barrier; the commit is tried again
+    /// when the job restarts, and fails again until the table or the data
+    /// is fixed.
     #[default]
     Fail,
-    /// Write the row (as JSON text), its source position and Postgres's
-    /// error into this table, created if missing, in the same transaction
-    /// as the rows around it, and go on: under exactly-once each refused
-    /// row is recorded once. Its columns: `sink`, `instance`, `epoch`,
-    /// `source`, `partition`, `offset`, `row`, `error`, `rejected_at`.
+    /// Write the row, its source position and Postgres's error into this
+    /// table (`table`, in the target's schema, or `schema.table`), created
+    /// if missing, in the same transaction as the rows around it, and go
+    /// on: under exactly-once each refused row is recorded once. Its
+    /// columns: `sink`, `instance`, `epoch` (at least once: -1 and 0),
+    /// `source`, `partition`, `offset`, `row` (JSON for a row the table
+    /// refused; the mapped values, as Rust prints them, for a record the
+    /// sink could not encode; a note for a row Postgres could not read),
+    /// `error`, `rejected_at`.
     DeadLetterTable(String),
 }
 
@@ -170,7 +176,7 @@ pub(crate) fn quote(s: &str) -> String {
 /// Everything the sink's writers and committers share.
 pub(crate) struct Inner<T> {
     pub(crate) name: String,
-    /// Names the sink's progress rows and staging tables.
+    /// Names the sink's progress rows, spooled chunks and writer locks.
     pub(crate) id: String,
     pub(crate) table: TableName,
     pub(crate) columns: Vec<Column<T>>,
@@ -190,9 +196,45 @@ pub(crate) struct Inner<T> {
     /// The chunks this process spooled and has not committed yet, so that
     /// their commit need not read them back (see [`txn::Cache`]).
     pub(crate) cache: Mutex<txn::Cache>,
+    /// A commit failed for good: the writers fail the job with it at their
+    /// next call (a commit runs in the checkpoint coordinator, which would
+    /// only carry it to the next checkpoint).
+    pub(crate) fatal: Mutex<Option<String>>,
+    pub(crate) failed: std::sync::atomic::AtomicBool,
+    /// The target's schema, as the check found it (for the sink's own
+    /// tables, which live beside it).
+    pub(crate) schema: std::sync::OnceLock<String>,
 }
 
 impl<T> Inner<T> {
+    /// `table` (unqualified: in the target's schema, as the check resolved
+    /// it; or `schema.table`), quoted.
+    pub(crate) fn qualify(&self, table: &str) -> String {
+        if let Some((schema, name)) = table.split_once('.') {
+            return format!("{}.{}", quote(schema), quote(name));
+        }
+        match (&self.table.schema, self.schema.get()) {
+            (Some(s), _) | (None, Some(s)) => format!("{}.{}", quote(s), quote(table)),
+            (None, None) => quote(table),
+        }
+    }
+
+    /// Remembers that a commit failed for good.
+    pub(crate) fn fail(&self, e: &Error) {
+        let mut f = self.fatal.lock().unwrap_or_else(PoisonError::into_inner);
+        f.get_or_insert_with(|| e.to_string());
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// The failure of a commit, for a writer to fail the job with.
+    pub(crate) fn check_failed(&self) -> Result<()> {
+        if !self.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let why = self.fatal.lock().unwrap_or_else(PoisonError::into_inner).clone().unwrap_or_default();
+        Err(self.err(format!("a commit failed, and is not retried before this job restarts: {why}")))
+    }
+
     pub(crate) fn err(&self, message: impl Into<String>) -> Error {
         Error::connector(&self.name, message)
     }
@@ -217,6 +259,9 @@ impl<T> Inner<T> {
     }
 
     pub(crate) fn remember_sources(&self, names: &Arc<[String]>) {
+        if names.is_empty() {
+            return;
+        }
         let mut s = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
         if !Arc::ptr_eq(&s, names) {
             *s = Arc::clone(names);
@@ -339,7 +384,7 @@ impl<T> fmt::Debug for PostgresSinkBuilder<T> {
 impl<T: Send + 'static> PostgresSinkBuilder<T> {
     /// Maps column `name` to the value `f` computes from a record. `V` is
     /// any type tokio-postgres writes (`bool`, `i16`, `i32`, `i64`, `f32`,
-    /// `f64`, `String`, `&str`, `Vec<u8>`, `std::time::SystemTime`,
+    /// `f64`, `String`, `&'static str`, `Vec<u8>`, `std::time::SystemTime`,
     /// `serde_json::Value`, `Vec<V>` for arrays, `Option<V>` for NULL);
     /// whether it fits the column's type is checked when the job starts.
     pub fn column<V, F>(mut self, name: impl Into<String>, f: F) -> Self
@@ -376,7 +421,7 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
         self
     }
 
-    /// Names the sink's progress rows and staging tables (default: the
+    /// Names the sink's progress rows, spooled chunks and writer locks (default: the
     /// table's name). Give every job and sink writing to one database its
     /// own id, and keep it across restarts.
     pub fn id(mut self, id: impl Into<String>) -> Self {
@@ -441,10 +486,25 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
                 }
             }
         }
-        let pg: tokio_postgres::Config = self
+        let mut pg: tokio_postgres::Config = self
             .url
             .parse()
             .map_err(|e| Error::connector_caused(&name, "cannot read the connection string".to_string(), e))?;
+        // A connection whose peer vanished (a host gone, a network cut) is
+        // noticed within seconds on both sides, not after the systems'
+        // two-hour keepalive: an attempt fails and is retried, and the
+        // server ends a dead writer's session (and releases its lock).
+        pg.keepalives(true)
+            .keepalives_idle(Duration::from_secs(15))
+            .keepalives_interval(Duration::from_secs(5))
+            .keepalives_retries(3)
+            .tcp_user_timeout(Duration::from_secs(60));
+        let server_side = "-c tcp_keepalives_idle=15 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3";
+        let options = match pg.get_options() {
+            Some(o) if !o.is_empty() => format!("{o} {server_side}"),
+            _ => server_side.to_string(),
+        };
+        pg.options(options);
         let manager = deadpool_postgres::Manager::from_config(
             pg,
             tokio_postgres::NoTls,
@@ -475,6 +535,9 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
                 sources: Mutex::new(Arc::from(Vec::new())),
                 dead_lettered: AtomicU64::new(0),
                 cache: Mutex::new(txn::Cache::default()),
+                fatal: Mutex::new(None),
+                failed: std::sync::atomic::AtomicBool::new(false),
+                schema: std::sync::OnceLock::new(),
             }),
         })
     }

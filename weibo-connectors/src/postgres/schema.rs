@@ -71,11 +71,21 @@ async fn check_once<T>(inner: &Inner<T>) -> Result<Checked, Attempt> {
     let client = inner.connect().await?;
     let sql = |e| inner.attempt("check the table", e);
     let table = inner.table.sql();
-    let found: Option<String> = client.query_one("SELECT to_regclass($1)::text", &[&table]).await.map_err(sql)?.get(0);
-    if found.is_none() {
+    let found: Option<String> = client
+        .query_opt(
+            "SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
+            &[&table],
+        )
+        .await
+        .map_err(sql)?
+        .map(|r| r.get(0));
+    let Some(schema) = found else {
         let db: String = client.query_one("SELECT current_database()::text", &[]).await.map_err(sql)?.get(0);
         return Err(Attempt::Fail(inner.err(format!("table `{}` does not exist in database `{db}`", inner.table))));
-    }
+    };
+    // The sink's own tables go beside the target, wherever the search
+    // path found it.
+    let _ = inner.schema.set(schema);
     let rows = client
         .query(
             "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.atthasdef, \
@@ -111,6 +121,13 @@ async fn check_once<T>(inner: &Inner<T>) -> Result<Checked, Attempt> {
         if a.generated {
             return Err(Attempt::Fail(inner.err(format!(
                 "column `{}.{}` is generated: Postgres computes it, the sink cannot write it",
+                inner.table, c.name
+            ))));
+        }
+        if inner.keys.iter().any(|&k| inner.columns.get(k).is_some_and(|kc| kc.name == c.name)) && !a.not_null {
+            return Err(Attempt::Fail(inner.err(format!(
+                "upsert key column `{}.{}` may be NULL: a unique index lets any number of NULL keys in, so which \
+                 row a NULL key updates is not defined (make the column NOT NULL)",
                 inner.table, c.name
             ))));
         }
@@ -199,26 +216,42 @@ async fn check_once<T>(inner: &Inner<T>) -> Result<Checked, Attempt> {
         &format!(
             "CREATE TABLE IF NOT EXISTS {} (sink text NOT NULL, instance int4 NOT NULL, run text NOT NULL, \
              epoch int8 NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (sink, instance, run, epoch))",
-            inner.table.qualify(super::txn::PROGRESS)
+            inner.qualify(super::txn::PROGRESS)
         ),
     )
     .await?;
-    let spool = inner.table.qualify(super::txn::SPOOL);
+    let spool = inner.qualify(super::txn::SPOOL);
     create(
         inner,
         &client,
         &format!(
             "CREATE TABLE IF NOT EXISTS {spool} (sink text NOT NULL, instance int4 NOT NULL, run text NOT NULL, \
              epoch int8 NOT NULL, chunk int4 NOT NULL, body bytea NOT NULL, origins bytea NOT NULL, refused text, \
+             sources text[] NOT NULL, \
              PRIMARY KEY (sink, instance, run, epoch, chunk))"
         ),
     )
     .await?;
     // Chunks compress well (rows of one table side by side): LZ4 where the
     // server has it (PostgreSQL 14 and later, built with it), which halves
-    // what the spool writes for a little of the server's time.
-    if client.batch_execute(&format!("ALTER TABLE {spool} ALTER COLUMN body SET COMPRESSION lz4")).await.is_err() {
-        tracing::debug!(sink = %inner.name, "the server has no LZ4: spooled chunks are compressed with pglz");
+    // what the spool writes for a little of the server's time. Set once:
+    // the ALTER locks the spool every job shares.
+    let compression: Option<String> = client
+        .query_opt(
+            "SELECT attcompression::text FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'body'",
+            &[&spool],
+        )
+        .await
+        .map_err(sql)?
+        .and_then(|r| r.try_get(0).ok());
+    if compression.as_deref() != Some("l") {
+        let alter = format!(
+            "SET lock_timeout = '2s'; ALTER TABLE {spool} ALTER COLUMN body SET COMPRESSION lz4; RESET lock_timeout"
+        );
+        if let Err(e) = client.batch_execute(&alter).await {
+            let _ = client.batch_execute("RESET lock_timeout").await;
+            tracing::info!(sink = %inner.name, error = %message(&e), "spooled chunks stay compressed with pglz");
+        }
     }
     if let Rejected::DeadLetterTable(dead) = &inner.rejected {
         create(
@@ -228,7 +261,7 @@ async fn check_once<T>(inner: &Inner<T>) -> Result<Checked, Attempt> {
                 "CREATE TABLE IF NOT EXISTS {} (sink text NOT NULL, instance int4 NOT NULL, epoch int8 NOT NULL, \
                  source text NOT NULL, partition int8 NOT NULL, \"offset\" int8 NOT NULL, row text, error text NOT NULL, \
                  rejected_at timestamptz NOT NULL DEFAULT now())",
-                inner.table.qualify(dead)
+                inner.qualify(dead)
             ),
         )
         .await?;

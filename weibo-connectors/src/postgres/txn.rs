@@ -97,22 +97,25 @@ impl Handle {
     }
 }
 
-/// A fresh run token: 8 hex digits from the clock and the process id
-/// (FNV-1a).
+/// A fresh run token: 32 hex digits (128 bits) from two of the standard
+/// library's randomly keyed hashers over the clock and the process id.
 fn run_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let mut h: u32 = 0x811c_9dc5;
-    for b in format!("{nanos}-{}", std::process::id()).bytes() {
-        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
-    }
-    format!("{h:08x}")
+    let half = || {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(nanos);
+        h.write_u32(std::process::id());
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(), half())
 }
 
 impl<T> Inner<T> {
     /// Deletes spooled chunks of this sink (`filter`: more conditions on
     /// `instance` = $2 and `epoch` = $3); returns how many epochs.
     async fn drop_spooled(&self, what: &str, filter: &str, instance: i32, epoch: i64) -> Result<u64> {
-        let spool = self.table.qualify(SPOOL);
+        let spool = self.qualify(SPOOL);
         let q = format!(
             "WITH d AS (DELETE FROM {spool} WHERE sink = $1 AND {filter} RETURNING instance, run, epoch) \
              SELECT count(DISTINCT (instance, run, epoch)) FROM d"
@@ -130,11 +133,11 @@ impl<T> Inner<T> {
     /// progress table says it is committed already. Epochs are recorded
     /// one by one (not as a high-water mark): a commit that failed is
     /// retried after later epochs of the same instance committed.
-    async fn commit_handle(&self, checked: &Checked, h: &Handle) -> Result<u64> {
+    async fn commit_handle(&self, checked: &Checked, h: &Handle) -> Result<Committed> {
         let instance =
             i32::try_from(h.instance).map_err(|_| self.err(format!("instance {} out of range", h.instance)))?;
         let epoch = i64::try_from(h.epoch).map_err(|_| self.err(format!("epoch {} out of range", h.epoch)))?;
-        let (progress, spool) = (self.table.qualify(PROGRESS), self.table.qualify(SPOOL));
+        let (progress, spool) = (self.qualify(PROGRESS), self.qualify(SPOOL));
         retrying!(self, "commit an epoch", |_attempt| {
             let mut client = self.connect().await?;
             let sql = |e| self.attempt("commit an epoch", e);
@@ -156,7 +159,23 @@ impl<T> Inner<T> {
                 .map_err(sql)?
                 .is_some();
             if done {
-                return Ok(0);
+                return Ok(Committed::Done(0));
+            }
+            // Epochs commit in order: an earlier one of this run still
+            // spooled (its commit failed, and is carried to the next
+            // checkpoint) goes first, or an upsert would go back in time.
+            let earlier: Option<i64> = tx
+                .query_one(
+                    &format!(
+                        "SELECT min(epoch) FROM {spool} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch < $4"
+                    ),
+                    &[&self.id, &instance, &h.run, &epoch],
+                )
+                .await
+                .map_err(sql)?
+                .get(0);
+            if let Some(earlier) = earlier {
+                return Ok(Committed::After(earlier));
             }
             let mut dead = 0;
             let cached = self
@@ -166,17 +185,27 @@ impl<T> Inner<T> {
                 .take(&(h.instance, h.run.clone(), h.epoch), h.chunks);
             if let Some(chunks) = cached.filter(|c| !c.is_empty()) {
                 dead = apply(self, checked, &tx, &chunks, instance, epoch).await?;
-                tx.execute(
-                    &format!("DELETE FROM {spool} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch = $4"),
-                    &[&self.id, &instance, &h.run, &epoch],
-                )
-                .await
-                .map_err(sql)?;
+                let deleted = tx
+                    .execute(
+                        &format!("DELETE FROM {spool} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch = $4"),
+                        &[&self.id, &instance, &h.run, &epoch],
+                    )
+                    .await
+                    .map_err(sql)?;
+                if deleted != u64::from(h.chunks) {
+                    // Another process restored or restarted this sink and
+                    // threw the epoch away: it writes the records again.
+                    return Err(Attempt::Fail(self.err(format!(
+                        "epoch {epoch} of instance {instance} is no longer spooled ({deleted} of its {} chunks): \
+                         another process running this sink (id `{}`) has taken it over",
+                        h.chunks, self.id
+                    ))));
+                }
             } else if h.chunks > 0 {
                 let rows = tx
                     .query(
                         &format!(
-                            "SELECT body, origins, refused FROM {spool} \
+                            "SELECT body, origins, refused, sources FROM {spool} \
                              WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch = $4 ORDER BY chunk"
                         ),
                         &[&self.id, &instance, &h.run, &epoch],
@@ -198,7 +227,7 @@ impl<T> Inner<T> {
                         .get(0);
                     if rows.is_empty() && oldest.is_some_and(|o| o > epoch) {
                         tracing::info!(sink = %self.name, instance, epoch, "epoch committed long ago (its progress row is pruned): nothing to do");
-                        return Ok(0);
+                        return Ok(Committed::Done(0));
                     }
                     return Err(Attempt::Fail(self.err(format!(
                         "cannot commit epoch {epoch} of instance {instance}: `{spool}` holds {} of its {} chunks, and \
@@ -214,13 +243,22 @@ impl<T> Inner<T> {
                     let body: Vec<u8> = r.try_get(0).map_err(sql)?;
                     let origins: Vec<u8> = r.try_get(1).map_err(sql)?;
                     let refused: Option<String> = r.try_get(2).map_err(sql)?;
+                    let sources: Vec<String> = r.try_get(3).map_err(sql)?;
                     let refused = match refused.as_deref() {
                         None => Vec::new(),
                         Some(text) => refused_from_json(text).ok_or_else(|| {
                             Attempt::Fail(self.err(format!("a spooled chunk of epoch {epoch} is damaged")))
                         })?,
                     };
-                    chunks.push(Chunk { body: body.into(), origins: decode_origins(&origins), refused });
+                    if !origins.len().is_multiple_of(16) {
+                        return Err(Attempt::Fail(self.err(format!("a spooled chunk of epoch {epoch} is damaged"))));
+                    }
+                    chunks.push(Chunk {
+                        body: body.into(),
+                        origins: decode_origins(&origins),
+                        refused,
+                        sources: Arc::from(sources),
+                    });
                 }
                 dead = apply(self, checked, &tx, &chunks, instance, epoch).await?;
                 tx.execute(
@@ -245,11 +283,31 @@ impl<T> Inner<T> {
             )
             .await
             .map_err(sql)?;
+            // Earlier runs' rows, once a week old: their handles live only in
+            // checkpoints and savepoints that old.
+            tx.execute(
+                &format!(
+                    "DELETE FROM {progress} WHERE sink = $1 AND instance = $2 AND run <> $3 \
+                     AND committed_at < now() - interval '7 days'"
+                ),
+                &[&self.id, &instance, &h.run],
+            )
+            .await
+            .map_err(sql)?;
             tx.commit().await.map_err(sql)?;
             weibo::checkpoint::faults::point("postgres-after-commit");
-            Ok(dead)
+            Ok(Committed::Done(dead))
         })
     }
+}
+
+/// What a commit came to.
+enum Committed {
+    /// Committed (now or before), with so many rows dead-lettered.
+    Done(u64),
+    /// Not yet: this earlier epoch of the same instance and run is still
+    /// owed, and goes first.
+    After(i64),
 }
 
 /// Spools one chunk of an epoch. Idempotent: a retry after an attempt
@@ -257,19 +315,20 @@ impl<T> Inner<T> {
 /// finds the chunk there and adds nothing.
 async fn spool_chunk<T>(inner: &Inner<T>, key: (i32, &str, i64, i32), chunk: &Chunk) -> Result<()> {
     let (instance, run, epoch, number) = key;
-    let spool = inner.table.qualify(SPOOL);
+    let spool = inner.qualify(SPOOL);
     let origins = encode_origins(&chunk.origins);
     let refused = (!chunk.refused.is_empty()).then(|| refused_to_json(&chunk.refused));
     let body: &[u8] = &chunk.body;
+    let sources: Vec<String> = chunk.sources.to_vec();
     retrying!(inner, "spool rows", |_attempt| {
         let client = inner.connect().await?;
         client
             .execute(
                 &format!(
-                    "INSERT INTO {spool} (sink, instance, run, epoch, chunk, body, origins, refused) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING"
+                    "INSERT INTO {spool} (sink, instance, run, epoch, chunk, body, origins, refused, sources) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING"
                 ),
-                &[&inner.id, &instance, &run, &epoch, &number, &body, &origins, &refused],
+                &[&inner.id, &instance, &run, &epoch, &number, &body, &origins, &refused, &sources],
             )
             .await
             .map_err(|e| inner.attempt("spool rows", e))?;
@@ -289,6 +348,9 @@ struct TxnWriter<T> {
     /// How many chunks the epoch has spooled (or is spooling).
     chunks: u32,
     in_flight: Option<Pending<Result<()>>>,
+    /// The session holding this instance's writer lock (see
+    /// [`writer_lock`]); closing it releases the lock.
+    _lock: LockSession,
 }
 
 impl<T: Send + 'static> TxnWriter<T> {
@@ -299,12 +361,21 @@ impl<T: Send + 'static> TxnWriter<T> {
         }
     }
 
-    fn ship(&mut self) -> Result<()> {
-        if self.rows.is_empty() {
-            return Ok(());
+    /// Spools the full chunks, and the rest too when `all`.
+    fn ship(&mut self, all: bool) -> Result<()> {
+        for chunk in self.rows.full_chunks() {
+            self.send(chunk)?;
         }
+        if all && !self.rows.is_empty() {
+            let chunk = self.rows.take();
+            self.send(chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Spools `chunk` (after the one in flight is done).
+    fn send(&mut self, chunk: Chunk) -> Result<()> {
         self.wait()?;
-        let chunk = self.rows.take();
         let inner = Arc::clone(&self.inner);
         let instance = i32::try_from(self.instance).map_err(|_| inner.err("instance out of range"))?;
         let epoch = i64::try_from(self.epoch).map_err(|_| inner.err("epoch out of range"))?;
@@ -324,7 +395,8 @@ impl<T: Send + 'static> TxnWriter<T> {
     /// Spools what is left of the epoch and waits for it: the epoch is
     /// then durable in Postgres.
     fn seal(&mut self) -> Result<String> {
-        self.ship()?;
+        self.inner.check_failed()?;
+        self.ship(true)?;
         self.wait()?;
         Ok(Handle { instance: self.instance, epoch: self.epoch, run: self.run.clone(), chunks: self.chunks }.encode())
     }
@@ -332,11 +404,9 @@ impl<T: Send + 'static> TxnWriter<T> {
 
 impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
     fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
+        self.inner.check_failed()?;
         self.rows.add(&self.inner, &self.checked, batch)?;
-        if self.rows.full(&self.inner) {
-            self.ship()?;
-        }
-        Ok(())
+        self.ship(false)
     }
 
     fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<String> {
@@ -358,6 +428,7 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for PostgresSink<T> {
 
     fn open(&self, instance: usize, _parallelism: usize, epoch: CheckpointId) -> Result<Box<dyn TransactionWriter<T>>> {
         let checked = self.inner.checked()?;
+        let lock = writer_lock(&self.inner, instance)?;
         if epoch == CheckpointId::FIRST {
             // A fresh start: no checkpoint names any spooled epoch of this
             // instance, so what an earlier run left is garbage.
@@ -380,6 +451,7 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for PostgresSink<T> {
             rows: Collector::new(),
             chunks: 0,
             in_flight: None,
+            _lock: lock,
         }))
     }
 
@@ -392,9 +464,21 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for PostgresSink<T> {
             .ok_or_else(|| self.inner.err(format!("`{handle}` is not a handle of a Postgres sink")))?;
         let checked = self.inner.checked()?;
         let me = Arc::clone(&self.inner);
-        let dead = self.inner.run(async move { me.commit_handle(&checked, &h).await })??;
-        self.inner.dead_lettered.fetch_add(dead, Ordering::Relaxed);
-        Ok(())
+        match self.inner.run(async move { me.commit_handle(&checked, &h).await })? {
+            Ok(Committed::Done(dead)) => {
+                self.inner.dead_lettered.fetch_add(dead, Ordering::Relaxed);
+                Ok(())
+            }
+            Ok(Committed::After(earlier)) => Err(self.inner.err(format!(
+                "`{handle}` waits for epoch {earlier} of the same instance, whose commit is owed: it is tried again with the next checkpoint"
+            ))),
+            Err(e) => {
+                // Refused for good, or failing for longer than retry_for:
+                // the writers fail the job with it.
+                self.inner.fail(&e);
+                Err(e)
+            }
+        }
     }
 
     fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64> {
@@ -415,6 +499,45 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for PostgresSink<T> {
     }
 }
 
+/// A session of its own, kept open while a writer lives.
+struct LockSession {
+    _client: deadpool_postgres::ClientWrapper,
+}
+
+/// Takes instance `instance`'s writer lock (a session advisory lock on
+/// the sink's id and the instance): one writer per sink instance at a time,
+/// whatever process it runs in. A second (a process that lost its work but
+/// still runs, or another job given the same id) waits until the first one's
+/// session ends, for up to `retry_for`, then fails naming the id.
+fn writer_lock<T: Send + 'static>(inner: &Arc<Inner<T>>, instance: usize) -> Result<LockSession> {
+    let me = Arc::clone(inner);
+    let key = format!("weibo-writer/{}/{instance}", inner.id);
+    let client = inner.run(async move {
+        let inner = &*me;
+        let mut logged = false;
+        retrying!(inner, "take the sink instance's writer lock", |_attempt| {
+            let client = inner.connect().await?;
+            let got: bool = client
+                .query_one("SELECT pg_try_advisory_lock(hashtextextended($1, 0))", &[&key])
+                .await
+                .map_err(|e| inner.attempt("take the sink instance's writer lock", e))?
+                .get(0);
+            if got {
+                return Ok(deadpool_postgres::Object::take(client));
+            }
+            if !logged {
+                logged = true;
+                tracing::warn!(sink = %inner.name, instance, id = %inner.id, "another writer of this sink instance runs (an older process of this job, or another job with the same sink id): waiting for it to end");
+            }
+            Err(Attempt::Retry(format!(
+                "another writer holds sink id `{}` instance {instance} (an older process of this job still running, or another job given the same id)",
+                inner.id
+            )))
+        })
+    })??;
+    Ok(LockSession { _client: client })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -422,7 +545,7 @@ mod tests {
 
     #[test]
     fn handles_round_trip_and_strangers_are_refused() {
-        let h = Handle { instance: 3, epoch: 17, run: "00ab12cd".into(), chunks: 4 };
+        let h = Handle { instance: 3, epoch: 17, run: "00ab12cd00ab12cd00ab12cd00ab12cd".into(), chunks: 4 };
         assert_eq!(Handle::parse(&h.encode()), Some(h));
         for bad in [
             "",
@@ -436,6 +559,7 @@ mod tests {
         ] {
             assert_eq!(Handle::parse(bad), None, "{bad}");
         }
-        assert_eq!(run_token().len(), 8);
+        assert_eq!(run_token().len(), 32);
+        assert_ne!(run_token(), run_token());
     }
 }

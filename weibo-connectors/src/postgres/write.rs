@@ -51,7 +51,9 @@ pub(crate) fn kind(e: &tokio_postgres::Error) -> Kind {
     };
     let code = code.code();
     match code.get(..2) {
-        _ if code == "57014" => Kind::Other,
+        // A query cancelled; a binary value or COPY body the server cannot
+        // read (the table changed under the sink): not the data's fault.
+        _ if code == "57014" || code == "22P03" || code == "22P04" => Kind::Other,
         Some("08" | "40" | "53" | "57") => Kind::Passing,
         _ if code == "55P03" => Kind::Passing,
         Some("22" | "23") => Kind::Data,
@@ -235,6 +237,8 @@ pub(crate) struct Chunk {
     pub(crate) body: Bytes,
     pub(crate) origins: Vec<Origin>,
     pub(crate) refused: Vec<Refused>,
+    /// The job's source names (what the origins' indices name).
+    pub(crate) sources: Arc<[String]>,
 }
 
 /// Rows being collected into chunks.
@@ -242,11 +246,25 @@ pub(crate) struct Collector {
     buf: RowBuffer,
     origins: Vec<Origin>,
     refused: Vec<Refused>,
+    sources: Arc<[String]>,
+    /// Chunks full, waiting to be shipped.
+    ready: Vec<Chunk>,
 }
 
 impl Collector {
     pub(crate) fn new() -> Self {
-        Self { buf: RowBuffer::new(), origins: Vec::new(), refused: Vec::new() }
+        Self {
+            buf: RowBuffer::new(),
+            origins: Vec::new(),
+            refused: Vec::new(),
+            sources: Arc::from(Vec::new()),
+            ready: Vec::new(),
+        }
+    }
+
+    /// The chunks filled so far.
+    pub(crate) fn full_chunks(&mut self) -> Vec<Chunk> {
+        std::mem::take(&mut self.ready)
     }
 
     /// Encodes `batch`'s records. A record the sink cannot encode for its
@@ -254,6 +272,9 @@ impl Collector {
     /// dead-letter table otherwise.
     pub(crate) fn add<T>(&mut self, inner: &Inner<T>, checked: &Checked, batch: &mut SinkBatch<'_, T>) -> Result<()> {
         inner.remember_sources(batch.source_names());
+        if !Arc::ptr_eq(&self.sources, batch.source_names()) {
+            self.sources = Arc::clone(batch.source_names());
+        }
         let origins: Vec<Origin> = batch
             .meta()
             .iter()
@@ -270,11 +291,15 @@ impl Collector {
                     self.refused.push(Refused { origin, error, row });
                 }
             }
+            if self.full(inner) {
+                let chunk = self.take();
+                self.ready.push(chunk);
+            }
         }
         Ok(())
     }
 
-    pub(crate) fn full<T>(&self, inner: &Inner<T>) -> bool {
+    fn full<T>(&self, inner: &Inner<T>) -> bool {
         self.buf.rows() + self.refused.len() >= inner.chunk_rows || self.buf.bytes() >= 8 << 20
     }
 
@@ -285,7 +310,12 @@ impl Collector {
     /// The rows so far as a chunk, leaving the collector empty.
     pub(crate) fn take(&mut self) -> Chunk {
         let (body, _) = self.buf.take();
-        Chunk { body, origins: std::mem::take(&mut self.origins), refused: std::mem::take(&mut self.refused) }
+        Chunk {
+            body,
+            origins: std::mem::take(&mut self.origins),
+            refused: std::mem::take(&mut self.refused),
+            sources: Arc::clone(&self.sources),
+        }
     }
 }
 
@@ -321,6 +351,9 @@ pub(crate) async fn apply<T>(
     epoch: i64,
 ) -> std::result::Result<u64, Attempt> {
     let sql = |e| inner.attempt("write rows into the table", e);
+    if let Some(c) = chunks.first() {
+        inner.remember_sources(&c.sources);
+    }
     let mut slow = false;
     if checked.is_append() {
         tx.batch_execute("SAVEPOINT weibo_apply").await.map_err(sql)?;
@@ -335,7 +368,11 @@ pub(crate) async fn apply<T>(
                 Err(e) => return Err(sql(e)),
             }
         }
-        let end = if slow { "ROLLBACK TO SAVEPOINT weibo_apply" } else { "RELEASE SAVEPOINT weibo_apply" };
+        let end = if slow {
+            "ROLLBACK TO SAVEPOINT weibo_apply; RELEASE SAVEPOINT weibo_apply"
+        } else {
+            "RELEASE SAVEPOINT weibo_apply"
+        };
         tx.batch_execute(end).await.map_err(sql)?;
     }
     let mut dead = 0;
@@ -348,7 +385,9 @@ pub(crate) async fn apply<T>(
                 Ok(()) => tx.batch_execute("RELEASE SAVEPOINT weibo_apply").await.map_err(sql)?,
                 Err(e) if kind(&e) == Kind::Data => {
                     tracing::info!(sink = %inner.name, error = %message(&e), "rows refused: merging them one by one");
-                    tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_apply").await.map_err(sql)?;
+                    tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_apply; RELEASE SAVEPOINT weibo_apply")
+                        .await
+                        .map_err(sql)?;
                     slow = true;
                 }
                 Err(e) => return Err(sql(e)),
@@ -385,7 +424,9 @@ async fn load<T>(
     let mut origins: Vec<Option<Origin>> = Vec::new();
     let mut refused = Vec::new();
     for c in chunks.iter().filter(|c| !c.origins.is_empty()) {
-        let ends = row_ends(&c.body).ok_or_else(|| Attempt::Fail(inner.err("a spooled chunk is not a COPY body")))?;
+        let ends = row_ends(&c.body)
+            .filter(|e| e.len() == c.origins.len())
+            .ok_or_else(|| Attempt::Fail(inner.err("a chunk's rows do not match their origins (a damaged spool?)")))?;
         // Fast: the chunk as it is, numbered by the identity column from
         // where the rows so far end.
         tx.batch_execute("SAVEPOINT weibo_load").await.map_err(sql)?;
@@ -403,13 +444,16 @@ async fn load<T>(
                 continue;
             }
             Err(e) if kind(&e) == Kind::Data => {
-                tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_load").await.map_err(sql)?;
+                tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_load; RELEASE SAVEPOINT weibo_load")
+                    .await
+                    .map_err(sql)?;
             }
             Err(e) => return Err(sql(e)),
         }
         for (i, origin) in c.origins.iter().enumerate() {
             let seq = i64::try_from(origins.len() + 1).unwrap_or(i64::MAX);
-            let Some(one) = single_row(&c.body, &ends, i, seq) else { continue };
+            let one = single_row(&c.body, &ends, i, seq)
+                .ok_or_else(|| Attempt::Fail(inner.err("a chunk's row cannot be cut out (a damaged spool?)")))?;
             tx.batch_execute("SAVEPOINT weibo_row").await.map_err(sql)?;
             match copy_in(tx, ROWS, &columns, one).await {
                 Ok(_) => {
@@ -417,7 +461,9 @@ async fn load<T>(
                     origins.push(Some(*origin));
                 }
                 Err(e) if kind(&e) == Kind::Data => {
-                    tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_row").await.map_err(sql)?;
+                    tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_row; RELEASE SAVEPOINT weibo_row")
+                        .await
+                        .map_err(sql)?;
                     origins.push(None);
                     refused.push(Refused {
                         origin: *origin,
@@ -457,7 +503,7 @@ async fn one_by_one<T>(
         match tx.execute(&one, &[&seq]).await {
             Ok(_) => tx.batch_execute("RELEASE SAVEPOINT weibo_row").await.map_err(sql)?,
             Err(e) if kind(&e) == Kind::Data => {
-                tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_row").await.map_err(sql)?;
+                tx.batch_execute("ROLLBACK TO SAVEPOINT weibo_row; RELEASE SAVEPOINT weibo_row").await.map_err(sql)?;
                 let row: String = tx.query_one(&show, &[&seq]).await.map_err(sql)?.try_get(0).unwrap_or_default();
                 let r = Refused { origin: *origin, error: message(&e), row };
                 if inner.rejected == Rejected::Fail {
@@ -488,7 +534,7 @@ async fn refuse<T>(
         .prepare(&format!(
             "INSERT INTO {} (sink, instance, epoch, source, partition, \"offset\", row, error) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            inner.table.qualify(table)
+            inner.qualify(table)
         ))
         .await
         .map_err(|e| inner.attempt("write to the dead-letter table", e))?;
@@ -540,14 +586,23 @@ impl<T: Send + 'static> PlainWriter<T> {
         Ok(())
     }
 
-    fn ship(&mut self) -> Result<()> {
-        if self.rows.is_empty() {
-            return Ok(());
-        }
+    /// Sends `chunk` (after the one in flight is done).
+    fn send(&mut self, chunk: Chunk) -> Result<()> {
         self.wait()?;
-        let chunk = self.rows.take();
         let (inner, checked) = (Arc::clone(&self.inner), Arc::clone(&self.checked));
         self.in_flight = Some(self.inner.start(async move { write_chunk(&inner, &checked, chunk).await }));
+        Ok(())
+    }
+
+    /// Sends the full chunks, and the rest too when `all`.
+    fn ship(&mut self, all: bool) -> Result<()> {
+        for chunk in self.rows.full_chunks() {
+            self.send(chunk)?;
+        }
+        if all && !self.rows.is_empty() {
+            let chunk = self.rows.take();
+            self.send(chunk)?;
+        }
         Ok(())
     }
 }
@@ -568,14 +623,11 @@ async fn write_chunk<T>(inner: &Inner<T>, checked: &Checked, chunk: Chunk) -> Re
 impl<T: Send + 'static> SinkWriter<T> for PlainWriter<T> {
     fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
         self.rows.add(&self.inner, &self.checked, batch)?;
-        if self.rows.full(&self.inner) {
-            self.ship()?;
-        }
-        Ok(())
+        self.ship(false)
     }
 
     fn flush(&mut self) -> Result<()> {
-        self.ship()?;
+        self.ship(true)?;
         self.wait()
     }
 }
