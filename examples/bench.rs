@@ -284,8 +284,26 @@ fn rss_kb() -> u64 {
 /// checkpoint (taken as a savepoint), and restoring from it.
 fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
     let root = std::env::temp_dir().join(format!("weibo-ckpt-{}", std::process::id()));
+    // `WEIBO_CKPT_S3=<endpoint>|<bucket>`: checkpoints in that S3 bucket
+    // (a local server: plain HTTP, path-style, test credentials).
+    let s3 = std::env::var("WEIBO_CKPT_S3").ok().map(|spec| {
+        let (endpoint, bucket) = spec.split_once('|').unwrap_or((spec.as_str(), "bench"));
+        weibo_connectors::s3::S3Storage::builder(bucket, format!("ckpt-{}", std::process::id()))
+            .endpoint(endpoint)
+            .credentials("test", "testsecret")
+            .allow_http()
+            .path_style()
+            .build()
+            .unwrap_or_else(|e| {
+                eprintln!("{e}");
+                std::process::exit(1)
+            })
+    });
     let build = |restore: Option<&std::path::Path>| -> Job {
-        let mut job = Job::new("bench-ckpt").with_checkpoints(root.join("checkpoints"), Duration::from_secs(3600));
+        let mut job = match &s3 {
+            Some(storage) => Job::new("bench-ckpt").with_checkpoint_storage(storage.clone(), Duration::from_secs(3600)),
+            None => Job::new("bench-ckpt").with_checkpoints(root.join("checkpoints"), Duration::from_secs(3600)),
+        };
         if on_disk {
             match fjall(root.join(format!("state-{}", restore.is_some()))) {
                 Ok(b) => job = job.with_state_backend(b),
@@ -295,8 +313,12 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
                 }
             }
         }
-        if let Some(r) = restore {
-            job = job.restore_from(r);
+        match (restore, &s3) {
+            (Some(_), Some(storage)) => {
+                job = job.restore_from_storage(std::sync::Arc::new(storage.clone()), "savepoints/bench")
+            }
+            (Some(r), None) => job = job.restore_from(r),
+            (None, _) => {}
         }
         // Every key once, then only the first 1% of the keys over and over:
         // after the first checkpoint at most 1% of the keys change.
@@ -349,8 +371,9 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
     let _ = std::fs::remove_dir_all(&root);
     match result {
         Ok((pause, checkpoint, incremental, restore, rss, size, steady)) => println!(
-            "CHECKPOINT engine=weibo{} keys={keys} pause_ms={:.1} checkpoint_ms={:.1} incremental_1pct_ms={:.1} restore_ms={:.1} files_mb={:.1} rss_kb={rss} heap_steady_kb={steady} heap_peak_kb={}",
+            "CHECKPOINT engine=weibo{}{} keys={keys} pause_ms={:.1} checkpoint_ms={:.1} incremental_1pct_ms={:.1} restore_ms={:.1} files_mb={:.1} rss_kb={rss} heap_steady_kb={steady} heap_peak_kb={}",
             if on_disk { "-fjall" } else { "" },
+            if s3.is_some() { " storage=s3" } else { "" },
             pause.as_secs_f64() * 1e3,
             checkpoint.as_secs_f64() * 1e3,
             incremental.as_secs_f64() * 1e3,

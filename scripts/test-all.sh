@@ -10,8 +10,9 @@
 # Debian's `prometheus` (a real scraper for the metrics endpoint),
 # `chromium` (a real browser for the dashboard) and `postgresql` (the
 # server binaries for the Postgres sink's tests, which run a throwaway
-# cluster of their own) are installed with apt-get when missing; the tests
-# start them themselves.
+# cluster of their own) are installed with apt-get when missing, and PyPI's
+# `moto[server]` (a local S3 server) with pip; the tests start them
+# themselves.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -47,6 +48,13 @@ need postgresql '/usr/lib/postgresql/*/bin/initdb'
 prometheus --version | head -n 1
 chromium --version 2> /dev/null | head -n 1
 "$(compgen -G '/usr/lib/postgresql/*/bin/postgres' | sort -V | tail -n 1)" --version
+# A local S3 server for the S3 tests.
+export PATH="$HOME/.local/bin:$PATH"
+if ! command -v moto_server > /dev/null; then
+    python3 -m pip install --quiet --user 'moto[server]' \
+        || python3 -m pip install --quiet --user --break-system-packages 'moto[server]'
+fi
+command -v moto_server
 
 step "the library without its optional features"
 cargo check --locked -q -p weibo --no-default-features

@@ -8,6 +8,8 @@
 //!   once or exactly once), on deadpool-postgres.
 //! - `http`: [`http::HttpSink`] (batches of JSON to an endpoint, at least
 //!   once with idempotency keys), on reqwest.
+//! - `s3`: [`s3::S3Storage`], checkpoints in S3 or a service that speaks
+//!   its API, on object_store.
 //!
 //! The built-in connectors that need no service (in-memory values,
 //! generator, files, stdout, blackhole) are in `weibo::sources` and
@@ -24,5 +26,11 @@ pub mod postgres;
 #[cfg(feature = "http")]
 pub mod http;
 
-#[cfg(any(feature = "postgres", feature = "http"))]
+#[cfg(feature = "s3")]
+pub mod s3;
+
+#[cfg(feature = "s3")]
+pub mod s3_sink;
+
+#[cfg(any(feature = "postgres", feature = "http", feature = "s3"))]
 mod runtime;

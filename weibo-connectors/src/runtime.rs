@@ -66,6 +66,7 @@ impl<R> Pending<R> {
     }
 
     /// Its outcome, if it has one yet.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn ready(&self) -> Option<R> {
         self.rx.try_recv().ok()
     }

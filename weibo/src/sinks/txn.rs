@@ -103,6 +103,16 @@ pub trait TransactionWriter<T>: Send {
     /// # Errors
     /// As [`TransactionWriter::pre_commit`].
     fn finish(&mut self) -> Result<String>;
+
+    /// The job's buffer timeout passed (nothing needs to become visible:
+    /// commits do that). A writer that closes files by age looks at them
+    /// here. The default does nothing.
+    ///
+    /// # Errors
+    /// As [`TransactionWriter::write`].
+    fn flush(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 pub(crate) struct SinkCommitter<T, S> {
@@ -171,7 +181,10 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> fo
     }
 
     fn flush(&mut self) -> Result<()> {
-        Ok(())
+        if self.ended {
+            return Ok(());
+        }
+        self.writer.flush()
     }
 
     fn finish(&mut self) -> Result<()> {

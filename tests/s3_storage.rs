@@ -1,0 +1,167 @@
+//! Checkpoints in S3 against a local S3 server (moto): the storage keeps
+//! the contract Weibo relies on (whole objects, create-only manifests,
+//! prefix listing, ranged reads with seeks, server-side copies), and a job
+//! checkpoints into it, takes a savepoint there and is restored from it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
+
+#[path = "s3_server.rs"]
+mod s3_server;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use s3_server::{storage, unique_bucket};
+use weibo::Job;
+use weibo::checkpoint::CheckpointStorage;
+use weibo::sinks::CollectSink;
+use weibo::sources::Generator;
+
+#[test]
+fn the_storage_keeps_the_contract_checkpoints_rely_on() {
+    let bucket = unique_bucket("contract");
+    let s = storage(&bucket, "jobs/one");
+    // Small objects in one put, large ones in parts; both read back, with
+    // seeks, whole.
+    let large: Vec<u8> = (0..20_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    for (name, bytes) in [("shared/small.state", b"tiny".to_vec()), ("shared/large.state", large.clone())] {
+        let mut w = s.create(name).unwrap();
+        for piece in bytes.chunks(1 << 20) {
+            w.write_all(piece).unwrap();
+        }
+        w.finish().unwrap();
+        let mut r = s.open(name).unwrap();
+        let mut back = Vec::new();
+        r.read_to_end(&mut back).unwrap();
+        assert!(back == bytes, "{name} read back as written");
+    }
+    let mut r = s.open("shared/large.state").unwrap();
+    r.seek(SeekFrom::End(-4)).unwrap();
+    let mut tail = [0u8; 4];
+    r.read_exact(&mut tail).unwrap();
+    assert_eq!(&tail, &large[large.len() - 4..]);
+    r.seek(SeekFrom::Start(9_000_000)).unwrap();
+    let mut mid = [0u8; 16];
+    r.read_exact(&mut mid).unwrap();
+    assert_eq!(&mid, &large[9_000_000..9_000_016]);
+
+    // A manifest is created once and never replaced.
+    s.put("chk-00000000000000000007/MANIFEST", b"{\"first\":true}").unwrap();
+    let err = s.put("chk-00000000000000000007/MANIFEST", b"{\"second\":true}").unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists, "{err}");
+    let mut m = String::new();
+    s.open("chk-00000000000000000007/MANIFEST").unwrap().read_to_string(&mut m).unwrap();
+    assert_eq!(m, "{\"first\":true}");
+    // Other objects may be put again.
+    s.put("owners", b"a").unwrap();
+    s.put("owners", b"b").unwrap();
+
+    // Listing is by plain name prefix, under this storage's prefix only.
+    storage(&bucket, "jobs/other").put("chk-1/MANIFEST", b"{}").unwrap();
+    let mut names = s.list("chk-").unwrap();
+    names.sort();
+    assert_eq!(names, vec!["chk-00000000000000000007/MANIFEST"]);
+    let mut all = s.list("").unwrap();
+    all.sort();
+    assert_eq!(all, vec!["chk-00000000000000000007/MANIFEST", "owners", "shared/large.state", "shared/small.state"]);
+    assert_eq!(s.list("shared/l").unwrap(), vec!["shared/large.state"]);
+    assert!(s.list("nothing/").unwrap().is_empty());
+
+    assert!(s.exists("shared/small.state").unwrap());
+    s.copy("shared/small.state", "savepoints/v1/small.state").unwrap();
+    s.delete("shared/small.state").unwrap();
+    s.delete("shared/small.state").unwrap();
+    assert!(!s.exists("shared/small.state").unwrap());
+    let mut copied = String::new();
+    s.open("savepoints/v1/small.state").unwrap().read_to_string(&mut copied).unwrap();
+    assert_eq!(copied, "tiny");
+    let missing = s.open("shared/none.state").err().expect("no such object");
+    assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+    assert!(s.locate("chk-1/MANIFEST").to_string_lossy().ends_with(&format!("{bucket}/jobs/one/chk-1/MANIFEST")));
+}
+
+fn counting(job: &Job, out: &CollectSink<(u64, u64)>, rate: Option<f64>) {
+    let mut source = Generator::new(60_000, |i| (i % 1_000, 1u64)).with_partitions(2);
+    if let Some(r) = rate {
+        source = source.with_rate(r);
+    }
+    job.source(source)
+        .name("numbers")
+        .key_by(|e: &(u64, u64)| e.0)
+        .with_partitions(2)
+        .reduce(|a, b| (a.0, a.1 + b.1))
+        .name("counts")
+        .sink(out.clone());
+}
+
+fn last_counts(values: Vec<(u64, u64)>) -> BTreeMap<u64, u64> {
+    let mut last = BTreeMap::new();
+    for (k, c) in values {
+        let e = last.entry(k).or_insert(0);
+        *e = (*e).max(c);
+    }
+    last
+}
+
+#[test]
+fn a_job_checkpoints_into_s3_and_restores_from_a_savepoint_there() {
+    let bucket = unique_bucket("restore");
+    let s = storage(&bucket, "counts");
+    let first = CollectSink::new();
+    let job = Job::new("counts").with_checkpoint_storage(s.clone(), Duration::from_millis(100));
+    counting(&job, &first, Some(40_000.0));
+    let savepoint = weibo_tests::savepoint_midway(job, Duration::from_millis(800));
+    assert!(savepoint.to_string_lossy().starts_with(&format!("s3://{bucket}/counts/savepoints/v1")), "{savepoint:?}");
+    let complete = weibo::checkpoint::complete_checkpoints_in(&s, "").unwrap();
+    assert!(!complete.is_empty(), "checkpoints in S3");
+    assert!(s.exists("savepoints/v1/MANIFEST").unwrap());
+
+    let second = CollectSink::new();
+    let again = Job::new("counts").restore_from_storage(Arc::new(s.clone()), "savepoints/v1");
+    counting(&again, &second, None);
+    weibo::testing::block_on(again.run()).unwrap();
+    // Every key counted to 60 across both lives: the state came back from S3.
+    let counts = last_counts(second.values());
+    assert_eq!(counts.len(), 1_000);
+    assert!(counts.values().all(|c| *c == 60), "{:?}", counts.iter().find(|(_, c)| **c != 60));
+    assert!(second.values().len() < 60_000, "the restored job did not start from the beginning");
+}
+
+#[test]
+fn a_stale_owner_cannot_publish_the_checkpoint_its_successor_published() {
+    let bucket = unique_bucket("fence");
+    let s = storage(&bucket, "task-0");
+    // A first life leaves checkpoints behind.
+    let job = Job::new("counts").with_checkpoint_storage(s.clone(), Duration::from_millis(100));
+    counting(&job, &CollectSink::new(), Some(40_000.0));
+    let _ = weibo_tests::savepoint_midway(job, Duration::from_millis(600));
+    assert!(!weibo::checkpoint::complete_checkpoints_in(&s, "").unwrap().is_empty());
+    // Two processes now believe they own the task (one of them stalled past
+    // its session timeout): both restore the newest checkpoint, and both
+    // number the next one alike.
+    let (a_out, b_out) = (CollectSink::new(), CollectSink::new());
+    let start = |out: &CollectSink<(u64, u64)>| {
+        let job = Job::new("counts").with_checkpoint_storage(s.clone(), Duration::from_secs(3600));
+        counting(&job, out, Some(1_000.0));
+        job
+    };
+    let (a, b) = (start(&a_out), start(&b_out));
+    let published = weibo::testing::block_on(async move {
+        let a = a.spawn().unwrap();
+        let b = b.spawn().unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let published = a.checkpoint().await.expect("the successor checkpoints");
+        let refused = b.checkpoint().await.expect_err("the stale owner's checkpoint is refused").to_string();
+        assert!(refused.contains("cannot publish checkpoint manifest"), "{refused}");
+        let name = published.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(refused.contains(&name), "the same checkpoint: {refused} / {name}");
+        a.abort();
+        b.abort();
+        name
+    });
+    // What is there is the successor's checkpoint, whole: a restore takes it.
+    let manifest = weibo::checkpoint::read_manifest_in(&s, &published).unwrap();
+    assert_eq!(format!("chk-{:020}", manifest.checkpoint.get()), published);
+}

@@ -1,0 +1,400 @@
+//! Checkpoints in S3 (or any service that speaks its API), on the
+//! `object_store` crate.
+//!
+//! [`S3Storage`] is a [`CheckpointStorage`]: state files stream up as
+//! multipart uploads (8 MiB parts, four in flight), reads fetch 8 MiB
+//! ranges as they go, listing and deleting are S3's own, and savepoints
+//! copy state files server-side. A manifest, the object that completes a
+//! checkpoint, is written with a conditional put that succeeds only if no
+//! object of that name exists (`If-None-Match: *`): of two processes that
+//! both believe they own a job (one of them stalled past its session
+//! timeout and does not know yet that another took over), only one can
+//! publish checkpoint `n`; the other's checkpoint fails, and so does its
+//! next one, since the new owner's numbers are ahead.
+
+use std::fmt;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures_util::StreamExt as _;
+use object_store::path::Path as ObjectPath;
+use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+use weibo::checkpoint::{CheckpointStorage, ObjectReader, ObjectWriter};
+use weibo::{Error, Result};
+
+use crate::runtime::{Pending, SinkRuntime};
+
+/// The size of an upload's parts and of a read's ranges.
+const PART: usize = 8 << 20;
+/// Parts of one upload in flight at once.
+const PARTS_IN_FLIGHT: usize = 4;
+
+/// Checkpoints in an S3 bucket, under a prefix; see the [module
+/// notes](self).
+///
+/// ```no_run
+/// # fn main() -> weibo::Result<()> {
+/// use std::time::Duration;
+/// use weibo_connectors::s3::S3Storage;
+///
+/// let storage = S3Storage::builder("my-bucket", "jobs/orders")
+///     .region("eu-west-1")
+///     .from_env() // AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, …
+///     .build()?;
+/// let job = weibo::Job::new("orders").with_checkpoint_storage(storage, Duration::from_secs(10));
+/// # let _ = job;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct S3Storage {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn ObjectStore>,
+    bucket: String,
+    /// Without a trailing `/` (empty: the bucket's root).
+    prefix: String,
+    rt: Arc<SinkRuntime>,
+}
+
+impl fmt::Debug for S3Storage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3Storage").field("bucket", &self.inner.bucket).field("prefix", &self.inner.prefix).finish()
+    }
+}
+
+/// Configures an [`S3Storage`].
+#[derive(Debug)]
+pub struct S3StorageBuilder {
+    bucket: String,
+    prefix: String,
+    builder: object_store::aws::AmazonS3Builder,
+}
+
+impl S3Storage {
+    /// Checkpoints in `bucket` under `prefix` (`""` for the bucket's root).
+    pub fn builder(bucket: impl Into<String>, prefix: impl Into<String>) -> S3StorageBuilder {
+        let bucket = bucket.into();
+        let prefix = prefix.into().trim_matches('/').to_string();
+        let builder = object_store::aws::AmazonS3Builder::new().with_bucket_name(&bucket);
+        S3StorageBuilder { bucket, prefix, builder }
+    }
+
+    /// The same bucket under another prefix (below this one): a storage
+    /// per job, or per task of a group, sharing one client.
+    pub fn under(&self, prefix: &str) -> S3Storage {
+        let sub = prefix.trim_matches('/');
+        let prefix = match (self.inner.prefix.is_empty(), sub.is_empty()) {
+            (true, _) => sub.to_string(),
+            (false, true) => self.inner.prefix.clone(),
+            (false, false) => format!("{}/{sub}", self.inner.prefix),
+        };
+        S3Storage {
+            inner: Arc::new(Inner {
+                store: Arc::clone(&self.inner.store),
+                bucket: self.inner.bucket.clone(),
+                prefix,
+                rt: Arc::clone(&self.inner.rt),
+            }),
+        }
+    }
+
+    fn path(&self, name: &str) -> ObjectPath {
+        ObjectPath::from(self.key(name))
+    }
+
+    fn key(&self, name: &str) -> String {
+        if self.inner.prefix.is_empty() { name.to_string() } else { format!("{}/{name}", self.inner.prefix) }
+    }
+
+    /// Runs `f` on the storage's runtime, as an I/O result.
+    fn run<R: Send + 'static>(
+        &self,
+        f: impl std::future::Future<Output = object_store::Result<R>> + Send + 'static,
+    ) -> io::Result<R> {
+        self.inner.rt.run(f).map_err(io::Error::other)?.map_err(to_io)
+    }
+}
+
+impl S3StorageBuilder {
+    /// The service's URL, for S3-compatible stores (MinIO, Ceph, a local
+    /// server); `http://` needs [`S3StorageBuilder::allow_http`].
+    pub fn endpoint(mut self, url: impl Into<String>) -> Self {
+        self.builder = self.builder.with_endpoint(url);
+        self
+    }
+
+    /// The bucket's region (default `us-east-1`).
+    pub fn region(mut self, region: impl Into<String>) -> Self {
+        self.builder = self.builder.with_region(region);
+        self
+    }
+
+    /// Credentials.
+    pub fn credentials(mut self, access_key_id: impl Into<String>, secret_access_key: impl Into<String>) -> Self {
+        self.builder = self.builder.with_access_key_id(access_key_id).with_secret_access_key(secret_access_key);
+        self
+    }
+
+    /// Reads the usual `AWS_*` variables (credentials, region, endpoint);
+    /// settings made after this call win.
+    pub fn from_env(mut self) -> Self {
+        let mut fresh = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(&self.bucket);
+        std::mem::swap(&mut fresh, &mut self.builder);
+        self
+    }
+
+    /// Allows plain `http://` endpoints (a local server).
+    pub fn allow_http(mut self) -> Self {
+        self.builder = self.builder.with_allow_http(true);
+        self
+    }
+
+    /// Path-style URLs (`<endpoint>/<bucket>/<key>`), which local and most
+    /// S3-compatible servers want.
+    pub fn path_style(mut self) -> Self {
+        self.builder = self.builder.with_virtual_hosted_style_request(false);
+        self
+    }
+
+    /// Builds the client.
+    ///
+    /// # Errors
+    /// [`Error::Connector`] when the configuration is incomplete or wrong.
+    pub fn build(self) -> Result<S3Storage> {
+        let name = format!("s3 {}", self.bucket);
+        // TLS through rustls with ring's primitives (one process-wide
+        // provider; another library may have installed its own already).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let store = self
+            .builder
+            .with_conditional_put(object_store::aws::S3ConditionalPut::ETagMatch)
+            .build()
+            .map_err(|e| Error::connector_caused(&name, "cannot configure the S3 client".to_string(), e))?;
+        let rt = Arc::new(SinkRuntime::new(&name, "weibo-s3")?);
+        Ok(S3Storage {
+            inner: Arc::new(Inner { store: Arc::new(store), bucket: self.bucket, prefix: self.prefix, rt }),
+        })
+    }
+}
+
+/// An `object_store` error as an I/O error of the right kind.
+fn to_io(e: object_store::Error) -> io::Error {
+    let kind = match &e {
+        object_store::Error::NotFound { .. } => io::ErrorKind::NotFound,
+        object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
+            io::ErrorKind::AlreadyExists
+        }
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
+            io::ErrorKind::PermissionDenied
+        }
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, e)
+}
+
+impl CheckpointStorage for S3Storage {
+    fn locate(&self, name: &str) -> PathBuf {
+        PathBuf::from(format!("s3://{}/{}", self.inner.bucket, self.key(name)))
+    }
+
+    fn create(&self, name: &str) -> io::Result<Box<dyn ObjectWriter>> {
+        Ok(Box::new(S3Writer {
+            storage: self.clone(),
+            path: self.path(name),
+            buf: Vec::new(),
+            upload: None,
+            parts: Vec::new(),
+        }))
+    }
+
+    fn put(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        let (store, path) = (Arc::clone(&self.inner.store), self.path(name));
+        // A manifest completes a checkpoint: it is created, never replaced
+        // (the fence against a process that lost its job).
+        let mode = if name == "MANIFEST" || name.ends_with("/MANIFEST") { PutMode::Create } else { PutMode::Overwrite };
+        let payload = PutPayload::from(bytes.to_vec());
+        self.run(async move { store.put_opts(&path, payload, PutOptions::from(mode)).await.map(|_| ()) })
+    }
+
+    fn open(&self, name: &str) -> io::Result<Box<dyn ObjectReader>> {
+        let (store, path) = (Arc::clone(&self.inner.store), self.path(name));
+        let size = self.run(async move { store.head(&path).await.map(|m| m.size) })?;
+        Ok(Box::new(S3Reader {
+            storage: self.clone(),
+            path: self.path(name),
+            size,
+            pos: 0,
+            buf: Vec::new(),
+            buf_at: 0,
+        }))
+    }
+
+    fn exists(&self, name: &str) -> io::Result<bool> {
+        let (store, path) = (Arc::clone(&self.inner.store), self.path(name));
+        match self.run(async move { store.head(&path).await }) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> io::Result<Vec<String>> {
+        // S3 lists by key prefix; object_store by whole path segments: list
+        // what is under the prefix's directory and keep what matches.
+        let dir = prefix.rsplit_once('/').map_or("", |(d, _)| d);
+        let dir_key = self.key(dir);
+        let store = Arc::clone(&self.inner.store);
+        let under = if dir_key.is_empty() { None } else { Some(ObjectPath::from(dir_key)) };
+        let keys = self.run(async move {
+            let mut out = Vec::new();
+            let mut listing = store.list(under.as_ref());
+            while let Some(meta) = listing.next().await {
+                out.push(meta?.location.to_string());
+            }
+            Ok(out)
+        })?;
+        let root = if self.inner.prefix.is_empty() { String::new() } else { format!("{}/", self.inner.prefix) };
+        Ok(keys
+            .into_iter()
+            .filter_map(|k| k.strip_prefix(&root).map(str::to_string))
+            .filter(|n| n.starts_with(prefix))
+            .collect())
+    }
+
+    fn delete(&self, name: &str) -> io::Result<()> {
+        let (store, path) = (Arc::clone(&self.inner.store), self.path(name));
+        match self.run(async move { store.delete(&path).await }) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn copy(&self, from: &str, to: &str) -> io::Result<()> {
+        let (store, from, to) = (Arc::clone(&self.inner.store), self.path(from), self.path(to));
+        self.run(async move { store.copy(&from, &to).await })
+    }
+}
+
+/// A state file going up: small ones in one put, larger ones as a
+/// multipart upload of 8 MiB parts.
+struct S3Writer {
+    storage: S3Storage,
+    path: ObjectPath,
+    buf: Vec<u8>,
+    upload: Option<Box<dyn MultipartUpload>>,
+    parts: Vec<Pending<object_store::Result<()>>>,
+}
+
+impl S3Writer {
+    /// Sends the buffer as the next part (starting the upload first).
+    fn send_part(&mut self) -> io::Result<()> {
+        if self.upload.is_none() {
+            let (store, path) = (Arc::clone(&self.storage.inner.store), self.path.clone());
+            self.upload = Some(self.storage.run(async move { store.put_multipart(&path).await })?);
+        }
+        while self.parts.len() >= PARTS_IN_FLIGHT {
+            let oldest = self.parts.remove(0);
+            oldest.wait().map_err(io::Error::other)?.map_err(to_io)?;
+        }
+        let payload = PutPayload::from(std::mem::take(&mut self.buf));
+        if let Some(upload) = self.upload.as_mut() {
+            let part = upload.put_part(payload);
+            self.parts.push(self.storage.inner.rt.start(part));
+        }
+        Ok(())
+    }
+}
+
+impl Write for S3Writer {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= PART {
+            self.send_part()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl ObjectWriter for S3Writer {
+    fn finish(mut self: Box<Self>) -> io::Result<()> {
+        if self.upload.is_none() {
+            let (store, path) = (Arc::clone(&self.storage.inner.store), self.path.clone());
+            let payload = PutPayload::from(std::mem::take(&mut self.buf));
+            return self.storage.run(async move { store.put(&path, payload).await.map(|_| ()) });
+        }
+        if !self.buf.is_empty() {
+            self.send_part()?;
+        }
+        for p in std::mem::take(&mut self.parts) {
+            p.wait().map_err(io::Error::other)?.map_err(to_io)?;
+        }
+        let Some(mut upload) = self.upload.take() else { return Ok(()) };
+        self.storage.run(async move { upload.complete().await.map(|_| ()) })
+    }
+}
+
+impl Drop for S3Writer {
+    fn drop(&mut self) {
+        // An upload never finished (the checkpoint failed): abort it, so
+        // that the bucket does not keep its parts.
+        if let Some(mut upload) = self.upload.take() {
+            let _ = self.storage.inner.rt.start(async move { upload.abort().await });
+        }
+    }
+}
+
+/// A state file coming down, 8 MiB at a time.
+struct S3Reader {
+    storage: S3Storage,
+    path: ObjectPath,
+    size: u64,
+    pos: u64,
+    buf: Vec<u8>,
+    /// Where `buf` starts in the object.
+    buf_at: u64,
+}
+
+impl Read for S3Reader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if self.pos >= self.size || out.is_empty() {
+            return Ok(0);
+        }
+        let in_buf = self.pos >= self.buf_at && self.pos < self.buf_at + self.buf.len() as u64;
+        if !in_buf {
+            let end = (self.pos + PART as u64).min(self.size);
+            let (store, path, start) = (Arc::clone(&self.storage.inner.store), self.path.clone(), self.pos);
+            let bytes = self.storage.run(async move { store.get_range(&path, start..end).await })?;
+            self.buf = bytes.to_vec();
+            self.buf_at = self.pos;
+        }
+        let from = usize::try_from(self.pos - self.buf_at).map_err(io::Error::other)?;
+        let available = self.buf.get(from..).unwrap_or_default();
+        let n = available.len().min(out.len());
+        if let (Some(dst), Some(src)) = (out.get_mut(..n), available.get(..n)) {
+            dst.copy_from_slice(src);
+        }
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for S3Reader {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let target = match to {
+            SeekFrom::Start(n) => i128::from(n),
+            SeekFrom::End(d) => i128::from(self.size) + i128::from(d),
+            SeekFrom::Current(d) => i128::from(self.pos) + i128::from(d),
+        };
+        self.pos = u64::try_from(target)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "seek before the start of the object"))?;
+        Ok(self.pos)
+    }
+}

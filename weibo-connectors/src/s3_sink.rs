@@ -1,0 +1,357 @@
+//! Files of JSON lines in S3 (or any [`CheckpointStorage`]), exactly once:
+//! each checkpoint epoch's parts are uploaded while the epoch runs, under
+//! `_pending/`, and appear under their final names only when the
+//! checkpoint that covers them completes.
+//!
+//! A writer (one per parallel instance) writes its records into a part,
+//! streamed up as a multipart upload; a part is closed (rolled) when it
+//! reaches `roll_bytes`, when it has been open for `roll_interval`, and at
+//! every checkpoint barrier. The barrier's pre-commit finishes the epoch's
+//! last part: the epoch's parts are then complete objects under
+//! `_pending/<run>/`. The checkpoint's completion copies each to its final
+//! name, `part-<instance>-<epoch>-<part>.jsonl` (server-side, so a reader
+//! sees a whole part or nothing), and deletes the pending one. A commit
+//! retried after a crash copies again what is still pending (the same
+//! bytes under the same name) and skips what is done; a restore deletes the
+//! pending parts of epochs after the restored checkpoint, whose records are
+//! read again. Final names are the same whichever run writes an epoch, so
+//! they never collide with another epoch's, and a re-published part
+//! replaces itself.
+//!
+//! Readers should ignore `_pending/` (the `_` prefix is what Spark, Hive
+//! and Trino skip).
+
+use std::fmt;
+use std::io::Write;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use weibo::checkpoint::{CheckpointStorage, ObjectWriter};
+use weibo::record::CheckpointId;
+use weibo::sinks::{SinkBatch, TransactionWriter, TwoPhaseCommitSink};
+use weibo::{Error, Result};
+
+/// Where pending parts are kept, under the sink's storage.
+const PENDING: &str = "_pending";
+
+/// JSON-lines part files, exactly once; see the [module notes](self).
+///
+/// ```no_run
+/// # fn main() -> weibo::Result<()> {
+/// use std::time::Duration;
+/// use weibo_connectors::s3::S3Storage;
+/// use weibo_connectors::s3_sink::S3Sink;
+///
+/// let out = S3Storage::builder("my-bucket", "exports/orders").from_env().build()?;
+/// let sink = S3Sink::json_lines(out).roll_bytes(128 << 20).roll_interval(Duration::from_secs(300));
+/// # let job = weibo::Job::new("orders").with_checkpoints("/var/lib/orders", Duration::from_secs(60));
+/// # let orders = job.source(weibo::sources::IterSource::new(Vec::<u64>::new()));
+/// orders.sink_exactly_once(sink);
+/// # Ok(()) }
+/// ```
+pub struct S3Sink {
+    storage: Arc<dyn CheckpointStorage>,
+    roll_bytes: u64,
+    roll_interval: Option<Duration>,
+}
+
+impl fmt::Debug for S3Sink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3Sink").field("at", &self.storage.locate("")).finish_non_exhaustive()
+    }
+}
+
+impl S3Sink {
+    /// Parts of JSON lines (one record a line, `serde_json`) in `storage`:
+    /// an [`S3Storage`](crate::s3::S3Storage), or any other storage (a
+    /// local directory, for tests).
+    pub fn json_lines(storage: impl CheckpointStorage) -> Self {
+        Self { storage: Arc::new(storage), roll_bytes: 64 << 20, roll_interval: None }
+    }
+
+    /// Closes a part once it holds this many bytes (default 64 MiB).
+    pub fn roll_bytes(mut self, bytes: u64) -> Self {
+        self.roll_bytes = bytes.max(1);
+        self
+    }
+
+    /// Closes a part once it has been open this long (looked at when the
+    /// job's buffer timeout flushes the sink; default: only by size and at
+    /// barriers).
+    pub fn roll_interval(mut self, interval: Duration) -> Self {
+        self.roll_interval = Some(interval);
+        self
+    }
+
+    fn name(&self) -> String {
+        format!("s3 sink {}", self.storage.locate("").display())
+    }
+
+    fn err(&self, what: &str, e: std::io::Error) -> Error {
+        Error::connector_caused(self.name(), what.to_string(), e)
+    }
+}
+
+/// A pre-committed epoch: the writer's run, instance, epoch and parts.
+#[derive(Debug, PartialEq, Eq)]
+struct Handle {
+    run: String,
+    instance: usize,
+    epoch: u64,
+    parts: u32,
+}
+
+impl Handle {
+    fn encode(&self) -> String {
+        format!("s3v1:{}:{}:{}:{}", self.run, self.instance, self.epoch, self.parts)
+    }
+
+    fn parse(h: &str) -> Option<Self> {
+        let mut it = h.strip_prefix("s3v1:")?.split(':');
+        let run = it.next()?.to_string();
+        let instance = it.next()?.parse().ok()?;
+        let epoch = it.next()?.parse().ok()?;
+        let parts = it.next()?.parse().ok()?;
+        if it.next().is_some() || run.is_empty() || !run.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        Some(Handle { run, instance, epoch, parts })
+    }
+}
+
+/// `part-<instance>-<epoch>-<part>.jsonl`.
+fn part_name(instance: usize, epoch: u64, part: u32) -> String {
+    format!("part-{instance:05}-{epoch:020}-{part:05}.jsonl")
+}
+
+/// The pending object of a part.
+fn pending_name(run: &str, instance: usize, epoch: u64, part: u32) -> String {
+    format!("{PENDING}/{run}/{}", part_name(instance, epoch, part))
+}
+
+/// The instance and epoch of a pending object's name.
+fn parse_pending(name: &str) -> Option<(usize, u64)> {
+    let file = name.strip_prefix(PENDING)?.strip_prefix('/')?.split_once('/')?.1;
+    let mut it = file.strip_prefix("part-")?.strip_suffix(".jsonl")?.split('-');
+    let instance = it.next()?.parse().ok()?;
+    let epoch = it.next()?.parse().ok()?;
+    Some((instance, epoch))
+}
+
+/// A fresh run token (128 bits, from the standard library's randomly
+/// keyed hashers).
+fn run_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let half = || {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(nanos);
+        h.write_u32(std::process::id());
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(), half())
+}
+
+impl<T: Serialize + Send + 'static> TwoPhaseCommitSink<T> for S3Sink {
+    fn default_name(&self) -> String {
+        self.name()
+    }
+
+    fn open(&self, instance: usize, _parallelism: usize, epoch: CheckpointId) -> Result<Box<dyn TransactionWriter<T>>> {
+        if epoch == CheckpointId::FIRST {
+            // A fresh start: what an earlier run of this instance left
+            // pending is garbage.
+            let stale = self.storage.list(PENDING).map_err(|e| self.err("cannot list pending parts", e))?;
+            for name in stale.iter().filter(|n| parse_pending(n).is_some_and(|(i, _)| i == instance)) {
+                weibo::blocking(|| self.storage.delete(name))
+                    .map_err(|e| self.err("cannot delete a pending part", e))?;
+            }
+        }
+        Ok(Box::new(S3Writer {
+            storage: Arc::clone(&self.storage),
+            name: self.name(),
+            roll_bytes: self.roll_bytes,
+            roll_interval: self.roll_interval,
+            run: run_token(),
+            instance,
+            epoch: epoch.get(),
+            parts: 0,
+            current: None,
+            line: Vec::new(),
+            _t: PhantomData,
+        }))
+    }
+
+    fn commit(&self, handle: &str) -> Result<()> {
+        let h = Handle::parse(handle)
+            .ok_or_else(|| Error::connector(self.name(), format!("`{handle}` is not a handle of this sink")))?;
+        weibo::blocking(|| {
+            for part in 0..h.parts {
+                let pending = pending_name(&h.run, h.instance, h.epoch, part);
+                let last = part_name(h.instance, h.epoch, part);
+                if self.storage.exists(&pending).map_err(|e| self.err("cannot look for a pending part", e))? {
+                    // Copied again after a crash between copy and delete:
+                    // the same bytes under the same name.
+                    self.storage.copy(&pending, &last).map_err(|e| self.err("cannot publish a part", e))?;
+                    weibo::checkpoint::faults::point("s3-after-publish");
+                    self.storage
+                        .delete(&pending)
+                        .map_err(|e| self.err("cannot delete a published part's pending copy", e))?;
+                } else if !self.storage.exists(&last).map_err(|e| self.err("cannot look for a published part", e))? {
+                    return Err(Error::connector(
+                        self.name(),
+                        format!("part {last} of `{handle}` is neither pending nor published (was it deleted by hand?)"),
+                    ));
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64> {
+        weibo::blocking(|| {
+            let pending = self.storage.list(PENDING).map_err(|e| self.err("cannot list pending parts", e))?;
+            let mut epochs = std::collections::BTreeSet::new();
+            for name in &pending {
+                if let Some((instance, epoch)) = parse_pending(name).filter(|(_, e)| *e > checkpoint.get()) {
+                    self.storage.delete(name).map_err(|e| self.err("cannot delete a pending part", e))?;
+                    let run = name.split('/').nth(1).unwrap_or_default().to_string();
+                    epochs.insert((run, instance, epoch));
+                }
+            }
+            Ok(epochs.len() as u64)
+        })
+    }
+}
+
+/// The part being written.
+struct Part {
+    out: Box<dyn ObjectWriter>,
+    bytes: u64,
+    opened: Instant,
+}
+
+struct S3Writer<T> {
+    storage: Arc<dyn CheckpointStorage>,
+    name: String,
+    roll_bytes: u64,
+    roll_interval: Option<Duration>,
+    run: String,
+    instance: usize,
+    /// The epoch being written.
+    epoch: u64,
+    /// Parts of the epoch so far (closed, and the open one).
+    parts: u32,
+    current: Option<Part>,
+    line: Vec<u8>,
+    _t: PhantomData<fn(T)>,
+}
+
+impl<T> S3Writer<T> {
+    fn io(&self, what: &str) -> impl FnOnce(std::io::Error) -> Error + use<T> {
+        let name = self.name.clone();
+        let what = what.to_string();
+        move |e| Error::connector_caused(name, what, e)
+    }
+
+    /// Closes the open part: it is then a complete pending object.
+    fn roll(&mut self) -> Result<()> {
+        if let Some(part) = self.current.take() {
+            let err = self.io("cannot finish a part");
+            weibo::blocking(|| part.out.finish()).map_err(err)?;
+        }
+        Ok(())
+    }
+
+    fn part(&mut self) -> Result<&mut Part> {
+        if self.current.is_none() {
+            let name = pending_name(&self.run, self.instance, self.epoch, self.parts);
+            let err = self.io("cannot start a part");
+            let out = weibo::blocking(|| self.storage.create(&name)).map_err(err)?;
+            self.parts += 1;
+            self.current = Some(Part { out, bytes: 0, opened: Instant::now() });
+        }
+        self.current.as_mut().ok_or_else(|| Error::Internal("no open part".into()))
+    }
+
+    fn seal(&mut self) -> Result<String> {
+        self.roll()?;
+        Ok(Handle { run: self.run.clone(), instance: self.instance, epoch: self.epoch, parts: self.parts }.encode())
+    }
+}
+
+impl<T: Serialize + Send> TransactionWriter<T> for S3Writer<T> {
+    fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
+        let offsets: Vec<u64> = batch.meta().iter().map(|m| m.offset).collect();
+        for (v, offset) in batch.drain().zip(offsets) {
+            self.line.clear();
+            serde_json::to_writer(&mut self.line, &v).map_err(|e| {
+                Error::connector_caused(
+                    self.name.clone(),
+                    format!("cannot write the record from offset {offset} as JSON"),
+                    e,
+                )
+            })?;
+            self.line.push(b'\n');
+            let line = std::mem::take(&mut self.line);
+            let err = self.io("cannot write a part");
+            let part = self.part()?;
+            // Multipart uploads send a part when 8 MiB are buffered: the
+            // write may wait for the network.
+            weibo::blocking(|| part.out.write_all(&line)).map_err(err)?;
+            part.bytes += line.len() as u64;
+            let full = part.bytes >= self.roll_bytes;
+            self.line = line;
+            if full {
+                self.roll()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<String> {
+        let handle = self.seal()?;
+        self.epoch = checkpoint.next().get();
+        self.parts = 0;
+        Ok(handle)
+    }
+
+    fn finish(&mut self) -> Result<String> {
+        self.seal()
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.roll_if_old()
+    }
+}
+
+impl<T> S3Writer<T> {
+    /// Rolls a part that has been open for the roll interval.
+    fn roll_if_old(&mut self) -> Result<()> {
+        let old = match (&self.current, self.roll_interval) {
+            (Some(p), Some(i)) => p.opened.elapsed() >= i,
+            _ => false,
+        };
+        if old { self.roll() } else { Ok(()) }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_handles_round_trip() {
+        let h = Handle { run: "ab12".into(), instance: 3, epoch: 9, parts: 2 };
+        assert_eq!(Handle::parse(&h.encode()), Some(h));
+        assert_eq!(Handle::parse("s3v1:zz:1:2:3"), None);
+        assert_eq!(Handle::parse("pg2:ab:1:2:3"), None);
+        let p = pending_name("ab12", 3, 9, 1);
+        assert_eq!(p, "_pending/ab12/part-00003-00000000000000000009-00001.jsonl");
+        assert_eq!(parse_pending(&p), Some((3, 9)));
+        assert_eq!(parse_pending("part-00003-00000000000000000009-00001.jsonl"), None);
+    }
+}
