@@ -216,14 +216,35 @@ pub(crate) fn committed(topic: &str) -> (BTreeMap<u64, Count>, Vec<u64>) {
 /// A member of the counting group: runs the tasks the group gives it and
 /// writes the partitions it owns to `<dir>/owners-<name>` as they change;
 /// runs until killed.
-pub(crate) fn group_member(input: &str, output: &str, dir: &Path, name: &str) {
+/// The tasks' checkpoints in S3 (bucket `bucket` of the server at
+/// `WEIBO_S3_ENDPOINT`), one prefix per task, instead of the group's
+/// directory.
+pub(crate) fn s3_tasks(bucket: &str) -> weibo_connectors::s3::S3Storage {
+    let endpoint = std::env::var("WEIBO_S3_ENDPOINT").expect("WEIBO_S3_ENDPOINT");
+    weibo_connectors::s3::S3Storage::builder(bucket, "tasks")
+        .endpoint(endpoint)
+        .region("us-east-1")
+        .credentials("test", "testsecret")
+        .allow_http()
+        .path_style()
+        .build()
+        .unwrap()
+}
+
+pub(crate) fn group_member(input: &str, output: &str, dir: &Path, name: &str, bucket: Option<&str>) {
     let (input, output) = (input.to_string(), output.to_string());
     let owners = dir.join(format!("owners-{name}"));
+    let s3 = bucket.map(s3_tasks);
     weibo::testing::block_on(async move {
         let group = KafkaGroup::new(bootstrap(), format!("{output}-group"), [input], dir.join("group"))
             .session_timeout(Duration::from_secs(3))
             .spawn(move |task| {
-                let job = paced_job(&task.id(), task.checkpoint_dir());
+                let job = match &s3 {
+                    Some(storage) => Job::new(task.id())
+                        .with_checkpoint_storage(storage.under(&task.id()), Duration::from_millis(300))
+                        .with_batch_size(16),
+                    None => paced_job(&task.id(), task.checkpoint_dir()),
+                };
                 let source = task.source(Json).build::<Event>()?;
                 let sink = TxnKafkaSink::new(bootstrap(), &output, Json, task.id(), task.redo_dir());
                 counting(&job, source, sink, 1);
@@ -343,7 +364,7 @@ pub(crate) fn run_child() {
     init_logs();
     let parts: Vec<&str> = spec.split('|').collect();
     if parts[0] == "group" {
-        group_member(parts[1], parts[2], Path::new(parts[3]), parts[4]);
+        group_member(parts[1], parts[2], Path::new(parts[3]), parts[4], parts.get(5).copied());
         return;
     }
     let job = counting_job(parts[0], parts[1], Path::new(parts[2]), true);

@@ -11,6 +11,8 @@
 mod kafka_broker;
 #[path = "kafka_common.rs"]
 mod kafka_common;
+#[path = "s3_server.rs"]
+mod s3_server;
 
 use kafka_common::*;
 
@@ -207,5 +209,69 @@ fn two_group_members_split_the_partitions_and_a_survivor_takes_over_with_the_sta
     a.kill().unwrap();
     a.wait().unwrap();
     eprintln!("b owned {taken:?}, from checkpoints {at_handover:?}");
+    assert_exactly_once(&output);
+}
+
+#[test]
+fn two_group_members_sharing_checkpoints_in_s3_hand_over_with_the_state() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let bucket = s3_server::unique_bucket("group");
+    let (output, dir, spec) = counting_setup("group-s3");
+    let tasks = {
+        let endpoint = s3_server::server().endpoint.clone();
+        move |bucket: &str| {
+            weibo_connectors::s3::S3Storage::builder(bucket, "tasks")
+                .endpoint(&endpoint)
+                .region("us-east-1")
+                .credentials("test", "testsecret")
+                .allow_http()
+                .path_style()
+                .build()
+                .unwrap()
+        }
+    };
+    let storage = tasks(&bucket);
+    let task_checkpoint = |p: i32| {
+        // A task's job is named `<group>-<partition>`; its checkpoints are
+        // under that prefix.
+        let task = storage.under(&format!("{output}-group-{p}"));
+        weibo::checkpoint::complete_checkpoints_in(&task, "")
+            .map_or(0, |c| c.iter().map(|(n, _)| n.get()).max().unwrap_or(0))
+    };
+    let member = |name: &str| {
+        child_command(&format!("group|{spec}|{name}|{bucket}"))
+            .env("WEIBO_S3_ENDPOINT", &s3_server::server().endpoint)
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap()
+    };
+    let mut a = member("a");
+    wait_for("a to run and checkpoint all four tasks into S3", Duration::from_secs(60), || {
+        owners(dir.path(), "a").len() == 4 && (0..4).all(|p| task_checkpoint(p) > 0)
+    });
+    let mut b = member("b");
+    wait_for("b to take partitions from a", Duration::from_secs(60), || {
+        !owners(dir.path(), "b").is_empty() && owners(dir.path(), "a").len() < 4
+    });
+    let taken = owners(dir.path(), "b");
+    let at_handover: Vec<u64> = taken.iter().map(|p| task_checkpoint(*p)).collect();
+    wait_for("b to checkpoint its tasks into S3", Duration::from_secs(60), || {
+        taken.iter().zip(&at_handover).all(|(p, before)| task_checkpoint(*p) > *before)
+    });
+    assert!((committed(&output).0.len() as u64) < EVENTS, "the input was all processed before b was killed");
+    // B dies; A takes its partitions back and goes on from B's checkpoints
+    // in S3.
+    b.kill().unwrap();
+    b.wait().unwrap();
+    wait_for("a to take b's partitions back", Duration::from_secs(60), || owners(dir.path(), "a").len() == 4);
+    wait_for("every event in the output", Duration::from_secs(180), || {
+        assert!(a.try_wait().unwrap().is_none(), "member a ended");
+        committed(&output).0.len() as u64 >= EVENTS
+    });
+    a.kill().unwrap();
+    a.wait().unwrap();
+    eprintln!("b owned {taken:?}, from checkpoints {at_handover:?} in S3");
     assert_exactly_once(&output);
 }
