@@ -31,8 +31,9 @@ fn job(url: &str, dir: &Path) -> weibo::Result<Job> {
         .concurrency(4)
         .timeout(Duration::from_secs(10))
         .header("authorization", "Bearer change-me")
-        // A 4xx other than 429: the record, the status and the start of
-        // the answer, one JSON line each.
+        // A 400, 413 or 422: the record, the status and the start of the
+        // answer, one JSON line each. (FileSink starts the file anew at
+        // each start; keep dead letters in Kafka or Postgres in production.)
         .on_refused(Refused::DeadLetter(Box::new(FileSink::json_lines(dir.join("refused.jsonl")))))
         .build()?;
     job.source(Generator::new(1_000_000, |i| Event { id: i, kind: if i % 3 == 0 { "click" } else { "view" } }))

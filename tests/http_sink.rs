@@ -314,3 +314,73 @@ fn a_job_restored_twice_from_one_savepoint_sends_the_same_keys_for_the_same_reco
         }
     }
 }
+
+/// A server that answers every request with `answer` (a status line and
+/// headers), counting requests.
+fn start_answering(answer: &'static str) -> (SocketAddr, Arc<Mutex<u32>>, tokio::runtime::Runtime) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = Arc::new(Mutex::new(0));
+    let seen = Arc::clone(&count);
+    rt.spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            let seen = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut read = BufReader::new(read);
+                loop {
+                    let mut line = String::new();
+                    if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut length = 0usize;
+                    loop {
+                        let mut h = String::new();
+                        read.read_line(&mut h).await.unwrap();
+                        let h = h.trim_end().to_string();
+                        if h.is_empty() {
+                            break;
+                        }
+                        if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    read.read_exact(&mut body).await.unwrap();
+                    *seen.lock().unwrap() += 1;
+                    let reply = format!("{answer}\r\ncontent-length: 4\r\n\r\nnope");
+                    if write.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, count, rt)
+}
+
+#[test]
+fn an_endpoint_that_redirects_or_refuses_the_credentials_fails_the_job_without_splitting_batches() {
+    for answer in
+        ["HTTP/1.1 401 Unauthorized", "HTTP/1.1 301 Moved Permanently\r\nlocation: http://127.0.0.1:9/elsewhere"]
+    {
+        let (addr, count, _rt) = start_answering(answer);
+        let dead = CollectSink::<DeadLetter<Event>>::new();
+        let job = Job::new("http-wrong");
+        job.source(Generator::new(1_000, event)).sink(
+            HttpSink::builder(format!("http://user:secret@{addr}/events?token=abc"))
+                .batch_records(500)
+                .concurrency(1)
+                .on_refused(Refused::DeadLetter(Box::new(dead.clone())))
+                .build()
+                .unwrap(),
+        );
+        let err = weibo::testing::block_on(job.run()).expect_err("a wrong endpoint fails the job").to_string();
+        assert!(err.contains("not about the records"), "{err}");
+        assert!(!err.contains("secret") && !err.contains("token=abc"), "credentials in the error: {err}");
+        assert!(dead.values().is_empty(), "no record is dead-lettered for the endpoint's fault");
+        assert!(*count.lock().unwrap() <= 2, "batches were not split: {} requests", count.lock().unwrap());
+    }
+}

@@ -79,12 +79,15 @@ pub(crate) fn unique_bucket(prefix: &str) -> String {
 
 /// A storage in `bucket` under `prefix` on the server.
 pub(crate) fn storage(bucket: &str, prefix: &str) -> weibo_connectors::s3::S3Storage {
+    builder(bucket, prefix).build().unwrap()
+}
+
+/// The builder of such a storage.
+pub(crate) fn builder(bucket: &str, prefix: &str) -> weibo_connectors::s3::S3StorageBuilder {
     weibo_connectors::s3::S3Storage::builder(bucket, prefix)
         .endpoint(&server().endpoint)
         .region("us-east-1")
         .credentials("test", "testsecret")
         .allow_http()
         .path_style()
-        .build()
-        .unwrap()
 }

@@ -80,6 +80,24 @@ fn the_storage_keeps_the_contract_checkpoints_rely_on() {
     let missing = s.open("shared/none.state").err().expect("no such object");
     assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
     assert!(s.locate("chk-1/MANIFEST").to_string_lossy().ends_with(&format!("{bucket}/jobs/one/chk-1/MANIFEST")));
+
+    // An empty object; reading past the end gives nothing.
+    s.create("shared/empty.state").unwrap().finish().unwrap();
+    let mut back = Vec::new();
+    s.open("shared/empty.state").unwrap().read_to_end(&mut back).unwrap();
+    assert!(back.is_empty());
+    let mut r = s.open("shared/large.state").unwrap();
+    r.seek(SeekFrom::Start(large.len() as u64 + 10)).unwrap();
+    assert_eq!(r.read(&mut [0u8; 8]).unwrap(), 0);
+    assert!(r.seek(SeekFrom::Current(-(large.len() as i64) - 100)).is_err());
+
+    // A task id with characters S3 keys should not hold lists back.
+    let task = s.under("orders~v2 #1");
+    task.put("chk-1/MANIFEST", b"{}").unwrap();
+    assert_eq!(task.list("chk-").unwrap(), vec!["chk-1/MANIFEST"]);
+    assert!(task.locate("x").to_string_lossy().contains("jobs/one/orders_v2__1/x"), "{:?}", task.locate("x"));
+    let refused = s3_server::builder(&bucket, "bad~prefix").build().unwrap_err().to_string();
+    assert!(refused.contains("prefix `bad~prefix`"), "{refused}");
 }
 
 fn counting(job: &Job, out: &CollectSink<(u64, u64)>, rate: Option<f64>) {

@@ -249,22 +249,30 @@ impl<T: Serialize + Send + 'static> HttpSinkBuilder<T> {
     /// [`Error::Connector`] for a URL that does not parse or is not HTTP(S),
     /// a header that is not one, or a client that cannot be built.
     pub fn build(self) -> Result<HttpSink<T>> {
-        let name = format!("http {}", self.url);
         let url = reqwest::Url::parse(&self.url)
-            .map_err(|e| Error::connector_caused(&name, format!("`{}` is not a URL", self.url), e))?;
+            .map_err(|e| Error::connector_caused(format!("http {}", self.url), "not a URL".to_string(), e))?;
+        // The name goes into logs, errors and idempotency keys: no
+        // credentials, no query.
+        let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+        let name = format!("http {}://{}{port}{}", url.scheme(), url.host_str().unwrap_or_default(), url.path());
         if !matches!(url.scheme(), "http" | "https") {
             return Err(Error::connector(&name, format!("`{}` is not an http:// or https:// URL", self.url)));
         }
         for (k, v) in &self.headers {
+            if k.eq_ignore_ascii_case("content-type") || k.eq_ignore_ascii_case("idempotency-key") {
+                return Err(Error::connector(
+                    &name,
+                    format!("header `{k}` is the sink's own (set by the body format and the batch)"),
+                ));
+            }
             reqwest::header::HeaderName::from_bytes(k.as_bytes())
                 .map_err(|e| Error::connector_caused(&name, format!("`{k}` is not a header name"), e))?;
             reqwest::header::HeaderValue::from_str(v)
                 .map_err(|e| Error::connector_caused(&name, format!("the value of header `{k}` is not one"), e))?;
         }
-        // TLS through rustls with ring's primitives (one process-wide
-        // provider; another library may have installed its own already).
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
+            // A redirect would turn a POST into a GET without its body.
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(self.timeout)
             .connect_timeout(self.connect_timeout)
             .build()
@@ -362,7 +370,7 @@ impl<T: Serialize + Send + 'static> HttpWriter<T> {
         }
         let items = std::mem::take(&mut self.records);
         self.since = None;
-        let key = format!("{}/{}/{}/{:016x}", self.prefix, self.epoch, self.batch, fingerprint(&items));
+        let key = format!("{}/{}/{}/{:032x}", self.prefix, self.epoch, self.batch, fingerprint(&items));
         self.batch += 1;
         let inner = Arc::clone(&self.inner);
         self.in_flight.push_back(self.inner.rt.start(async move { deliver(&inner, key, items).await }));
@@ -501,6 +509,16 @@ fn key_part(s: &str) -> String {
         .collect()
 }
 
+impl<T> Drop for HttpWriter<T> {
+    fn drop(&mut self) {
+        // Dropped without finishing (the job failed or was aborted): stop
+        // what is still being sent, so that nothing outlives the writer.
+        for p in &self.in_flight {
+            p.abort();
+        }
+    }
+}
+
 /// Metadata of nothing in particular.
 fn no_meta() -> Meta {
     Meta {
@@ -512,32 +530,33 @@ fn no_meta() -> Meta {
     }
 }
 
-/// A hash of the items' source positions, in order (FNV-1a, 64 bits).
-fn fingerprint<T>(items: &[Item<T>]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+/// A hash of the items, in order: each one's source position and JSON
+/// (window and timer results carry no source position of their own, so the
+/// JSON is what tells two such batches apart). 128 bits of xxh3.
+fn fingerprint<T>(items: &[Item<T>]) -> u128 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
     for i in items {
-        for b in i
-            .meta
-            .source
-            .to_le_bytes()
-            .into_iter()
-            .chain(i.meta.partition.to_le_bytes())
-            .chain(i.meta.offset.to_le_bytes())
-        {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        h.update(&i.meta.source.to_le_bytes());
+        h.update(&i.meta.partition.to_le_bytes());
+        h.update(&i.meta.offset.to_le_bytes());
+        h.update(&(i.json.len() as u64).to_le_bytes());
+        h.update(&i.json);
     }
-    h
+    h.digest128()
 }
 
 /// What one request came to.
 enum Answer {
     /// 2xx.
     Delivered,
-    /// Worth another try after the delay (or the backoff's, if none).
+    /// Worth another try after at least the delay given (and the
+    /// backoff's).
     Again(String, Option<Duration>),
-    /// A 4xx other than 429: the request is refused.
+    /// 400, 413 or 422: the endpoint refuses what the batch holds.
     Refused(String),
+    /// Any other answer (a redirect, 401, 403, 404, …): the sink is
+    /// pointed wrong, whatever the records; the job fails.
+    Wrong(String),
 }
 
 /// Delivers `items` under `key`, retrying; a refused batch is split in
@@ -595,10 +614,11 @@ async fn send<T>(inner: &Inner<T>, key: &str, body: &[u8]) -> Result<Option<Stri
                     let text = response.text().await.unwrap_or_default();
                     let excerpt: String = text.chars().take(BODY_EXCERPT).collect();
                     let why = format!("HTTP {status}: {excerpt}");
-                    if status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408 {
-                        Answer::Again(why, wait)
-                    } else {
-                        Answer::Refused(why)
+                    match status.as_u16() {
+                        408 | 409 | 425 | 429 => Answer::Again(why, wait),
+                        _ if status.is_server_error() => Answer::Again(why, wait),
+                        400 | 413 | 422 => Answer::Refused(why),
+                        _ => Answer::Wrong(why),
                     }
                 }
             }
@@ -607,6 +627,14 @@ async fn send<T>(inner: &Inner<T>, key: &str, body: &[u8]) -> Result<Option<Stri
         match answer {
             Answer::Delivered => return Ok(None),
             Answer::Refused(why) => return Ok(Some(why)),
+            Answer::Wrong(why) => {
+                return Err(Error::connector(
+                    &inner.name,
+                    format!(
+                        "request {key}: {why} (not about the records: check the URL, the method and the credentials)"
+                    ),
+                ));
+            }
             Answer::Again(why, wait) => {
                 if started.elapsed() >= inner.retry_for {
                     return Err(Error::connector(
@@ -617,7 +645,8 @@ async fn send<T>(inner: &Inner<T>, key: &str, body: &[u8]) -> Result<Option<Stri
                         ),
                     ));
                 }
-                let pause = wait.unwrap_or_else(|| jitter(delay)).min(Duration::from_secs(60));
+                // At least the backoff's pause, even after `Retry-After: 0`.
+                let pause = wait.map_or(jitter(delay), |w| w.max(jitter(delay))).min(Duration::from_secs(60));
                 tracing::warn!(sink = %inner.name, key, attempt, error = %why, "request failed; retrying in {pause:?}");
                 tokio::time::sleep(pause).await;
                 delay = (delay * 2).min(Duration::from_secs(10));
@@ -707,12 +736,15 @@ mod tests {
     }
 
     #[test]
-    fn the_fingerprint_follows_the_positions_in_order() {
+    fn the_fingerprint_follows_the_positions_and_the_records_in_order() {
         let a = [item(1, "x"), item(2, "y")];
-        let b = [item(2, "y"), item(1, "x")];
-        assert_eq!(fingerprint(&a), fingerprint(&[item(1, "other"), item(2, "json")]));
-        assert_ne!(fingerprint(&a), fingerprint(&b));
+        assert_eq!(fingerprint(&a), fingerprint(&[item(1, "x"), item(2, "y")]));
+        assert_ne!(fingerprint(&a), fingerprint(&[item(2, "y"), item(1, "x")]));
         assert_ne!(fingerprint(&a), fingerprint(&a[..1]));
+        // Window results: no positions of their own, told apart by content.
+        assert_ne!(fingerprint(&[item(0, "w1"), item(0, "w2")]), fingerprint(&[item(0, "w2"), item(0, "w3")]));
+        // Lengths are hashed: the records' boundaries count.
+        assert_ne!(fingerprint(&[item(0, "ab"), item(0, "c")]), fingerprint(&[item(0, "a"), item(0, "bc")]));
     }
 
     #[test]

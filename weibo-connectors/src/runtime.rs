@@ -35,12 +35,13 @@ impl SinkRuntime {
     /// Starts `f` there.
     pub(crate) fn start<R: Send + 'static>(&self, f: impl Future<Output = R> + Send + 'static) -> Pending<R> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        if let Some(rt) = &self.rt {
+        let task = self.rt.as_ref().map(|rt| {
             rt.spawn(async move {
                 let _ = tx.send(f.await);
-            });
-        }
-        Pending { rx, name: self.name.clone() }
+            })
+            .abort_handle()
+        });
+        Pending { rx, name: self.name.clone(), task }
     }
 }
 
@@ -56,6 +57,7 @@ impl Drop for SinkRuntime {
 pub(crate) struct Pending<R> {
     rx: std::sync::mpsc::Receiver<R>,
     name: String,
+    task: Option<tokio::task::AbortHandle>,
 }
 
 impl<R> Pending<R> {
@@ -63,6 +65,15 @@ impl<R> Pending<R> {
     pub(crate) fn wait(self) -> Result<R> {
         weibo::blocking(|| self.rx.recv())
             .map_err(|_| Error::connector(&self.name, "the connector's task ended before it answered"))
+    }
+
+    /// Stops it, if it is still running (a writer dropped without
+    /// finishing: nothing waits for what it started).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn abort(&self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
     }
 
     /// Its outcome, if it has one yet.

@@ -9,8 +9,10 @@
 //! object of that name exists (`If-None-Match: *`): of two processes that
 //! both believe they own a job (one of them stalled past its session
 //! timeout and does not know yet that another took over), only one can
-//! publish checkpoint `n`; the other's checkpoint fails, and so does its
-//! next one, since the new owner's numbers are ahead.
+//! publish checkpoint `n`, and the other's checkpoint `n` fails. (Which
+//! one wins each number is a race: the fence keeps two processes from
+//! overwriting each other's checkpoints, and the stale one is fenced on
+//! Kafka too, and stops its tasks as soon as it hears that it lost them.)
 
 use std::fmt;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -66,25 +68,52 @@ impl fmt::Debug for S3Storage {
 }
 
 /// Configures an [`S3Storage`].
-#[derive(Debug)]
 pub struct S3StorageBuilder {
     bucket: String,
     prefix: String,
-    builder: object_store::aws::AmazonS3Builder,
+    env: bool,
+    endpoint: Option<String>,
+    region: Option<String>,
+    credentials: Option<(String, String)>,
+    allow_http: bool,
+    path_style: bool,
+}
+
+impl fmt::Debug for S3StorageBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Not the credentials.
+        f.debug_struct("S3StorageBuilder")
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .finish_non_exhaustive()
+    }
 }
 
 impl S3Storage {
     /// Checkpoints in `bucket` under `prefix` (`""` for the bucket's root).
     pub fn builder(bucket: impl Into<String>, prefix: impl Into<String>) -> S3StorageBuilder {
-        let bucket = bucket.into();
-        let prefix = prefix.into().trim_matches('/').to_string();
-        let builder = object_store::aws::AmazonS3Builder::new().with_bucket_name(&bucket);
-        S3StorageBuilder { bucket, prefix, builder }
+        S3StorageBuilder {
+            bucket: bucket.into(),
+            prefix: prefix.into().trim_matches('/').to_string(),
+            env: false,
+            endpoint: None,
+            region: None,
+            credentials: None,
+            allow_http: false,
+            path_style: false,
+        }
     }
 
     /// The same bucket under another prefix (below this one): a storage
-    /// per job, or per task of a group, sharing one client.
+    /// per job, or per task of a group, sharing one client. Characters
+    /// S3 keys should not hold (`~`, `%`, `#`, `?`, spaces, …) are replaced
+    /// with `_`.
     pub fn under(&self, prefix: &str) -> S3Storage {
+        let prefix: String =
+            prefix.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.!'()/".contains(c) { c } else { '_' }).collect();
+        let prefix = prefix.split('/').filter(|p| !p.is_empty()).collect::<Vec<_>>().join("/");
         let sub = prefix.trim_matches('/');
         let prefix = match (self.inner.prefix.is_empty(), sub.is_empty()) {
             (true, _) => sub.to_string(),
@@ -122,40 +151,39 @@ impl S3StorageBuilder {
     /// The service's URL, for S3-compatible stores (MinIO, Ceph, a local
     /// server); `http://` needs [`S3StorageBuilder::allow_http`].
     pub fn endpoint(mut self, url: impl Into<String>) -> Self {
-        self.builder = self.builder.with_endpoint(url);
+        self.endpoint = Some(url.into());
         self
     }
 
     /// The bucket's region (default `us-east-1`).
     pub fn region(mut self, region: impl Into<String>) -> Self {
-        self.builder = self.builder.with_region(region);
+        self.region = Some(region.into());
         self
     }
 
     /// Credentials.
     pub fn credentials(mut self, access_key_id: impl Into<String>, secret_access_key: impl Into<String>) -> Self {
-        self.builder = self.builder.with_access_key_id(access_key_id).with_secret_access_key(secret_access_key);
+        self.credentials = Some((access_key_id.into(), secret_access_key.into()));
         self
     }
 
-    /// Reads the usual `AWS_*` variables (credentials, region, endpoint);
-    /// settings made after this call win.
+    /// Starts from the usual `AWS_*` variables (credentials, region,
+    /// endpoint, …); what the builder sets, before or after this call, wins.
     pub fn from_env(mut self) -> Self {
-        let mut fresh = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(&self.bucket);
-        std::mem::swap(&mut fresh, &mut self.builder);
+        self.env = true;
         self
     }
 
     /// Allows plain `http://` endpoints (a local server).
     pub fn allow_http(mut self) -> Self {
-        self.builder = self.builder.with_allow_http(true);
+        self.allow_http = true;
         self
     }
 
     /// Path-style URLs (`<endpoint>/<bucket>/<key>`), which local and most
     /// S3-compatible servers want.
     pub fn path_style(mut self) -> Self {
-        self.builder = self.builder.with_virtual_hosted_style_request(false);
+        self.path_style = true;
         self
     }
 
@@ -165,11 +193,36 @@ impl S3StorageBuilder {
     /// [`Error::Connector`] when the configuration is incomplete or wrong.
     pub fn build(self) -> Result<S3Storage> {
         let name = format!("s3 {}", self.bucket);
-        // TLS through rustls with ring's primitives (one process-wide
-        // provider; another library may have installed its own already).
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let store = self
-            .builder
+        // Names are kept as given: a prefix object_store would escape (or
+        // with empty segments) would not list back as written.
+        if ObjectPath::from(self.prefix.as_str()).as_ref() != self.prefix {
+            return Err(Error::connector(
+                &name,
+                format!("prefix `{}`: use letters, digits and `-_.!'()/` only, without empty segments", self.prefix),
+            ));
+        }
+        let mut b = if self.env {
+            object_store::aws::AmazonS3Builder::from_env()
+        } else {
+            object_store::aws::AmazonS3Builder::new()
+        };
+        b = b.with_bucket_name(&self.bucket);
+        if let Some(e) = self.endpoint {
+            b = b.with_endpoint(e);
+        }
+        if let Some(r) = self.region {
+            b = b.with_region(r);
+        }
+        if let Some((k, s)) = self.credentials {
+            b = b.with_access_key_id(k).with_secret_access_key(s);
+        }
+        if self.allow_http {
+            b = b.with_allow_http(true);
+        }
+        if self.path_style {
+            b = b.with_virtual_hosted_style_request(false);
+        }
+        let store = b
             .with_conditional_put(object_store::aws::S3ConditionalPut::ETagMatch)
             .build()
             .map_err(|e| Error::connector_caused(&name, "cannot configure the S3 client".to_string(), e))?;
@@ -216,7 +269,16 @@ impl CheckpointStorage for S3Storage {
         // (the fence against a process that lost its job).
         let mode = if name == "MANIFEST" || name.ends_with("/MANIFEST") { PutMode::Create } else { PutMode::Overwrite };
         let payload = PutPayload::from(bytes.to_vec());
-        self.run(async move { store.put_opts(&path, payload, PutOptions::from(mode)).await.map(|_| ()) })
+        match self.run(async move { store.put_opts(&path, payload, PutOptions::from(mode)).await.map(|_| ()) }) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // The client retries a request whose answer it lost: the
+                // object there may be this very one.
+                let (store, path) = (Arc::clone(&self.inner.store), self.path(name));
+                let there = self.run(async move { store.get(&path).await?.bytes().await })?;
+                if there.as_ref() == bytes { Ok(()) } else { Err(e) }
+            }
+            other => other,
+        }
     }
 
     fn open(&self, name: &str) -> io::Result<Box<dyn ObjectReader>> {

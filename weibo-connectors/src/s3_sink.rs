@@ -73,7 +73,8 @@ impl S3Sink {
 
     /// Closes a part once it holds this many bytes (default 64 MiB).
     pub fn roll_bytes(mut self, bytes: u64) -> Self {
-        self.roll_bytes = bytes.max(1);
+        // S3 copies objects of up to 5 GB in one request.
+        self.roll_bytes = bytes.clamp(1, 4 << 30);
         self
     }
 
@@ -163,7 +164,8 @@ impl<T: Serialize + Send + 'static> TwoPhaseCommitSink<T> for S3Sink {
         if epoch == CheckpointId::FIRST {
             // A fresh start: what an earlier run of this instance left
             // pending is garbage.
-            let stale = self.storage.list(PENDING).map_err(|e| self.err("cannot list pending parts", e))?;
+            let stale = weibo::blocking(|| self.storage.list(&format!("{PENDING}/")))
+                .map_err(|e| self.err("cannot list pending parts", e))?;
             for name in stale.iter().filter(|n| parse_pending(n).is_some_and(|(i, _)| i == instance)) {
                 weibo::blocking(|| self.storage.delete(name))
                     .map_err(|e| self.err("cannot delete a pending part", e))?;
@@ -206,13 +208,29 @@ impl<T: Serialize + Send + 'static> TwoPhaseCommitSink<T> for S3Sink {
                     ));
                 }
             }
+            // Parts an earlier writing of this epoch published beyond this
+            // one's (a part count depends on timing): theirs are these
+            // records again.
+            let prefix = format!("part-{:05}-{:020}-", h.instance, h.epoch);
+            for name in self.storage.list(&prefix).map_err(|e| self.err("cannot list published parts", e))? {
+                let index = name
+                    .strip_prefix(&prefix)
+                    .and_then(|r| r.strip_suffix(".jsonl"))
+                    .and_then(|n| n.parse::<u32>().ok());
+                if index.is_some_and(|i| i >= h.parts) {
+                    self.storage
+                        .delete(&name)
+                        .map_err(|e| self.err("cannot delete a part of an earlier writing", e))?;
+                }
+            }
             Ok(())
         })
     }
 
     fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64> {
         weibo::blocking(|| {
-            let pending = self.storage.list(PENDING).map_err(|e| self.err("cannot list pending parts", e))?;
+            let pending =
+                self.storage.list(&format!("{PENDING}/")).map_err(|e| self.err("cannot list pending parts", e))?;
             let mut epochs = std::collections::BTreeSet::new();
             for name in &pending {
                 if let Some((instance, epoch)) = parse_pending(name).filter(|(_, e)| *e > checkpoint.get()) {
@@ -256,8 +274,27 @@ impl<T> S3Writer<T> {
         move |e| Error::connector_caused(name, what, e)
     }
 
-    /// Closes the open part: it is then a complete pending object.
+    /// Writes the buffered lines into the open part (starting one). The
+    /// write may wait for the network: a multipart upload sends a part
+    /// once 8 MiB are buffered.
+    fn drain_lines(&mut self) -> Result<()> {
+        if self.line.is_empty() {
+            return Ok(());
+        }
+        let lines = std::mem::take(&mut self.line);
+        let err = self.io("cannot write a part");
+        let part = self.part()?;
+        weibo::blocking(|| part.out.write_all(&lines)).map_err(err)?;
+        part.bytes += lines.len() as u64;
+        self.line = lines;
+        self.line.clear();
+        Ok(())
+    }
+
+    /// Closes the open part (after the buffered lines): it is then a
+    /// complete pending object.
     fn roll(&mut self) -> Result<()> {
+        self.drain_lines()?;
         if let Some(part) = self.current.take() {
             let err = self.io("cannot finish a part");
             weibo::blocking(|| part.out.finish()).map_err(err)?;
@@ -286,7 +323,9 @@ impl<T: Serialize + Send> TransactionWriter<T> for S3Writer<T> {
     fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
         let offsets: Vec<u64> = batch.meta().iter().map(|m| m.offset).collect();
         for (v, offset) in batch.drain().zip(offsets) {
-            self.line.clear();
+            // Lines gather in a buffer and go into the part a megabyte (or
+            // a part) at a time: a write to the part may wait for the
+            // network, and takes the thread off the runtime for it.
             serde_json::to_writer(&mut self.line, &v).map_err(|e| {
                 Error::connector_caused(
                     self.name.clone(),
@@ -295,17 +334,12 @@ impl<T: Serialize + Send> TransactionWriter<T> for S3Writer<T> {
                 )
             })?;
             self.line.push(b'\n');
-            let line = std::mem::take(&mut self.line);
-            let err = self.io("cannot write a part");
-            let part = self.part()?;
-            // Multipart uploads send a part when 8 MiB are buffered: the
-            // write may wait for the network.
-            weibo::blocking(|| part.out.write_all(&line)).map_err(err)?;
-            part.bytes += line.len() as u64;
-            let full = part.bytes >= self.roll_bytes;
-            self.line = line;
-            if full {
-                self.roll()?;
+            let open = self.current.as_ref().map_or(0, |p| p.bytes);
+            if open + self.line.len() as u64 >= self.roll_bytes || self.line.len() >= 1 << 20 {
+                self.drain_lines()?;
+                if self.current.as_ref().is_some_and(|p| p.bytes >= self.roll_bytes) {
+                    self.roll()?;
+                }
             }
         }
         Ok(())
@@ -323,6 +357,7 @@ impl<T: Serialize + Send> TransactionWriter<T> for S3Writer<T> {
     }
 
     fn flush(&mut self) -> Result<()> {
+        self.drain_lines()?;
         self.roll_if_old()
     }
 }
