@@ -148,13 +148,11 @@ fn dying_at_each_point_of_a_commit_publishes_every_event_once() {
     if std::env::var("WEIBO_S3_CHILD").is_ok() {
         return;
     }
-    for point in [
-        "pre-commit-after#3",
-        "after-manifest#2",
-        "s3-after-publish#3",
-        "after-final-manifest",
-        "between-final-commits",
-    ] {
+    // (Not `between-final-commits`: whether the final checkpoint holds two
+    // commits depends on when each instance's input ends.)
+    for point in
+        ["pre-commit-after#3", "after-manifest#2", "s3-after-publish#3", "final-barrier", "after-final-manifest"]
+    {
         let bucket = unique_bucket("point");
         let dir = tempfile::tempdir().unwrap();
         assert!(
