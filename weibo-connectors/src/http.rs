@@ -42,7 +42,7 @@ use weibo::record::{CheckpointId, Meta, SourcePosition};
 use weibo::sinks::{Sink, SinkBatch, SinkContext, SinkWriter};
 use weibo::{DeadLetter, Error, Result};
 
-use crate::runtime::{Pending, SinkRuntime};
+use crate::runtime::{Pending, SinkRuntime, jitter};
 
 /// The HTTP method of each request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -699,16 +699,6 @@ fn describe(e: &reqwest::Error) -> String {
         cause = c.source();
     }
     out
-}
-
-/// Between half and one and a half times `d`.
-fn jitter(d: Duration) -> Duration {
-    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |t| t.subsec_nanos());
-    let mut x = u64::from(nanos) ^ 0x9e37_79b9_7f4a_7c15;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    d.mul_f64(0.5 + (x % 1000) as f64 / 1000.0)
 }
 
 #[cfg(test)]

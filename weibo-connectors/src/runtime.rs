@@ -28,6 +28,7 @@ impl SinkRuntime {
     }
 
     /// Runs `f` there and waits for it.
+    #[cfg_attr(not(any(feature = "postgres", feature = "s3")), allow(dead_code))]
     pub(crate) fn run<R: Send + 'static>(&self, f: impl Future<Output = R> + Send + 'static) -> Result<R> {
         self.start(f).wait()
     }
@@ -81,4 +82,33 @@ impl<R> Pending<R> {
     pub(crate) fn ready(&self) -> Option<R> {
         self.rx.try_recv().ok()
     }
+}
+
+/// A fresh token naming one run of a writer (32 hex digits, 128 bits from
+/// two of the standard library's randomly keyed hashers over the clock and
+/// the process id): what keeps one run's pending output apart from
+/// another's.
+#[cfg_attr(not(any(feature = "postgres", feature = "s3")), allow(dead_code))]
+pub(crate) fn run_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let half = || {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(nanos);
+        h.write_u32(std::process::id());
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(), half())
+}
+
+/// Between half and one and a half times `d`: a retry's pause, spread so
+/// that writers that failed together do not retry together.
+#[cfg_attr(not(any(feature = "postgres", feature = "http")), allow(dead_code))]
+pub(crate) fn jitter(d: std::time::Duration) -> std::time::Duration {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.subsec_nanos());
+    let mut x = u64::from(nanos) ^ 0x9e37_79b9_7f4a_7c15;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    d.mul_f64(0.5 + (x % 1000) as f64 / 1000.0)
 }

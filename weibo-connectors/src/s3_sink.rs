@@ -33,6 +33,8 @@ use weibo::record::CheckpointId;
 use weibo::sinks::{SinkBatch, TransactionWriter, TwoPhaseCommitSink};
 use weibo::{Error, Result};
 
+use crate::runtime::run_token;
+
 /// Where pending parts are kept, under the sink's storage.
 const PENDING: &str = "_pending";
 
@@ -139,20 +141,6 @@ fn parse_pending(name: &str) -> Option<(usize, u64)> {
     let instance = it.next()?.parse().ok()?;
     let epoch = it.next()?.parse().ok()?;
     Some((instance, epoch))
-}
-
-/// A fresh run token (128 bits, from the standard library's randomly
-/// keyed hashers).
-fn run_token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let half = || {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(nanos);
-        h.write_u32(std::process::id());
-        h.finish()
-    };
-    format!("{:016x}{:016x}", half(), half())
 }
 
 impl<T: Serialize + Send + 'static> TwoPhaseCommitSink<T> for S3Sink {

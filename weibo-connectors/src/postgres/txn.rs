@@ -12,6 +12,7 @@ use weibo::sinks::{SinkBatch, TransactionWriter, TwoPhaseCommitSink};
 use super::copy::{decode_origins, encode_origins};
 use super::write::{Attempt, Chunk, Collector, apply, refused_from_json, refused_to_json, retrying};
 use super::{Checked, Inner, Pending, PostgresSink};
+use crate::runtime::run_token;
 
 /// The table of committed epochs: a row `(sink, instance, run, epoch)`
 /// for each of the last [`KEEP_PROGRESS`] epochs of each instance and run.
@@ -95,20 +96,6 @@ impl Handle {
         }
         Some(Handle { instance, epoch, run, chunks })
     }
-}
-
-/// A fresh run token: 32 hex digits (128 bits) from two of the standard
-/// library's randomly keyed hashers over the clock and the process id.
-fn run_token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let half = || {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(nanos);
-        h.write_u32(std::process::id());
-        h.finish()
-    };
-    format!("{:016x}{:016x}", half(), half())
 }
 
 impl<T> Inner<T> {

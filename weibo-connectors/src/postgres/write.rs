@@ -14,6 +14,7 @@ use weibo::{Error, Result};
 
 use super::copy::{Origin, RowBuffer, row_ends, single_row};
 use super::{Checked, Inner, Pending, Rejected};
+use crate::runtime::jitter;
 
 /// Why one attempt failed.
 pub(crate) enum Attempt {
@@ -109,16 +110,6 @@ impl<T> Inner<T> {
             self.table
         ))
     }
-}
-
-/// Between half and one and a half times `d`.
-fn jitter(d: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.subsec_nanos());
-    let mut x = u64::from(nanos) ^ 0x9e37_79b9_7f4a_7c15;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    d.mul_f64(0.5 + (x % 1000) as f64 / 1000.0)
 }
 
 /// Runs `$body` (an async block's contents returning `Result<R,
