@@ -11,6 +11,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
+use weibo::checkpoint::SourcePositionEntry;
 use weibo::sources::{ReadStatus, Source, SourceOutput, SourceReader};
 use weibo::{BoxFuture, Error, Result};
 
@@ -79,6 +80,8 @@ pub struct KafkaSource<T> {
     conn: Connection,
     group: String,
     start: StartAt,
+    /// Offsets to start from without a checkpoint, before `start`.
+    resume: BTreeMap<(String, i32), i64>,
     bounded: bool,
     decode_errors: DecodeErrors,
     partitions: Vec<(String, i32)>,
@@ -123,6 +126,7 @@ pub struct KafkaSourceBuilder<F> {
     topics: Vec<String>,
     group: Option<String>,
     start: StartAt,
+    resume: BTreeMap<(String, i32), i64>,
     bounded: bool,
     decode_errors: DecodeErrors,
     format: F,
@@ -152,6 +156,7 @@ impl KafkaSource<()> {
             topics: topics.into_iter().map(Into::into).collect(),
             group: None,
             start: StartAt::default(),
+            resume: BTreeMap::new(),
             bounded: false,
             decode_errors: DecodeErrors::default(),
             format,
@@ -171,6 +176,24 @@ impl<F> KafkaSourceBuilder<F> {
     /// Where to start without a checkpoint (default [`StartAt::Earliest`]).
     pub fn start_at(mut self, start: StartAt) -> Self {
         self.start = start;
+        self
+    }
+
+    /// Without a checkpoint to restore, starts each partition found in
+    /// `positions` at its position there (the next offset to read), and
+    /// the others at [`StartAt`]: for positions a sink committed with its
+    /// records, such as the Postgres sink's
+    /// `PostgresSink::stored_positions`. An entry is matched by its
+    /// partition name (`<topic>/<partition>`, which a Kafka source gives
+    /// its partitions); entries of other topics are ignored. A checkpoint
+    /// the job restores still wins. [`KafkaSourceBuilder::build`] refuses
+    /// a position beyond what a Kafka offset can be.
+    pub fn resume_from<'a>(mut self, positions: impl IntoIterator<Item = &'a SourcePositionEntry>) -> Self {
+        for p in positions {
+            let Some((topic, kp)) = p.partition_name.as_deref().and_then(parse_partition_name) else { continue };
+            // An offset past i64::MAX cannot be Kafka's: `build` names it.
+            self.resume.insert((topic, kp), i64::try_from(p.position).unwrap_or(-1));
+        }
         self
     }
 
@@ -228,10 +251,14 @@ impl<F> KafkaSourceBuilder<F> {
                 }
             }
         }
+        if let Some(((topic, kp), _)) = self.resume.iter().find(|((t, _), o)| **o < 0 && self.topics.contains(t)) {
+            return Err(connector(&name, format!("the position to resume {topic}/{kp} from is out of range")));
+        }
         Ok(KafkaSource {
             group: self.group.unwrap_or_else(|| format!("weibo-{}", self.topics.join("-"))),
             conn: self.conn,
             start: self.start,
+            resume: self.resume,
             bounded: self.bounded,
             decode_errors: self.decode_errors,
             partitions,
@@ -294,7 +321,13 @@ impl<T> KafkaSource<T> {
             .map_err(|e| connector_caused(&name, "cannot create a Kafka consumer".to_string(), e))?;
         let (low, high) =
             consumer.fetch_watermarks(topic, *kp, self.conn.timeout).map_err(|e| self.conn.unreachable(&name, &e))?;
-        let start = match (position, self.start) {
+        let resumed = self.resume.get(&(topic.clone(), *kp)).copied();
+        if let (None, Some(r)) = (position, resumed)
+            && r < low
+        {
+            tracing::warn!(topic = %topic, partition = kp, resume = r, earliest = low, "the records from the position to resume from up to the partition's earliest are gone (retention): starting at the earliest");
+        }
+        let start = match (position.or(resumed), self.start) {
             (Some(p), _) => p,
             (None, StartAt::Earliest) => low,
             (None, StartAt::Latest) => high,

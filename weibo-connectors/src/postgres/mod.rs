@@ -185,6 +185,9 @@ pub(crate) struct Inner<T> {
     pub(crate) rejected: Rejected,
     pub(crate) chunk_rows: usize,
     pub(crate) retry_for: Duration,
+    /// Exactly once: the sources' positions are written with each
+    /// checkpoint's rows ([`PostgresSinkBuilder::store_source_positions`]).
+    pub(crate) store_positions: bool,
     pub(crate) pool: deadpool_postgres::Pool,
     rt: SinkRuntime,
     /// The table's columns as checked when the first writer opened.
@@ -352,7 +355,27 @@ impl<T: Send + 'static> PostgresSink<T> {
             chunk_rows: 16_384,
             retry_for: Duration::from_secs(300),
             pool_size: 8,
+            store_positions: false,
         }
+    }
+
+    /// The source positions committed with this sink's rows (see
+    /// [`PostgresSinkBuilder::store_source_positions`]), one per source
+    /// partition, for the job's sources to resume from; empty before the
+    /// first commit. Checks the table against the mapping first (as the
+    /// job's start does), creating the sink's own tables if needed.
+    ///
+    /// # Errors
+    /// [`Error::Connector`] when the sink does not store positions, when
+    /// the check fails, or when the database cannot be read for
+    /// `retry_for`.
+    pub fn stored_positions(&self) -> Result<Vec<weibo::checkpoint::SourcePositionEntry>> {
+        if !self.inner.store_positions {
+            return Err(self.inner.err("the sink does not store positions: build it with `store_source_positions`"));
+        }
+        self.inner.checked()?;
+        let me = Arc::clone(&self.inner);
+        self.inner.run(async move { txn::read_positions(&me).await })?
     }
 
     /// How many rows went to the dead-letter table (in this process).
@@ -372,6 +395,7 @@ pub struct PostgresSinkBuilder<T> {
     chunk_rows: usize,
     retry_for: Duration,
     pool_size: usize,
+    store_positions: bool,
 }
 
 impl<T> fmt::Debug for PostgresSinkBuilder<T> {
@@ -426,6 +450,26 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
     /// own id, and keep it across restarts.
     pub fn id(mut self, id: impl Into<String>) -> Self {
         self.id = Some(id.into());
+        self
+    }
+
+    /// Under exactly once (`sink_exactly_once`), writes the job's source
+    /// positions (for a Kafka source, the next offset of each partition)
+    /// into `weibo_sink_positions` in the same transaction as each
+    /// checkpoint's rows: every instance's epochs of a checkpoint commit in
+    /// one transaction with that checkpoint's positions, so the table's
+    /// rows are always exactly those of the input before the stored
+    /// positions. [`PostgresSink::stored_positions`] reads them back, and a
+    /// source started there (`KafkaSourceBuilder::resume_from`) continues
+    /// with the next record: a job that keeps no state of its own then
+    /// needs no durable checkpoint storage (checkpoints in a
+    /// [`MemoryStorage`](weibo::checkpoint::MemoryStorage) will do). The
+    /// job must take checkpoints (it refuses to start otherwise); a job
+    /// started with one sink storing positions should have no other
+    /// exactly-once output, whose epochs the stored positions would not
+    /// cover. See the book's chapter for when to use which.
+    pub fn store_source_positions(mut self) -> Self {
+        self.store_positions = true;
         self
     }
 
@@ -529,6 +573,7 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
                 rejected: self.rejected,
                 chunk_rows: self.chunk_rows,
                 retry_for: self.retry_for,
+                store_positions: self.store_positions,
                 pool,
                 rt,
                 checked: Mutex::new(None),
@@ -549,6 +594,12 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
     }
 
     fn open(&self, _instance: usize, _parallelism: usize) -> Result<Box<dyn SinkWriter<T>>> {
+        if self.inner.store_positions {
+            return Err(self.inner.err(
+                "`store_source_positions` needs `sink_exactly_once`: at least once, rows and positions are not \
+                 committed together",
+            ));
+        }
         let checked = self.inner.checked()?;
         Ok(Box::new(write::PlainWriter::new(Arc::clone(&self.inner), checked)))
     }

@@ -253,6 +253,19 @@ async fn check_once<T>(inner: &Inner<T>) -> Result<Checked, Attempt> {
             tracing::info!(sink = %inner.name, error = %message(&e), "spooled chunks stay compressed with pglz");
         }
     }
+    if inner.store_positions {
+        create(
+            inner,
+            &client,
+            &format!(
+                "CREATE TABLE IF NOT EXISTS {} (sink text NOT NULL, source text NOT NULL, key text NOT NULL, \
+                 partition int4 NOT NULL, partition_name text, position int8 NOT NULL, \
+                 committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (sink, source, key))",
+                inner.qualify(super::txn::POSITIONS)
+            ),
+        )
+        .await?;
+    }
     if let Rejected::DeadLetterTable(dead) = &inner.rejected {
         create(
             inner,

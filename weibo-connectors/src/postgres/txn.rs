@@ -20,6 +20,9 @@ pub(crate) const PROGRESS: &str = "weibo_sink_progress";
 /// The table of pre-committed chunks: `(sink, instance, run, epoch,
 /// chunk) → (COPY body, origins, refused records)`.
 pub(crate) const SPOOL: &str = "weibo_sink_spool";
+/// The table of the sources' positions committed with the rows:
+/// `(sink, source, partition key) → (partition, partition name, position)`.
+pub(crate) const POSITIONS: &str = "weibo_sink_positions";
 /// How many epochs back a commit can be retried and still be recognised
 /// by its own progress row.
 const KEEP_PROGRESS: i64 = 1000;
@@ -115,177 +118,314 @@ impl<T> Inner<T> {
         })
     }
 
-    /// Commits handle `h`: applies its chunks to the target, deletes them
-    /// and records the epoch, in one transaction; nothing when the
-    /// progress table says it is committed already. Epochs are recorded
-    /// one by one (not as a high-water mark): a commit that failed is
-    /// retried after later epochs of the same instance committed.
-    async fn commit_handle(&self, checked: &Checked, h: &Handle) -> Result<Committed> {
-        let instance =
-            i32::try_from(h.instance).map_err(|_| self.err(format!("instance {} out of range", h.instance)))?;
-        let epoch = i64::try_from(h.epoch).map_err(|_| self.err(format!("epoch {} out of range", h.epoch)))?;
-        let (progress, spool) = (self.qualify(PROGRESS), self.qualify(SPOOL));
+    /// Commits handles `hs` (one, or every handle of a checkpoint) in one
+    /// transaction: applies their chunks to the target, deletes them and
+    /// records each epoch, and with `positions` writes the sources'
+    /// positions too (when at least one epoch was not committed before);
+    /// an epoch the progress table records as committed is skipped.
+    /// Epochs are recorded one by one (not as a high-water mark): a commit
+    /// that failed is retried after later epochs of the same instance
+    /// committed.
+    async fn commit_handles(
+        &self,
+        checked: &Checked,
+        hs: &[Handle],
+        positions: Option<&[SourcePositionEntry]>,
+    ) -> Result<Committed> {
+        let mut keyed = Vec::with_capacity(hs.len());
+        for h in hs {
+            let instance =
+                i32::try_from(h.instance).map_err(|_| self.err(format!("instance {} out of range", h.instance)))?;
+            let epoch = i64::try_from(h.epoch).map_err(|_| self.err(format!("epoch {} out of range", h.epoch)))?;
+            keyed.push((instance, epoch, h));
+        }
+        // Each instance's epochs in order, instances in order (the locks
+        // below are taken in this order: two committers never deadlock).
+        keyed.sort_by_key(|&(instance, epoch, _)| (instance, epoch));
+        let mut instances: Vec<i32> = keyed.iter().map(|k| k.0).collect();
+        instances.dedup();
+        let stored = positions.map(StoredPositions::of);
         retrying!(self, "commit an epoch", |_attempt| {
             let mut client = self.connect().await?;
             let sql = |e| self.attempt("commit an epoch", e);
             let tx = tokio_postgres::Client::transaction(&mut client).await.map_err(sql)?;
             // One committer per sink instance at a time (a stale process
             // committing the same epoch waits, then finds it done).
-            tx.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                &[&format!("weibo/{}/{instance}", self.id)],
-            )
-            .await
-            .map_err(sql)?;
-            let done = tx
-                .query_opt(
-                    &format!("SELECT 1 FROM {progress} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch = $4"),
-                    &[&self.id, &instance, &h.run, &epoch],
-                )
-                .await
-                .map_err(sql)?
-                .is_some();
-            if done {
-                return Ok(Committed::Done(0));
-            }
-            // Epochs commit in order: an earlier one of this run still
-            // spooled (its commit failed, and is carried to the next
-            // checkpoint) goes first, or an upsert would go back in time.
-            let earlier: Option<i64> = tx
-                .query_one(
-                    &format!(
-                        "SELECT min(epoch) FROM {spool} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch < $4"
-                    ),
-                    &[&self.id, &instance, &h.run, &epoch],
-                )
-                .await
-                .map_err(sql)?
-                .get(0);
-            if let Some(earlier) = earlier {
-                return Ok(Committed::After(earlier));
-            }
-            let mut dead = 0;
-            let cached = self
-                .cache
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(&(h.instance, h.run.clone(), h.epoch), h.chunks);
-            if let Some(chunks) = cached.filter(|c| !c.is_empty()) {
-                dead = apply(self, checked, &tx, &chunks, instance, epoch).await?;
-                let deleted = tx
-                    .execute(
-                        &format!("DELETE FROM {spool} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch = $4"),
-                        &[&self.id, &instance, &h.run, &epoch],
-                    )
-                    .await
-                    .map_err(sql)?;
-                if deleted != u64::from(h.chunks) {
-                    // Another process restored or restarted this sink and
-                    // threw the epoch away: it writes the records again.
-                    return Err(Attempt::Fail(self.err(format!(
-                        "epoch {epoch} of instance {instance} is no longer spooled ({deleted} of its {} chunks): \
-                         another process running this sink (id `{}`) has taken it over",
-                        h.chunks, self.id
-                    ))));
-                }
-            } else if h.chunks > 0 {
-                let rows = tx
-                    .query(
-                        &format!(
-                            "SELECT body, origins, refused, sources FROM {spool} \
-                             WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch = $4 ORDER BY chunk"
-                        ),
-                        &[&self.id, &instance, &h.run, &epoch],
-                    )
-                    .await
-                    .map_err(sql)?;
-                if rows.len() != h.chunks as usize {
-                    // Committed so long ago that its progress row is
-                    // pruned (a handle of an old savepoint), or lost.
-                    let oldest: Option<i64> = tx
-                        .query_one(
-                            &format!(
-                                "SELECT min(epoch) FROM {progress} WHERE sink = $1 AND instance = $2 AND run = $3"
-                            ),
-                            &[&self.id, &instance, &h.run],
-                        )
-                        .await
-                        .map_err(sql)?
-                        .get(0);
-                    if rows.is_empty() && oldest.is_some_and(|o| o > epoch) {
-                        tracing::info!(sink = %self.name, instance, epoch, "epoch committed long ago (its progress row is pruned): nothing to do");
-                        return Ok(Committed::Done(0));
-                    }
-                    return Err(Attempt::Fail(self.err(format!(
-                        "cannot commit epoch {epoch} of instance {instance}: `{spool}` holds {} of its {} chunks, and \
-                         `{progress}` does not record it as committed (were rows deleted by hand, or another job \
-                         given the same sink id `{}`?)",
-                        rows.len(),
-                        h.chunks,
-                        self.id
-                    ))));
-                }
-                let mut chunks = Vec::with_capacity(rows.len());
-                for r in &rows {
-                    let body: Vec<u8> = r.try_get(0).map_err(sql)?;
-                    let origins: Vec<u8> = r.try_get(1).map_err(sql)?;
-                    let refused: Option<String> = r.try_get(2).map_err(sql)?;
-                    let sources: Vec<String> = r.try_get(3).map_err(sql)?;
-                    let refused = match refused.as_deref() {
-                        None => Vec::new(),
-                        Some(text) => refused_from_json(text).ok_or_else(|| {
-                            Attempt::Fail(self.err(format!("a spooled chunk of epoch {epoch} is damaged")))
-                        })?,
-                    };
-                    if !origins.len().is_multiple_of(16) {
-                        return Err(Attempt::Fail(self.err(format!("a spooled chunk of epoch {epoch} is damaged"))));
-                    }
-                    chunks.push(Chunk {
-                        body: body.into(),
-                        origins: decode_origins(&origins),
-                        refused,
-                        sources: Arc::from(sources),
-                    });
-                }
-                dead = apply(self, checked, &tx, &chunks, instance, epoch).await?;
+            for instance in &instances {
                 tx.execute(
-                    &format!("DELETE FROM {spool} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch = $4"),
-                    &[&self.id, &instance, &h.run, &epoch],
+                    "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                    &[&format!("weibo/{}/{instance}", self.id)],
                 )
                 .await
                 .map_err(sql)?;
             }
-            tx.execute(
-                &format!("INSERT INTO {progress} (sink, instance, run, epoch) VALUES ($1, $2, $3, $4)"),
-                &[&self.id, &instance, &h.run, &epoch],
-            )
-            .await
-            .map_err(sql)?;
-            // Keep the last epochs' rows: a commit retried later (epochs
-            // are committed in order, apart from one that failed and is
-            // carried to the next checkpoint) finds its own.
-            tx.execute(
-                &format!("DELETE FROM {progress} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch < $4"),
-                &[&self.id, &instance, &h.run, &(epoch - KEEP_PROGRESS)],
-            )
-            .await
-            .map_err(sql)?;
-            // Earlier runs' rows, once a week old: their handles live only in
-            // checkpoints and savepoints that old.
-            tx.execute(
-                &format!(
-                    "DELETE FROM {progress} WHERE sink = $1 AND instance = $2 AND run <> $3 \
-                     AND committed_at < now() - interval '7 days'"
-                ),
-                &[&self.id, &instance, &h.run],
-            )
-            .await
-            .map_err(sql)?;
+            let (mut dead, mut applied) = (0, false);
+            for &(instance, epoch, h) in &keyed {
+                match self.commit_epoch(checked, &tx, h, instance, epoch).await? {
+                    Step::Done => {}
+                    Step::Applied(d) => {
+                        dead += d;
+                        applied = true;
+                    }
+                    Step::After(earlier) => return Ok(Committed::After(earlier)),
+                }
+            }
+            if applied && let Some(stored) = &stored {
+                stored.write(self, &tx).await?;
+            }
             tx.commit().await.map_err(sql)?;
             weibo::checkpoint::faults::point("postgres-after-commit");
             Ok(Committed::Done(dead))
         })
     }
+
+    /// One epoch of a commit, in `tx`: nothing when the progress table
+    /// records it; otherwise its chunks applied, deleted from the spool,
+    /// and the epoch recorded.
+    async fn commit_epoch(
+        &self,
+        checked: &Checked,
+        tx: &tokio_postgres::Transaction<'_>,
+        h: &Handle,
+        instance: i32,
+        epoch: i64,
+    ) -> std::result::Result<Step, Attempt> {
+        let (progress, spool) = (self.qualify(PROGRESS), self.qualify(SPOOL));
+        let sql = |e| self.attempt("commit an epoch", e);
+        let done = tx
+            .query_opt(
+                &format!("SELECT 1 FROM {progress} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch = $4"),
+                &[&self.id, &instance, &h.run, &epoch],
+            )
+            .await
+            .map_err(sql)?
+            .is_some();
+        if done {
+            return Ok(Step::Done);
+        }
+        // Epochs commit in order: an earlier one of this run still
+        // spooled (its commit failed, and is carried to the next
+        // checkpoint) goes first, or an upsert would go back in time.
+        let earlier: Option<i64> = tx
+            .query_one(
+                &format!(
+                    "SELECT min(epoch) FROM {spool} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch < $4"
+                ),
+                &[&self.id, &instance, &h.run, &epoch],
+            )
+            .await
+            .map_err(sql)?
+            .get(0);
+        if let Some(earlier) = earlier {
+            return Ok(Step::After(earlier));
+        }
+        let mut dead = 0;
+        let cached = self
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take(&(h.instance, h.run.clone(), h.epoch), h.chunks);
+        if let Some(chunks) = cached.filter(|c| !c.is_empty()) {
+            dead = apply(self, checked, tx, &chunks, instance, epoch).await?;
+            let deleted = tx
+                .execute(
+                    &format!("DELETE FROM {spool} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch = $4"),
+                    &[&self.id, &instance, &h.run, &epoch],
+                )
+                .await
+                .map_err(sql)?;
+            if deleted != u64::from(h.chunks) {
+                // Another process restored or restarted this sink and
+                // threw the epoch away: it writes the records again.
+                return Err(Attempt::Fail(self.err(format!(
+                    "epoch {epoch} of instance {instance} is no longer spooled ({deleted} of its {} chunks): \
+                 another process running this sink (id `{}`) has taken it over",
+                    h.chunks, self.id
+                ))));
+            }
+        } else if h.chunks > 0 {
+            let rows = tx
+                .query(
+                    &format!(
+                        "SELECT body, origins, refused, sources FROM {spool} \
+                     WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch = $4 ORDER BY chunk"
+                    ),
+                    &[&self.id, &instance, &h.run, &epoch],
+                )
+                .await
+                .map_err(sql)?;
+            if rows.len() != h.chunks as usize {
+                // Committed so long ago that its progress row is
+                // pruned (a handle of an old savepoint), or lost.
+                let oldest: Option<i64> = tx
+                    .query_one(
+                        &format!("SELECT min(epoch) FROM {progress} WHERE sink = $1 AND instance = $2 AND run = $3"),
+                        &[&self.id, &instance, &h.run],
+                    )
+                    .await
+                    .map_err(sql)?
+                    .get(0);
+                if rows.is_empty() && oldest.is_some_and(|o| o > epoch) {
+                    tracing::info!(sink = %self.name, instance, epoch, "epoch committed long ago (its progress row is pruned): nothing to do");
+                    return Ok(Step::Done);
+                }
+                return Err(Attempt::Fail(self.err(format!(
+                    "cannot commit epoch {epoch} of instance {instance}: `{spool}` holds {} of its {} chunks, and \
+                 `{progress}` does not record it as committed (were rows deleted by hand, or another job \
+                 given the same sink id `{}`?)",
+                    rows.len(),
+                    h.chunks,
+                    self.id
+                ))));
+            }
+            let mut chunks = Vec::with_capacity(rows.len());
+            for r in &rows {
+                let body: Vec<u8> = r.try_get(0).map_err(sql)?;
+                let origins: Vec<u8> = r.try_get(1).map_err(sql)?;
+                let refused: Option<String> = r.try_get(2).map_err(sql)?;
+                let sources: Vec<String> = r.try_get(3).map_err(sql)?;
+                let refused = match refused.as_deref() {
+                    None => Vec::new(),
+                    Some(text) => refused_from_json(text).ok_or_else(|| {
+                        Attempt::Fail(self.err(format!("a spooled chunk of epoch {epoch} is damaged")))
+                    })?,
+                };
+                if !origins.len().is_multiple_of(16) {
+                    return Err(Attempt::Fail(self.err(format!("a spooled chunk of epoch {epoch} is damaged"))));
+                }
+                chunks.push(Chunk {
+                    body: body.into(),
+                    origins: decode_origins(&origins),
+                    refused,
+                    sources: Arc::from(sources),
+                });
+            }
+            dead = apply(self, checked, tx, &chunks, instance, epoch).await?;
+            tx.execute(
+                &format!("DELETE FROM {spool} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch = $4"),
+                &[&self.id, &instance, &h.run, &epoch],
+            )
+            .await
+            .map_err(sql)?;
+        }
+        tx.execute(
+            &format!("INSERT INTO {progress} (sink, instance, run, epoch) VALUES ($1, $2, $3, $4)"),
+            &[&self.id, &instance, &h.run, &epoch],
+        )
+        .await
+        .map_err(sql)?;
+        // Keep the last epochs' rows: a commit retried later (epochs
+        // are committed in order, apart from one that failed and is
+        // carried to the next checkpoint) finds its own.
+        tx.execute(
+            &format!("DELETE FROM {progress} WHERE sink = $1 AND instance = $2 AND run = $3 AND epoch < $4"),
+            &[&self.id, &instance, &h.run, &(epoch - KEEP_PROGRESS)],
+        )
+        .await
+        .map_err(sql)?;
+        // Earlier runs' rows, once a week old: their handles live only in
+        // checkpoints and savepoints that old.
+        tx.execute(
+            &format!(
+                "DELETE FROM {progress} WHERE sink = $1 AND instance = $2 AND run <> $3 \
+             AND committed_at < now() - interval '7 days'"
+            ),
+            &[&self.id, &instance, &h.run],
+        )
+        .await
+        .map_err(sql)?;
+        Ok(Step::Applied(dead))
+    }
+}
+
+/// The sources' positions a commit writes, as columns.
+struct StoredPositions {
+    sources: Vec<String>,
+    keys: Vec<String>,
+    partitions: Vec<i32>,
+    names: Vec<Option<String>>,
+    positions: Vec<i64>,
+}
+
+impl StoredPositions {
+    fn of(entries: &[SourcePositionEntry]) -> Self {
+        let mut s = Self { sources: vec![], keys: vec![], partitions: vec![], names: vec![], positions: vec![] };
+        for e in entries {
+            s.sources.push(e.source.clone());
+            // A partition is known by its name outside Weibo where the
+            // source gives one (`topic/partition` for Kafka): a task of a
+            // `KafkaGroup` numbers its partitions from 0 whatever they are.
+            s.keys.push(e.partition_name.clone().unwrap_or_else(|| e.partition.to_string()));
+            s.partitions.push(i32::try_from(e.partition).unwrap_or(i32::MAX));
+            s.names.push(e.partition_name.clone());
+            s.positions.push(i64::try_from(e.position).unwrap_or(i64::MAX));
+        }
+        s
+    }
+
+    async fn write<T>(
+        &self,
+        inner: &Inner<T>,
+        tx: &tokio_postgres::Transaction<'_>,
+    ) -> std::result::Result<(), Attempt> {
+        let table = inner.qualify(POSITIONS);
+        tx.execute(
+            &format!(
+                "INSERT INTO {table} (sink, source, key, partition, partition_name, position) \
+                 SELECT $1, * FROM unnest($2::text[], $3::text[], $4::int4[], $5::text[], $6::int8[]) \
+                 ON CONFLICT (sink, source, key) DO UPDATE SET partition = excluded.partition, \
+                 partition_name = excluded.partition_name, position = excluded.position, committed_at = now()"
+            ),
+            &[&inner.id, &self.sources, &self.keys, &self.partitions, &self.names, &self.positions],
+        )
+        .await
+        .map_err(|e| inner.attempt("record the sources' positions", e))?;
+        Ok(())
+    }
+}
+
+/// The positions stored for `inner`'s sink id.
+pub(crate) async fn read_positions<T>(inner: &Inner<T>) -> Result<Vec<SourcePositionEntry>> {
+    let table = inner.qualify(POSITIONS);
+    let what = "read the stored source positions";
+    let rows = retrying!(inner, what, |_attempt| {
+        let client = inner.connect().await?;
+        client
+            .query(
+                &format!(
+                    "SELECT source, partition, partition_name, position FROM {table} WHERE sink = $1 \
+                     ORDER BY source, partition, key"
+                ),
+                &[&inner.id],
+            )
+            .await
+            .map_err(|e| inner.attempt(what, e))
+    })?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let damaged = |e| inner.err_caused(format!("`{table}` holds a row it cannot have come from this sink"), e);
+        let source: String = r.try_get(0).map_err(damaged)?;
+        let partition: i32 = r.try_get(1).map_err(damaged)?;
+        let partition_name: Option<String> = r.try_get(2).map_err(damaged)?;
+        let position: i64 = r.try_get(3).map_err(damaged)?;
+        let (Ok(partition), Ok(position)) = (u32::try_from(partition), u64::try_from(position)) else {
+            return Err(inner.err(format!(
+                "`{table}` holds a negative partition or position for source `{source}` ({partition}, {position})"
+            )));
+        };
+        out.push(SourcePositionEntry { source, partition, position, partition_name });
+    }
+    Ok(out)
+}
+
+/// What one epoch of a commit came to.
+enum Step {
+    /// Committed before.
+    Done,
+    /// Committed now, with so many rows dead-lettered.
+    Applied(u64),
+    /// Not yet: this earlier epoch of the same instance and run is owed.
+    After(i64),
 }
 
 /// What a commit came to.
@@ -408,6 +548,39 @@ impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
     }
 }
 
+impl<T: Send + 'static> PostgresSink<T> {
+    /// Commits `handles` in one transaction, with `positions` if given.
+    fn commit_many(&self, handles: &[String], positions: Option<Vec<SourcePositionEntry>>) -> Result<()> {
+        let hs = handles
+            .iter()
+            .map(|h| {
+                Handle::parse(h).ok_or_else(|| self.inner.err(format!("`{h}` is not a handle of a Postgres sink")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if hs.is_empty() {
+            return Ok(());
+        }
+        let checked = self.inner.checked()?;
+        let me = Arc::clone(&self.inner);
+        let handle = handles.join(", ");
+        match self.inner.run(async move { me.commit_handles(&checked, &hs, positions.as_deref()).await })? {
+            Ok(Committed::Done(dead)) => {
+                self.inner.dead_lettered.fetch_add(dead, Ordering::Relaxed);
+                Ok(())
+            }
+            Ok(Committed::After(earlier)) => Err(self.inner.err(format!(
+                "`{handle}` waits for epoch {earlier} of the same instance, whose commit is owed: it is tried again with the next checkpoint"
+            ))),
+            Err(e) => {
+                // Refused for good, or failing for longer than retry_for:
+                // the writers fail the job with it.
+                self.inner.fail(&e);
+                Err(e)
+            }
+        }
+    }
+}
+
 impl<T: Send + 'static> TwoPhaseCommitSink<T> for PostgresSink<T> {
     fn default_name(&self) -> String {
         self.inner.name.clone()
@@ -447,25 +620,26 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for PostgresSink<T> {
     }
 
     fn commit_at(&self, handle: &str, _sources: &[SourcePositionEntry]) -> Result<()> {
-        let h = Handle::parse(handle)
-            .ok_or_else(|| self.inner.err(format!("`{handle}` is not a handle of a Postgres sink")))?;
-        let checked = self.inner.checked()?;
-        let me = Arc::clone(&self.inner);
-        match self.inner.run(async move { me.commit_handle(&checked, &h).await })? {
-            Ok(Committed::Done(dead)) => {
-                self.inner.dead_lettered.fetch_add(dead, Ordering::Relaxed);
-                Ok(())
-            }
-            Ok(Committed::After(earlier)) => Err(self.inner.err(format!(
-                "`{handle}` waits for epoch {earlier} of the same instance, whose commit is owed: it is tried again with the next checkpoint"
-            ))),
-            Err(e) => {
-                // Refused for good, or failing for longer than retry_for:
-                // the writers fail the job with it.
-                self.inner.fail(&e);
-                Err(e)
-            }
+        self.commit_many(&[handle.to_string()], None)
+    }
+
+    fn commits_positions(&self) -> bool {
+        self.inner.store_positions
+    }
+
+    fn commit_checkpoint(&self, handles: &[String], sources: &[SourcePositionEntry]) -> Result<()> {
+        if !self.inner.store_positions {
+            return handles.iter().try_for_each(|h| self.commit_at(h, sources));
         }
+        if sources.is_empty() && !handles.is_empty() {
+            // Rows without their positions would be read again by a job
+            // resuming from the stored ones.
+            return Err(self.inner.err(format!(
+                "cannot commit {} epochs: their checkpoint's source positions are not known",
+                handles.len()
+            )));
+        }
+        self.commit_many(handles, Some(sources.to_vec()))
     }
 
     fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64> {

@@ -38,6 +38,11 @@ pub(crate) trait Committer: Send + Sync {
     /// Commits `handle`, with the sources' positions of the checkpoint it
     /// belongs to (empty when they are not this commit's to claim).
     fn commit(&self, handle: &str, sources: &[SourcePositionEntry]) -> Result<()>;
+    /// Whether the sink records the positions with its records: then it
+    /// gets all of a checkpoint's handles at once ([`Committer::commit_all`]).
+    fn together(&self) -> bool;
+    /// Commits `handles` at once with the sources' positions `sources`.
+    fn commit_all(&self, handles: &[String], sources: &[SourcePositionEntry]) -> Result<()>;
     /// Discards everything pre-committed after `checkpoint`; returns how
     /// many transactions that was, as far as the sink can tell.
     fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64>;
@@ -70,6 +75,33 @@ pub(crate) struct TwoPhaseCommits {
     /// The error of the last commit that failed, for the job's error when
     /// commits are still owed at the end.
     last_error: Option<String>,
+    /// The positions of the newest complete checkpoint, for sinks that
+    /// commit them with their records ([`Committer::together`]) and whose
+    /// commit is owed: what they commit with after the final checkpoint.
+    owed_positions: Vec<SourcePositionEntry>,
+}
+
+/// One call to a committer: a handle on its own, or (for a sink that
+/// commits positions) all of a sink's handles of a checkpoint.
+struct Unit<'a> {
+    sink: &'a Registered,
+    entries: Vec<CommitEntry>,
+}
+
+/// Groups `entries` into calls, in the order their sinks first appear.
+fn units(committers: &[Registered], entries: Vec<CommitEntry>) -> Vec<Unit<'_>> {
+    let mut units: Vec<Unit<'_>> = Vec::new();
+    for entry in entries {
+        let Some(c) = committers.iter().find(|c| c.id == entry.sink) else { continue };
+        if c.committer.together()
+            && let Some(u) = units.iter_mut().find(|u| u.sink.id == c.id)
+        {
+            u.entries.push(entry);
+            continue;
+        }
+        units.push(Unit { sink: c, entries: vec![entry] });
+    }
+    units
 }
 
 /// The commits of one checkpoint: its own handles and those carried over.
@@ -101,13 +133,31 @@ impl TwoPhaseCommits {
         }
     }
 
+    /// The id of a sink that commits the sources' positions with its
+    /// records, which needs checkpoints to know them.
+    pub(crate) fn needing_positions(&self) -> Option<&str> {
+        self.committers.iter().find(|c| c.committer.together()).map(|c| c.id.as_str())
+    }
+
     /// Step 4: finishes what the restored checkpoint committed and drops
-    /// what came after it. `commits` are the restored manifest's.
-    pub(crate) fn on_restore(&self, restored: Option<(CheckpointId, &[CommitEntry])>) -> Result<()> {
-        let (checkpoint, commits) = restored.unwrap_or((CheckpointId::NONE, &[]));
+    /// what came after it. `commits` and `positions` are the restored
+    /// manifest's.
+    pub(crate) fn on_restore(
+        &self,
+        restored: Option<(CheckpointId, &[CommitEntry], &[SourcePositionEntry])>,
+    ) -> Result<()> {
+        let (checkpoint, commits, positions) = restored.unwrap_or((CheckpointId::NONE, &[], &[]));
         for c in &self.committers {
-            for entry in commits.iter().filter(|e| e.sink == c.id) {
-                c.committer.commit(&entry.handle, &[])?;
+            let mine = commits.iter().filter(|e| e.sink == c.id);
+            if c.committer.together() {
+                let handles: Vec<String> = mine.map(|e| e.handle.clone()).collect();
+                if !handles.is_empty() {
+                    c.committer.commit_all(&handles, positions)?;
+                }
+            } else {
+                for entry in mine {
+                    c.committer.commit(&entry.handle, &[])?;
+                }
             }
             let aborted = c.committer.abort_after(checkpoint)?;
             c.counters.aborted.fetch_add(aborted, std::sync::atomic::Ordering::Relaxed);
@@ -146,24 +196,42 @@ impl TwoPhaseCommits {
         mut between: impl FnMut(),
     ) -> usize {
         let count = collected.entries.len();
-        for (i, entry) in collected.entries.into_iter().enumerate() {
+        let mut owed = Vec::new();
+        let mut failed = None;
+        for (i, unit) in units(&self.committers, collected.entries).into_iter().enumerate() {
             if i > 0 {
                 between();
             }
-            let Some(c) = self.committers.iter().find(|c| c.id == entry.sink) else { continue };
-            let fresh = !collected.retried.contains(&entry);
-            let _commit =
-                tracing::info_span!("transaction.commit", sink = %entry.sink, handle = %entry.handle, retried = !fresh)
+            let c = unit.sink;
+            let result = if c.committer.together() {
+                let handles: Vec<String> = unit.entries.iter().map(|e| e.handle.clone()).collect();
+                let _commit =
+                    tracing::info_span!("transaction.commit", sink = %c.id, handles = handles.len()).entered();
+                let started = std::time::Instant::now();
+                let result = c.committer.commit_all(&handles, positions);
+                count_commit(&c.counters, started, result.is_ok());
+                result
+            } else {
+                let Some(entry) = unit.entries.first() else { continue };
+                let fresh = !collected.retried.contains(entry);
+                let _commit = tracing::info_span!("transaction.commit", sink = %entry.sink, handle = %entry.handle, retried = !fresh)
                     .entered();
-            let started = std::time::Instant::now();
-            let result = c.committer.commit(&entry.handle, if fresh { positions } else { &[] });
-            count_commit(&c.counters, started, result.is_ok());
+                let started = std::time::Instant::now();
+                let result = c.committer.commit(&entry.handle, if fresh { positions } else { &[] });
+                count_commit(&c.counters, started, result.is_ok());
+                result
+            };
             if let Err(e) = result {
-                tracing::warn!(sink = %entry.sink, handle = %entry.handle, error = %e, "commit failed; retried with the next checkpoint");
-                self.last_error = Some(e.to_string());
-                self.uncommitted.push(entry);
+                tracing::warn!(sink = %c.id, transactions = unit.entries.len(), error = %e, "commit failed; retried with the next checkpoint");
+                failed = Some(e.to_string());
+                owed.extend(unit.entries);
             }
         }
+        if let Some(e) = failed {
+            self.last_error = Some(e);
+        }
+        self.uncommitted.extend(owed);
+        self.owed_positions = positions.to_vec();
         count
     }
 
@@ -180,17 +248,24 @@ impl TwoPhaseCommits {
             pause *= 2;
             let entries = std::mem::take(&mut self.uncommitted);
             crate::task::blocking(|| {
-                for entry in entries {
-                    let Some(c) = self.committers.iter().find(|c| c.id == entry.sink) else { continue };
+                let mut owed = Vec::new();
+                for unit in units(&self.committers, entries) {
+                    let c = unit.sink;
+                    let handles: Vec<String> = unit.entries.iter().map(|e| e.handle.clone()).collect();
                     let started = std::time::Instant::now();
-                    let result = c.committer.commit(&entry.handle, &[]);
+                    let result = if c.committer.together() {
+                        c.committer.commit_all(&handles, &self.owed_positions)
+                    } else {
+                        handles.iter().try_for_each(|h| c.committer.commit(h, &[]))
+                    };
                     count_commit(&c.counters, started, result.is_ok());
                     if let Err(e) = result {
-                        tracing::warn!(sink = %entry.sink, handle = %entry.handle, attempt, error = %e, "commit after the final checkpoint failed; trying again");
+                        tracing::warn!(sink = %c.id, transactions = handles.len(), attempt, error = %e, "commit after the final checkpoint failed; trying again");
                         self.last_error = Some(e.to_string());
-                        self.uncommitted.push(entry);
+                        owed.extend(unit.entries);
                     }
                 }
+                self.uncommitted.extend(owed);
             });
         }
         let why = self.last_error.clone().unwrap_or_default();

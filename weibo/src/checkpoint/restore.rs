@@ -11,6 +11,8 @@ pub(crate) struct Restore {
     /// The checkpoint's (or savepoint's) directory in `storage`.
     pub(crate) dir: String,
     pub(crate) positions: HashMap<(String, u32), u64>,
+    /// The same, as the manifest lists them (for sinks that commit them).
+    pub(crate) sources: Vec<SourcePositionEntry>,
     /// Per operator: its state files.
     pub(crate) states: BTreeMap<String, Vec<StateFileEntry>>,
     /// Sink transactions the checkpoint committed.
@@ -358,7 +360,8 @@ impl Restore {
             checkpoint: manifest.checkpoint,
             storage: storage.clone(),
             dir: dir.to_string(),
-            positions: manifest.sources.into_iter().map(|s| ((s.source, s.partition), s.position)).collect(),
+            positions: manifest.sources.iter().map(|s| ((s.source.clone(), s.partition), s.position)).collect(),
+            sources: manifest.sources,
             states,
             commits: manifest.commits,
             operators: manifest.operators,

@@ -19,7 +19,9 @@
 //!
 //! Two storages come with Weibo: [`LocalDir`], a directory (what
 //! [`Job::with_checkpoints`](crate::Job::with_checkpoints) uses), and
-//! [`MemoryStorage`], in memory, for tests; it refuses to overwrite an
+//! [`MemoryStorage`], in memory, for tests and for jobs whose sink keeps
+//! the source positions (nothing in their checkpoints has to outlive the
+//! process); it refuses to overwrite an
 //! object, so a test on it also checks that a pipeline's checkpoints keep
 //! to the rules above. An object store (S3, GCS, Azure) is a third
 //! implementation of the trait.
@@ -334,7 +336,9 @@ impl CheckpointStorage for LocalDir {
 }
 
 /// Checkpoints in memory, shared by clones: for tests, where a job is
-/// stopped and started again in one process. Objects are never
+/// stopped and started again in one process, and for jobs that need
+/// checkpoints only to cut and commit epochs (their sink keeps the source
+/// positions, as the Postgres sink's `store_source_positions` does). Objects are never
 /// overwritten: writing a name that exists is an error
 /// ([`io::ErrorKind::AlreadyExists`]), so a test on this storage also
 /// checks that checkpoints keep to an object store's rules.

@@ -77,7 +77,19 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
     let mut commits = config.commits.clone();
     commits.bind(|node| graph.nodes.get(node).map(|n| n.id().to_string()));
     commits.count_into(&registry);
-    commits.on_restore(restore.as_ref().map(|r| (r.checkpoint, r.commits.as_slice())))?;
+    if config.checkpoint.is_none()
+        && let Some(sink) = commits.needing_positions()
+    {
+        return Err(Error::Graph {
+            job: graph.name.clone(),
+            message: format!(
+                "sink `{sink}` commits the sources' positions with its records, and takes them from the job's \
+                 checkpoints: turn checkpoints on (`with_checkpoints`, or `with_checkpoint_storage` with a \
+                 `MemoryStorage` when the positions in the sink are all a restart needs)"
+            ),
+        });
+    }
+    commits.on_restore(restore.as_ref().map(|r| (r.checkpoint, r.commits.as_slice(), r.sources.as_slice())))?;
     let completed = Arc::new(AtomicU64::new(restore.as_ref().map_or(0, |r| r.checkpoint.get())));
     let history = Arc::new(crate::checkpoint::history::History::default());
     let (savepoint_tx, savepoint_rx) = mpsc::unbounded_channel();

@@ -67,6 +67,35 @@ pub trait TwoPhaseCommitSink<T>: Send + Sync + 'static {
         self.commit(handle)
     }
 
+    /// Whether this sink records the sources' positions with its records
+    /// (as the Postgres sink's `store_source_offsets` does), so that a
+    /// restarted job can take them from the sink instead of from a
+    /// checkpoint. Then the job hands it every handle a completed
+    /// checkpoint commits at once, carried ones included, with that
+    /// checkpoint's positions ([`TwoPhaseCommitSink::commit_checkpoint`]),
+    /// and refuses to run without checkpoints (the positions come from
+    /// them). The default is `false`.
+    fn commits_positions(&self) -> bool {
+        false
+    }
+
+    /// Commits `handles`, every handle of this sink that a completed
+    /// checkpoint makes visible (those carried from earlier checkpoints
+    /// whose commit failed first), together with the sources' positions
+    /// of that checkpoint, `sources`: all of them become visible with the
+    /// positions, or none. Called instead of
+    /// [`TwoPhaseCommitSink::commit_at`] when
+    /// [`TwoPhaseCommitSink::commits_positions`] says so; also on restore,
+    /// with the restored checkpoint's handles and positions. The default
+    /// commits each handle in turn with `commit_at`.
+    ///
+    /// # Errors
+    /// As [`TwoPhaseCommitSink::commit`]; on an error the job retries all
+    /// of `handles` with the next checkpoint.
+    fn commit_checkpoint(&self, handles: &[String], sources: &[SourcePositionEntry]) -> Result<()> {
+        handles.iter().try_for_each(|h| self.commit_at(h, sources))
+    }
+
     /// Discards everything pre-committed for epochs after `checkpoint`
     /// (called on restore, before anything runs). Returns how many
     /// transactions (pre-committed or still open) it discarded, as far as
@@ -131,6 +160,14 @@ impl<T: 'static, S: TwoPhaseCommitSink<T>> Committer for SinkCommitter<T, S> {
 
     fn commit(&self, handle: &str, sources: &[SourcePositionEntry]) -> Result<()> {
         self.sink.commit_at(handle, sources)
+    }
+
+    fn together(&self) -> bool {
+        self.sink.commits_positions()
+    }
+
+    fn commit_all(&self, handles: &[String], sources: &[SourcePositionEntry]) -> Result<()> {
+        self.sink.commit_checkpoint(handles, sources)
     }
 
     fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64> {

@@ -228,7 +228,9 @@ impl Job {
     }
 
     /// As [`Job::with_checkpoints`], into `storage`: a [`LocalDir`], a
-    /// [`MemoryStorage`](crate::checkpoint::MemoryStorage) (tests), or
+    /// [`MemoryStorage`](crate::checkpoint::MemoryStorage) (tests, and
+    /// jobs whose exactly-once sink commits the source positions with its
+    /// records: [`TwoPhaseCommitSink::commits_positions`](crate::sinks::TwoPhaseCommitSink::commits_positions)), or
     /// any other [`CheckpointStorage`] such as an object store. The
     /// storage's layout is that of the directory.
     ///
