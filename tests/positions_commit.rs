@@ -264,3 +264,17 @@ async fn a_job_without_checkpoints_is_refused() {
     assert!(text.contains("positions") && text.contains("checkpoints"), "{text}");
     assert!(sink.book().calls.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sinks_committing_positions_are_refused() {
+    let (storage, a, b) = (MemoryStorage::new(), PositionsSink::default(), PositionsSink::default());
+    let job = Job::new("positions").with_checkpoint_storage(storage, Duration::from_millis(40));
+    let input = job.source(Generator::new(10, |i| i));
+    input.clone().name("a").map(|i: u64| i).sink_exactly_once(a.clone());
+    input.map(|i: u64| i).sink_exactly_once(b.clone());
+    let err = job.run().await.unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::Graph { .. }), "{text}");
+    assert!(text.contains("one sink per job"), "{text}");
+    assert!(a.book().calls.is_empty() && b.book().calls.is_empty());
+}

@@ -68,14 +68,16 @@ fn sink(table: &str, id: &str) -> PostgresSink<KafkaRecord<Event>> {
         .unwrap()
 }
 
-/// The job: resume from the positions in Postgres, write every record.
-/// `only`: read only these Kafka partitions (as a `KafkaGroup` task does).
-fn pipeline(topic: &str, table: &str, id: &str, paced: bool) -> Job {
+/// The job: resume from the positions in Postgres, write every record;
+/// checkpoints in memory, or in `durable` if given.
+fn pipeline(topic: &str, table: &str, id: &str, paced: bool, durable: Option<&std::path::Path>) -> Job {
     let sink = sink(table, id);
     let stored = sink.stored_positions().unwrap();
-    let job = Job::new("pg-positions")
-        .with_checkpoint_storage(MemoryStorage::new(), Duration::from_millis(100))
-        .with_batch_size(32);
+    let job = match durable {
+        Some(dir) => Job::new("pg-positions").with_checkpoints(dir, Duration::from_millis(100)),
+        None => Job::new("pg-positions").with_checkpoint_storage(MemoryStorage::new(), Duration::from_millis(100)),
+    }
+    .with_batch_size(32);
     let source = KafkaSource::builder(bootstrap(), [topic.to_string()], Json)
         .until_end()
         .resume_from(&stored)
@@ -96,8 +98,10 @@ fn pipeline(topic: &str, table: &str, id: &str, paced: bool) -> Job {
 #[test]
 fn child() {
     let Ok(spec) = std::env::var("WEIBO_PGPOS_CHILD") else { return };
-    let (topic, table) = spec.split_once('|').unwrap();
-    let job = pipeline(topic, table, table, true);
+    let parts: Vec<&str> = spec.split('|').collect();
+    let (topic, table) = (parts[0], parts[1]);
+    let durable = parts.get(2).filter(|d| !d.is_empty()).map(std::path::Path::new);
+    let job = pipeline(topic, table, table, true, durable);
     weibo::testing::block_on(job.run()).unwrap();
 }
 
@@ -144,9 +148,21 @@ fn assert_rows_match_positions(table: &str, id: &str, what: &str) -> usize {
 /// Starts the child (dying at `crash_at` if given), kills it after
 /// `after` unless it ends first; returns whether it finished.
 fn live(topic: &str, table: &str, after: Duration, crash_at: Option<&str>) -> bool {
+    live_in(topic, table, None, after, crash_at)
+}
+
+/// As [`live`], with the checkpoints in `durable` if given.
+fn live_in(
+    topic: &str,
+    table: &str,
+    durable: Option<&std::path::Path>,
+    after: Duration,
+    crash_at: Option<&str>,
+) -> bool {
+    let dir = durable.map(|d| d.display().to_string()).unwrap_or_default();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
-        .env("WEIBO_PGPOS_CHILD", format!("{topic}|{table}"))
+        .env("WEIBO_PGPOS_CHILD", format!("{topic}|{table}|{dir}"))
         .env("WEIBO_PG_URL", &server().url)
         .env("WEIBO_KAFKA_BOOTSTRAP", bootstrap())
         .env_remove("WEIBO_CRASH_AT")
@@ -246,16 +262,16 @@ fn each_sink_id_has_its_own_positions_and_a_finished_job_started_again_writes_no
         return;
     }
     let (topic, table) = setup("split");
-    weibo::testing::block_on(pipeline(&topic, &table, &format!("{table}_a"), false).run()).unwrap();
+    weibo::testing::block_on(pipeline(&topic, &table, &format!("{table}_a"), false, None).run()).unwrap();
     let a = stored(&format!("{table}_a"));
     assert_eq!(a.len(), PARTITIONS as usize, "{a:?}");
     assert_eq!(a.values().map(|p| *p as u64).sum::<u64>(), EVENTS);
     // Started again, the first job finds everything read: nothing more.
-    weibo::testing::block_on(pipeline(&topic, &table, &format!("{table}_a"), false).run()).unwrap();
+    weibo::testing::block_on(pipeline(&topic, &table, &format!("{table}_a"), false, None).run()).unwrap();
     assert_eq!(table_rows(&table).len() as u64, EVENTS);
     assert!(table_rows(&table).values().all(|n| *n == 1));
     // Another sink id starts from the beginning.
-    weibo::testing::block_on(pipeline(&topic, &table, &format!("{table}_b"), false).run()).unwrap();
+    weibo::testing::block_on(pipeline(&topic, &table, &format!("{table}_b"), false, None).run()).unwrap();
     assert!(table_rows(&table).values().all(|n| *n == 2), "the second id's job wrote everything once more");
 }
 
@@ -274,8 +290,83 @@ fn storing_positions_needs_checkpoints_and_exactly_once() {
     job.source(source()).sink(sink(&table, &table));
     let err = weibo::testing::block_on(job.run()).unwrap_err().to_string();
     assert!(err.contains("sink_exactly_once"), "{err}");
+    // Two sinks storing positions: two transactions, refused.
+    let job = Job::new("two").with_checkpoint_storage(MemoryStorage::new(), Duration::from_millis(100));
+    let input = job.source(source());
+    input.clone().sink_exactly_once(sink(&table, &format!("{table}_1")));
+    input.sink_exactly_once(sink(&table, &format!("{table}_2")));
+    let err = weibo::testing::block_on(job.run()).unwrap_err().to_string();
+    assert!(err.contains("one sink per job"), "{err}");
     assert!(table_rows(&table).is_empty());
     assert!(stored(&table).is_empty());
+    // Positions of two sources for one partition: which to resume from?
+    let entry = |source: &str| weibo::checkpoint::SourcePositionEntry {
+        source: source.into(),
+        partition: 0,
+        position: 5,
+        partition_name: Some(format!("{topic}/0")),
+    };
+    let err = KafkaSource::builder(bootstrap(), [topic.clone()], Json)
+        .resume_from(&[entry("a"), entry("b")])
+        .build::<Event>();
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("twice") && err.contains("`a`") && err.contains("`b`"), "{err}");
+}
+
+#[test]
+fn a_job_whose_positions_moved_since_it_read_them_is_fenced() {
+    if std::env::var("WEIBO_PGPOS_CHILD").is_ok() {
+        return;
+    }
+    let (topic, table) = setup("fenced");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    // The first process: paced, committing as it goes.
+    let first = pipeline(&topic, &table, &table, true, None);
+    let first = runtime.block_on(async { first.spawn() }).unwrap();
+    let started = Instant::now();
+    while table_rows(&table).is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(60), "the first job committed nothing");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A second process reads the positions while the first still runs...
+    let second = pipeline(&topic, &table, &table, false, None);
+    let read = stored(&table);
+    // ... and the first commits again before the second gets going.
+    while stored(&table) == read {
+        assert!(started.elapsed() < Duration::from_secs(60), "the first job stopped committing");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = runtime.block_on(async { second.spawn() }).unwrap();
+    let (first, second) = runtime.block_on(async { (first.wait().await, second.wait().await) });
+    // The second's writers waited for the first's; its first commit found
+    // the positions moved and failed it. (The first may fail too: the
+    // second dropped what it had spooled.)
+    let err = second.unwrap_err().to_string();
+    assert!(err.contains("changed since this run read them"), "{err}");
+    let _ = first;
+    assert_rows_match_positions(&table, &table, "after the fenced start");
+    // A third start resumes from where the first ended.
+    weibo::testing::block_on(pipeline(&topic, &table, &table, false, None).run()).unwrap();
+    assert_complete(&table, "after the third start");
+}
+
+#[test]
+fn with_durable_checkpoints_a_restore_commits_the_restored_positions() {
+    if std::env::var("WEIBO_PGPOS_CHILD").is_ok() {
+        return;
+    }
+    for point in ["after-manifest#3", "postgres-after-commit#2", "pre-commit-after#4"] {
+        let (topic, table) = setup("durable");
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!live_in(&topic, &table, Some(dir.path()), Duration::from_secs(120), Some(point)), "{point}");
+        assert_rows_match_positions(&table, &table, &format!("{point}, after the first life"));
+        let mut lives = 1;
+        while !live_in(&topic, &table, Some(dir.path()), Duration::from_secs(120), None) {
+            lives += 1;
+            assert!(lives < 5, "{point}: the job did not finish");
+        }
+        assert_complete(&table, point);
+    }
 }
 
 #[path = "../examples/shared/kafka_orders.rs"]
@@ -326,6 +417,12 @@ fn the_books_job_stopped_and_started_again_resumes_from_postgres() {
     let topic = postgres_server::unique("book_orders");
     create_topic(&topic, 2);
     execute(kafka_orders::TABLE);
+    // The book's table and sink id are fixed: start from nothing.
+    execute("DELETE FROM paid_orders");
+    execute(
+        "DO $$ BEGIN IF to_regclass('weibo_sink_positions') IS NOT NULL THEN \
+         DELETE FROM weibo_sink_positions WHERE sink = 'paid-orders'; END IF; END $$",
+    );
     produce_orders(&topic, 0..2_000);
     run_book_job_until(&topic, 1_800);
     let first: Vec<i64> = (0..2_000).filter(|i| i % 10 != 0).collect();

@@ -126,7 +126,10 @@ pub struct KafkaSourceBuilder<F> {
     topics: Vec<String>,
     group: Option<String>,
     start: StartAt,
-    resume: BTreeMap<(String, i32), i64>,
+    /// Offsets to resume from, with the source id each came from.
+    resume: BTreeMap<(String, i32), (i64, String)>,
+    /// Two sources' positions for one partition (refused by `build`).
+    resume_conflict: Option<String>,
     bounded: bool,
     decode_errors: DecodeErrors,
     format: F,
@@ -157,6 +160,7 @@ impl KafkaSource<()> {
             group: None,
             start: StartAt::default(),
             resume: BTreeMap::new(),
+            resume_conflict: None,
             bounded: false,
             decode_errors: DecodeErrors::default(),
             format,
@@ -187,12 +191,27 @@ impl<F> KafkaSourceBuilder<F> {
     /// partition name (`<topic>/<partition>`, which a Kafka source gives
     /// its partitions); entries of other topics are ignored. A checkpoint
     /// the job restores still wins. [`KafkaSourceBuilder::build`] refuses
-    /// a position beyond what a Kafka offset can be.
+    /// a position beyond what a Kafka offset can be, and the positions of
+    /// two sources (by [`SourcePositionEntry::source`]) for one partition:
+    /// keep one source's (`positions.iter().filter(|p| p.source == "…")`)
+    /// when a job reads a topic twice.
     pub fn resume_from<'a>(mut self, positions: impl IntoIterator<Item = &'a SourcePositionEntry>) -> Self {
         for p in positions {
             let Some((topic, kp)) = p.partition_name.as_deref().and_then(parse_partition_name) else { continue };
             // An offset past i64::MAX cannot be Kafka's: `build` names it.
-            self.resume.insert((topic, kp), i64::try_from(p.position).unwrap_or(-1));
+            let offset = i64::try_from(p.position).unwrap_or(-1);
+            if let Some((_, other)) = self.resume.get(&(topic.clone(), kp))
+                && *other != p.source
+            {
+                self.resume_conflict.get_or_insert_with(|| {
+                    format!(
+                        "the positions to resume from hold {topic}/{kp} twice, for sources `{other}` and `{}`: pass \
+                         one source's (filter them by `source`)",
+                        p.source
+                    )
+                });
+            }
+            self.resume.insert((topic, kp), (offset, p.source.clone()));
         }
         self
     }
@@ -251,14 +270,18 @@ impl<F> KafkaSourceBuilder<F> {
                 }
             }
         }
-        if let Some(((topic, kp), _)) = self.resume.iter().find(|((t, _), o)| **o < 0 && self.topics.contains(t)) {
+        if let Some(((topic, kp), _)) = self.resume.iter().find(|((t, _), (o, _))| *o < 0 && self.topics.contains(t)) {
             return Err(connector(&name, format!("the position to resume {topic}/{kp} from is out of range")));
         }
+        if let Some(conflict) = self.resume_conflict {
+            return Err(connector(&name, conflict));
+        }
+        let resume = self.resume.into_iter().map(|(k, (offset, _))| (k, offset)).collect();
         Ok(KafkaSource {
             group: self.group.unwrap_or_else(|| format!("weibo-{}", self.topics.join("-"))),
             conn: self.conn,
             start: self.start,
-            resume: self.resume,
+            resume,
             bounded: self.bounded,
             decode_errors: self.decode_errors,
             partitions,
@@ -322,10 +345,12 @@ impl<T> KafkaSource<T> {
         let (low, high) =
             consumer.fetch_watermarks(topic, *kp, self.conn.timeout).map_err(|e| self.conn.unreachable(&name, &e))?;
         let resumed = self.resume.get(&(topic.clone(), *kp)).copied();
-        if let (None, Some(r)) = (position, resumed)
-            && r < low
-        {
-            tracing::warn!(topic = %topic, partition = kp, resume = r, earliest = low, "the records from the position to resume from up to the partition's earliest are gone (retention): starting at the earliest");
+        if let (None, Some(r)) = (position, resumed) {
+            if r < low {
+                tracing::warn!(topic = %topic, partition = kp, resume = r, earliest = low, "the records from the position to resume from up to the partition's earliest are gone (retention): starting at the earliest");
+            } else if r > high {
+                tracing::warn!(topic = %topic, partition = kp, resume = r, end = high, "the position to resume from is past the partition's end (was the topic deleted and created again?): reading from its earliest record");
+            }
         }
         let start = match (position.or(resumed), self.start) {
             (Some(p), _) => p,

@@ -188,6 +188,10 @@ pub(crate) struct Inner<T> {
     /// Exactly once: the sources' positions are written with each
     /// checkpoint's rows ([`PostgresSinkBuilder::store_source_positions`]).
     pub(crate) store_positions: bool,
+    /// The positions the table should hold: as `stored_positions` read
+    /// them, then as this process's last commit wrote them; `None` until
+    /// either (a job restored from its checkpoints never reads them).
+    pub(crate) expected_positions: Mutex<Option<txn::PositionMap>>,
     pub(crate) pool: deadpool_postgres::Pool,
     rt: SinkRuntime,
     /// The table's columns as checked when the first writer opened.
@@ -574,6 +578,7 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
                 chunk_rows: self.chunk_rows,
                 retry_for: self.retry_for,
                 store_positions: self.store_positions,
+                expected_positions: Mutex::new(None),
                 pool,
                 rt,
                 checked: Mutex::new(None),

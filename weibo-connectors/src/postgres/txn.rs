@@ -144,8 +144,8 @@ impl<T> Inner<T> {
         keyed.sort_by_key(|&(instance, epoch, _)| (instance, epoch));
         let mut instances: Vec<i32> = keyed.iter().map(|k| k.0).collect();
         instances.dedup();
-        let stored = positions.map(StoredPositions::of);
-        retrying!(self, "commit an epoch", |_attempt| {
+        let stored = positions.map(|p| StoredPositions::of(self, p)).transpose()?;
+        let committed = retrying!(self, "commit an epoch", |_attempt| {
             let mut client = self.connect().await?;
             let sql = |e| self.attempt("commit an epoch", e);
             let tx = tokio_postgres::Client::transaction(&mut client).await.map_err(sql)?;
@@ -167,16 +167,51 @@ impl<T> Inner<T> {
                         dead += d;
                         applied = true;
                     }
-                    Step::After(earlier) => return Ok(Committed::After(earlier)),
+                    Step::After(earlier) => return Ok((Committed::After(earlier), None)),
                 }
             }
-            if applied && let Some(stored) = &stored {
-                stored.write(self, &tx).await?;
+            let mut now_stored = None;
+            let mut wrote = false;
+            if let Some(stored) = &stored {
+                let current = stored.current(self, &tx).await?;
+                if applied || current.is_empty() {
+                    // Fenced: the positions must be those this run read or
+                    // wrote last. Otherwise another process of the sink
+                    // committed meanwhile (a predecessor still running when
+                    // this one read them), and this run's records from the
+                    // positions it started at would be written twice.
+                    let expected = self.expected_positions.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                    if let Some(expected) = expected.filter(|e| *e != current) {
+                        return Err(Attempt::Fail(self.err(format!(
+                            "the source positions stored for sink id `{}` changed since this run read them \
+                             ({} stored, {} expected): another process committed for this sink meanwhile; \
+                             start the job again to resume from where that process ended",
+                            self.id,
+                            describe_positions(&current),
+                            describe_positions(&expected)
+                        ))));
+                    }
+                    stored.write(self, &tx).await?;
+                    wrote = true;
+                    now_stored = Some(stored.map.clone());
+                } else if current == stored.map {
+                    // An earlier attempt committed them (its answer was lost).
+                    now_stored = Some(current);
+                }
+            }
+            if !applied && !wrote {
+                // Nothing to change: committed before.
+                return Ok((Committed::Done(0), now_stored));
             }
             tx.commit().await.map_err(sql)?;
             weibo::checkpoint::faults::point("postgres-after-commit");
-            Ok(Committed::Done(dead))
-        })
+            Ok((Committed::Done(dead), now_stored))
+        })?;
+        let (committed, now_stored) = committed;
+        if let Some(map) = now_stored {
+            *self.expected_positions.lock().unwrap_or_else(PoisonError::into_inner) = Some(map);
+        }
+        Ok(committed)
     }
 
     /// One epoch of a commit, in `tx`: nothing when the progress table
@@ -345,22 +380,88 @@ struct StoredPositions {
     partitions: Vec<i32>,
     names: Vec<Option<String>>,
     positions: Vec<i64>,
+    /// The same, as the table holds them once written.
+    map: PositionMap,
+}
+
+/// Stored positions by (source, partition key).
+pub(crate) type PositionMap = std::collections::BTreeMap<(String, String), i64>;
+
+/// "source `s` k=p, …", for messages (at most a few).
+fn describe_positions(map: &PositionMap) -> String {
+    if map.is_empty() {
+        return "none".into();
+    }
+    let mut parts: Vec<String> = map.iter().take(4).map(|((s, k), p)| format!("`{s}` {k}: {p}")).collect();
+    if map.len() > 4 {
+        parts.push(format!("{} more", map.len() - 4));
+    }
+    parts.join(", ")
+}
+
+/// A partition's key in the table: its name outside Weibo where the source
+/// gives one (`topic/partition` for Kafka: a task of a `KafkaGroup`
+/// numbers its partitions from 0 whatever they are), or its number.
+fn partition_key(e: &SourcePositionEntry) -> String {
+    e.partition_name.clone().unwrap_or_else(|| format!("#{}", e.partition))
 }
 
 impl StoredPositions {
-    fn of(entries: &[SourcePositionEntry]) -> Self {
-        let mut s = Self { sources: vec![], keys: vec![], partitions: vec![], names: vec![], positions: vec![] };
+    fn of<T>(inner: &Inner<T>, entries: &[SourcePositionEntry]) -> Result<Self> {
+        let mut s = Self {
+            sources: vec![],
+            keys: vec![],
+            partitions: vec![],
+            names: vec![],
+            positions: vec![],
+            map: PositionMap::new(),
+        };
         for e in entries {
+            let key = partition_key(e);
+            let (Ok(partition), Ok(position)) = (i32::try_from(e.partition), i64::try_from(e.position)) else {
+                return Err(inner.err(format!(
+                    "cannot store the position of source `{}` partition {key}: partition {} or position {} is out of \
+                     Postgres's range",
+                    e.source, e.partition, e.position
+                )));
+            };
+            if s.map.insert((e.source.clone(), key.clone()), position).is_some() {
+                return Err(inner
+                    .err(format!("cannot store the positions: source `{}` names two partitions `{key}`", e.source)));
+            }
             s.sources.push(e.source.clone());
-            // A partition is known by its name outside Weibo where the
-            // source gives one (`topic/partition` for Kafka): a task of a
-            // `KafkaGroup` numbers its partitions from 0 whatever they are.
-            s.keys.push(e.partition_name.clone().unwrap_or_else(|| e.partition.to_string()));
-            s.partitions.push(i32::try_from(e.partition).unwrap_or(i32::MAX));
+            s.keys.push(key);
+            s.partitions.push(partition);
             s.names.push(e.partition_name.clone());
-            s.positions.push(i64::try_from(e.position).unwrap_or(i64::MAX));
+            s.positions.push(position);
         }
-        s
+        Ok(s)
+    }
+
+    /// The sink's stored positions, locked for this transaction (one
+    /// writer of the sink's positions at a time).
+    async fn current<T>(
+        &self,
+        inner: &Inner<T>,
+        tx: &tokio_postgres::Transaction<'_>,
+    ) -> std::result::Result<PositionMap, Attempt> {
+        let table = inner.qualify(POSITIONS);
+        let sql = |e| inner.attempt("read the stored source positions", e);
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+            &[&format!("weibo-positions/{}", inner.id)],
+        )
+        .await
+        .map_err(sql)?;
+        let rows = tx
+            .query(&format!("SELECT source, key, position FROM {table} WHERE sink = $1 FOR UPDATE"), &[&inner.id])
+            .await
+            .map_err(sql)?;
+        let mut map = PositionMap::new();
+        for r in &rows {
+            map.insert((r.try_get(0).map_err(sql)?, r.try_get(1).map_err(sql)?), r.try_get(2).map_err(sql)?);
+        }
+        Ok(map)
     }
 
     async fn write<T>(
@@ -369,6 +470,17 @@ impl StoredPositions {
         tx: &tokio_postgres::Transaction<'_>,
     ) -> std::result::Result<(), Attempt> {
         let table = inner.qualify(POSITIONS);
+        // Exactly the checkpoint's positions: those of a source no longer
+        // in the job (renamed, removed) would be resumed from otherwise.
+        tx.execute(
+            &format!(
+                "DELETE FROM {table} WHERE sink = $1 AND (source, key) NOT IN \
+                 (SELECT * FROM unnest($2::text[], $3::text[]))"
+            ),
+            &[&inner.id, &self.sources, &self.keys],
+        )
+        .await
+        .map_err(|e| inner.attempt("record the sources' positions", e))?;
         tx.execute(
             &format!(
                 "INSERT INTO {table} (sink, source, key, partition, partition_name, position) \
@@ -393,7 +505,7 @@ pub(crate) async fn read_positions<T>(inner: &Inner<T>) -> Result<Vec<SourcePosi
         client
             .query(
                 &format!(
-                    "SELECT source, partition, partition_name, position FROM {table} WHERE sink = $1 \
+                    "SELECT source, partition, partition_name, position, key FROM {table} WHERE sink = $1 \
                      ORDER BY source, partition, key"
                 ),
                 &[&inner.id],
@@ -402,12 +514,15 @@ pub(crate) async fn read_positions<T>(inner: &Inner<T>) -> Result<Vec<SourcePosi
             .map_err(|e| inner.attempt(what, e))
     })?;
     let mut out = Vec::with_capacity(rows.len());
+    let mut read = PositionMap::new();
     for r in &rows {
         let damaged = |e| inner.err_caused(format!("`{table}` holds a row it cannot have come from this sink"), e);
         let source: String = r.try_get(0).map_err(damaged)?;
         let partition: i32 = r.try_get(1).map_err(damaged)?;
         let partition_name: Option<String> = r.try_get(2).map_err(damaged)?;
         let position: i64 = r.try_get(3).map_err(damaged)?;
+        let key: String = r.try_get(4).map_err(damaged)?;
+        read.insert((source.clone(), key), position);
         let (Ok(partition), Ok(position)) = (u32::try_from(partition), u64::try_from(position)) else {
             return Err(inner.err(format!(
                 "`{table}` holds a negative partition or position for source `{source}` ({partition}, {position})"
@@ -415,6 +530,9 @@ pub(crate) async fn read_positions<T>(inner: &Inner<T>) -> Result<Vec<SourcePosi
         };
         out.push(SourcePositionEntry { source, partition, position, partition_name });
     }
+    // What this run resumes from: its first commit checks the table still
+    // holds it (see `commit_handles`).
+    *inner.expected_positions.lock().unwrap_or_else(PoisonError::into_inner) = Some(read);
     Ok(out)
 }
 
@@ -563,10 +681,21 @@ impl<T: Send + 'static> PostgresSink<T> {
         let checked = self.inner.checked()?;
         let me = Arc::clone(&self.inner);
         let handle = handles.join(", ");
+        let with_positions = positions.is_some();
         match self.inner.run(async move { me.commit_handles(&checked, &hs, positions.as_deref()).await })? {
             Ok(Committed::Done(dead)) => {
                 self.inner.dead_lettered.fetch_add(dead, Ordering::Relaxed);
                 Ok(())
+            }
+            Ok(Committed::After(earlier)) if with_positions => {
+                // All of a checkpoint's handles come together, carried ones
+                // first: an earlier epoch still owed was lost on the way.
+                let e = self.inner.err(format!(
+                    "`{handle}` cannot commit: epoch {earlier} of the same instance is still spooled and not among \
+                     the handles committed with it"
+                ));
+                self.inner.fail(&e);
+                Err(e)
             }
             Ok(Committed::After(earlier)) => Err(self.inner.err(format!(
                 "`{handle}` waits for epoch {earlier} of the same instance, whose commit is owed: it is tried again with the next checkpoint"

@@ -133,10 +133,13 @@ impl TwoPhaseCommits {
         }
     }
 
-    /// The id of a sink that commits the sources' positions with its
-    /// records, which needs checkpoints to know them.
-    pub(crate) fn needing_positions(&self) -> Option<&str> {
-        self.committers.iter().find(|c| c.committer.together()).map(|c| c.id.as_str())
+    /// The ids of the sinks that commit the sources' positions with their
+    /// records (which need checkpoints to know them), and of the other
+    /// exactly-once sinks.
+    pub(crate) fn by_positions(&self) -> (Vec<&str>, Vec<&str>) {
+        let (with, without): (Vec<&Registered>, Vec<&Registered>) =
+            self.committers.iter().partition(|c| c.committer.together());
+        (with.iter().map(|c| c.id.as_str()).collect(), without.iter().map(|c| c.id.as_str()).collect())
     }
 
     /// Step 4: finishes what the restored checkpoint committed and drops

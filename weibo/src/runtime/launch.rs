@@ -37,6 +37,40 @@ pub(crate) struct Launched {
     pub(crate) history: Arc<crate::checkpoint::history::History>,
 }
 
+/// Sinks that commit the sources' positions with their records: the job
+/// needs checkpoints (the positions come from them), and only one such
+/// sink (two would commit them in two transactions, and a crash between
+/// leaves them disagreeing). Other exactly-once sinks beside one are
+/// allowed, with a warning: a job resumed from the positions writes their
+/// records again.
+fn check_positions_sinks(
+    job: &str,
+    commits: &crate::checkpoint::commit::TwoPhaseCommits,
+    checkpoints: bool,
+) -> Result<()> {
+    let (with, without) = commits.by_positions();
+    let Some(first) = with.first() else { return Ok(()) };
+    let refuse = |message: String| Err(Error::Graph { job: job.to_string(), message });
+    if !checkpoints {
+        return refuse(format!(
+            "sink `{first}` commits the sources' positions with its records, and takes them from the job's \
+             checkpoints: turn checkpoints on (`with_checkpoints`, or `with_checkpoint_storage` with a \
+             `MemoryStorage` when the positions in the sink are all a restart needs)"
+        ));
+    }
+    if with.len() > 1 {
+        return refuse(format!(
+            "sinks `{}` each commit the sources' positions with their records: one sink per job can (two would \
+             commit them in two transactions, which a crash can leave disagreeing)",
+            with.join("`, `")
+        ));
+    }
+    if !without.is_empty() {
+        tracing::warn!(job, sink = %first, others = ?without, "a sink commits the sources' positions with its records beside other exactly-once sinks: a job resumed from those positions (not from a checkpoint) writes the others' records again");
+    }
+    Ok(())
+}
+
 /// Starts `graph` on the current tokio runtime: restores from the
 /// configured checkpoint (or the newest in the checkpoint storage),
 /// finishes the restored checkpoint's commits, builds the tasks and
@@ -77,18 +111,7 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
     let mut commits = config.commits.clone();
     commits.bind(|node| graph.nodes.get(node).map(|n| n.id().to_string()));
     commits.count_into(&registry);
-    if config.checkpoint.is_none()
-        && let Some(sink) = commits.needing_positions()
-    {
-        return Err(Error::Graph {
-            job: graph.name.clone(),
-            message: format!(
-                "sink `{sink}` commits the sources' positions with its records, and takes them from the job's \
-                 checkpoints: turn checkpoints on (`with_checkpoints`, or `with_checkpoint_storage` with a \
-                 `MemoryStorage` when the positions in the sink are all a restart needs)"
-            ),
-        });
-    }
+    check_positions_sinks(&graph.name, &commits, config.checkpoint.is_some())?;
     commits.on_restore(restore.as_ref().map(|r| (r.checkpoint, r.commits.as_slice(), r.sources.as_slice())))?;
     let completed = Arc::new(AtomicU64::new(restore.as_ref().map_or(0, |r| r.checkpoint.get())));
     let history = Arc::new(crate::checkpoint::history::History::default());

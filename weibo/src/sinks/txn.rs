@@ -68,7 +68,7 @@ pub trait TwoPhaseCommitSink<T>: Send + Sync + 'static {
     }
 
     /// Whether this sink records the sources' positions with its records
-    /// (as the Postgres sink's `store_source_offsets` does), so that a
+    /// (as the Postgres sink's `store_source_positions` does), so that a
     /// restarted job can take them from the sink instead of from a
     /// checkpoint. Then the job hands it every handle a completed
     /// checkpoint commits at once, carried ones included, with that
