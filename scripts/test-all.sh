@@ -10,7 +10,8 @@
 # Debian's `prometheus` (a real scraper for the metrics endpoint),
 # `chromium` (a real browser for the dashboard) and `postgresql` (the
 # server binaries for the Postgres sink's tests, which run a throwaway
-# cluster of their own) are installed with apt-get when missing, and PyPI's
+# cluster of their own; `openssl` makes a certificate for its TLS test) are
+# installed with apt-get when missing, and PyPI's
 # `moto[server]` (a local S3 server) with pip; the tests start them
 # themselves.
 set -euo pipefail
@@ -45,6 +46,7 @@ need prometheus prometheus
 need chromium chromium
 # The server binaries live in /usr/lib/postgresql/<version>/bin, off the PATH.
 need postgresql '/usr/lib/postgresql/*/bin/initdb'
+need openssl openssl
 prometheus --version | head -n 1
 chromium --version 2> /dev/null | head -n 1
 "$(compgen -G '/usr/lib/postgresql/*/bin/postgres' | sort -V | tail -n 1)" --version

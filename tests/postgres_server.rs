@@ -25,6 +25,9 @@ pub(crate) struct Server {
     pub(crate) url: String,
     dir: Option<PathBuf>,
     port: u16,
+    /// The root certificate a TLS server's certificate is signed with
+    /// ([`start_tls`]).
+    pub(crate) ca: Option<PathBuf>,
     _watchdog: Option<std::process::Child>,
 }
 
@@ -33,7 +36,7 @@ pub(crate) fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();
     SERVER.get_or_init(|| {
         if let Ok(url) = std::env::var("WEIBO_PG_URL") {
-            return Server { url, dir: None, port: 0, _watchdog: None };
+            return Server { url, dir: None, port: 0, ca: None, _watchdog: None };
         }
         start()
     })
@@ -83,6 +86,78 @@ fn free_port() -> u16 {
 /// A server of its own (for a test that stops and starts it), stopped
 /// when this process ends.
 pub(crate) fn start() -> Server {
+    start_with(false)
+}
+
+/// A server of its own that takes TLS connections only (`hostssl`), its
+/// certificate (for `localhost` and 127.0.0.1) signed by a root of its own
+/// (`Server::ca`), made with the `openssl` command.
+pub(crate) fn start_tls() -> Server {
+    start_with(true)
+}
+
+/// Writes a root certificate and a server certificate it signs into `dir`.
+fn certificates(dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run `openssl` (the README's test command installs it): {e}"));
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=weibo test root",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("write the certificate's extensions");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
+}
+
+fn start_with(tls: bool) -> Server {
     let bin = binaries();
     let port = free_port();
     let dir = std::env::temp_dir().join(format!("weibo-pg-{}-{port}", std::process::id()));
@@ -105,11 +180,36 @@ pub(crate) fn start() -> Server {
     );
     let mut existing = std::fs::read_to_string(dir.join("data/postgresql.conf")).expect("read postgresql.conf");
     existing.push_str(&conf);
+    let mut ca = None;
+    if tls {
+        let certs = dir.join("certs");
+        std::fs::create_dir_all(&certs).expect("create the certificates' directory");
+        certificates(&certs);
+        let data = dir.join("data");
+        for f in ["server.crt", "server.key"] {
+            std::fs::copy(certs.join(f), data.join(f)).expect("copy the server's certificate");
+        }
+        if is_root() {
+            let ok = Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(data.join("server.crt"))
+                .arg(data.join("server.key"))
+                .status();
+            assert!(ok.is_ok_and(|s| s.success()), "cannot give the certificate to the postgres user");
+        }
+        std::fs::set_permissions(data.join("server.key"), std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("restrict the server's key");
+        existing.push_str("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+        std::fs::write(data.join("pg_hba.conf"), "local all all trust\nhostssl all all 127.0.0.1/32 trust\n")
+            .expect("write pg_hba.conf");
+        ca = Some(certs.join("ca.crt"));
+    }
     std::fs::write(dir.join("data/postgresql.conf"), existing).expect("write postgresql.conf");
     let server = Server {
         url: format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"),
         dir: Some(dir.clone()),
         port,
+        ca,
         _watchdog: None,
     };
     server.start_server();
@@ -139,6 +239,11 @@ pub(crate) fn start() -> Server {
 }
 
 impl Server {
+    /// A connection string through the server's Unix socket.
+    pub(crate) fn socket_url(&self) -> String {
+        format!("host={} port={} user=postgres dbname=postgres", self.dir().display(), self.port)
+    }
+
     fn dir(&self) -> &Path {
         self.dir.as_deref().expect("a server this process started")
     }

@@ -548,3 +548,48 @@ fn a_commit_refused_for_good_fails_a_running_job_and_no_later_epoch_commits_befo
     let max: i64 = max[0][0].as_ref().unwrap().parse().unwrap();
     assert!(max < 507, "rows after the refused one committed: up to {max}");
 }
+
+#[test]
+fn sslmode_require_connects_over_tls_and_verifies_the_server() {
+    let tls = postgres_server::start_tls();
+    let ca = tls.ca.clone().unwrap();
+    // The test's own queries go through the server's Unix socket, which
+    // its pg_hba.conf lets in without TLS.
+    let local = tls.socket_url();
+    let table = unique("tls");
+    let require = format!("{} sslmode=require", tls.url);
+    execute_at(&local, &format!("CREATE TABLE {table} (id int8 NOT NULL, name text NOT NULL)"));
+    let sink = |url: &str| {
+        PostgresSink::<(i64, String)>::builder(url, &table)
+            .column("id", |r: &(i64, String)| r.0)
+            .column_ref("name", |r: &(i64, String)| &r.1)
+            .retry_for(Duration::from_secs(2))
+    };
+    let count = || rows_at(&local, &format!("SELECT count(*), count(DISTINCT id) FROM {table}"));
+    // Trusting the server's root: the job writes over TLS, exactly once.
+    let job =
+        Job::new("tls").with_checkpoint_storage(weibo::checkpoint::MemoryStorage::new(), Duration::from_millis(50));
+    job.source(Generator::new(500, |i| (i as i64, format!("n{i}"))))
+        .sink_exactly_once(sink(&require).tls_root_certificates(&ca).build().unwrap());
+    block_on(job.run()).unwrap();
+    assert_eq!(count(), vec![vec![Some("500".to_string()), Some("500".to_string())]]);
+    let fails = |sink: PostgresSink<(i64, String)>| {
+        let job = Job::new("tls-refused");
+        job.source(Generator::new(10, |i| (i as i64, format!("v{i}")))).sink(sink);
+        block_on(job.run()).expect_err("the job must fail").to_string()
+    };
+    // The system's roots do not know the server's: refused, naming TLS.
+    let err = fails(sink(&require).build().unwrap());
+    assert!(err.contains("TLS") && err.contains("certificate"), "{err}");
+    // Without TLS, the server (hostssl only) refuses the connection.
+    let err = fails(sink(&tls.url).build().unwrap());
+    assert!(err.contains("no encryption"), "{err}");
+    assert_eq!(count()[0][0].as_deref(), Some("500"), "nothing more written");
+    // A root certificate without sslmode=require is a mistake, and so is a
+    // file that holds none.
+    let err = sink(&tls.url).tls_root_certificates(&ca).build().err().unwrap().to_string();
+    assert!(err.contains("sslmode=require"), "{err}");
+    let empty = tempfile::NamedTempFile::new().unwrap();
+    let err = sink(&require).tls_root_certificates(empty.path()).build().err().unwrap().to_string();
+    assert!(err.contains("no certificate"), "{err}");
+}

@@ -32,6 +32,8 @@
 
 mod copy;
 mod schema;
+#[cfg(feature = "postgres-tls")]
+mod tls;
 mod txn;
 mod write;
 
@@ -346,8 +348,10 @@ impl<T> fmt::Debug for PostgresSink<T> {
 
 impl<T: Send + 'static> PostgresSink<T> {
     /// A sink into `table` (`table` or `schema.table`) of the database at
-    /// `url` (`postgresql://user@host:port/db` or `host=… user=… dbname=…`;
-    /// plain TCP, no TLS).
+    /// `url` (`postgresql://user@host:port/db` or `host=… user=… dbname=…`).
+    /// Plain TCP, unless the string says `sslmode=require`: then TLS, the
+    /// server's certificate and host name verified (feature `postgres-tls`;
+    /// see [`PostgresSinkBuilder::tls_root_certificates`]).
     pub fn builder(url: impl Into<String>, table: impl Into<String>) -> PostgresSinkBuilder<T> {
         PostgresSinkBuilder {
             url: url.into(),
@@ -360,6 +364,7 @@ impl<T: Send + 'static> PostgresSink<T> {
             retry_for: Duration::from_secs(300),
             pool_size: 8,
             store_positions: false,
+            tls_roots: None,
         }
     }
 
@@ -400,6 +405,7 @@ pub struct PostgresSinkBuilder<T> {
     retry_for: Duration,
     pool_size: usize,
     store_positions: bool,
+    tls_roots: Option<std::path::PathBuf>,
 }
 
 impl<T> fmt::Debug for PostgresSinkBuilder<T> {
@@ -474,6 +480,15 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
     /// cover. See the book's chapter for when to use which.
     pub fn store_source_positions(mut self) -> Self {
         self.store_positions = true;
+        self
+    }
+
+    /// With `sslmode=require` in the connection string, trusts only the
+    /// root certificates in the PEM file at `path` (a private CA, a cloud
+    /// provider's bundle) instead of the system's. Needs the feature
+    /// `postgres-tls`.
+    pub fn tls_root_certificates(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls_roots = Some(path.into());
         self
     }
 
@@ -553,11 +568,21 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
             _ => server_side.to_string(),
         };
         pg.options(options);
-        let manager = deadpool_postgres::Manager::from_config(
-            pg,
-            tokio_postgres::NoTls,
-            deadpool_postgres::ManagerConfig { recycling_method: deadpool_postgres::RecyclingMethod::Fast },
-        );
+        let manager_config =
+            deadpool_postgres::ManagerConfig { recycling_method: deadpool_postgres::RecyclingMethod::Fast };
+        let manager = match pg.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Require => {
+                require_tls(&name, pg, self.tls_roots.as_deref(), manager_config)?
+            }
+            _ if self.tls_roots.is_some() => {
+                return Err(Error::connector(
+                    &name,
+                    "root certificates for TLS are given, but the connection string does not say `sslmode=require`",
+                ));
+            }
+            // `prefer` (tokio-postgres's default) and `disable`: plain TCP.
+            _ => deadpool_postgres::Manager::from_config(pg, tokio_postgres::NoTls, manager_config),
+        };
         let pool = deadpool_postgres::Pool::builder(manager)
             .max_size(self.pool_size)
             .runtime(deadpool_postgres::Runtime::Tokio1)
@@ -591,6 +616,31 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
             }),
         })
     }
+}
+
+/// The connection manager for `sslmode=require`: TLS with the server's
+/// certificate and host name verified.
+#[cfg(feature = "postgres-tls")]
+fn require_tls(
+    name: &str,
+    pg: tokio_postgres::Config,
+    roots: Option<&std::path::Path>,
+    config: deadpool_postgres::ManagerConfig,
+) -> Result<deadpool_postgres::Manager> {
+    Ok(deadpool_postgres::Manager::from_config(pg, tls::MakeRustls::new(name, roots)?, config))
+}
+
+#[cfg(not(feature = "postgres-tls"))]
+fn require_tls(
+    name: &str,
+    _pg: tokio_postgres::Config,
+    _roots: Option<&std::path::Path>,
+    _config: deadpool_postgres::ManagerConfig,
+) -> Result<deadpool_postgres::Manager> {
+    Err(Error::connector(
+        name,
+        "the connection string says `sslmode=require`: TLS needs weibo-connectors' feature `postgres-tls`",
+    ))
 }
 
 impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
