@@ -105,6 +105,47 @@ pub(crate) fn take_records<K: Key, T: Data>(
     Ok(())
 }
 
+/// How many records a keyed operator looks up in its state before it
+/// processes them: their cache misses overlap, and their lines are still in
+/// the first-level cache (their pages in the TLB) when the records are
+/// processed. `bench w3` (5,000,000 keys), one partition: 8 records at a
+/// time 6.0–6.5 M/s, a whole batch (1,024) 5.1–5.3, one at a time (no
+/// overlap) 3.2.
+const LOOK_AHEAD: usize = 8;
+
+/// A batch's taken records with their metadata, in chunks of
+/// [`LOOK_AHEAD`]: [`LookAhead::next`] calls its `prefetch` with the keys
+/// of each chunk before the chunk's first record.
+struct LookAhead<'a, 'b, K, T, I> {
+    records: std::vec::Drain<'a, (K, T)>,
+    ahead: I,
+    metas: I,
+    /// Records left in the current chunk.
+    left: usize,
+    _batch: std::marker::PhantomData<&'b ()>,
+}
+
+impl<'a, 'b, K, T, I: Iterator<Item = RecordRef<'b>>> LookAhead<'a, 'b, K, T, I> {
+    fn new(records: &'a mut Vec<(K, T)>, ahead: I, metas: I) -> Self {
+        Self { records: records.drain(..), ahead, metas, left: 0, _batch: std::marker::PhantomData }
+    }
+
+    #[inline]
+    fn next(&mut self, prefetch: impl FnOnce(&mut dyn Iterator<Item = (u16, &K)>)) -> Option<(K, T, RecordRef<'b>)> {
+        if self.left == 0 {
+            let n = self.records.len().min(LOOK_AHEAD);
+            let mut keys =
+                self.records.as_slice().iter().take(n).zip(self.ahead.by_ref().take(n)).map(|((k, _), r)| (r.group, k));
+            prefetch(&mut keys);
+            self.left = n;
+        }
+        let (k, v) = self.records.next()?;
+        let r = self.metas.next()?;
+        self.left = self.left.saturating_sub(1);
+        Some((k, v, r))
+    }
+}
+
 /// `reduce`: the running value per key.
 pub(crate) struct ReduceOp<K, T, F> {
     pub(crate) info: OpInfo,
@@ -126,9 +167,9 @@ where
     fn on_batch(&mut self, batch: &mut RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
         take_records(&self.info, batch, &mut self.decoded)?;
-        self.state.prefetch(self.decoded.iter().zip(batch.iter()).map(|((k, _), r)| (r.group, k)));
         let f = &*self.f;
-        for ((key, v), r) in self.decoded.drain(..).zip(batch.iter()) {
+        let mut records = LookAhead::new(&mut self.decoded, batch.iter(), batch.iter());
+        while let Some((key, v, r)) = records.next(|keys| self.state.prefetch(keys)) {
             let new = self.state.update(r.group, key, r.key, |slot| {
                 let new = match slot.take() {
                     Some(acc) => f(acc, v),
@@ -183,10 +224,9 @@ where
     fn on_batch(&mut self, batch: &mut RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
         take_records(&self.info, batch, &mut self.records)?;
-        // The batch's keys looked up first, so that their misses overlap.
-        self.state.prefetch(self.records.iter().zip(batch.iter()).map(|((k, _), r)| (r.group, k)));
         let (init, f, output) = (&*self.init, &*self.f, &*self.output);
-        for ((key, v), r) in self.records.drain(..).zip(batch.iter()) {
+        let mut records = LookAhead::new(&mut self.records, batch.iter(), batch.iter());
+        while let Some((key, v, r)) = records.next(|keys| self.state.prefetch(keys)) {
             let out = self.state.update(r.group, key.clone(), r.key, |slot| {
                 let acc = slot.get_or_insert_with(init);
                 f(acc, v);
@@ -499,8 +539,8 @@ where
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
         let mut records = std::mem::take(&mut self.records);
         take_records(&self.info, batch, &mut records)?;
-        self.state.prefetch(records.iter().zip(batch.iter()).map(|((k, _), r)| (r.group, k)));
-        for ((key, v), r) in records.drain(..).zip(batch.iter()) {
+        let mut taken = LookAhead::new(&mut records, batch.iter(), batch.iter());
+        while let Some((key, v, r)) = taken.next(|keys| self.state.prefetch(keys)) {
             if let Some(wm) = time.observe(&r.meta) {
                 self.advance(wm)?;
             }
@@ -527,6 +567,7 @@ where
                 self.failures.fail(&self.info, v, r.meta, &message)?;
             }
         }
+        drop(taken);
         // Its memory kept for the next batch.
         self.records = records;
         emit(&self.info, &mut *self.next, &mut self.out)?;
