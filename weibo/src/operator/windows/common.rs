@@ -33,9 +33,9 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> Common<K, T, W> {
             partition: 0,
             source: u32::MAX,
         };
-        for v in self.fired.drain(..) {
-            self.out.push(v, meta);
-        }
+        let n = self.fired.len();
+        self.out.values.append(&mut self.fired);
+        self.out.meta.extend(std::iter::repeat_n(meta, n));
     }
 
     /// A record no window took.
