@@ -198,3 +198,57 @@ async fn checkpoints_of_fjall_state_restore_too() {
     restored.run().await.unwrap();
     assert_eq!(finals(out.values()), expected());
 }
+
+/// A savepoint in another storage (memory here; S3 alike) is inspected,
+/// read typed and rewritten there, and the rewritten savepoints restore.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_savepoint_in_another_storage_is_inspected_read_and_rewritten_there() {
+    use std::sync::Arc;
+    use weibo::checkpoint::CheckpointStorage;
+    use weibo::checkpoint::inspect::Inspection;
+    use weibo::checkpoint::processor::{SavepointReader, SavepointWriter};
+
+    let storage = MemoryStorage::new();
+    let handle = job_in(&storage, 2, 3_000.0, &CollectSink::new()).spawn().unwrap();
+    while handle.last_checkpoint().is_none_or(|n| n < 2) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    handle.savepoint("taken").await.unwrap();
+    assert!(!handle.is_finished(), "the savepoint was taken before the end of input");
+    handle.abort();
+    let shared: Arc<dyn CheckpointStorage> = Arc::new(storage.clone());
+
+    let (inspection, _) = Inspection::open_in(&shared, "savepoints/taken").unwrap();
+    assert_eq!(inspection.path, std::path::PathBuf::from("savepoints/taken"));
+    let sums = inspection.operators.iter().find(|o| o.id == "sums").expect("the fold's state");
+    let accumulator = sums.states.iter().find(|s| s.name == "accumulator").unwrap();
+    assert!(accumulator.entries > 0);
+
+    let reader = SavepointReader::open_in(Arc::clone(&shared), "savepoints/taken").unwrap();
+    let entries: Vec<(u64, (u64, u64))> = reader.entries("sums", "accumulator").unwrap();
+    assert_eq!(entries.len() as u64, accumulator.entries);
+    let whole = expected();
+    for (k, (n, _)) in &entries {
+        assert!(*n <= whole[k].0, "key {k}: {n} counted of {}", whole[k].0);
+    }
+    assert!(entries.iter().map(|(_, (n, _))| n).sum::<u64>() < EVENTS, "a savepoint from before the end");
+
+    // Rewritten in the same storage (its state files copied there by the
+    // storage), and into another one (read and written across).
+    let mut writer = SavepointWriter::from(&reader);
+    writer.set_state("sums", "accumulator", entries.iter().copied()).unwrap();
+    writer.write_in(&*shared, "savepoints/rewritten").unwrap();
+    let elsewhere = MemoryStorage::new();
+    SavepointWriter::from(&reader).write_in(&elsewhere, "savepoints/copied").unwrap();
+    let err = SavepointWriter::from(&reader).write_in(&elsewhere, "savepoints/copied").unwrap_err().to_string();
+    assert!(err.contains("holds a savepoint already"), "{err}");
+
+    for (from, dir) in
+        [(Arc::clone(&shared), "savepoints/rewritten"), (Arc::new(elsewhere.clone()) as _, "savepoints/copied")]
+    {
+        let out = CollectSink::new();
+        let report = job_in(&MemoryStorage::new(), 1, 1e9, &out).restore_from_storage(from, dir).run().await.unwrap();
+        assert_eq!(finals(out.values()), expected(), "restored from {dir}: nothing lost or counted twice");
+        assert!(report.metrics.operator("events").unwrap().records_out < EVENTS, "{dir}: the sources resumed");
+    }
+}

@@ -145,6 +145,29 @@ fn a_job_checkpoints_into_s3_and_restores_from_a_savepoint_there() {
     assert_eq!(counts.len(), 1_000);
     assert!(counts.values().all(|c| *c == 60), "{:?}", counts.iter().find(|(_, c)| **c != 60));
     assert!(second.values().len() < 60_000, "the restored job did not start from the beginning");
+
+    // Inspected, read and rewritten in S3 (its files copied by S3), and the
+    // rewrite restores: every count doubled at the savepoint, so every key
+    // ends at 60 plus what it had counted then.
+    use weibo::checkpoint::processor::{SavepointReader, SavepointWriter};
+    let shared: Arc<dyn weibo::checkpoint::CheckpointStorage> = Arc::new(s.clone());
+    let (inspection, _) = weibo::checkpoint::inspect::Inspection::open_in(&shared, "savepoints/v1").unwrap();
+    let counts_op = inspection.operators.iter().find(|o| o.id == "counts").unwrap();
+    assert_eq!(counts_op.states.iter().map(|st| st.entries).sum::<u64>(), 1_000);
+    let reader = SavepointReader::open_in(Arc::clone(&shared), "savepoints/v1").unwrap();
+    let at_savepoint: Vec<(u64, (u64, u64))> = reader.entries("counts", "value").unwrap();
+    assert_eq!(at_savepoint.len(), 1_000);
+    let mut writer = SavepointWriter::from(&reader);
+    writer.set_state("counts", "value", at_savepoint.iter().map(|(k, (key, c))| (*k, (*key, 2 * c)))).unwrap();
+    writer.write_in(&*shared, "savepoints/doubled").unwrap();
+    let third = CollectSink::new();
+    let doubled = Job::new("counts").restore_from_storage(Arc::clone(&shared), "savepoints/doubled");
+    counting(&doubled, &third, None);
+    weibo::testing::block_on(doubled.run()).unwrap();
+    let counts = last_counts(third.values());
+    for (k, (_, c)) in &at_savepoint {
+        assert_eq!(counts.get(k), Some(&(60 + c)), "key {k}");
+    }
 }
 
 #[test]

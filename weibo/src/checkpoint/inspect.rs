@@ -89,14 +89,28 @@ impl Inspection {
     /// [`Error::Checkpoint`] or [`Error::Io`] naming the file that cannot
     /// be read, is damaged or is not a checkpoint's.
     pub fn open(path: &Path) -> Result<(Self, Opened)> {
-        let manifest = read_manifest(path)?;
+        // Read first: a missing or damaged manifest is named by its path.
+        read_manifest(path)?;
         let canonical = std::fs::canonicalize(path).map_err(io("cannot read checkpoint directory", path.into()))?;
         let (parent, name) = match (canonical.parent(), canonical.file_name()) {
             (Some(p), Some(n)) => (p.to_path_buf(), n.to_string_lossy().into_owned()),
             _ => return Err(bad(path, "is not a checkpoint's directory".into())),
         };
         let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalDir::new(parent));
-        let restore = Restore::load(&storage, &name, manifest.max_key_groups)?;
+        let (mut inspection, opened) = Self::open_in(&storage, &name)?;
+        inspection.path = canonical;
+        Ok((inspection, opened))
+    }
+
+    /// As [`Inspection::open`], for the checkpoint or savepoint in directory
+    /// `dir` of `storage` (`chk-<n>`, `savepoints/<name>`): one in S3, or
+    /// any other [`CheckpointStorage`]. Its `path` is `dir`.
+    ///
+    /// # Errors
+    /// As [`Inspection::open`].
+    pub fn open_in(storage: &Arc<dyn CheckpointStorage>, dir: &str) -> Result<(Self, Opened)> {
+        let manifest = read_manifest_in(&**storage, dir)?;
+        let restore = Restore::load(storage, dir, manifest.max_key_groups)?;
         let mut operators: BTreeMap<String, OperatorInspection> = BTreeMap::new();
         for o in &manifest.operators {
             operators.insert(
@@ -140,7 +154,7 @@ impl Inspection {
             }
         }
         let inspection = Self {
-            path: canonical,
+            path: PathBuf::from(dir),
             job: manifest.job.clone(),
             checkpoint: manifest.checkpoint.get(),
             max_key_groups: manifest.max_key_groups,

@@ -17,15 +17,18 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::inspect::{Inspection, Opened};
+use super::storage::join;
 use super::*;
 use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::codec::schema::Schema;
 
 /// A savepoint (or checkpoint) opened for reading.
-#[derive(Debug)]
 pub struct SavepointReader {
+    /// Where it is, for messages: its directory, or `dir` in the storage.
     dir: PathBuf,
+    /// Its storage and its directory there.
+    source: (Arc<dyn CheckpointStorage>, String),
     manifest: Manifest,
     inspection: Inspection,
     opened: Opened,
@@ -41,7 +44,24 @@ impl SavepointReader {
         let dir = dir.as_ref().to_path_buf();
         let manifest = read_manifest(&dir)?;
         let (inspection, opened) = Inspection::open(&dir)?;
-        Ok(Self { dir, manifest, inspection, opened })
+        let (parent, name) = match (inspection.path.parent(), inspection.path.file_name()) {
+            (Some(p), Some(n)) => (p.to_path_buf(), n.to_string_lossy().into_owned()),
+            _ => return Err(bad(&dir, "is not a checkpoint's directory".into())),
+        };
+        let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalDir::new(parent));
+        Ok(Self { dir, source: (storage, name), manifest, inspection, opened })
+    }
+
+    /// As [`SavepointReader::open`], for the savepoint or checkpoint in
+    /// directory `dir` of `storage` (`savepoints/<name>`, `chk-<n>`): one
+    /// in S3, or any other [`CheckpointStorage`].
+    ///
+    /// # Errors
+    /// As [`Inspection::open`].
+    pub fn open_in(storage: Arc<dyn CheckpointStorage>, dir: &str) -> Result<Self> {
+        let manifest = read_manifest_in(&*storage, dir)?;
+        let (inspection, opened) = Inspection::open_in(&storage, dir)?;
+        Ok(Self { dir: PathBuf::from(dir), source: (storage, dir.to_string()), manifest, inspection, opened })
     }
 
     /// What it holds.
@@ -142,10 +162,22 @@ struct NewState {
     entries: Vec<(u16, Vec<u8>, Vec<u8>)>,
 }
 
+impl std::fmt::Debug for SavepointReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SavepointReader")
+            .field("dir", &self.dir)
+            .field("checkpoint", &self.manifest.checkpoint)
+            .finish()
+    }
+}
+
 /// A new savepoint, made from another one with some value states replaced
 /// or dropped.
 pub struct SavepointWriter {
+    /// Where the savepoint it starts from is, for messages.
     from: PathBuf,
+    /// Its storage and directory there.
+    source: (Arc<dyn CheckpointStorage>, String),
     manifest: Manifest,
     states: BTreeMap<(String, String), NewState>,
     dropped: Vec<String>,
@@ -164,6 +196,7 @@ impl SavepointWriter {
     pub fn from(reader: &SavepointReader) -> Self {
         Self {
             from: reader.dir.clone(),
+            source: reader.source.clone(),
             manifest: reader.manifest.clone(),
             states: BTreeMap::new(),
             dropped: Vec::new(),
@@ -244,7 +277,28 @@ impl SavepointWriter {
             return Err(bad(&dir, "exists already: a savepoint is written into a new directory".into()));
         }
         std::fs::create_dir_all(&dir).map_err(io("cannot create savepoint directory", dir.clone()))?;
-        let storage = LocalDir::new(&dir);
+        self.write_in(&LocalDir::new(&dir), "")?;
+        Ok(dir)
+    }
+
+    /// As [`SavepointWriter::write`], into directory `dir` of `storage`
+    /// (`savepoints/<name>` for a job to restore with
+    /// `Job::restore_from_storage`): S3, or any other
+    /// [`CheckpointStorage`]. State files it keeps are copied from the
+    /// savepoint it started from (server-side within one storage that
+    /// copies so).
+    ///
+    /// # Errors
+    /// As [`SavepointWriter::write`]; [`Error::Checkpoint`] when `dir`
+    /// already holds a manifest.
+    pub fn write_in(self, storage: &dyn CheckpointStorage, dir: &str) -> Result<()> {
+        let located = PathBuf::from(dir);
+        let manifest_name = join(dir, MANIFEST);
+        if storage.exists(&manifest_name).map_err(io("cannot read savepoint directory", located.clone()))? {
+            return Err(bad(&located, "holds a savepoint already: a savepoint is written into a new directory".into()));
+        }
+        let (from_storage, from_dir) = &self.source;
+        let same = std::ptr::addr_eq(std::ptr::from_ref(&**from_storage), std::ptr::from_ref(storage));
         let mut manifest = self.manifest;
         let replaced = |s: &StateFileEntry| self.states.contains_key(&(s.operator.clone(), s.state.clone()));
         manifest.states.retain(|s| !self.dropped.contains(&s.operator) && !replaced(s));
@@ -252,9 +306,21 @@ impl SavepointWriter {
         manifest.commits.retain(|c| !self.dropped.contains(&c.sink));
         manifest.sources.retain(|p| !self.dropped.contains(&p.source));
         for s in &mut manifest.states {
-            let source = self.from.join(&s.file);
-            let file = source.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-            std::fs::copy(&source, dir.join(&file)).map_err(io("cannot copy into savepoint", source.clone()))?;
+            let source = join(from_dir, &s.file);
+            let file = s.file.rsplit('/').next().unwrap_or_default().to_string();
+            let target = join(dir, &file);
+            let failed = io("cannot copy into savepoint", self.from.join(&s.file));
+            if same {
+                storage.copy(&source, &target).map_err(failed)?;
+            } else {
+                let copied = (|| {
+                    let mut input = from_storage.open(&source)?;
+                    let mut output = storage.create(&target)?;
+                    std::io::copy(&mut input, &mut output)?;
+                    output.finish()
+                })();
+                copied.map_err(failed)?;
+            }
             s.file = file;
         }
         let n = manifest.checkpoint;
@@ -269,7 +335,7 @@ impl SavepointWriter {
                 groups: Vec::new(),
                 removed: Vec::new(),
             };
-            let mut writer = StateFileWriter::create(&storage, &file, &meta)?;
+            let mut writer = StateFileWriter::create(storage, &join(dir, &file), &meta)?;
             let mut frame = crate::state::SnapshotFrame::default();
             for (group, key, value) in &new.entries {
                 frame.keys.extend_from_slice(key);
@@ -325,7 +391,7 @@ impl SavepointWriter {
         manifest
             .states
             .sort_by(|a, b| (&a.operator, &a.state, a.key_groups).cmp(&(&b.operator, &b.state, b.key_groups)));
-        write_manifest(&storage, "", &manifest)?;
-        Ok(dir)
+        write_manifest(storage, dir, &manifest)?;
+        Ok(())
     }
 }
