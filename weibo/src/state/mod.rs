@@ -521,6 +521,59 @@ mod tests {
         4 + u16::from(key % 4)
     }
 
+    /// In memory, a delta looks up the keys its change log holds; a log
+    /// that outgrows its bound gives up (deltas scan) until the next base,
+    /// and a base whose checkpoint fails leaves the next delta scanning.
+    /// Every checkpoint restores the state as of its barrier.
+    #[test]
+    fn change_logs_that_overflow_or_start_at_a_failed_base_fall_back_to_scanning() {
+        let mut s = ValueState::<u32, u64>::open(&MemoryBackend, &scope()).unwrap();
+        let mut oracle: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut chain = Chain::new();
+        let group = |k: u32| 4 + u16::try_from(k % 4).unwrap();
+        let decode = |key: &[u8]| crate::codec::key::decode::<u32>(key).unwrap();
+        // Round i takes checkpoint i + 1 (completing or not), then writes
+        // keys 0..n with a value.
+        let rounds: [(u32, u64, bool); 14] = [
+            (100, 1, true),    // 1: the base; logging starts; 100 keys logged
+            (40_000, 2, true), // 2: a delta from the log; every key: the logs give up
+            (10, 3, true),     // 3: the delta scans
+            (10, 4, true),     // 4 to 10: still scanning
+            (10, 5, true),
+            (10, 6, true),
+            (10, 7, true),
+            (10, 8, true),
+            (10, 9, true),
+            (10, 10, true),
+            (10, 11, false), // 11: a base, which fails; the logs start at it
+            (10, 12, true),  // 12: builds on 10, before the logs' start: scans
+            (5, 13, true),   // 13: builds on 12: from the log
+            (0, 14, true),   // 14: from the log
+        ];
+        for (n, value, completes) in rounds {
+            let taken = chain.take(
+                |n, last| s.snapshot_changes(CheckpointId::new(n), CheckpointId::new(last)).unwrap(),
+                completes,
+                decode,
+            );
+            if let Some((n, base, restored)) = taken {
+                assert_eq!(restored.len(), oracle.len(), "checkpoint {n} (base: {base})");
+                assert!(restored == oracle, "checkpoint {n} (base: {base}) restores another state");
+            }
+            for k in 0..n {
+                s.update(group(k), k, &crate::codec::key::encode(&k), |v| *v = Some(value + u64::from(k))).unwrap();
+                oracle.insert(k, value + u64::from(k));
+            }
+            // A removal and a key set again after it, every round.
+            s.update(group(7), 7, &crate::codec::key::encode(&7u32), |v| *v = None).unwrap();
+            oracle.remove(&7);
+            if value % 2 == 0 {
+                s.update(group(7), 7, &crate::codec::key::encode(&7u32), |v| *v = Some(value)).unwrap();
+                oracle.insert(7, value);
+            }
+        }
+    }
+
     /// The complete checkpoints of a model test, as a restore sees them.
     struct Chain<M> {
         /// Checkpoint number → the state it restores.
