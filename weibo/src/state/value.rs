@@ -345,8 +345,30 @@ impl<K: Key, V: Data> ValueState<K, V> {
                     }
                 }
                 let map = self.spares.make_mut(map);
+                if !self.tracking {
+                    // Nothing to log (no checkpoint has started yet): the
+                    // path every record of a job without checkpoints takes.
+                    return Ok(match map.entry(key) {
+                        Entry::Occupied(e) => {
+                            let mut result = None;
+                            let _ = e.replace_entry_with(|_, (value, _)| {
+                                let mut slot = Some(value);
+                                result = Some(f(&mut slot));
+                                slot.map(|v| (v, epoch))
+                            });
+                            result.ok_or_else(|| Error::Internal("state update closure was not called".into()))?
+                        }
+                        Entry::Vacant(e) => {
+                            let mut slot = None;
+                            let r = f(&mut slot);
+                            if let Some(value) = slot {
+                                e.insert((value, epoch));
+                            }
+                            r
+                        }
+                    });
+                }
                 let map_len = map.len();
-                let tracking = self.tracking;
                 Ok(match map.entry(key) {
                     Entry::Occupied(e) => {
                         let mut result = None;
@@ -357,18 +379,16 @@ impl<K: Key, V: Data> ValueState<K, V> {
                             result = Some(f(&mut slot));
                             if slot.is_none() {
                                 gone = Some(k.clone());
-                            } else if tracking && stamp != epoch {
+                            } else if stamp != epoch {
                                 first = Some(k.clone());
                             }
                             slot.map(|v| (v, epoch))
                         });
-                        if tracking {
-                            if let (Some(k), Some(removed)) = (gone, self.removed.get_mut(index)) {
-                                removed.push((k, epoch));
-                            }
-                            if let (Some(k), Some(log)) = (first, self.logs.get_mut(index)) {
-                                log.record(&k, map_len);
-                            }
+                        if let (Some(k), Some(removed)) = (gone, self.removed.get_mut(index)) {
+                            removed.push((k, epoch));
+                        }
+                        if let (Some(k), Some(log)) = (first, self.logs.get_mut(index)) {
+                            log.record(&k, map_len);
                         }
                         result.ok_or_else(|| Error::Internal("state update closure was not called".into()))?
                     }
@@ -376,7 +396,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                         let mut slot = None;
                         let r = f(&mut slot);
                         if let Some(value) = slot {
-                            if tracking && let Some(log) = self.logs.get_mut(index) {
+                            if let Some(log) = self.logs.get_mut(index) {
                                 log.record(e.key(), map_len);
                             }
                             e.insert((value, epoch));
