@@ -293,8 +293,10 @@ impl<M> Held<M> {
 ///
 /// The worker writes a key group whose map is still shared beside it (an
 /// overlay) and flags it ([`Wanted`]); the snapshot calls [`Holding::release`]
-/// before each key group and every few thousand entries, which copies each
-/// flagged map (into a spare) and lets go of it, so that the worker can
+/// before each key group it scans and every few thousand entries (a delta
+/// that looks up a key group's logged keys takes it with
+/// [`Holding::take_alone`], releasing only every few thousand keys), which
+/// copies each flagged map (into a spare) and lets go of it, so that the worker can
 /// apply its overlay in place. The maps nobody flags are encoded where
 /// they are and let go of when done: an idle job's checkpoint copies
 /// nothing, and the worker copies a map only when its overlay outgrows
@@ -338,6 +340,14 @@ impl<M: SpareMap> Holding<M> {
     /// hand it back with [`Holding::done`].
     pub(crate) fn take(&mut self, index: usize) -> Held<M> {
         self.release(index);
+        self.held.get_mut(index).map_or(Held::Done, |m| std::mem::replace(m, Held::Done))
+    }
+
+    /// Takes map `index` out to encode without releasing the others: for a
+    /// short pass (a delta's logged keys), which lets go of the map sooner
+    /// than a copy of every flagged map would take. Hand it back with
+    /// [`Holding::done`].
+    pub(crate) fn take_alone(&mut self, index: usize) -> Held<M> {
         self.held.get_mut(index).map_or(Held::Done, |m| std::mem::replace(m, Held::Done))
     }
 
