@@ -36,6 +36,10 @@ pub(super) struct TableTimers<K> {
     queue: BTreeSet<(Timestamp, usize)>,
     /// Per owned key group, its first timers, read ahead.
     ahead: Vec<Ahead<K>>,
+    /// Per owned key group, an entry no timer of the table lies after
+    /// (`None`: the group has none): a timer set after it is new without
+    /// a read, which is how timers are mostly set (later than the others).
+    bounds: Vec<Option<Vec<u8>>>,
     first: u16,
     len: usize,
     buf: Vec<u8>,
@@ -104,6 +108,7 @@ impl<K: Key> TableTimers<K> {
             heads: scope.key_groups.clone().map(|_| None).collect(),
             queue: BTreeSet::new(),
             ahead: scope.key_groups.clone().map(|_| Ahead::default()).collect(),
+            bounds: scope.key_groups.clone().map(|_| None).collect(),
             first: scope.key_groups.start,
             len: 0,
             buf: Vec::new(),
@@ -112,11 +117,18 @@ impl<K: Key> TableTimers<K> {
         // A table kept from an earlier run (a restore clears it first).
         for index in 0..timers.heads.len() {
             let mut count = 0usize;
-            timers.table_scan(index, &[], &mut |_, _| {
+            let mut last: Option<Vec<u8>> = None;
+            timers.table_scan(index, &[], &mut |key, _| {
                 count += 1;
+                let last = last.get_or_insert_with(Vec::new);
+                last.clear();
+                last.extend_from_slice(key);
                 true
             })?;
             timers.len += count;
+            if let Some(bound) = timers.bounds.get_mut(index) {
+                *bound = last;
+            }
             timers.refresh(index, &[])?;
         }
         Ok(timers)
@@ -211,20 +223,37 @@ impl<K: Key> TableTimers<K> {
             )));
         };
         self.encode(time, key);
-        let existed = self.state.update(group, (time, key.clone()), &self.buf, |slot| slot.replace(()).is_some())?;
-        if existed {
-            return Ok(());
+        // Within what is read ahead, the buffer knows whether the timer is
+        // set, and after the group's bound nothing is: no read of the table
+        // (in between, the table says).
+        let after_bound = self.bounds.get(index).is_some_and(|b| b.as_deref().is_none_or(|b| self.buf.as_slice() > b));
+        match self.ahead.get(index).and_then(|ahead| ahead.find(&self.buf)) {
+            Some(Ok(_)) => return Ok(()),
+            Some(Err(at)) => {
+                self.state.put_absent(group, &self.buf, &())?;
+                if let Some(ahead) = self.ahead.get_mut(index) {
+                    ahead.timers.insert(at, (time, key.clone(), self.buf.clone()));
+                    if ahead.timers.len() > READ_AHEAD {
+                        // The last one stays in the table only.
+                        ahead.timers.pop_back();
+                        ahead.complete = false;
+                    }
+                }
+            }
+            None if after_bound => self.state.put_absent(group, &self.buf, &())?,
+            None => {
+                let existed =
+                    self.state.update(group, (time, key.clone()), &self.buf, |slot| slot.replace(()).is_some())?;
+                if existed {
+                    return Ok(());
+                }
+            }
         }
         self.len += 1;
-        if let Some(ahead) = self.ahead.get_mut(index)
-            && let Some(Err(at)) = ahead.find(&self.buf)
-        {
-            ahead.timers.insert(at, (time, key.clone(), self.buf.clone()));
-            if ahead.timers.len() > READ_AHEAD {
-                // The last one stays in the table only.
-                ahead.timers.pop_back();
-                ahead.complete = false;
-            }
+        if after_bound && let Some(slot) = self.bounds.get_mut(index) {
+            let bound = slot.get_or_insert_with(Vec::new);
+            bound.clear();
+            bound.extend_from_slice(&self.buf);
         }
         if self.heads.get(index).copied().flatten().is_none_or(|head| time < head) {
             self.set_head(index, Some(time));
@@ -235,14 +264,20 @@ impl<K: Key> TableTimers<K> {
     pub(super) fn delete(&mut self, time: Timestamp, group: u16, key: &K) -> Result<()> {
         let Some(index) = self.index(group) else { return Ok(()) };
         self.encode(time, key);
-        let existed = self.state.update(group, (time, key.clone()), &self.buf, |slot| slot.take().is_some())?;
+        // As in `register`: within what is read ahead, no read of the table.
+        let existed = match self.ahead.get(index).and_then(|ahead| ahead.find(&self.buf)) {
+            Some(Ok(at)) => {
+                self.state.remove_present(group, &self.buf)?;
+                if let Some(ahead) = self.ahead.get_mut(index) {
+                    ahead.timers.remove(at);
+                }
+                true
+            }
+            Some(Err(_)) => false,
+            None => self.state.update(group, (time, key.clone()), &self.buf, |slot| slot.take().is_some())?,
+        };
         if existed {
             self.len -= 1;
-            if let Some(ahead) = self.ahead.get_mut(index)
-                && let Some(Ok(at)) = ahead.find(&self.buf)
-            {
-                ahead.timers.remove(at);
-            }
             if self.heads.get(index).copied().flatten() == Some(time) {
                 let mut from = Vec::new();
                 time.encode_key(&mut from);

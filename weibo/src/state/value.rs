@@ -481,6 +481,40 @@ impl<K: Key, V: Data> ValueState<K, V> {
         Ok(())
     }
 
+    /// Writes `value` at `key_bytes` of `group` of a byte store without
+    /// reading first: the caller knows nothing is there (a timer within
+    /// the part of its key group read ahead). Logged for incremental
+    /// checkpoints as [`ValueState::update`] logs a write.
+    ///
+    /// # Errors
+    /// As [`ValueState::remove_present`]; [`Error::Codec`] when `value`
+    /// does not encode.
+    pub(super) fn put_absent(&mut self, group: u16, key_bytes: &[u8], value: &V) -> Result<()> {
+        if !self.groups.contains(&group) {
+            return Err(self.group_error(group));
+        }
+        let index = usize::from(group - self.groups.start);
+        let Store::Bytes { table, buf } = &mut self.store else {
+            return Err(Error::Internal(format!("operator `{}`: a blind write outside a byte table", self.operator)));
+        };
+        buf.clear();
+        value.encode(buf).map_err(|source| Error::Codec { operator: self.operator.clone(), source })?;
+        table.put(group, key_bytes, buf)?;
+        if self.tracking
+            && let Some(changed) = self.changed.get_mut(index)
+        {
+            let change = (self.epoch, Some(Box::from(buf.as_slice())));
+            let changed = Arc::make_mut(changed);
+            match changed.get_mut(key_bytes) {
+                Some(last) => *last = change,
+                None => {
+                    changed.insert(key_bytes.into(), change);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Looks `keys` up without changing anything, so that the cache lines
     /// they live on are loaded when [`ValueState::update`] needs them.
     ///
