@@ -142,26 +142,7 @@ fn dirs() -> Dirs {
 fn live(d: &Dirs, partitions: usize, after: Duration) -> bool {
     let state = d.state.as_ref().map(|s| s.display().to_string()).unwrap_or_default();
     let spec = format!("{}|{}|{}|{partitions}|{state}", d.input.display(), d.out.display(), d.checkpoints.display());
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child", "--nocapture", "--test-threads=1"])
-        .env("WEIBO_CRASH_CHILD", spec)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "the child failed: {status}");
-            return true;
-        }
-        if started.elapsed() >= after {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    weibo_tests::run_child(weibo_tests::child_command("WEIBO_CRASH_CHILD", spec), after, None)
 }
 
 /// A cheap deterministic pseudo-random sequence for the kill times: from

@@ -455,3 +455,51 @@ impl Page {
         data_encoding::BASE64.decode(shot["data"].as_str().expect("the image").as_bytes()).unwrap()
     }
 }
+
+/// This test binary, to run its test `child` alone in a child process, with
+/// `var` set to `spec` (how the child learns what to do), its output
+/// discarded and no fault point (`WEIBO_CRASH_AT`) inherited.
+///
+/// # Panics
+/// When the test binary's path is unknown.
+#[allow(clippy::unwrap_used)]
+pub fn child_command(var: &str, spec: String) -> std::process::Command {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .env(var, spec)
+        .env_remove("WEIBO_CRASH_AT")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    cmd
+}
+
+/// Runs `cmd` (a [`child_command`]) for at most `after`, with fault point
+/// `crash_at` if given: `true` if it finished, `false` if it was killed
+/// when `after` passed or died at its fault point (which aborts the
+/// process: SIGABRT).
+///
+/// # Panics
+/// When the child fails any other way (a test's failure).
+#[allow(clippy::unwrap_used)]
+pub fn run_child(mut cmd: std::process::Command, after: std::time::Duration, crash_at: Option<&str>) -> bool {
+    if let Some(point) = crash_at {
+        cmd.env("WEIBO_CRASH_AT", point);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            if crash_at.is_some() && std::os::unix::process::ExitStatusExt::signal(&status) == Some(6) {
+                return false;
+            }
+            assert!(status.success(), "the child failed: {status}");
+            return true;
+        }
+        if started.elapsed() >= after {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}

@@ -19,8 +19,7 @@
 mod postgres_server;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use postgres_server::{execute, rows, server, unique};
 use weibo::Job;
@@ -159,35 +158,9 @@ fn reference() -> &'static [Vec<String>; 4] {
 /// Starts the child (dying at `crash_at` if given) and kills it after
 /// `after`, unless it finishes or dies first; returns whether it finished.
 fn live(prefix: &str, checkpoints: &Path, after: Duration, crash_at: Option<&str>) -> bool {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
-        .env("WEIBO_PG_CHILD", format!("{prefix}|{}", checkpoints.display()))
-        .env("WEIBO_PG_URL", &server().url)
-        .env_remove("WEIBO_CRASH_AT")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if let Some(point) = crash_at {
-        cmd.env("WEIBO_CRASH_AT", point);
-    }
-    let mut child = cmd.spawn().unwrap();
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            // A fault point aborts the process (SIGABRT); anything else is a
-            // failure of the child, not the planned crash.
-            if crash_at.is_some() && std::os::unix::process::ExitStatusExt::signal(&status) == Some(6) {
-                return false;
-            }
-            assert!(status.success(), "the child failed: {status}");
-            return true;
-        }
-        if started.elapsed() >= after {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let mut cmd = weibo_tests::child_command("WEIBO_PG_CHILD", format!("{prefix}|{}", checkpoints.display()));
+    cmd.env("WEIBO_PG_URL", &server().url);
+    weibo_tests::run_child(cmd, after, crash_at)
 }
 
 fn assert_same_as_reference(prefix: &str, what: &str) {

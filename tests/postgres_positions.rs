@@ -27,7 +27,7 @@ mod postgres_server;
 use std::collections::BTreeMap;
 
 use kafka_common::{
-    Command, Duration, Event, In, Instant, Job, Json, KafkaRecord, KafkaSource, Stdio, bootstrap, create_topic, produce,
+    Duration, Event, In, Instant, Job, Json, KafkaRecord, KafkaSource, bootstrap, create_topic, produce,
 };
 use postgres_server::{execute, rows, server};
 use weibo::checkpoint::MemoryStorage;
@@ -160,34 +160,9 @@ fn live_in(
     crash_at: Option<&str>,
 ) -> bool {
     let dir = durable.map(|d| d.display().to_string()).unwrap_or_default();
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
-        .env("WEIBO_PGPOS_CHILD", format!("{topic}|{table}|{dir}"))
-        .env("WEIBO_PG_URL", &server().url)
-        .env("WEIBO_KAFKA_BOOTSTRAP", bootstrap())
-        .env_remove("WEIBO_CRASH_AT")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if let Some(point) = crash_at {
-        cmd.env("WEIBO_CRASH_AT", point);
-    }
-    let mut child = cmd.spawn().unwrap();
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            if crash_at.is_some() && std::os::unix::process::ExitStatusExt::signal(&status) == Some(6) {
-                return false;
-            }
-            assert!(status.success(), "the child failed: {status}");
-            return true;
-        }
-        if started.elapsed() >= after {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let mut cmd = weibo_tests::child_command("WEIBO_PGPOS_CHILD", format!("{topic}|{table}|{dir}"));
+    cmd.env("WEIBO_PG_URL", &server().url).env("WEIBO_KAFKA_BOOTSTRAP", bootstrap());
+    weibo_tests::run_child(cmd, after, crash_at)
 }
 
 fn assert_complete(table: &str, what: &str) {

@@ -15,8 +15,7 @@ mod s3_server;
 
 use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use s3_server::{server, storage, unique_bucket};
 use weibo::Job;
@@ -46,33 +45,9 @@ fn child() {
 
 /// One life of the child; `true` when it finished.
 fn live(bucket: &str, checkpoints: &Path, after: Duration, crash_at: Option<&str>) -> bool {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
-        .env("WEIBO_S3_CHILD", format!("{bucket}|{}", checkpoints.display()))
-        .env("WEIBO_S3_ENDPOINT", &server().endpoint)
-        .env_remove("WEIBO_CRASH_AT")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if let Some(p) = crash_at {
-        cmd.env("WEIBO_CRASH_AT", p);
-    }
-    let mut child = cmd.spawn().unwrap();
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            if crash_at.is_some() && std::os::unix::process::ExitStatusExt::signal(&status) == Some(6) {
-                return false;
-            }
-            assert!(status.success(), "the child failed: {status}");
-            return true;
-        }
-        if started.elapsed() >= after {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let mut cmd = weibo_tests::child_command("WEIBO_S3_CHILD", format!("{bucket}|{}", checkpoints.display()));
+    cmd.env("WEIBO_S3_ENDPOINT", &server().endpoint);
+    weibo_tests::run_child(cmd, after, crash_at)
 }
 
 /// Every line of every published part, sorted; and what is still pending.
