@@ -236,6 +236,9 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         if !overlay.is_empty() {
             self.apply_overlay(index);
         }
+        // Nothing of the key group in the table yet: a key the cache does
+        // not hold is absent, and goes in where the lookup left off.
+        let absent = !self.in_table.get(index).copied().unwrap_or(true);
         let Some(map) = self.maps.get_mut(index) else {
             return Err(self.no_cache(group));
         };
@@ -244,6 +247,15 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 let (r, outcome) = change(e.get_mut(), epoch, f);
                 if outcome == Outcome::Dropped {
                     e.remove();
+                }
+                r
+            }
+            Entry::Vacant(e) if absent => {
+                let mut slot = None;
+                let r = f(&mut slot);
+                if slot.is_some() {
+                    e.insert(CachedValue { value: slot, stamp: epoch, born: epoch, stored: false });
+                    self.grown(index, tracking)?;
                 }
                 r
             }
