@@ -101,8 +101,9 @@ impl FjallOptions {
     /// firing one is a map operation. In fjall their number is bounded by
     /// disk, not memory, but each costs fjall reads and writes: the
     /// benchmark's `sessions` workload (a timer set and one fired per
-    /// event) runs more than 20 times slower. Use it when a job keeps many
-    /// more timers than fit in memory.
+    /// event) runs about ten times slower (0.215 against 2.17 M events/s
+    /// with timers in memory). Use it when a job keeps many more timers
+    /// than fit in memory.
     pub fn timers_on_disk(mut self, on_disk: bool) -> Self {
         self.timers_on_disk = on_disk;
         self

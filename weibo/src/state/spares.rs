@@ -1,9 +1,11 @@
 //! Spare maps for the copies checkpoints make.
 //!
 //! A checkpoint shares each key group's map with the worker. The snapshot
-//! copies a map it shares as soon as the worker writes beside it (see
-//! [`Holding`], and `Overlay` in the parent module), or the worker copies
-//! it when its overlay has grown too large. Copied into fresh memory, a copy costs a page fault per page (the
+//! copies a map it shares once the worker has written beside it, before
+//! it scans the next key group (see [`Holding`], and `Overlay` in the
+//! parent module; a delta that only looks up a short log of changed keys
+//! copies nothing), or the worker copies it when its overlay has grown too
+//! large. Copied into fresh memory, a copy costs a page fault per page (the
 //! kernel zeroes each page first): about half of the copy's time. So
 //! copies go into maps an earlier snapshot has finished with, emptied, when
 //! there are: their memory is mapped already. Spares are no more than the
@@ -238,7 +240,9 @@ impl<M: SpareMap> Spares<M> {
 
 /// Per key group, whether the worker has written beside the map a snapshot
 /// still shares (an overlay) since the last barrier: such a map the snapshot
-/// copies and lets go of at once, rather than when it has encoded it.
+/// copies and lets go of at its next release (before each key group it
+/// scans, and every few thousand entries), rather than when it has encoded
+/// it.
 #[derive(Clone)]
 pub(crate) struct Wanted(Arc<[AtomicBool]>);
 

@@ -114,7 +114,9 @@ impl<K: Key> TableTimers<K> {
             buf: Vec::new(),
             operator: scope.operator.clone(),
         };
-        // A table kept from an earlier run (a restore clears it first).
+        // A table that already holds timers: none does in a job, whose
+        // keyspaces are dropped before its states open (`prepare`), but the
+        // counts, buffers and bounds are taken from the table either way.
         for index in 0..timers.heads.len() {
             let mut count = 0usize;
             let mut last: Option<Vec<u8>> = None;
