@@ -227,6 +227,27 @@ pub(super) fn apply_overlay<K: Key, V>(map: &mut StampedMap<K, V>, overlay: &mut
 /// and the encoded value it left (`None`: removed).
 pub(super) type ChangedKeys = hashbrown::HashMap<Box<[u8]>, (u32, Option<Box<[u8]>>), FxBuildHasher>;
 
+/// Logs a change of a byte store's `key_bytes` (in key group `index`) in
+/// `epoch`, for incremental checkpoints: its value as written, `None` for
+/// a removal; a later change of the same key replaces an earlier one.
+fn log_byte_change(
+    changed: &mut [Arc<ChangedKeys>],
+    index: usize,
+    epoch: u32,
+    key_bytes: &[u8],
+    written: Option<&[u8]>,
+) {
+    let Some(changed) = changed.get_mut(index) else { return };
+    let change = (epoch, written.map(Box::from));
+    let changed = Arc::make_mut(changed);
+    match changed.get_mut(key_bytes) {
+        Some(last) => *last = change,
+        None => {
+            changed.insert(key_bytes.into(), change);
+        }
+    }
+}
+
 /// Writes to a table: (key group, encoded key, encoded value or `None` to remove).
 pub type Writes = Vec<(u16, Vec<u8>, Option<Vec<u8>>)>;
 
@@ -431,17 +452,8 @@ impl<K: Key, V: Data> ValueState<K, V> {
                     // Absent before and after: nothing changed.
                     None => return Ok(r),
                 };
-                if self.tracking
-                    && let Some(changed) = self.changed.get_mut(index)
-                {
-                    let change = (self.epoch, written.map(Box::from));
-                    let changed = Arc::make_mut(changed);
-                    match changed.get_mut(key_bytes) {
-                        Some(last) => *last = change,
-                        None => {
-                            changed.insert(key_bytes.into(), change);
-                        }
-                    }
+                if self.tracking {
+                    log_byte_change(&mut self.changed, index, self.epoch, key_bytes, written);
                 }
                 Ok(r)
             }
@@ -466,24 +478,16 @@ impl<K: Key, V: Data> ValueState<K, V> {
             return Err(Error::Internal(format!("operator `{}`: a blind removal outside a byte table", self.operator)));
         };
         table.delete(group, key_bytes)?;
-        if self.tracking
-            && let Some(changed) = self.changed.get_mut(index)
-        {
-            let change = (self.epoch, None);
-            let changed = Arc::make_mut(changed);
-            match changed.get_mut(key_bytes) {
-                Some(last) => *last = change,
-                None => {
-                    changed.insert(key_bytes.into(), change);
-                }
-            }
+        if self.tracking {
+            log_byte_change(&mut self.changed, index, self.epoch, key_bytes, None);
         }
         Ok(())
     }
 
     /// Writes `value` at `key_bytes` of `group` of a byte store without
     /// reading first: the caller knows nothing is there (a timer within
-    /// the part of its key group read ahead). Logged for incremental
+    /// the part of its key group read ahead, or after every timer of its
+    /// group). Logged for incremental
     /// checkpoints as [`ValueState::update`] logs a write.
     ///
     /// # Errors
@@ -500,17 +504,8 @@ impl<K: Key, V: Data> ValueState<K, V> {
         buf.clear();
         value.encode(buf).map_err(|source| Error::Codec { operator: self.operator.clone(), source })?;
         table.put(group, key_bytes, buf)?;
-        if self.tracking
-            && let Some(changed) = self.changed.get_mut(index)
-        {
-            let change = (self.epoch, Some(Box::from(buf.as_slice())));
-            let changed = Arc::make_mut(changed);
-            match changed.get_mut(key_bytes) {
-                Some(last) => *last = change,
-                None => {
-                    changed.insert(key_bytes.into(), change);
-                }
-            }
+        if self.tracking {
+            log_byte_change(&mut self.changed, index, self.epoch, key_bytes, Some(buf.as_slice()));
         }
         Ok(())
     }
