@@ -38,7 +38,9 @@ use crate::error::{Error, Result};
 /// when it grows; each entry takes its inline size: key, value and
 /// bookkeeping, plus the map's control byte), not what a `String` or `Vec`
 /// inside an entry points to. It is split evenly between the states that
-/// are open. It does not cover the log of values written back since the
+/// are open; a window state takes two shares, one for its windows in
+/// memory and one for the cache in front of the windows it moved to the
+/// table. It does not cover the log of values written back since the
 /// last complete checkpoint, which incremental checkpoints need: that log
 /// grows with the write-backs between two complete checkpoints (at most an
 /// encoded copy of every key written back, while checkpoints keep failing).
@@ -63,6 +65,30 @@ impl ObjectCache {
     /// How many bytes one of the open states may allocate.
     fn limit(&self) -> usize {
         self.bytes / self.states.load(Ordering::Relaxed).max(1)
+    }
+}
+
+/// A share of a backend's object cache taken by memory outside a
+/// [`CacheStore`] (a window state's windows in memory): it counts as one
+/// more state in the split while it lives.
+pub(super) struct CacheShare(Arc<ObjectCache>);
+
+impl CacheShare {
+    pub(super) fn new(cache: Arc<ObjectCache>) -> Self {
+        cache.states.fetch_add(1, Ordering::Relaxed);
+        Self(cache)
+    }
+
+    /// How many bytes the share may allocate now.
+    #[inline]
+    pub(super) fn limit(&self) -> usize {
+        self.0.limit()
+    }
+}
+
+impl Drop for CacheShare {
+    fn drop(&mut self) {
+        self.0.states.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -13,11 +13,13 @@ use crate::state::{ObjectCache, StateBackend, StateScope, StateTable, Writes};
 /// key is the key group (two bytes, big-endian) followed by the encoded key,
 /// so one key group is one contiguous range of the keyspace.
 ///
-/// In front of fjall, value and window state keep recently used values as
-/// live objects in a write-back cache (see [`ObjectCache`]): a hit costs
-/// what the in-memory backend costs; a miss reads fjall (unless fjall holds
-/// nothing of the key group yet) and decodes; changed values are encoded
-/// and written to fjall in batches when the cache is over its budget.
+/// In front of fjall, value state keeps recently used values as live
+/// objects in a write-back cache (see [`ObjectCache`]): a hit costs what the
+/// in-memory backend costs; a miss reads fjall (unless fjall holds nothing
+/// of the key group yet) and decodes; changed values are encoded and
+/// written to fjall in batches when the cache is over its budget. Tumbling
+/// and sliding windows stay in memory, one map per window, within their
+/// share of the same budget, and move to fjall whole past it.
 /// [`FjallBackend::builder`] sets the memory it may use.
 ///
 /// Between checkpoints fjall's own journal is not synced: a checkpoint, not

@@ -597,9 +597,26 @@ mod tests {
             completes: bool,
             key: impl Fn(&[u8]) -> M,
         ) -> Option<(u64, bool, BTreeMap<M, u64>)> {
+            let snapshot = self.begin(export);
+            self.finish(snapshot, completes, key)
+        }
+
+        /// Takes the next checkpoint's snapshot, to encode later with
+        /// [`Chain::finish`] (before the next is taken).
+        fn begin(&mut self, export: impl FnOnce(u64, u64) -> Snapshot) -> Snapshot {
             self.n += 1;
+            export(self.n, self.last)
+        }
+
+        /// Encodes the snapshot [`Chain::begin`] took, as [`Chain::take`].
+        fn finish(
+            &mut self,
+            snapshot: Snapshot,
+            completes: bool,
+            key: impl Fn(&[u8]) -> M,
+        ) -> Option<(u64, bool, BTreeMap<M, u64>)> {
             let mut parts = Vec::new();
-            let base = export(self.n, self.last)(&mut |part| {
+            let base = snapshot(&mut |part| {
                 parts.push(part.clone());
                 Ok(())
             })
@@ -793,8 +810,18 @@ mod tests {
         Remove(i64, u8),
         Purge(i64),
         Checkpoint(bool),
+        /// A checkpoint encoded only after the next two other operations
+        /// (as a checkpoint's thread does while the worker goes on).
+        CheckpointLater(bool),
         Restore,
     }
+
+    /// An object cache of this many bytes holds one or two of the model's
+    /// windows in memory (12 keys at most, each window's map a few
+    /// hundred bytes), with the budget split between the window state's
+    /// two shares (its windows, and the cache in front of its table).
+    #[cfg(feature = "fjall")]
+    const SPILL_CACHE_BYTES: usize = 800;
 
     fn window_op() -> impl proptest::strategy::Strategy<Value = WindowOp> {
         use proptest::prelude::*;
@@ -804,6 +831,7 @@ mod tests {
             1 => (start.clone(), 0u8..12).prop_map(|(s, k)| WindowOp::Remove(s, k)),
             2 => start.prop_map(WindowOp::Purge),
             2 => proptest::bool::weighted(0.8).prop_map(WindowOp::Checkpoint),
+            1 => proptest::bool::weighted(0.8).prop_map(WindowOp::CheckpointLater),
             1 => Just(WindowOp::Restore),
         ]
     }
@@ -837,7 +865,26 @@ mod tests {
         let mut w = open(run);
         let mut oracle: BTreeMap<(i64, u8), u64> = BTreeMap::new();
         let mut chain = Chain::new();
+        let decode = |key: &[u8]| {
+            let (k, start) = crate::codec::key::decode::<(u8, i64)>(key).unwrap();
+            (start, k)
+        };
+        // A snapshot taken and not encoded yet: it, whether it completes,
+        // the state at its barrier, and how many operations go before it is.
+        type Late = (Snapshot, bool, BTreeMap<(i64, u8), u64>, u32);
+        let mut pending: Option<Late> = None;
+        let finish = |chain: &mut Chain<(i64, u8)>, late: Late| {
+            let (snapshot, completes, barrier, _) = late;
+            if let Some((n, base, restored)) = chain.finish(snapshot, completes, decode) {
+                prop_assert_eq!(&restored, &barrier, "{}: late checkpoint {} (base: {})", name, n, base);
+            }
+            Ok(())
+        };
         for op in ops {
+            let after = matches!(op, WindowOp::Add(..) | WindowOp::Remove(..) | WindowOp::Purge(..));
+            if !after && let Some(late) = pending.take() {
+                finish(&mut chain, late)?;
+            }
             match op {
                 WindowOp::Add(start, key, v) => {
                     w.update(*start, group_of(*key), *key, &kb(*key), |acc| *acc = Some(acc.unwrap_or(0) + v)).unwrap();
@@ -851,11 +898,13 @@ mod tests {
                     w.for_each_in_window(*start, true, |_, _, _| {}).unwrap();
                     oracle.retain(|(s, _), _| s != start);
                 }
+                WindowOp::CheckpointLater(completes) => {
+                    let snapshot = chain.begin(|n, last| {
+                        w.snapshot_changes("op", CheckpointId::new(n), CheckpointId::new(last)).unwrap()
+                    });
+                    pending = Some((snapshot, *completes, oracle.clone(), 2));
+                }
                 WindowOp::Checkpoint(completes) => {
-                    let decode = |key: &[u8]| {
-                        let (k, start) = crate::codec::key::decode::<(u8, i64)>(key).unwrap();
-                        (start, k)
-                    };
                     let taken = chain.take(
                         |n, last| w.snapshot_changes("op", CheckpointId::new(n), CheckpointId::new(last)).unwrap(),
                         *completes,
@@ -878,6 +927,17 @@ mod tests {
                 }
             }
             prop_assert_eq!(contents(&mut w), oracle.clone(), "{}: after {:?}", name, op);
+            if after && let Some((_, _, _, left)) = pending.as_mut() {
+                *left -= 1;
+                if *left == 0
+                    && let Some(late) = pending.take()
+                {
+                    finish(&mut chain, late)?;
+                }
+            }
+        }
+        if let Some(late) = pending.take() {
+            finish(&mut chain, late)?;
         }
         Ok(())
     }
@@ -893,6 +953,14 @@ mod tests {
         ) {
             for (backend, _dir) in backends() {
                 window_model_run(&*backend, &ops)?;
+            }
+            // A budget for one or two windows in memory: windows move to
+            // the table and back (purged, opened again) all the time.
+            #[cfg(feature = "fjall")]
+            {
+                let dir = tempfile::tempdir().unwrap();
+                let backend = FjallBackend::builder(dir.path()).object_cache(SPILL_CACHE_BYTES).open().unwrap();
+                window_model_run(&backend, &ops)?;
             }
         }
     }

@@ -665,6 +665,19 @@ impl<K: Key, V: Data> ValueState<K, V> {
         self.snapshot_at(Some((checkpoint.get(), since.get())))
     }
 
+    /// Whether the snapshot at `at` (see [`ValueState::snapshot_at`])
+    /// would be a base.
+    pub(super) fn base_at(&self, at: Option<(u64, u64)>) -> bool {
+        delta_since(at, self.first_base, self.since_full).is_none()
+    }
+
+    /// Makes the next snapshot a base, as after a start: a delta then needs
+    /// that base's checkpoint to complete (for a state that must write a
+    /// base when another does, so that the two restore together).
+    pub(super) fn force_base(&mut self) {
+        self.first_base = None;
+    }
+
     pub(super) fn snapshot_at(&mut self, at: Option<(u64, u64)>) -> Result<Snapshot> {
         let since = delta_since(at, self.first_base, self.since_full);
         // Per key group, the keys a delta looks up (`None`: it scans).

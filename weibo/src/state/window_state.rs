@@ -1,5 +1,8 @@
 //! `WindowState`: accumulators per key and window.
 
+use std::collections::btree_map;
+
+use super::cache::CacheShare;
 use super::*;
 
 impl<K: Key, A: Data> WindowState<K, A> {
@@ -27,7 +30,10 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// [`ValueState::snapshot_changes`]), except that in memory a base is
     /// also written once the accumulators removed and not yet in a complete
     /// checkpoint outnumber both those the windows hold and 65,536 (the log
-    /// of removals is then dropped).
+    /// of removals is then dropped; a window moved to the table counts as
+    /// removed from memory). On a byte backend the windows in the table
+    /// follow, as value state, after those in memory, and the two halves
+    /// are a base together: when either would be one, both are.
     ///
     /// # Errors
     /// As [`ValueState::update`].
@@ -41,15 +47,40 @@ impl<K: Key, A: Data> WindowState<K, A> {
     }
 
     fn snapshot_at(&mut self, operator: &str, at: Option<(u64, u64)>) -> Result<Snapshot> {
-        let (windows, log) = match &mut self.store {
-            WindowStore::Objects { windows, log, .. } => (windows, log),
-            WindowStore::Bytes { values, .. } => {
-                return match at {
-                    Some((n, since)) => values.snapshot_changes(CheckpointId::new(n), CheckpointId::new(since)),
-                    None => values.snapshot_deferred(),
-                };
-            }
+        let Some(spill) = self.spill.as_deref_mut() else {
+            return self.snapshot_in_memory(operator, at);
         };
+        // Both halves write a base, or both a delta: a restore applies
+        // a base whole, in place of everything before it.
+        if at.is_some()
+            && (delta_since(at, self.log.first_base, self.log.since_full).is_none() || spill.values.base_at(at))
+        {
+            self.log.first_base = None;
+            spill.values.force_base();
+        }
+        if let Some((_, completed)) = at {
+            self.log.table_purged.retain(|(e, _)| u64::from(*e) > completed);
+        }
+        let table = match at {
+            Some((n, since)) => spill.values.snapshot_changes(CheckpointId::new(n), CheckpointId::new(since))?,
+            None => spill.values.snapshot_deferred()?,
+        };
+        let memory = self.snapshot_in_memory(operator, at)?;
+        // The windows in memory first: a window moved to the table after a
+        // removal the delta holds has its accumulators in the table's part
+        // (and a window purged from the table is opened there again, see
+        // `WindowLog::table_purged`).
+        Ok(Box::new(move |sink| {
+            let base = memory(sink)?;
+            if table(sink)? != base {
+                return Err(Error::Internal("the halves of a window snapshot disagree on being a base".into()));
+            }
+            Ok(base)
+        }))
+    }
+
+    fn snapshot_in_memory(&mut self, operator: &str, at: Option<(u64, u64)>) -> Result<Snapshot> {
+        let (windows, log) = (&mut self.windows, &mut self.log);
         let since = delta_since(at, log.first_base, log.since_full);
         let mut purged = Vec::new();
         let mut removed = Vec::new();
@@ -159,8 +190,16 @@ pub(super) struct WindowLog<K, A> {
     removed: Vec<(u32, u16, Timestamp, K)>,
     /// Accumulators in `purged` and `removed`.
     removed_len: usize,
-    /// Accumulators in the open windows.
+    /// Accumulators in the open windows (in memory and, on a byte
+    /// backend, in the table).
     live: usize,
+    /// Windows purged from a byte backend's table (`Spill`) since the last
+    /// complete checkpoint, with the epoch: the table's part of a delta
+    /// removes their keys, and comes after the part of the windows in
+    /// memory, so a window opened again at one of these starts goes to the
+    /// table too (in memory, its new accumulators would be removed again
+    /// on restore).
+    table_purged: Vec<(u32, Timestamp)>,
 }
 
 impl<K, A> Default for WindowLog<K, A> {
@@ -173,6 +212,7 @@ impl<K, A> Default for WindowLog<K, A> {
             removed: Vec::new(),
             removed_len: 0,
             live: 0,
+            table_purged: Vec::new(),
         }
     }
 }
@@ -194,6 +234,7 @@ impl<K, A> WindowLog<K, A> {
             self.purged.clear();
             self.removed.clear();
             self.removed_len = 0;
+            self.table_purged.clear();
         }
     }
 }
@@ -205,53 +246,73 @@ pub(super) const WINDOW_LOG_MIN: usize = SNAPSHOT_PART;
 #[cfg(test)]
 pub(super) const WINDOW_LOG_MIN: usize = 4;
 
-/// Emptied key sets a byte window store keeps for new windows.
+/// Emptied key sets the table of spilled windows keeps for new windows.
 const SPARE_KEY_SETS: usize = 8;
-
-pub(super) enum WindowStore<K, A> {
-    /// Window-major in memory: per window start, the keys' accumulators.
-    /// Each window's map is shared with the checkpoint being written, if
-    /// any, and copied on the first write after it.
-    Objects {
-        windows: BTreeMap<Timestamp, Shareable<WindowMap<K, A>>>,
-        pool: Vec<WindowMap<K, A>>,
-        log: WindowLog<K, A>,
-    },
-    /// Accumulators in a byte table by (key, window start), with an index of
-    /// which keys each window holds.
-    /// `spare`: emptied key sets of fired windows, for new windows to
-    /// fill (a window's set grows to all its keys, and growing one from
-    /// empty for every window rehashes it over and over).
-    Bytes {
-        values: ValueState<(K, Timestamp), A>,
-        index: BTreeMap<Timestamp, DueKeys<K>>,
-        spare: Vec<DueKeys<K>>,
-        buf: Vec<u8>,
-    },
-}
 
 /// Accumulators of fixed-size (tumbling, sliding) windows, per window start
 /// and key. Windows of one size fire in start order, so the window index is
 /// also the timer index: no timer is stored per (key, window).
+///
+/// Windows are kept window-major in memory: per window start, a map of the
+/// keys' accumulators, shared with the checkpoint being written, if any,
+/// and copied on the first write after it. On a backend that stores bytes
+/// (fjall), windows stay in memory while their maps fit the state's share
+/// of the backend's object cache; past it, whole windows move to the
+/// backend's table, the latest first (the earliest fire first, from
+/// memory), and new windows open there until the windows in memory fire.
 pub struct WindowState<K, A> {
-    store: WindowStore<K, A>,
+    windows: BTreeMap<Timestamp, Shareable<WindowMap<K, A>>>,
+    /// Emptied maps of fired windows, for new windows.
+    pool: Vec<WindowMap<K, A>>,
+    log: WindowLog<K, A>,
+    /// On a byte backend: the windows moved out of memory.
+    spill: Option<Box<Spill<K, A>>>,
+}
+
+/// Windows out of memory, in a byte table by (key, window start).
+struct Spill<K, A> {
+    values: ValueState<(K, Timestamp), A>,
+    /// Which keys each window in `values` holds.
+    index: BTreeMap<Timestamp, DueKeys<K>>,
+    /// Emptied key sets of purged windows, for new windows to fill (a
+    /// window's set grows to all its keys, and growing one from empty for
+    /// every window rehashes it over and over).
+    spare: Vec<DueKeys<K>>,
+    buf: Vec<u8>,
+    /// The share of the backend's object cache the windows in memory may
+    /// allocate; `None` (a backend without a cache): none stays in memory.
+    share: Option<CacheShare>,
+    /// What the maps of the windows in memory and of the pool allocate, as
+    /// last counted.
+    held: usize,
 }
 
 impl<K, A> fmt::Debug for WindowState<K, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WindowState").finish_non_exhaustive()
+        f.debug_struct("WindowState")
+            .field("windows", &self.windows.len())
+            .field("spilled", &self.spill.as_ref().map(|s| s.index.len()))
+            .finish_non_exhaustive()
     }
 }
 
 impl<K: Key, A: Data> WindowState<K, A> {
     /// What it holds now (for metrics): its open windows' accumulators.
     pub(crate) fn stats(&self) -> super::StateStats {
-        match &self.store {
-            WindowStore::Objects { windows, .. } => super::StateStats::in_memory(
-                windows.values().map(|w| w.len()).sum(),
-                std::mem::size_of::<(K, (u16, A, u32))>(),
-            ),
-            WindowStore::Bytes { values, .. } => values.stats(),
+        let memory = super::StateStats::in_memory(
+            self.windows.values().map(|w| w.len()).sum(),
+            std::mem::size_of::<(K, (u16, A, u32))>(),
+        );
+        match &self.spill {
+            None => memory,
+            Some(spill) => {
+                let table = spill.values.stats();
+                super::StateStats {
+                    memory_entries: memory.memory_entries + table.memory_entries,
+                    memory_bytes: spill.held as u64 + table.memory_bytes,
+                    ..table
+                }
+            }
         }
     }
 
@@ -260,17 +321,19 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// # Errors
     /// [`Error::State`] when the backend cannot open it.
     pub fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
-        let store = if backend.keeps_objects() {
-            WindowStore::Objects { windows: BTreeMap::new(), pool: Vec::new(), log: WindowLog::default() }
+        let spill = if backend.keeps_objects() {
+            None
         } else {
-            WindowStore::Bytes {
+            Some(Box::new(Spill {
                 values: ValueState::open(backend, scope)?,
                 index: BTreeMap::new(),
                 spare: Vec::new(),
                 buf: Vec::new(),
-            }
+                share: backend.object_cache().map(CacheShare::new),
+                held: 0,
+            }))
         };
-        Ok(Self { store })
+        Ok(Self { windows: BTreeMap::new(), pool: Vec::new(), log: WindowLog::default(), spill })
     }
 
     /// Reads and changes the accumulator of `key` (encoded: `key_bytes`,
@@ -288,76 +351,136 @@ impl<K: Key, A: Data> WindowState<K, A> {
         key_bytes: &[u8],
         f: impl FnOnce(&mut Option<A>) -> R,
     ) -> Result<R> {
-        match &mut self.store {
-            WindowStore::Objects { windows, pool, log } => {
-                let map = windows.entry(start).or_insert_with(|| Shareable::Own(pool.pop().unwrap_or_default()));
-                let epoch = log.epoch;
-                Ok(match map.make_mut().entry(key) {
-                    Entry::Occupied(e) => {
-                        let mut result = None;
-                        let mut gone = None;
-                        let _ = e.replace_entry_with(|k, (g, value, _)| {
-                            let mut slot = Some(value);
-                            result = Some(f(&mut slot));
-                            if slot.is_none() {
-                                gone = Some((g, k.clone()));
-                            }
-                            slot.map(|v| (g, v, epoch))
-                        });
-                        if let Some((g, k)) = gone {
-                            log.live = log.live.saturating_sub(1);
-                            if log.logging() {
-                                log.removed.push((epoch, g, start, k));
-                                log.grew(1);
-                            }
-                        }
-                        result.ok_or_else(|| Error::Internal("window update closure was not called".into()))?
-                    }
-                    Entry::Vacant(e) => {
-                        let mut slot = None;
-                        let r = f(&mut slot);
-                        if let Some(value) = slot {
-                            e.insert((group, value, epoch));
-                            log.live += 1;
-                        }
-                        r
-                    }
-                })
-            }
-            WindowStore::Bytes { values, index, spare, buf } => {
-                buf.clear();
-                buf.extend_from_slice(key_bytes);
-                start.encode_key(buf);
-                let k = key.clone();
-                let (r, present) = values.update(group, (key, start), buf, |slot| {
-                    let r = f(slot);
-                    (r, slot.is_some())
-                })?;
-                if present {
-                    index.entry(start).or_insert_with(|| spare.pop().unwrap_or_default()).insert(k, group);
-                } else if let Some(keys) = index.get_mut(&start) {
-                    keys.remove(&k);
+        if let Some(spill) = self.spill.as_deref_mut()
+            && !self.windows.contains_key(&start)
+            && spill.opens_there(start, self.pool.is_empty(), &self.log)
+        {
+            return spill.update(start, group, key, key_bytes, &mut self.log, f);
+        }
+        let (windows, pool, log) = (&mut self.windows, &mut self.pool, &mut self.log);
+        let epoch = log.epoch;
+        let map = match windows.entry(start) {
+            btree_map::Entry::Occupied(e) => e.into_mut(),
+            btree_map::Entry::Vacant(e) => {
+                // A window opens for an accumulator, not for nothing (a
+                // removal restored after the window was purged).
+                let mut slot = None;
+                let r = f(&mut slot);
+                let Some(value) = slot else { return Ok(r) };
+                let mut map = pool.pop().unwrap_or_default();
+                let before = map.allocation_size();
+                map.insert(key, (group, value, epoch));
+                log.live += 1;
+                e.insert(Shareable::Own(map));
+                if self.spill.is_some() {
+                    self.grown(start, before)?;
                 }
-                Ok(r)
+                return Ok(r);
             }
         }
+        .make_mut();
+        // With a budget to keep: what the map allocates, if an insert
+        // would grow it.
+        let growing = (self.spill.is_some() && map.len() == map.capacity()).then(|| map.allocation_size());
+        let mut inserted = false;
+        let r = match map.entry(key) {
+            Entry::Occupied(e) => {
+                let mut result = None;
+                let mut gone = None;
+                let _ = e.replace_entry_with(|k, (g, value, _)| {
+                    let mut slot = Some(value);
+                    result = Some(f(&mut slot));
+                    if slot.is_none() {
+                        gone = Some((g, k.clone()));
+                    }
+                    slot.map(|v| (g, v, epoch))
+                });
+                if let Some((g, k)) = gone {
+                    log.live = log.live.saturating_sub(1);
+                    if log.logging() {
+                        log.removed.push((epoch, g, start, k));
+                        log.grew(1);
+                    }
+                }
+                result.ok_or_else(|| Error::Internal("window update closure was not called".into()))?
+            }
+            Entry::Vacant(e) => {
+                let mut slot = None;
+                let r = f(&mut slot);
+                if let Some(value) = slot {
+                    e.insert((group, value, epoch));
+                    log.live += 1;
+                    inserted = true;
+                }
+                r
+            }
+        };
+        if let Some(before) = growing.filter(|_| inserted) {
+            self.grown(start, before)?;
+        }
+        Ok(r)
+    }
+
+    /// After an insert that may have grown the map of the window at
+    /// `start` (from `before` bytes): counts it, and moves windows to the
+    /// table if over the budget.
+    #[cold]
+    #[inline(never)]
+    fn grown(&mut self, start: Timestamp, before: usize) -> Result<()> {
+        let Some(spill) = self.spill.as_deref_mut() else { return Ok(()) };
+        let after = self.windows.get(&start).map_or(before, |m| m.allocation_size());
+        spill.held = (spill.held + after).saturating_sub(before);
+        let limit = spill.limit();
+        if spill.held <= limit {
+            return Ok(());
+        }
+        // Emptied maps go first, then whole windows, the latest first,
+        // until a quarter below the limit (so that moves come in batches).
+        // Counted again from the maps: a map copied for a checkpoint may
+        // differ from the one it replaced.
+        self.pool.clear();
+        spill.held = self.windows.values().map(|m| m.allocation_size()).sum();
+        while spill.held > limit - limit / 4
+            && let Some((start, map)) = self.windows.pop_last()
+        {
+            spill.held = spill.held.saturating_sub(map.allocation_size());
+            // Removed from memory in the next deltas, which then set its
+            // accumulators in the table's part: the table's cache takes
+            // them for new since the barrier, and drops them unlogged if
+            // they go again before the next one.
+            let map = if self.log.logging() && !map.is_empty() {
+                let map = map.into_shared();
+                self.log.purged.push((self.log.epoch, start, map.clone()));
+                self.log.grew(map.len());
+                Shareable::Shared(map)
+            } else {
+                map
+            };
+            spill.take_in(start, map)?;
+        }
+        Ok(())
     }
 
     /// The start of the earliest window holding anything.
     #[inline]
     pub fn first_window(&self) -> Option<Timestamp> {
-        match &self.store {
-            WindowStore::Objects { windows, .. } => windows.first_key_value().map(|(s, _)| *s),
-            WindowStore::Bytes { index, .. } => index.first_key_value().map(|(s, _)| *s),
+        let memory = self.windows.first_key_value().map(|(s, _)| *s);
+        match self.spill.as_deref().and_then(|s| s.index.first_key_value()) {
+            Some((s, _)) => Some(memory.map_or(*s, |m| m.min(*s))),
+            None => memory,
         }
     }
 
     /// The starts of the windows holding anything, from `from` on, in order.
     pub fn windows_from(&self, from: Timestamp) -> Vec<Timestamp> {
-        match &self.store {
-            WindowStore::Objects { windows, .. } => windows.range(from..).map(|(s, _)| *s).collect(),
-            WindowStore::Bytes { index, .. } => index.range(from..).map(|(s, _)| *s).collect(),
+        let mut starts: Vec<Timestamp> = self.windows.range(from..).map(|(s, _)| *s).collect();
+        if let Some(spill) = self.spill.as_deref()
+            && !spill.index.is_empty()
+        {
+            starts.extend(spill.index.range(from..).map(|(s, _)| *s));
+            starts.sort_unstable();
         }
+        starts
     }
 
     /// Calls `f` with every key, key group and accumulator of the window
@@ -366,59 +489,161 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// # Errors
     /// As [`ValueState::update`].
     pub fn for_each_in_window(&mut self, start: Timestamp, purge: bool, mut f: impl FnMut(&K, u16, &A)) -> Result<()> {
-        match &mut self.store {
-            WindowStore::Objects { windows, pool, log } => {
-                if purge {
-                    if let Some(map) = windows.remove(&start) {
-                        for (k, (g, a, _)) in map.iter() {
-                            f(k, *g, a);
-                        }
-                        log.live = log.live.saturating_sub(map.len());
-                        if log.logging() && !map.is_empty() {
-                            // Its keys are removed in the next deltas.
-                            let n = map.len();
-                            log.purged.push((log.epoch, start, map.into_shared()));
-                            log.grew(n);
-                        } else if let Some(mut map) = map.into_owned() {
-                            // Reuse the map unless a checkpoint still reads it.
-                            map.clear();
-                            pool.push(map);
-                        }
-                    }
-                } else if let Some(map) = windows.get(&start) {
-                    for (k, (g, a, _)) in map.iter() {
-                        f(k, *g, a);
-                    }
+        if let Some(spill) = self.spill.as_deref_mut()
+            && !self.windows.contains_key(&start)
+        {
+            return spill.for_each_in_window(start, purge, &mut self.log, f);
+        }
+        let (windows, pool, log) = (&mut self.windows, &mut self.pool, &mut self.log);
+        if !purge {
+            if let Some(map) = windows.get(&start) {
+                for (k, (g, a, _)) in map.iter() {
+                    f(k, *g, a);
                 }
-                Ok(())
             }
-            WindowStore::Bytes { values, index, spare, buf } => {
-                let keys: Vec<(K, u16)> = match index.get(&start) {
-                    Some(keys) => keys.iter().map(|(k, g)| (k.clone(), *g)).collect(),
-                    None => return Ok(()),
-                };
-                for (k, g) in keys {
-                    buf.clear();
-                    k.encode_key(buf);
-                    start.encode_key(buf);
-                    // A read is not a change: it neither stamps nor caches.
-                    let value = if purge {
-                        values.update(g, (k.clone(), start), buf, Option::take)?
-                    } else {
-                        values.get(g, &(k.clone(), start), buf)?
-                    };
-                    if let Some(a) = value {
-                        f(&k, g, &a);
-                    }
-                }
-                if purge && let Some(mut keys) = index.remove(&start) {
-                    keys.clear();
-                    if spare.len() < SPARE_KEY_SETS {
-                        spare.push(keys);
-                    }
-                }
-                Ok(())
+            return Ok(());
+        }
+        let Some(map) = windows.remove(&start) else { return Ok(()) };
+        for (k, (g, a, _)) in map.iter() {
+            f(k, *g, a);
+        }
+        log.live = log.live.saturating_sub(map.len());
+        let size = map.allocation_size();
+        let pooled = if log.logging() && !map.is_empty() {
+            // Its keys are removed in the next deltas.
+            let n = map.len();
+            log.purged.push((log.epoch, start, map.into_shared()));
+            log.grew(n);
+            false
+        } else if let Some(mut map) = map.into_owned() {
+            // Reuse the map unless a checkpoint still reads it.
+            map.clear();
+            pool.push(map);
+            true
+        } else {
+            false
+        };
+        // A pooled map still holds its allocation; the others leave the
+        // budget (a log's or a checkpoint's now).
+        if !pooled && let Some(spill) = self.spill.as_deref_mut() {
+            spill.held = spill.held.saturating_sub(size);
+        }
+        Ok(())
+    }
+}
+
+impl<K: Key, A: Data> Spill<K, A> {
+    /// The bytes the windows in memory may allocate now.
+    fn limit(&self) -> usize {
+        self.share.as_ref().map_or(0, CacheShare::limit)
+    }
+
+    /// Whether the window at `start`, not in memory, is (or opens) in the
+    /// table: it is there already, or memory is full (and no emptied map
+    /// is at hand), or it was purged from the table since the last
+    /// complete checkpoint (see [`WindowLog::table_purged`]).
+    #[inline]
+    fn opens_there(&self, start: Timestamp, no_pooled_map: bool, log: &WindowLog<K, A>) -> bool {
+        self.index.contains_key(&start)
+            || (no_pooled_map && self.held >= self.limit())
+            || log.table_purged.iter().any(|(_, s)| *s == start)
+    }
+
+    /// [`WindowState::update`] of a window in the table (kept out of the
+    /// in-memory backend's path).
+    #[inline(never)]
+    fn update<R>(
+        &mut self,
+        start: Timestamp,
+        group: u16,
+        key: K,
+        key_bytes: &[u8],
+        log: &mut WindowLog<K, A>,
+        f: impl FnOnce(&mut Option<A>) -> R,
+    ) -> Result<R> {
+        self.buf.clear();
+        self.buf.extend_from_slice(key_bytes);
+        start.encode_key(&mut self.buf);
+        let k = key.clone();
+        let (r, present) = self.values.update(group, (key, start), &self.buf, |slot| {
+            let r = f(slot);
+            (r, slot.is_some())
+        })?;
+        if present {
+            if self.keys(start).insert(k, group).is_none() {
+                log.live += 1;
+            }
+        } else if let Some(keys) = self.index.get_mut(&start)
+            && keys.remove(&k).is_some()
+        {
+            log.live = log.live.saturating_sub(1);
+        }
+        Ok(r)
+    }
+
+    /// The key set of the window at `start`, opened if need be.
+    fn keys(&mut self, start: Timestamp) -> &mut DueKeys<K> {
+        let spare = &mut self.spare;
+        self.index.entry(start).or_insert_with(|| spare.pop().unwrap_or_default())
+    }
+
+    /// Moves the window at `start` from memory into the table (its keys
+    /// are stamped as changed there).
+    fn take_in(&mut self, start: Timestamp, map: Shareable<WindowMap<K, A>>) -> Result<()> {
+        let put = |this: &mut Self, k: K, g: u16, a: A| -> Result<()> {
+            this.buf.clear();
+            k.encode_key(&mut this.buf);
+            start.encode_key(&mut this.buf);
+            this.values.update(g, (k.clone(), start), &this.buf, |slot| *slot = Some(a))?;
+            this.keys(start).insert(k, g);
+            Ok(())
+        };
+        // Opened even if empty: the window holds on until it is purged.
+        self.keys(start);
+        match Arc::try_unwrap(map.into_shared()) {
+            Ok(map) => map.into_iter().try_for_each(|(k, (g, a, _))| put(self, k, g, a)),
+            // A checkpoint still reads it: copied.
+            Err(map) => map.iter().try_for_each(|(k, (g, a, _))| put(self, k.clone(), *g, a.clone())),
+        }
+    }
+
+    /// [`WindowState::for_each_in_window`] of a window in the table (or
+    /// of none).
+    fn for_each_in_window(
+        &mut self,
+        start: Timestamp,
+        purge: bool,
+        log: &mut WindowLog<K, A>,
+        mut f: impl FnMut(&K, u16, &A),
+    ) -> Result<()> {
+        let keys: Vec<(K, u16)> = match self.index.get(&start) {
+            Some(keys) => keys.iter().map(|(k, g)| (k.clone(), *g)).collect(),
+            None => return Ok(()),
+        };
+        for (k, g) in keys {
+            self.buf.clear();
+            k.encode_key(&mut self.buf);
+            start.encode_key(&mut self.buf);
+            // A read is not a change: it neither stamps nor caches.
+            let value = if purge {
+                self.values.update(g, (k.clone(), start), &self.buf, Option::take)?
+            } else {
+                self.values.get(g, &(k.clone(), start), &self.buf)?
+            };
+            if let Some(a) = value {
+                f(&k, g, &a);
             }
         }
+        if purge && let Some(mut keys) = self.index.remove(&start) {
+            log.live = log.live.saturating_sub(keys.len());
+            if log.logging() {
+                log.table_purged.push((log.epoch, start));
+            }
+            keys.clear();
+            if self.spare.len() < SPARE_KEY_SETS {
+                self.spare.push(keys);
+            }
+        }
+        Ok(())
     }
 }
