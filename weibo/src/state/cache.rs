@@ -40,7 +40,9 @@ use crate::error::{Error, Result};
 /// inside an entry points to. It is split evenly between the states that
 /// are open; a window state takes two shares, one for its windows in
 /// memory and one for the cache in front of the windows it moved to the
-/// table. It does not cover the log of values written back since the
+/// table. Maps a checkpoint still holds are outside it, and so are the
+/// windows an in-memory window state purged since the last complete
+/// checkpoint, whose keys its next delta removes. It does not cover the log of values written back since the
 /// last complete checkpoint, which incremental checkpoints need: that log
 /// grows with the write-backs between two complete checkpoints (at most an
 /// encoded copy of every key written back, while checkpoints keep failing).
@@ -122,6 +124,14 @@ enum Outcome {
     Dropped,
 }
 
+/// The epoch an entry created now is born in: `epoch`, or, for a value
+/// that may be in a checkpoint already (`carried`), one before it (any
+/// other than `epoch` would do: only a removal compares it with `epoch`).
+#[inline]
+fn born(epoch: u32, carried: bool) -> u32 {
+    if carried { epoch.wrapping_sub(1) } else { epoch }
+}
+
 /// Runs `f` on a cached entry, stamping a change with `epoch`.
 #[inline]
 fn change<V, R>(entry: &mut CachedValue<V>, epoch: u32, f: impl FnOnce(&mut Option<V>) -> R) -> (R, Outcome) {
@@ -174,6 +184,11 @@ pub(super) struct CacheStore<K, V> {
     /// The first owned key group.
     first: u16,
     operator: String,
+    /// Whether the values going in now may be in a checkpoint already
+    /// (accumulators of a window moved out of memory,
+    /// [`super::ValueState::put_carried`]): their entries are never taken
+    /// for new since the barrier, so a removal of them is always logged.
+    pub(super) carried: bool,
 }
 
 impl<K, V> Drop for CacheStore<K, V> {
@@ -218,6 +233,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
             lookups: 0,
             misses: 0,
             operator: operator.to_string(),
+            carried: false,
         }
     }
 
@@ -265,12 +281,17 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         // Nothing of the key group in the table yet: a key the cache does
         // not hold is absent, and goes in where the lookup left off.
         let absent = !self.in_table.get(index).copied().unwrap_or(true);
+        let born = born(epoch, self.carried);
         let Some(map) = self.maps.get_mut(index) else {
             return Err(self.no_cache(group));
         };
         let r = match self.spares.make_mut(map).entry(key) {
             Entry::Occupied(mut e) => {
-                let (r, outcome) = change(e.get_mut(), epoch, f);
+                let entry = e.get_mut();
+                if self.carried {
+                    entry.born = born;
+                }
+                let (r, outcome) = change(entry, epoch, f);
                 if outcome == Outcome::Dropped {
                     e.remove();
                 }
@@ -280,7 +301,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 let mut slot = None;
                 let r = f(&mut slot);
                 if slot.is_some() {
-                    e.insert(CachedValue { value: slot, stamp: epoch, born: epoch, stored: false });
+                    e.insert(CachedValue { value: slot, stamp: epoch, born, stored: false });
                     self.grown(index, tracking)?;
                 }
                 r
@@ -292,7 +313,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 let stored = slot.is_some();
                 let r = f(&mut slot);
                 if slot.is_some() || stored {
-                    let entry = CachedValue { value: slot, stamp: epoch, born: epoch, stored };
+                    let entry = CachedValue { value: slot, stamp: epoch, born, stored };
                     if let Some(map) = self.maps.get_mut(index) {
                         self.spares.make_mut(map).insert(key, entry);
                     }
@@ -317,12 +338,16 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         epoch: u32,
         f: impl FnOnce(&mut Option<V>) -> R,
     ) -> Result<R> {
+        let born = born(epoch, self.carried);
         let (Some(map), Some(overlay)) = (self.maps.get(index), self.overlays.get_mut(index)) else {
             return Err(self.no_cache(group));
         };
         // The entry as it stands: the overlay's, else the map's.
         let found = match overlay.get_mut(&key) {
             Some(Some(entry)) => {
+                if self.carried {
+                    entry.born = born;
+                }
                 let (r, outcome) = change(entry, epoch, f);
                 if outcome == Outcome::Dropped {
                     overlay.insert(key, None);
@@ -336,6 +361,9 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         };
         let (r, entry) = match found {
             Some(Some(mut entry)) => {
+                if self.carried {
+                    entry.born = born;
+                }
                 let (r, outcome) = change(&mut entry, epoch, f);
                 match outcome {
                     Outcome::Unchanged => return Ok(r),
@@ -353,7 +381,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 if slot.is_none() && !stored {
                     return Ok(r);
                 }
-                (r, Some(CachedValue { value: slot, stamp: epoch, born: epoch, stored }))
+                (r, Some(CachedValue { value: slot, stamp: epoch, born, stored }))
             }
         };
         if let Some(overlay) = self.overlays.get_mut(index) {

@@ -817,9 +817,11 @@ mod tests {
     }
 
     /// An object cache of this many bytes holds one or two of the model's
-    /// windows in memory (12 keys at most, each window's map a few
-    /// hundred bytes), with the budget split between the window state's
-    /// two shares (its windows, and the cache in front of its table).
+    /// small windows in memory: the budget is split between the window
+    /// state's two shares (its windows, and the cache in front of its
+    /// table), 400 bytes each, and a window's map takes about 116, 216 or
+    /// 416 bytes for up to 3, 7 or 12 keys (of 12), so a window of more
+    /// than 7 keys always moves to the table.
     #[cfg(feature = "fjall")]
     const SPILL_CACHE_BYTES: usize = 800;
 

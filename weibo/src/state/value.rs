@@ -665,6 +665,23 @@ impl<K: Key, V: Data> ValueState<K, V> {
         self.snapshot_at(Some((checkpoint.get(), since.get())))
     }
 
+    /// Sets `key` to `value`, taken to be in a checkpoint already (a
+    /// window's accumulator moved from memory to the table): removed again
+    /// before the next barrier, its removal is logged all the same.
+    ///
+    /// # Errors
+    /// As [`ValueState::update`].
+    pub(super) fn put_carried(&mut self, group: u16, key: K, key_bytes: &[u8], value: V) -> Result<()> {
+        if let Store::Cached(store) = &mut self.store {
+            store.carried = true;
+        }
+        let done = self.update(group, key, key_bytes, |slot| *slot = Some(value));
+        if let Store::Cached(store) = &mut self.store {
+            store.carried = false;
+        }
+        done
+    }
+
     /// Whether the snapshot at `at` (see [`ValueState::snapshot_at`])
     /// would be a base.
     pub(super) fn base_at(&self, at: Option<(u64, u64)>) -> bool {

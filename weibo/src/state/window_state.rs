@@ -259,7 +259,7 @@ const SPARE_KEY_SETS: usize = 8;
 /// (fjall), windows stay in memory while their maps fit the state's share
 /// of the backend's object cache; past it, whole windows move to the
 /// backend's table, the latest first (the earliest fire first, from
-/// memory), and new windows open there until the windows in memory fire.
+/// memory), and new windows open there until a window in memory fires.
 pub struct WindowState<K, A> {
     windows: BTreeMap<Timestamp, Shareable<WindowMap<K, A>>>,
     /// Emptied maps of fired windows, for new windows.
@@ -285,6 +285,9 @@ struct Spill<K, A> {
     /// What the maps of the windows in memory and of the pool allocate, as
     /// last counted.
     held: usize,
+    /// Whether windows moved to the table since a window in memory was
+    /// last purged: until one is, new windows open in the table.
+    full: bool,
 }
 
 impl<K, A> fmt::Debug for WindowState<K, A> {
@@ -331,6 +334,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
                 buf: Vec::new(),
                 share: backend.object_cache().map(CacheShare::new),
                 held: 0,
+                full: false,
             }))
         };
         Ok(Self { windows: BTreeMap::new(), pool: Vec::new(), log: WindowLog::default(), spill })
@@ -444,18 +448,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
             && let Some((start, map)) = self.windows.pop_last()
         {
             spill.held = spill.held.saturating_sub(map.allocation_size());
-            // Removed from memory in the next deltas, which then set its
-            // accumulators in the table's part: the table's cache takes
-            // them for new since the barrier, and drops them unlogged if
-            // they go again before the next one.
-            let map = if self.log.logging() && !map.is_empty() {
-                let map = map.into_shared();
-                self.log.purged.push((self.log.epoch, start, map.clone()));
-                self.log.grew(map.len());
-                Shareable::Shared(map)
-            } else {
-                map
-            };
+            spill.full = true;
             spill.take_in(start, map)?;
         }
         Ok(())
@@ -525,8 +518,11 @@ impl<K: Key, A: Data> WindowState<K, A> {
         };
         // A pooled map still holds its allocation; the others leave the
         // budget (a log's or a checkpoint's now).
-        if !pooled && let Some(spill) = self.spill.as_deref_mut() {
-            spill.held = spill.held.saturating_sub(size);
+        if let Some(spill) = self.spill.as_deref_mut() {
+            spill.full = false;
+            if !pooled {
+                spill.held = spill.held.saturating_sub(size);
+            }
         }
         Ok(())
     }
@@ -539,13 +535,14 @@ impl<K: Key, A: Data> Spill<K, A> {
     }
 
     /// Whether the window at `start`, not in memory, is (or opens) in the
-    /// table: it is there already, or memory is full (and no emptied map
-    /// is at hand), or it was purged from the table since the last
-    /// complete checkpoint (see [`WindowLog::table_purged`]).
+    /// table: it is there already, or memory is full (windows moved out
+    /// and none in memory purged since, or the budget reached, and no
+    /// emptied map at hand), or it was purged from the table since the
+    /// last complete checkpoint (see [`WindowLog::table_purged`]).
     #[inline]
     fn opens_there(&self, start: Timestamp, no_pooled_map: bool, log: &WindowLog<K, A>) -> bool {
         self.index.contains_key(&start)
-            || (no_pooled_map && self.held >= self.limit())
+            || (no_pooled_map && (self.full || self.held >= self.limit()))
             || log.table_purged.iter().any(|(_, s)| *s == start)
     }
 
@@ -588,13 +585,16 @@ impl<K: Key, A: Data> Spill<K, A> {
     }
 
     /// Moves the window at `start` from memory into the table (its keys
-    /// are stamped as changed there).
+    /// are stamped as changed there, and the next delta sets them in the
+    /// table's part).
     fn take_in(&mut self, start: Timestamp, map: Shareable<WindowMap<K, A>>) -> Result<()> {
         let put = |this: &mut Self, k: K, g: u16, a: A| -> Result<()> {
             this.buf.clear();
             k.encode_key(&mut this.buf);
             start.encode_key(&mut this.buf);
-            this.values.update(g, (k.clone(), start), &this.buf, |slot| *slot = Some(a))?;
+            // A checkpoint may hold it (from memory): removed again, its
+            // removal must reach the next delta.
+            this.values.put_carried(g, (k.clone(), start), &this.buf, a)?;
             this.keys(start).insert(k, g);
             Ok(())
         };
@@ -645,5 +645,66 @@ impl<K: Key, A: Data> Spill<K, A> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(all(test, feature = "fjall"))]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Where each window of `w` is: in memory, or in the table.
+    fn halves(w: &WindowState<u64, u64>) -> (Vec<Timestamp>, Vec<Timestamp>) {
+        let table = w.spill.as_ref().map(|s| s.index.keys().copied().collect()).unwrap_or_default();
+        (w.windows.keys().copied().collect(), table)
+    }
+
+    #[test]
+    fn past_the_budget_windows_move_whole_and_new_ones_open_in_the_table_until_one_fires() {
+        let dir = tempfile::tempdir().unwrap();
+        // 32 KiB, two shares: 16 KiB for the windows in memory, about 600
+        // accumulators of 24 bytes (a map doubles as it grows).
+        let backend = FjallBackend::builder(dir.path()).object_cache(32 << 10).open().unwrap();
+        let scope = StateScope {
+            job: "j".into(),
+            operator: "op".into(),
+            state: "w".into(),
+            key_groups: 0..1,
+            max_key_groups: 1,
+        };
+        let mut w = WindowState::<u64, u64>::open(&backend, &scope).unwrap();
+        let add = |w: &mut WindowState<u64, u64>, start: Timestamp, keys: std::ops::Range<u64>| {
+            for k in keys {
+                let kb = crate::codec::key::encode(&k);
+                w.update(start, 0, k, &kb, |acc| *acc = Some(acc.unwrap_or(0) + k)).unwrap();
+            }
+        };
+        add(&mut w, 0, 0..100);
+        add(&mut w, 1000, 0..100);
+        assert_eq!(halves(&w), (vec![0, 1000], vec![]), "within the budget, windows stay in memory");
+        // Window 2000 outgrows the budget: it moves, the latest first.
+        add(&mut w, 2000, 0..1000);
+        assert_eq!(halves(&w), (vec![0, 1000], vec![2000]));
+        // Memory is full until a window in memory fires: a new window opens
+        // in the table.
+        add(&mut w, 3000, 0..10);
+        assert_eq!(halves(&w), (vec![0, 1000], vec![2000, 3000]));
+        let mut sum = 0;
+        w.for_each_in_window(0, true, |_, _, acc| sum += acc).unwrap();
+        assert_eq!(sum, (0..100).sum::<u64>());
+        add(&mut w, 4000, 0..10);
+        assert_eq!(halves(&w), (vec![1000, 4000], vec![2000, 3000]), "a window fired: room again");
+        // Every accumulator reads back, wherever it is.
+        for (start, n) in [(1000, 100), (2000, 1000), (3000, 10), (4000, 10)] {
+            let mut seen = 0;
+            w.for_each_in_window(start, false, |k, _, acc| {
+                assert_eq!(k, acc);
+                seen += 1;
+            })
+            .unwrap();
+            assert_eq!(seen, n, "window {start}");
+        }
+        assert_eq!(w.first_window(), Some(1000));
+        assert_eq!(w.windows_from(0), vec![1000, 2000, 3000, 4000]);
     }
 }
