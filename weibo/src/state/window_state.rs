@@ -30,8 +30,8 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// [`ValueState::snapshot_changes`]), except that in memory a base is
     /// also written once the accumulators removed and not yet in a complete
     /// checkpoint outnumber both those the windows hold and 65,536 (the log
-    /// of removals is then dropped; a window moved to the table counts as
-    /// removed from memory). On a byte backend the windows in the table
+    /// of removals is then dropped; the accumulators counted are those of
+    /// both halves, below). On a byte backend the windows in the table
     /// follow, as value state, after those in memory, and the two halves
     /// are a base together: when either would be one, both are.
     ///
