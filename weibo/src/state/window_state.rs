@@ -30,8 +30,8 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// [`ValueState::snapshot_changes`]), except that in memory a base is
     /// also written once the accumulators removed and not yet in a complete
     /// checkpoint outnumber both those the windows hold and 65,536 (the log
-    /// of removals is then dropped; the accumulators counted are those of
-    /// both halves, below). On a byte backend the windows in the table
+    /// of removals is then dropped; those the windows hold are counted in
+    /// both halves, below, the removals in memory only). On a byte backend the windows in the table
     /// follow, as value state, after those in memory, and the two halves
     /// are a base together: when either would be one, both are.
     ///
@@ -259,7 +259,8 @@ const SPARE_KEY_SETS: usize = 8;
 /// (fjall), windows stay in memory while their maps fit the state's share
 /// of the backend's object cache; past it, whole windows move to the
 /// backend's table, the latest first (the earliest fire first, from
-/// memory), and new windows open there until a window in memory fires.
+/// memory), and new windows open there until a window is purged (fires
+/// and is past its allowed lateness).
 pub struct WindowState<K, A> {
     windows: BTreeMap<Timestamp, Shareable<WindowMap<K, A>>>,
     /// Emptied maps of fired windows, for new windows.
@@ -285,8 +286,11 @@ struct Spill<K, A> {
     /// What the maps of the windows in memory and of the pool allocate, as
     /// last counted.
     held: usize,
-    /// Whether windows moved to the table since a window in memory was
-    /// last purged: until one is, new windows open in the table.
+    /// Whether windows moved to the table since a window (in either
+    /// half) was last purged: until one is, new windows open in the
+    /// table. (Any purge ends it, so that a window larger than the budget
+    /// alone, moved while memory held nothing else, does not keep memory
+    /// out of use for good.)
     full: bool,
 }
 
@@ -536,8 +540,8 @@ impl<K: Key, A: Data> Spill<K, A> {
 
     /// Whether the window at `start`, not in memory, is (or opens) in the
     /// table: it is there already, or memory is full (windows moved out
-    /// and none in memory purged since, or the budget reached, and no
-    /// emptied map at hand), or it was purged from the table since the
+    /// and none purged since, or the budget reached, and no emptied map at
+    /// hand), or it was purged from the table since the
     /// last complete checkpoint (see [`WindowLog::table_purged`]).
     #[inline]
     fn opens_there(&self, start: Timestamp, no_pooled_map: bool, log: &WindowLog<K, A>) -> bool {
@@ -635,6 +639,7 @@ impl<K: Key, A: Data> Spill<K, A> {
             }
         }
         if purge && let Some(mut keys) = self.index.remove(&start) {
+            self.full = false;
             log.live = log.live.saturating_sub(keys.len());
             if log.logging() {
                 log.table_purged.push((log.epoch, start));
@@ -685,7 +690,7 @@ mod tests {
         // Window 2000 outgrows the budget: it moves, the latest first.
         add(&mut w, 2000, 0..1000);
         assert_eq!(halves(&w), (vec![0, 1000], vec![2000]));
-        // Memory is full until a window in memory fires: a new window opens
+        // Memory is full until a window fires: a new window opens
         // in the table.
         add(&mut w, 3000, 0..10);
         assert_eq!(halves(&w), (vec![0, 1000], vec![2000, 3000]));
@@ -706,5 +711,27 @@ mod tests {
         }
         assert_eq!(w.first_window(), Some(1000));
         assert_eq!(w.windows_from(0), vec![1000, 2000, 3000, 4000]);
+    }
+
+    #[test]
+    fn a_window_larger_than_the_budget_alone_leaves_memory_usable_once_one_is_purged() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = FjallBackend::builder(dir.path()).object_cache(32 << 10).open().unwrap();
+        let scope = StateScope {
+            job: "j".into(),
+            operator: "op".into(),
+            state: "w".into(),
+            key_groups: 0..1,
+            max_key_groups: 1,
+        };
+        let mut w = WindowState::<u64, u64>::open(&backend, &scope).unwrap();
+        for k in 0..1000 {
+            w.update(0, 0, k, &crate::codec::key::encode(&k), |acc| *acc = Some(k)).unwrap();
+        }
+        w.update(1000, 0, 1, &crate::codec::key::encode(&1u64), |acc| *acc = Some(1)).unwrap();
+        assert_eq!(halves(&w), (vec![], vec![0, 1000]), "moved alone; the next opens in the table");
+        w.for_each_in_window(0, true, |_, _, _| {}).unwrap();
+        w.update(2000, 0, 1, &crate::codec::key::encode(&1u64), |acc| *acc = Some(1)).unwrap();
+        assert_eq!(halves(&w), (vec![2000], vec![1000]), "a purge from the table makes room again");
     }
 }
