@@ -70,10 +70,13 @@ impl<K: Key, A: Data> WindowState<K, A> {
         // removal the delta holds has its accumulators in the table's part
         // (and a window purged from the table is opened there again, see
         // `WindowLog::table_purged`).
+        let operator = operator.to_string();
         Ok(Box::new(move |sink| {
             let base = memory(sink)?;
             if table(sink)? != base {
-                return Err(Error::Internal("the halves of a window snapshot disagree on being a base".into()));
+                return Err(Error::Internal(format!(
+                    "operator `{operator}`: the halves of a window snapshot disagree on being a base"
+                )));
             }
             Ok(base)
         }))
@@ -664,11 +667,10 @@ mod tests {
         (w.windows.keys().copied().collect(), table)
     }
 
-    #[test]
-    fn past_the_budget_windows_move_whole_and_new_ones_open_in_the_table_until_one_fires() {
-        let dir = tempfile::tempdir().unwrap();
-        // 32 KiB, two shares: 16 KiB for the windows in memory, about 600
-        // accumulators of 24 bytes (a map doubles as it grows).
+    /// A window state on fjall in `dir` with a 32 KiB object cache: two
+    /// shares, 16 KiB for the windows in memory, about 600 accumulators of
+    /// 24 bytes (a map doubles as it grows).
+    fn open_small(dir: &tempfile::TempDir) -> (FjallBackend, WindowState<u64, u64>) {
         let backend = FjallBackend::builder(dir.path()).object_cache(32 << 10).open().unwrap();
         let scope = StateScope {
             job: "j".into(),
@@ -677,7 +679,14 @@ mod tests {
             key_groups: 0..1,
             max_key_groups: 1,
         };
-        let mut w = WindowState::<u64, u64>::open(&backend, &scope).unwrap();
+        let w = WindowState::open(&backend, &scope).unwrap();
+        (backend, w)
+    }
+
+    #[test]
+    fn past_the_budget_windows_move_whole_and_new_ones_open_in_the_table_until_one_fires() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_backend, mut w) = open_small(&dir);
         let add = |w: &mut WindowState<u64, u64>, start: Timestamp, keys: std::ops::Range<u64>| {
             for k in keys {
                 let kb = crate::codec::key::encode(&k);
@@ -716,15 +725,7 @@ mod tests {
     #[test]
     fn a_window_larger_than_the_budget_alone_leaves_memory_usable_once_one_is_purged() {
         let dir = tempfile::tempdir().unwrap();
-        let backend = FjallBackend::builder(dir.path()).object_cache(32 << 10).open().unwrap();
-        let scope = StateScope {
-            job: "j".into(),
-            operator: "op".into(),
-            state: "w".into(),
-            key_groups: 0..1,
-            max_key_groups: 1,
-        };
-        let mut w = WindowState::<u64, u64>::open(&backend, &scope).unwrap();
+        let (_backend, mut w) = open_small(&dir);
         for k in 0..1000 {
             w.update(0, 0, k, &crate::codec::key::encode(&k), |acc| *acc = Some(k)).unwrap();
         }
