@@ -157,6 +157,23 @@ fn value_state(c: &mut Criterion) {
                     black_box(sum)
                 });
             });
+            if name == "memory" {
+                // As keyed operators do: each record's state asked for 4
+                // records ahead (`ValueState::prefetch`).
+                let mut ahead_bytes = Vec::new();
+                g.bench_with_input(BenchmarkId::new("memory, prefetched 4 ahead", keys), &keys, |b, _| {
+                    b.iter(|| {
+                        let mut sum = 0u64;
+                        for _ in 0..N {
+                            let key = key_of(next + 4, keys);
+                            state.prefetch([(encoded(key, &mut ahead_bytes), &key)]);
+                            sum = sum.wrapping_add(update(&mut state, next));
+                            next += 1;
+                        }
+                        black_box(sum)
+                    });
+                });
+            }
         }
     }
     g.finish();

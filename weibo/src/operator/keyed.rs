@@ -105,39 +105,54 @@ pub(crate) fn take_records<K: Key, T: Data>(
     Ok(())
 }
 
-/// How many records a keyed operator looks up in its state before it
-/// processes them: their cache misses overlap, and their lines are still in
-/// the first-level cache (their pages in the TLB) when the records are
-/// processed. `bench w3` (5,000,000 keys), one partition: 8 records at a
-/// time 6.0–6.5 M/s, a whole batch (1,024) 5.1–5.3, one at a time (no
-/// overlap) 3.2.
-const LOOK_AHEAD: usize = 8;
+/// How many records a keyed operator asks its state for at a time, one
+/// such chunk ahead of the records it processes: a record's state is asked
+/// for [`LOOK_AHEAD`] to 2 × [`LOOK_AHEAD`] - 1 records before it is
+/// processed. In memory that is a prefetch of its lines, which waits for
+/// nothing; far enough ahead that the lines have arrived, near enough that
+/// the requests in flight fit the processor's miss buffers (two lines per
+/// record) and the lines are still in the first-level cache (their pages in
+/// the TLB) when used. See the Performance chapter for the measurements.
+const LOOK_AHEAD: usize = 4;
 
 /// A batch's taken records with their metadata, in chunks of
 /// [`LOOK_AHEAD`]: [`LookAhead::next`] calls its `prefetch` with the keys
-/// of each chunk before the chunk's first record.
+/// of the chunk after the current one before the current one's first
+/// record (with those of the first two chunks the first time).
 struct LookAhead<'a, 'b, K, T, I> {
     records: std::vec::Drain<'a, (K, T)>,
+    /// The metadata of the records after the last one prefetched.
     ahead: I,
     metas: I,
     /// Records left in the current chunk.
     left: usize,
+    /// Whether the first two chunks have been prefetched.
+    primed: bool,
     _batch: std::marker::PhantomData<&'b ()>,
 }
 
 impl<'a, 'b, K, T, I: Iterator<Item = RecordRef<'b>>> LookAhead<'a, 'b, K, T, I> {
     fn new(records: &'a mut Vec<(K, T)>, ahead: I, metas: I) -> Self {
-        Self { records: records.drain(..), ahead, metas, left: 0, _batch: std::marker::PhantomData }
+        Self { records: records.drain(..), ahead, metas, left: 0, primed: false, _batch: std::marker::PhantomData }
     }
 
     #[inline]
     fn next(&mut self, prefetch: impl FnOnce(&mut dyn Iterator<Item = (u16, &K)>)) -> Option<(K, T, RecordRef<'b>)> {
         if self.left == 0 {
-            let n = self.records.len().min(LOOK_AHEAD);
-            let mut keys =
-                self.records.as_slice().iter().take(n).zip(self.ahead.by_ref().take(n)).map(|((k, _), r)| (r.group, k));
+            let skip = if self.primed { LOOK_AHEAD } else { 0 };
+            self.primed = true;
+            let mut keys = self
+                .records
+                .as_slice()
+                .iter()
+                .skip(skip)
+                .take(2 * LOOK_AHEAD - skip)
+                .zip(self.ahead.by_ref())
+                .map(|((k, _), r)| (r.group, k));
             prefetch(&mut keys);
-            self.left = n;
+            // Whatever `prefetch` left: `ahead` stays with the records.
+            keys.for_each(drop);
+            self.left = self.records.len().min(LOOK_AHEAD);
         }
         let (k, v) = self.records.next()?;
         let r = self.metas.next()?;

@@ -16,6 +16,7 @@
 mod cache;
 #[cfg(feature = "fjall")]
 mod fjall;
+mod flat;
 mod memory;
 mod snapshot;
 mod spares;

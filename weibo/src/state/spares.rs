@@ -38,6 +38,20 @@ impl<K: Clone, V: Clone, S: Clone + Default> SpareMap for hashbrown::HashMap<K, 
     }
 }
 
+impl<K: Clone, V: Clone> SpareMap for super::flat::FlatMap<K, V> {
+    fn empty() -> Self {
+        Self::default()
+    }
+
+    fn clear(&mut self) {
+        super::flat::FlatMap::clear(self);
+    }
+
+    fn capacity(&self) -> usize {
+        super::flat::FlatMap::capacity(self)
+    }
+}
+
 /// A map of the worker's: its own, or shared with the snapshot of a
 /// checkpoint (which encodes it on its own thread meanwhile).
 ///

@@ -2,8 +2,10 @@
 
 use super::*;
 
-/// A key group's values, each with the epoch it last changed in.
-pub(super) type StampedMap<K, V> = ObjectMap<K, (V, u32)>;
+/// A key group's values, each with the epoch it last changed in (a map
+/// whose lines a keyed operator loads ahead of its records: see
+/// [`ValueState::prefetch`]).
+pub(super) type StampedMap<K, V> = super::flat::FlatMap<K, (V, u32)>;
 
 pub(super) enum Store<K, V> {
     /// One map per owned key group, by typed key.
@@ -370,16 +372,16 @@ impl<K: Key, V: Data> ValueState<K, V> {
                     // Nothing to log (no checkpoint has started yet): the
                     // path every record of a job without checkpoints takes.
                     return Ok(match map.entry(key) {
-                        Entry::Occupied(e) => {
+                        flat::Entry::Occupied(e) => {
                             let mut result = None;
-                            let _ = e.replace_entry_with(|_, (value, _)| {
+                            e.replace_entry_with(|_, (value, _)| {
                                 let mut slot = Some(value);
                                 result = Some(f(&mut slot));
                                 slot.map(|v| (v, epoch))
                             });
                             result.ok_or_else(|| Error::Internal("state update closure was not called".into()))?
                         }
-                        Entry::Vacant(e) => {
+                        flat::Entry::Vacant(e) => {
                             let mut slot = None;
                             let r = f(&mut slot);
                             if let Some(value) = slot {
@@ -391,11 +393,11 @@ impl<K: Key, V: Data> ValueState<K, V> {
                 }
                 let map_len = map.len();
                 Ok(match map.entry(key) {
-                    Entry::Occupied(e) => {
+                    flat::Entry::Occupied(e) => {
                         let mut result = None;
                         let mut gone = None;
                         let mut first = None;
-                        let _ = e.replace_entry_with(|k, (value, stamp)| {
+                        e.replace_entry_with(|k, (value, stamp)| {
                             let mut slot = Some(value);
                             result = Some(f(&mut slot));
                             if slot.is_none() {
@@ -413,7 +415,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                         }
                         result.ok_or_else(|| Error::Internal("state update closure was not called".into()))?
                     }
-                    Entry::Vacant(e) => {
+                    flat::Entry::Vacant(e) => {
                         let mut slot = None;
                         let r = f(&mut slot);
                         if let Some(value) = slot {
@@ -510,32 +512,33 @@ impl<K: Key, V: Data> ValueState<K, V> {
         Ok(())
     }
 
-    /// Looks `keys` up without changing anything, so that the cache lines
-    /// they live on are loaded when [`ValueState::update`] needs them.
+    /// Asks for the cache lines `keys` live on, so that they are loaded when
+    /// [`ValueState::update`] needs them.
     ///
-    /// The lookups are independent of each other, so the processor overlaps
-    /// their cache misses; done one by one inside `update` (between user
-    /// code and output), each miss would be paid in full. Only the
-    /// in-memory store and the cache of live values do anything.
+    /// In memory, each key's lines (the control bytes its map probes first
+    /// and the entry there) are prefetched: nothing waits for them. In the
+    /// cache of live values, the keys are looked up: the lookups are
+    /// independent of each other, so the processor overlaps their cache
+    /// misses, where one by one inside `update` (between user code and
+    /// output) each miss would be paid in full. A byte store does nothing.
     pub fn prefetch<'k>(&self, keys: impl IntoIterator<Item = (u16, &'k K)>) {
-        let mut found = 0usize;
         match &self.store {
             Store::Objects(maps) => {
                 for (group, key) in keys {
-                    let index = usize::from(group.wrapping_sub(self.groups.start));
-                    if let Some(map) = maps.get(index) {
-                        found += usize::from(map.contains_key(key));
+                    if let Some(map) = maps.get(usize::from(group.wrapping_sub(self.groups.start))) {
+                        map.prefetch(key);
                     }
                 }
             }
             Store::Cached(store) => {
+                let mut found = 0usize;
                 for (group, key) in keys {
                     found += usize::from(store.contains(usize::from(group.wrapping_sub(self.groups.start)), key));
                 }
+                std::hint::black_box(found);
             }
             Store::Bytes { .. } => {}
         }
-        std::hint::black_box(found);
     }
 
     /// The value of `key` in `group`, if any.

@@ -1,0 +1,354 @@
+//! `FlatMap`: the in-memory value state's map of one key group, a hash map
+//! whose cache lines can be loaded ahead of use.
+//!
+//! A keyed operator over millions of keys misses the caches (and the TLB)
+//! on nearly every record: first on the table's control bytes, then on the
+//! entry they point to. Looking records up ahead (`contains_key` a few
+//! records early) overlaps some of those misses, but each lookup still
+//! waits for its control bytes before it can read its entry, and the
+//! processor runs only so far ahead. A prefetch instruction waits for
+//! nothing: [`FlatMap::prefetch`] asks for both lines of a key a few
+//! records before it is used (the control bytes where its probe starts,
+//! and the entry there, where most keys sit), and goes on.
+//!
+//! That needs the table's address, which `hashbrown::HashMap` does not
+//! give; its `HashTable` does, indirectly: an entry's bucket index and
+//! address place the table (entries are laid out downwards from the
+//! control bytes, bucket `i` ending `i * size` bytes before them). The map
+//! keeps that address, learned on every insert, and a test pins the
+//! layout. A wrong address costs only a useless prefetch: a prefetch reads
+//! nothing into the program and never faults.
+
+use std::hash::{BuildHasher, Hash};
+
+use hashbrown::HashTable;
+use hashbrown::hash_table;
+use rustc_hash::FxBuildHasher;
+
+#[inline]
+fn hash<K: Hash>(key: &K) -> u64 {
+    FxBuildHasher.hash_one(key)
+}
+
+/// A hash map from `K` to `V` (FxHash), with the subset of
+/// `hashbrown::HashMap`'s interface the value state uses, and
+/// [`FlatMap::prefetch`].
+pub(crate) struct FlatMap<K, V> {
+    table: HashTable<(K, V)>,
+    /// The address of the table's control bytes (where bucket 0's entry
+    /// ends), or 0 while unknown (nothing inserted into this allocation
+    /// yet): learned from the entries inserted.
+    base: usize,
+}
+
+impl<K, V> Default for FlatMap<K, V> {
+    fn default() -> Self {
+        Self { table: HashTable::new(), base: 0 }
+    }
+}
+
+impl<K: Clone, V: Clone> Clone for FlatMap<K, V> {
+    fn clone(&self) -> Self {
+        let mut copy = Self { table: self.table.clone(), base: 0 };
+        copy.rebase();
+        copy
+    }
+}
+
+impl<K: std::fmt::Debug, V: std::fmt::Debug> std::fmt::Debug for FlatMap<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.table.iter().map(|(k, v)| (k, v))).finish()
+    }
+}
+
+/// Where an entry of `T` at bucket `index`, found at `addr`, places the
+/// table's control bytes.
+#[inline]
+fn base_of<T>(entry: &T, index: usize) -> usize {
+    let addr: *const T = entry;
+    (addr as usize).wrapping_add(index.wrapping_add(1).wrapping_mul(size_of::<T>()))
+}
+
+impl<K, V> FlatMap<K, V> {
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// How many entries it holds without growing.
+    pub(crate) fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
+    /// Empties it, keeping its allocation (and so its address).
+    pub(crate) fn clear(&mut self) {
+        self.table.clear();
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.table.iter().map(|(k, v)| (k, v))
+    }
+
+    /// Learns the table's address again from any entry (after a copy or
+    /// a reallocation).
+    fn rebase(&mut self) {
+        self.base = self
+            .table
+            .iter_buckets()
+            .next()
+            .and_then(|index| self.table.get_bucket(index).map(|entry| base_of(entry, index)))
+            .unwrap_or(0);
+    }
+}
+
+impl<K: Hash + Eq, V> FlatMap<K, V> {
+    #[inline]
+    pub(crate) fn get(&self, key: &K) -> Option<&V> {
+        self.table.find(hash(key), |(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// Sets `key` to `value`, returning the value it replaces.
+    pub(crate) fn insert(&mut self, key: K, value: V) -> Option<V> {
+        match self.entry(key) {
+            Entry::Occupied(mut e) => Some(std::mem::replace(e.get_mut(), value)),
+            Entry::Vacant(e) => {
+                e.insert(value);
+                None
+            }
+        }
+    }
+
+    pub(crate) fn remove(&mut self, key: &K) -> Option<V> {
+        match self.table.find_entry(hash(key), |(k, _)| k == key) {
+            Ok(e) => Some(e.remove().0.1),
+            Err(_) => None,
+        }
+    }
+
+    /// Room for `additional` more entries without growing.
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        let buckets = self.table.num_buckets();
+        self.table.reserve(additional, |(k, _)| hash(k));
+        if self.table.num_buckets() != buckets {
+            self.rebase();
+        }
+    }
+
+    #[inline]
+    pub(crate) fn entry(&mut self, key: K) -> Entry<'_, K, V> {
+        // A full table grows first (occupied key or not): its address
+        // changes.
+        let full = self.table.len() == self.table.capacity();
+        match self.table.entry(hash(&key), |(k, _)| *k == key, |(k, _)| hash(k)) {
+            hash_table::Entry::Occupied(entry) => {
+                if full {
+                    self.base = base_of(entry.get(), entry.bucket_index());
+                }
+                Entry::Occupied(OccupiedEntry { entry })
+            }
+            hash_table::Entry::Vacant(entry) => {
+                if full {
+                    // Learned again when the key is inserted.
+                    self.base = 0;
+                }
+                Entry::Vacant(VacantEntry { entry, key, base: &mut self.base })
+            }
+        }
+    }
+
+    /// Asks the processor to load the lines `key` will be found on (or
+    /// inserted at, mostly): the control bytes its probe starts at and the
+    /// entry there. Does nothing until the table's address is known.
+    ///
+    /// Stable Rust issues prefetch instructions on x86_64 only; elsewhere
+    /// the key is looked up instead (its misses then overlap with those of
+    /// the other keys looked up ahead, as far as the processor runs ahead).
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    pub(crate) fn prefetch(&self, key: &K) {
+        if self.base == 0 {
+            return;
+        }
+        let start = (hash(key) as usize) & self.table.num_buckets().wrapping_sub(1);
+        prefetch_line(self.base.wrapping_add(start));
+        prefetch_line(self.base.wrapping_sub(start.wrapping_add(1).wrapping_mul(size_of::<(K, V)>())));
+    }
+
+    /// See the x86_64 version.
+    #[cfg(not(target_arch = "x86_64"))]
+    #[inline]
+    pub(crate) fn prefetch(&self, key: &K) {
+        std::hint::black_box(self.get(key).is_some());
+    }
+}
+
+/// Loads the cache line at `addr` into the first-level cache, without
+/// waiting for it.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_line(addr: usize) {
+    // SAFETY: `_mm_prefetch` is a hint: it reads nothing into the program
+    // and never faults (the processor drops a prefetch of an address that
+    // is not mapped), so any address is sound, and SSE, which it needs, is
+    // part of every x86_64 processor. The pointer has no provenance: it is
+    // never dereferenced.
+    #[allow(unsafe_code)]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(std::ptr::without_provenance(addr));
+    }
+}
+
+/// A key's place in a [`FlatMap`], as `hashbrown::hash_map::Entry`.
+pub(crate) enum Entry<'a, K, V> {
+    Occupied(OccupiedEntry<'a, K, V>),
+    Vacant(VacantEntry<'a, K, V>),
+}
+
+pub(crate) struct OccupiedEntry<'a, K, V> {
+    entry: hash_table::OccupiedEntry<'a, (K, V)>,
+}
+
+impl<K, V> OccupiedEntry<'_, K, V> {
+    #[inline]
+    pub(crate) fn get_mut(&mut self) -> &mut V {
+        &mut self.entry.get_mut().1
+    }
+
+    /// Replaces the value with what `f` makes of it, or removes the entry
+    /// if `f` returns `None`.
+    #[inline]
+    pub(crate) fn replace_entry_with(self, f: impl FnOnce(&K, V) -> Option<V>) {
+        let _ = self.entry.replace_entry_with(|(k, v)| f(&k, v).map(|v| (k, v)));
+    }
+}
+
+pub(crate) struct VacantEntry<'a, K, V> {
+    entry: hash_table::VacantEntry<'a, (K, V)>,
+    key: K,
+    base: &'a mut usize,
+}
+
+impl<'a, K, V> VacantEntry<'a, K, V> {
+    #[inline]
+    pub(crate) fn key(&self) -> &K {
+        &self.key
+    }
+
+    #[inline]
+    pub(crate) fn insert(self, value: V) -> &'a mut V {
+        let entry = self.entry.insert((self.key, value));
+        *self.base = base_of(entry.get(), entry.bucket_index());
+        &mut entry.into_mut().1
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::panic)]
+mod tests {
+    use super::*;
+
+    /// The address the map learns is where hashbrown keeps the table's
+    /// control bytes: bucket 0's entry ends there and bucket `i`'s starts
+    /// `(i + 1) * size` bytes before it, so `prefetch` asks for the lines
+    /// a key's probe reads. If a new hashbrown lays its tables out
+    /// otherwise, this fails (and prefetches load the wrong lines: slower,
+    /// never wrong).
+    #[test]
+    fn learned_address_places_every_entry() {
+        type T = (u64, (u64, u32));
+        let size = size_of::<T>();
+        let addr = |entry: &T| std::ptr::from_ref(entry) as usize;
+        let mut map: FlatMap<u64, (u64, u32)> = FlatMap::default();
+        let mut checked = 0;
+        for k in 0..20_000u64 {
+            let key = k.wrapping_mul(2_654_435_761);
+            map.insert(key, (k, 0));
+            // Bucket 0 holds a key from time to time: then it ends at the
+            // address learned.
+            if let Some(first) = map.table.get_bucket(0) {
+                assert_eq!(addr(first) + size, map.base, "after inserting key {k}");
+                checked += 1;
+            }
+            let Some(index) = map.table.find_bucket_index(hash(&key), |(q, _)| *q == key) else {
+                panic!("key {k} not found after insert")
+            };
+            let Some(entry) = map.table.get_bucket(index) else { panic!("bucket {index} empty") };
+            assert_eq!(addr(entry), map.base - (index + 1) * size, "key {k} in bucket {index}");
+        }
+        assert!(checked > 0, "bucket 0 never held a key");
+        let copy = map.clone();
+        let Some(first) = copy.table.get_bucket(0) else { panic!("bucket 0 empty in the copy") };
+        assert_eq!(addr(first) + size, copy.base);
+        for index in copy.table.iter_buckets() {
+            let Some(entry) = copy.table.get_bucket(index) else { panic!("bucket {index} empty") };
+            assert_eq!(addr(entry), copy.base - (index + 1) * size);
+        }
+    }
+
+    /// The map behaves as a hash map: compared with `std`'s over inserts,
+    /// updates, removals, entries left vacant, growth and copies, with the
+    /// learned address checked after each step.
+    #[test]
+    fn agrees_with_std_map() {
+        let mut map: FlatMap<u64, u64> = FlatMap::default();
+        let mut model = std::collections::HashMap::new();
+        let mut x = 1u64;
+        for step in 0..200_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = x % 5_000;
+            map.prefetch(&key);
+            match x % 8 {
+                0 => assert_eq!(map.remove(&key), model.remove(&key), "remove {key} at {step}"),
+                1 => assert_eq!(map.insert(key, step), model.insert(key, step), "insert {key} at {step}"),
+                2 => {
+                    // Odd values go up by one, even ones are removed; a
+                    // vacant entry left alone inserts nothing.
+                    if let Entry::Occupied(e) = map.entry(key) {
+                        e.replace_entry_with(|_, v| if v % 2 == 0 { None } else { Some(v + 1) });
+                    }
+                    match model.get(&key).copied() {
+                        Some(v) if v % 2 == 0 => drop(model.remove(&key)),
+                        Some(v) => drop(model.insert(key, v + 1)),
+                        None => {}
+                    }
+                }
+                3 => map.reserve(usize::try_from(x % 3_000).unwrap_or(0)),
+                4 if step % 1_000 == 0 => map = map.clone(),
+                5 if step % 5_000 == 0 => {
+                    map.clear();
+                    model.clear();
+                }
+                _ => {
+                    match map.entry(key) {
+                        Entry::Occupied(mut e) => *e.get_mut() += 1,
+                        Entry::Vacant(e) => {
+                            assert_eq!(*e.key(), key);
+                            *e.insert(step) += 1;
+                        }
+                    }
+                    *model.entry(key).or_insert(step) += 1;
+                }
+            }
+            assert_eq!(map.get(&key), model.get(&key), "key {key} at step {step}");
+            assert_eq!(map.len(), model.len(), "len at step {step}");
+            if map.base != 0 {
+                for index in map.table.iter_buckets().take(4) {
+                    let Some(entry) = map.table.get_bucket(index) else { panic!("bucket {index} empty") };
+                    assert_eq!(base_of(entry, index), map.base, "address at step {step}");
+                }
+            }
+        }
+        let mut all: Vec<_> = map.iter().map(|(k, v)| (*k, *v)).collect();
+        all.sort_unstable();
+        let mut expected: Vec<_> = model.into_iter().collect();
+        expected.sort_unstable();
+        assert_eq!(all, expected);
+    }
+}
