@@ -109,11 +109,13 @@ pub(crate) fn take_records<K: Key, T: Data>(
 /// such chunk ahead of the records it processes: a record's state is asked
 /// for [`LOOK_AHEAD`] to 2 × [`LOOK_AHEAD`] - 1 records before it is
 /// processed. In memory that is a prefetch of its lines, which waits for
-/// nothing; far enough ahead that the lines have arrived, near enough that
-/// the requests in flight fit the processor's miss buffers (two lines per
-/// record) and the lines are still in the first-level cache (their pages in
-/// the TLB) when used. See the Performance chapter for the measurements.
-const LOOK_AHEAD: usize = 4;
+/// nothing; far enough ahead that the lines have mostly arrived, near
+/// enough that the requests in flight fit the processor's miss buffers
+/// (three to five lines per record) and the lines are still in the
+/// first-level cache when used. `bench w3` and `w3-sum`, five interleaved
+/// runs: 6 ahead ran 5–15% faster than 4 and 8, and 2 slower still. See the
+/// Performance chapter.
+const LOOK_AHEAD: usize = 6;
 
 /// A batch's taken records with their metadata, in chunks of
 /// [`LOOK_AHEAD`]: [`LookAhead::next`] calls its `prefetch` with the keys

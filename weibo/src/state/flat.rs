@@ -7,9 +7,9 @@
 //! records early) overlaps some of those misses, but each lookup still
 //! waits for its control bytes before it can read its entry, and the
 //! processor runs only so far ahead. A prefetch instruction waits for
-//! nothing: [`FlatMap::prefetch`] asks for both lines of a key a few
+//! nothing: [`FlatMap::prefetch`] asks for the lines of a key a few
 //! records before it is used (the control bytes where its probe starts,
-//! and the entry there, where most keys sit), and goes on.
+//! and the entries there, where most keys sit), and goes on.
 //!
 //! That needs the table's address, which `hashbrown::HashMap` does not
 //! give; its `HashTable` does, indirectly: an entry's bucket index and
@@ -162,8 +162,9 @@ impl<K: Hash + Eq, V> FlatMap<K, V> {
     }
 
     /// Asks the processor to load the lines `key` will be found on (or
-    /// inserted at, mostly): the control bytes its probe starts at and the
-    /// entry there. Does nothing until the table's address is known.
+    /// inserted at, mostly): the control bytes its probe starts at (and the
+    /// 16 before, which an update reads) and the entries there. Does
+    /// nothing until the table's address is known.
     ///
     /// Stable Rust issues prefetch instructions on x86_64 only; elsewhere
     /// the key is looked up instead (its misses then overlap with those of
@@ -175,8 +176,18 @@ impl<K: Hash + Eq, V> FlatMap<K, V> {
             return;
         }
         let start = (hash(key) as usize) & self.table.num_buckets().wrapping_sub(1);
-        prefetch_line(self.base.wrapping_add(start));
-        prefetch_line(self.base.wrapping_sub(start.wrapping_add(1).wrapping_mul(size_of::<(K, V)>())));
+        // The control bytes a lookup reads (a group of 16 from `start`) and
+        // those an update reads too (hashbrown's `replace_entry_with` erases
+        // the entry and puts it back, and an erase reads the 16 before it):
+        // 32 bytes, on one line or two.
+        let ctrl = self.base.wrapping_add(start);
+        prefetch_lines(ctrl.wrapping_sub(16), ctrl.wrapping_add(15));
+        // The entries at `start` and after it (at `start + 1`, where keys
+        // pushed one slot along sit; entries lie downwards from `base`),
+        // as far as the first 64 bytes of each: two or three lines.
+        let size = size_of::<(K, V)>();
+        let entry = self.base.wrapping_sub(start.wrapping_add(1).wrapping_mul(size));
+        prefetch_lines(entry.wrapping_sub(size.min(64)), entry.wrapping_add(size.saturating_sub(1).min(63)));
     }
 
     /// See the x86_64 version.
@@ -184,6 +195,21 @@ impl<K: Hash + Eq, V> FlatMap<K, V> {
     #[inline]
     pub(crate) fn prefetch(&self, key: &K) {
         std::hint::black_box(self.get(key).is_some());
+    }
+}
+
+/// Loads the cache lines from `first` to `last` (three at most: `last`
+/// is less than 128 bytes after `first`) into the first-level cache,
+/// without waiting for them.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_lines(first: usize, last: usize) {
+    prefetch_line(first);
+    if last >> 6 != first >> 6 {
+        prefetch_line(last);
+        if (last >> 6) - (first >> 6) > 1 {
+            prefetch_line(first.wrapping_add(64));
+        }
     }
 }
 
