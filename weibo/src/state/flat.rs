@@ -53,6 +53,14 @@ impl<K: Clone, V: Clone> Clone for FlatMap<K, V> {
         copy.rebase();
         copy
     }
+
+    /// Copies `source` into this map's allocation when it is the same size
+    /// (as hashbrown does): a spare map a checkpoint copies into is already
+    /// mapped (see `spares`).
+    fn clone_from(&mut self, source: &Self) {
+        self.table.clone_from(&source.table);
+        self.rebase();
+    }
 }
 
 impl<K: std::fmt::Debug, V: std::fmt::Debug> std::fmt::Debug for FlatMap<K, V> {
@@ -314,6 +322,28 @@ mod tests {
             let Some(entry) = copy.table.get_bucket(index) else { panic!("bucket {index} empty") };
             assert_eq!(addr(entry), copy.base - (index + 1) * size);
         }
+    }
+
+    /// A copy into a map of the same size reuses its allocation (what
+    /// spare maps are kept for), and learns its own address.
+    #[test]
+    fn clone_from_reuses_the_allocation() {
+        let mut source: FlatMap<u64, u64> = FlatMap::default();
+        for k in 0..1_000 {
+            source.insert(k, k);
+        }
+        let mut spare = source.clone();
+        let spare_base = spare.base;
+        assert_ne!(spare_base, 0);
+        assert_ne!(spare_base, source.base);
+        spare.clear();
+        for k in 0..1_000 {
+            source.insert(k, k + 1);
+        }
+        spare.clone_from(&source);
+        assert_eq!(spare.base, spare_base, "copied into a new allocation");
+        assert_eq!(spare.len(), 1_000);
+        assert_eq!(spare.get(&7), Some(&8));
     }
 
     /// The map behaves as a hash map: compared with `std`'s over inserts,

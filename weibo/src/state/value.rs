@@ -515,8 +515,9 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// Asks for the cache lines `keys` live on, so that they are loaded when
     /// [`ValueState::update`] needs them.
     ///
-    /// In memory, each key's lines (the control bytes its map probes first
-    /// and the entry there) are prefetched: nothing waits for them. In the
+    /// In memory, the lines each key's update reads (its map's control
+    /// bytes where the probe starts, and the entries there) are
+    /// prefetched: nothing waits for them (see `FlatMap::prefetch`). In the
     /// cache of live values, the keys are looked up: the lookups are
     /// independent of each other, so the processor overlaps their cache
     /// misses, where one by one inside `update` (between user code and
