@@ -215,7 +215,7 @@ fn prefetch_lines(first: usize, last: usize) {
     prefetch_line(first);
     if last >> 6 != first >> 6 {
         prefetch_line(last);
-        if (last >> 6) - (first >> 6) > 1 {
+        if (last >> 6).wrapping_sub(first >> 6) > 1 {
             prefetch_line(first.wrapping_add(64));
         }
     }
