@@ -108,7 +108,7 @@ pub(crate) fn take_records<K: Key, T: Data>(
 /// How many records a keyed operator asks its state for at a time, one
 /// such chunk ahead of the records it processes: a record's state is asked
 /// for [`LOOK_AHEAD`] to 2 × [`LOOK_AHEAD`] - 1 records before it is
-/// processed. In memory that is a prefetch of its lines, which waits for
+/// processed (those of a batch's first chunk, just before). In memory that is a prefetch of its lines, which waits for
 /// nothing; far enough ahead that the lines have mostly arrived, near
 /// enough that the requests in flight fit the processor's miss buffers
 /// (three to five lines per record) and the lines are still in the

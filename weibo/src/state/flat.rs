@@ -147,24 +147,30 @@ impl<K: Hash + Eq, V> FlatMap<K, V> {
         }
     }
 
+    /// The key's place in the map. Like `hashbrown::HashMap::entry`, a
+    /// key already there is found without making room for another (a
+    /// full table grows only when a key is inserted).
     #[inline]
     pub(crate) fn entry(&mut self, key: K) -> Entry<'_, K, V> {
-        // A full table grows first (occupied key or not): its address
-        // changes.
-        let full = self.table.len() == self.table.capacity();
-        match self.table.entry(hash(&key), |(k, _)| *k == key, |(k, _)| hash(k)) {
-            hash_table::Entry::Occupied(entry) => {
-                if full {
-                    self.base = base_of(entry.get(), entry.bucket_index());
+        let h = hash(&key);
+        match self.table.find_entry(h, |(k, _)| *k == key) {
+            Ok(entry) => Entry::Occupied(OccupiedEntry { entry }),
+            Err(absent) => {
+                let table = absent.into_table();
+                // Room is made for the key here: a full table grows, and
+                // its address changes.
+                let full = table.len() == table.capacity();
+                match table.entry(h, |(k, _)| *k == key, |(k, _)| hash(k)) {
+                    // Not there a moment ago.
+                    hash_table::Entry::Occupied(entry) => Entry::Occupied(OccupiedEntry { entry }),
+                    hash_table::Entry::Vacant(entry) => {
+                        if full {
+                            // Learned again when the key is inserted.
+                            self.base = 0;
+                        }
+                        Entry::Vacant(VacantEntry { entry, key, base: &mut self.base })
+                    }
                 }
-                Entry::Occupied(OccupiedEntry { entry })
-            }
-            hash_table::Entry::Vacant(entry) => {
-                if full {
-                    // Learned again when the key is inserted.
-                    self.base = 0;
-                }
-                Entry::Vacant(VacantEntry { entry, key, base: &mut self.base })
             }
         }
     }
@@ -344,6 +350,37 @@ mod tests {
         assert_eq!(spare.base, spare_base, "copied into a new allocation");
         assert_eq!(spare.len(), 1_000);
         assert_eq!(spare.get(&7), Some(&8));
+    }
+
+    /// An update of a key already there does not grow a full map (as
+    /// `hashbrown::HashMap` does not): a key group whose keys just filled
+    /// its map keeps its memory while they are only updated.
+    #[test]
+    fn updates_do_not_grow_a_full_map() {
+        let mut map: FlatMap<u64, u64> = FlatMap::default();
+        map.reserve(1_000);
+        map.insert(0, 0);
+        let mut k = 1;
+        while map.len() < map.capacity() {
+            map.insert(k, k);
+            k += 1;
+        }
+        let capacity = map.capacity();
+        for round in 0..3 {
+            for key in 0..k {
+                match map.entry(key) {
+                    Entry::Occupied(mut e) => *e.get_mut() += 1,
+                    Entry::Vacant(_) => panic!("key {key} missing in round {round}"),
+                }
+            }
+        }
+        assert_eq!(map.capacity(), capacity, "updates grew the map");
+        assert!(k > 1_000);
+        assert_eq!(map.get(&3), Some(&6));
+        // A new key does grow it.
+        map.insert(k, k);
+        assert!(map.capacity() > capacity);
+        assert_eq!(map.len(), usize::try_from(k + 1).unwrap_or(0));
     }
 
     /// The map behaves as a hash map: compared with `std`'s over inserts,
