@@ -439,6 +439,11 @@ fn main() {
         },
         Err(_) => {}
     }
+    // `WEIBO_CHANNEL=<batches>` sets the edges' channel capacity (what
+    // the heap at p=2 is made of: see the Performance chapter).
+    if let Some(c) = std::env::var("WEIBO_CHANNEL").ok().and_then(|v| v.parse::<usize>().ok()) {
+        job = job.with_channel_capacity(c);
+    }
     // `WEIBO_CHECKPOINT_MS=<ms>` takes checkpoints that often (into a
     // temporary directory).
     if let Some(ms) = std::env::var("WEIBO_CHECKPOINT_MS").ok().and_then(|v| v.parse::<u64>().ok()) {

@@ -471,6 +471,15 @@ impl<K: Key, A: Data> WindowState<K, A> {
         }
     }
 
+    /// The first window holding anything that starts at or after `from`.
+    pub fn first_window_from(&self, from: Timestamp) -> Option<Timestamp> {
+        let memory = self.windows.range(from..).next().map(|(s, _)| *s);
+        match self.spill.as_deref().and_then(|s| s.index.range(from..).next()) {
+            Some((s, _)) => Some(memory.map_or(*s, |m| m.min(*s))),
+            None => memory,
+        }
+    }
+
     /// The starts of the windows holding anything, from `from` on, in order.
     pub fn windows_from(&self, from: Timestamp) -> Vec<Timestamp> {
         let mut starts: Vec<Timestamp> = self.windows.range(from..).map(|(s, _)| *s).collect();

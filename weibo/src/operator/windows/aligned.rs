@@ -14,6 +14,14 @@ pub(super) struct AlignedWindowOp<K, T, W: WindowFn<K, T>> {
     pub(super) windows: AlignedCache,
     /// What had fired when the state was restored (with lateness only).
     pub(super) fired: Option<Fired<K>>,
+    /// A watermark below this has nothing to fire or purge: no window
+    /// that has not fired ends below it, and no window's lateness runs
+    /// out below it. Kept at or below the truth (lowered as records open
+    /// windows, recomputed after every advance that had work, `MIN` after
+    /// a restore), so [`advance`](Self::advance) only checks it: the
+    /// watermark moves with nearly every record, and looking at the state
+    /// each time was 6% of `bench w1`.
+    pub(super) quiet_below: Timestamp,
     pub(super) common: Common<K, T, W>,
 }
 
@@ -166,7 +174,23 @@ impl<K: Key> Fired<K> {
 impl<K: Key, T: Data, W: WindowFn<K, T>> AlignedWindowOp<K, T, W> {
     /// Fires every window whose end the watermark passed since the last
     /// advance, and cleans up those past their lateness, in start order.
+    #[inline]
     pub(super) fn advance(&mut self, wm: Timestamp) -> Result<()> {
+        if wm < self.quiet_below {
+            let c = &mut self.common;
+            c.watermark = c.watermark.max(wm);
+            if let Some(f) = self.fired.as_mut() {
+                f.passed(c.watermark);
+            }
+            return Ok(());
+        }
+        self.fire_and_purge(wm)
+    }
+
+    /// [`advance`](Self::advance), when something may be due. Out of
+    /// line: the check before it runs for nearly every record.
+    #[inline(never)]
+    fn fire_and_purge(&mut self, wm: Timestamp) -> Result<()> {
         let c = &mut self.common;
         let before = c.watermark;
         if self.state.first_window().is_some_and(|start| start.saturating_add(self.size - 1) <= wm) {
@@ -199,7 +223,23 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> AlignedWindowOp<K, T, W> {
         if let Some(f) = self.fired.as_mut() {
             f.passed(c.watermark);
         }
+        self.quiet_below = self.next_due();
         Ok(())
+    }
+
+    /// The lowest watermark at which [`advance`](Self::advance) has work:
+    /// the end of the first window the watermark has not passed, or the
+    /// end of the first window's lateness, whichever is lower.
+    fn next_due(&self) -> Timestamp {
+        let Some(first) = self.state.first_window() else { return Timestamp::MAX };
+        let size = self.size;
+        let max_of = |start: Timestamp| Window { start, end: start.saturating_add(size) }.max_timestamp();
+        let purge = max_of(first).saturating_add(self.common.lateness);
+        // A window fires once the watermark reaches its last timestamp,
+        // `start + size - 1`: those still to fire start after `wm - size + 1`.
+        let unfired = self.common.watermark.saturating_sub(size - 1).saturating_add(1);
+        let fire = self.state.first_window_from(unfired).map_or(Timestamp::MAX, max_of);
+        purge.min(fire)
     }
 }
 
@@ -243,6 +283,8 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
                 if fire_now {
                     c.collect(*window);
                 }
+                let due = if fire_now { max.saturating_add(lateness) } else { max };
+                self.quiet_below = self.quiet_below.min(due);
             }
             if !added {
                 match value {
@@ -283,6 +325,8 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
         from.load_entries(&name, "windows", &StateType::of::<W::Acc>(), groups, &mut |entries, removed| {
             self.state.import_part(entries, removed, &name)
         })?;
+        // The restored windows may be due at any watermark.
+        self.quiet_below = Timestamp::MIN;
         if let Some(f) = self.fired.as_mut() {
             // Checkpoints of builds before this record have none: their
             // kept windows fire again after a restore, as they did then.

@@ -290,6 +290,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> KeyedFactory for WindowFactory<K, T, W>
                 slide,
                 offset,
                 windows: AlignedCache::default(),
+                quiet_below: Timestamp::MIN,
                 // Without lateness a window is dropped when it fires:
                 // nothing that fired is kept to fire again.
                 fired: if self.lateness > 0 {
