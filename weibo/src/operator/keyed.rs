@@ -658,3 +658,64 @@ impl<K: Key, T: Data> InputOperator for PartitionOp<K, T> {
     }
     forward_control!(keyed);
 }
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing, clippy::panic)]
+mod tests {
+    use super::*;
+
+    /// Batch lengths around the chunk size: every record comes out once,
+    /// in order, with its own metadata; its key is prefetched once, before
+    /// it comes out, and (past the first chunk) `LOOK_AHEAD` to
+    /// `2 * LOOK_AHEAD - 1` records ahead, as the constant's comment says.
+    /// A `prefetch` that takes only some keys (a state with nothing to
+    /// prefetch takes none) leaves the keys and records of the next chunks
+    /// paired.
+    #[test]
+    fn look_ahead_prefetches_every_key_once_and_ahead_for_any_batch_length() {
+        for len in 0..(4 * LOOK_AHEAD + 3) {
+            look_ahead(len, true);
+            look_ahead(len, false);
+        }
+    }
+
+    /// One batch of `len` records; `every_key`: whether `prefetch` takes
+    /// all the keys it is given, or only the first.
+    fn look_ahead(len: usize, every_key: bool) {
+        let mut batch = RecordBatch::with_capacity(len, 0);
+        let mut records = Vec::new();
+        for i in 0..len {
+            let meta = Meta { timestamp: 0, watermark: 0, offset: i as u64, partition: 0, source: 0 };
+            // The key group tells the records apart on the prefetch side.
+            batch.commit(0, 0, i as u16, meta);
+            records.push((i as u64, i * 10));
+        }
+        let mut taken = LookAhead::new(&mut records, batch.iter(), batch.iter());
+        // When each key was prefetched: how many records had come out.
+        let mut asked: Vec<Option<usize>> = vec![None; len];
+        let mut out = 0usize;
+        while let Some((key, value, r)) = taken.next(|keys| {
+            for (group, k) in keys.take(if every_key { usize::MAX } else { 1 }) {
+                assert_eq!(u64::from(group), *k, "len {len}: a key goes with its own record's group");
+                assert!(asked[*k as usize].is_none(), "len {len}: key {k} prefetched twice");
+                asked[*k as usize] = Some(out);
+            }
+        }) {
+            assert_eq!((key, value, r.meta.offset), (out as u64, out * 10, out as u64), "len {len}");
+            if !every_key {
+                out += 1;
+                continue;
+            }
+            let at = asked[out].unwrap_or_else(|| panic!("len {len}: record {out} came out unprefetched"));
+            if out >= LOOK_AHEAD {
+                let ahead = out - at;
+                assert!(
+                    (LOOK_AHEAD..2 * LOOK_AHEAD).contains(&ahead),
+                    "len {len}: record {out} prefetched {ahead} ahead"
+                );
+            }
+            out += 1;
+        }
+        assert_eq!(out, len, "len {len}: every record came out");
+    }
+}
