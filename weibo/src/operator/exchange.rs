@@ -128,17 +128,6 @@ impl KeyGroupRoutes {
     }
 }
 
-/// Appends a key's bytes to a batch. An 8-byte key (every 64-bit integer
-/// key) is copied with one store: a slice of a length known only at run
-/// time is a call to `memcpy`, which was 5% of `bench w3-100keys`.
-#[inline]
-fn append_key(data: &mut Vec<u8>, key: &[u8]) {
-    match <&[u8; 8]>::try_from(key) {
-        Ok(eight) => data.extend_from_slice(eight),
-        Err(_) => data.extend_from_slice(key),
-    }
-}
-
 /// The worker (of `parallelism`) that owns key group `group` (of `max`):
 /// contiguous ranges, as [`key_group_range`] gives them.
 #[inline]
@@ -178,7 +167,7 @@ where
                 return Err(Error::Internal(format!("key group {group} maps to missing worker {target}")));
             };
             let key_start = out.data_mut().len();
-            append_key(out.data_mut(), &self.key_buf);
+            out.data_mut().extend_from_slice(&self.key_buf);
             let value_start = out.data_mut().len();
             if self.encode {
                 if let Err(source) = v.encode(out.data_mut()) {
