@@ -439,10 +439,14 @@ fn main() {
         },
         Err(_) => {}
     }
-    // `WEIBO_CHANNEL=<batches>` sets the edges' channel capacity (what
-    // the heap at p=2 is made of: see the Performance chapter).
+    // `WEIBO_CHANNEL=<batches>` sets the edges' channel capacity and
+    // `WEIBO_BATCH=<records>` the batch size (what the heap at p=2 is
+    // made of: see the Performance chapter).
     if let Some(c) = std::env::var("WEIBO_CHANNEL").ok().and_then(|v| v.parse::<usize>().ok()) {
         job = job.with_channel_capacity(c);
+    }
+    if let Some(b) = std::env::var("WEIBO_BATCH").ok().and_then(|v| v.parse::<usize>().ok()) {
+        job = job.with_batch_size(b);
     }
     // `WEIBO_CHECKPOINT_MS=<ms>` takes checkpoints that often (into a
     // temporary directory).
