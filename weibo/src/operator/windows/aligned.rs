@@ -17,7 +17,7 @@ pub(super) struct AlignedWindowOp<K, T, W: WindowFn<K, T>> {
     /// A watermark below this has nothing to fire or purge: no window
     /// that has not fired ends below it, and no window's lateness runs
     /// out below it. Kept at or below the truth (lowered as records open
-    /// windows, recomputed after every advance that had work, `MIN` after
+    /// windows, recomputed whenever the watermark reaches it, `MIN` after
     /// a restore), so [`advance`](Self::advance) only checks it: the
     /// watermark moves with nearly every record, and looking at the state
     /// each time was 6% of `bench w1`.
