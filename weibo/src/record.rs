@@ -118,16 +118,18 @@ struct Entry {
     meta: Meta,
 }
 
-/// A batch of records: one contiguous byte arena holding every key (and,
-/// for encoded records, every value), and an entry per record with offsets
-/// into it.
+/// A batch of records: one contiguous byte arena holding every key and
+/// value of encoded records, and an entry per record (key group,
+/// metadata, offsets into the arena).
 ///
-/// On an edge inside one process the values stay typed: the router keeps
+/// On an edge inside one process the records stay typed: the router keeps
 /// each record's key and value in [`RecordBatch::typed`] (a `Vec<(K, T)>`,
 /// erased), so nothing is encoded to cross the edge and nothing decoded on
-/// the other side. The encoded key is kept beside it all the same: it is
-/// what the key group was computed from, and what byte state backends
-/// store. A batch without a typed part carries encoded values.
+/// the other side, and the arena stays empty (a record's key and value
+/// slices are empty). The key's encoding is computed all the same, for the
+/// key group, but not carried: a byte state backend encodes the typed key
+/// again where it needs the bytes. A batch without a typed part carries
+/// encoded keys and values.
 #[derive(Default)]
 pub(crate) struct RecordBatch {
     data: Vec<u8>,
@@ -204,7 +206,9 @@ impl BatchPool {
 /// A borrowed record of a [`RecordBatch`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RecordRef<'a> {
+    /// The encoded key, or empty for a typed record (see [`RecordBatch`]).
     pub(crate) key: &'a [u8],
+    /// The encoded value, or empty for a typed record.
     pub(crate) value: &'a [u8],
     pub(crate) group: u16,
     pub(crate) meta: Meta,

@@ -332,6 +332,31 @@ mod tests {
         }
     }
 
+    /// A record from a hash edge inside the process comes without its
+    /// key's bytes: a key passed with empty bytes is the same key as with
+    /// its bytes, on every backend (a byte backend encodes it), and two
+    /// such keys stay apart.
+    #[test]
+    fn keys_passed_without_their_bytes_are_encoded_where_bytes_are_needed() {
+        for (backend, _dir) in backends() {
+            let mut s = ValueState::<u64, u64>::open(&*backend, &scope()).unwrap();
+            for k in 0u64..300 {
+                let bytes = crate::codec::key::encode(&k);
+                let (group, given): (u16, &[u8]) = (group_of(k as u8), if k % 2 == 0 { &[] } else { &bytes });
+                s.update(group, k, given, |slot| *slot = Some(k * 10)).unwrap();
+            }
+            for k in 0u64..300 {
+                let bytes = crate::codec::key::encode(&k);
+                let group = group_of(k as u8);
+                let what = format!("{}: key {k}", backend.name());
+                assert_eq!(s.get(group, &k, &[]).unwrap(), Some(k * 10), "{what}, read without bytes");
+                assert_eq!(s.get(group, &k, &bytes).unwrap(), Some(k * 10), "{what}, read with bytes");
+                let old = s.update(group, k, if k % 3 == 0 { &[] } else { &bytes }, |slot| slot.replace(k)).unwrap();
+                assert_eq!(old, Some(k * 10), "{what}, updated");
+            }
+        }
+    }
+
     fn timers(backend: &dyn StateBackend) {
         let mut t = TimerState::<String>::open(backend, &scope()).unwrap();
         let (a, b) = ("a".to_string(), "b".to_string());

@@ -25,8 +25,10 @@ pub(super) enum Store<K, V> {
 /// One value per key: the typed handle keyed operators use.
 ///
 /// Every access names the key twice: typed (for backends that keep
-/// objects) and encoded (for backends that store bytes); the operator has
-/// both at hand.
+/// objects) and encoded (for backends that store bytes). The encoded key
+/// may be empty when the caller has only the typed one (a record from a
+/// hash edge inside the process carries no key bytes): a byte backend
+/// encodes the key then, and the in-memory one needs no bytes at all.
 pub struct ValueState<K, V> {
     pub(super) store: Store<K, V>,
     groups: Range<u16>,
@@ -69,6 +71,19 @@ pub struct ValueState<K, V> {
     /// beside the map since the last barrier, telling the snapshot to copy
     /// the map and let go of it now rather than when it has encoded it.
     wanted: spares::Wanted,
+    /// Byte store: where a key passed without its bytes is encoded.
+    key_buf: Vec<u8>,
+}
+
+/// `key_bytes`, or, when the caller passed none, `key` encoded into `buf`.
+#[inline]
+fn encoded<'a, K: Key>(key: &K, key_bytes: &'a [u8], buf: &'a mut Vec<u8>) -> &'a [u8] {
+    if !key_bytes.is_empty() {
+        return key_bytes;
+    }
+    buf.clear();
+    key.encode_key(buf);
+    buf
 }
 
 /// Writes to a key group's map while a snapshot still shares it.
@@ -320,6 +335,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             spares: spares::Spares::new(scope.key_groups.len()),
             overlays: scope.key_groups.clone().map(|_| Overlay::default()).collect(),
             wanted: spares::Wanted::new(scope.key_groups.len()),
+            key_buf: Vec::new(),
         }
     }
 
@@ -327,9 +343,10 @@ impl<K: Key, V: Data> ValueState<K, V> {
         Error::Internal(format!("operator `{}` got key group {group}, but owns {:?}", self.operator, self.groups))
     }
 
-    /// Reads, and possibly changes, the value of `key` (encoded: `key_bytes`)
-    /// in `group`: `f` gets the current value (`None` if absent); whatever
-    /// it leaves is stored (`None` removes the key).
+    /// Reads, and possibly changes, the value of `key` (encoded: `key_bytes`,
+    /// or empty to have it encoded here if need be) in `group`: `f` gets
+    /// the current value (`None` if absent); whatever it leaves is stored
+    /// (`None` removes the key).
     ///
     /// # Errors
     /// [`Error::State`] or [`Error::Codec`] when a byte backend fails;
@@ -430,9 +447,11 @@ impl<K: Key, V: Data> ValueState<K, V> {
             }
             Store::Cached(store) => {
                 let tracking = cache::Tracking { on: self.tracking, changed: &mut self.changed };
+                let key_bytes = encoded(&key, key_bytes, &mut self.key_buf);
                 store.update(index, group, key, key_bytes, self.epoch, tracking, f)
             }
             Store::Bytes { table, buf } => {
+                let key_bytes = encoded(&key, key_bytes, &mut self.key_buf);
                 let codec = |source| Error::Codec { operator: self.operator.clone(), source };
                 let mut slot = match table.get(group, key_bytes)? {
                     Some(bytes) => Some(V::decode(&bytes).map_err(codec)?),
@@ -559,8 +578,8 @@ impl<K: Key, V: Data> ValueState<K, V> {
                 }
                 Ok(maps.get(index).and_then(|m| m.get(key)).map(|(v, _)| v.clone()))
             }
-            Store::Cached(store) => store.get(index, group, key, key_bytes),
-            Store::Bytes { table, .. } => match table.get(group, key_bytes)? {
+            Store::Cached(store) => store.get(index, group, key, encoded(key, key_bytes, &mut self.key_buf)),
+            Store::Bytes { table, .. } => match table.get(group, encoded(key, key_bytes, &mut self.key_buf))? {
                 Some(bytes) => V::decode(&bytes)
                     .map(Some)
                     .map_err(|source| Error::Codec { operator: self.operator.clone(), source }),

@@ -348,7 +348,8 @@ impl<K: Key, A: Data> WindowState<K, A> {
     }
 
     /// Reads and changes the accumulator of `key` (encoded: `key_bytes`,
-    /// of key group `group`) in the window starting at `start`; `None` left
+    /// or empty to have it encoded if a window in the table needs it; of
+    /// key group `group`) in the window starting at `start`; `None` left
     /// behind removes it.
     ///
     /// # Errors
@@ -575,7 +576,12 @@ impl<K: Key, A: Data> Spill<K, A> {
         f: impl FnOnce(&mut Option<A>) -> R,
     ) -> Result<R> {
         self.buf.clear();
-        self.buf.extend_from_slice(key_bytes);
+        if key_bytes.is_empty() {
+            // A record from a hash edge inside the process: no key bytes.
+            key.encode_key(&mut self.buf);
+        } else {
+            self.buf.extend_from_slice(key_bytes);
+        }
         start.encode_key(&mut self.buf);
         let k = key.clone();
         let (r, present) = self.values.update(group, (key, start), &self.buf, |slot| {
