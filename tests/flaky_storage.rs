@@ -7,17 +7,22 @@ use weibo::checkpoint::MemoryStorage;
 
 /// A storage whose writes fail while `failing` is set, as an object store
 /// does during an outage, and whose manifests alone fail while
-/// `failing_puts` is.
+/// `failing_puts` is; whose manifests take `slow_puts_ms` each.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Flaky {
     pub(crate) inner: MemoryStorage,
     pub(crate) failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
     pub(crate) failing_puts: std::sync::Arc<std::sync::atomic::AtomicBool>,
     pub(crate) refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) slow_puts_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Flaky {
     fn check_put(&self) -> std::io::Result<()> {
+        let slow = self.slow_puts_ms.load(std::sync::atomic::Ordering::SeqCst);
+        if slow > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(slow));
+        }
         if self.failing_puts.load(std::sync::atomic::Ordering::SeqCst) {
             self.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             return Err(std::io::Error::other("injected outage of manifests"));

@@ -233,11 +233,13 @@ fn dying_at_each_point_of_a_checkpoint_and_at_the_end_of_input_loses_and_duplica
     ];
     for (what, point, kill_after) in points {
         // A point of the final checkpoint is reached only if that
-        // checkpoint has the work: `between-final-commits#2` needs all
-        // three sinks to have records after the last regular checkpoint,
-        // which a regular barrier just after the last event takes away
-        // (it happened in a full test run on a loaded machine). Such a
-        // first life starts again from scratch, three times at most.
+        // checkpoint has the work: `between-final-commits#2` needs the
+        // sinks' last epochs to be committed with the final checkpoint,
+        // not with a regular one whose barrier came after the sources'
+        // ends. The coordinator takes the final checkpoint as soon as it
+        // knows of the ends, but a regular barrier sent in the moment
+        // before it does still takes the work. Such a first life starts
+        // again from scratch, three times at most.
         let mut tries = 0;
         let (prefix, dir) = loop {
             tries += 1;

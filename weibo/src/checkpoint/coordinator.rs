@@ -117,6 +117,16 @@ impl Coordinator {
         let timeout = self.config.timeout.unwrap_or_else(|| (self.config.interval * 10).max(Duration::from_secs(60)));
         let mut savepoints_open = true;
         loop {
+            // Ends reported since the last checkpoint's acknowledgements
+            // (while it wrote its manifest and committed) come first: after
+            // a checkpoint longer than the interval the tick is ready too,
+            // and a regular checkpoint taken then would hold the input's
+            // last records, leaving the final one with none of them.
+            while let Ok(event) = self.events.try_recv() {
+                if let TaskEvent::SourceEnded { task } = event {
+                    ended.insert(task);
+                }
+            }
             let all_ended = ended.len() >= sources;
             if all_ended && final_failures >= 3 && final_started.is_some_and(|t| t.elapsed() >= timeout) {
                 return Err(self.final_failed(&final_failure));
