@@ -252,7 +252,8 @@ fn sessions(job: &Job, n: u64, partitions: usize, keys: u64, total: Arc<Mutex<Ou
 /// The fjall backend in `dir`, with the memory budgets the environment
 /// sets (in MiB; unset: the defaults): `WEIBO_FJALL_OBJECT_CACHE_MB`,
 /// `WEIBO_FJALL_BLOCK_CACHE_MB`, `WEIBO_FJALL_MEMTABLE_MB`; timers in fjall
-/// with `WEIBO_FJALL_TIMERS=disk`.
+/// with `WEIBO_FJALL_TIMERS=disk`; fjall's background threads from
+/// `WEIBO_FJALL_THREADS`.
 fn fjall(dir: impl AsRef<std::path::Path>) -> weibo::Result<weibo::state::FjallBackend> {
     let mb = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok()).map(|v| v << 20);
     let mut options = weibo::state::FjallBackend::builder(dir);
@@ -267,6 +268,9 @@ fn fjall(dir: impl AsRef<std::path::Path>) -> weibo::Result<weibo::state::FjallB
     }
     if std::env::var("WEIBO_FJALL_TIMERS").is_ok_and(|v| v == "disk") {
         options = options.timers_on_disk(true);
+    }
+    if let Some(threads) = std::env::var("WEIBO_FJALL_THREADS").ok().and_then(|v| v.parse().ok()) {
+        options = options.background_threads(threads);
     }
     options.open()
 }

@@ -104,6 +104,7 @@ fn small_cache(dir: &Path) -> weibo::Result<FjallBackend> {
         .object_cache(4 << 10) // live values in front of fjall, for all states
         .block_cache(8 << 20) // fjall's decompressed blocks
         .memtable(4 << 20) // per state, before fjall writes a table file
+        .background_threads(1) // fjall's flushes and compactions
         .open()
 }
 // ANCHOR_END: fjall_budgets
