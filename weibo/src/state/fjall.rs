@@ -119,10 +119,10 @@ impl FjallOptions {
     /// by handing every compaction on to the others, and that thread hands
     /// the same compaction on again and again, without waiting, while the
     /// others are busy: it takes a core for as long as a compaction runs.
-    /// On the 2-core development machine, `bench w3` on fjall ran at 0.15
-    /// M events/s with two threads (80 s of CPU for 8 M events) and 0.18 M
-    /// with one (53 s); `bench sessions` with timers on disk at 0.15 M and
-    /// 0.17 M. More threads pay off only where cores are to spare and
+    /// On the 2-core development machine, `bench w3` on fjall ran at 0.143
+    /// M events/s with two threads (93 s of CPU for 8 M events) and 0.196
+    /// M with one (60 s); `bench sessions` with timers on disk at 0.148 M
+    /// and 0.167 M. More threads pay off only where cores are to spare and
     /// compactions are what holds the job back.
     pub fn background_threads(mut self, threads: usize) -> Self {
         self.background_threads = threads.max(1);
