@@ -547,13 +547,27 @@ mod tests {
         4 + u16::from(key % 4)
     }
 
-    /// In memory, a delta looks up the keys its change log holds; a log
-    /// that outgrows its bound gives up (deltas scan) until the next base,
-    /// and a base whose checkpoint fails leaves the next delta scanning.
-    /// Every checkpoint restores the state as of its barrier.
+    /// In memory, and in the cache in front of fjall, a delta looks up the
+    /// keys its change log holds; a log that outgrows its bound gives up
+    /// (deltas scan) until the next base, and a base whose checkpoint fails
+    /// leaves the next delta scanning. Every checkpoint restores the state
+    /// as of its barrier.
     #[test]
     fn change_logs_that_overflow_or_start_at_a_failed_base_fall_back_to_scanning() {
-        let mut s = ValueState::<u32, u64>::open(&MemoryBackend, &scope()).unwrap();
+        change_logs_fall_back_to_scanning(&MemoryBackend);
+        #[cfg(feature = "fjall")]
+        {
+            let dir = tempfile::tempdir().unwrap();
+            change_logs_fall_back_to_scanning(&FjallBackend::open(dir.path()).unwrap());
+            // A cache of a few thousand entries: keys written back to the
+            // table between barriers, and read back.
+            let dir = tempfile::tempdir().unwrap();
+            change_logs_fall_back_to_scanning(&FjallBackend::builder(dir.path()).object_cache(200_000).open().unwrap());
+        }
+    }
+
+    fn change_logs_fall_back_to_scanning(backend: &dyn StateBackend) {
+        let mut s = ValueState::<u32, u64>::open(backend, &scope()).unwrap();
         let mut oracle: BTreeMap<u32, u64> = BTreeMap::new();
         let mut chain = Chain::new();
         let group = |k: u32| 4 + u16::try_from(k % 4).unwrap();
