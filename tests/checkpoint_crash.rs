@@ -46,9 +46,11 @@ fn parse(line: &String) -> Result<(u32, u64, i64), String> {
 
 /// Where the child keeps its state: in memory, or on fjall in a directory
 /// with a cache of two or three values per state (so values are written back to fjall
-/// and read again all the time).
+/// and read again all the time), and the session windows' timers in fjall
+/// behind that cache too (timers in memory are the in-memory backend's,
+/// which the run in memory covers).
 fn backend(state: Option<&Path>) -> Option<weibo::state::FjallBackend> {
-    state.map(|dir| weibo::state::FjallBackend::builder(dir).object_cache(512).open().unwrap())
+    state.map(|dir| weibo::state::FjallBackend::builder(dir).object_cache(512).timers_on_disk(true).open().unwrap())
 }
 
 fn pipeline(input: &Path, out: &Path, checkpoints: &Path, partitions: usize, slow: bool, state: Option<&Path>) -> Job {

@@ -113,12 +113,20 @@ async fn incremental_window_checkpoints(on_fjall: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timer_checkpoints_after_the_first_write_only_what_changed() {
-    incremental_timer_checkpoints(false).await;
+    incremental_timer_checkpoints(false, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timer_checkpoints_of_fjall_state_after_the_first_write_only_what_changed() {
-    incremental_timer_checkpoints(true).await;
+    incremental_timer_checkpoints(true, false).await;
+}
+
+/// As above, with the timers in fjall behind its cache: the 10,000 timers
+/// fit in the default budget, and those the trickle moves never reach the
+/// table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timer_checkpoints_of_timers_on_disk_after_the_first_write_only_what_changed() {
+    incremental_timer_checkpoints(true, true).await;
 }
 
 /// A keyed `process` that keeps one timer per key, moved on every event
@@ -130,7 +138,7 @@ async fn timer_checkpoints_of_fjall_state_after_the_first_write_only_what_change
 /// again). Restoring the chain must give back exactly the timers a run that
 /// never stopped has: each key's moving timer fires once, at the end, at
 /// its last time, and every own timer fires once.
-async fn incremental_timer_checkpoints(on_fjall: bool) {
+async fn incremental_timer_checkpoints(on_fjall: bool, timers_on_disk: bool) {
     use weibo::KeyedContext;
     use weibo::time::WatermarkStrategy;
     const FAR: i64 = 1 << 40;
@@ -148,7 +156,8 @@ async fn incremental_timer_checkpoints(on_fjall: bool) {
         if on_fjall {
             runs.set(runs.get() + 1);
             let state = states.path().join(format!("run-{}", runs.get()));
-            job = job.with_state_backend(weibo::state::FjallBackend::open(state).unwrap());
+            let backend = weibo::state::FjallBackend::builder(state).timers_on_disk(timers_on_disk).open().unwrap();
+            job = job.with_state_backend(backend);
         }
         job.source(Generator::new(40_000, fill_then_trickle).with_rate(rate))
             .name("events")

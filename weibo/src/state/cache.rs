@@ -185,6 +185,11 @@ pub(super) struct CacheStore<K, V> {
     /// The first owned key group.
     first: u16,
     operator: String,
+    /// What the table holds of the key being updated, when the caller
+    /// knows it without a read (a blind write or removal,
+    /// [`CacheStore::put_absent`], [`CacheStore::remove_present`]):
+    /// whether the key is there. Taken by the next miss.
+    assume: Option<bool>,
     /// Whether the values going in now may be in a checkpoint already
     /// (accumulators of a window moved out of memory,
     /// [`super::ValueState::put_carried`]): their entries are never taken
@@ -234,6 +239,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
             lookups: 0,
             misses: 0,
             operator: operator.to_string(),
+            assume: None,
             carried: false,
         }
     }
@@ -242,15 +248,61 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         Error::Internal(format!("operator `{}` has no cache for key group {group}", self.operator))
     }
 
-    fn read(&mut self, index: usize, group: u16, key_bytes: &[u8]) -> Result<Option<V>> {
+    /// What the table holds at `key_bytes` of key group `index`, and
+    /// whether it holds the key (as the value, unless the caller said so
+    /// beforehand: then the value is not read, `None`).
+    fn read(&mut self, index: usize, group: u16, key_bytes: &[u8]) -> Result<(Option<V>, bool)> {
+        if let Some(stored) = self.assume.take() {
+            return Ok((None, stored));
+        }
         if !self.in_table.get(index).copied().unwrap_or(true) {
-            return Ok(None);
+            return Ok((None, false));
         }
         self.misses += 1;
         match self.table.get(group, key_bytes)? {
-            Some(bytes) => V::decode(&bytes).map(Some).map_err(|e| codec_error(&self.operator, e)),
-            None => Ok(None),
+            Some(bytes) => V::decode(&bytes).map(|v| (Some(v), true)).map_err(|e| codec_error(&self.operator, e)),
+            None => Ok((None, false)),
         }
+    }
+
+    /// Sets `key`, which the caller knows is absent (neither cached nor in
+    /// the table), to `value`, without reading the table.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn put_absent(
+        &mut self,
+        index: usize,
+        group: u16,
+        key: K,
+        key_bytes: &[u8],
+        epoch: u32,
+        tracking: Tracking<'_>,
+        keys: Option<&mut ChangeLog<K>>,
+        value: V,
+    ) -> Result<()> {
+        self.assume = Some(false);
+        let r = self.update(index, group, key, key_bytes, epoch, tracking, keys, |slot| *slot = Some(value));
+        self.assume = None;
+        r
+    }
+
+    /// Removes `key`, which the caller knows is set (cached, or in the
+    /// table), without reading the table: a key only the table holds is
+    /// cached as removed, and deleted from the table when written back.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn remove_present(
+        &mut self,
+        index: usize,
+        group: u16,
+        key: K,
+        key_bytes: &[u8],
+        epoch: u32,
+        tracking: Tracking<'_>,
+        keys: Option<&mut ChangeLog<K>>,
+    ) -> Result<()> {
+        self.assume = Some(true);
+        let r = self.update(index, group, key, key_bytes, epoch, tracking, keys, |slot| *slot = None);
+        self.assume = None;
+        r
     }
 
     /// See [`super::ValueState::update`]; `index` is `group`'s position
@@ -327,8 +379,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
             Entry::Vacant(e) => {
                 // The borrow of `maps` ends before the table is read.
                 let key = e.into_key();
-                let mut slot = self.read(index, group, key_bytes)?;
-                let stored = slot.is_some();
+                let (mut slot, stored) = self.read(index, group, key_bytes)?;
                 let r = f(&mut slot);
                 if slot.is_some() || stored {
                     if let Some(keys) = keys {
@@ -410,11 +461,10 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 }
             }
             dropped_or_missing => {
-                let mut slot = match dropped_or_missing {
-                    Some(None) => None,
+                let (mut slot, stored) = match dropped_or_missing {
+                    Some(None) => (None, false),
                     _ => self.read(index, group, key_bytes)?,
                 };
-                let stored = slot.is_some();
                 let r = f(&mut slot);
                 if slot.is_none() && !stored {
                     return Ok(r);
@@ -496,7 +546,125 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         if let Some(entry) = self.maps.get(index).and_then(|m| m.get(key)) {
             return Ok(entry.value.clone());
         }
-        self.read(index, group, key_bytes)
+        self.read(index, group, key_bytes).map(|(value, _)| value)
+    }
+
+    /// Visits key group `index`'s entries at or after `from`, in the order
+    /// of their encoded keys, the cache's laid over the table's (a removal
+    /// the cache holds hides the table's entry), while `f` returns true:
+    /// for a state read in order (timers).
+    ///
+    /// The cache's entries are in hash maps: they are encoded and sorted
+    /// as far as the caller reads at most (`limit`): its `limit` first
+    /// live entries, and the removals before the last of them; the table
+    /// is read up to that last entry, past which the cache's order is not
+    /// known.
+    pub(super) fn scan_from(
+        &mut self,
+        index: usize,
+        group: u16,
+        from: &[u8],
+        limit: usize,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()> {
+        if limit == 0 {
+            return Ok(());
+        }
+        // Every entry's key is encoded into one buffer (`keys`), the
+        // entries point into it: no allocation per entry.
+        let mut keys: Vec<u8> = Vec::new();
+        let mut live: Vec<(Range<usize>, &V)> = Vec::new();
+        let mut removed: Vec<Range<usize>> = Vec::new();
+        let overlay = self.overlays.get(index);
+        fn visit<'a, K: Key, V>(
+            k: &K,
+            entry: &'a CachedValue<V>,
+            from: &[u8],
+            keys: &mut Vec<u8>,
+            live: &mut Vec<(Range<usize>, &'a V)>,
+            removed: &mut Vec<Range<usize>>,
+        ) {
+            let start = keys.len();
+            k.encode_key(keys);
+            if keys.get(start..).is_some_and(|key| key >= from) {
+                match &entry.value {
+                    Some(v) => live.push((start..keys.len(), v)),
+                    None => removed.push(start..keys.len()),
+                }
+            } else {
+                keys.truncate(start);
+            }
+        }
+        // The overlay's entries over the map's (an overlay's `None`: gone
+        // from the map, and never in the table).
+        for (k, entry) in overlay.into_iter().flat_map(|o| o.iter()) {
+            if let Some(entry) = entry {
+                visit(k, entry, from, &mut keys, &mut live, &mut removed);
+            }
+        }
+        for (k, entry) in self.maps.get(index).into_iter().flat_map(|m| m.iter()) {
+            if !overlay.is_some_and(|o| o.contains_key(k)) {
+                visit(k, entry, from, &mut keys, &mut live, &mut removed);
+            }
+        }
+        let encoded = |range: &Range<usize>| keys.get(range.clone()).unwrap_or_default();
+        let cut = live.len() > limit;
+        if cut {
+            live.select_nth_unstable_by(limit - 1, |a, b| encoded(&a.0).cmp(encoded(&b.0)));
+            live.truncate(limit);
+        }
+        live.sort_unstable_by(|a, b| encoded(&a.0).cmp(encoded(&b.0)));
+        let last = if cut { live.last().map(|(k, _)| encoded(k)) } else { None };
+        if let Some(last) = last {
+            removed.retain(|k| encoded(k) <= last);
+        }
+        removed.sort_unstable_by(|a, b| encoded(a).cmp(encoded(b)));
+        let (mut next, mut gone, mut stopped) = (0usize, 0usize, false);
+        let mut buf = Vec::new();
+        let mut failure = None;
+        if self.in_table.get(index).copied().unwrap_or(true) {
+            self.table.scan_from(group, from, &mut |entry, value| {
+                // The cache's live entries before this one.
+                while let Some((cached, v)) = live.get(next)
+                    && encoded(cached) < entry
+                {
+                    next += 1;
+                    if !emit(f, &mut buf, encoded(cached), *v, &mut failure) {
+                        stopped = true;
+                        return false;
+                    }
+                }
+                if last.is_some_and(|last| entry > last) {
+                    return false;
+                }
+                while removed.get(gone).is_some_and(|r| encoded(r) < entry) {
+                    gone += 1;
+                }
+                if removed.get(gone).is_some_and(|r| encoded(r) == entry) {
+                    return true;
+                }
+                let go_on = match live.get(next) {
+                    Some((cached, v)) if encoded(cached) == entry => {
+                        next += 1;
+                        emit(f, &mut buf, encoded(cached), *v, &mut failure)
+                    }
+                    _ => f(entry, value),
+                };
+                stopped = !go_on;
+                go_on
+            })?;
+        }
+        if !stopped {
+            for (cached, v) in live.get(next..).unwrap_or_default() {
+                if !emit(f, &mut buf, encoded(cached), *v, &mut failure) {
+                    break;
+                }
+            }
+        }
+        match failure {
+            Some(e) => Err(codec_error(&self.operator, e)),
+            None => Ok(()),
+        }
     }
 
     /// What the cache holds and how often it answered (for metrics).
@@ -818,6 +986,25 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         }
         self.wanted.clear();
         Holding::new(&mut self.maps, &self.spares, &self.wanted)
+    }
+}
+
+/// Passes a cached entry to a scan's `f`, its value encoded into `buf`;
+/// an encoding failure is kept in `failure` and ends the scan.
+fn emit<V: Data>(
+    f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    buf: &mut Vec<u8>,
+    key: &[u8],
+    value: &V,
+    failure: &mut Option<crate::codec::CodecError>,
+) -> bool {
+    buf.clear();
+    match value.encode(buf) {
+        Ok(()) => f(key, buf),
+        Err(e) => {
+            *failure = Some(e);
+            false
+        }
     }
 }
 

@@ -312,10 +312,11 @@ mod tests {
         {
             let dir = tempfile::tempdir().unwrap();
             all.push((Box::new(FjallBackend::open(dir.path()).unwrap()), Some(dir)));
-            // Without a cache (every access reads and writes fjall), and
-            // with room for a handful of entries (write-backs all the time);
-            // both with timers in fjall.
-            for bytes in [0, 200] {
+            // Without a cache (every access reads and writes fjall), with
+            // room for a handful of entries (write-backs all the time), for
+            // some dozens, and for everything; all with timers in fjall
+            // (behind the cache, when there is one).
+            for bytes in [0, 200, 4_000, 24 << 20] {
                 let dir = tempfile::tempdir().unwrap();
                 let backend =
                     FjallBackend::builder(dir.path()).object_cache(bytes).timers_on_disk(true).open().unwrap();

@@ -197,8 +197,9 @@ const SPARE_TIMES: usize = 64;
 /// Timers are kept in memory, in an index ordered by time, or, on a
 /// backend that asks for it ([`StateBackend::timers_in_table`]: fjall,
 /// when built with `FjallOptions::timers_on_disk`),
-/// in its table, ordered by time within each key group, with only each
-/// key group's first few timers in memory. Both are checkpointed
+/// in its table, ordered by time within each key group, behind the
+/// backend's cache of live values, with only each key group's first few
+/// timers in memory besides. Both are checkpointed
 /// incrementally, with the same entries (an entry's key
 /// is the time, in the order-preserving key encoding, then the encoded
 /// key; it has no value).

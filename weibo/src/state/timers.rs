@@ -9,9 +9,15 @@
 //! of those), so the memory the timers of a job take does not grow with
 //! their number.
 //!
-//! The entries go through a [`ValueState`] on the table, without a cache:
-//! it logs changes for incremental checkpoints and snapshots the table's
-//! snapshot for full ones, as for any value state.
+//! The entries go through a [`ValueState`] on the table, behind the
+//! backend's cache of live values when it has one: it logs changes for
+//! incremental checkpoints and snapshots the table's snapshot (with the
+//! cache laid over it) for full ones, as for any value state. A timer set
+//! and removed while cached (a session's timer moved by its next event)
+//! never reaches the table; a timer cached when its key group is written
+//! back goes to the table then. The table is read in order through the
+//! cache ([`ValueState::scan_from`]), which sorts its entries of the key
+//! group only as far as the read needs.
 //!
 //! Each key group's first timers are read ahead, a few at a time, into a
 //! small buffer ([`Ahead`]), kept in step with every timer set and removed:
@@ -104,7 +110,7 @@ impl<K: Key> TableTimers<K> {
 
     pub(super) fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
         let mut timers = Self {
-            state: ValueState::open_bytes(backend, scope)?,
+            state: ValueState::open_ordered(backend, scope)?,
             heads: scope.key_groups.clone().map(|_| None).collect(),
             queue: BTreeSet::new(),
             ahead: scope.key_groups.clone().map(|_| Ahead::default()).collect(),
@@ -120,7 +126,7 @@ impl<K: Key> TableTimers<K> {
         for index in 0..timers.heads.len() {
             let mut count = 0usize;
             let mut last: Option<Vec<u8>> = None;
-            timers.table_scan(index, &[], &mut |key, _| {
+            timers.table_scan(index, &[], usize::MAX, &mut |key, _| {
                 count += 1;
                 let last = last.get_or_insert_with(Vec::new);
                 last.clear();
@@ -145,12 +151,17 @@ impl<K: Key> TableTimers<K> {
         (index < self.heads.len()).then_some(index)
     }
 
-    fn table_scan(&mut self, index: usize, from: &[u8], f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<()> {
+    /// Visits key group `index`'s timers from the entry `from` on, in
+    /// order, while `f` returns true (reading `limit` at most).
+    fn table_scan(
+        &mut self,
+        index: usize,
+        from: &[u8],
+        limit: usize,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()> {
         let group = self.group(index);
-        match &mut self.state.store {
-            super::Store::Bytes { table, .. } => table.scan_from(group, from, f),
-            _ => Err(Error::Internal(format!("operator `{}`: timers outside a byte table", self.operator))),
-        }
+        self.state.scan_from(group, from, limit, f)
     }
 
     /// Reads key group `index`'s first timers into its buffer, from `from`
@@ -161,7 +172,7 @@ impl<K: Key> TableTimers<K> {
         let mut read = VecDeque::with_capacity(READ_AHEAD);
         let mut failure = None;
         let mut complete = true;
-        self.table_scan(index, from, &mut |key, _| {
+        self.table_scan(index, from, READ_AHEAD + 1, &mut |key, _| {
             if read.len() == READ_AHEAD {
                 complete = false;
                 return false;
@@ -232,7 +243,7 @@ impl<K: Key> TableTimers<K> {
         match self.ahead.get(index).and_then(|ahead| ahead.find(&self.buf)) {
             Some(Ok(_)) => return Ok(()),
             Some(Err(at)) => {
-                self.state.put_absent(group, &self.buf, &())?;
+                self.state.put_absent(group, (time, key.clone()), &self.buf, &())?;
                 if let Some(ahead) = self.ahead.get_mut(index) {
                     ahead.timers.insert(at, (time, key.clone(), self.buf.clone()));
                     if ahead.timers.len() > READ_AHEAD {
@@ -242,7 +253,7 @@ impl<K: Key> TableTimers<K> {
                     }
                 }
             }
-            None if after_bound => self.state.put_absent(group, &self.buf, &())?,
+            None if after_bound => self.state.put_absent(group, (time, key.clone()), &self.buf, &())?,
             None => {
                 let existed =
                     self.state.update(group, (time, key.clone()), &self.buf, |slot| slot.replace(()).is_some())?;
@@ -269,7 +280,7 @@ impl<K: Key> TableTimers<K> {
         // As in `register`: within what is read ahead, no read of the table.
         let existed = match self.ahead.get(index).and_then(|ahead| ahead.find(&self.buf)) {
             Some(Ok(at)) => {
-                self.state.remove_present(group, &self.buf)?;
+                self.state.remove_present(group, (time, key.clone()), &self.buf)?;
                 if let Some(ahead) = self.ahead.get_mut(index) {
                     ahead.timers.remove(at);
                 }
@@ -316,7 +327,7 @@ impl<K: Key> TableTimers<K> {
                     break;
                 }
                 let Some((_, k, entry)) = ahead.timers.pop_front() else { break };
-                self.state.remove_present(group, &entry)?;
+                self.state.remove_present(group, (time, k.clone()), &entry)?;
                 self.len = self.len.saturating_sub(1);
                 due.push((k, group));
             }
@@ -331,7 +342,7 @@ impl<K: Key> TableTimers<K> {
     pub(super) fn contents(&mut self) -> Vec<(Timestamp, K)> {
         let mut all = Vec::new();
         for index in 0..self.heads.len() {
-            let _ = self.table_scan(index, &[], &mut |key, _| {
+            let _ = self.table_scan(index, &[], usize::MAX, &mut |key, _| {
                 all.extend(crate::codec::key::decode::<(Timestamp, K)>(key).ok());
                 true
             });

@@ -315,10 +315,46 @@ impl<K: Key, V: Data> ValueState<K, V> {
         Ok(Self::with_store(store, scope))
     }
 
-    /// Opens the state `scope` names on `backend`'s byte table, without a
-    /// cache (timers, which scan it in order).
-    pub(super) fn open_bytes(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
-        Ok(Self::with_store(Store::Bytes { table: backend.open_table(scope)?, buf: Vec::new() }, scope))
+    /// Opens the state `scope` names on `backend`'s byte table, behind the
+    /// backend's cache if it has one, for a state read in key order
+    /// ([`ValueState::scan_from`]: timers).
+    pub(super) fn open_ordered(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
+        let table = backend.open_table(scope)?;
+        let store = match backend.object_cache() {
+            Some(cache) => {
+                Store::Cached(Box::new(cache::CacheStore::new(table, cache, scope.key_groups.clone(), &scope.operator)))
+            }
+            None => Store::Bytes { table, buf: Vec::new() },
+        };
+        Ok(Self::with_store(store, scope))
+    }
+
+    /// Visits `group`'s entries at or after the encoded key `from`, in key
+    /// order, while `f` returns true, reading at most `limit` of them
+    /// (a cache sorts its entries only as far as that), on a byte store
+    /// or a cached one.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the table fails; [`Error::Internal`] for a
+    /// key group this instance does not own, or an in-memory store.
+    pub(super) fn scan_from(
+        &mut self,
+        group: u16,
+        from: &[u8],
+        limit: usize,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()> {
+        if !self.groups.contains(&group) {
+            return Err(self.group_error(group));
+        }
+        let index = usize::from(group - self.groups.start);
+        match &mut self.store {
+            Store::Bytes { table, .. } => table.scan_from(group, from, f),
+            Store::Cached(store) => store.scan_from(index, group, from, limit, f),
+            Store::Objects(_) => {
+                Err(Error::Internal(format!("operator `{}`: an ordered scan outside a byte table", self.operator)))
+            }
+        }
     }
 
     fn with_store(store: Store<K, V>, scope: &StateScope) -> Self {
@@ -492,13 +528,24 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// [`Error::State`] when the table fails; [`Error::Internal`] for a
     /// key group this instance does not own, or a store that is not a
     /// byte table.
-    pub(super) fn remove_present(&mut self, group: u16, key_bytes: &[u8]) -> Result<()> {
+    pub(super) fn remove_present(&mut self, group: u16, key: K, key_bytes: &[u8]) -> Result<()> {
         if !self.groups.contains(&group) {
             return Err(self.group_error(group));
         }
         let index = usize::from(group - self.groups.start);
-        let Store::Bytes { table, .. } = &mut self.store else {
-            return Err(Error::Internal(format!("operator `{}`: a blind removal outside a byte table", self.operator)));
+        let table = match &mut self.store {
+            Store::Bytes { table, .. } => table,
+            Store::Cached(store) => {
+                let tracking = cache::Tracking { on: self.tracking, changed: &mut self.changed };
+                let keys = self.logs.get_mut(index).filter(|_| self.tracking);
+                return store.remove_present(index, group, key, key_bytes, self.epoch, tracking, keys);
+            }
+            Store::Objects(_) => {
+                return Err(Error::Internal(format!(
+                    "operator `{}`: a blind removal outside a byte table",
+                    self.operator
+                )));
+            }
         };
         table.delete(group, key_bytes)?;
         if self.tracking {
@@ -516,13 +563,24 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// # Errors
     /// As [`ValueState::remove_present`]; [`Error::Codec`] when `value`
     /// does not encode.
-    pub(super) fn put_absent(&mut self, group: u16, key_bytes: &[u8], value: &V) -> Result<()> {
+    pub(super) fn put_absent(&mut self, group: u16, key: K, key_bytes: &[u8], value: &V) -> Result<()> {
         if !self.groups.contains(&group) {
             return Err(self.group_error(group));
         }
         let index = usize::from(group - self.groups.start);
-        let Store::Bytes { table, buf } = &mut self.store else {
-            return Err(Error::Internal(format!("operator `{}`: a blind write outside a byte table", self.operator)));
+        let (table, buf) = match &mut self.store {
+            Store::Bytes { table, buf } => (table, buf),
+            Store::Cached(store) => {
+                let tracking = cache::Tracking { on: self.tracking, changed: &mut self.changed };
+                let keys = self.logs.get_mut(index).filter(|_| self.tracking);
+                return store.put_absent(index, group, key, key_bytes, self.epoch, tracking, keys, value.clone());
+            }
+            Store::Objects(_) => {
+                return Err(Error::Internal(format!(
+                    "operator `{}`: a blind write outside a byte table",
+                    self.operator
+                )));
+            }
         };
         buf.clear();
         value.encode(buf).map_err(|source| Error::Codec { operator: self.operator.clone(), source })?;
