@@ -188,12 +188,12 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
     let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
     let end = EndGuard(status.clone());
     status.send_replace(JobState::Running);
-    let name_for_thread = graph.name.clone();
+    let job_name = graph.name.clone();
     let supervisor = runtime.spawn(async move {
         // The coordinator lives as long as the supervisor: aborting the
         // job aborts it too (`AbortOnDrop`).
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let coordinator = coordinator.map(|c| AbortOnDrop(on_own_thread(&name_for_thread, c.run(stopped))));
+        let coordinator = coordinator.map(|c| on_own_runtime(&job_name, c.run(stopped)));
         let supervised = supervise(physical.tasks, cancelled).await;
         let was_cancelled = matches!(supervised, Ok(true));
         let result = supervised.map(|_| ());
@@ -214,8 +214,9 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
     Ok(Launched { name, registry, supervisor, started, completed, savepoints, cancel, migrated, history })
 }
 
-/// Runs the checkpoint coordinator (`run`) on a thread of its own, on a
-/// runtime of its own, rather than among the job's tasks.
+/// Runs the checkpoint coordinator (`run`) on a runtime of its own, of
+/// one worker thread (`weibo-checkpoints`), rather than among the job's
+/// tasks.
 ///
 /// A job's tasks keep the runtime's workers busy: a worker polls a task
 /// that has records for as long as it has them, and a task woken from
@@ -223,44 +224,46 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
 /// thread) waits for a worker to look at its queue. Among the tasks, the
 /// coordinator waited 2–8 ms for each step of a checkpoint that took 15–25
 /// ms in all (`bench ckpt`, fjall, 1% of 5 M keys changed). On its own
-/// thread it is woken by the operating system at once. The task can still
-/// be awaited and aborted from the job's runtime. Should the thread not
+/// thread it is woken by the operating system at once. The runtime is
+/// multi-threaded, as a job's must be for a checkpoint storage or a sink
+/// that waits on an async client with `Handle::current().block_on` under
+/// [`crate::blocking`] (see [`crate::checkpoint::CheckpointStorage`]).
+/// The task is awaited and aborted from the job's runtime; the runtime
+/// shuts down when the returned handle is dropped. Should the runtime not
 /// start, the coordinator runs among the tasks, as before.
-fn on_own_thread(job: &str, run: impl Future<Output = Result<()>> + Send + 'static) -> JoinHandle<Result<()>> {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => OwnRuntime(Some(rt)),
+fn on_own_runtime(job: &str, run: impl Future<Output = Result<()>> + Send + 'static) -> CoordinatorTask {
+    let built = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("weibo-checkpoints")
+        .enable_all()
+        .build();
+    match built {
+        Ok(rt) => CoordinatorTask { task: AbortOnDrop(rt.spawn(run)), _runtime: Some(OwnRuntime(Some(rt))) },
         Err(e) => {
             tracing::warn!(job, error = %e, "cannot start the checkpoint coordinator's runtime: it runs among the tasks");
-            return tokio::spawn(run);
-        }
-    };
-    let Some(handle) = rt.0.as_ref().map(|rt| rt.handle().clone()) else { return tokio::spawn(run) };
-    // The thread drives the runtime until the coordinator ends or is
-    // aborted (either drops `done`).
-    let (done, finished) = tokio::sync::oneshot::channel::<()>();
-    let thread = std::thread::Builder::new().name("weibo-checkpoints".into()).spawn(move || {
-        if let Some(rt) = &rt.0 {
-            rt.block_on(async {
-                let _ = finished.await;
-            });
-        }
-    });
-    match thread {
-        Ok(_) => handle.spawn(async move {
-            let result = run.await;
-            drop(done);
-            result
-        }),
-        Err(e) => {
-            tracing::warn!(job, error = %e, "cannot start the checkpoint coordinator's thread: it runs among the tasks");
-            tokio::spawn(run)
+            CoordinatorTask { task: AbortOnDrop(tokio::spawn(run)), _runtime: None }
         }
     }
 }
 
-/// The coordinator's runtime, shut down without waiting when dropped (a
-/// thread that failed to start drops it inside the job's runtime, where a
-/// runtime cannot shut down blocking).
+/// The checkpoint coordinator's task, and its runtime (see
+/// [`on_own_runtime`]); awaited for its result. Dropped, it aborts the
+/// task, then shuts the runtime down (fields drop in order).
+struct CoordinatorTask {
+    task: AbortOnDrop<Result<()>>,
+    _runtime: Option<OwnRuntime>,
+}
+
+impl std::future::Future for CoordinatorTask {
+    type Output = Result<()>;
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<()>> {
+        std::pin::Pin::new(&mut self.task).poll(cx)
+    }
+}
+
+/// The coordinator's runtime, shut down without waiting when dropped (it
+/// is dropped inside the job's runtime, where a runtime cannot shut down
+/// blocking).
 struct OwnRuntime(Option<tokio::runtime::Runtime>);
 
 impl Drop for OwnRuntime {

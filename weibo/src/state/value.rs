@@ -827,10 +827,10 @@ impl<K: Key, V: Data> ValueState<K, V> {
                 }
             }
         }
-        let removed: Vec<(u16, Vec<(K, u32)>)> =
-            if base { Vec::new() } else { self.groups.clone().zip(self.removed.iter().cloned()).collect() };
         match &mut self.store {
             Store::Objects(maps) => {
+                let removed: Vec<(u16, Vec<(K, u32)>)> =
+                    if base { Vec::new() } else { self.groups.clone().zip(self.removed.iter().cloned()).collect() };
                 // Writes an earlier snapshot made wait go into the maps first.
                 for (map, overlay) in maps.iter_mut().zip(self.overlays.iter_mut()) {
                     if !overlay.is_empty() {
