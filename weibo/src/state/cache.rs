@@ -187,7 +187,7 @@ pub(super) struct CacheStore<K, V> {
     operator: String,
     /// What the table holds of the key being updated, when the caller
     /// knows it without a read (a blind write or removal,
-    /// [`CacheStore::put_absent`], [`CacheStore::remove_present`]):
+    /// [`CacheStore::blind`]):
     /// whether the key is there. Taken by the next miss.
     assume: Option<bool>,
     /// Whether the values going in now may be in a checkpoint already
@@ -265,31 +265,13 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         }
     }
 
-    /// Sets `key`, which the caller knows is absent (neither cached nor in
-    /// the table), to `value`, without reading the table.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn put_absent(
-        &mut self,
-        index: usize,
-        group: u16,
-        key: K,
-        key_bytes: &[u8],
-        epoch: u32,
-        tracking: Tracking<'_>,
-        keys: Option<&mut ChangeLog<K>>,
-        value: V,
-    ) -> Result<()> {
-        self.assume = Some(false);
-        let r = self.update(index, group, key, key_bytes, epoch, tracking, keys, |slot| *slot = Some(value));
-        self.assume = None;
-        r
-    }
-
-    /// Removes `key`, which the caller knows is set (cached, or in the
-    /// table), without reading the table: a key only the table holds is
+    /// Sets `key` to `value` (`None`: removes it) without reading the
+    /// table, the caller knowing whether the key is set (`set`: cached or
+    /// in the table; a blind write sets a key that is not, a blind removal
+    /// removes one that is). A removal of a key only the table holds is
     /// cached as removed, and deleted from the table when written back.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn remove_present(
+    pub(super) fn blind(
         &mut self,
         index: usize,
         group: u16,
@@ -298,9 +280,11 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         epoch: u32,
         tracking: Tracking<'_>,
         keys: Option<&mut ChangeLog<K>>,
+        set: bool,
+        value: Option<V>,
     ) -> Result<()> {
-        self.assume = Some(true);
-        let r = self.update(index, group, key, key_bytes, epoch, tracking, keys, |slot| *slot = None);
+        self.assume = Some(set);
+        let r = self.update(index, group, key, key_bytes, epoch, tracking, keys, |slot| *slot = value);
         self.assume = None;
         r
     }

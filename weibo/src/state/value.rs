@@ -538,7 +538,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             Store::Cached(store) => {
                 let tracking = cache::Tracking { on: self.tracking, changed: &mut self.changed };
                 let keys = self.logs.get_mut(index).filter(|_| self.tracking);
-                return store.remove_present(index, group, key, key_bytes, self.epoch, tracking, keys);
+                return store.blind(index, group, key, key_bytes, self.epoch, tracking, keys, true, None);
             }
             Store::Objects(_) => {
                 return Err(Error::Internal(format!(
@@ -573,7 +573,17 @@ impl<K: Key, V: Data> ValueState<K, V> {
             Store::Cached(store) => {
                 let tracking = cache::Tracking { on: self.tracking, changed: &mut self.changed };
                 let keys = self.logs.get_mut(index).filter(|_| self.tracking);
-                return store.put_absent(index, group, key, key_bytes, self.epoch, tracking, keys, value.clone());
+                return store.blind(
+                    index,
+                    group,
+                    key,
+                    key_bytes,
+                    self.epoch,
+                    tracking,
+                    keys,
+                    false,
+                    Some(value.clone()),
+                );
             }
             Store::Objects(_) => {
                 return Err(Error::Internal(format!(
