@@ -1093,4 +1093,88 @@ mod tests {
         let last = s.get(0, 0, &0, &crate::codec::key::encode(&0u64)).unwrap();
         assert_eq!(last, Some(48_000), "values are written back, not lost");
     }
+
+    /// An ordered scan sees the cache laid over the table, whatever holds
+    /// each key: the table (written back), the map, or the overlay beside a
+    /// map a checkpoint still shares (a removal there hides the table's
+    /// entry); cut at `limit`, it gives the first `limit` entries. Checked
+    /// against a `BTreeMap` after every change, with writes, removals and
+    /// blind updates mixed.
+    #[test]
+    fn an_ordered_scan_lays_the_cache_over_the_table() {
+        // Room for a few dozen entries: key groups are written back often.
+        let mut s = store(2_000);
+        let mut changed: Vec<Arc<ChangedKeys>> = (0..4).map(|_| Arc::default()).collect();
+        let mut model: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+        let mut shared: Option<Snapshot> = None;
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let (mut cut, mut hidden_checked) = (0usize, 0usize);
+        for i in 0..6_000u64 {
+            let epoch = u32::try_from(i / 500).unwrap();
+            if i % 500 == 0 {
+                // A checkpoint shares the maps for a while (writes go to
+                // overlays), and is dropped unexported.
+                shared = if i % 1_000 == 0 { Some(s.snapshot_base(0..4).unwrap()) } else { None };
+            }
+            let key = next() % 200;
+            let bytes = crate::codec::key::encode(&key);
+            let tracking = Tracking { on: true, changed: &mut changed };
+            match next() % 4 {
+                0 | 1 => {
+                    let value = next() % 1_000;
+                    s.update(0, 0, key, &bytes, epoch, tracking, None, |v| *v = Some(value)).unwrap();
+                    model.insert(key, value);
+                }
+                2 => {
+                    s.update(0, 0, key, &bytes, epoch, tracking, None, |v| *v = None).unwrap();
+                    model.remove(&key);
+                }
+                _ => {
+                    // Blind: a write of an absent key, a removal of a set one.
+                    let set = model.contains_key(&key);
+                    let value = (!set).then(|| next() % 1_000);
+                    s.blind(0, 0, key, &bytes, epoch, tracking, None, set, value).unwrap();
+                    match value {
+                        Some(v) => model.insert(key, v),
+                        None => model.remove(&key),
+                    };
+                }
+            }
+            let from = next() % 220;
+            let limit = match next() % 4 {
+                0 => 1,
+                1 => 4,
+                2 => 65,
+                _ => usize::MAX,
+            };
+            let mut seen = Vec::new();
+            s.scan_from(0, 0, &crate::codec::key::encode(&from), limit, &mut |k, v| {
+                seen.push((
+                    crate::codec::key::decode::<u64>(k).unwrap(),
+                    <u64 as crate::codec::Data>::decode(v).unwrap(),
+                ));
+                seen.len() < limit
+            })
+            .unwrap();
+            let want: Vec<(u64, u64)> = model.range(from..).take(limit).map(|(k, v)| (*k, *v)).collect();
+            assert_eq!(seen, want, "after change {i}: scan from {from}, {limit} at most");
+            if model.range(from..).count() > limit {
+                cut += 1;
+            }
+            if s.overlays.first().is_some_and(|o| o.values().any(Option::is_none))
+                || s.maps.first().is_some_and(|m| m.values().any(|e| e.value.is_none() && e.stored))
+            {
+                hidden_checked += 1;
+            }
+        }
+        drop(shared);
+        assert!(cut > 1_000, "scans were cut at their limit ({cut})");
+        assert!(hidden_checked > 100, "removals in the cache hid the table's entries ({hidden_checked})");
+    }
 }
