@@ -229,8 +229,12 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
 /// that waits on an async client with `Handle::current().block_on` under
 /// [`crate::blocking`] (see [`crate::checkpoint::CheckpointStorage`]).
 /// The task is awaited and aborted from the job's runtime; the runtime
-/// shuts down when the returned handle is dropped. Should the runtime not
-/// start, the coordinator runs among the tasks, as before.
+/// shuts down, without waiting, when the returned handle is dropped (also
+/// when the supervisor stops waiting for the coordinator at the job's
+/// end: a storage call still in flight that waits on this runtime then
+/// fails, and its checkpoint is abandoned, as any that does not
+/// complete). Should the runtime not start, the coordinator runs among
+/// the tasks, as before.
 fn on_own_runtime(job: &str, run: impl Future<Output = Result<()>> + Send + 'static) -> CoordinatorTask {
     let built = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

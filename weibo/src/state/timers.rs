@@ -121,8 +121,11 @@ impl<K: Key> TableTimers<K> {
             operator: scope.operator.clone(),
         };
         // A table that already holds timers: none does in a job, whose
-        // keyspaces are dropped before its states open (`prepare`), but the
-        // counts, buffers and bounds are taken from the table either way.
+        // keyspaces are dropped before its states open (`prepare`). Without
+        // a cache the counts, buffers and bounds are taken from the table
+        // either way; a cache, as in front of every value state, takes a
+        // new state's table for empty and reads none of it (so that a key
+        // group never written back costs no table reads).
         for index in 0..timers.heads.len() {
             let mut count = 0usize;
             let mut last: Option<Vec<u8>> = None;
