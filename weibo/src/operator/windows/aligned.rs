@@ -207,7 +207,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> AlignedWindowOp<K, T, W> {
                 if !fire && !purge {
                     continue;
                 }
-                let (func, fired) = (&*c.func, &mut c.fired);
+                let (func, fired) = (&*c.func, &mut c.out.values);
                 // A window that had fired before a restore fires again only
                 // for the keys that got records since.
                 let mut marks = self.fired.as_mut().filter(|f| fire && max <= f.max);
@@ -268,7 +268,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
                 added = true;
                 let v = if i == last { value.take() } else { value.clone() };
                 let Some(v) = v else { break };
-                let (func, fired) = (&*c.func, &mut c.fired);
+                let (func, fired) = (&*c.func, &mut c.out.values);
                 let fire_now = max <= wm;
                 let k = if fire_now { Some(key.clone()) } else { None };
                 if !fire_now && let Some(f) = self.fired.as_mut().filter(|f| max <= f.max) {

@@ -11,8 +11,10 @@ pub(super) struct Common<K, T, W: WindowFn<K, T>> {
     pub(super) cleanup: TimerState<K>,
     /// The watermark up to which timers have fired.
     pub(super) watermark: Timestamp,
+    /// The output batch. A window function fires into its values, and
+    /// [`collect`](Self::collect) gives what it fired their metadata: in
+    /// between, `values` runs ahead of `meta`.
     pub(super) out: Batch<W::Out>,
-    pub(super) fired: Vec<W::Out>,
     pub(super) late: Batch<T>,
     pub(super) late_enabled: bool,
     pub(super) next: Box<dyn Consumer<W::Out>>,
@@ -23,8 +25,8 @@ pub(super) struct Common<K, T, W: WindowFn<K, T>> {
 }
 
 impl<K: Key, T: Data, W: WindowFn<K, T>> Common<K, T, W> {
-    /// Moves what `fire` produced to the output batch, with the window's
-    /// timestamp and this operator's watermark.
+    /// Gives what `fire` put in the output batch since the last call the
+    /// window's timestamp and this operator's watermark.
     pub(super) fn collect(&mut self, window: Window) {
         let meta = Meta {
             timestamp: window.max_timestamp(),
@@ -33,8 +35,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> Common<K, T, W> {
             partition: 0,
             source: u32::MAX,
         };
-        let n = self.fired.len();
-        self.out.values.append(&mut self.fired);
+        let n = self.out.values.len().saturating_sub(self.out.meta.len());
         self.out.meta.extend(std::iter::repeat_n(meta, n));
     }
 

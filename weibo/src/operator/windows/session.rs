@@ -33,7 +33,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> SessionWindowOp<K, T, W> {
             let purge = !is_fire || c.lateness == 0;
             for (key, group) in keys {
                 Self::key_bytes(&mut c.key_buf, &key);
-                let (func, fired) = (&*c.func, &mut c.fired);
+                let (func, fired) = (&*c.func, &mut c.out.values);
                 let k = key.clone();
                 let window = self.state.update(group, key, &c.key_buf, |slot| {
                     let sessions = slot.as_mut()?;
@@ -74,7 +74,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
             let c = &mut self.common;
             let (wm, lateness) = (c.watermark, c.lateness);
             let fresh = Window { start: ts, end: ts.saturating_add(self.gap) };
-            let (func, fired) = (&*c.func, &mut c.fired);
+            let (func, fired) = (&*c.func, &mut c.out.values);
             let mut value = Some(value);
             let k = key.clone();
             let merge = self.state.update(r.group, key.clone(), r.key, |slot| {
