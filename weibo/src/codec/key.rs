@@ -71,6 +71,18 @@ pub trait Key: Clone + Eq + std::hash::Hash + Send + Sync + 'static {
     fn key_schema() -> crate::codec::schema::Shape {
         crate::codec::schema::Shape::Opaque(std::any::type_name::<Self>().to_string())
     }
+
+    /// [`key_hash`] of this key's encoding, which is left in `scratch`
+    /// (cleared first) unless the type computes the hash without it:
+    /// 64-bit integers do, as the router does it for every record on a
+    /// hash edge. Never override it with anything else.
+    #[doc(hidden)]
+    #[inline]
+    fn routing_hash(&self, scratch: &mut Vec<u8>) -> u64 {
+        scratch.clear();
+        self.encode_key(scratch);
+        key_hash(scratch)
+    }
 }
 
 /// The name of the key encoding, with its version, in codec identities.
@@ -196,6 +208,17 @@ macro_rules! unsigned_key {
             fn key_schema() -> Shape {
                 Shape::$shape
             }
+            #[inline]
+            fn routing_hash(&self, scratch: &mut Vec<u8>) -> u64 {
+                match <[u8; 8]>::try_from(&self.to_be_bytes()[..]) {
+                    Ok(eight) => xxh3_8(eight),
+                    Err(_) => {
+                        scratch.clear();
+                        self.encode_key(scratch);
+                        key_hash(scratch)
+                    }
+                }
+            }
         }
     )*};
 }
@@ -219,6 +242,18 @@ macro_rules! signed_key {
             fn key_schema() -> Shape {
                 Shape::$shape
             }
+            #[inline]
+            fn routing_hash(&self, scratch: &mut Vec<u8>) -> u64 {
+                let flipped = (*self as $u) ^ (1 << (<$u>::BITS - 1));
+                match <[u8; 8]>::try_from(&flipped.to_be_bytes()[..]) {
+                    Ok(eight) => xxh3_8(eight),
+                    Err(_) => {
+                        scratch.clear();
+                        self.encode_key(scratch);
+                        key_hash(scratch)
+                    }
+                }
+            }
         }
     )*};
 }
@@ -227,6 +262,10 @@ signed_key!(i8 => u8, I8, i16 => u16, I16, i32 => u32, I32, i64 => u64, I64, i12
 impl Key for usize {
     fn encode_key(&self, out: &mut Vec<u8>) {
         (*self as u64).encode_key(out);
+    }
+    #[inline]
+    fn routing_hash(&self, scratch: &mut Vec<u8>) -> u64 {
+        (*self as u64).routing_hash(scratch)
     }
     fn decode_key(input: &mut &[u8]) -> Result<Self, KeyDecodeError> {
         let v = u64::decode_key(input)?;
@@ -240,6 +279,10 @@ impl Key for usize {
 impl Key for isize {
     fn encode_key(&self, out: &mut Vec<u8>) {
         (*self as i64).encode_key(out);
+    }
+    #[inline]
+    fn routing_hash(&self, scratch: &mut Vec<u8>) -> u64 {
+        (*self as i64).routing_hash(scratch)
     }
     fn decode_key(input: &mut &[u8]) -> Result<Self, KeyDecodeError> {
         let v = i64::decode_key(input)?;
@@ -432,6 +475,36 @@ mod tests {
             for bytes in [x.to_be_bytes(), i.to_be_bytes(), (u64::MAX - i).to_le_bytes()] {
                 assert_eq!(key_hash(&bytes), xxhash_rust::xxh3::xxh3_64(&bytes), "{bytes:?}");
             }
+        }
+    }
+
+    /// A key's routing hash is the hash of its encoding, whichever way
+    /// the type computes it (64-bit integers without encoding).
+    fn routing_hash_is_the_encodings<K: Key + fmt::Debug>(k: K) {
+        let mut scratch = vec![9, 9];
+        assert_eq!(k.routing_hash(&mut scratch), key_hash(&encode(&k)), "{k:?}");
+    }
+
+    #[test]
+    fn every_routing_hash_is_the_hash_of_the_encoding() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..10_000u64 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            routing_hash_is_the_encodings(x);
+            routing_hash_is_the_encodings(x as i64);
+            routing_hash_is_the_encodings(x as usize);
+            routing_hash_is_the_encodings(x as isize);
+            routing_hash_is_the_encodings(x as u32);
+            routing_hash_is_the_encodings(x as i32);
+            routing_hash_is_the_encodings(x as u8);
+            routing_hash_is_the_encodings(u128::from(x) << 3);
+            routing_hash_is_the_encodings(-(i128::from(x)));
+            routing_hash_is_the_encodings((x, x as u16));
+            routing_hash_is_the_encodings(x.to_string());
+        }
+        for k in [0u64, 1, u64::MAX, 1 << 63] {
+            routing_hash_is_the_encodings(k);
+            routing_hash_is_the_encodings(k as i64);
         }
     }
 

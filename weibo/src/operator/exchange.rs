@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::codec::Data;
-use crate::codec::key::{Key, key_group};
+use crate::codec::key::Key;
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
 use crate::operator::{Consumer, Outbox};
@@ -73,6 +73,70 @@ impl<T: Send + 'static, K: Send + 'static, KF: ?Sized> RouterOp<T, K, KF> {
         }
     }
 
+    /// `push` of typed records to a single worker (a keyed operator of
+    /// parallelism 1): no worker to look up per record, and the batch
+    /// being filled stays at hand until it is full.
+    fn push_to_one(&mut self, batch: &mut Batch<T>) -> Result<()>
+    where
+        K: Key,
+        KF: Fn(&T) -> K,
+    {
+        let mut records = batch.values.drain(..).zip(batch.meta.drain(..));
+        loop {
+            let (Some(out), Some(typed)) = (self.targets.first_mut(), self.typed.first_mut()) else {
+                return Err(Error::Internal(format!("{}: no batch for its one worker", self.info.name)));
+            };
+            let room = self.limits.records.saturating_sub(out.len()).max(1);
+            let mut taken = 0;
+            for (v, m) in records.by_ref().take(room) {
+                let key = (self.key_fn)(&v);
+                let group = self.routes.group_of(key.routing_hash(&mut self.key_buf));
+                typed.push((key, v));
+                let at = out.data_mut().len();
+                out.commit(at, at, group, m);
+                taken += 1;
+            }
+            if out.len() >= self.limits.records {
+                self.send(0);
+            }
+            if taken < room {
+                return Ok(());
+            }
+        }
+    }
+
+    /// `push` for an edge that carries encoded records (see `encode`).
+    fn push_encoded(&mut self, batch: &mut Batch<T>) -> Result<()>
+    where
+        T: Data,
+        K: Key,
+        KF: Fn(&T) -> K,
+    {
+        for (v, m) in batch.values.drain(..).zip(batch.meta.drain(..)) {
+            let key = (self.key_fn)(&v);
+            self.key_buf.clear();
+            key.encode_key(&mut self.key_buf);
+            let hash = crate::codec::key::key_hash(&self.key_buf);
+            let (group, target) = self.routes.route_hash(hash);
+            let Some(out) = self.targets.get_mut(target) else {
+                return Err(Error::Internal(format!("key group {group} maps to missing worker {target}")));
+            };
+            let key_start = out.data_mut().len();
+            out.data_mut().extend_from_slice(&self.key_buf);
+            let value_start = out.data_mut().len();
+            if let Err(source) = v.encode(out.data_mut()) {
+                out.rollback(key_start);
+                let position = self.info.sources.position(&m);
+                return Err(Error::Codec { operator: format!("{} (record from {position})", self.info.name), source });
+            }
+            out.commit(key_start, value_start, group, m);
+            if out.len() >= self.limits.records || out.byte_len() >= self.limits.bytes {
+                self.send(target);
+            }
+        }
+        Ok(())
+    }
+
     fn send_all(&mut self) {
         for t in 0..self.targets.len() {
             self.send(t);
@@ -98,7 +162,7 @@ impl<T: Send + 'static, K: Send + 'static, KF: ?Sized> RouterOp<T, K, KF> {
 
 /// Key bytes → (key group, worker), without a division per record: a mask
 /// when the number of key groups is a power of two (the default), and a
-/// table from key group to worker. Same results as [`key_group`] and
+/// table from key group to worker. Same results as [`key_group`](crate::codec::key::key_group) and
 /// [`worker_of`].
 #[derive(Clone, Debug)]
 pub(crate) struct KeyGroupRoutes {
@@ -117,14 +181,29 @@ impl KeyGroupRoutes {
         }
     }
 
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn route(&self, key: &[u8]) -> (u16, usize) {
-        let group = match self.mask {
-            // The masked value is below `max`, a u16.
-            Some(mask) => (crate::codec::key::key_hash(key) & mask) as u16,
-            None => key_group(key, self.max),
-        };
+        self.route_hash(crate::codec::key::key_hash(key))
+    }
+
+    /// [`route`](Self::route) of a key whose [`key_hash`](crate::codec::key::key_hash)
+    /// is `hash`.
+    #[inline(always)]
+    pub(crate) fn route_hash(&self, hash: u64) -> (u16, usize) {
+        let group = self.group_of(hash);
         (group, self.workers.get(usize::from(group)).copied().unwrap_or(usize::MAX))
+    }
+
+    /// The key group of a key whose [`key_hash`](crate::codec::key::key_hash)
+    /// is `hash`.
+    #[inline(always)]
+    pub(crate) fn group_of(&self, hash: u64) -> u16 {
+        match self.mask {
+            // The masked value is below `max`, a u16.
+            Some(mask) => (hash & mask) as u16,
+            // The remainder is below `max`, a u16 (as `key_group`).
+            None => (hash % u64::from(self.max)) as u16,
+        }
     }
 }
 
@@ -158,42 +237,26 @@ where
         if self.typed.len() < self.targets.len() {
             self.typed.resize_with(self.targets.len(), || Vec::with_capacity(self.limits.records));
         }
-        for (v, m) in batch.values.drain(..).zip(batch.meta.drain(..)) {
-            self.key_buf.clear();
-            let key = (self.key_fn)(&v);
-            key.encode_key(&mut self.key_buf);
-            let (group, target) = self.routes.route(&self.key_buf);
-            let Some(out) = self.targets.get_mut(target) else {
-                return Err(Error::Internal(format!("key group {group} maps to missing worker {target}")));
-            };
-            let key_start = out.data_mut().len();
-            // Typed records go without their key's bytes: the receiver has
-            // the typed key, and only a state on disk needs the bytes (it
-            // encodes them again, see `ValueState`). Fewer bytes per record
-            // to write here and to read on the other side.
-            if self.encode {
-                out.data_mut().extend_from_slice(&self.key_buf);
-            }
-            let value_start = out.data_mut().len();
-            if self.encode {
-                if let Err(source) = v.encode(out.data_mut()) {
-                    out.rollback(key_start);
-                    let position = self.info.sources.position(&m);
-                    return Err(Error::Codec {
-                        operator: format!("{} (record from {position})", self.info.name),
-                        source,
-                    });
-                }
-            } else {
-                let Some(typed) = self.typed.get_mut(target) else {
-                    out.rollback(key_start);
-                    return Err(Error::Internal(format!("{}: no typed records for worker {target}", self.info.name)));
+        if self.encode {
+            self.push_encoded(batch)?;
+        } else if self.targets.len() == 1 {
+            self.push_to_one(batch)?;
+        } else {
+            for (v, m) in batch.values.drain(..).zip(batch.meta.drain(..)) {
+                let key = (self.key_fn)(&v);
+                let (group, target) = self.routes.route_hash(key.routing_hash(&mut self.key_buf));
+                let (Some(out), Some(typed)) = (self.targets.get_mut(target), self.typed.get_mut(target)) else {
+                    return Err(Error::Internal(format!("key group {group} maps to missing worker {target}")));
                 };
                 typed.push((key, v));
-            }
-            out.commit(key_start, value_start, group, m);
-            if out.len() >= self.limits.records || out.byte_len() >= self.limits.bytes {
-                self.send(target);
+                // Typed records go without their key's bytes: the receiver
+                // has the typed key, and only a state on disk needs the
+                // bytes (it encodes them again, see `ValueState`).
+                let at = out.data_mut().len();
+                out.commit(at, at, group, m);
+                if out.len() >= self.limits.records {
+                    self.send(target);
+                }
             }
         }
         OperatorCounters::add(&self.info.counters.records_out, n);
@@ -243,7 +306,7 @@ mod tests {
                 let routes = KeyGroupRoutes::new(max, p);
                 for k in 0u64..500 {
                     let bytes = crate::codec::key::encode(&k);
-                    let group = key_group(&bytes, max);
+                    let group = crate::codec::key::key_group(&bytes, max);
                     assert_eq!(routes.route(&bytes), (group, worker_of(group, p, max)), "max {max} p {p} key {k}");
                 }
             }
