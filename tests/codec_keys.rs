@@ -34,6 +34,32 @@ fn derived_layouts_are_the_documented_ones() {
     assert_eq!(key::encode(&Wrapper(5u8)), vec![5]);
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Key)]
+struct CustomerId {
+    id: u64,
+}
+
+/// A derived key routes by the hash of its encoding; a struct of one field
+/// takes its field's routing hash (a 64-bit integer's computed without
+/// encoding), which must be the same.
+#[test]
+fn derived_keys_route_by_the_hash_of_their_encoding() {
+    fn check<K: Key + std::fmt::Debug>(k: &K) {
+        let mut scratch = Vec::new();
+        assert_eq!(k.routing_hash(&mut scratch), key::key_hash(&key::encode(k)), "{k:?}");
+    }
+    for i in [0u64, 1, 42, 1 << 40, u64::MAX] {
+        check(&CustomerId { id: i });
+        check(&Wrapper(i));
+        check(&Wrapper(i as i64));
+        check(&Wrapper(Wrapper(i)));
+        check(&Wrapper(i.to_string()));
+        check(&Named { region: i.to_string(), id: i as u32 });
+        check(&Tuple(i as i16, i % 2 == 0));
+        check(&Shape::Pair(i as u8, 3));
+    }
+}
+
 #[test]
 fn an_unknown_variant_is_refused() {
     let err = key::decode::<Shape>(&[0, 0, 0, 9]).unwrap_err();

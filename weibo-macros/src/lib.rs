@@ -148,6 +148,9 @@ fn pattern(path: TokenStream2, fields: &Fields, names: &[proc_macro2::Ident]) ->
 fn expand_key(input: &DeriveInput) -> syn::Result<TokenStream2> {
     let ident = &input.ident;
     let name = ident.to_string();
+    // A struct of one field encodes as that field, so it routes by the
+    // field's hash (which a 64-bit integer computes without encoding).
+    let mut routing = TokenStream2::new();
     let (encode_body, decode_body, schema_body) = match &input.data {
         Data::Struct(data) => {
             validate_fields(&data.fields)?;
@@ -155,6 +158,15 @@ fn expand_key(input: &DeriveInput) -> syn::Result<TokenStream2> {
             let pat = pattern(quote!(#ident), &data.fields, &names);
             let build = construct(quote!(#ident), &data.fields, &decodes);
             let fields = field_schemas(&data.fields);
+            if let [only] = names.as_slice() {
+                routing = quote! {
+                    #[inline]
+                    fn routing_hash(&self, __weibo_scratch: &mut ::std::vec::Vec<u8>) -> u64 {
+                        let #pat = self;
+                        ::weibo::Key::routing_hash(#only, __weibo_scratch)
+                    }
+                };
+            }
             (
                 quote! { let #pat = self; #(#encodes)* },
                 quote! { ::std::result::Result::Ok(#build) },
@@ -240,6 +252,7 @@ fn expand_key(input: &DeriveInput) -> syn::Result<TokenStream2> {
                 fn key_schema() -> ::weibo::codec::schema::Shape {
                     #schema_body
                 }
+                #routing
             }
         };
     })
