@@ -249,6 +249,86 @@ pub(super) const WINDOW_LOG_MIN: usize = SNAPSHOT_PART;
 #[cfg(test)]
 pub(super) const WINDOW_LOG_MIN: usize = 4;
 
+/// [`WindowState::update`] within the map of the window at `start`:
+/// the result of `f` and whether a key was inserted.
+#[inline(always)]
+fn update_in<K: Key, A: Data, R>(
+    map: &mut WindowMap<K, A>,
+    log: &mut WindowLog<K, A>,
+    epoch: u32,
+    start: Timestamp,
+    group: u16,
+    key: K,
+    f: impl FnOnce(&mut Option<A>) -> R,
+) -> Result<(R, bool)> {
+    let mut inserted = false;
+    let r = match map.entry(key) {
+        Entry::Occupied(e) => {
+            let mut result = None;
+            let mut gone = None;
+            let _ = e.replace_entry_with(|k, (g, value, _)| {
+                let mut slot = Some(value);
+                result = Some(f(&mut slot));
+                if slot.is_none() {
+                    gone = Some((g, k.clone()));
+                }
+                slot.map(|v| (g, v, epoch))
+            });
+            if let Some((g, k)) = gone {
+                log.live = log.live.saturating_sub(1);
+                if log.logging() {
+                    log.removed.push((epoch, g, start, k));
+                    log.grew(1);
+                }
+            }
+            result.ok_or_else(|| Error::Internal("window update closure was not called".into()))?
+        }
+        Entry::Vacant(e) => {
+            let mut slot = None;
+            let r = f(&mut slot);
+            if let Some(value) = slot {
+                e.insert((group, value, epoch));
+                log.live += 1;
+                inserted = true;
+            }
+            r
+        }
+    };
+    Ok((r, inserted))
+}
+
+/// The map of one open window in memory, for a run of records that go
+/// into it (see [`WindowState::run`]).
+pub struct WindowRun<'a, K, A> {
+    map: &'a mut WindowMap<K, A>,
+    log: &'a mut WindowLog<K, A>,
+    start: Timestamp,
+    /// Whether the state keeps a budget (its maps' growth is counted).
+    budget: bool,
+}
+
+impl<K: Key, A: Data> WindowRun<'_, K, A> {
+    /// Whether a key can go in without growing a map whose growth the
+    /// state counts (when not, the caller makes the update through
+    /// [`WindowState::update`]).
+    #[inline]
+    pub fn has_room(&self) -> bool {
+        !self.budget || self.map.len() < self.map.capacity()
+    }
+
+    /// [`WindowState::update`] of `key` in this window (after
+    /// [`has_room`](Self::has_room)).
+    ///
+    /// # Errors
+    /// As [`WindowState::update`].
+    #[inline]
+    pub fn update<R>(&mut self, group: u16, key: K, f: impl FnOnce(&mut Option<A>) -> R) -> Result<R> {
+        let epoch = self.log.epoch;
+        let (r, _) = update_in(self.map, self.log, epoch, self.start, group, key, f)?;
+        Ok(r)
+    }
+}
+
 /// Emptied key sets the table of spilled windows keeps for new windows.
 const SPARE_KEY_SETS: usize = 8;
 
@@ -394,43 +474,20 @@ impl<K: Key, A: Data> WindowState<K, A> {
         // With a budget to keep: what the map allocates, if an insert
         // would grow it.
         let growing = (self.spill.is_some() && map.len() == map.capacity()).then(|| map.allocation_size());
-        let mut inserted = false;
-        let r = match map.entry(key) {
-            Entry::Occupied(e) => {
-                let mut result = None;
-                let mut gone = None;
-                let _ = e.replace_entry_with(|k, (g, value, _)| {
-                    let mut slot = Some(value);
-                    result = Some(f(&mut slot));
-                    if slot.is_none() {
-                        gone = Some((g, k.clone()));
-                    }
-                    slot.map(|v| (g, v, epoch))
-                });
-                if let Some((g, k)) = gone {
-                    log.live = log.live.saturating_sub(1);
-                    if log.logging() {
-                        log.removed.push((epoch, g, start, k));
-                        log.grew(1);
-                    }
-                }
-                result.ok_or_else(|| Error::Internal("window update closure was not called".into()))?
-            }
-            Entry::Vacant(e) => {
-                let mut slot = None;
-                let r = f(&mut slot);
-                if let Some(value) = slot {
-                    e.insert((group, value, epoch));
-                    log.live += 1;
-                    inserted = true;
-                }
-                r
-            }
-        };
+        let (r, inserted) = update_in(map, log, epoch, start, group, key, f)?;
         if let Some(before) = growing.filter(|_| inserted) {
             self.grown(start, before)?;
         }
         Ok(r)
+    }
+
+    /// The window at `start`, for a run of updates, if it is open in
+    /// memory (and not shared with a checkpoint, or copied now if it is).
+    #[inline]
+    pub fn run(&mut self, start: Timestamp) -> Option<WindowRun<'_, K, A>> {
+        let budget = self.spill.is_some();
+        let map = self.windows.get_mut(&start)?.make_mut();
+        Some(WindowRun { map, log: &mut self.log, start, budget })
     }
 
     /// After an insert that may have grown the map of the window at
@@ -735,6 +792,47 @@ mod tests {
         }
         assert_eq!(w.first_window(), Some(1000));
         assert_eq!(w.windows_from(0), vec![1000, 2000, 3000, 4000]);
+    }
+
+    /// Updates through a run (as the window operator makes them for the
+    /// records after the first of a window) keep the budget as updates one
+    /// by one do: a run gives way when an insert would grow a map.
+    #[test]
+    fn updates_through_a_run_keep_the_budget_as_single_updates_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_backend, mut w) = open_small(&dir);
+        let add = |w: &mut WindowState<u64, u64>, start: Timestamp, keys: std::ops::Range<u64>| {
+            let mut through_runs = 0;
+            for k in keys {
+                if let Some(mut run) = w.run(start)
+                    && run.has_room()
+                {
+                    run.update(0, k, |acc| *acc = Some(acc.unwrap_or(0) + k)).unwrap();
+                    through_runs += 1;
+                    continue;
+                }
+                let kb = crate::codec::key::encode(&k);
+                w.update(start, 0, k, &kb, |acc| *acc = Some(acc.unwrap_or(0) + k)).unwrap();
+            }
+            through_runs
+        };
+        assert!(add(&mut w, 0, 0..100) > 90, "a window in memory takes its updates through runs");
+        add(&mut w, 1000, 0..100);
+        assert_eq!(halves(&w), (vec![0, 1000], vec![]));
+        add(&mut w, 2000, 0..1000);
+        assert_eq!(halves(&w), (vec![0, 1000], vec![2000]), "the window that outgrew the budget moved");
+        assert_eq!(add(&mut w, 3000, 0..10), 0, "a window in the table has no run");
+        assert_eq!(halves(&w), (vec![0, 1000], vec![2000, 3000]));
+        for (start, n) in [(0, 100u64), (1000, 100), (2000, 1000), (3000, 10)] {
+            let (mut seen, mut sum) = (0, 0);
+            w.for_each_in_window(start, false, |k, _, acc| {
+                assert_eq!(k, acc);
+                seen += 1;
+                sum += acc;
+            })
+            .unwrap();
+            assert_eq!((seen, sum), (n, (0..n).sum::<u64>()), "window {start}");
+        }
     }
 
     #[test]

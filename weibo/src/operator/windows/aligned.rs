@@ -2,6 +2,7 @@
 //! windows per key group, which is also the timer index.
 
 use super::*;
+use crate::record::RecordRef;
 
 /// Tumbling and sliding windows: one accumulator per (window, key), kept
 /// window-major; a window fires (and is cleaned up) when the watermark
@@ -187,6 +188,103 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> AlignedWindowOp<K, T, W> {
         self.fire_and_purge(wm)
     }
 
+    /// Adds a record to its windows (fires those the watermark has passed,
+    /// with lateness; sends a late record aside).
+    #[inline]
+    fn add(&mut self, key: K, value: T, r: &RecordRef<'_>, ts: Timestamp) -> Result<()> {
+        let windows = self.windows.assign(ts, self.size, self.slide, self.offset);
+        let c = &mut self.common;
+        let wm = c.watermark;
+        let lateness = c.lateness;
+        let mut added = false;
+        let mut value = Some(value);
+        let last = windows.len().saturating_sub(1);
+        for (i, window) in windows.iter().enumerate() {
+            let max = window.max_timestamp();
+            if max.saturating_add(lateness) <= wm {
+                continue;
+            }
+            added = true;
+            let v = if i == last { value.take() } else { value.clone() };
+            let Some(v) = v else { break };
+            let (func, fired) = (&*c.func, &mut c.out.values);
+            let fire_now = max <= wm;
+            let k = if fire_now { Some(key.clone()) } else { None };
+            if !fire_now && let Some(f) = self.fired.as_mut().filter(|f| max <= f.max) {
+                f.added(r.group, window.start, &key, max);
+            }
+            self.state.update(window.start, r.group, key.clone(), r.key, |acc| {
+                func.add(acc, v);
+                if let (Some(k), Some(a)) = (k.as_ref(), acc.as_ref()) {
+                    func.fire(k, *window, a, fired);
+                }
+            })?;
+            if fire_now {
+                c.collect(*window);
+            }
+            let due = if fire_now { max.saturating_add(lateness) } else { max };
+            self.quiet_below = self.quiet_below.min(due);
+        }
+        if !added {
+            match value {
+                Some(v) if ts.saturating_add(lateness) <= wm => {
+                    let meta = c.record_meta(r.meta);
+                    c.late(v, meta);
+                }
+                // In no window at all (a gap between sliding windows).
+                _ => OperatorCounters::add(&c.info.counters.dropped, 1),
+            }
+        }
+        Ok(())
+    }
+
+    /// After a record at `ts` went into its (tumbling) window: takes the
+    /// records after it into the same window while they belong there and
+    /// the watermark stays below anything due. Returns the first record
+    /// that does not, with the watermark its input moved to.
+    #[inline]
+    #[allow(clippy::type_complexity)]
+    fn run<'b>(
+        &mut self,
+        ts: Timestamp,
+        records: &mut impl Iterator<Item = ((K, T), RecordRef<'b>)>,
+        time: &mut InputTime<'_>,
+    ) -> Result<Option<((K, T), RecordRef<'b>, Option<Timestamp>)>> {
+        let [window] = *self.windows.assign(ts, self.size, self.slide, self.offset) else { return Ok(None) };
+        let c = &mut self.common;
+        // Fired at once, or late: the record did not open a run; nor in a
+        // window at or below a restored firing record's horizon, whose
+        // records are marked one by one (see `Fired::added`).
+        let max = window.max_timestamp();
+        if max <= c.watermark || self.fired.as_ref().is_some_and(|f| max <= f.max) {
+            return Ok(None);
+        }
+        let Some(mut run) = self.state.run(window.start) else { return Ok(None) };
+        let func = &*c.func;
+        for (kv, r) in records.by_ref() {
+            let moved = time.observe(&r.meta);
+            if let Some(wm) = moved {
+                // The window's end is at or above `quiet_below` (the
+                // record that opened the run lowered it), so the records
+                // of a run are never due at once nor late.
+                if wm >= self.quiet_below {
+                    return Ok(Some((kv, r, moved)));
+                }
+                c.watermark = c.watermark.max(wm);
+                if let Some(f) = self.fired.as_mut() {
+                    f.passed(c.watermark);
+                }
+            }
+            let ts = r.meta.timestamp;
+            if ts < window.start || ts >= window.end || !run.has_room() {
+                return Ok(Some((kv, r, None)));
+            }
+            let (key, value) = kv;
+            run.update(r.group, key, |acc| func.add(acc, value))?;
+        }
+        Ok(None)
+    }
+
     /// [`advance`](Self::advance), when something may be due. Out of
     /// line: the check before it runs for nearly every record.
     #[inline(never)]
@@ -248,55 +346,39 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
         OperatorCounters::add(&self.common.info.counters.records_in, batch.len());
         let mut records = std::mem::take(&mut self.common.records);
         take_records(&self.common.info, batch, &mut records)?;
-        for ((key, value), r) in records.drain(..).zip(batch.iter()) {
-            if let Some(wm) = time.observe(&r.meta) {
+        // With tumbling windows, the records after one that went into an
+        // open window, up to the first that goes elsewhere or moves the
+        // watermark to something due, go into that window's map in a loop
+        // of their own (`run`): no window lookup, no assignment and no
+        // lateness check per record (`bench w1`: 39.0 -> 48.9 M/s, nine
+        // interleaved runs). Sliding windows (a record in several) take
+        // every record the general way.
+        let runs = self.size == self.slide;
+        let mut records_in = records.drain(..).zip(batch.iter());
+        // A record taken by a run that does not belong in it, with the
+        // watermark its input moved to.
+        let mut pending = None;
+        loop {
+            let ((key, value), r, moved) = match pending.take() {
+                Some(p) => p,
+                None => match records_in.next() {
+                    Some((kv, r)) => {
+                        let moved = time.observe(&r.meta);
+                        (kv, r, moved)
+                    }
+                    None => break,
+                },
+            };
+            if let Some(wm) = moved {
                 self.advance(wm)?;
             }
             let ts = self.common.event_time(&r.meta)?;
-            let windows = self.windows.assign(ts, self.size, self.slide, self.offset);
-            let c = &mut self.common;
-            let wm = c.watermark;
-            let lateness = c.lateness;
-            let mut added = false;
-            let mut value = Some(value);
-            let last = windows.len().saturating_sub(1);
-            for (i, window) in windows.iter().enumerate() {
-                let max = window.max_timestamp();
-                if max.saturating_add(lateness) <= wm {
-                    continue;
-                }
-                added = true;
-                let v = if i == last { value.take() } else { value.clone() };
-                let Some(v) = v else { break };
-                let (func, fired) = (&*c.func, &mut c.out.values);
-                let fire_now = max <= wm;
-                let k = if fire_now { Some(key.clone()) } else { None };
-                if !fire_now && let Some(f) = self.fired.as_mut().filter(|f| max <= f.max) {
-                    f.added(r.group, window.start, &key, max);
-                }
-                self.state.update(window.start, r.group, key.clone(), r.key, |acc| {
-                    func.add(acc, v);
-                    if let (Some(k), Some(a)) = (k.as_ref(), acc.as_ref()) {
-                        func.fire(k, *window, a, fired);
-                    }
-                })?;
-                if fire_now {
-                    c.collect(*window);
-                }
-                let due = if fire_now { max.saturating_add(lateness) } else { max };
-                self.quiet_below = self.quiet_below.min(due);
-            }
-            if !added {
-                match value {
-                    Some(v) if ts.saturating_add(lateness) <= wm => {
-                        let meta = c.record_meta(r.meta);
-                        c.late(v, meta);
-                    }
-                    // In no window at all (a gap between sliding windows).
-                    _ => OperatorCounters::add(&c.info.counters.dropped, 1),
-                }
+            self.add(key, value, &r, ts)?;
+            if runs {
+                pending = self.run(ts, &mut records_in, time)?;
             }
         }
+        drop(records_in);
         // Its memory kept for the next batch.
         self.common.records = records;
         self.common.emit()
