@@ -2,7 +2,7 @@
 # Runs a benchmark workload several times in a release build and prints one
 # RESULT line per run (with peak RSS, like the peers' scripts) and the median
 # events per second.
-#   scripts/bench.sh <w1|w1-100keys|w2|w3|w3-sum|sessions|sessions-100keys> <events> <partitions> [reps] [threads]
+#   scripts/bench.sh <w1|w1-100keys|w1-sum|w2|w3|w3-sum|sessions|sessions-100keys> <events> <partitions> [reps] [threads]
 # (CARGO_TARGET_DIR is honoured.) scripts/bench-compare.sh runs the peers beside it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -108,9 +108,13 @@ fn child() {
     weibo::testing::block_on(job.run()).unwrap();
 }
 
-/// Committed output: every line of every committed file, counted.
+/// Committed output: every line of every committed file, counted (none
+/// before the sink's folder exists).
 fn committed(out: &Path) -> BTreeMap<String, usize> {
     let mut lines = BTreeMap::new();
+    if !out.exists() {
+        return lines;
+    }
     for entry in std::fs::read_dir(out).unwrap() {
         let path = entry.unwrap().path();
         if path.is_file() {
@@ -157,6 +161,34 @@ fn kill_times(seed: u64, least: u64) -> impl Iterator<Item = Duration> {
     })
 }
 
+/// Runs the child again and again, each life on `partitions(life)` and
+/// killed at a pseudo-random moment (`seed`) `least` to `least` + 500 ms
+/// after its start, until a life finishes; returns the number of lives.
+///
+/// A life moves the job on only if it outlasts the child's start, its
+/// restore and a checkpoint; how long those take depends on the machine
+/// (on fjall, the start replays fjall's journal and drops the previous
+/// life's state first). Every life that commits nothing makes the lives
+/// after it 100 ms longer, so a slow machine gets lives long enough to
+/// finish, with kill moments as random within them.
+fn lives_until_done(d: &Dirs, seed: u64, mut least: u64, partitions: impl Fn(usize) -> usize) -> usize {
+    let mut offsets = kill_times(seed, 0);
+    let mut lives = 0;
+    loop {
+        let after = Duration::from_millis(least) + offsets.next().unwrap_or_default();
+        let before = committed(&d.out).len();
+        let done = live(d, partitions(lives), after);
+        lives += 1;
+        if done {
+            return lives;
+        }
+        if committed(&d.out).len() == before {
+            least += 100;
+        }
+        assert!(lives < 60, "the job never finished (lives of {least} ms and more at the end)");
+    }
+}
+
 fn reference() -> BTreeMap<String, usize> {
     let d = dirs();
     let job = pipeline(&d.input, &d.out, &d.checkpoints, 2, false, None);
@@ -190,21 +222,10 @@ fn on_fjall_with_a_small_cache_killed_again_and_again_the_job_commits_exactly_wh
 /// crashed.
 fn killed_again_and_again(d: Dirs, seed: u64) {
     let want = reference();
-    let mut kills = 0;
-    // A life must outlast the child's start, its restore and a checkpoint
-    // to move the job on (with lives of 100 ms and more, the rescaling
-    // test needed some 45 lives alone, too near its limit on a loaded
-    // machine). A child on fjall starts more slowly (fjall replays its
-    // journal and drops the previous life's state before the job
-    // restores), so it is given longer lives still.
+    // A child on fjall starts more slowly (see `lives_until_done`): it
+    // starts with longer lives.
     let least = if d.state.is_some() { 500 } else { 250 };
-    for after in kill_times(seed, least) {
-        if live(&d, 2, after) {
-            break;
-        }
-        kills += 1;
-        assert!(kills < 60, "the job never finished");
-    }
+    let kills = lives_until_done(&d, seed, least, |_| 2) - 1;
     assert!(kills >= 3, "the child was killed mid-run several times ({kills})");
     let got = committed(&d.out);
     let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).take(5).collect();
@@ -220,15 +241,7 @@ fn rescaled_from_two_to_three_partitions_between_lives_the_output_is_the_same() 
     }
     let want = reference();
     let d = dirs();
-    let mut lives = 0;
-    for after in kill_times(11, 250) {
-        let partitions = if lives < 2 { 2 } else { 3 };
-        lives += 1;
-        if live(&d, partitions, after) {
-            break;
-        }
-        assert!(lives < 60, "the job never finished");
-    }
+    let lives = lives_until_done(&d, 11, 250, |life| if life < 2 { 2 } else { 3 });
     assert!(lives >= 3, "at least one life on 2 partitions was cut short and one ran on 3");
     assert_eq!(committed(&d.out), want);
 }
