@@ -68,11 +68,21 @@ step "quickstart"
 cargo run --locked -q -p weibo-examples --example quickstart > /dev/null
 
 step "book examples"
+# An example passes when it ends well and no thread of it panicked (a
+# panic on a background thread does not fail the process, but a user
+# running the example would see it).
+stderr_of=$(mktemp)
 for example in examples/book_*.rs; do
     [ -e "$example" ] || continue
     name=$(basename "$example" .rs)
     echo "running $name"
-    cargo run --locked -q -p weibo-examples --example "$name" > /dev/null
+    cargo run --locked -q -p weibo-examples --example "$name" > /dev/null 2> "$stderr_of" || { cat "$stderr_of"; exit 1; }
+    if grep -q "panicked at" "$stderr_of"; then
+        cat "$stderr_of"
+        echo "$name: a thread panicked" >&2
+        exit 1
+    fi
 done
+rm -f "$stderr_of"
 
 step "all checks passed"

@@ -191,7 +191,7 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
     let job_name = graph.name.clone();
     let supervisor = runtime.spawn(async move {
         // The coordinator lives as long as the supervisor: aborting the
-        // job aborts it too (`AbortOnDrop`).
+        // job aborts it too (`CoordinatorTask`).
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let coordinator = coordinator.map(|c| on_own_runtime(&job_name, c.run(stopped)));
         let supervised = supervise(physical.tasks, cancelled).await;
@@ -228,13 +228,13 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
 /// multi-threaded, as a job's must be for a checkpoint storage or a sink
 /// that waits on an async client with `Handle::current().block_on` under
 /// [`crate::blocking`] (see [`crate::checkpoint::CheckpointStorage`]).
-/// The task is awaited and aborted from the job's runtime; the runtime
-/// shuts down, without waiting, when the returned handle is dropped (also
-/// when the supervisor stops waiting for the coordinator at the job's
-/// end: a storage call still in flight that waits on this runtime then
-/// fails, and its checkpoint is abandoned, as any that does not
-/// complete). Should the runtime not start, the coordinator runs among
-/// the tasks, as before.
+/// The task is awaited and aborted from the job's runtime; when the
+/// returned handle is dropped (the job aborted, or the supervisor done
+/// waiting for the coordinator at the job's end), the task is aborted and
+/// the runtime shuts down once the task has ended (see
+/// [`CoordinatorTask`]'s `Drop`; a checkpoint in flight is abandoned, as
+/// any that does not complete). Should the runtime not start, the
+/// coordinator runs among the tasks, as before.
 fn on_own_runtime(job: &str, run: impl Future<Output = Result<()>> + Send + 'static) -> CoordinatorTask {
     let built = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -242,26 +242,65 @@ fn on_own_runtime(job: &str, run: impl Future<Output = Result<()>> + Send + 'sta
         .enable_all()
         .build();
     match built {
-        Ok(rt) => CoordinatorTask { task: AbortOnDrop(rt.spawn(run)), _runtime: Some(OwnRuntime(Some(rt))) },
+        Ok(rt) => CoordinatorTask { task: Some(rt.spawn(run)), runtime: Some(OwnRuntime(Some(rt))) },
         Err(e) => {
             tracing::warn!(job, error = %e, "cannot start the checkpoint coordinator's runtime: it runs among the tasks");
-            CoordinatorTask { task: AbortOnDrop(tokio::spawn(run)), _runtime: None }
+            CoordinatorTask { task: Some(tokio::spawn(run)), runtime: None }
         }
     }
 }
 
 /// The checkpoint coordinator's task, and its runtime (see
-/// [`on_own_runtime`]); awaited for its result. Dropped, it aborts the
-/// task, then shuts the runtime down (fields drop in order).
+/// [`on_own_runtime`]); awaited for its result. Dropped (the job aborted,
+/// or done waiting for it), it aborts the task and shuts its runtime down
+/// once the task has ended.
 struct CoordinatorTask {
-    task: AbortOnDrop<Result<()>>,
-    _runtime: Option<OwnRuntime>,
+    task: Option<JoinHandle<Result<()>>>,
+    runtime: Option<OwnRuntime>,
 }
 
 impl std::future::Future for CoordinatorTask {
     type Output = Result<()>;
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<()>> {
-        std::pin::Pin::new(&mut self.task).poll(cx)
+        let Some(task) = self.task.as_mut() else {
+            return std::task::Poll::Ready(Err(Error::Internal("the checkpoint coordinator was awaited twice".into())));
+        };
+        std::pin::Pin::new(task)
+            .poll(cx)
+            .map(|r| r.unwrap_or_else(|e| Err(Error::Internal(format!("the checkpoint coordinator failed: {e}")))))
+    }
+}
+
+impl Drop for CoordinatorTask {
+    fn drop(&mut self) {
+        let Some(task) = self.task.take() else { return };
+        task.abort();
+        let Some(mut runtime) = self.runtime.take() else { return };
+        if task.is_finished() {
+            // Nothing runs on it: shut down at once (`OwnRuntime`).
+            return;
+        }
+        // The task may be in the middle of a poll, on a thread of its own:
+        // a storage call under `crate::blocking` hands the worker's core
+        // to another thread, and the task goes on where it was when the
+        // call returns. Shut down under it, the runtime's timers stop, and
+        // the task's next tick panics. So a thread of its own waits (up to
+        // 30 s) for the aborted task to end at its next `await`, then
+        // shuts the runtime down (this one is the job's, where a runtime
+        // cannot be shut down blocking). Should the thread not start, the
+        // runtime shuts down without waiting, as `OwnRuntime` does.
+        let Some(rt) = runtime.0.take() else { return };
+        let rt = OwnRuntime(Some(rt));
+        let ended = std::thread::Builder::new().name("weibo-checkpoints-end".into()).spawn(move || {
+            let mut rt = rt;
+            if let Some(rt) = rt.0.take() {
+                let _ = rt.block_on(async move { tokio::time::timeout(Duration::from_secs(30), task).await });
+                rt.shutdown_timeout(Duration::from_secs(1));
+            }
+        });
+        if let Err(e) = ended {
+            tracing::warn!(error = %e, "cannot start a thread to end the checkpoint coordinator's runtime");
+        }
     }
 }
 
@@ -275,24 +314,6 @@ impl Drop for OwnRuntime {
         if let Some(rt) = self.0.take() {
             rt.shutdown_background();
         }
-    }
-}
-
-/// A task handle that aborts its task when dropped, and can be awaited.
-struct AbortOnDrop<R>(JoinHandle<R>);
-
-impl<R> Drop for AbortOnDrop<R> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl<R> std::future::Future for AbortOnDrop<Result<R>> {
-    type Output = Result<R>;
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<R>> {
-        std::pin::Pin::new(&mut self.0)
-            .poll(cx)
-            .map(|r| r.unwrap_or_else(|e| Err(Error::Internal(format!("the checkpoint coordinator failed: {e}")))))
     }
 }
 
