@@ -254,3 +254,29 @@ fn blocking_code_in_an_operator_and_a_slow_alignment_are_warned_of_naming_the_ta
     assert!(text.contains("lookup"), "and its operators: {text}");
     assert!(text.contains("aligning the checkpoint's barrier took longer") && text.contains("sums["), "{text}");
 }
+
+/// A keyed worker's input edges share the channel capacity: each holds
+/// its share (at least 2), so that what is in flight grows with the
+/// parallelism, not with its square.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edges_into_a_worker_share_the_channel_capacity() {
+    // Source partitions, keyed partitions, capacity, the capacity each
+    // edge into a worker gets.
+    for (sources, keyed, capacity, each) in [(1, 1, 8, 8), (2, 2, 8, 4), (3, 2, 8, 3), (16, 2, 8, 2), (2, 3, 1, 1)] {
+        let job = Job::new("shared").with_channel_capacity(capacity);
+        job.source(Generator::new(u64::MAX, |i| i).with_partitions(sources).with_rate(1000.0))
+            .key_by(|x: &u64| x % 7)
+            .with_partitions(keyed)
+            .reduce(|a, b| a + b)
+            .sink(Blackhole::new());
+        let handle = job.spawn().unwrap();
+        let edges = handle.metrics().edges;
+        handle.abort();
+        assert_eq!(edges.len(), sources * keyed, "{edges:?}");
+        assert!(
+            edges.iter().all(|e| e.capacity == each),
+            "{sources} sources, {keyed} workers, capacity {capacity}: {:?}",
+            edges.iter().map(|e| e.capacity).collect::<Vec<_>>()
+        );
+    }
+}

@@ -98,7 +98,20 @@ impl Graph {
     /// instance of each head that reaches it without crossing a shuffle
     /// edge (after a `union`, from several heads).
     pub(crate) fn chain_instances(&self) -> HashMap<NodeId, usize> {
-        let mut counts = HashMap::new();
+        self.instances_reached().0
+    }
+
+    /// Every keyed operator's number of senders: how many routers (one
+    /// per instance of each head that reaches it) feed each of its
+    /// instances, each over a channel of its own.
+    pub(crate) fn keyed_senders(&self) -> HashMap<NodeId, usize> {
+        self.instances_reached().1
+    }
+
+    /// [`chain_instances`](Self::chain_instances) and
+    /// [`keyed_senders`](Self::keyed_senders).
+    fn instances_reached(&self) -> (HashMap<NodeId, usize>, HashMap<NodeId, usize>) {
+        let mut counts = (HashMap::new(), HashMap::new());
         for (id, node) in self.nodes.iter().enumerate() {
             if node.is_head() {
                 for p in 0..node.outputs.len() {
@@ -116,20 +129,30 @@ impl Graph {
     }
 
     /// Adds `copies` to the instance count of every fused operator reachable
-    /// from `node`'s `port` without crossing a shuffle edge.
-    fn count_chain_instances(&self, node: NodeId, port: usize, copies: usize, counts: &mut HashMap<NodeId, usize>) {
+    /// from `node`'s `port` without crossing a shuffle edge (`counts.0`),
+    /// and to the senders of every keyed operator at the end of such a
+    /// path (`counts.1`).
+    #[allow(clippy::type_complexity)]
+    fn count_chain_instances(
+        &self,
+        node: NodeId,
+        port: usize,
+        copies: usize,
+        counts: &mut (HashMap<NodeId, usize>, HashMap<NodeId, usize>),
+    ) {
         let targets: Vec<NodeId> = self.consumers(node, port).map(|(id, _)| id).collect();
         for dst in targets {
             let Some(n) = self.nodes.get(dst) else { continue };
             match n.op {
                 Op::Chain(_) => {
-                    *counts.entry(dst).or_insert(0) += copies;
+                    *counts.0.entry(dst).or_insert(0) += copies;
                     for p in 0..n.outputs.len() {
                         self.count_chain_instances(dst, p, copies, counts);
                     }
                 }
                 Op::Union => self.count_chain_instances(dst, 0, copies, counts),
-                Op::Keyed { .. } | Op::Source { .. } => {}
+                Op::Keyed { .. } => *counts.1.entry(dst).or_insert(0) += copies,
+                Op::Source { .. } => {}
             }
         }
     }

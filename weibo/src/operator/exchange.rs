@@ -63,7 +63,9 @@ impl<T: Send + 'static, K: Send + 'static, KF: ?Sized> RouterOp<T, K, KF> {
         if let (Some(batch), Some(&sender)) = (self.targets.get_mut(target), self.senders.get(target))
             && !batch.is_empty()
         {
-            let mut full = std::mem::replace(batch, self.pool.take(self.limits.records, 16 * self.limits.records));
+            // A typed batch has no bytes: its arena stays unallocated.
+            let bytes = if self.encode { 16 * self.limits.records } else { 0 };
+            let mut full = std::mem::replace(batch, self.pool.take(self.limits.records, bytes));
             if let Some(typed) = self.typed.get_mut(target)
                 && !typed.is_empty()
             {

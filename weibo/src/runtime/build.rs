@@ -64,6 +64,8 @@ struct Builder<'a> {
     /// runs once per head instance that reaches it, so after a `union` its
     /// instances come from several heads.
     chain_instances: &'a mut HashMap<NodeId, (usize, usize)>,
+    /// How many channels feed each instance of each keyed operator.
+    keyed_senders: &'a HashMap<NodeId, usize>,
     /// The head's task counters (registered once the task is built).
     task: Arc<crate::metrics::TaskCounters>,
 }
@@ -141,8 +143,17 @@ impl Builder<'_> {
             Op::Keyed { parallelism, router, .. } => {
                 let from = self.graph.node(input.from)?;
                 let mut senders = Vec::with_capacity(*parallelism);
+                // The channel capacity is what a keyed instance's inputs
+                // buffer in all, shared among the channels that feed it,
+                // at least two batches each (one being filled, one in
+                // flight): with a capacity per channel, the batches in
+                // flight (and the memory they hold) grew with the square
+                // of the parallelism, each instance being fed by every
+                // upstream one.
+                let channels = self.keyed_senders.get(&dst).copied().unwrap_or(1).max(1);
+                let capacity =
+                    self.config.channel_capacity.div_ceil(channels).max(2).min(self.config.channel_capacity.max(1));
                 for j in 0..*parallelism {
-                    let capacity = self.config.channel_capacity.max(1);
                     let (tx, rx) = mpsc::channel(capacity);
                     let to = format!("{}[{j}]", node.name);
                     // A weak sender: reading the fill must not keep the
@@ -190,6 +201,7 @@ pub(crate) fn build(
     }
     let mut chain_instances: HashMap<NodeId, (usize, usize)> =
         graph.chain_instances().into_iter().map(|(id, total)| (id, (0, total))).collect();
+    let keyed_senders = graph.keyed_senders();
     let sources = SourceNames(graph.source_names().into());
     let mut inboxes: HashMap<(NodeId, usize), Vec<Inbox>> = HashMap::new();
     let mut built: Vec<(String, NodeId, usize, Built, NodeIo)> = Vec::new();
@@ -222,6 +234,7 @@ pub(crate) fn build(
                 alignment: alignment.as_ref().map(|group| Aligned { group: group.clone(), index: instance }),
                 inboxes: &mut inboxes,
                 chain_instances: &mut chain_instances,
+                keyed_senders: &keyed_senders,
                 task: Arc::default(),
             };
             let outs = b.outputs(id)?;

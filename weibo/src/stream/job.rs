@@ -136,7 +136,10 @@ impl Job {
         self.configure(|c| c.buffer_timeout = timeout)
     }
 
-    /// Batches an edge holds before its sender blocks (default 8).
+    /// Batches a keyed instance's inputs hold in all before their senders
+    /// block (default 8): shared among the channels that feed it (one per
+    /// upstream instance and input), at least two each, so that what is
+    /// in flight grows with the parallelism, not with its square.
     ///
     /// ```
     /// let job = weibo::Job::new("deep-edges").with_channel_capacity(32);

@@ -937,7 +937,7 @@ where
         Ok(erase::<T>(Box::new(RouterOp::<T, K, F> {
             info,
             key_fn: key_fn.clone(),
-            targets: senders.iter().map(|_| pool.take(limits.records, 16 * limits.records)).collect(),
+            targets: senders.iter().map(|_| pool.take(limits.records, 0)).collect(),
             pool,
             senders,
             outbox: ctx.outbox.clone(),
