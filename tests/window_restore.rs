@@ -221,6 +221,34 @@ fn on_fjall_windows_restored_again_and_again_commit_what_the_model_does() {
     assert!(restored >= 12, "the cases were restored mid-way {restored} times");
 }
 
+/// Runs case `c` (one partition) at two records a second until a
+/// checkpoint at source position `at` (taken after record `at` and before
+/// the next, half a second later), cancels it there as a crash would end
+/// it, and runs it again from that checkpoint at `rate` records a second
+/// to the end; returns the firings committed, sorted.
+fn crashed_after_checkpoint_at(c: &Case, at: u64, rate: f64) -> Vec<Firing> {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, late, cps) = (dir.path().join("out"), dir.path().join("late"), dir.path().join("checkpoints"));
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let handle = job(c, 2.0, &out, &late, &cps, None).spawn().unwrap();
+        loop {
+            let checkpoint = handle.checkpoint().await.unwrap();
+            let position = weibo::checkpoint::read_manifest(&checkpoint).unwrap().sources[0].position;
+            assert!(position <= at, "the checkpoint came after record {}: a loaded machine; run again", at + 1);
+            if position == at {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        handle.cancel().await.unwrap();
+    });
+    runtime.block_on(job(c, rate, &out, &late, &cps, None).run()).unwrap();
+    let mut got: Vec<Firing> = committed(&out);
+    got.sort();
+    got
+}
+
 #[test]
 fn a_tumbling_window_that_fired_before_the_checkpoint_does_not_fire_again() {
     // The smallest case: tumbling windows of 10 ms, lateness 20 ms, bound
@@ -232,29 +260,8 @@ fn a_tumbling_window_that_fired_before_the_checkpoint_does_not_fire_again() {
     let want = naive_with_restores(&input, 0, 20, kind, &[2]);
     assert_eq!(want, naive(&input, 0, 20, kind), "the model agrees with a run without the crash");
     assert_eq!(want.firings.iter().filter(|f| f.1 == 0).count(), 1);
-    // The job, at two records a second: a checkpoint once the second
-    // record is in (and before the third, half a second later), then a
-    // crash; then a restore.
-    let dir = tempfile::tempdir().unwrap();
-    let (out, late, cps) = (dir.path().join("out"), dir.path().join("late"), dir.path().join("checkpoints"));
-    let c = Case { input: input.clone(), bound: 0, lateness: 20, kind, partitions: 1 };
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    runtime.block_on(async {
-        let handle = job(&c, 2.0, &out, &late, &cps, None).spawn().unwrap();
-        loop {
-            let at = handle.checkpoint().await.unwrap();
-            let position = weibo::checkpoint::read_manifest(&at).unwrap().sources[0].position;
-            assert!(position <= 2, "the checkpoint came after the third record: a loaded machine; run again");
-            if position == 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        handle.cancel().await.unwrap();
-    });
-    runtime.block_on(job(&c, 1000.0, &out, &late, &cps, None).run()).unwrap();
-    let mut got: Vec<Firing> = committed(&out);
-    got.sort();
+    let c = Case { input, bound: 0, lateness: 20, kind, partitions: 1 };
+    let got = crashed_after_checkpoint_at(&c, 2, 1000.0);
     assert_eq!(got, want.firings, "[0, 10) fired once");
 }
 
@@ -278,28 +285,9 @@ fn a_window_that_fired_before_the_checkpoint_fires_again_for_every_key_it_got_re
             want.firings
         );
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (out, late, cps) = (dir.path().join("out"), dir.path().join("late"), dir.path().join("checkpoints"));
-    let c = Case { input: input.clone(), bound: 0, lateness: 100, kind, partitions: 1 };
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    runtime.block_on(async {
-        // Two records a second: a checkpoint once the fourth is in (and
-        // before the fifth, half a second later), then a crash.
-        let handle = job(&c, 2.0, &out, &late, &cps, None).spawn().unwrap();
-        loop {
-            let at = handle.checkpoint().await.unwrap();
-            let position = weibo::checkpoint::read_manifest(&at).unwrap().sources[0].position;
-            assert!(position <= 4, "the checkpoint came after the fifth record: a loaded machine; run again");
-            if position == 4 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        handle.cancel().await.unwrap();
-    });
-    // As fast as it goes: the rest arrives in one batch of four.
-    runtime.block_on(job(&c, 1e9, &out, &late, &cps, None).run()).unwrap();
-    let mut got: Vec<Firing> = committed(&out);
-    got.sort();
+    // As fast as it goes after the restore: the rest arrives in one batch
+    // of four.
+    let c = Case { input, bound: 0, lateness: 100, kind, partitions: 1 };
+    let got = crashed_after_checkpoint_at(&c, 4, 1e9);
     assert_eq!(got, want.firings);
 }
