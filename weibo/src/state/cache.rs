@@ -873,15 +873,15 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     pub(super) fn snapshot_delta(
         &mut self,
         since: u32,
-        changed: Vec<Arc<ChangedKeys>>,
-        logged: Vec<Option<Vec<Arc<Vec<K>>>>>,
+        changed: impl AsRef<[Arc<ChangedKeys>]> + Send + 'static,
+        logged: impl AsRef<[Option<Vec<Arc<Vec<K>>>>]> + Send + 'static,
     ) -> Snapshot {
         let mut maps = self.share();
         let (first, operator) = (self.first, self.operator.clone());
         Box::new(move |sink| {
             let mut out = SnapshotPart::new(false);
-            for ((index, group), log) in (0..maps.len()).zip(first..).zip(&changed) {
-                let keys = logged.get(index).and_then(Option::as_ref);
+            for ((index, group), log) in (0..maps.len()).zip(first..).zip(changed.as_ref()) {
+                let keys = logged.as_ref().get(index).and_then(Option::as_ref);
                 let held = if keys.is_some() { maps.take_alone(index) } else { maps.take(index) };
                 let newer = |k: &K| held.map().and_then(|m| m.get(k)).is_some_and(|e| e.stamp > since);
                 // A key is either written or removed.

@@ -63,6 +63,12 @@ pub struct ValueState<K, V> {
     pub(super) changed: Vec<Arc<ChangedKeys>>,
     /// In-memory store: maps snapshots are done with, to copy into.
     spares: spares::Spares<StampedMap<K, V>>,
+    /// The vectors of key groups' logged keys, change logs and removals a
+    /// barrier hands a delta: reused, so that the pause allocates none (see
+    /// [`spares::Recycler`]).
+    logged: spares::Recycler<Option<Vec<Arc<Vec<K>>>>>,
+    changed_lists: spares::Recycler<Arc<ChangedKeys>>,
+    removed_lists: spares::Recycler<(u16, Vec<(K, u32)>)>,
     /// In-memory store, per owned key group: writes made while a snapshot
     /// still shares the group's map (it copies each map first thing, then
     /// lets go of it), applied to the map in place once it has; a value,
@@ -358,6 +364,8 @@ impl<K: Key, V: Data> ValueState<K, V> {
     }
 
     fn with_store(store: Store<K, V>, scope: &StateScope) -> Self {
+        let groups = scope.key_groups.len();
+        let (objects, bytes) = (matches!(store, Store::Objects(_)), matches!(store, Store::Bytes { .. }));
         Self {
             store,
             groups: scope.key_groups.clone(),
@@ -370,6 +378,11 @@ impl<K: Key, V: Data> ValueState<K, V> {
             logs: scope.key_groups.clone().map(|_| ChangeLog::default()).collect(),
             changed: scope.key_groups.clone().map(|_| Arc::default()).collect(),
             spares: spares::Spares::new(scope.key_groups.len()),
+            // Each store's own (with a length of 0 the vector is
+            // allocated when first filled).
+            logged: spares::Recycler::new(if bytes { 0 } else { groups }),
+            changed_lists: spares::Recycler::new(if objects { 0 } else { groups }),
+            removed_lists: spares::Recycler::new(if objects { groups } else { 0 }),
             overlays: scope.key_groups.clone().map(|_| Overlay::default()).collect(),
             wanted: spares::Wanted::new(scope.key_groups.len()),
             key_buf: Vec::new(),
@@ -791,7 +804,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     pub(super) fn snapshot_at(&mut self, at: Option<(u64, u64)>) -> Result<Snapshot> {
         let since = delta_since(at, self.first_base, self.since_full);
         // Per key group, the keys a delta looks up (`None`: it scans).
-        let mut logged: Vec<Option<Vec<Arc<Vec<K>>>>> = Vec::new();
+        let mut logged = spares::Recycler::none();
         if let (Some((n, completed)), Store::Objects(_) | Store::Cached(_)) = (at, &self.store) {
             let ending = self.epoch;
             let tracking = self.tracking;
@@ -803,7 +816,8 @@ impl<K: Key, V: Data> ValueState<K, V> {
                 }
             });
             if since.is_some() {
-                logged = keys.collect();
+                logged = self.logged.take();
+                logged.extend(keys);
             } else {
                 // A base looks up no keys: nothing to allocate in the pause
                 // (with glibc's allocator, the first allocation of a
@@ -839,8 +853,10 @@ impl<K: Key, V: Data> ValueState<K, V> {
         }
         match &mut self.store {
             Store::Objects(maps) => {
-                let removed: Vec<(u16, Vec<(K, u32)>)> =
-                    if base { Vec::new() } else { self.groups.clone().zip(self.removed.iter().cloned()).collect() };
+                let mut removed = self.removed_lists.take();
+                if !base {
+                    removed.extend(self.groups.clone().zip(self.removed.iter().cloned()));
+                }
                 // Writes an earlier snapshot made wait go into the maps first.
                 for (map, overlay) in maps.iter_mut().zip(self.overlays.iter_mut()) {
                     if !overlay.is_empty() {
@@ -854,9 +870,9 @@ impl<K: Key, V: Data> ValueState<K, V> {
                     // A delta's removals first: a key removed and then set
                     // again is in both.
                     let mut part = SnapshotPart::new(base);
-                    for (group, keys) in removed {
-                        for (k, _) in keys.iter() {
-                            part.remove(group, k)?;
+                    for (group, keys) in removed.iter() {
+                        for (k, _) in keys {
+                            part.remove(*group, k)?;
                             pass_if_full(&mut part, sink)?;
                         }
                     }
@@ -908,17 +924,22 @@ impl<K: Key, V: Data> ValueState<K, V> {
             }
             Store::Cached(store) => match since {
                 None => store.snapshot_base(self.groups.clone()),
-                Some(since) => Ok(store.snapshot_delta(since, self.changed.clone(), logged)),
+                Some(since) => {
+                    let mut changed = self.changed_lists.take();
+                    changed.extend(self.changed.iter().cloned());
+                    Ok(store.snapshot_delta(since, changed, logged))
+                }
             },
             Store::Bytes { table, .. } => match since {
                 None => table.snapshot_deferred(self.groups.clone()),
                 Some(since) => {
-                    let changed: Vec<(u16, Arc<ChangedKeys>)> =
-                        self.groups.clone().zip(self.changed.iter().cloned()).collect();
+                    let mut changed = self.changed_lists.take();
+                    changed.extend(self.changed.iter().cloned());
+                    let groups = self.groups.clone();
                     Ok(Box::new(move |sink| {
                         // A key is either written or removed: one part per key group.
                         let mut out = SnapshotPart::new(false);
-                        for (group, keys) in changed {
+                        for (group, keys) in groups.zip(changed.iter()) {
                             for (key, (_, value)) in keys.iter().filter(|(_, (e, _))| *e > since) {
                                 match value {
                                     Some(value) => out.part.push(group, key, value)?,
