@@ -516,7 +516,10 @@ fn main() {
     }
     // `WEIBO_CHECKPOINT_MS=<ms>` takes checkpoints that often (into a
     // temporary directory).
-    if let Some(ms) = std::env::var("WEIBO_CHECKPOINT_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+    // The longest barrier pause is printed to stderr at the end.
+    let checkpoint_ms = std::env::var("WEIBO_CHECKPOINT_MS").ok().and_then(|v| v.parse::<u64>().ok());
+    let checkpointing = checkpoint_ms.is_some();
+    if let Some(ms) = checkpoint_ms {
         job = job.with_checkpoints(state_dir.join("checkpoints"), Duration::from_millis(ms));
     }
     if on_disk {
@@ -566,6 +569,15 @@ fn main() {
                     }
                 }
             });
+        }
+        if checkpointing {
+            // The longest barrier pause of any operator, read before the
+            // handle is consumed (the job's metrics go with it).
+            while !handle.is_finished() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let pause = handle.metrics().operators.iter().map(|o| o.max_checkpoint_pause).max().unwrap_or_default();
+            eprintln!("CHECKPOINTS max_pause_ms={:.2}", pause.as_secs_f64() * 1e3);
         }
         handle.wait().await
     });

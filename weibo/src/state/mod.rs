@@ -1193,7 +1193,8 @@ mod tests {
             let name = backend.name();
             let mut s = ValueState::<u8, u64>::open(&*backend, &scope()).unwrap();
             let logged = |s: &ValueState<u8, u64>| {
-                s.removed.iter().map(Vec::len).sum::<usize>() + s.changed.iter().map(|c| c.len()).sum::<usize>()
+                s.removed.iter().map(value::Removals::len).sum::<usize>()
+                    + s.changed.iter().map(|c| c.len()).sum::<usize>()
             };
             for key in 0..50u8 {
                 s.update(4, key, &k(key), |v| *v = Some(1)).unwrap();

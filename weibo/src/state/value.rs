@@ -46,9 +46,9 @@ pub struct ValueState<K, V> {
     /// first checkpoint on (that one is a base, which holds everything
     /// before it), so a job without checkpoints keeps no change log.
     tracking: bool,
-    /// In-memory store: per owned key group, keys removed, with the epoch
-    /// of their removal.
-    pub(super) removed: Vec<Vec<(K, u32)>>,
+    /// In-memory store: per owned key group, keys removed since the last
+    /// complete checkpoint. See [`Removals`].
+    pub(super) removed: Vec<Removals<K>>,
     /// In-memory store, and the cache in front of a byte table: per owned
     /// key group, the keys changed since the checkpoints deltas build on,
     /// so that a delta looks them up instead of scanning the whole map.
@@ -68,7 +68,7 @@ pub struct ValueState<K, V> {
     /// [`spares::Recycler`]).
     logged: spares::Recycler<Option<Vec<Arc<Vec<K>>>>>,
     changed_lists: spares::Recycler<Arc<ChangedKeys>>,
-    removed_lists: spares::Recycler<(u16, Vec<(K, u32)>)>,
+    removed_lists: spares::Recycler<(u16, Arc<Vec<K>>)>,
     /// In-memory store, per owned key group: writes made while a snapshot
     /// still shares the group's map (it copies each map first thing, then
     /// lets go of it), applied to the map in place once it has; a value,
@@ -176,9 +176,58 @@ impl<K: Clone> ChangeLog<K> {
     }
 }
 
+/// The keys of one key group's in-memory map removed since the last
+/// complete checkpoint, for deltas: the current epoch's, and each past
+/// epoch's, sealed at its barrier into a list the snapshots that write it
+/// share. A barrier moves the epoch's list behind an `Arc` and hands the
+/// delta references, rather than copying every removal still pending
+/// (with session windows, which remove their keys as they fire, about
+/// 25 KiB per key group at every barrier, in the pause).
+pub(super) struct Removals<K> {
+    /// Past epochs' removals, by epoch.
+    sealed: Vec<(u32, Arc<Vec<K>>)>,
+    /// The current epoch's.
+    current: Vec<K>,
+}
+
+impl<K> Default for Removals<K> {
+    fn default() -> Self {
+        Self { sealed: Vec::new(), current: Vec::new() }
+    }
+}
+
+impl<K> Removals<K> {
+    /// `key` was removed in the current epoch.
+    #[inline]
+    pub(super) fn push(&mut self, key: K) {
+        self.current.push(key);
+    }
+
+    /// At the barrier ending `epoch`, after checkpoint `completed` (0:
+    /// none): seals the epoch's removals, and drops those a complete
+    /// checkpoint holds.
+    fn at_barrier(&mut self, epoch: u32, completed: u64) {
+        if !self.current.is_empty() {
+            self.sealed.push((epoch, Arc::new(std::mem::take(&mut self.current))));
+        }
+        self.sealed.retain(|(e, _)| u64::from(*e) > completed);
+    }
+
+    /// The sealed lists (every removal a delta writes).
+    fn sealed(&self) -> impl Iterator<Item = &Arc<Vec<K>>> {
+        self.sealed.iter().map(|(_, keys)| keys)
+    }
+
+    /// How many removals it holds.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.current.len() + self.sealed.iter().map(|(_, keys)| keys.len()).sum::<usize>()
+    }
+}
+
 /// Where a tracked change is logged: the key group's removals and its
 /// change log.
-pub(super) type Tracked<'a, K> = (&'a mut Vec<(K, u32)>, &'a mut ChangeLog<K>);
+pub(super) type Tracked<'a, K> = (&'a mut Removals<K>, &'a mut ChangeLog<K>);
 
 /// Updates `key` in `overlay`, beside `map`, which a snapshot still
 /// shares: as [`ValueState::update`] does in the map (logging a removal in
@@ -203,7 +252,7 @@ pub(super) fn overlaid_update<K: Key, V: Data, R>(
             let present = slot.is_some();
             if let Some((removed, log)) = tracked {
                 if existed && !present {
-                    removed.push((e.key().clone(), epoch));
+                    removed.push(e.key().clone());
                 } else if present && (first || !existed) {
                     // First changed in this epoch, or back after a removal
                     // in it (whose log entry the removal does not replace).
@@ -218,7 +267,7 @@ pub(super) fn overlaid_update<K: Key, V: Data, R>(
             let r = f(&mut slot);
             if let Some((removed, log)) = tracked {
                 if existed && slot.is_none() {
-                    removed.push((e.key().clone(), epoch));
+                    removed.push(e.key().clone());
                 } else if slot.is_some() {
                     log.record(e.key(), map_len);
                 }
@@ -374,7 +423,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             since_full: 0,
             first_base: None,
             tracking: false,
-            removed: scope.key_groups.clone().map(|_| Vec::new()).collect(),
+            removed: scope.key_groups.clone().map(|_| Removals::default()).collect(),
             logs: scope.key_groups.clone().map(|_| ChangeLog::default()).collect(),
             changed: scope.key_groups.clone().map(|_| Arc::default()).collect(),
             spares: spares::Spares::new(scope.key_groups.len()),
@@ -475,7 +524,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                             slot.map(|v| (v, epoch))
                         });
                         if let (Some(k), Some(removed)) = (gone, self.removed.get_mut(index)) {
-                            removed.push((k, epoch));
+                            removed.push(k);
                         }
                         if let (Some(k), Some(log)) = (first, self.logs.get_mut(index)) {
                             log.record(&k, map_len);
@@ -803,10 +852,11 @@ impl<K: Key, V: Data> ValueState<K, V> {
 
     pub(super) fn snapshot_at(&mut self, at: Option<(u64, u64)>) -> Result<Snapshot> {
         let since = delta_since(at, self.first_base, self.since_full);
+        // The epoch this barrier ends (changes from here on are the next's).
+        let ending = self.epoch;
         // Per key group, the keys a delta looks up (`None`: it scans).
         let mut logged = spares::Recycler::none();
         if let (Some((n, completed)), Store::Objects(_) | Store::Cached(_)) = (at, &self.store) {
-            let ending = self.epoch;
             let tracking = self.tracking;
             let keys = self.logs.iter_mut().map(|log| {
                 if tracking {
@@ -843,7 +893,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
         if let Some((_, completed)) = at {
             let pending = |e: &u32| u64::from(*e) > completed;
             for r in &mut self.removed {
-                r.retain(|(_, e)| pending(e));
+                r.at_barrier(ending, completed);
             }
             for c in &mut self.changed {
                 if !c.values().all(|(e, _)| pending(e)) {
@@ -855,7 +905,12 @@ impl<K: Key, V: Data> ValueState<K, V> {
             Store::Objects(maps) => {
                 let mut removed = self.removed_lists.take();
                 if !base {
-                    removed.extend(self.groups.clone().zip(self.removed.iter().cloned()));
+                    removed.extend(
+                        self.groups
+                            .clone()
+                            .zip(&self.removed)
+                            .flat_map(|(g, r)| r.sealed().map(move |keys| (g, keys.clone()))),
+                    );
                 }
                 // Writes an earlier snapshot made wait go into the maps first.
                 for (map, overlay) in maps.iter_mut().zip(self.overlays.iter_mut()) {
@@ -871,7 +926,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                     // again is in both.
                     let mut part = SnapshotPart::new(base);
                     for (group, keys) in removed.iter() {
-                        for (k, _) in keys {
+                        for k in keys.iter() {
                             part.remove(*group, k)?;
                             pass_if_full(&mut part, sink)?;
                         }
@@ -1042,5 +1097,39 @@ impl<K: Key, V: Data> ValueState<K, V> {
             self.update(group, k, key, |slot| *slot = Some(v))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A barrier seals the epoch's removals into a list it shares with the
+    /// delta (the same allocation, not a copy), keeps every list a
+    /// complete checkpoint does not hold yet (a delta after a failed
+    /// checkpoint writes them again), and drops those one holds.
+    #[test]
+    fn removals_are_sealed_per_epoch_shared_and_dropped_once_complete() {
+        let mut r: Removals<u64> = Removals::default();
+        r.push(1);
+        r.push(2);
+        r.at_barrier(1, 0);
+        let first: Vec<Arc<Vec<u64>>> = r.sealed().cloned().collect();
+        assert_eq!(first.iter().map(|k| k.as_slice()).collect::<Vec<_>>(), [[1, 2]]);
+        // Checkpoint 1 does not complete: its removals go out again.
+        r.push(3);
+        r.at_barrier(2, 0);
+        let second: Vec<Arc<Vec<u64>>> = r.sealed().cloned().collect();
+        assert_eq!(second.len(), 2);
+        assert!(Arc::ptr_eq(first.first().unwrap(), second.first().unwrap()), "shared, not copied");
+        assert_eq!(second.get(1).map(|k| k.as_slice()), Some(&[3][..]));
+        // An epoch without removals seals nothing; checkpoint 2 completes.
+        r.at_barrier(3, 2);
+        assert_eq!(r.len(), 0);
+        r.push(4);
+        assert_eq!(r.len(), 1);
+        r.at_barrier(4, 2);
+        assert_eq!(r.sealed().map(|k| k.as_slice()).collect::<Vec<_>>(), [[4]]);
     }
 }
