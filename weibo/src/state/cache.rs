@@ -218,7 +218,7 @@ pub(super) struct Tracking<'a> {
     /// Whether changes are logged at all.
     pub(super) on: bool,
     /// Per owned key group, the log.
-    pub(super) changed: &'a mut [Arc<ChangedKeys>],
+    pub(super) changed: &'a mut [super::value::ByteChanges],
 }
 
 impl<K: Key, V: Data> CacheStore<K, V> {
@@ -706,7 +706,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         }
         let group = self.table_group(index);
         let mut writes: super::Writes = Vec::new();
-        let mut log = tracking.on.then(|| tracking.changed.get_mut(index)).flatten().map(Arc::make_mut);
+        let mut log = tracking.on.then(|| tracking.changed.get_mut(index)).flatten();
         let entries = map
             .iter()
             .filter(|(k, _)| overlay.is_empty() || !overlay.contains_key(*k))
@@ -722,8 +722,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 None => None,
             };
             if let Some(log) = log.as_mut() {
-                let change = (entry.stamp, value.as_deref().map(Box::from));
-                log.insert(key.clone().into_boxed_slice(), change);
+                log.log(&key, (entry.stamp, value.as_deref().map(Box::from)));
             }
             if value.is_some() || entry.stored {
                 writes.push((group, key, value));
@@ -873,19 +872,21 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     pub(super) fn snapshot_delta(
         &mut self,
         since: u32,
-        changed: impl AsRef<[Arc<ChangedKeys>]> + Send + 'static,
+        changed: impl AsRef<[(usize, Arc<ChangedKeys>)]> + Send + 'static,
         logged: impl AsRef<[Option<Vec<Arc<Vec<K>>>>]> + Send + 'static,
     ) -> Snapshot {
         let mut maps = self.share();
         let (first, operator) = (self.first, self.operator.clone());
         Box::new(move |sink| {
             let mut out = SnapshotPart::new(false);
-            for ((index, group), log) in (0..maps.len()).zip(first..).zip(changed.as_ref()) {
+            let mut at = 0;
+            for (index, group) in (0..maps.len()).zip(first..) {
+                let log = super::value::group_changes(changed.as_ref(), &mut at, index);
                 let keys = logged.as_ref().get(index).and_then(Option::as_ref);
                 let held = if keys.is_some() { maps.take_alone(index) } else { maps.take(index) };
                 let newer = |k: &K| held.map().and_then(|m| m.get(k)).is_some_and(|e| e.stamp > since);
                 // A key is either written or removed.
-                for (n, (key, (_, value))) in log.iter().filter(|(_, (e, _))| *e > since).enumerate() {
+                super::value::latest_changes(log, since, |n, key, value| {
                     if n % 4_096 == 4_095 {
                         maps.release(index);
                     }
@@ -895,14 +896,14 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                         source: Some(e.into()),
                     })?;
                     if newer(&k) {
-                        continue;
+                        return Ok(());
                     }
                     match value {
                         Some(value) => out.part.push(group, key, value)?,
                         None => out.part.push_removed(group, key)?,
                     }
-                    pass_if_full(&mut out, sink)?;
-                }
+                    pass_if_full(&mut out, sink)
+                })?;
                 if let Some(segments) = keys {
                     // The logged keys' entries, as the map holds them (a
                     // key logged but not cached went back to the table
@@ -1041,7 +1042,7 @@ mod tests {
     #[test]
     fn the_budget_counts_what_the_maps_allocate_through_churn() {
         let mut s = store(16 << 10);
-        let mut changed: Vec<Arc<ChangedKeys>> = (0..4).map(|_| Arc::default()).collect();
+        let mut changed: Vec<super::super::value::ByteChanges> = (0..4).map(|_| Default::default()).collect();
         // Checkpoints share the maps now and then, and run a while later:
         // writes meanwhile go beside the maps (outside the budget).
         let mut export: Option<Snapshot> = None;
@@ -1053,7 +1054,7 @@ mod tests {
                 export = Some(if epoch % 2 == 1 {
                     s.snapshot_base(0..4).unwrap()
                 } else {
-                    s.snapshot_delta(epoch - 1, changed.clone(), Vec::new())
+                    s.snapshot_delta(epoch - 1, Vec::new(), Vec::new())
                 });
             }
             if i % 5_000 == 3_000
@@ -1104,7 +1105,7 @@ mod tests {
     fn an_ordered_scan_lays_the_cache_over_the_table() {
         // Room for a few dozen entries: key groups are written back often.
         let mut s = store(2_000);
-        let mut changed: Vec<Arc<ChangedKeys>> = (0..4).map(|_| Arc::default()).collect();
+        let mut changed: Vec<super::super::value::ByteChanges> = (0..4).map(|_| Default::default()).collect();
         let mut model: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
         let mut shared: Option<Snapshot> = None;
         let mut rng = 0x2545_f491_4f6c_dd1du64;

@@ -60,14 +60,14 @@ pub struct ValueState<K, V> {
     /// so a delta needs no reads from the table. Shared with the
     /// checkpoint being taken and copied on the next write, like the
     /// in-memory maps, so the barrier does not copy keys.
-    pub(super) changed: Vec<Arc<ChangedKeys>>,
+    pub(super) changed: Vec<ByteChanges>,
     /// In-memory store: maps snapshots are done with, to copy into.
     spares: spares::Spares<StampedMap<K, V>>,
     /// The vectors of key groups' logged keys, change logs and removals a
     /// barrier hands a delta: reused, so that the pause allocates none (see
     /// [`spares::Recycler`]).
     logged: spares::Recycler<Option<Vec<Arc<Vec<K>>>>>,
-    changed_lists: spares::Recycler<Arc<ChangedKeys>>,
+    changed_lists: spares::Recycler<(usize, Arc<ChangedKeys>)>,
     removed_lists: spares::Recycler<(u16, Arc<Vec<K>>)>,
     /// In-memory store, per owned key group: writes made while a snapshot
     /// still shares the group's map (it copies each map first thing, then
@@ -300,24 +300,100 @@ pub(super) fn apply_overlay<K: Key, V>(map: &mut StampedMap<K, V>, overlay: &mut
 /// and the encoded value it left (`None`: removed).
 pub(super) type ChangedKeys = hashbrown::HashMap<Box<[u8]>, (u32, Option<Box<[u8]>>), FxBuildHasher>;
 
+/// The changes of one key group of a byte store (or the write-backs of
+/// the cache in front of one) since the last complete checkpoint, for
+/// deltas: the current epoch's, and each past epoch's, sealed at its
+/// barrier into a map the delta shares.
+///
+/// A barrier seals the epoch's map behind an `Arc` and hands the delta
+/// references; the maps a complete checkpoint holds leave with the
+/// snapshot and are freed on its thread. One map pruned in place at every
+/// barrier freed each key and value a complete checkpoint held in the
+/// pause (with timers on disk, 10–16 ms of it, `bench sessions`), and
+/// copied the whole map when the previous snapshot still shared it.
+#[derive(Default)]
+pub(super) struct ByteChanges {
+    /// Past epochs' changes, by epoch (oldest first).
+    sealed: Vec<(u32, Arc<ChangedKeys>)>,
+    /// The current epoch's (the epoch each change carries may be older:
+    /// a cache writes back an entry changed earlier).
+    current: ChangedKeys,
+}
+
+impl ByteChanges {
+    /// Logs a change of `key`: the epoch it was made in and the value it
+    /// left (`None`: removed); a later change of the same key in this
+    /// epoch replaces an earlier one.
+    pub(super) fn log(&mut self, key: &[u8], change: (u32, Option<Box<[u8]>>)) {
+        match self.current.get_mut(key) {
+            Some(last) => *last = change,
+            None => {
+                self.current.insert(key.into(), change);
+            }
+        }
+    }
+
+    /// At the barrier ending `epoch`, after checkpoint `completed` (0:
+    /// none): seals the epoch's changes, and moves the maps a complete
+    /// checkpoint holds into `dropped` (for the snapshot to free).
+    fn at_barrier(&mut self, epoch: u32, completed: u64, dropped: &mut Vec<Arc<ChangedKeys>>) {
+        if !self.current.is_empty() {
+            self.sealed.push((epoch, Arc::new(std::mem::take(&mut self.current))));
+        }
+        let kept = self.sealed.iter().position(|(e, _)| u64::from(*e) > completed).unwrap_or(self.sealed.len());
+        dropped.extend(self.sealed.drain(..kept).map(|(_, changes)| changes));
+    }
+
+    /// How many changes it holds (a key changed in two epochs counts twice).
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.current.len() + self.sealed.iter().map(|(_, c)| c.len()).sum::<usize>()
+    }
+}
+
+/// Passes each key's latest change after epoch `since` in `segments` (one
+/// key group's sealed maps, oldest first) to `f`, once per key, with a
+/// running count (for a caller that lets go of things now and then).
+pub(super) fn latest_changes(
+    segments: &[(usize, Arc<ChangedKeys>)],
+    since: u32,
+    mut f: impl FnMut(usize, &[u8], &Option<Box<[u8]>>) -> Result<()>,
+) -> Result<()> {
+    let mut n = 0;
+    let mut seen: hashbrown::HashSet<&[u8], FxBuildHasher> = hashbrown::HashSet::default();
+    let several = segments.len() > 1;
+    // Newest first: a key's latest change is in the newest map holding it.
+    for (_, changes) in segments.iter().rev() {
+        for (key, (e, value)) in changes.iter() {
+            if *e <= since || (several && !seen.insert(key)) {
+                continue;
+            }
+            f(n, key, value)?;
+            n += 1;
+        }
+    }
+    Ok(())
+}
+
+/// The run of `changes` (key group index, map; by index) for key group
+/// `index`, from `*at` on, which it moves past.
+pub(super) fn group_changes<'a>(
+    changes: &'a [(usize, Arc<ChangedKeys>)],
+    at: &mut usize,
+    index: usize,
+) -> &'a [(usize, Arc<ChangedKeys>)] {
+    let rest = changes.get(*at..).unwrap_or_default();
+    let len = rest.iter().take_while(|(i, _)| *i == index).count();
+    *at += len;
+    rest.get(..len).unwrap_or_default()
+}
+
 /// Logs a change of a byte store's `key_bytes` (in key group `index`) in
 /// `epoch`, for incremental checkpoints: its value as written, `None` for
 /// a removal; a later change of the same key replaces an earlier one.
-fn log_byte_change(
-    changed: &mut [Arc<ChangedKeys>],
-    index: usize,
-    epoch: u32,
-    key_bytes: &[u8],
-    written: Option<&[u8]>,
-) {
-    let Some(changed) = changed.get_mut(index) else { return };
-    let change = (epoch, written.map(Box::from));
-    let changed = Arc::make_mut(changed);
-    match changed.get_mut(key_bytes) {
-        Some(last) => *last = change,
-        None => {
-            changed.insert(key_bytes.into(), change);
-        }
+fn log_byte_change(changed: &mut [ByteChanges], index: usize, epoch: u32, key_bytes: &[u8], written: Option<&[u8]>) {
+    if let Some(changed) = changed.get_mut(index) {
+        changed.log(key_bytes, (epoch, written.map(Box::from)));
     }
 }
 
@@ -425,7 +501,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             tracking: false,
             removed: scope.key_groups.clone().map(|_| Removals::default()).collect(),
             logs: scope.key_groups.clone().map(|_| ChangeLog::default()).collect(),
-            changed: scope.key_groups.clone().map(|_| Arc::default()).collect(),
+            changed: scope.key_groups.clone().map(|_| ByteChanges::default()).collect(),
             spares: spares::Spares::new(scope.key_groups.len()),
             // Each store's own (with a length of 0 the vector is
             // allocated when first filled).
@@ -884,23 +960,52 @@ impl<K: Key, V: Data> ValueState<K, V> {
             self.epoch = (n + 1) as u32;
             self.tracking = true;
         }
-        let base = since.is_none();
-        // Removals a complete checkpoint holds are not needed again; the
-        // others are kept even when this snapshot is a base, since a base
-        // whose checkpoint fails leaves the next delta building on an older
-        // complete checkpoint.
-        // (A plain snapshot, not for a checkpoint, leaves the logs alone.)
+        // Removals and changes a complete checkpoint holds are not needed
+        // again; the others are kept even when this snapshot is a base,
+        // since a base whose checkpoint fails leaves the next delta building
+        // on an older complete checkpoint. (A plain snapshot, not for a
+        // checkpoint, leaves the logs alone.) The change maps dropped are
+        // freed with the snapshot, off the worker.
+        let mut dropped: Vec<Arc<ChangedKeys>> = Vec::new();
         if let Some((_, completed)) = at {
-            let pending = |e: &u32| u64::from(*e) > completed;
             for r in &mut self.removed {
                 r.at_barrier(ending, completed);
             }
             for c in &mut self.changed {
-                if !c.values().all(|(e, _)| pending(e)) {
-                    Arc::make_mut(c).retain(|_, (e, _)| pending(e));
-                }
+                c.at_barrier(ending, completed, &mut dropped);
             }
         }
+        // A byte store's delta: per key group (by index), the sealed change
+        // maps it reads.
+        let mut changes = spares::Recycler::none();
+        if since.is_some() && !matches!(self.store, Store::Objects(_)) {
+            changes = self.changed_lists.take();
+            changes.extend(
+                self.changed.iter().enumerate().flat_map(|(i, c)| c.sealed.iter().map(move |(_, m)| (i, m.clone()))),
+            );
+        }
+        let snapshot = self.snapshot_store(since, changes, logged)?;
+        if dropped.is_empty() {
+            return Ok(snapshot);
+        }
+        Ok(Box::new(move |sink| {
+            let written = snapshot(sink);
+            drop(dropped);
+            written
+        }))
+    }
+
+    /// The store's snapshot for [`ValueState::snapshot_at`], once the
+    /// logs are sealed: a base (`since` is `None`) or a delta, which
+    /// looks up the `logged` keys (in memory, or in a cache) and writes
+    /// the `changes` (a byte store, or a cache's write-backs).
+    fn snapshot_store(
+        &mut self,
+        since: Option<u32>,
+        changes: spares::Recycled<(usize, Arc<ChangedKeys>)>,
+        logged: spares::Recycled<Option<Vec<Arc<Vec<K>>>>>,
+    ) -> Result<Snapshot> {
+        let base = since.is_none();
         match &mut self.store {
             Store::Objects(maps) => {
                 let mut removed = self.removed_lists.take();
@@ -979,29 +1084,24 @@ impl<K: Key, V: Data> ValueState<K, V> {
             }
             Store::Cached(store) => match since {
                 None => store.snapshot_base(self.groups.clone()),
-                Some(since) => {
-                    let mut changed = self.changed_lists.take();
-                    changed.extend(self.changed.iter().cloned());
-                    Ok(store.snapshot_delta(since, changed, logged))
-                }
+                Some(since) => Ok(store.snapshot_delta(since, changes, logged)),
             },
             Store::Bytes { table, .. } => match since {
                 None => table.snapshot_deferred(self.groups.clone()),
                 Some(since) => {
-                    let mut changed = self.changed_lists.take();
-                    changed.extend(self.changed.iter().cloned());
                     let groups = self.groups.clone();
                     Ok(Box::new(move |sink| {
                         // A key is either written or removed: one part per key group.
                         let mut out = SnapshotPart::new(false);
-                        for (group, keys) in groups.zip(changed.iter()) {
-                            for (key, (_, value)) in keys.iter().filter(|(_, (e, _))| *e > since) {
+                        let mut at = 0;
+                        for (index, group) in groups.enumerate() {
+                            latest_changes(group_changes(&changes, &mut at, index), since, |_, key, value| {
                                 match value {
                                     Some(value) => out.part.push(group, key, value)?,
                                     None => out.part.push_removed(group, key)?,
                                 }
-                                pass_if_full(&mut out, sink)?;
-                            }
+                                pass_if_full(&mut out, sink)
+                            })?;
                             flush_part(&mut out, sink)?;
                         }
                         Ok(false)
@@ -1131,5 +1231,54 @@ mod tests {
         assert_eq!(r.len(), 1);
         r.at_barrier(4, 2);
         assert_eq!(r.sealed().map(|k| k.as_slice()).collect::<Vec<_>>(), [[4]]);
+    }
+
+    /// A byte store's changes are sealed per epoch; a delta over several
+    /// epochs (a checkpoint in between did not complete) writes each key's
+    /// latest change once, however many epochs changed it, and only those
+    /// after the checkpoint it builds on; the maps a complete checkpoint
+    /// holds leave the state whole (for the snapshot to free).
+    #[test]
+    fn byte_changes_give_each_keys_latest_change_once_and_leave_whole() {
+        let mut c = ByteChanges::default();
+        let put = |v: u8| (1, Some(vec![v].into_boxed_slice()));
+        c.log(b"a", put(1));
+        c.log(b"b", put(2));
+        c.log(b"a", put(3));
+        let mut dropped = Vec::new();
+        c.at_barrier(1, 0, &mut dropped);
+        // Checkpoint 1 does not complete; epoch 2 removes `a`, writes `c`.
+        c.log(b"a", (2, None));
+        c.log(b"c", (2, Some(vec![4].into_boxed_slice())));
+        c.at_barrier(2, 0, &mut dropped);
+        assert!(dropped.is_empty());
+        let sealed: Vec<(usize, Arc<ChangedKeys>)> = c.sealed.iter().map(|(_, m)| (7, m.clone())).collect();
+        let delta = |since: u32| {
+            let mut out: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+            latest_changes(&sealed, since, |_, k, v| {
+                out.push((k.to_vec(), v.as_ref().map(|v| v.to_vec())));
+                Ok(())
+            })
+            .unwrap();
+            out.sort();
+            out
+        };
+        let all = vec![(b"a".to_vec(), None), (b"b".to_vec(), Some(vec![2])), (b"c".to_vec(), Some(vec![4]))];
+        assert_eq!(delta(0), all);
+        assert_eq!(delta(1), vec![(b"a".to_vec(), None), (b"c".to_vec(), Some(vec![4]))]);
+        // Key group 7's run, found from a list of several key groups'.
+        let list: Vec<(usize, Arc<ChangedKeys>)> =
+            [(3, Arc::default())].into_iter().chain(sealed.iter().cloned()).chain([(9, Arc::default())]).collect();
+        let mut at = 0;
+        assert_eq!(group_changes(&list, &mut at, 3).len(), 1);
+        assert_eq!(group_changes(&list, &mut at, 5).len(), 0);
+        assert_eq!(group_changes(&list, &mut at, 7).len(), 2);
+        assert_eq!((group_changes(&list, &mut at, 9).len(), at), (1, 4));
+        // Checkpoint 2 completes: both maps leave, unfreed (the delta's
+        // references and `dropped` hold them).
+        drop(list);
+        c.at_barrier(3, 2, &mut dropped);
+        assert_eq!((c.len(), dropped.len()), (0, 2));
+        assert!(sealed.iter().zip(&dropped).all(|((_, s), d)| Arc::ptr_eq(s, d)));
     }
 }
