@@ -57,9 +57,9 @@ pub struct ValueState<K, V> {
     /// Byte store: per owned key group, keys written or removed (without a
     /// cache: every change; with one: every write-back), with the epoch of
     /// their last change and the encoded value written (`None`: removed),
-    /// so a delta needs no reads from the table. Shared with the
-    /// checkpoint being taken and copied on the next write, like the
-    /// in-memory maps, so the barrier does not copy keys.
+    /// so a delta needs no reads from the table. Sealed per epoch and
+    /// shared with the checkpoints being taken, so the barrier neither
+    /// copies nor frees keys: see [`ByteChanges`].
     pub(super) changed: Vec<ByteChanges>,
     /// In-memory store: maps snapshots are done with, to copy into.
     spares: spares::Spares<StampedMap<K, V>>,
