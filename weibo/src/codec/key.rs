@@ -79,10 +79,17 @@ pub trait Key: Clone + Eq + std::hash::Hash + Send + Sync + 'static {
     #[doc(hidden)]
     #[inline]
     fn routing_hash(&self, scratch: &mut Vec<u8>) -> u64 {
-        scratch.clear();
-        self.encode_key(scratch);
-        key_hash(scratch)
+        hash_of_encoding(self, scratch)
     }
+}
+
+/// [`key_hash`] of `key`'s encoding, written into `scratch` (cleared
+/// first): [`Key::routing_hash`] of a type without a shortcut.
+#[inline]
+fn hash_of_encoding<K: Key>(key: &K, scratch: &mut Vec<u8>) -> u64 {
+    scratch.clear();
+    key.encode_key(scratch);
+    key_hash(scratch)
 }
 
 /// The name of the key encoding, with its version, in codec identities.
@@ -212,11 +219,7 @@ macro_rules! unsigned_key {
             fn routing_hash(&self, scratch: &mut Vec<u8>) -> u64 {
                 match <[u8; 8]>::try_from(&self.to_be_bytes()[..]) {
                     Ok(eight) => xxh3_8(eight),
-                    Err(_) => {
-                        scratch.clear();
-                        self.encode_key(scratch);
-                        key_hash(scratch)
-                    }
+                    Err(_) => hash_of_encoding(self, scratch),
                 }
             }
         }
@@ -247,11 +250,7 @@ macro_rules! signed_key {
                 let flipped = (*self as $u) ^ (1 << (<$u>::BITS - 1));
                 match <[u8; 8]>::try_from(&flipped.to_be_bytes()[..]) {
                     Ok(eight) => xxh3_8(eight),
-                    Err(_) => {
-                        scratch.clear();
-                        self.encode_key(scratch);
-                        key_hash(scratch)
-                    }
+                    Err(_) => hash_of_encoding(self, scratch),
                 }
             }
         }
