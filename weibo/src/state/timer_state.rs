@@ -12,9 +12,10 @@ impl<K: Key> TimerState<K> {
     }
 
     /// Every timer as of now, to encode later (on another thread): the
-    /// index is copied shallowly (one reference per time), and the keys of
-    /// a time are copied when a timer of that time is next set or deleted
-    /// while the checkpoint still holds them.
+    /// index is shared in chunks (one reference per chunk of times), and a
+    /// chunk is copied, with its times' keys, when a timer in it is next
+    /// set, deleted or fired while the checkpoint still holds it (see
+    /// `TimeIndex`).
     ///
     /// # Errors
     /// [`Error::State`] when a byte backend fails.
@@ -28,8 +29,8 @@ impl<K: Key> TimerState<K> {
     /// [`ValueState::snapshot_changes`]), except that a base is also written
     /// once the timers removed and not yet in a complete checkpoint
     /// outnumber both those set and 65,536 (the log of removals is then
-    /// dropped). The barrier copies one reference per time and per
-    /// checkpoint the log spans, not the timers.
+    /// dropped). The barrier copies one reference per chunk of times and
+    /// per checkpoint the log spans, not the timers.
     ///
     /// # Errors
     /// [`Error::State`] when a byte backend fails.
@@ -44,6 +45,7 @@ impl<K: Key> TimerState<K> {
         let log = &mut self.log;
         let since = delta_since(at, log.first_base, log.since_full);
         let mut removed = Vec::new();
+        let mut dropped: Vec<Arc<RemovedTimers<K>>> = Vec::new();
         if let Some((n, completed)) = at {
             log.first_base.get_or_insert(n);
             log.since_full = if since.is_some() { log.since_full + 1 } else { 1 };
@@ -53,15 +55,18 @@ impl<K: Key> TimerState<K> {
                 log.removed.push((log.epoch, current));
             }
             log.epoch = (n + 1) as u32;
-            // Removals a complete checkpoint holds are not needed again.
-            log.removed.retain(|(e, _)| u64::from(*e) > completed);
+            // Removals a complete checkpoint holds are not needed again:
+            // they are freed with the snapshot, off the worker (a large
+            // free in the pause can make glibc merge every small chunk
+            // freed before it).
+            let kept = log.removed.iter().position(|(e, _)| u64::from(*e) > completed).unwrap_or(log.removed.len());
+            dropped = log.removed.drain(..kept).map(|(_, r)| r).collect();
             log.removed_len = log.removed.iter().map(|(_, r)| r.len()).sum();
             if since.is_some() {
                 removed = log.removed.iter().map(|(_, r)| r.clone()).collect();
             }
         }
-        let shared: Vec<(Timestamp, Arc<TimerKeys<K>>)> =
-            self.by_time.iter_mut().map(|(t, k)| (*t, k.share())).collect();
+        let shared = self.index.share();
         let base = since.is_none();
         Ok(Box::new(move |sink| {
             let mut part = SnapshotPart::new(base);
@@ -76,7 +81,7 @@ impl<K: Key> TimerState<K> {
                 }
             }
             flush_part(&mut part, sink)?;
-            for (time, keys) in shared {
+            for (time, keys) in shared.iter().flat_map(|chunk| chunk.iter()) {
                 for (k, (group, stamp)) in keys.iter() {
                     if since.is_some_and(|s| *stamp <= s) {
                         continue;
@@ -88,6 +93,7 @@ impl<K: Key> TimerState<K> {
                 }
             }
             flush_part(&mut part, sink)?;
+            drop(dropped);
             Ok(base)
         }))
     }
@@ -98,7 +104,7 @@ impl<K: Key> TimerState<K> {
         if let Some(table) = &mut self.table {
             return table.contents();
         }
-        self.by_time.iter().flat_map(|(time, keys)| keys.keys().map(|k| (*time, k.clone()))).collect()
+        self.index.iter().flat_map(|(time, keys)| keys.keys().map(move |k| (time, k.clone()))).collect()
     }
 
     /// Loads timers from a checkpoint.
@@ -135,9 +141,6 @@ pub type DueTimers<K> = (Timestamp, Vec<(K, u16)>);
 
 /// Keys due at one time, with their key groups.
 pub(super) type DueKeys<K> = hashbrown::HashMap<K, u16, FxBuildHasher>;
-
-/// The keys of one time's timers: key → (key group, epoch it was set in).
-pub(super) type TimerKeys<K> = hashbrown::HashMap<K, (u16, u32), FxBuildHasher>;
 
 /// Timers removed in one epoch: (time, key, key group).
 pub(super) type RemovedTimers<K> = Vec<(Timestamp, K, u16)>;
@@ -187,9 +190,6 @@ impl<K> TimerLog<K> {
     }
 }
 
-/// Emptied key sets a timer state keeps for new times.
-const SPARE_TIMES: usize = 64;
-
 /// Event-time timers per key: "call me back for key `k` when the watermark
 /// reaches `t`". Windows keep their firing and clean-up times here, and
 /// keyed `process` functions register their own.
@@ -204,17 +204,9 @@ const SPARE_TIMES: usize = 64;
 /// is the time, in the order-preserving key encoding, then the encoded
 /// key; it has no value).
 pub struct TimerState<K> {
-    /// Per time, its keys; shared with the checkpoint being written, if
-    /// any, and copied on the next change (copy-on-write per time).
-    /// (Boxed: the map moves its values when the earliest time is taken
-    /// out, and a key set is several words.)
-    by_time: BTreeMap<Timestamp, Box<Shareable<TimerKeys<K>>>>,
-    /// Emptied key sets of fired times, for new times to fill: a timer at
-    /// a time of its own (a session window's, one per event) would
-    /// otherwise allocate a set and free it. Boxed as `by_time` holds
-    /// them, so one goes back in without an allocation.
-    #[allow(clippy::vec_box)]
-    spare: Vec<Box<Shareable<TimerKeys<K>>>>,
+    /// Per time, its keys, in chunks shared with the checkpoint being
+    /// written, if any (see [`TimeIndex`]).
+    index: TimeIndex<K>,
     len: usize,
     log: TimerLog<K>,
     /// On a byte backend: the timers, in its table (the fields above
@@ -243,7 +235,7 @@ impl<K: Key> TimerState<K> {
         } else {
             Some(Box::new(timers::TableTimers::open(backend, scope)?))
         };
-        Ok(Self { by_time: BTreeMap::new(), spare: Vec::new(), len: 0, log: TimerLog::default(), table })
+        Ok(Self { index: TimeIndex::default(), len: 0, log: TimerLog::default(), table })
     }
 
     /// What it holds now (for metrics): its timers in memory, or its
@@ -265,10 +257,7 @@ impl<K: Key> TimerState<K> {
         if let Some(table) = &mut self.table {
             return table.register(time, group, key);
         }
-        let spare = &mut self.spare;
-        let keys = self.by_time.entry(time).or_insert_with(|| spare.pop().unwrap_or_default()).make_mut();
-        if !keys.contains_key(key) {
-            keys.insert(key.clone(), (group, self.log.epoch));
+        if self.index.insert(time, key, (group, self.log.epoch)) {
             self.len += 1;
         }
         Ok(())
@@ -283,13 +272,7 @@ impl<K: Key> TimerState<K> {
         if let Some(table) = &mut self.table {
             return table.delete(time, group, key);
         }
-        let Some(keys) = self.by_time.get_mut(&time) else { return Ok(()) };
-        let Some(&(group, stamp)) = keys.get(key) else { return Ok(()) };
-        let keys = keys.make_mut();
-        keys.remove(key);
-        if keys.is_empty() {
-            self.by_time.remove(&time);
-        }
+        let Some((group, stamp)) = self.index.remove(time, key) else { return Ok(()) };
         self.len -= 1;
         if self.log.logs(stamp) {
             self.log.push(time, key.clone(), group, self.len);
@@ -303,7 +286,7 @@ impl<K: Key> TimerState<K> {
         if let Some(table) = &self.table {
             return table.next_time();
         }
-        self.by_time.first_key_value().map(|(t, _)| *t)
+        self.index.first_time()
     }
 
     /// How many timers are set.
@@ -325,11 +308,7 @@ impl<K: Key> TimerState<K> {
         if let Some(table) = &mut self.table {
             return table.pop_due(watermark);
         }
-        let Some(entry) = self.by_time.first_entry() else { return Ok(None) };
-        if *entry.key() > watermark {
-            return Ok(None);
-        }
-        let (time, mut keys) = entry.remove_entry();
+        let Some((time, mut keys)) = self.index.pop_due(watermark) else { return Ok(None) };
         self.len -= keys.len();
         let mut due = Vec::with_capacity(keys.len());
         let mut push = |k: K, group: u16, stamp: u32, log: &mut TimerLog<K>, len: usize| {
@@ -338,20 +317,11 @@ impl<K: Key> TimerState<K> {
             }
             due.push((k, group));
         };
-        if let Shareable::Own(own) = &mut *keys {
-            for (k, (group, stamp)) in own.drain() {
-                push(k, group, stamp, &mut self.log, self.len);
-            }
-            if self.spare.len() < SPARE_TIMES {
-                // Emptied, its memory kept.
-                self.spare.push(keys);
-            }
-        } else {
-            // A checkpoint still holds it: read it where it is.
-            for (k, (group, stamp)) in keys.iter() {
-                push(k.clone(), *group, *stamp, &mut self.log, self.len);
-            }
+        for (k, (group, stamp)) in keys.drain() {
+            push(k, group, stamp, &mut self.log, self.len);
         }
+        // Emptied, its memory kept.
+        self.index.recycle(keys);
         Ok(Some((time, due)))
     }
 }

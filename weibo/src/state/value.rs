@@ -69,6 +69,11 @@ pub struct ValueState<K, V> {
     logged: spares::Recycler<Option<Vec<Arc<Vec<K>>>>>,
     changed_lists: spares::Recycler<(usize, Arc<ChangedKeys>)>,
     removed_lists: spares::Recycler<(u16, Arc<Vec<K>>)>,
+    /// The vectors of logs a barrier drops (a complete checkpoint holds
+    /// them), for the snapshot to free on its thread: key logs (removals,
+    /// changed keys) and byte change logs.
+    dropped_keys: spares::Recycler<Arc<Vec<K>>>,
+    dropped_changes: spares::Recycler<Arc<ChangedKeys>>,
     /// In-memory store, per owned key group: writes made while a snapshot
     /// still shares the group's map (it copies each map first thing, then
     /// lets go of it), applied to the map in place once it has; a value,
@@ -153,14 +158,22 @@ impl<K: Clone> ChangeLog<K> {
 
     /// At the barrier of checkpoint `n` (`epoch` is the one ending, `n`),
     /// after checkpoint `completed` (0: none): seals the epoch's keys and
-    /// drops those a complete checkpoint holds; a base starts logging if it
+    /// moves those a complete checkpoint holds into `dropped` (for the
+    /// snapshot to free: see [`EpochLog`]); a base starts logging if it
     /// was not. Returns the keys changed after `since` if the log holds
     /// them all (`None`: scan the map).
-    fn at_barrier(&mut self, epoch: u32, n: u64, completed: u64, delta_since: Option<u32>) -> Option<Vec<Arc<Vec<K>>>> {
+    fn at_barrier(
+        &mut self,
+        epoch: u32,
+        (n, completed): (u64, u64),
+        delta_since: Option<u32>,
+        dropped: &mut Vec<Arc<Vec<K>>>,
+    ) -> Option<Vec<Arc<Vec<K>>>> {
         if !self.current.is_empty() {
             self.sealed.push((epoch, Arc::new(std::mem::take(&mut self.current))));
         }
-        self.sealed.retain(|(e, _)| u64::from(*e) > completed);
+        let kept = self.sealed.iter().position(|(e, _)| u64::from(*e) > completed).unwrap_or(self.sealed.len());
+        dropped.extend(self.sealed.drain(..kept).map(|(_, keys)| keys));
         self.len = self.sealed.iter().map(|(_, keys)| keys.len()).sum();
         let keys = match (delta_since, self.since) {
             (Some(since), Some(from)) if from <= u64::from(since) => {
@@ -507,6 +520,8 @@ impl<K: Key, V: Data> ValueState<K, V> {
             logged: spares::Recycler::new(if bytes { 0 } else { groups }),
             changed_lists: spares::Recycler::new(if objects { 0 } else { groups }),
             removed_lists: spares::Recycler::new(if objects { groups } else { 0 }),
+            dropped_keys: spares::Recycler::new(if bytes { 0 } else { 2 * groups }),
+            dropped_changes: spares::Recycler::new(if objects { 0 } else { groups }),
             overlays: scope.key_groups.clone().map(|_| Overlay::default()).collect(),
             wanted: spares::Wanted::new(scope.key_groups.len()),
             key_buf: Vec::new(),
@@ -929,16 +944,19 @@ impl<K: Key, V: Data> ValueState<K, V> {
         let since = delta_since(at, self.first_base, self.since_full);
         // The epoch this barrier ends (changes from here on are the next's).
         let ending = self.epoch;
+        // The logs a complete checkpoint holds are not needed again: they
+        // are freed with the snapshot, off the worker (see below).
+        let (mut dropped_keys, mut dropped_changes) = match at {
+            Some(_) => (self.dropped_keys.take(), self.dropped_changes.take()),
+            None => (spares::Recycler::none(), spares::Recycler::none()),
+        };
         // Per key group, the keys a delta looks up (`None`: it scans).
         let mut logged = spares::Recycler::none();
-        if let (Some((n, completed)), Store::Objects(_) | Store::Cached(_)) = (at, &self.store) {
+        if let (Some(at), Store::Objects(_) | Store::Cached(_)) = (at, &self.store) {
             let tracking = self.tracking;
+            let dropped = &mut *dropped_keys;
             let keys = self.logs.iter_mut().map(|log| {
-                if tracking {
-                    log.at_barrier(ending, n, completed, since)
-                } else {
-                    log.at_barrier(0, n, completed, None)
-                }
+                if tracking { log.at_barrier(ending, at, since, dropped) } else { log.at_barrier(0, at, None, dropped) }
             });
             if since.is_some() {
                 logged = self.logged.take();
@@ -965,10 +983,9 @@ impl<K: Key, V: Data> ValueState<K, V> {
         // on an older complete checkpoint. (A plain snapshot, not for a
         // checkpoint, leaves the logs alone.) The logs dropped are freed
         // with the snapshot, off the worker.
-        let (mut dropped_removals, mut dropped_changes) = (Vec::new(), Vec::new());
         if let Some((_, completed)) = at {
             for r in &mut self.removed {
-                r.at_barrier(ending, completed, &mut dropped_removals);
+                r.at_barrier(ending, completed, &mut dropped_keys);
             }
             for c in &mut self.changed {
                 c.at_barrier(ending, completed, &mut dropped_changes);
@@ -984,12 +1001,12 @@ impl<K: Key, V: Data> ValueState<K, V> {
             );
         }
         let snapshot = self.snapshot_store(since, changes, logged)?;
-        if dropped_removals.is_empty() && dropped_changes.is_empty() {
+        if dropped_keys.is_empty() && dropped_changes.is_empty() {
             return Ok(snapshot);
         }
         Ok(Box::new(move |sink| {
             let written = snapshot(sink);
-            drop((dropped_removals, dropped_changes));
+            drop((dropped_keys, dropped_changes));
             written
         }))
     }
