@@ -280,3 +280,54 @@ async fn the_edges_into_a_worker_share_the_channel_capacity() {
         );
     }
 }
+
+/// Counts the records a sink gets and the largest batch it got them in.
+#[derive(Clone, Default)]
+struct Batches {
+    records: Arc<AtomicU64>,
+    largest: Arc<AtomicU64>,
+}
+
+impl<T: Send + 'static> Sink<T> for Batches {
+    fn default_name(&self) -> String {
+        "batches".into()
+    }
+    fn open(&self, _: usize, _: usize) -> weibo::Result<Box<dyn SinkWriter<T>>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+impl<T> SinkWriter<T> for Batches {
+    fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> weibo::Result<()> {
+        let n = batch.drain().count() as u64;
+        self.records.fetch_add(n, Ordering::Relaxed);
+        self.largest.fetch_max(n, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// 10,000 keys in one window (tumbling, or a session each) fire at the end
+/// of the input; their results go out in batches of the job's batch size,
+/// not in one batch of 10,000.
+#[test]
+fn a_window_of_many_keys_fires_a_batch_at_a_time() {
+    use weibo::time::WatermarkStrategy;
+    use weibo::window::{Session, Tumbling};
+    for session in [false, true] {
+        let batches = Batches::default();
+        let job = Job::new("wide-window").with_batch_size(64);
+        let keyed = job
+            .source(IterSource::new(0..10_000u64))
+            .with_timestamps(|_: &u64| 0, WatermarkStrategy::monotonous())
+            .key_by(|x: &u64| *x);
+        if session {
+            keyed.window(Session::with_gap(Duration::from_secs(1))).reduce(|a, _| a).sink(batches.clone());
+        } else {
+            keyed.window(Tumbling::of(Duration::from_secs(1))).reduce(|a, _| a).sink(batches.clone());
+        }
+        weibo::testing::block_on(job.run()).unwrap();
+        assert_eq!(batches.records.load(Ordering::Relaxed), 10_000, "session: {session}");
+        let largest = batches.largest.load(Ordering::Relaxed);
+        assert!(largest <= 64, "session: {session}: a batch of {largest} results");
+    }
+}

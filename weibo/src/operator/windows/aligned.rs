@@ -305,15 +305,23 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> AlignedWindowOp<K, T, W> {
                 if !fire && !purge {
                     continue;
                 }
-                let (func, fired) = (&*c.func, &mut c.out.values);
+                let meta = c.window_meta(window);
+                let (func, out, next, info, limit) = (&*c.func, &mut c.out, &mut *c.next, &c.info, c.batch_size);
                 // A window that had fired before a restore fires again only
                 // for the keys that got records since.
                 let mut marks = self.fired.as_mut().filter(|f| fire && max <= f.max);
+                // A window of many keys goes out a batch at a time.
+                let mut sent = Ok(());
                 self.state.for_each_in_window(start, purge, |key, group, acc| {
                     if fire && marks.as_mut().is_none_or(|m| m.fires(group, start, key, max)) {
-                        func.fire(key, window, acc, fired);
+                        func.fire(key, window, acc, &mut out.values);
+                        if out.values.len() >= limit && sent.is_ok() {
+                            give_meta(out, meta);
+                            sent = emit(info, next, out);
+                        }
                     }
                 })?;
+                sent?;
                 c.collect(window);
             }
         }

@@ -15,6 +15,10 @@ pub(super) struct Common<K, T, W: WindowFn<K, T>> {
     /// [`collect`](Self::collect) gives what it fired their metadata: in
     /// between, `values` runs ahead of `meta`.
     pub(super) out: Batch<W::Out>,
+    /// Records an output batch holds before it goes on while windows fire
+    /// (the job's batch size): a window of a million keys goes out a
+    /// batch at a time, not in one batch of a million.
+    pub(super) batch_size: usize,
     pub(super) late: Batch<T>,
     pub(super) late_enabled: bool,
     pub(super) next: Box<dyn Consumer<W::Out>>,
@@ -24,19 +28,34 @@ pub(super) struct Common<K, T, W: WindowFn<K, T>> {
     pub(super) records: Vec<(K, T)>,
 }
 
+/// Gives the values a window function fired into `out` since the last
+/// call their metadata, `meta`.
+pub(super) fn give_meta<O>(out: &mut Batch<O>, meta: Meta) {
+    let n = out.values.len().saturating_sub(out.meta.len());
+    out.meta.extend(std::iter::repeat_n(meta, n));
+}
+
 impl<K: Key, T: Data, W: WindowFn<K, T>> Common<K, T, W> {
     /// Gives what `fire` put in the output batch since the last call the
     /// window's timestamp and this operator's watermark.
     pub(super) fn collect(&mut self, window: Window) {
-        let meta = Meta {
-            timestamp: window.max_timestamp(),
-            watermark: self.watermark,
-            offset: 0,
-            partition: 0,
-            source: u32::MAX,
-        };
-        let n = self.out.values.len().saturating_sub(self.out.meta.len());
-        self.out.meta.extend(std::iter::repeat_n(meta, n));
+        let meta = self.window_meta(window);
+        give_meta(&mut self.out, meta);
+    }
+
+    /// The metadata of `window`'s results: its last timestamp, and this
+    /// operator's watermark.
+    pub(super) fn window_meta(&self, window: Window) -> Meta {
+        Meta { timestamp: window.max_timestamp(), watermark: self.watermark, offset: 0, partition: 0, source: u32::MAX }
+    }
+
+    /// Sends the output batch on if it holds a batch's worth (its records
+    /// collected).
+    pub(super) fn emit_full(&mut self) -> Result<()> {
+        if self.out.len() >= self.batch_size {
+            emit(&self.info, &mut *self.next, &mut self.out)?;
+        }
+        Ok(())
     }
 
     /// A record no window took.

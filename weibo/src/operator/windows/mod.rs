@@ -274,6 +274,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> KeyedFactory for WindowFactory<K, T, W>
             cleanup: TimerState::open(ctx.state, &scope("cleanup-timers"))?,
             watermark: crate::record::NO_TIMESTAMP,
             out: Batch::with_capacity(ctx.batch_size),
+            batch_size: ctx.batch_size.max(1),
             late: Batch::with_capacity(16),
             late_enabled: self.late_enabled.load(Ordering::Relaxed),
             next,

@@ -53,6 +53,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> SessionWindowOp<K, T, W> {
                 })?;
                 if let Some(window) = window {
                     c.collect(window);
+                    c.emit_full()?;
                 }
             }
         }
