@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs Weibo side by side with the hand-written Rust loop and timely (the
-# peers in shared/bench/peers), interleaved, and prints the comparison:
+# peers in shared/bench/peers; timely also with two workers, for w1 and w3:
+# scripts/peers/timely-workers.rs), interleaved, and prints the comparison:
 # medians per engine, workload and parallelism, ratios against timely, and
 # the peers' own table, which checks every engine's outputs against values
 # computed independently (summarize.py).
@@ -27,6 +28,14 @@ cargo build --release --locked -q -p weibo-examples --example bench
 "$peers/rust-baseline/run-rust.sh" setup >/dev/null
 "$peers/timely/run-timely.sh" setup >/dev/null
 bench="$target/release/examples/bench"
+# timely with two workers: the peer's crate with scripts/peers/timely-workers.rs
+# as its main.rs (same dependencies, locked), built beside the peers.
+workers_src="$PEERS_CACHE/timely-workers"
+rm -rf "$workers_src" && mkdir -p "$workers_src/src"
+cp "$peers/timely/Cargo.toml" "$peers/timely/Cargo.lock" "$workers_src/"
+cp scripts/peers/timely-workers.rs "$workers_src/src/main.rs"
+(cd "$workers_src" && CARGO_TARGET_DIR="$PEERS_CACHE/timely-workers-target" cargo build --release --locked --quiet)
+timely_workers="$PEERS_CACHE/timely-workers-target/release/timely-peer"
 
 results=$(mktemp "${TMPDIR:-/tmp}/weibo-bench-compare.XXXXXX")
 trap 'rm -f "$results"' EXIT
@@ -42,6 +51,11 @@ for rep in $(seq "$reps"); do
         fi
         measure "$PEERS_CACHE/target/release/rust-baseline" "$w" fx "$events" >>"$results"
         measure "$PEERS_CACHE/target/release/timely-peer" "$w" "$events" >>"$results"
+        # timely with two workers, the input up to 100 windows ahead of the
+        # output (see scripts/peers/timely-workers.rs).
+        if [ "$w" = w1 ] || [ "$w" = w3 ]; then
+            measure env WORKERS=2 LAG=100 "$timely_workers" "$w" "$events" >>"$results"
+        fi
     done
 done
 
@@ -56,7 +70,7 @@ for line in open(sys.argv[1]):
         continue
     f = dict(kv.split("=", 1) for kv in line.split()[1:])
     runs[(f["workload"], f["engine"], int(f["par"]))].append((float(f["eps"]), int(f.get("rss_kb", 0)), int(f.get("heap_peak_kb", 0))))
-timely = {w: statistics.median(e for e, _, _ in r) for (w, eng, _), r in runs.items() if eng == "timely"}
+timely = {w: statistics.median(e for e, _, _ in r) for (w, eng, par), r in runs.items() if eng == "timely" and par == 1}
 print("| workload | engine | par | median M/s | min–max M/s | max/min | ratio to timely | peak RSS MB (median) | peak heap MB (median) |")
 print("|---|---|---|---|---|---|---|---|---|")
 for (w, eng, par), r in sorted(runs.items()):
