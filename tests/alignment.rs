@@ -26,6 +26,10 @@ struct Skewed {
     n: i64,
     idle_after: Option<i64>,
     fast_done: Arc<AtomicBool>,
+    /// With `Some`, partition 1 reads its first 4 records, then nothing
+    /// (but is not idle) until the flag is set; partition 0 reads 8
+    /// records at a time.
+    stall: Option<Arc<AtomicBool>>,
 }
 
 struct SkewedReader {
@@ -60,7 +64,12 @@ impl SourceReader<(u8, i64)> for SkewedReader {
         Box::pin(async move {
             let n = self.source.n;
             if self.partition == 0 {
-                while self.next < n && out.remaining() > 0 {
+                // With a stall, 8 records a read, so that alignment (which
+                // looks after each read) stops it close to the drift.
+                let most = if self.source.stall.is_some() { 8 } else { usize::MAX };
+                let mut read = 0;
+                while self.next < n && out.remaining() > 0 && read < most {
+                    read += 1;
                     let ts = self.next * STEP;
                     out.push((0, ts), self.next as u64, None);
                     self.next += 1;
@@ -70,6 +79,13 @@ impl SourceReader<(u8, i64)> for SkewedReader {
                 }
                 self.source.fast_done.store(true, Ordering::Release);
                 return Ok(ReadStatus::Done);
+            }
+            if let Some(stall) = &self.source.stall
+                && self.next >= 4
+                && !stall.load(Ordering::Acquire)
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                return Ok(ReadStatus::More);
             }
             let stop = self.source.idle_after.unwrap_or(n);
             if self.next < stop {
@@ -146,7 +162,7 @@ fn small_batches(name: &str) -> Job {
 }
 
 fn skewed(n: i64, idle_after: Option<i64>) -> Skewed {
-    Skewed { n, idle_after, fast_done: Arc::new(AtomicBool::new(false)) }
+    Skewed { n, idle_after, fast_done: Arc::new(AtomicBool::new(false)), stall: None }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,4 +194,42 @@ async fn an_idle_partition_holds_nobody_back() {
     let (lead, records, _) = run(skewed(2_000, Some(50)), job).await;
     assert_eq!(records, 2_050);
     assert!(lead > 10_000, "partition 0 read on past the idle partition ({lead} ms ahead)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_waiting_partition_read_goes_out_within_the_buffer_timeout() {
+    // Partition 1 stalls at 30 ms of event time; partition 0 reads up to
+    // the drift (100 ms) and waits. The records it read before waiting are
+    // in a batch far from full (1,024 records): they must reach the
+    // operator while it waits, not when partition 1 moves on.
+    let release = Arc::new(AtomicBool::new(false));
+    let source = Skewed { stall: Some(release.clone()), ..skewed(200, None) };
+    let job = Job::new("waiting")
+        .with_batch_size(1_024)
+        .with_buffer_timeout(Duration::from_millis(5))
+        .with_watermark_alignment(Duration::from_millis(100));
+    let out = CollectSink::new();
+    job.source(source)
+        .with_timestamps(|r: &(u8, i64)| r.1, WatermarkStrategy::monotonous())
+        .key_by(|_: &(u8, i64)| 0u8)
+        .process(weibo::on_error::Fail, |ctx: &mut KeyedContext<'_, u8, (), u8>, r: &(u8, i64)| {
+            ctx.emit(r.0);
+            Ok::<_, std::convert::Infallible>(())
+        })
+        .sink(out.clone());
+    let handle = job.spawn().unwrap();
+    let from_0 = || out.values().iter().filter(|&&p| p == 0).count();
+    let arrived = tokio::time::timeout(Duration::from_secs(20), async {
+        while from_0() < 10 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let seen = from_0();
+    release.store(true, Ordering::Release);
+    tokio::time::timeout(Duration::from_secs(60), handle.wait()).await.expect("the job finishes").unwrap();
+    assert!(arrived.is_ok(), "only {seen} records of partition 0 arrived while it waited for partition 1");
+    // Up to 150 ms (30 ms and the drift, and a read of 8 past it).
+    assert!(seen <= 24, "partition 0 read {seen} records, past the drift");
+    assert_eq!(out.values().len(), 400, "every record arrived");
 }
