@@ -15,6 +15,11 @@
 //! set ahead write into the last chunks and fire from the first, and a
 //! snapshot lets go of its chunks once encoded (a few milliseconds), so
 //! an epoch copies few chunks.
+//!
+//! A copy costs the keys of the chunk's times: a time with a great many
+//! timers (a million keys at midnight) is copied whole when a timer of
+//! any time in its chunk changes while a snapshot still holds it, where
+//! sharing per time copied it only for a change at that time.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
