@@ -233,3 +233,18 @@ async fn what_a_waiting_partition_read_goes_out_within_the_buffer_timeout() {
     assert!(seen <= 24, "partition 0 read {seen} records, past the drift");
     assert_eq!(out.values().len(), 400, "every record arrived");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buffer_timeout_too_long_to_add_to_an_instant_still_aligns() {
+    // A partition that waits flushes at the buffer timeout after its last
+    // flush, and the runtime adds the timeout to instants and multiplies
+    // it: `Duration::MAX` overflowed (a panic on the source's thread), and
+    // is now taken as a day.
+    let job = Job::new("no-timeout")
+        .with_batch_size(16)
+        .with_buffer_timeout(Duration::MAX)
+        .with_watermark_alignment(Duration::from_secs(1));
+    let (lead, records, _) = run(skewed(2_000, None), job).await;
+    assert_eq!(records, 4_000, "every record arrived");
+    assert!(lead <= 1_000 + 4 * 16 * STEP, "partition 0 led by {lead} ms");
+}

@@ -13,6 +13,11 @@ use crate::state::StateBackend;
 /// source, in event time, unless a job says otherwise.
 pub(crate) const DEFAULT_MAX_WATERMARK_DRIFT: Duration = Duration::from_secs(10);
 
+/// The longest buffer timeout a job takes (`Job::with_buffer_timeout`):
+/// the runtime adds it to instants and multiplies it, which a timeout of
+/// `Duration::MAX` would overflow.
+pub(crate) const MAX_BUFFER_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// How a job runs: batching, channels, state, checkpoints. (What it
 /// runs, and its name and key groups, are its graph's.)
 #[derive(Clone, Debug)]

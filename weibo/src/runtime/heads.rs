@@ -284,14 +284,16 @@ impl SourceHead {
         if status != ReadStatus::More || !aligned.group.ahead(aligned.index) {
             return Ok(false);
         }
-        self.wait_aligned(aligned, trigger, io, last_flush + io.buffer_timeout).await
+        // (No deadline: a buffer timeout too long to add to an instant.)
+        self.wait_aligned(aligned, trigger, io, last_flush.checked_add(io.buffer_timeout)).await
     }
 
     /// Waits until this partition is no longer more than the drift ahead
     /// of the slowest partition of its source (see
     /// [`Alignment`](crate::time::alignment::Alignment)), passing the
     /// barriers of checkpoints meanwhile, and flushing what is buffered at
-    /// `flush_at` if it is still waiting then. Returns whether it flushed.
+    /// `flush_at`, if any, if it is still waiting then. Returns whether it
+    /// flushed.
     ///
     /// Most waits are short (the others catch up within a batch or two),
     /// and what is buffered keeps its place in the batches being filled:
@@ -304,7 +306,7 @@ impl SourceHead {
         aligned: &crate::time::alignment::Aligned,
         trigger: &mut Option<mpsc::UnboundedReceiver<CheckpointId>>,
         io: &NodeIo,
-        flush_at: Instant,
+        flush_at: Option<Instant>,
     ) -> Result<bool> {
         let mut flushed = false;
         loop {
@@ -315,6 +317,12 @@ impl SourceHead {
             let barrier = async {
                 match trigger.as_mut() {
                     Some(t) => t.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let flush_due = async {
+                match flush_at {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
                     None => std::future::pending().await,
                 }
             };
@@ -331,7 +339,7 @@ impl SourceHead {
                 },
                 // What is buffered goes out once the wait has lasted: the
                 // partitions behind are not waiting for it, the operators are.
-                () = tokio::time::sleep_until(flush_at.into()), if !flushed => {
+                () = flush_due, if !flushed => {
                     self.op.flush()?;
                     super::drain(&io.outbox, &io.senders).await?;
                     flushed = true;

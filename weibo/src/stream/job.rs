@@ -123,7 +123,9 @@ impl Job {
     }
 
     /// How long a partial batch may wait before it is sent anyway (default
-    /// 10 ms): the latency bound of a quiet stream.
+    /// 10 ms): the latency bound of a quiet stream. A timeout longer than a
+    /// day is taken as a day (a partial batch then waits, in effect, until
+    /// it fills or its input ends or pauses).
     ///
     /// ```
     /// use std::time::Duration;
@@ -133,7 +135,7 @@ impl Job {
     /// ```
     #[must_use]
     pub fn with_buffer_timeout(self, timeout: Duration) -> Self {
-        self.configure(|c| c.buffer_timeout = timeout)
+        self.configure(|c| c.buffer_timeout = timeout.min(crate::runtime::config::MAX_BUFFER_TIMEOUT))
     }
 
     /// Batches a keyed instance's inputs hold in all before their senders
