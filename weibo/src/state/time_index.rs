@@ -224,6 +224,10 @@ impl<K: Key> TimeIndex<K> {
     /// allocates).
     pub(super) fn share(&mut self) -> Recycled<Arc<Chunk<K>>> {
         let mut held = self.held.take();
+        if held.capacity() < self.chunks.len() {
+            // Room to grow into: the next barriers allocate nothing.
+            held.reserve(2 * self.chunks.len());
+        }
         held.extend(self.chunks.iter_mut().map(Shareable::share));
         held
     }
