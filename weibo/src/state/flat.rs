@@ -190,12 +190,12 @@ impl<K: Hash + Eq, V> FlatMap<K, V> {
             return;
         }
         let start = (hash(key) as usize) & self.table.num_buckets().wrapping_sub(1);
-        // The control bytes a lookup reads (a group of 16 from `start`) and
-        // those an update reads too (hashbrown's `replace_entry_with` erases
-        // the entry and puts it back, and an erase reads the 16 before it):
-        // 32 bytes, on one line or two.
+        // The control bytes a lookup reads: a group of 16 from `start`, on
+        // one line or two. (A removal reads the 16 before it too; removals
+        // are rare, and an update writes its value in place: see
+        // `OccupiedEntry::replace_entry_with`.)
         let ctrl = self.base.wrapping_add(start);
-        prefetch_lines(ctrl.wrapping_sub(16), ctrl.wrapping_add(15));
+        prefetch_lines(ctrl, ctrl.wrapping_add(15));
         // The entries at `start` and after it (at `start + 1`, where keys
         // pushed one slot along sit; entries lie downwards from `base`),
         // as far as the first 64 bytes of each: two or three lines.
@@ -261,9 +261,53 @@ impl<K, V> OccupiedEntry<'_, K, V> {
 
     /// Replaces the value with what `f` makes of it, or removes the entry
     /// if `f` returns `None`.
+    ///
+    /// The value is moved out of its bucket and the new one written back
+    /// in place: only a removal touches the table's control bytes.
+    /// (hashbrown's own `replace_entry_with` erases the entry and puts it
+    /// back, which reads the control bytes before the bucket and writes
+    /// the bucket's twice: on a map far larger than the caches every
+    /// update then dirtied a line of control bytes as well as the entry's.
+    /// `bench w3-sum`, five interleaved runs: see the Performance chapter.)
     #[inline]
     pub(crate) fn replace_entry_with(self, f: impl FnOnce(&K, V) -> Option<V>) {
-        let _ = self.entry.replace_entry_with(|(k, v)| f(&k, v).map(|v| (k, v)));
+        /// Holds the entry while its value is out of the bucket: dropped
+        /// with the entry still in it (`f` returned `None`, or panicked),
+        /// it removes the entry from the table and forgets the bits of
+        /// the value left in the bucket, which `f` owned.
+        struct Hole<'a, K, V> {
+            entry: Option<hash_table::OccupiedEntry<'a, (K, V)>>,
+        }
+        impl<K, V> Drop for Hole<'_, K, V> {
+            fn drop(&mut self) {
+                if let Some(entry) = self.entry.take() {
+                    let ((key, moved_out), _) = entry.remove();
+                    drop(key);
+                    std::mem::forget(moved_out);
+                }
+            }
+        }
+        let mut entry = self.entry;
+        let (key, value) = entry.get_mut();
+        let key: *const K = key;
+        let value: *mut V = value;
+        let mut hole = Hole { entry: Some(entry) };
+        // SAFETY: `key` and `value` point into the bucket of the entry
+        // `hole` holds, which stays in the table, unmoved, until `hole`
+        // lets go of it; nothing else reaches the table meanwhile (the
+        // entry borrows it mutably). The value read out is either written
+        // back with a new one (the bucket owns a value again) or, if `f`
+        // returns `None` or unwinds, `hole` takes the entry out of the
+        // table and forgets the bucket's copy of it, so it is dropped once
+        // (by `f`, which owned it).
+        #[allow(unsafe_code)]
+        unsafe {
+            let old = std::ptr::read(value);
+            if let Some(new) = f(&*key, old) {
+                std::ptr::write(value, new);
+                hole.entry = None;
+            }
+        }
     }
 }
 
@@ -381,6 +425,54 @@ mod tests {
         map.insert(k, k);
         assert!(map.capacity() > capacity);
         assert_eq!(map.len(), usize::try_from(k + 1).unwrap_or(0));
+    }
+
+    /// An update moves the value out of its bucket and writes the new one
+    /// back: every value is dropped exactly once, whether the update keeps
+    /// the entry, removes it, or panics (then the entry is gone, as the
+    /// value it held went with the closure).
+    #[test]
+    fn updates_in_place_drop_every_value_once() {
+        use std::rc::Rc;
+        let mut map: FlatMap<u64, Rc<u64>> = FlatMap::default();
+        let values: Vec<Rc<u64>> = (0..100).map(Rc::new).collect();
+        for (k, v) in (0u64..).zip(&values) {
+            map.insert(k, Rc::clone(v));
+        }
+        // How many references value `k` has (itself, the map's, ...).
+        let refs = |k: usize| values.get(k).map(Rc::strong_count);
+        // Kept with a new value: the old one is dropped.
+        if let Entry::Occupied(e) = map.entry(1) {
+            e.replace_entry_with(|_, old| {
+                assert_eq!(*old, 1);
+                values.get(50).cloned()
+            });
+        }
+        assert_eq!(refs(1), Some(1));
+        assert_eq!(refs(50), Some(3));
+        assert_eq!(map.get(&1).map(|v| **v), Some(50));
+        // Removed.
+        if let Entry::Occupied(e) = map.entry(2) {
+            e.replace_entry_with(|_, _| None);
+        }
+        assert_eq!(refs(2), Some(1));
+        assert!(map.get(&2).is_none());
+        // A panic inside the update.
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if let Entry::Occupied(e) = map.entry(3) {
+                e.replace_entry_with(|_, _| panic!("update fails"));
+            }
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(refs(3), Some(1), "the value the panicking update held was not dropped once");
+        assert!(map.get(&3).is_none());
+        assert_eq!(map.len(), 98);
+        for (k, v) in (0u64..).zip(&values).skip(4) {
+            assert_eq!(map.get(&k), Some(v));
+            assert_eq!(Rc::strong_count(v), if k == 50 { 3 } else { 2 });
+        }
+        drop(map);
+        assert!(values.iter().all(|v| Rc::strong_count(v) == 1));
     }
 
     /// The map behaves as a hash map: compared with `std`'s over inserts,
