@@ -243,6 +243,85 @@ fn prefetch_line(addr: usize) {
     }
 }
 
+/// Replaces the value at `value` (of the entry `holder` holds, whose key
+/// is at `key`) with what `f` makes of it, moving it out and writing the
+/// new one back in place; if `f` returns `None`, or unwinds, `remove` is
+/// given the holder, to take the entry out of its map.
+///
+/// This is what hashbrown's `replace_entry_with` does, without its erase:
+/// hashbrown takes the entry out of the table and puts it back, which
+/// reads the control bytes before the bucket and writes the bucket's
+/// twice, so on a map far larger than the caches every update dirtied a
+/// line of control bytes as well as the entry's (see the Performance
+/// chapter). Only a removal touches the control bytes here.
+///
+/// # Safety
+/// `key` and `value` must point to the key and value of the entry
+/// `holder` holds, valid for reads and writes until `remove` is called
+/// with it or `holder` is dropped, and nothing else may reach them
+/// meanwhile. `remove` must take the entry out of its map without
+/// dropping the value left in it (which `f` owned): forget it.
+#[allow(unsafe_code)]
+#[inline]
+pub(crate) unsafe fn replace_in_place<H, K, V>(
+    holder: H,
+    key: *const K,
+    value: *mut V,
+    f: impl FnOnce(&K, V) -> Option<V>,
+    remove: fn(H),
+) {
+    /// Holds the entry while its value is out of the bucket; dropped with
+    /// the entry still in it (`f` returned `None`, or unwound), it has
+    /// `remove` take the entry out of the map.
+    struct Hole<H> {
+        holder: Option<H>,
+        remove: fn(H),
+    }
+    impl<H> Drop for Hole<H> {
+        fn drop(&mut self) {
+            if let Some(holder) = self.holder.take() {
+                (self.remove)(holder);
+            }
+        }
+    }
+    let mut hole = Hole { holder: Some(holder), remove };
+    // SAFETY: by the caller's contract, `value` holds a value the bucket
+    // owns, read out here once: either a new one is written back (the
+    // bucket owns a value again) or `hole` has the entry taken out and the
+    // bucket's copy of the old value forgotten, so the old value is dropped
+    // once, by `f`, which owned it.
+    unsafe {
+        let old = std::ptr::read(value);
+        if let Some(new) = f(&*key, old) {
+            std::ptr::write(value, new);
+            hole.holder = None;
+        }
+    }
+}
+
+/// [`OccupiedEntry::replace_entry_with`] for an entry of a
+/// `hashbrown::HashMap` (the maps of windows' accumulators).
+#[inline]
+pub(crate) fn replace_entry_with<K, V, S>(
+    mut entry: hashbrown::hash_map::OccupiedEntry<'_, K, V, S>,
+    f: impl FnOnce(&K, V) -> Option<V>,
+) {
+    let key: *const K = entry.key();
+    let value: *mut V = entry.get_mut();
+    // SAFETY: `key` and `value` point into the bucket of `entry`, which
+    // stays in the map, unmoved, until `remove` takes it out (nothing else
+    // reaches the map meanwhile: the entry borrows it mutably); `remove`
+    // takes the entry out and forgets its value.
+    #[allow(unsafe_code)]
+    unsafe {
+        replace_in_place(entry, key, value, f, |entry| {
+            let (key, moved_out) = entry.remove_entry();
+            drop(key);
+            std::mem::forget(moved_out);
+        });
+    }
+}
+
 /// A key's place in a [`FlatMap`], as `hashbrown::hash_map::Entry`.
 pub(crate) enum Entry<'a, K, V> {
     Occupied(OccupiedEntry<'a, K, V>),
@@ -271,42 +350,20 @@ impl<K, V> OccupiedEntry<'_, K, V> {
     /// `bench w3-sum`, five interleaved runs: see the Performance chapter.)
     #[inline]
     pub(crate) fn replace_entry_with(self, f: impl FnOnce(&K, V) -> Option<V>) {
-        /// Holds the entry while its value is out of the bucket: dropped
-        /// with the entry still in it (`f` returned `None`, or panicked),
-        /// it removes the entry from the table and forgets the bits of
-        /// the value left in the bucket, which `f` owned.
-        struct Hole<'a, K, V> {
-            entry: Option<hash_table::OccupiedEntry<'a, (K, V)>>,
-        }
-        impl<K, V> Drop for Hole<'_, K, V> {
-            fn drop(&mut self) {
-                if let Some(entry) = self.entry.take() {
-                    let ((key, moved_out), _) = entry.remove();
-                    drop(key);
-                    std::mem::forget(moved_out);
-                }
-            }
-        }
         let mut entry = self.entry;
         let (key, value) = entry.get_mut();
-        let key: *const K = key;
-        let value: *mut V = value;
-        let mut hole = Hole { entry: Some(entry) };
-        // SAFETY: `key` and `value` point into the bucket of the entry
-        // `hole` holds, which stays in the table, unmoved, until `hole`
-        // lets go of it; nothing else reaches the table meanwhile (the
-        // entry borrows it mutably). The value read out is either written
-        // back with a new one (the bucket owns a value again) or, if `f`
-        // returns `None` or unwinds, `hole` takes the entry out of the
-        // table and forgets the bucket's copy of it, so it is dropped once
-        // (by `f`, which owned it).
+        let (key, value): (*const K, *mut V) = (key, value);
+        // SAFETY: `key` and `value` point into the bucket of `entry`,
+        // which stays in the table, unmoved, until `remove` takes it out
+        // (nothing else reaches the table meanwhile: the entry borrows it
+        // mutably); `remove` takes the entry out and forgets its value.
         #[allow(unsafe_code)]
         unsafe {
-            let old = std::ptr::read(value);
-            if let Some(new) = f(&*key, old) {
-                std::ptr::write(value, new);
-                hole.entry = None;
-            }
+            replace_in_place(entry, key, value, f, |entry| {
+                let ((key, moved_out), _) = entry.remove();
+                drop(key);
+                std::mem::forget(moved_out);
+            });
         }
     }
 }

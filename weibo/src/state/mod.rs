@@ -44,8 +44,9 @@ use rustc_hash::FxBuildHasher;
 use spares::Shareable;
 use time_index::TimeIndex;
 
-/// The in-memory store's map: hashbrown for `replace_entry_with`, which
-/// lets a value be moved out and back without storing `Option<V>`.
+/// The in-memory store's map: hashbrown, whose entries let a value be
+/// moved out and back without storing `Option<V>` (see
+/// `flat::replace_entry_with`).
 type ObjectMap<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
 
 use crate::codec::Data;

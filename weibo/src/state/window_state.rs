@@ -266,7 +266,7 @@ fn update_in<K: Key, A: Data, R>(
         Entry::Occupied(e) => {
             let mut result = None;
             let mut gone = None;
-            let _ = e.replace_entry_with(|k, (g, value, _)| {
+            super::flat::replace_entry_with(e, |k, (g, value, _)| {
                 let mut slot = Some(value);
                 result = Some(f(&mut slot));
                 if slot.is_none() {
