@@ -177,8 +177,7 @@ fn w3(job: &Job, n: u64, partitions: usize, keys: u64, total: Arc<Mutex<Out>>) {
 /// `process` function that emits (key, sum, delta, first) per event.
 fn w3_sum(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
     type Update = (u64, u64, u64, bool);
-    let keys: u64 = std::env::var("W3_KEYS").ok().and_then(|s| s.parse().ok()).unwrap_or(5_000_000);
-    job.source(Generator::new(n, move |i| (i.wrapping_mul(MULT) % keys, i % 1000)).with_partitions(partitions))
+    job.source(Generator::new(n, |i| (i.wrapping_mul(MULT) % 5_000_000, i % 1000)).with_partitions(partitions))
         .key_by(|e: &(u64, u64)| e.0)
         .with_partitions(partitions)
         .process(weibo::on_error::Fail, |ctx: &mut weibo::KeyedContext<'_, u64, u64, Update>, e: &(u64, u64)| {
