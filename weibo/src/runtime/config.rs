@@ -50,7 +50,7 @@ impl Default for JobConfig {
             batch_size: 1024,
             batch_bytes: 256 * 1024,
             buffer_timeout: Duration::from_millis(10),
-            channel_capacity: 8,
+            channel_capacity: 4,
             watermark_alignment: Some(DEFAULT_MAX_WATERMARK_DRIFT),
             state: Arc::new(crate::state::MemoryBackend),
             checkpoint: None,

@@ -139,7 +139,7 @@ impl Job {
     }
 
     /// Batches a keyed instance's inputs hold in all before their senders
-    /// block (default 8): shared among the channels that feed it (one per
+    /// block (default 4): shared among the channels that feed it (one per
     /// upstream instance and input), at least two each, so that what is
     /// in flight grows with the parallelism, not with its square.
     ///
