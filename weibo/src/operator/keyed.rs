@@ -134,8 +134,13 @@ struct LookAhead<'a, 'b, K, T, I> {
 }
 
 impl<'a, 'b, K, T, I: Iterator<Item = RecordRef<'b>>> LookAhead<'a, 'b, K, T, I> {
-    fn new(records: &'a mut Vec<(K, T)>, ahead: I, metas: I) -> Self {
-        Self { records: records.drain(..), ahead, metas, left: 0, primed: false, _batch: std::marker::PhantomData }
+    /// `prefetch`: whether to ask for the keys ahead at all (see
+    /// `ValueState::prefetch_pays`); without, the records come out as
+    /// they are.
+    fn new(records: &'a mut Vec<(K, T)>, ahead: I, metas: I, prefetch: bool) -> Self {
+        // Without prefetching, the current chunk never ends.
+        let left = if prefetch { 0 } else { usize::MAX };
+        Self { records: records.drain(..), ahead, metas, left, primed: false, _batch: std::marker::PhantomData }
     }
 
     #[inline]
@@ -185,7 +190,7 @@ where
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
         take_records(&self.info, batch, &mut self.decoded)?;
         let f = &*self.f;
-        let mut records = LookAhead::new(&mut self.decoded, batch.iter(), batch.iter());
+        let mut records = LookAhead::new(&mut self.decoded, batch.iter(), batch.iter(), self.state.prefetch_pays());
         while let Some((key, v, r)) = records.next(|keys| self.state.prefetch(keys)) {
             // The result goes into the output batch from inside the update
             // (its metadata after it): returned through the update's
@@ -248,7 +253,7 @@ where
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
         take_records(&self.info, batch, &mut self.records)?;
         let (init, f, output) = (&*self.init, &*self.f, &*self.output);
-        let mut records = LookAhead::new(&mut self.records, batch.iter(), batch.iter());
+        let mut records = LookAhead::new(&mut self.records, batch.iter(), batch.iter(), self.state.prefetch_pays());
         while let Some((key, v, r)) = records.next(|keys| self.state.prefetch(keys)) {
             // Into the output batch from inside the update, as `reduce`.
             let values = &mut self.out.values;
@@ -564,7 +569,7 @@ where
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
         let mut records = std::mem::take(&mut self.records);
         take_records(&self.info, batch, &mut records)?;
-        let mut taken = LookAhead::new(&mut records, batch.iter(), batch.iter());
+        let mut taken = LookAhead::new(&mut records, batch.iter(), batch.iter(), self.state.prefetch_pays());
         while let Some((key, v, r)) = taken.next(|keys| self.state.prefetch(keys)) {
             if let Some(wm) = time.observe(&r.meta) {
                 self.advance(wm)?;
@@ -687,6 +692,28 @@ mod tests {
         }
     }
 
+    /// Without prefetching (a state small enough to stay in the caches),
+    /// every record comes out once, in order, and no key is asked for.
+    #[test]
+    fn look_ahead_without_prefetching_asks_for_nothing() {
+        for len in [0, 1, LOOK_AHEAD, 3 * LOOK_AHEAD + 1, 1_000] {
+            let mut batch = RecordBatch::with_capacity(len, 0);
+            let mut records = Vec::new();
+            for i in 0..len {
+                let meta = Meta { timestamp: 0, watermark: 0, offset: i as u64, partition: 0, source: 0 };
+                batch.commit(0, 0, 0, meta);
+                records.push((i as u64, i * 10));
+            }
+            let mut taken = LookAhead::new(&mut records, batch.iter(), batch.iter(), false);
+            let mut out = 0usize;
+            while let Some((key, value, r)) = taken.next(|keys| panic!("len {len}: asked for {} keys", keys.count())) {
+                assert_eq!((key, value, r.meta.offset), (out as u64, out * 10, out as u64), "len {len}");
+                out += 1;
+            }
+            assert_eq!(out, len, "len {len}: every record came out");
+        }
+    }
+
     /// One batch of `len` records; `every_key`: whether `prefetch` takes
     /// all the keys it is given, or only the first.
     fn look_ahead(len: usize, every_key: bool) {
@@ -698,7 +725,7 @@ mod tests {
             batch.commit(0, 0, i as u16, meta);
             records.push((i as u64, i * 10));
         }
-        let mut taken = LookAhead::new(&mut records, batch.iter(), batch.iter());
+        let mut taken = LookAhead::new(&mut records, batch.iter(), batch.iter(), true);
         // When each key was prefetched: how many records had come out.
         let mut asked: Vec<Option<usize>> = vec![None; len];
         let mut out = 0usize;
