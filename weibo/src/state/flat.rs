@@ -342,12 +342,8 @@ impl<K, V> OccupiedEntry<'_, K, V> {
     /// if `f` returns `None`.
     ///
     /// The value is moved out of its bucket and the new one written back
-    /// in place: only a removal touches the table's control bytes.
-    /// (hashbrown's own `replace_entry_with` erases the entry and puts it
-    /// back, which reads the control bytes before the bucket and writes
-    /// the bucket's twice: on a map far larger than the caches every
-    /// update then dirtied a line of control bytes as well as the entry's.
-    /// `bench w3-sum`, five interleaved runs: see the Performance chapter.)
+    /// in place: only a removal touches the table's control bytes (see
+    /// [`replace_in_place`]).
     #[inline]
     pub(crate) fn replace_entry_with(self, f: impl FnOnce(&K, V) -> Option<V>) {
         let mut entry = self.entry;
