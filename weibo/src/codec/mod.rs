@@ -39,8 +39,10 @@ impl CodecId {
 }
 
 impl fmt::Display for CodecId {
-    /// `format<type>`, the type named as checkpoints record it (see
-    /// [`recorded_type_name`]).
+    /// `format<type>`, the type named as checkpoints record it (with
+    /// Weibo's own types that moved inside the crate named where they were
+    /// first defined, so that a checkpoint of an earlier build still
+    /// restores).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}<{}>", self.format, recorded_type_name(self.type_name))
     }
