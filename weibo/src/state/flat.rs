@@ -255,12 +255,20 @@ fn prefetch_line(addr: usize) {
 /// line of control bytes as well as the entry's (see the Performance
 /// chapter). Only a removal touches the control bytes here.
 ///
+/// Only for values without drop glue (`!needs_drop::<V>()`, which the
+/// callers check, falling back on hashbrown's way otherwise): a removal
+/// goes through the map's own remove, which reads the bucket's (key,
+/// value) out as a typed value before `remove` forgets it. After `f` has
+/// consumed the value, the bucket's bits are still a valid value only if
+/// dropping it freed nothing: a `Box` there would dangle.
+///
 /// # Safety
-/// `key` and `value` must point to the key and value of the entry
-/// `holder` holds, valid for reads and writes until `remove` is called
-/// with it or `holder` is dropped, and nothing else may reach them
-/// meanwhile. `remove` must take the entry out of its map without
-/// dropping the value left in it (which `f` owned): forget it.
+/// `V` has no drop glue. `key` and `value` must point to the key and
+/// value of the entry `holder` holds, valid for reads and writes until
+/// `remove` is called with it or `holder` is dropped, and nothing else may
+/// reach them meanwhile. `remove` must take the entry out of its map and
+/// forget the value it reads out (a copy of one `f` owned) before anything
+/// that may unwind.
 #[allow(unsafe_code)]
 #[inline]
 pub(crate) unsafe fn replace_in_place<H, K, V>(
@@ -284,12 +292,14 @@ pub(crate) unsafe fn replace_in_place<H, K, V>(
             }
         }
     }
+    debug_assert!(!std::mem::needs_drop::<V>(), "replace_in_place of a value with drop glue");
     let mut hole = Hole { holder: Some(holder), remove };
     // SAFETY: by the caller's contract, `value` holds a value the bucket
     // owns, read out here once: either a new one is written back (the
     // bucket owns a value again) or `hole` has the entry taken out and the
     // bucket's copy of the old value forgotten, so the old value is dropped
-    // once, by `f`, which owned it.
+    // once, by `f`, which owned it (and, without drop glue, the copy left
+    // in the bucket is still a valid value when the map reads it out).
     unsafe {
         let old = std::ptr::read(value);
         if let Some(new) = f(&*key, old) {
@@ -306,18 +316,24 @@ pub(crate) fn replace_entry_with<K, V, S>(
     mut entry: hashbrown::hash_map::OccupiedEntry<'_, K, V, S>,
     f: impl FnOnce(&K, V) -> Option<V>,
 ) {
-    let key: *const K = entry.key();
+    if std::mem::needs_drop::<V>() {
+        let _ = entry.replace_entry_with(f);
+        return;
+    }
+    // The value's pointer first: taking the key's after it only reads.
     let value: *mut V = entry.get_mut();
-    // SAFETY: `key` and `value` point into the bucket of `entry`, which
-    // stays in the map, unmoved, until `remove` takes it out (nothing else
-    // reaches the map meanwhile: the entry borrows it mutably); `remove`
-    // takes the entry out and forgets its value.
+    let key: *const K = entry.key();
+    // SAFETY: `V` has no drop glue (checked above); `key` and `value`
+    // point into the bucket of `entry`, which stays in the map, unmoved,
+    // until `remove` takes it out (nothing else reaches the map meanwhile:
+    // the entry borrows it mutably); `remove` takes the entry out and
+    // forgets its value before dropping the key.
     #[allow(unsafe_code)]
     unsafe {
         replace_in_place(entry, key, value, f, |entry| {
             let (key, moved_out) = entry.remove_entry();
-            drop(key);
             std::mem::forget(moved_out);
+            drop(key);
         });
     }
 }
@@ -341,24 +357,31 @@ impl<K, V> OccupiedEntry<'_, K, V> {
     /// Replaces the value with what `f` makes of it, or removes the entry
     /// if `f` returns `None`.
     ///
-    /// The value is moved out of its bucket and the new one written back
-    /// in place: only a removal touches the table's control bytes (see
-    /// [`replace_in_place`]).
+    /// A value without drop glue is moved out of its bucket and the new
+    /// one written back in place: only a removal touches the table's
+    /// control bytes (see [`replace_in_place`]). Others go through
+    /// hashbrown's `replace_entry_with`, which takes the entry out and
+    /// puts it back.
     #[inline]
     pub(crate) fn replace_entry_with(self, f: impl FnOnce(&K, V) -> Option<V>) {
         let mut entry = self.entry;
+        if std::mem::needs_drop::<V>() {
+            let _ = entry.replace_entry_with(|(k, v)| f(&k, v).map(|v| (k, v)));
+            return;
+        }
         let (key, value) = entry.get_mut();
         let (key, value): (*const K, *mut V) = (key, value);
-        // SAFETY: `key` and `value` point into the bucket of `entry`,
-        // which stays in the table, unmoved, until `remove` takes it out
-        // (nothing else reaches the table meanwhile: the entry borrows it
-        // mutably); `remove` takes the entry out and forgets its value.
+        // SAFETY: `V` has no drop glue (checked above); `key` and `value`
+        // point into the bucket of `entry`, which stays in the table,
+        // unmoved, until `remove` takes it out (nothing else reaches the
+        // table meanwhile: the entry borrows it mutably); `remove` takes
+        // the entry out and forgets its value before dropping the key.
         #[allow(unsafe_code)]
         unsafe {
             replace_in_place(entry, key, value, f, |entry| {
                 let ((key, moved_out), _) = entry.remove();
-                drop(key);
                 std::mem::forget(moved_out);
+                drop(key);
             });
         }
     }
@@ -480,12 +503,13 @@ mod tests {
         assert_eq!(map.len(), usize::try_from(k + 1).unwrap_or(0));
     }
 
-    /// An update moves the value out of its bucket and writes the new one
-    /// back: every value is dropped exactly once, whether the update keeps
-    /// the entry, removes it, or panics (then the entry is gone, as the
-    /// value it held went with the closure).
+    /// An update of a value with drop glue (here an `Rc`) goes through
+    /// hashbrown's `replace_entry_with`: every value is dropped exactly
+    /// once, whether the update keeps the entry, removes it, or panics
+    /// (then the entry is gone, as the value it held went with the
+    /// closure).
     #[test]
-    fn updates_in_place_drop_every_value_once() {
+    fn updates_drop_every_value_once() {
         use std::rc::Rc;
         let mut map: FlatMap<u64, Rc<u64>> = FlatMap::default();
         let values: Vec<Rc<u64>> = (0..100).map(Rc::new).collect();
@@ -526,6 +550,72 @@ mod tests {
         }
         drop(map);
         assert!(values.iter().all(|v| Rc::strong_count(v) == 1));
+    }
+
+    /// An update of a value without drop glue is made in place
+    /// (`replace_in_place`), in a `FlatMap` and in a hashbrown map alike:
+    /// kept, replaced, removed, or removed by a panic in the update, with
+    /// every key (an `Rc`, counted) dropped exactly once and the map's
+    /// length and contents right after each.
+    #[test]
+    fn updates_in_place_keep_or_remove_the_entry_and_drop_each_key_once() {
+        use std::rc::Rc;
+        let keys: Vec<Rc<u64>> = (0..64).map(Rc::new).collect();
+        let refs = |k: usize| keys.get(k).map(Rc::strong_count);
+        let key = |k: usize| keys.get(k).cloned().unwrap_or_else(|| panic!("no key {k}"));
+        let mut flat: FlatMap<Rc<u64>, (u64, u32)> = FlatMap::default();
+        let mut map: hashbrown::HashMap<Rc<u64>, (u16, u64, u32), FxBuildHasher> = hashbrown::HashMap::default();
+        for (k, rc) in keys.iter().enumerate() {
+            flat.insert(Rc::clone(rc), (k as u64, 0));
+            map.insert(Rc::clone(rc), (0, k as u64, 0));
+        }
+        let update_flat = |flat: &mut FlatMap<Rc<u64>, (u64, u32)>, k: usize, f: fn(u64) -> Option<u64>| {
+            let Entry::Occupied(e) = flat.entry(key(k)) else { panic!("key {k} missing") };
+            e.replace_entry_with(|q, (v, stamp)| {
+                assert_eq!(**q as usize, k);
+                f(v).map(|v| (v, stamp + 1))
+            });
+        };
+        let update_map = |map: &mut hashbrown::HashMap<Rc<u64>, (u16, u64, u32), FxBuildHasher>,
+                          k: usize,
+                          f: fn(u64) -> Option<u64>| {
+            let hashbrown::hash_map::Entry::Occupied(e) = map.entry(key(k)) else { panic!("key {k} missing") };
+            replace_entry_with(e, |q, (g, v, stamp)| {
+                assert_eq!(**q as usize, k);
+                f(v).map(|v| (g, v, stamp + 1))
+            });
+        };
+        // Kept with a new value.
+        update_flat(&mut flat, 1, |v| Some(v + 100));
+        update_map(&mut map, 1, |v| Some(v + 100));
+        assert_eq!(flat.get(&key(1)), Some(&(101, 1)));
+        assert_eq!(map.get(&key(1)), Some(&(0, 101, 1)));
+        assert_eq!(refs(1), Some(3), "the key of a kept entry is the map's still");
+        // Removed: the key goes with the entry.
+        update_flat(&mut flat, 2, |_| None);
+        update_map(&mut map, 2, |_| None);
+        assert_eq!(refs(2), Some(1));
+        assert!(flat.get(&key(2)).is_none() && !map.contains_key(&key(2)));
+        // A panic inside the update removes the entry, and its key, once.
+        for k in [3, 4] {
+            let flat_panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                update_flat(&mut flat, k, |_| panic!("update fails"));
+            }));
+            let map_panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                update_map(&mut map, k, |_| panic!("update fails"));
+            }));
+            assert!(flat_panic.is_err() && map_panic.is_err());
+            assert_eq!(refs(k), Some(1), "key {k}");
+            assert!(flat.get(&key(k)).is_none() && !map.contains_key(&key(k)));
+        }
+        assert_eq!((flat.len(), map.len()), (61, 61));
+        for (k, rc) in keys.iter().enumerate().skip(5) {
+            assert_eq!(flat.get(rc), Some(&(k as u64, 0)));
+            assert_eq!(map.get(rc), Some(&(0, k as u64, 0)));
+            assert_eq!(Rc::strong_count(rc), 3);
+        }
+        drop((flat, map));
+        assert!(keys.iter().all(|k| Rc::strong_count(k) == 1));
     }
 
     /// The map behaves as a hash map: compared with `std`'s over inserts,
