@@ -191,9 +191,10 @@ impl<K: Hash + Eq, V> FlatMap<K, V> {
         }
         let start = (hash(key) as usize) & self.table.num_buckets().wrapping_sub(1);
         // The control bytes a lookup reads: a group of 16 from `start`, on
-        // one line or two. (A removal reads the 16 before it too; removals
-        // are rare, and an update writes its value in place: see
-        // `OccupiedEntry::replace_entry_with`.)
+        // one line or two. (A removal reads the 16 before it too, and so
+        // does the update of a value with drop glue, which hashbrown takes
+        // out and puts back; removals are rare, and a value without drop
+        // glue is updated in place: see `OccupiedEntry::replace_entry_with`.)
         let ctrl = self.base.wrapping_add(start);
         prefetch_lines(ctrl, ctrl.wrapping_add(15));
         // The entries at `start` and after it (at `start + 1`, where keys
