@@ -108,19 +108,29 @@ impl<T: Clone> Clone for Batch<T> {
     }
 }
 
-/// One record's entry in a [`RecordBatch`].
+/// One record's entry in a [`RecordBatch`]: its key group and metadata
+/// (40 bytes; where its bytes are is in [`Span`]).
 #[derive(Clone, Copy, Debug)]
 struct Entry {
-    key_start: u32,
-    value_start: u32,
-    value_end: u32,
     group: u16,
     meta: Meta,
 }
 
+/// Where an encoded record's key and value are in a [`RecordBatch`]'s
+/// arena. Kept apart from [`Entry`]: a typed batch has none, and its
+/// entries are 8 bytes smaller for it (each record's entry is written by
+/// the router and read by the operator).
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    key_start: u32,
+    value_start: u32,
+    value_end: u32,
+}
+
 /// A batch of records: one contiguous byte arena holding every key and
-/// value of encoded records, and an entry per record (key group,
-/// metadata, offsets into the arena).
+/// value of encoded records, an entry per record (key group, metadata),
+/// and, once the batch holds an encoded record, each record's offsets
+/// into the arena (a [`Span`] per entry).
 ///
 /// On an edge inside one process the records stay typed: the router keeps
 /// each record's key and value in [`RecordBatch::typed`] (a `Vec<(K, T)>`,
@@ -134,6 +144,9 @@ struct Entry {
 pub(crate) struct RecordBatch {
     data: Vec<u8>,
     entries: Vec<Entry>,
+    /// One per entry once any record of the batch was encoded; empty while
+    /// every record is typed (see [`RecordBatch::commit_typed`]).
+    spans: Vec<Span>,
     /// The records' keys and values, typed (see above), in entry order.
     typed: Option<Box<dyn TypedRecords>>,
     /// Where the batch's memory goes back once read, for its sender to reuse.
@@ -191,6 +204,7 @@ impl BatchPool {
     fn put(&self, mut batch: RecordBatch) {
         batch.data.clear();
         batch.entries.clear();
+        batch.spans.clear();
         if let Some(typed) = batch.typed.as_mut() {
             // Emptied, its memory kept for the sender's next batch.
             typed.clear();
@@ -216,7 +230,13 @@ pub(crate) struct RecordRef<'a> {
 
 impl RecordBatch {
     pub(crate) fn with_capacity(records: usize, bytes: usize) -> Self {
-        Self { data: Vec::with_capacity(bytes), entries: Vec::with_capacity(records), typed: None, pool: None }
+        Self {
+            data: Vec::with_capacity(bytes),
+            entries: Vec::with_capacity(records),
+            spans: Vec::new(),
+            typed: None,
+            pool: None,
+        }
     }
 
     /// Swaps the batch's typed records with `records` (see [`RecordBatch`]):
@@ -290,14 +310,29 @@ impl RecordBatch {
     /// `data[value_start..]`.
     #[inline]
     pub(crate) fn commit(&mut self, key_start: usize, value_start: usize, group: u16, meta: Meta) {
+        if self.spans.len() < self.entries.len() {
+            // Typed records before this one: their keys and values are empty.
+            let at = key_start as u32;
+            self.spans.resize(self.entries.len(), Span { key_start: at, value_start: at, value_end: at });
+        }
         // Batches are flushed long before 4 GiB, so offsets fit in u32.
-        self.entries.push(Entry {
+        self.spans.push(Span {
             key_start: key_start as u32,
             value_start: value_start as u32,
             value_end: self.data.len() as u32,
-            group,
-            meta,
         });
+        self.entries.push(Entry { group, meta });
+    }
+
+    /// Adds a record whose key and value travel typed (see [`RecordBatch`]):
+    /// its key and value slices are empty.
+    #[inline]
+    pub(crate) fn commit_typed(&mut self, group: u16, meta: Meta) {
+        if !self.spans.is_empty() {
+            let at = self.data.len() as u32;
+            self.spans.push(Span { key_start: at, value_start: at, value_end: at });
+        }
+        self.entries.push(Entry { group, meta });
     }
 
     /// Drops a record that was started but whose value failed to encode.
@@ -306,13 +341,53 @@ impl RecordBatch {
         self.data.truncate(key_start);
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = RecordRef<'_>> + '_ {
-        self.entries.iter().map(|e| RecordRef {
-            key: self.data.get(e.key_start as usize..e.value_start as usize).unwrap_or_default(),
-            value: self.data.get(e.value_start as usize..e.value_end as usize).unwrap_or_default(),
-            group: e.group,
-            meta: e.meta,
-        })
+    pub(crate) fn iter(&self) -> RecordIter<'_> {
+        // `commit` and `commit_typed` keep a span per entry once there is one.
+        debug_assert!(self.spans.is_empty() || self.spans.len() == self.entries.len());
+        if self.spans.is_empty() {
+            RecordIter(Records::Typed(self.entries.iter()))
+        } else {
+            RecordIter(Records::Encoded { data: &self.data, records: self.entries.iter().zip(self.spans.iter()) })
+        }
+    }
+}
+
+/// The records of a [`RecordBatch`], in order.
+#[derive(Clone, Debug)]
+pub(crate) struct RecordIter<'a>(Records<'a>);
+
+#[derive(Clone, Debug)]
+enum Records<'a> {
+    /// Every record typed: empty keys and values.
+    Typed(std::slice::Iter<'a, Entry>),
+    /// Records in the arena `data`.
+    Encoded { data: &'a [u8], records: std::iter::Zip<std::slice::Iter<'a, Entry>, std::slice::Iter<'a, Span>> },
+}
+
+impl<'a> Iterator for RecordIter<'a> {
+    type Item = RecordRef<'a>;
+
+    #[inline]
+    fn next(&mut self) -> Option<RecordRef<'a>> {
+        match &mut self.0 {
+            Records::Typed(entries) => {
+                entries.next().map(|e| RecordRef { key: &[], value: &[], group: e.group, meta: e.meta })
+            }
+            Records::Encoded { data, records } => records.next().map(|(e, s)| RecordRef {
+                key: data.get(s.key_start as usize..s.value_start as usize).unwrap_or_default(),
+                value: data.get(s.value_start as usize..s.value_end as usize).unwrap_or_default(),
+                group: e.group,
+                meta: e.meta,
+            }),
+        }
+    }
+
+    #[inline]
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match &self.0 {
+            Records::Typed(entries) => entries.size_hint(),
+            Records::Encoded { records, .. } => records.size_hint(),
+        }
     }
 }
 
@@ -338,6 +413,43 @@ mod tests {
             vec![(b"ab".to_vec(), b"xyz".to_vec(), 3), (vec![], b"1".to_vec(), 3), (b"k".to_vec(), vec![], 3)]
         );
         assert_eq!(b.len(), 3);
+    }
+
+    #[test]
+    fn typed_and_encoded_records_mix_in_one_batch() {
+        let meta = |offset| Meta { timestamp: 1, watermark: 0, offset, partition: 0, source: 0 };
+        let encoded = |b: &mut RecordBatch, k: &[u8], v: &[u8], offset| {
+            let start = b.data_mut().len();
+            b.data_mut().extend_from_slice(k);
+            let value_start = b.data_mut().len();
+            b.data_mut().extend_from_slice(v);
+            b.commit(start, value_start, 1, meta(offset));
+        };
+        let pool = BatchPool::default();
+        let mut b = pool.take(8, 64);
+        b.commit_typed(7, meta(0));
+        b.commit_typed(8, meta(1));
+        encoded(&mut b, b"k", b"vv", 2);
+        b.commit_typed(9, meta(3));
+        encoded(&mut b, b"", b"w", 4);
+        let got: Vec<_> = b.iter().map(|r| (r.key.to_vec(), r.value.to_vec(), r.group, r.meta.offset)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (vec![], vec![], 7, 0),
+                (vec![], vec![], 8, 1),
+                (b"k".to_vec(), b"vv".to_vec(), 1, 2),
+                (vec![], vec![], 9, 3),
+                (vec![], b"w".to_vec(), 1, 4),
+            ]
+        );
+        assert_eq!(b.iter().size_hint(), (5, Some(5)));
+        // Reused, the batch starts typed again.
+        b.recycle();
+        let mut again = pool.take(8, 64);
+        again.commit_typed(3, meta(9));
+        let got: Vec<_> = again.iter().map(|r| (r.key.len(), r.value.len(), r.group, r.meta.offset)).collect();
+        assert_eq!(got, vec![(0, 0, 3, 9)]);
     }
 
     #[test]

@@ -94,8 +94,7 @@ impl<T: Send + 'static, K: Send + 'static, KF: ?Sized> RouterOp<T, K, KF> {
                 let key = (self.key_fn)(&v);
                 let group = self.routes.group_of(key.routing_hash(&mut self.key_buf));
                 typed.push((key, v));
-                let at = out.data_mut().len();
-                out.commit(at, at, group, m);
+                out.commit_typed(group, m);
                 taken += 1;
             }
             if out.len() >= self.limits.records {
@@ -254,8 +253,7 @@ where
                 // Typed records go without their key's bytes: the receiver
                 // has the typed key, and only a state on disk needs the
                 // bytes (it encodes them again, see `ValueState`).
-                let at = out.data_mut().len();
-                out.commit(at, at, group, m);
+                out.commit_typed(group, m);
                 if out.len() >= self.limits.records {
                     self.send(target);
                 }

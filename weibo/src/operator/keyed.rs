@@ -701,7 +701,7 @@ mod tests {
             let mut records = Vec::new();
             for i in 0..len {
                 let meta = Meta { timestamp: 0, watermark: 0, offset: i as u64, partition: 0, source: 0 };
-                batch.commit(0, 0, 0, meta);
+                batch.commit_typed(0, meta);
                 records.push((i as u64, i * 10));
             }
             let mut taken = LookAhead::new(&mut records, batch.iter(), batch.iter(), false);
@@ -722,7 +722,7 @@ mod tests {
         for i in 0..len {
             let meta = Meta { timestamp: 0, watermark: 0, offset: i as u64, partition: 0, source: 0 };
             // The key group tells the records apart on the prefetch side.
-            batch.commit(0, 0, i as u16, meta);
+            batch.commit_typed(i as u16, meta);
             records.push((i as u64, i * 10));
         }
         let mut taken = LookAhead::new(&mut records, batch.iter(), batch.iter(), true);
