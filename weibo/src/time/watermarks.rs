@@ -1,6 +1,6 @@
 //! Watermarks inside the runtime: the per-input tracker of a channel head.
 
-use crate::record::{Meta, NO_TIMESTAMP, Timestamp};
+use crate::record::{END_OF_TIME, Meta, NO_TIMESTAMP, Timestamp};
 
 #[derive(Clone, Copy, Debug)]
 struct InputClock {
@@ -18,6 +18,16 @@ pub(crate) struct WatermarkTracker {
     current: Timestamp,
     /// How many inputs are marked idle now.
     idle: u64,
+    /// The active input whose watermark was the least at the last
+    /// `recompute`, or `usize::MAX` when none is known (every input
+    /// idle, or one woke since).
+    holder: usize,
+    /// The least watermark of the other active inputs then (`END_OF_TIME`
+    /// when there are none). Watermarks only rise, so while no input
+    /// wakes it stays a lower bound for them: the holder advancing to no
+    /// more than it is still the least, and the operator's watermark is
+    /// its own, without a scan (per record at two inputs and more).
+    others: Timestamp,
 }
 
 impl WatermarkTracker {
@@ -26,6 +36,8 @@ impl WatermarkTracker {
             inputs: vec![InputClock { watermark: NO_TIMESTAMP, idle: false }; inputs],
             current: NO_TIMESTAMP,
             idle: 0,
+            holder: usize::MAX,
+            others: END_OF_TIME,
         }
     }
 
@@ -42,6 +54,10 @@ impl WatermarkTracker {
         let clock = self.inputs.get_mut(input)?;
         let woke = std::mem::replace(&mut clock.idle, false);
         self.idle -= u64::from(woke);
+        if woke {
+            // It may hold the others back now: `others` no longer bounds them.
+            self.holder = usize::MAX;
+        }
         if watermark <= clock.watermark {
             // Waking alone can only lower the minimum, and the watermark
             // never moves back; but a woken input may be the only active
@@ -53,12 +69,13 @@ impl WatermarkTracker {
         // input's (every change that could raise that one recomputes it;
         // when all are idle it is the greatest of them). So an input that
         // was ahead of it is not the one holding it back, idle or not: it
-        // stays. This and the one-input case skip the scan over the
-        // inputs, which is per record (records carry their watermark).
+        // stays. This, the one-input case and the holder staying the least
+        // (see `others`) skip the scan over the inputs, which is per record
+        // (records carry their watermark).
         if before > self.current {
             return None;
         }
-        if self.inputs.len() == 1 {
+        if self.inputs.len() == 1 || (input == self.holder && watermark <= self.others) {
             return (watermark > self.current).then(|| {
                 self.current = watermark;
                 watermark
@@ -70,8 +87,11 @@ impl WatermarkTracker {
     /// Input `input` has records again, without a new watermark.
     #[inline]
     pub(crate) fn activate(&mut self, input: usize) {
-        if let Some(clock) = self.inputs.get_mut(input) {
-            self.idle -= u64::from(std::mem::replace(&mut clock.idle, false));
+        if let Some(clock) = self.inputs.get_mut(input)
+            && std::mem::replace(&mut clock.idle, false)
+        {
+            self.idle -= 1;
+            self.holder = usize::MAX;
         }
     }
 
@@ -89,11 +109,21 @@ impl WatermarkTracker {
     }
 
     fn recompute(&mut self) -> Option<Timestamp> {
-        let active = self.inputs.iter().filter(|c| !c.idle).map(|c| c.watermark).min();
-        let min = match active {
-            Some(min) => min,
-            None => self.inputs.iter().map(|c| c.watermark).max()?,
-        };
+        // The least active watermark, its input, and the least of the others.
+        let (mut holder, mut least, mut others) = (usize::MAX, END_OF_TIME, END_OF_TIME);
+        for (i, c) in self.inputs.iter().enumerate() {
+            if c.idle {
+                continue;
+            }
+            if holder == usize::MAX || c.watermark < least {
+                others = others.min(least);
+                (holder, least) = (i, c.watermark);
+            } else {
+                others = others.min(c.watermark);
+            }
+        }
+        (self.holder, self.others) = (holder, others);
+        let min = if holder == usize::MAX { self.inputs.iter().map(|c| c.watermark).max()? } else { least };
         (min > self.current).then(|| {
             self.current = min;
             min
@@ -179,7 +209,9 @@ mod tests {
 
     proptest::proptest! {
         /// The shortcuts in `advance` (an input that was ahead, a single
-        /// input) give what the definition gives, step by step.
+        /// input, the least input rising no further than the others, which
+        /// an input waking undoes) give what the definition gives, step by
+        /// step.
         #[test]
         fn the_tracker_agrees_with_its_definition(
             inputs in 1usize..4,
