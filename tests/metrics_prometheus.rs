@@ -22,9 +22,16 @@ async fn prometheus_scrapes_the_counters_and_the_backpressure_the_job_reports() 
             // Slow on purpose: the edge into it fills, its sender blocks.
             // A millisecond every 32 records is at most 32,000 records a
             // second, below the source's 50,000 (every 64, 78% busy, left
-            // the edge unblocked in one run on a fast machine).
+            // the edge unblocked in one run on a fast machine). The sleep
+            // goes through `weibo::blocking`, as the book asks of blocking
+            // code: a bare sleep holds its worker thread, and the source's
+            // task, woken onto that thread when this task takes a batch,
+            // then ran only between this task's batches, in lockstep with
+            // it. Rate-limited, it then found room on the edge each time and
+            // never waited, so `blocked` stayed zero (one run in five with
+            // the machine loaded).
             if x.is_multiple_of(32) {
-                std::thread::sleep(Duration::from_millis(1));
+                weibo::blocking(|| std::thread::sleep(Duration::from_millis(1)));
             }
             ctx.emit(*x);
             Ok::<(), String>(())
@@ -90,7 +97,11 @@ async fn prometheus_scrapes_the_counters_and_the_backpressure_the_job_reports() 
         read_before <= scraped_records && scraped_records <= read_after,
         "records: Prometheus has {scraped_records} at {scraped_at}, the job had {read_before} just before and {read_after} just after"
     );
-    assert!(blocked_after > 0.0, "the slow operator's input edge was blocked");
+    assert!(
+        blocked_after > 0.0,
+        "the slow operator's input edge was never blocked; (time, records read, blocked s): {samples:?}; edges: {:?}",
+        handle.metrics().edges
+    );
     let m = handle.metrics();
     let into_slow: Vec<_> = m.edges.iter().filter(|e| e.to.starts_with("slow")).collect();
     assert!(!into_slow.is_empty() && into_slow.iter().all(|e| e.capacity == 1), "{into_slow:?}");
