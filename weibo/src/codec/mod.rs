@@ -157,6 +157,19 @@ pub trait Data: Clone + Send + Sync + 'static {
     fn schema() -> std::sync::Arc<schema::Schema> {
         std::sync::Arc::new(schema::Schema { shape: schema::Shape::Opaque(std::any::type_name::<Self>().to_string()) })
     }
+
+    /// Whether values of this type read back as written: checked before a
+    /// state of this type is opened, so that no checkpoint is ever
+    /// written that cannot be restored. For the postcard codec, samples
+    /// of the type are written and read back (see the Codecs chapter for
+    /// the serde attributes postcard cannot express); other codecs, unless
+    /// they say more, are trusted.
+    ///
+    /// # Errors
+    /// Why they do not, as a sentence about the type's values.
+    fn check_round_trip() -> Result<(), String> {
+        Ok(())
+    }
 }
 
 impl<T> Data for T
@@ -169,6 +182,10 @@ where
 
     fn schema() -> std::sync::Arc<schema::Schema> {
         schema::Schema::of::<T>()
+    }
+
+    fn check_round_trip() -> Result<(), String> {
+        schema::postcard_round_trip::<T>()
     }
 
     #[inline]

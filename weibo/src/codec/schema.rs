@@ -431,6 +431,88 @@ fn trace<T: DeserializeOwned>() -> Result<Shape, TraceError> {
     Err(TraceError("too many variants to trace".into()))
 }
 
+/// Whether every value of `T` that postcard writes reads back as the same
+/// value: checked once per process and type on samples the tracer makes
+/// (one per enum variant, each with its options, sequences, maps, strings
+/// and numbers filled, and again empty), each written, read back and
+/// written again. postcard writes fields by position, without names or
+/// lengths, so a serde attribute that leaves a field out of what is
+/// written (`skip_serializing_if`, `skip_serializing`), or a type that
+/// must be read by looking at what is there (`deserialize_any`: untagged
+/// and internally tagged enums, `flatten`, `serde_json::Value`), writes
+/// values that can never be read back. A type whose `Deserialize` refuses
+/// the placeholders (a string that must parse) gives no samples and is
+/// not checked further.
+///
+/// # Errors
+/// What goes wrong, as a sentence about the type's values.
+pub(crate) fn postcard_round_trip<T: Serialize + DeserializeOwned + 'static>() -> Result<(), String> {
+    static CACHE: OnceLock<Mutex<HashMap<std::any::TypeId, Result<(), String>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Mutex::default);
+    let id = std::any::TypeId::of::<T>();
+    if let Some(known) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&id) {
+        return known.clone();
+    }
+    let result = round_trip_samples::<T>();
+    cache.lock().unwrap_or_else(PoisonError::into_inner).insert(id, result.clone());
+    result
+}
+
+fn round_trip_samples<T: Serialize + DeserializeOwned>() -> Result<(), String> {
+    for empty in [false, true] {
+        let mut tracer = Tracer { empty, ..Tracer::default() };
+        for _ in 0..MAX_PASSES {
+            tracer.depth = 0;
+            let mut slot = Slot::default();
+            let sample = match T::deserialize(Probe { tracer: &mut tracer, out: &mut slot }) {
+                Ok(sample) => sample,
+                Err(e) if e.0.starts_with(SELF_DESCRIBING) => {
+                    return Err("its `Deserialize` asks for `deserialize_any` (an untagged or internally tagged \
+                                enum, `#[serde(flatten)]`, or a self-describing type such as \
+                                `serde_json::Value`), which postcard cannot read"
+                        .into());
+                }
+                // The type refuses the placeholders: no samples to learn from.
+                Err(_) => break,
+            };
+            round_trip(&sample, empty)?;
+            if tracer.complete() {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes `sample`, reads it back and writes it again.
+fn round_trip<T: Serialize + DeserializeOwned>(sample: &T, empty: bool) -> Result<(), String> {
+    let what = if empty { "a value with its options `None` and its collections empty" } else { "a value" };
+    let bytes = postcard::to_allocvec(sample).map_err(|e| format!("{what} cannot be written: {e}"))?;
+    let back: T = match postcard::take_from_bytes::<T>(&bytes) {
+        Ok((back, [])) => back,
+        Ok((_, rest)) => {
+            return Err(format!(
+                "{what}, written as {} bytes, reads back from the first {} only: the value it reads is not the one \
+                 written",
+                bytes.len(),
+                bytes.len() - rest.len()
+            ));
+        }
+        Err(e) => {
+            return Err(format!(
+                "{what}, written as {} bytes, cannot be read back ({e}): a field is left out of what is written \
+                 (`skip_serializing_if` or `skip_serializing`), but read",
+                bytes.len()
+            ));
+        }
+    };
+    let again = postcard::to_allocvec(&back).map_err(|e| format!("{what}, read back, cannot be written: {e}"))?;
+    if again != bytes {
+        return Err(format!("{what} reads back as another value (written again, its bytes differ)"));
+    }
+    Ok(())
+}
+
 /// Gives every enum in `shape` all of its variants (an occurrence holds
 /// those visited when it was met), a recursive one as a reference.
 fn refresh(shape: Shape, enums: &BTreeMap<&'static str, EnumTrace>, stack: &mut Vec<String>) -> Shape {
@@ -473,6 +555,10 @@ const MAX_DEPTH: usize = 64;
 struct Tracer {
     enums: BTreeMap<&'static str, EnumTrace>,
     depth: usize,
+    /// Hand back "empty" placeholders (`None`, no elements, zeros, empty
+    /// strings) instead of filled ones: samples for
+    /// [`postcard_round_trip`], where a field skipped when empty shows.
+    empty: bool,
 }
 
 #[derive(Default)]
@@ -490,6 +576,10 @@ impl Tracer {
 
 #[derive(Debug)]
 struct TraceError(String);
+
+/// The start of the error the tracer gives a type that asks for
+/// `deserialize_any`.
+const SELF_DESCRIBING: &str = "a self-describing type (deserialize_any)";
 
 impl fmt::Display for TraceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -514,10 +604,10 @@ struct Probe<'a> {
 }
 
 macro_rules! primitive {
-    ($method:ident, $shape:expr, $visit:ident, $value:expr) => {
+    ($method:ident, $shape:expr, $visit:ident, $value:expr, $empty:expr) => {
         fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
             self.out.0 = Some($shape);
-            visitor.$visit($value)
+            if self.tracer.empty { visitor.$visit($empty) } else { visitor.$visit($value) }
         }
     };
 }
@@ -577,30 +667,30 @@ impl<'de> de::Deserializer<'de> for Probe<'_> {
     type Error = TraceError;
 
     fn deserialize_any<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value, TraceError> {
-        Err(TraceError("a self-describing type (deserialize_any) cannot be traced".into()))
+        Err(TraceError(format!("{SELF_DESCRIBING} cannot be traced")))
     }
     fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
         self.deserialize_any(visitor)
     }
 
-    primitive!(deserialize_bool, Shape::Bool, visit_bool, false);
-    primitive!(deserialize_i8, Shape::I8, visit_i8, 1);
-    primitive!(deserialize_i16, Shape::I16, visit_i16, 1);
-    primitive!(deserialize_i32, Shape::I32, visit_i32, 1);
-    primitive!(deserialize_i64, Shape::I64, visit_i64, 1);
-    primitive!(deserialize_i128, Shape::I128, visit_i128, 1);
-    primitive!(deserialize_u8, Shape::U8, visit_u8, 1);
-    primitive!(deserialize_u16, Shape::U16, visit_u16, 1);
-    primitive!(deserialize_u32, Shape::U32, visit_u32, 1);
-    primitive!(deserialize_u64, Shape::U64, visit_u64, 1);
-    primitive!(deserialize_u128, Shape::U128, visit_u128, 1);
-    primitive!(deserialize_f32, Shape::F32, visit_f32, 0.0);
-    primitive!(deserialize_f64, Shape::F64, visit_f64, 0.0);
-    primitive!(deserialize_char, Shape::Char, visit_char, 'a');
-    primitive!(deserialize_str, Shape::Str, visit_str, "");
-    primitive!(deserialize_string, Shape::Str, visit_string, String::new());
-    primitive!(deserialize_bytes, Shape::Bytes, visit_bytes, &[]);
-    primitive!(deserialize_byte_buf, Shape::Bytes, visit_byte_buf, Vec::new());
+    primitive!(deserialize_bool, Shape::Bool, visit_bool, false, false);
+    primitive!(deserialize_i8, Shape::I8, visit_i8, 1, 0);
+    primitive!(deserialize_i16, Shape::I16, visit_i16, 1, 0);
+    primitive!(deserialize_i32, Shape::I32, visit_i32, 1, 0);
+    primitive!(deserialize_i64, Shape::I64, visit_i64, 1, 0);
+    primitive!(deserialize_i128, Shape::I128, visit_i128, 1, 0);
+    primitive!(deserialize_u8, Shape::U8, visit_u8, 1, 0);
+    primitive!(deserialize_u16, Shape::U16, visit_u16, 1, 0);
+    primitive!(deserialize_u32, Shape::U32, visit_u32, 1, 0);
+    primitive!(deserialize_u64, Shape::U64, visit_u64, 1, 0);
+    primitive!(deserialize_u128, Shape::U128, visit_u128, 1, 0);
+    primitive!(deserialize_f32, Shape::F32, visit_f32, 0.0, 0.0);
+    primitive!(deserialize_f64, Shape::F64, visit_f64, 0.0, 0.0);
+    primitive!(deserialize_char, Shape::Char, visit_char, 'a', 'a');
+    primitive!(deserialize_str, Shape::Str, visit_str, "", "");
+    primitive!(deserialize_string, Shape::Str, visit_string, String::new(), String::new());
+    primitive!(deserialize_bytes, Shape::Bytes, visit_bytes, &[], &[]);
+    primitive!(deserialize_byte_buf, Shape::Bytes, visit_byte_buf, Vec::new(), Vec::new());
 
     fn deserialize_unit<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
         self.out.0 = Some(Shape::Unit);
@@ -613,6 +703,11 @@ impl<'de> de::Deserializer<'de> for Probe<'_> {
     }
 
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
+        if self.tracer.empty {
+            // A sample only: the shape is traced in the other mode.
+            self.out.0 = Some(Shape::Option(Box::new(Shape::Unit)));
+            return visitor.visit_none();
+        }
         let mut inner = Slot::default();
         let value = visitor.visit_some(Probe { tracer: self.tracer, out: &mut inner })?;
         self.out.0 = Some(Shape::Option(Box::new(inner.0.unwrap_or(Shape::Unit))));
@@ -642,7 +737,8 @@ impl<'de> de::Deserializer<'de> for Probe<'_> {
     }
 
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
-        let mut elements = Elements::new(self.tracer, 1);
+        let n = usize::from(!self.tracer.empty);
+        let mut elements = Elements::new(self.tracer, n);
         let value = visitor.visit_seq(&mut elements)?;
         let shape = elements.shapes().pop().unwrap_or(Shape::Unit);
         self.out.0 = Some(Shape::Seq(Box::new(shape)));
@@ -670,7 +766,9 @@ impl<'de> de::Deserializer<'de> for Probe<'_> {
     }
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
-        let mut entry = OneEntry { tracer: self.tracer, key: Slot::default(), value: Slot::default(), state: 0 };
+        // An empty map in the empty mode (as if its one entry were read).
+        let state = if self.tracer.empty { 2 } else { 0 };
+        let mut entry = OneEntry { tracer: self.tracer, key: Slot::default(), value: Slot::default(), state };
         let value = visitor.visit_map(&mut entry)?;
         let (k, v) = (entry.key.0.unwrap_or(Shape::Unit), entry.value.0.unwrap_or(Shape::Unit));
         self.out.0 = Some(Shape::Map(Box::new(k), Box::new(v)));
@@ -881,6 +979,103 @@ mod tests {
         assert_ne!(a.id(), b.id());
         let plain = Schema::of::<u64>();
         assert_eq!(plain.shape, Shape::U64);
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct SkipsNone {
+        id: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct SkipsEmpty {
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tags: Vec<u8>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    #[allow(dead_code)]
+    struct SkipsAlways {
+        id: u64,
+        #[serde(skip_serializing)]
+        cache: u32,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Untagged {
+        A(u64),
+        B(String),
+    }
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(tag = "type")]
+    enum Internal {
+        A { x: u64 },
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct Flattened {
+        id: u64,
+        #[serde(flatten)]
+        rest: Inner2,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct Inner2 {
+        x: u64,
+    }
+
+    /// What postcard reads back as written: defaults, skipped (both ways)
+    /// fields, every kind of enum variant, maps, options.
+    #[derive(Serialize, Deserialize)]
+    #[allow(dead_code)]
+    struct Fine {
+        #[serde(default)]
+        a: Option<u64>,
+        #[serde(skip)]
+        b: u32,
+        c: std::collections::BTreeMap<String, Vec<Option<(u8, String)>>>,
+        d: Vec<Mixed>,
+        e: std::num::NonZeroU32,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    enum Mixed {
+        Unit,
+        New(i64),
+        Tuple(u8, String),
+        Named { x: f64, y: Option<Box<Mixed>> },
+    }
+
+    #[test]
+    fn values_postcard_cannot_read_back_are_found_before_anything_is_written() {
+        let err = |r: Result<(), String>| r.unwrap_err();
+        let none = err(postcard_round_trip::<SkipsNone>());
+        assert!(none.contains("`None`") && none.contains("cannot be read back"), "{none}");
+        assert!(err(postcard_round_trip::<SkipsEmpty>()).contains("cannot be read back"));
+        assert!(err(postcard_round_trip::<SkipsAlways>()).contains("cannot be read back"));
+        for e in [
+            err(postcard_round_trip::<Untagged>()),
+            err(postcard_round_trip::<Internal>()),
+            err(postcard_round_trip::<Flattened>()),
+            err(postcard_round_trip::<serde_json::Value>()),
+        ] {
+            assert!(e.contains("deserialize_any"), "{e}");
+        }
+        postcard_round_trip::<Fine>().unwrap();
+        postcard_round_trip::<Totals2>().unwrap();
+        postcard_round_trip::<(u64, String, Vec<bool>)>().unwrap();
+        // Cached: the same answer again.
+        assert_eq!(postcard_round_trip::<SkipsNone>().unwrap_err(), none);
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct Totals2 {
+        customer: u32,
+        orders: u64,
+        m: std::collections::HashMap<String, (u8, f64)>,
     }
 
     #[test]

@@ -97,6 +97,31 @@ impl StateScope {
     }
 }
 
+impl StateScope {
+    /// Refuses a state whose values do not read back as written
+    /// ([`Data::check_round_trip`](crate::Data::check_round_trip)): its
+    /// checkpoints could never be restored.
+    ///
+    /// # Errors
+    /// [`Error::Graph`] naming the type, the state and the operator, and
+    /// what to change.
+    pub(crate) fn check_values<V: crate::Data>(&self) -> Result<()> {
+        V::check_round_trip().map_err(|why| Error::Graph {
+            job: self.job.clone(),
+            message: format!(
+                "state `{}` of operator `{}` keeps values of type `{}` that its codec cannot read back: {why}. \
+                 Checkpoints of it could never be restored. The postcard codec writes fields by position: drop \
+                 `skip_serializing_if` and `skip_serializing` (keep `#[serde(default)]` if you like), and use \
+                 externally tagged enums and no `flatten`; or keep such values as another type (see the Codecs \
+                 chapter)",
+                self.state,
+                self.operator,
+                crate::codec::recorded_type_name(std::any::type_name::<V>()),
+            ),
+        })
+    }
+}
+
 /// Where keyed state lives. Shared by every operator instance of a job.
 pub trait StateBackend: Send + Sync + fmt::Debug + 'static {
     /// A short name for logs and the plan (`memory`, `fjall`).

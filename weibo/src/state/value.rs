@@ -459,7 +459,9 @@ impl<K: Key, V: Data> ValueState<K, V> {
     ///
     /// # Errors
     /// [`Error::State`] when the backend cannot open it.
+    /// [`Error::Graph`] when its values do not read back as written.
     pub fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
+        scope.check_values::<V>()?;
         let store = if backend.keeps_objects() {
             Store::Objects(scope.key_groups.clone().map(|_| Shareable::default()).collect())
         } else if let Some(cache) = backend.object_cache() {

@@ -410,7 +410,9 @@ impl<K: Key, A: Data> WindowState<K, A> {
     ///
     /// # Errors
     /// [`Error::State`] when the backend cannot open it.
+    /// [`Error::Graph`] when its values do not read back as written.
     pub fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
+        scope.check_values::<A>()?;
         let spill = if backend.keeps_objects() {
             None
         } else {
