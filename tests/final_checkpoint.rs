@@ -103,11 +103,11 @@ async fn when_the_input_ends_during_a_long_checkpoint_the_next_one_is_the_final_
         assert_eq!(committed(out.path()).len(), 2_000, "run {run}: every record once");
         let newest = weibo::checkpoint::complete_checkpoints_in(&storage.inner, "").unwrap();
         let last = newest[0].0;
-        let epoch = format!("-{:020}.jsonl", last.get());
+        let epoch = format!("-{:020}-", last.get());
         let in_final: usize = std::fs::read_dir(out.path())
             .unwrap()
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(&epoch))
+            .filter(|e| e.file_name().to_string_lossy().contains(&epoch))
             .map(|e| std::fs::read_to_string(e.path()).unwrap().lines().count())
             .sum();
         assert!(in_final > 0, "run {run}: the final checkpoint ({}) committed none of the last records", last.get());

@@ -64,4 +64,7 @@ impl weibo::checkpoint::CheckpointStorage for Flaky {
         self.check()?;
         self.inner.delete(name)
     }
+    fn try_lock(&self, holder: &weibo::checkpoint::StorageHolder) -> std::io::Result<weibo::checkpoint::LockAttempt> {
+        self.inner.try_lock(holder)
+    }
 }

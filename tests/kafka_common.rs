@@ -218,7 +218,8 @@ pub(crate) fn committed(topic: &str) -> (BTreeMap<u64, Count>, Vec<u64>) {
 /// runs until killed.
 /// The tasks' checkpoints in S3 (bucket `bucket` of the server at
 /// `WEIBO_S3_ENDPOINT`), one prefix per task, instead of the group's
-/// directory.
+/// directory. A task's lease lasts 3 s: a survivor takes over a killed
+/// member's tasks once their leases expired.
 pub(crate) fn s3_tasks(bucket: &str) -> weibo_connectors::s3::S3Storage {
     let endpoint = std::env::var("WEIBO_S3_ENDPOINT").expect("WEIBO_S3_ENDPOINT");
     weibo_connectors::s3::S3Storage::builder(bucket, "tasks")
@@ -227,6 +228,7 @@ pub(crate) fn s3_tasks(bucket: &str) -> weibo_connectors::s3::S3Storage {
         .credentials("test", "testsecret")
         .allow_http()
         .path_style()
+        .lease_ttl(Duration::from_secs(3))
         .build()
         .unwrap()
 }

@@ -18,6 +18,7 @@ use weibo::Job;
 use weibo::checkpoint::CheckpointStorage;
 use weibo::sinks::CollectSink;
 use weibo::sources::Generator;
+use weibo_connectors::s3::S3Storage;
 
 #[test]
 fn the_storage_keeps_the_contract_checkpoints_rely_on() {
@@ -174,38 +175,74 @@ fn a_job_checkpoints_into_s3_and_restores_from_a_savepoint_there() {
 }
 
 #[test]
-fn a_stale_owner_cannot_publish_the_checkpoint_its_successor_published() {
+fn one_run_owns_the_storage_and_a_run_whose_lease_was_taken_over_publishes_nothing() {
     let bucket = unique_bucket("fence");
     let s = storage(&bucket, "task-0");
     // A first life leaves checkpoints behind.
     let job = Job::new("counts").with_checkpoint_storage(s.clone(), Duration::from_millis(100));
     counting(&job, &CollectSink::new(), Some(15_000.0));
     let _ = weibo_tests::savepoint_midway(job, Duration::from_millis(600));
-    assert!(!weibo::checkpoint::complete_checkpoints_in(&s, "").unwrap().is_empty());
-    // Two processes now believe they own the task (one of them stalled past
-    // its session timeout): both restore the newest checkpoint, and both
-    // number the next one alike.
-    let (a_out, b_out) = (CollectSink::new(), CollectSink::new());
+    let before = weibo::checkpoint::complete_checkpoints_in(&s, "").unwrap();
+    assert!(!before.is_empty());
     let start = |out: &CollectSink<(u64, u64)>| {
         let job = Job::new("counts").with_checkpoint_storage(s.clone(), Duration::from_secs(3600));
         counting(&job, out, Some(1_000.0));
         job
     };
+    let (a_out, b_out) = (CollectSink::new(), CollectSink::new());
     let (a, b) = (start(&a_out), start(&b_out));
-    let published = weibo::testing::block_on(async move {
+    let s2 = s.clone();
+    weibo::testing::block_on(async move {
         let a = a.spawn().unwrap();
-        let b = b.spawn().unwrap();
+        // A second run is refused at once, naming the holder.
+        let refused = b.spawn().expect_err("the storage is held").to_string();
+        assert!(
+            refused.contains("is in use by job `counts`")
+                && refused.contains(&format!("process {}", std::process::id()))
+                && refused.contains("s3://"),
+            "{refused}"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let published = a.checkpoint().await.expect("the successor checkpoints");
-        let refused = b.checkpoint().await.expect_err("the stale owner's checkpoint is refused").to_string();
-        assert!(refused.contains("cannot publish checkpoint manifest"), "{refused}");
-        let name = published.file_name().unwrap().to_string_lossy().into_owned();
-        assert!(refused.contains(&name), "the same checkpoint: {refused} / {name}");
-        a.abort();
-        b.abort();
-        name
+        a.checkpoint().await.expect("the owner checkpoints");
+        // Another process takes the lease over (as one would that found it
+        // expired while this run stalled): a lease of its own in `LOCK`.
+        let taken = serde_json::json!({
+            "holder": { "job": "counts", "pid": 1, "host": "elsewhere", "since_unix_ms": 0, "run": "00ff", "generation": 99 },
+            "expires_unix_ms": u64::MAX,
+        });
+        s2.put("LOCK", taken.to_string().as_bytes()).unwrap();
+        let fenced = a.checkpoint().await.expect_err("a run that lost its lease completes nothing").to_string();
+        assert!(fenced.contains("no longer holds its checkpoint storage") && fenced.contains("taken over"), "{fenced}");
+        let ended = a.wait().await.expect_err("and stops").to_string();
+        assert!(ended.contains("no longer holds its checkpoint storage"), "{ended}");
     });
-    // What is there is the successor's checkpoint, whole: a restore takes it.
-    let manifest = weibo::checkpoint::read_manifest_in(&s, &published).unwrap();
-    assert_eq!(format!("chk-{:020}", manifest.checkpoint.get()), published);
+    // The fenced run published nothing after it lost the lease: the newest
+    // checkpoint is the one it took while it held it.
+    let after = weibo::checkpoint::complete_checkpoints_in(&s, "").unwrap();
+    assert_eq!(after[0].0.get(), before[0].0.get() + 1, "{before:?} / {after:?}");
+    // While the other holder's lease lasts, no run starts; once it is
+    // released, one does.
+    let c = start(&CollectSink::new());
+    let refused = weibo::testing::block_on(async move { c.spawn().map(|_| ()) }).expect_err("held by the other");
+    assert!(refused.to_string().contains("on elsewhere"), "{refused}");
+    let released = serde_json::json!({
+        "holder": { "job": "counts", "pid": 1, "host": "elsewhere", "since_unix_ms": 0, "run": "00ff", "generation": 99 },
+        "expires_unix_ms": 0,
+    });
+    s.put("LOCK", released.to_string().as_bytes()).unwrap();
+    let out = CollectSink::new();
+    let d = start(&out).wait_for_storage(Duration::from_secs(5));
+    weibo::testing::block_on(async move {
+        let d = d.spawn().expect("the released storage is taken");
+        d.cancel().await.unwrap();
+    });
+    let lease: serde_json::Value = serde_json::from_slice(&read_object(&s, "LOCK")).unwrap();
+    assert_eq!(lease["holder"]["generation"], 100, "the fencing token grows: {lease}");
+    assert_eq!(lease["expires_unix_ms"], 0, "released when the run ended: {lease}");
+}
+
+fn read_object(s: &S3Storage, name: &str) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut s.open(name).unwrap(), &mut bytes).unwrap();
+    bytes
 }

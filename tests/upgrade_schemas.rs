@@ -375,9 +375,11 @@ fn the_same_layout_in_another_module_and_under_another_name_restores_as_is() {
 fn a_changed_state_type_without_a_migration_is_refused_before_any_entry_is_decoded() {
     let dir = tempfile::tempdir().unwrap();
     let savepoint = version_1(dir.path());
-    // Traced once, now (its schema is cached), so that what counts below
-    // is only what a restore would decode.
+    // Traced and checked once, now (both are cached): its samples are
+    // decoded, so that what counts below is only what a restore would
+    // decode.
     let _ = Schema::of::<Counted>();
+    <Counted as weibo::Data>::check_round_trip().unwrap();
     let before = DECODED.load(Ordering::SeqCst);
     let out = CollectSink::new();
     let job = Job::new("stats").with_max_key_groups(16).restore_from(&savepoint);

@@ -13,16 +13,36 @@
 //! one wins each number is a race: the fence keeps two processes from
 //! overwriting each other's checkpoints, and the stale one is fenced on
 //! Kafka too, and stops its tasks as soon as it hears that it lost them.)
+//!
+//! A run owns the storage through a **lease**: the object `LOCK` under the
+//! prefix, holding the holder's description, a generation (the fencing
+//! token, one more than the previous holder's) and when the lease expires.
+//! It is taken and renewed with conditional puts only (`If-None-Match: *`
+//! when there is none, `If-Match: <etag>` of the version read otherwise),
+//! so of two runs that race for it exactly one wins, and a renewal by a
+//! run whose lease was taken over fails. The holder renews it every third
+//! of its time to live ([`S3StorageBuilder::lease_ttl`], 30 s by default)
+//! and once more before every manifest and every commit
+//! ([`StorageLease::check`]): a run that cannot is fenced and stops. A
+//! lease whose expiry has passed (by the clock of the run that looks) is
+//! taken over; a run that ends releases its lease, so that the next one
+//! starts at once. After a crash, the next run waits for the lease to
+//! expire (`Job::wait_for_storage` with at least the time to live). The
+//! fence holds as long as a run does not stall, between its last renewal
+//! and the write it guards, for longer than the lease's time to live.
 
 use std::fmt;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use object_store::path::Path as ObjectPath;
 use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
-use weibo::checkpoint::{CheckpointStorage, ObjectReader, ObjectWriter};
+use weibo::checkpoint::{
+    CheckpointStorage, LeaseError, LockAttempt, ObjectReader, ObjectWriter, StorageHolder, StorageLease,
+};
 use weibo::{Error, Result};
 
 use crate::runtime::{Pending, SinkRuntime};
@@ -59,6 +79,8 @@ struct Inner {
     /// Without a trailing `/` (empty: the bucket's root).
     prefix: String,
     rt: Arc<SinkRuntime>,
+    /// How long a run's lease lasts without a renewal.
+    lease_ttl: Duration,
 }
 
 impl fmt::Debug for S3Storage {
@@ -77,6 +99,7 @@ pub struct S3StorageBuilder {
     credentials: Option<(String, String)>,
     allow_http: bool,
     path_style: bool,
+    lease_ttl: Duration,
 }
 
 impl fmt::Debug for S3StorageBuilder {
@@ -103,6 +126,7 @@ impl S3Storage {
             credentials: None,
             allow_http: false,
             path_style: false,
+            lease_ttl: DEFAULT_LEASE_TTL,
         }
     }
 
@@ -126,6 +150,7 @@ impl S3Storage {
                 bucket: self.inner.bucket.clone(),
                 prefix,
                 rt: Arc::clone(&self.inner.rt),
+                lease_ttl: self.inner.lease_ttl,
             }),
         }
     }
@@ -187,6 +212,15 @@ impl S3StorageBuilder {
         self
     }
 
+    /// How long a run's lease on the storage lasts without a renewal
+    /// (default 30 s, at least 1 s; see the [module notes](self)): how
+    /// long the next run waits for a run that crashed, and the longest a
+    /// run may stall without being fenced.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl.max(Duration::from_secs(1));
+        self
+    }
+
     /// Builds the client.
     ///
     /// # Errors
@@ -228,7 +262,13 @@ impl S3StorageBuilder {
             .map_err(|e| Error::connector_caused(&name, "cannot configure the S3 client".to_string(), e))?;
         let rt = Arc::new(SinkRuntime::new(&name, "weibo-s3")?);
         Ok(S3Storage {
-            inner: Arc::new(Inner { store: Arc::new(store), bucket: self.bucket, prefix: self.prefix, rt }),
+            inner: Arc::new(Inner {
+                store: Arc::new(store),
+                bucket: self.bucket,
+                prefix: self.prefix,
+                rt,
+                lease_ttl: self.lease_ttl,
+            }),
         })
     }
 }
@@ -338,6 +378,198 @@ impl CheckpointStorage for S3Storage {
     fn copy(&self, from: &str, to: &str) -> io::Result<()> {
         let (store, from, to) = (Arc::clone(&self.inner.store), self.path(from), self.path(to));
         self.run(async move { store.copy(&from, &to).await })
+    }
+
+    /// The lease object `LOCK` (see the [module notes](self)).
+    fn try_lock(&self, holder: &StorageHolder) -> io::Result<LockAttempt> {
+        S3Lease::try_take(self, holder)
+    }
+}
+
+/// How long a lease lasts without a renewal, unless the builder says.
+const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// What the lease object holds.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct LeaseBody {
+    holder: StorageHolder,
+    /// When it expires, in milliseconds since the Unix epoch (0: released).
+    expires_unix_ms: u64,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A run's lease on an [`S3Storage`]: renewed on the storage's runtime
+/// every third of its time to live, and by every check.
+struct S3Lease {
+    shared: Arc<LeaseShared>,
+    renewer: std::sync::Mutex<Pending<()>>,
+}
+
+impl fmt::Debug for S3Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3Lease").field("at", &self.shared.storage.locate(weibo::checkpoint::lease::LOCK)).finish()
+    }
+}
+
+struct LeaseShared {
+    storage: S3Storage,
+    holder: StorageHolder,
+    state: std::sync::Mutex<LeaseState>,
+}
+
+struct LeaseState {
+    /// The version of the lease object this run wrote last.
+    version: object_store::UpdateVersion,
+    /// When the lease, as last renewed, expires (by this run's clock).
+    expires_unix_ms: u64,
+    /// Why the lease is lost, once it is.
+    lost: Option<String>,
+}
+
+impl S3Lease {
+    fn try_take(storage: &S3Storage, holder: &StorageHolder) -> io::Result<LockAttempt> {
+        let (mode, generation) = match storage.read_lease()? {
+            None => (PutMode::Create, 1),
+            Some((body, version)) => match body {
+                Some(b) if b.expires_unix_ms > now_ms() && b.holder.run != holder.run => {
+                    return Ok(LockAttempt::HeldBy(Some(b.holder)));
+                }
+                // Expired or released (or not a lease Weibo wrote): taken
+                // over, unless another run takes it first.
+                Some(b) => (PutMode::Update(version), b.holder.generation.saturating_add(1)),
+                None => (PutMode::Update(version), 1),
+            },
+        };
+        let mut mine = holder.clone();
+        mine.generation = generation;
+        let body = LeaseBody { holder: mine, expires_unix_ms: now_ms().saturating_add(storage.ttl_ms()) };
+        let Ok(version) = storage.put_lease(&body, mode)? else {
+            // Another run took it first.
+            let holder = storage.read_lease()?.and_then(|(b, _)| b).map(|b| b.holder);
+            return Ok(LockAttempt::HeldBy(holder));
+        };
+        let shared = Arc::new(LeaseShared {
+            storage: storage.clone(),
+            holder: body.holder,
+            state: std::sync::Mutex::new(LeaseState { version, expires_unix_ms: body.expires_unix_ms, lost: None }),
+        });
+        let renewing = Arc::clone(&shared);
+        let every = storage.inner.lease_ttl / 3;
+        let renewer = storage.inner.rt.start(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let lease = Arc::clone(&renewing);
+                // A renewal waits for the storage's runtime: off its worker.
+                let renewed = tokio::task::spawn_blocking(move || lease.renew()).await;
+                if matches!(renewed, Ok(Err(LeaseError::Lost(_)))) {
+                    return;
+                }
+            }
+        });
+        Ok(LockAttempt::Acquired(Box::new(S3Lease { shared, renewer: std::sync::Mutex::new(renewer) })))
+    }
+}
+
+impl LeaseShared {
+    /// Writes the lease again, expiring one time to live from now, if the
+    /// object is still the version this run wrote last.
+    fn renew(&self) -> Result<(), LeaseError> {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(why) = &state.lost {
+            return Err(LeaseError::Lost(why.clone()));
+        }
+        let body =
+            LeaseBody { holder: self.holder.clone(), expires_unix_ms: now_ms().saturating_add(self.storage.ttl_ms()) };
+        let at = self.storage.locate(weibo::checkpoint::lease::LOCK);
+        let why = match self.storage.put_lease(&body, PutMode::Update(state.version.clone())) {
+            Ok(Ok(version)) => {
+                state.version = version;
+                state.expires_unix_ms = body.expires_unix_ms;
+                return Ok(());
+            }
+            Ok(Err(())) => format!(
+                "the lease {} of this run (generation {}) was taken over by another run",
+                at.display(),
+                self.holder.generation
+            ),
+            // Not renewed: still held until it expires.
+            Err(e) if now_ms() < state.expires_unix_ms => return Err(LeaseError::Unavailable(e)),
+            Err(e) => format!("the lease {} of this run expired: it could not be renewed ({e})", at.display()),
+        };
+        state.lost = Some(why.clone());
+        Err(LeaseError::Lost(why))
+    }
+}
+
+impl StorageLease for S3Lease {
+    fn generation(&self) -> u64 {
+        self.shared.holder.generation
+    }
+
+    fn check(&self) -> Result<(), LeaseError> {
+        weibo::blocking(|| self.shared.renew())
+    }
+}
+
+impl Drop for S3Lease {
+    fn drop(&mut self) {
+        self.renewer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).abort();
+        // Released, so that the next run starts at once (if the lease is
+        // still this run's: a conditional put).
+        let state = self.shared.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if state.lost.is_none() {
+            let released = LeaseBody { holder: self.shared.holder.clone(), expires_unix_ms: 0 };
+            let storage = &self.shared.storage;
+            let _ = weibo::blocking(|| storage.put_lease(&released, PutMode::Update(state.version.clone())));
+        }
+    }
+}
+
+impl S3Storage {
+    fn ttl_ms(&self) -> u64 {
+        u64::try_from(self.inner.lease_ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The lease object, if there is one: what it holds (`None` if it is
+    /// not a lease), and its version.
+    fn read_lease(&self) -> io::Result<Option<(Option<LeaseBody>, object_store::UpdateVersion)>> {
+        let (store, path) = (Arc::clone(&self.inner.store), self.path(weibo::checkpoint::lease::LOCK));
+        let got = self.run(async move {
+            let got = store.get(&path).await?;
+            let version =
+                object_store::UpdateVersion { e_tag: got.meta.e_tag.clone(), version: got.meta.version.clone() };
+            Ok((got.bytes().await?, version))
+        });
+        match got {
+            Ok((bytes, version)) => Ok(Some((serde_json::from_slice(&bytes).ok(), version))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes the lease object with `mode`: its new version, or `Err(())`
+    /// when the condition did not hold (another run wrote it meanwhile).
+    fn put_lease(
+        &self,
+        body: &LeaseBody,
+        mode: PutMode,
+    ) -> io::Result<std::result::Result<object_store::UpdateVersion, ()>> {
+        let bytes = serde_json::to_vec(body).map_err(io::Error::other)?;
+        let (store, path) = (Arc::clone(&self.inner.store), self.path(weibo::checkpoint::lease::LOCK));
+        let put = self.run(async move {
+            let put = store.put_opts(&path, PutPayload::from(bytes), PutOptions::from(mode)).await?;
+            Ok(object_store::UpdateVersion { e_tag: put.e_tag, version: put.version })
+        });
+        match put {
+            Ok(version) => Ok(Ok(version)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(Err(())),
+            Err(e) => Err(e),
+        }
     }
 }
 

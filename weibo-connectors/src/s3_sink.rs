@@ -8,21 +8,25 @@
 //! reaches `roll_bytes`, when it has been open for `roll_interval`, and at
 //! every checkpoint barrier. The barrier's pre-commit finishes the epoch's
 //! last part: the epoch's parts are then complete objects under
-//! `_pending/<run>/`. The checkpoint's completion copies each to its final
-//! name, `part-<instance>-<epoch>-<part>.jsonl` (server-side, so a reader
-//! sees a whole part or nothing), and deletes the pending one. A commit
-//! retried after a crash copies again what is still pending (the same
-//! bytes under the same name) and skips what is done; a restore deletes the
-//! pending parts of epochs after the restored checkpoint, whose records are
-//! read again. Final names are the same whichever run writes an epoch, so
-//! they never collide with another epoch's, and a re-published part
-//! replaces itself.
+//! `_pending/<run>/`, and the handle records each one's size. The
+//! checkpoint's completion copies each to its final name,
+//! `part-<instance>-<epoch>-<run>-<part>.jsonl` (server-side, so a reader
+//! sees a whole part or nothing), and deletes the pending one. The run's
+//! token in the name means that no other run, a job restored from an
+//! older savepoint included, ever publishes a part under the same name:
+//! published parts are never replaced or deleted. A commit retried after
+//! a crash copies again what is still pending (a part already published
+//! under its name is the same object: its pending copy is only deleted)
+//! and skips what is done; a pending part whose size is not the one its
+//! handle recorded, or one neither pending nor published, is an error. A
+//! restore deletes the pending parts of epochs after the restored
+//! checkpoint, whose records are read again.
 //!
 //! Readers should ignore `_pending/` (the `_` prefix is what Spark, Hive
 //! and Trino skip).
 
 use std::fmt;
-use std::io::Write;
+use std::io::{Seek as _, Write};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -97,41 +101,81 @@ impl S3Sink {
     }
 }
 
-/// A pre-committed epoch: the writer's run, instance, epoch and parts.
+/// A pre-committed epoch: the writer's run, instance, epoch and parts
+/// (their sizes; a handle of an earlier build records only their count,
+/// and its parts' final names lack the run).
 #[derive(Debug, PartialEq, Eq)]
 struct Handle {
     run: String,
     instance: usize,
     epoch: u64,
-    parts: u32,
+    parts: Parts,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Parts {
+    /// `s3v1`: how many, final names without the run.
+    Count(u32),
+    /// `s3v2`: each one's size.
+    Sizes(Vec<u64>),
 }
 
 impl Handle {
     fn encode(&self) -> String {
-        format!("s3v1:{}:{}:{}:{}", self.run, self.instance, self.epoch, self.parts)
+        match &self.parts {
+            Parts::Count(n) => format!("s3v1:{}:{}:{}:{n}", self.run, self.instance, self.epoch),
+            Parts::Sizes(sizes) => {
+                let sizes: Vec<String> = sizes.iter().map(u64::to_string).collect();
+                format!("s3v2:{}:{}:{}:{}", self.run, self.instance, self.epoch, sizes.join(","))
+            }
+        }
     }
 
     fn parse(h: &str) -> Option<Self> {
-        let mut it = h.strip_prefix("s3v1:")?.split(':');
+        let (v2, rest) = match (h.strip_prefix("s3v2:"), h.strip_prefix("s3v1:")) {
+            (Some(rest), _) => (true, rest),
+            (None, Some(rest)) => (false, rest),
+            (None, None) => return None,
+        };
+        let mut it = rest.split(':');
         let run = it.next()?.to_string();
         let instance = it.next()?.parse().ok()?;
         let epoch = it.next()?.parse().ok()?;
-        let parts = it.next()?.parse().ok()?;
+        let last = it.next()?;
+        let parts = if v2 {
+            let sizes: Option<Vec<u64>> = last.split(',').filter(|p| !p.is_empty()).map(|p| p.parse().ok()).collect();
+            Parts::Sizes(sizes?)
+        } else {
+            Parts::Count(last.parse().ok()?)
+        };
         if it.next().is_some() || run.is_empty() || !run.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
         Some(Handle { run, instance, epoch, parts })
     }
+
+    /// Each part's number, final name and size (when recorded).
+    fn parts(&self) -> Vec<(u32, String, Option<u64>)> {
+        match &self.parts {
+            Parts::Count(n) => (0..*n)
+                .map(|p| (p, format!("part-{:05}-{:020}-{p:05}.jsonl", self.instance, self.epoch), None))
+                .collect(),
+            Parts::Sizes(sizes) => (0u32..)
+                .zip(sizes)
+                .map(|(p, size)| (p, part_name(&self.run, self.instance, self.epoch, p), Some(*size)))
+                .collect(),
+        }
+    }
 }
 
-/// `part-<instance>-<epoch>-<part>.jsonl`.
-fn part_name(instance: usize, epoch: u64, part: u32) -> String {
-    format!("part-{instance:05}-{epoch:020}-{part:05}.jsonl")
+/// `part-<instance>-<epoch>-<run>-<part>.jsonl`.
+fn part_name(run: &str, instance: usize, epoch: u64, part: u32) -> String {
+    format!("part-{instance:05}-{epoch:020}-{run}-{part:05}.jsonl")
 }
 
 /// The pending object of a part.
 fn pending_name(run: &str, instance: usize, epoch: u64, part: u32) -> String {
-    format!("{PENDING}/{run}/{}", part_name(instance, epoch, part))
+    format!("{PENDING}/{run}/part-{instance:05}-{epoch:020}-{part:05}.jsonl")
 }
 
 /// The instance and epoch of a pending object's name.
@@ -149,16 +193,8 @@ impl<T: Serialize + Send + 'static> TwoPhaseCommitSink<T> for S3Sink {
     }
 
     fn open(&self, instance: usize, _parallelism: usize, epoch: CheckpointId) -> Result<Box<dyn TransactionWriter<T>>> {
-        if epoch == CheckpointId::FIRST {
-            // A fresh start: what an earlier run of this instance left
-            // pending is garbage.
-            let stale = weibo::blocking(|| self.storage.list(&format!("{PENDING}/")))
-                .map_err(|e| self.err("cannot list pending parts", e))?;
-            for name in stale.iter().filter(|n| parse_pending(n).is_some_and(|(i, _)| i == instance)) {
-                weibo::blocking(|| self.storage.delete(name))
-                    .map_err(|e| self.err("cannot delete a pending part", e))?;
-            }
-        }
+        // What earlier runs left pending after the restored checkpoint (all
+        // of it, on a fresh start) the restore discarded (`abort_after`).
         Ok(Box::new(S3Writer {
             storage: Arc::clone(&self.storage),
             name: self.name(),
@@ -167,7 +203,7 @@ impl<T: Serialize + Send + 'static> TwoPhaseCommitSink<T> for S3Sink {
             run: run_token(),
             instance,
             epoch: epoch.get(),
-            parts: 0,
+            sizes: Vec::new(),
             current: None,
             line: Vec::new(),
             _t: PhantomData,
@@ -178,38 +214,48 @@ impl<T: Serialize + Send + 'static> TwoPhaseCommitSink<T> for S3Sink {
         let h = Handle::parse(handle)
             .ok_or_else(|| Error::connector(self.name(), format!("`{handle}` is not a handle of this sink")))?;
         weibo::blocking(|| {
-            for part in 0..h.parts {
+            for (part, last, size) in h.parts() {
                 let pending = pending_name(&h.run, h.instance, h.epoch, part);
-                let last = part_name(h.instance, h.epoch, part);
-                if self.storage.exists(&pending).map_err(|e| self.err("cannot look for a pending part", e))? {
-                    // Copied again after a crash between copy and delete:
-                    // the same bytes under the same name.
-                    self.storage.copy(&pending, &last).map_err(|e| self.err("cannot publish a part", e))?;
-                    weibo::checkpoint::faults::point("s3-after-publish");
-                    self.storage
-                        .delete(&pending)
-                        .map_err(|e| self.err("cannot delete a published part's pending copy", e))?;
-                } else if !self.storage.exists(&last).map_err(|e| self.err("cannot look for a published part", e))? {
-                    return Err(Error::connector(
-                        self.name(),
-                        format!("part {last} of `{handle}` is neither pending nor published (was it deleted by hand?)"),
-                    ));
+                let pending_size = match self.storage.open(&pending) {
+                    Ok(mut o) => {
+                        Some(o.seek(std::io::SeekFrom::End(0)).map_err(|e| self.err("cannot read a pending part", e))?)
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                    Err(e) => return Err(self.err("cannot look for a pending part", e)),
+                };
+                let published =
+                    self.storage.exists(&last).map_err(|e| self.err("cannot look for a published part", e))?;
+                match (pending_size, published) {
+                    (Some(got), _) if size.is_some_and(|want| want != got) => {
+                        return Err(Error::connector(
+                            self.name(),
+                            format!(
+                                "pending part {pending} of `{handle}` holds {got} bytes, but its checkpoint recorded \
+                                 {}: refusing to publish it",
+                                size.unwrap_or_default()
+                            ),
+                        ));
+                    }
+                    // Published before a crash, its pending copy not yet
+                    // deleted: the same object (no other run writes this name).
+                    (Some(_), true) if size.is_some() => {}
+                    (Some(_), _) => {
+                        self.storage.copy(&pending, &last).map_err(|e| self.err("cannot publish a part", e))?;
+                        weibo::checkpoint::faults::point("s3-after-publish");
+                    }
+                    (None, true) => continue,
+                    (None, false) => {
+                        return Err(Error::connector(
+                            self.name(),
+                            format!(
+                                "part {last} of `{handle}` is neither pending nor published (was it deleted by hand?)"
+                            ),
+                        ));
+                    }
                 }
-            }
-            // Parts an earlier writing of this epoch published beyond this
-            // one's (a part count depends on timing): theirs are these
-            // records again.
-            let prefix = format!("part-{:05}-{:020}-", h.instance, h.epoch);
-            for name in self.storage.list(&prefix).map_err(|e| self.err("cannot list published parts", e))? {
-                let index = name
-                    .strip_prefix(&prefix)
-                    .and_then(|r| r.strip_suffix(".jsonl"))
-                    .and_then(|n| n.parse::<u32>().ok());
-                if index.is_some_and(|i| i >= h.parts) {
-                    self.storage
-                        .delete(&name)
-                        .map_err(|e| self.err("cannot delete a part of an earlier writing", e))?;
-                }
+                self.storage
+                    .delete(&pending)
+                    .map_err(|e| self.err("cannot delete a published part's pending copy", e))?;
             }
             Ok(())
         })
@@ -248,8 +294,8 @@ struct S3Writer<T> {
     instance: usize,
     /// The epoch being written.
     epoch: u64,
-    /// Parts of the epoch so far (closed, and the open one).
-    parts: u32,
+    /// The sizes of the epoch's parts so far (closed, and the open one).
+    sizes: Vec<u64>,
     current: Option<Part>,
     line: Vec<u8>,
     _t: PhantomData<fn(T)>,
@@ -274,6 +320,10 @@ impl<T> S3Writer<T> {
         let part = self.part()?;
         weibo::blocking(|| part.out.write_all(&lines)).map_err(err)?;
         part.bytes += lines.len() as u64;
+        let bytes = part.bytes;
+        if let Some(size) = self.sizes.last_mut() {
+            *size = bytes;
+        }
         self.line = lines;
         self.line.clear();
         Ok(())
@@ -292,10 +342,11 @@ impl<T> S3Writer<T> {
 
     fn part(&mut self) -> Result<&mut Part> {
         if self.current.is_none() {
-            let name = pending_name(&self.run, self.instance, self.epoch, self.parts);
+            let part = u32::try_from(self.sizes.len()).map_err(|_| Error::Internal("too many parts".into()))?;
+            let name = pending_name(&self.run, self.instance, self.epoch, part);
             let err = self.io("cannot start a part");
             let out = weibo::blocking(|| self.storage.create(&name)).map_err(err)?;
-            self.parts += 1;
+            self.sizes.push(0);
             self.current = Some(Part { out, bytes: 0, opened: Instant::now() });
         }
         self.current.as_mut().ok_or_else(|| Error::Internal("no open part".into()))
@@ -303,7 +354,13 @@ impl<T> S3Writer<T> {
 
     fn seal(&mut self) -> Result<String> {
         self.roll()?;
-        Ok(Handle { run: self.run.clone(), instance: self.instance, epoch: self.epoch, parts: self.parts }.encode())
+        if self.sizes.is_empty() {
+            // No records this epoch: nothing to commit.
+            return Ok(String::new());
+        }
+        let sizes = std::mem::take(&mut self.sizes);
+        Ok(Handle { run: self.run.clone(), instance: self.instance, epoch: self.epoch, parts: Parts::Sizes(sizes) }
+            .encode())
     }
 }
 
@@ -336,7 +393,6 @@ impl<T: Serialize + Send> TransactionWriter<T> for S3Writer<T> {
     fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<String> {
         let handle = self.seal()?;
         self.epoch = checkpoint.next().get();
-        self.parts = 0;
         Ok(handle)
     }
 
@@ -368,13 +424,19 @@ mod tests {
 
     #[test]
     fn names_and_handles_round_trip() {
-        let h = Handle { run: "ab12".into(), instance: 3, epoch: 9, parts: 2 };
+        let h = Handle { run: "ab12".into(), instance: 3, epoch: 9, parts: Parts::Sizes(vec![10, 0, 7]) };
         assert_eq!(Handle::parse(&h.encode()), Some(h));
+        let old = Handle { run: "ab12".into(), instance: 3, epoch: 9, parts: Parts::Count(2) };
+        assert_eq!(Handle::parse("s3v1:ab12:3:9:2"), Some(old));
         assert_eq!(Handle::parse("s3v1:zz:1:2:3"), None);
+        assert_eq!(Handle::parse("s3v2:ab:1:2:x"), None);
         assert_eq!(Handle::parse("pg2:ab:1:2:3"), None);
         let p = pending_name("ab12", 3, 9, 1);
         assert_eq!(p, "_pending/ab12/part-00003-00000000000000000009-00001.jsonl");
         assert_eq!(parse_pending(&p), Some((3, 9)));
         assert_eq!(parse_pending("part-00003-00000000000000000009-00001.jsonl"), None);
+        // Final names carry the run: two runs never publish the same name.
+        assert_ne!(part_name("ab12", 3, 9, 0), part_name("cd34", 3, 9, 0));
+        assert_eq!(part_name("ab12", 3, 9, 0), "part-00003-00000000000000000009-ab12-00000.jsonl");
     }
 }

@@ -24,6 +24,10 @@ use super::{Connection, KafkaSourceBuilder, connector, connector_caused};
 /// partitions to the others (librdkafka's default is 45 s).
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a task's start waits for its checkpoint storage, unless the
+/// group says otherwise ([`KafkaGroup::storage_wait`]).
+pub const DEFAULT_STORAGE_WAIT: Duration = Duration::from_secs(120);
+
 type Build = Box<dyn FnMut(&Task) -> Result<Job> + Send>;
 
 /// One process's membership in a group of processes that run the same
@@ -68,6 +72,9 @@ pub struct KafkaGroup {
     topics: Vec<String>,
     dir: PathBuf,
     session_timeout: Duration,
+    /// How long a task's start waits for the previous owner to let go of
+    /// the task's checkpoint storage.
+    storage_wait: Duration,
     /// `None`: the tasks' sinks commit the offsets.
     commit_interval: Option<Duration>,
     /// Where one admin API serves every task's job, and its token.
@@ -102,6 +109,7 @@ impl KafkaGroup {
             topics: topics.into_iter().map(Into::into).collect(),
             dir: dir.into(),
             session_timeout: DEFAULT_SESSION_TIMEOUT,
+            storage_wait: DEFAULT_STORAGE_WAIT,
             commit_interval: Some(Duration::from_secs(5)),
             #[cfg(feature = "admin")]
             admin: None,
@@ -141,6 +149,18 @@ impl KafkaGroup {
     /// `group.min.session.timeout.ms` and `group.max.session.timeout.ms`).
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = timeout;
+        self
+    }
+
+    /// How long a task's job, when it starts, waits for the task's previous
+    /// owner to let go of the task's checkpoint storage (default 2 min;
+    /// it sets [`Job::wait_for_storage`] on each task's job). A previous
+    /// owner that stopped its task hands it over at once; one that died
+    /// holds a local directory's lock until its process is gone, and an
+    /// object store's lease until it expires
+    /// ([`crate::s3::S3StorageBuilder::lease_ttl`]).
+    pub fn storage_wait(mut self, wait: Duration) -> Self {
+        self.storage_wait = wait;
         self
     }
 
@@ -230,6 +250,7 @@ impl KafkaGroup {
             topics: self.topics.clone(),
             dir: self.dir.clone(),
             runtime,
+            storage_wait: self.storage_wait,
             build: Mutex::new(Box::new(build)),
             tasks: Mutex::new(BTreeMap::new()),
             failure: Mutex::new(None),
@@ -320,6 +341,7 @@ struct Shared {
     topics: Vec<String>,
     dir: PathBuf,
     runtime: tokio::runtime::Handle,
+    storage_wait: Duration,
     build: Mutex<Build>,
     tasks: Mutex<BTreeMap<i32, Running>>,
     failure: Mutex<Option<Error>>,
@@ -362,6 +384,7 @@ impl Shared {
             let build = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (lock(&self.build))(&task)));
             match build {
                 Ok(Ok(job)) => {
+                    let job = job.wait_for_storage(self.storage_wait);
                     #[cfg(feature = "admin")]
                     let job = match &self.admin {
                         Some(group) => job.with_admin_group(group),

@@ -24,7 +24,7 @@ mod source;
 mod txn;
 
 pub use format::{Bytes, Format, Json, Native, Text};
-pub use group::{DEFAULT_SESSION_TIMEOUT, GroupHandle, KafkaGroup, Task};
+pub use group::{DEFAULT_SESSION_TIMEOUT, DEFAULT_STORAGE_WAIT, GroupHandle, KafkaGroup, Task};
 pub use sink::KafkaSink;
 pub use source::{DecodeErrors, KafkaRecord, KafkaSource, KafkaSourceBuilder, StartAt};
 pub use txn::TxnKafkaSink;

@@ -43,6 +43,9 @@ pub(crate) trait Committer: Send + Sync {
     fn together(&self) -> bool;
     /// Commits `handles` at once with the sources' positions `sources`.
     fn commit_all(&self, handles: &[String], sources: &[SourcePositionEntry]) -> Result<()>;
+    /// Commits the handles of the checkpoint a job restores (not one that
+    /// commits positions: those go through [`Committer::commit_all`]).
+    fn commit_restored(&self, handles: &[String]) -> Result<()>;
     /// Discards everything pre-committed after `checkpoint`; returns how
     /// many transactions that was, as far as the sink can tell.
     fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64>;
@@ -158,8 +161,9 @@ impl TwoPhaseCommits {
                     c.committer.commit_all(&handles, positions)?;
                 }
             } else {
-                for entry in mine {
-                    c.committer.commit(&entry.handle, &[])?;
+                let handles: Vec<String> = mine.map(|e| e.handle.clone()).collect();
+                if !handles.is_empty() {
+                    c.committer.commit_restored(&handles)?;
                 }
             }
             let aborted = c.committer.abort_after(checkpoint)?;

@@ -54,6 +54,20 @@ pub(crate) struct Coordinator {
     pub(crate) previous: Option<Manifest>,
     /// Every checkpoint attempt, for the admin API.
     pub(crate) history: std::sync::Arc<super::history::History>,
+    /// This run's hold on the storage, checked before every manifest and
+    /// every commit.
+    pub(crate) lease: Option<std::sync::Arc<dyn super::StorageLease>>,
+    /// Where the coordinator says that the job must stop: it lost its
+    /// storage. The supervisor stops the tasks.
+    pub(crate) fatal: Option<tokio::sync::oneshot::Sender<Error>>,
+}
+
+/// Why a checkpoint did not complete.
+enum Completion {
+    /// It failed; the next one is taken as usual.
+    Failed(Error),
+    /// The run lost its storage: the job stops.
+    Fenced(Error),
 }
 
 /// A request for a savepoint: a checkpoint now, copied under `name`.
@@ -79,6 +93,8 @@ pub(super) enum Outcome {
     Failed(String),
     /// The job is ending: stop.
     Stopped,
+    /// The run lost its storage: the job stops with this error.
+    Fenced(Error),
 }
 
 impl Coordinator {
@@ -223,6 +239,11 @@ impl Coordinator {
                     job: self.job.clone(),
                     message: "the job stopped before the checkpoint completed".into(),
                 }),
+                Outcome::Fenced(e) => Err(Error::Checkpoint {
+                    path: self.config.storage.locate(&checkpoint_name(n)),
+                    message: e.to_string(),
+                    source: None,
+                }),
             };
             let name = savepoint.as_ref().and_then(|r| r.name.clone());
             self.record(n, is_final, name, triggered_at, &outcome, reply.as_ref().err());
@@ -232,6 +253,14 @@ impl Coordinator {
             drop(in_checkpoint);
             match outcome {
                 Outcome::Stopped => return Ok(()),
+                Outcome::Fenced(e) => {
+                    tracing::error!(job = %self.job, checkpoint = n.get(), error = %e, "the job lost its checkpoint storage: stopping");
+                    // The supervisor stops the tasks with it (and reports it).
+                    return match self.fatal.take() {
+                        Some(fatal) => fatal.send(e),
+                        None => Err(e),
+                    };
+                }
                 Outcome::Complete if is_final => {
                     let committed = self.commit_leftovers(n).await;
                     // Requests that came meanwhile: the job is done.
@@ -274,6 +303,7 @@ impl Coordinator {
             (Outcome::Complete, Some(e)) => ("failed", Some(e.to_string())),
             (Outcome::Complete, None) => ("completed", None),
             (Outcome::Failed(why), _) => ("failed", Some(why.clone())),
+            (Outcome::Fenced(e), _) => ("failed", Some(e.to_string())),
             (Outcome::Stopped, _) => return,
         };
         let bytes = match (outcome, &self.previous) {
@@ -372,7 +402,8 @@ impl Coordinator {
                 tracing::info!(job = %self.job, checkpoint = n.get(), "checkpoint complete");
                 Outcome::Complete
             }
-            Err(e) => {
+            Err(Completion::Fenced(e)) => Outcome::Fenced(e),
+            Err(Completion::Failed(e)) => {
                 tracing::warn!(job = %self.job, checkpoint = n.get(), error = %e, "checkpoint failed");
                 Outcome::Failed(e.to_string())
             }
@@ -411,7 +442,22 @@ impl Coordinator {
         }
     }
 
-    fn complete(&mut self, n: CheckpointId, acks: Vec<Ack>, is_final: bool) -> Result<()> {
+    /// Checks that this run still holds its storage.
+    fn check_lease(&self) -> std::result::Result<(), Completion> {
+        let Some(lease) = &self.lease else { return Ok(()) };
+        crate::task::blocking(|| lease.check()).map_err(|e| match e {
+            super::LeaseError::Lost(why) => Completion::Fenced(super::fenced(&*self.config.storage, why)),
+            other => Completion::Failed(Error::Checkpoint {
+                path: self.config.storage.locate(""),
+                message: "cannot tell whether this run still holds its checkpoint storage: the checkpoint is not \
+                          completed"
+                    .into(),
+                source: Some(other.into()),
+            }),
+        })
+    }
+
+    fn complete(&mut self, n: CheckpointId, acks: Vec<Ack>, is_final: bool) -> std::result::Result<(), Completion> {
         let name = checkpoint_name(n);
         let dir = self.config.storage.locate(&name);
         let mut sources = Vec::new();
@@ -419,7 +465,7 @@ impl Coordinator {
         let mut schemas = BTreeMap::new();
         for ack in acks {
             if let Some(failure) = ack.failure {
-                return Err(bad(&dir, failure));
+                return Err(Completion::Failed(bad(&dir, failure)));
             }
             sources.extend(ack.sources);
             states.extend(ack.states);
@@ -455,13 +501,13 @@ impl Coordinator {
                     && b.checkpoint < s.checkpoint
             });
             if !chained {
-                return Err(bad(
+                return Err(Completion::Failed(bad(
                     &dir,
                     format!(
                         "the delta {} of `{}`/{} has no base in the previous checkpoint to build on",
                         s.file, s.operator, s.state
                     ),
-                ));
+                )));
             }
         }
         sources.sort_by(|a, b| (&a.source, a.partition).cmp(&(&b.source, b.partition)));
@@ -486,6 +532,11 @@ impl Coordinator {
             schemas,
             commits: commits.entries.clone(),
         };
+        // A run that lost its storage completes nothing.
+        if let Err(fenced) = self.check_lease() {
+            self.commits.keep(commits);
+            return Err(fenced);
+        }
         let written = crate::task::blocking(|| {
             let _manifest = tracing::info_span!("checkpoint.manifest", states = manifest.states.len()).entered();
             write_manifest(&*self.config.storage, &name, &manifest)
@@ -494,11 +545,15 @@ impl Coordinator {
             // Not complete: its transactions (and those carried from
             // before) are committed with the next checkpoint that is.
             self.commits.keep(commits);
-            return Err(e);
+            return Err(Completion::Failed(e));
         }
         faults::point(if is_final { "after-final-manifest" } else { "after-manifest" });
         let positions = manifest.sources.clone();
         self.previous = Some(manifest);
+        // Complete, but a run that lost its storage meanwhile commits
+        // nothing: the run that took it commits the manifest's handles
+        // when it restores this checkpoint.
+        self.check_lease()?;
         // The checkpoint is complete: now the sinks may show its records.
         // Commits wait on external systems: off the runtime's workers.
         crate::task::blocking(|| {
@@ -532,6 +587,9 @@ impl Coordinator {
     }
 
     fn copy_to_savepoint(&self, n: CheckpointId, name: &str) -> Result<PathBuf> {
+        if let Err(Completion::Fenced(e) | Completion::Failed(e)) = self.check_lease() {
+            return Err(e);
+        }
         let storage = &*self.config.storage;
         let from = checkpoint_name(n);
         let to = storage::join(SAVEPOINTS, name);

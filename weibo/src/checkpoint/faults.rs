@@ -26,6 +26,11 @@
 //! Counts are per process, over all jobs and sink instances in it.
 //! Nothing happens unless a variable names the point, and a point costs a
 //! lock only on the commit path, never per record.
+//!
+//! Only with the cargo feature `fault-injection` (the project's tests turn
+//! it on): without it, [`point`] does nothing and the variables are never
+//! read, so no environment variable can crash a production job.
+#![cfg_attr(not(feature = "fault-injection"), allow(dead_code, unused_imports))]
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -80,6 +85,16 @@ fn plans() -> &'static [Plan] {
 /// Marks fault-injection point `point` (see the module's table): aborts
 /// or sleeps there when a test asked for it, and does nothing otherwise.
 #[doc(hidden)]
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn point(point: &str) {
+    let _ = point;
+}
+
+/// Marks fault-injection point `point` (see the module's table): aborts
+/// or sleeps there when a test asked for it, and does nothing otherwise.
+#[doc(hidden)]
+#[cfg(feature = "fault-injection")]
 pub fn point(point: &str) {
     let plans = plans();
     if plans.is_empty() {

@@ -51,6 +51,7 @@ pub mod faults;
 mod format;
 pub(crate) mod history;
 pub mod inspect;
+pub mod lease;
 mod manifest;
 pub(crate) mod naming;
 pub mod processor;
@@ -73,7 +74,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 pub(crate) use self::naming::{checkpoint_name, checkpoint_number, run_token, written_by};
-pub use self::storage::{CheckpointStorage, LocalDir, MemoryStorage, ObjectReader, ObjectWriter};
+pub use self::storage::{
+    CheckpointStorage, LeaseError, LocalDir, LockAttempt, MemoryStorage, ObjectReader, ObjectWriter, StorageHolder,
+    StorageLease,
+};
 use crate::error::{Error, Result};
 pub use crate::record::CheckpointId;
 
@@ -230,6 +234,18 @@ fn io(action: &'static str, path: PathBuf) -> impl FnOnce(std::io::Error) -> Err
 /// A checkpoint error at `path`, caused by `source`.
 fn bad_caused(path: &Path, what: String, source: impl Into<crate::error::BoxError>) -> Error {
     Error::Checkpoint { path: path.to_path_buf(), message: what, source: Some(source.into()) }
+}
+
+/// The error of a run that lost its checkpoint storage to another run
+/// (see [`lease`]): it writes no manifest and commits nothing more.
+pub(crate) fn fenced(storage: &dyn CheckpointStorage, why: impl Into<crate::error::BoxError>) -> Error {
+    Error::Checkpoint {
+        path: storage.locate(""),
+        message: "this run no longer holds its checkpoint storage (another run took it, or its lock is gone): it \
+                  completes no checkpoint and commits no output from now on, and stops"
+            .into(),
+        source: Some(why.into()),
+    }
 }
 
 fn bad(path: &Path, what: String) -> Error {

@@ -40,6 +40,9 @@ use std::io::{self, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
+pub use super::lease::{LOCK, LeaseError, LockAttempt, StorageHolder, StorageLease};
+use super::lease::{LocalLease, MemoryLease, MemorySlot};
+
 /// Storage for checkpoints and savepoints: objects named by `/`-separated
 /// paths. See the [module docs](self) for what Weibo relies on.
 pub trait CheckpointStorage: Send + Sync + fmt::Debug + 'static {
@@ -102,6 +105,26 @@ pub trait CheckpointStorage: Send + Sync + fmt::Debug + 'static {
         let mut output = self.create(to)?;
         io::copy(&mut input, &mut output)?;
         output.finish()
+    }
+
+    /// Takes the storage for one run of a job, `holder` (see
+    /// [`lease`](super::lease)): afterwards no other run can take it until
+    /// the returned lease is dropped, or, for a storage whose hold
+    /// expires, until the run stops renewing it. A run takes its storage
+    /// before it reads anything from it, and keeps it until it ends.
+    ///
+    /// The default refuses: a storage that cannot keep two runs apart
+    /// would let both of them commit.
+    ///
+    /// # Errors
+    /// When the storage cannot be locked.
+    fn try_lock(&self, holder: &StorageHolder) -> io::Result<LockAttempt> {
+        let _ = holder;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this checkpoint storage cannot be locked (its `CheckpointStorage` implementation has no `try_lock`): \
+             without a lock, two runs of the job on it could both commit",
+        ))
     }
 }
 
@@ -333,6 +356,13 @@ impl CheckpointStorage for LocalDir {
         Self::sync_parent(&target);
         Ok(())
     }
+
+    /// An exclusive lock of the operating system on `<root>/LOCK`, held
+    /// while the lease lives (a process that dies releases it).
+    fn try_lock(&self, holder: &StorageHolder) -> io::Result<LockAttempt> {
+        fs::create_dir_all(&self.root)?;
+        LocalLease::try_take(&self.root.join(LOCK), holder)
+    }
 }
 
 /// Checkpoints in memory, shared by clones: for tests, where a job is
@@ -345,6 +375,8 @@ impl CheckpointStorage for LocalDir {
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStorage {
     objects: Arc<Mutex<BTreeMap<String, Arc<[u8]>>>>,
+    /// Who holds the storage (not an object: listing does not show it).
+    lock: Arc<Mutex<MemorySlot>>,
 }
 
 impl MemoryStorage {
@@ -445,6 +477,10 @@ impl CheckpointStorage for MemoryStorage {
     fn delete(&self, name: &str) -> io::Result<()> {
         self.lock().remove(name);
         Ok(())
+    }
+
+    fn try_lock(&self, holder: &StorageHolder) -> io::Result<LockAttempt> {
+        Ok(MemoryLease::try_take(&self.lock, holder))
     }
 }
 

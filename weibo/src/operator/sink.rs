@@ -8,10 +8,26 @@ use crate::record::{Batch, Timestamp};
 
 use super::*;
 
+/// Opens a sink's writer.
+pub(crate) type OpenWriter<T> = Box<dyn FnOnce() -> Result<Box<dyn crate::sinks::SinkWriter<T>>> + Send>;
+
+/// A sink's writer, opened when the task first calls it.
+enum Writer<T> {
+    Closed(Option<OpenWriter<T>>),
+    Open(Box<dyn crate::sinks::SinkWriter<T>>),
+}
+
 /// The end of a chain at a sink.
+///
+/// The writer is opened when the running task first gives it something
+/// to do (records, a watermark, a barrier, a flush, the end), not when
+/// the job is built: building a job that is then refused (a restore that
+/// does not fit) must touch no sink's output, and a sink's restore work
+/// (committing and discarding what earlier runs left) happens between
+/// the two.
 pub(crate) struct SinkOp<T> {
     pub(crate) info: OpInfo,
-    pub(crate) writer: Box<dyn crate::sinks::SinkWriter<T>>,
+    writer: Writer<T>,
     /// Whether the writer takes barriers after `finish` (exactly-once
     /// sinks seal their last epoch at the next one). Other writers have
     /// nothing to do then, and may have closed what they write to.
@@ -21,8 +37,31 @@ pub(crate) struct SinkOp<T> {
 }
 
 impl<T> SinkOp<T> {
-    pub(crate) fn new(info: OpInfo, writer: Box<dyn crate::sinks::SinkWriter<T>>, barriers_after_finish: bool) -> Self {
-        Self { info, writer, barriers_after_finish, finished: false }
+    /// A sink whose writer `open` makes on first use.
+    pub(crate) fn new(info: OpInfo, open: OpenWriter<T>, barriers_after_finish: bool) -> Self {
+        Self { info, writer: Writer::Closed(Some(open)), barriers_after_finish, finished: false }
+    }
+
+    /// The writer, opened now if it is not yet.
+    #[inline]
+    fn writer(&mut self) -> Result<&mut dyn crate::sinks::SinkWriter<T>> {
+        open_writer(&mut self.writer, &self.info.name)
+    }
+}
+
+/// `writer`, opened now if it is not yet (opening may wait on a service:
+/// off the runtime's workers).
+#[inline]
+fn open_writer<'a, T>(writer: &'a mut Writer<T>, name: &str) -> Result<&'a mut dyn crate::sinks::SinkWriter<T>> {
+    if let Writer::Closed(open) = writer {
+        let Some(open) = open.take() else {
+            return Err(crate::error::Error::Internal(format!("sink `{name}` failed to open before")));
+        };
+        *writer = Writer::Open(crate::task::blocking(open)?);
+    }
+    match writer {
+        Writer::Open(w) => Ok(w.as_mut()),
+        Writer::Closed(_) => Err(crate::error::Error::Internal(format!("sink `{name}` did not open"))),
     }
 }
 
@@ -32,18 +71,19 @@ impl<T: Send + 'static> Consumer<T> for SinkOp<T> {
             return Ok(());
         }
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
-        self.writer.write(&mut crate::sinks::SinkBatch { batch, sources: &self.info.sources })?;
+        let writer = open_writer(&mut self.writer, &self.info.name)?;
+        writer.write(&mut crate::sinks::SinkBatch { batch, sources: &self.info.sources })?;
         batch.clear();
         Ok(())
     }
     fn watermark(&mut self, wm: Timestamp) -> Result<()> {
-        self.writer.on_watermark(wm)
+        self.writer()?.on_watermark(wm)
     }
     fn barrier(&mut self, n: CheckpointId) -> Result<()> {
         if self.finished && !self.barriers_after_finish {
             return Ok(());
         }
-        self.writer.on_barrier(n)
+        self.writer()?.on_barrier(n)
     }
     fn idle(&mut self) -> Result<()> {
         Ok(())
@@ -52,10 +92,10 @@ impl<T: Send + 'static> Consumer<T> for SinkOp<T> {
         if self.finished {
             return Ok(());
         }
-        self.writer.flush()
+        self.writer()?.flush()
     }
     fn finish(&mut self) -> Result<()> {
         self.finished = true;
-        self.writer.finish()
+        self.writer()?.finish()
     }
 }

@@ -41,6 +41,9 @@ pub(crate) struct JobConfig {
     pub(crate) migrations: Vec<crate::checkpoint::Migration>,
     /// The exactly-once sinks, for the coordinator to commit.
     pub(crate) commits: TwoPhaseCommits,
+    /// How long a start waits for another run to release the checkpoint
+    /// storage; `None`: it is refused at once.
+    pub(crate) storage_wait: Option<Duration>,
 }
 
 impl Default for JobConfig {
@@ -58,6 +61,7 @@ impl Default for JobConfig {
             allow_unrestored_state: false,
             migrations: Vec::new(),
             commits: TwoPhaseCommits::default(),
+            storage_wait: None,
         }
     }
 }

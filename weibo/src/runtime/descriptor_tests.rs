@@ -131,7 +131,7 @@ struct Collect(CollectSink<Json>);
 impl ChainFactory for Collect {
     fn instantiate(&self, ctx: &OperatorContext<'_>, _outputs: Vec<AnyConsumer>) -> Result<AnyConsumer> {
         let writer = self.0.open(ctx.instance, ctx.parallelism)?;
-        Ok(erase::<Json>(Box::new(SinkOp::new(ctx.info.clone(), writer, false))))
+        Ok(erase::<Json>(Box::new(SinkOp::new(ctx.info.clone(), Box::new(move || Ok(writer)), false))))
     }
 }
 

@@ -36,6 +36,8 @@ pub(crate) struct Launched {
     pub(crate) migrated: Vec<(String, String, u64)>,
     /// Every checkpoint attempt.
     pub(crate) history: Arc<crate::checkpoint::history::History>,
+    /// This run's token (see [`aborting`]).
+    pub(crate) run: Arc<str>,
 }
 
 /// Sinks that commit the sources' positions with their records: the job
@@ -72,6 +74,133 @@ fn check_positions_sinks(
     Ok(())
 }
 
+/// Takes `storage` for this run of job `job` (token `run`), waiting up to
+/// `wait` for another run to release it.
+///
+/// # Errors
+/// [`Error::Checkpoint`] naming the holder when another run holds it (past
+/// `wait`), or when the storage cannot be locked.
+fn take_storage(
+    job: &str,
+    storage: &Arc<dyn crate::checkpoint::CheckpointStorage>,
+    wait: Option<Duration>,
+    run: &str,
+) -> Result<Arc<dyn crate::checkpoint::StorageLease>> {
+    use crate::checkpoint::{LockAttempt, StorageHolder};
+    let holder = StorageHolder::this_process(job, run);
+    let started = Instant::now();
+    let deadline = wait.map(|w| started + w);
+    let mut waiting = false;
+    loop {
+        let attempt = crate::task::blocking(|| storage.try_lock(&holder)).map_err(|e| Error::Checkpoint {
+            path: storage.locate(""),
+            message: "cannot lock the checkpoint storage for this run".into(),
+            source: Some(e.into()),
+        })?;
+        let other = match attempt {
+            LockAttempt::Acquired(lease) => {
+                tracing::debug!(job, storage = %storage.locate("").display(), generation = lease.generation(), "checkpoint storage taken");
+                return Ok(Arc::new(RunLease { lease: Some(lease), run: run.to_string() }));
+            }
+            LockAttempt::HeldBy(other) => other,
+        };
+        // A run this process aborted lets go of the storage once its tasks
+        // have stopped: waited for, whatever the settings.
+        let ours = other.as_ref().is_some_and(|h| h.pid == std::process::id() && is_aborting(&h.run));
+        let who = other.map_or_else(|| "another run (the storage cannot tell which)".to_string(), |h| h.to_string());
+        let deadline = if ours {
+            Some(deadline.map_or(started + ABORTED_WAIT, |d| d.max(started + ABORTED_WAIT)))
+        } else {
+            deadline
+        };
+        match deadline {
+            Some(deadline) if Instant::now() < deadline => {
+                if !std::mem::replace(&mut waiting, true) {
+                    tracing::info!(job, storage = %storage.locate("").display(), holder = %who, "the checkpoint storage is in use: waiting for it");
+                }
+                crate::task::blocking(|| std::thread::sleep(STORAGE_POLL));
+            }
+            _ => {
+                let waited = wait.map_or_else(String::new, |w| format!(" (waited {w:?})"));
+                return Err(Error::Checkpoint {
+                    path: storage.locate(""),
+                    message: format!(
+                        "is in use by {who}{waited}: one run of one job owns a checkpoint storage while it runs. \
+                         Stop that run first, or let this one wait for it (`Job::wait_for_storage`)"
+                    ),
+                    source: None,
+                });
+            }
+        }
+    }
+}
+
+/// How often a start that waits for its storage tries again.
+const STORAGE_POLL: Duration = Duration::from_millis(50);
+
+/// How long a start waits for a run this process aborted to let go of the
+/// storage (its coordinator may be finishing a storage call).
+const ABORTED_WAIT: Duration = Duration::from_secs(35);
+
+/// The runs of this process that were aborted (`JobHandle::abort`) and
+/// still hold their storage.
+fn aborted_runs() -> &'static std::sync::Mutex<std::collections::HashSet<String>> {
+    static RUNS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> = std::sync::OnceLock::new();
+    RUNS.get_or_init(Default::default)
+}
+
+/// Run `run` of this process was asked to abort: a start that finds the
+/// storage held by it waits for it to let go, instead of being refused.
+pub(crate) fn aborting(run: &str) {
+    aborted_runs().lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(run.to_string());
+}
+
+fn is_aborting(run: &str) -> bool {
+    aborted_runs().lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(run)
+}
+
+/// A run's hold on its storage: released when the last of the run's
+/// holders (the supervisor, the coordinator) lets go, which also ends its
+/// place among the aborted runs.
+#[derive(Debug)]
+struct RunLease {
+    lease: Option<Box<dyn crate::checkpoint::StorageLease>>,
+    run: String,
+}
+
+impl crate::checkpoint::StorageLease for RunLease {
+    fn generation(&self) -> u64 {
+        self.lease.as_ref().map_or(0, |l| l.generation())
+    }
+
+    fn check(&self) -> std::result::Result<(), crate::checkpoint::LeaseError> {
+        match &self.lease {
+            Some(l) => l.check(),
+            None => Err(crate::checkpoint::LeaseError::Lost("released".into())),
+        }
+    }
+}
+
+impl Drop for RunLease {
+    fn drop(&mut self) {
+        drop(self.lease.take());
+        aborted_runs().lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&self.run);
+    }
+}
+
+/// Checks that this run still holds its checkpoint storage (see
+/// [`crate::checkpoint::StorageLease::check`]).
+///
+/// # Errors
+/// [`Error::Checkpoint`] when it does not: the run is fenced.
+pub(crate) fn check_lease(
+    lease: Option<&dyn crate::checkpoint::StorageLease>,
+    checkpoint: &Option<crate::checkpoint::CheckpointConfig>,
+) -> Result<()> {
+    let (Some(lease), Some(cp)) = (lease, checkpoint) else { return Ok(()) };
+    crate::task::blocking(|| lease.check()).map_err(|e| crate::checkpoint::fenced(&*cp.storage, e))
+}
+
 /// Starts `graph` on the current tokio runtime: restores from the
 /// configured checkpoint (or the newest in the checkpoint storage),
 /// finishes the restored checkpoint's commits, builds the tasks and
@@ -87,6 +216,13 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
     let registry = Registry::default();
     graph.validate()?;
     let fingerprint = graph.fingerprint();
+    let run: Arc<str> = crate::checkpoint::run_token().into();
+    // The checkpoint storage is this run's before anything is read from
+    // it, and until the job ends (the supervisor keeps the lease).
+    let lease = match &config.checkpoint {
+        Some(cp) => Some(take_storage(&graph.name, &cp.storage, config.storage_wait, &run)?),
+        None => None,
+    };
     // Checkpoint storage blocks: off the runtime's workers.
     let mut restore = crate::task::blocking(|| match (&config.restore_from, &config.checkpoint) {
         (Some(from), _) => from.load(graph.max_key_groups).map(Some),
@@ -107,16 +243,15 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
         super::matching::check(graph, r, config.allow_unrestored_state)?;
     }
     config.state.prepare(&graph.name)?;
-    // Exactly-once sinks, by id: finish what the restored checkpoint
-    // committed (again: commits are idempotent), drop what came after it.
     let mut commits = config.commits.clone();
     commits.bind(|node| graph.nodes.get(node).map(|n| n.id().to_string()));
     commits.count_into(&registry);
     check_positions_sinks(&graph.name, &commits, config.checkpoint.is_some())?;
-    commits.on_restore(restore.as_ref().map(|r| (r.checkpoint, r.commits.as_slice(), r.sources.as_slice())))?;
     let completed = Arc::new(AtomicU64::new(restore.as_ref().map_or(0, |r| r.checkpoint.get())));
     let history = Arc::new(crate::checkpoint::history::History::default());
     let (savepoint_tx, savepoint_rx) = mpsc::unbounded_channel();
+    // The coordinator's word that the job must stop (it lost its storage).
+    let (fatal_tx, fatal_rx) = tokio::sync::oneshot::channel::<Error>();
     let savepoints = config.checkpoint.is_some().then_some(savepoint_tx);
     let (wiring, coordinator) = match &config.checkpoint {
         Some(cp) => {
@@ -129,7 +264,7 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
                     acks: ack_tx,
                     interval: cp.interval,
                     storage: cp.storage.clone(),
-                    run: crate::checkpoint::run_token().into(),
+                    run: Arc::clone(&run),
                     completed: completed.clone(),
                     job: graph.name.as_str().into(),
                 }),
@@ -153,6 +288,8 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
                     savepoints: savepoint_rx,
                     previous: None,
                     history: history.clone(),
+                    lease: lease.clone(),
+                    fatal: Some(fatal_tx),
                 }),
             )
         }
@@ -174,6 +311,12 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
     let migrated = match &restore {
         Some(r) => {
             super::matching::check_all_read(graph, r, config.allow_unrestored_state)?;
+            // The restore is accepted: every check is behind it. Only now
+            // do the exactly-once sinks finish what the restored checkpoint
+            // committed (again: commits are idempotent) and drop what came
+            // after it, under the storage's lease.
+            check_lease(lease.as_deref(), &config.checkpoint)?;
+            commits.on_restore(Some((r.checkpoint, r.commits.as_slice(), r.sources.as_slice())))?;
             // One line per state, its instances' entries summed.
             let mut by_state: std::collections::BTreeMap<(String, String), u64> = std::collections::BTreeMap::new();
             for (operator, state, n) in r.migrated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
@@ -181,7 +324,11 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
             }
             by_state.into_iter().map(|((operator, state), n)| (operator, state, n)).collect()
         }
-        None => Vec::new(),
+        None => {
+            check_lease(lease.as_deref(), &config.checkpoint)?;
+            commits.on_restore(None)?;
+            Vec::new()
+        }
     };
     let name = graph.name.clone();
     let started = Instant::now();
@@ -190,11 +337,13 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
     status.send_replace(JobState::Running);
     let job_name = graph.name.clone();
     let supervisor = runtime.spawn(async move {
+        // Released when the job has ended, its last commit done.
+        let _lease = lease;
         // The coordinator lives as long as the supervisor: aborting the
         // job aborts it too (`CoordinatorTask`).
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let coordinator = coordinator.map(|c| on_own_runtime(&job_name, c.run(stopped)));
-        let supervised = supervise(physical.tasks, cancelled).await;
+        let supervised = supervise(physical.tasks, cancelled, fatal_rx).await;
         let was_cancelled = matches!(supervised, Ok(true));
         let result = supervised.map(|_| ());
         // Let a checkpoint being completed finish (and commit) before
@@ -211,7 +360,7 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
         result
     });
     tracing::info!(job = %name, "job started");
-    Ok(Launched { name, registry, supervisor, started, completed, savepoints, cancel, migrated, history })
+    Ok(Launched { name, registry, supervisor, started, completed, savepoints, cancel, migrated, history, run })
 }
 
 /// Runs the checkpoint coordinator (`run`) on a runtime of its own, of
@@ -322,9 +471,12 @@ impl Drop for OwnRuntime {
 /// runs when this returns.
 /// Runs `tasks` until they all end (`Ok(false)`), one fails, or `cancel`
 /// fires (`Ok(true)`).
+/// `fatal` stops them too, with its error (the coordinator's: the run lost
+/// its storage).
 async fn supervise(
     tasks: Vec<(String, Box<dyn HeadRunner>, NodeIo)>,
     cancel: tokio::sync::oneshot::Receiver<()>,
+    fatal: tokio::sync::oneshot::Receiver<Error>,
 ) -> Result<bool> {
     // A dropped handle is no request to stop.
     let cancelled = async {
@@ -333,6 +485,14 @@ async fn supervise(
         }
     };
     tokio::pin!(cancelled);
+    // A coordinator that ends without a word stops nothing.
+    let fatal = async {
+        match fatal.await {
+            Ok(e) => e,
+            Err(_) => std::future::pending::<Error>().await,
+        }
+    };
+    tokio::pin!(fatal);
     let mut set = JoinSet::new();
     let mut names = HashMap::new();
     for (name, runner, io) in tasks {
@@ -356,6 +516,11 @@ async fn supervise(
                     set.abort_all();
                     while set.join_next().await.is_some() {}
                     return Ok(true);
+                }
+                e = &mut fatal => {
+                    set.abort_all();
+                    while set.join_next().await.is_some() {}
+                    return Err(e);
                 }
             },
         };

@@ -25,6 +25,7 @@ use std::io::{BufWriter, Write};
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -96,6 +97,20 @@ pub trait TwoPhaseCommitSink<T>: Send + Sync + 'static {
         handles.iter().try_for_each(|h| self.commit_at(h, sources))
     }
 
+    /// Commits `handles`, every handle of this sink the checkpoint a job
+    /// restores from names (its own and those it carried from earlier
+    /// checkpoints whose commit failed, oldest first), before the job
+    /// runs: what the checkpoint made visible, or was about to, done again.
+    /// Called instead of [`TwoPhaseCommitSink::commit`] on restore (a sink
+    /// whose handles also record work in progress at the barrier finishes
+    /// it here). The default commits each handle in turn.
+    ///
+    /// # Errors
+    /// As [`TwoPhaseCommitSink::commit`]; the restore fails.
+    fn commit_restored(&self, handles: &[String]) -> Result<()> {
+        handles.iter().try_for_each(|h| self.commit(h))
+    }
+
     /// Discards everything pre-committed for epochs after `checkpoint`
     /// (called on restore, before anything runs). Returns how many
     /// transactions (pre-committed or still open) it discarded, as far as
@@ -116,7 +131,8 @@ pub trait TransactionWriter<T>: Send {
     fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()>;
 
     /// Barrier `checkpoint` arrived: pre-commits the current epoch and
-    /// starts the next; returns the handle to commit later.
+    /// starts the next; returns the handle to commit later (empty: the
+    /// epoch has nothing to commit, and no handle is recorded).
     ///
     /// # Errors
     /// When the transaction cannot be made durable.
@@ -160,6 +176,10 @@ impl<T: 'static, S: TwoPhaseCommitSink<T>> Committer for SinkCommitter<T, S> {
 
     fn commit(&self, handle: &str, sources: &[SourcePositionEntry]) -> Result<()> {
         self.sink.commit_at(handle, sources)
+    }
+
+    fn commit_restored(&self, handles: &[String]) -> Result<()> {
+        self.sink.commit_restored(handles)
     }
 
     fn together(&self) -> bool {
@@ -206,6 +226,11 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> fo
         } else {
             self.writer.pre_commit(checkpoint)?
         };
+        if handle.is_empty() {
+            // Nothing to commit for this epoch.
+            crate::checkpoint::faults::point("pre-commit-after");
+            return Ok(());
+        }
         self.prepared
             .by_checkpoint
             .lock()
@@ -234,15 +259,43 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> fo
         }
         // No checkpoints: the whole input was one epoch, and it is done.
         let last = self.writer.finish()?;
+        if last.is_empty() {
+            return Ok(());
+        }
         crate::task::blocking(|| self.sink.commit(&last))
     }
 }
 
 /// Writes JSON lines into a directory, exactly once across crashes when
-/// the job takes checkpoints: each instance writes each epoch into
-/// `.pending/part-<instance>-<epoch>.jsonl`, and a committed epoch is
-/// renamed to `part-<instance>-<epoch>.jsonl`. The committed files hold
-/// every record of every completed checkpoint, each once.
+/// the job takes checkpoints.
+///
+/// Each instance writes its records into **parts**: files under
+/// `<dir>/.pending/`, named `part-<instance>-<epoch>-<run>-<n>.jsonl`
+/// (the epoch it was opened in, the token of the run that wrote it, and a
+/// number), created when the first record arrives (an epoch without
+/// records writes no file). A committed part is moved to `<dir>/` under
+/// the same name, once the checkpoint that covers its records has
+/// completed. No two runs write the same name, and a commit never
+/// replaces a file: it links the pending file under its final name (which
+/// fails if the name is taken) and then removes the pending name. The
+/// committed files hold every record of every completed checkpoint, each
+/// once.
+///
+/// **When parts close.** By default a part closes at every checkpoint
+/// barrier, so its records become visible as soon as their checkpoint
+/// completes: one file per instance and checkpoint that had records.
+/// [`TxnFileSink::roll_bytes`] and [`TxnFileSink::roll_interval`] close a
+/// part earlier, by size or age. With
+/// [`TxnFileSink::parts_span_checkpoints`], a part closes only by size or
+/// age, not at barriers: fewer, larger files, visible later. An open part
+/// then crosses checkpoints as an in-progress file (as Flink's `FileSink`
+/// does): at a barrier it is made durable and its length recorded in the
+/// checkpoint, and a job restored from that checkpoint cuts it to that
+/// length and commits it.
+///
+/// Each commit checks the pending file against the length its checkpoint
+/// recorded: a pending file that is missing (and was never committed),
+/// shorter, or longer, is an error naming it, never a silent commit.
 ///
 /// Without checkpoints, every record goes into one epoch, committed at the
 /// end of input. With checkpoints, the job's final checkpoint commits the
@@ -250,18 +303,71 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> fo
 #[derive(Clone)]
 pub struct TxnFileSink {
     dir: PathBuf,
+    roll_bytes: Option<u64>,
+    roll_interval: Option<Duration>,
+    span_checkpoints: bool,
 }
 
 impl fmt::Debug for TxnFileSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TxnFileSink").field("dir", &self.dir).finish()
+        f.debug_struct("TxnFileSink")
+            .field("dir", &self.dir)
+            .field("roll_bytes", &self.roll_bytes)
+            .field("roll_interval", &self.roll_interval)
+            .field("span_checkpoints", &self.span_checkpoints)
+            .finish()
     }
 }
+
+/// How long a part that spans checkpoints stays open when neither a size
+/// nor an age is set.
+const DEFAULT_SPANNING_INTERVAL: Duration = Duration::from_secs(60);
 
 impl TxnFileSink {
     /// A sink writing into directory `dir` (created if needed).
     pub fn json_lines(dir: impl AsRef<Path>) -> Self {
-        Self { dir: dir.as_ref().to_path_buf() }
+        Self { dir: dir.as_ref().to_path_buf(), roll_bytes: None, roll_interval: None, span_checkpoints: false }
+    }
+
+    /// Closes a part once it holds `bytes` (at least 1), between barriers
+    /// too: an epoch's records may then fill several parts.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let dir = tempfile::tempdir()?;
+    /// let job = weibo::Job::new("rolling").with_checkpoints(dir.path().join("chk"), Duration::from_millis(50));
+    /// job.source(weibo::sources::IterSource::new(0..100u32))
+    ///     .sink_exactly_once(weibo::sinks::TxnFileSink::json_lines(dir.path().join("out")).roll_bytes(64));
+    /// job.run_blocking()?;
+    /// let parts = std::fs::read_dir(dir.path().join("out"))?.filter(|e| e.as_ref().is_ok_and(|e| e.path().is_file())).count();
+    /// assert!(parts >= 4, "{parts} parts");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn roll_bytes(mut self, bytes: u64) -> Self {
+        self.roll_bytes = Some(bytes.max(1));
+        self
+    }
+
+    /// Closes a part once it has been open for `interval` (looked at when
+    /// records arrive and when the job's buffer timeout flushes the sink).
+    #[must_use]
+    pub fn roll_interval(mut self, interval: Duration) -> Self {
+        self.roll_interval = Some(interval);
+        self
+    }
+
+    /// Keeps a part open across checkpoints until [`roll_bytes`] or
+    /// [`roll_interval`] closes it (60 s of age when neither is set), as
+    /// an in-progress file: see the [type's notes](Self). Its records
+    /// become visible at the first checkpoint after it closes.
+    ///
+    /// [`roll_bytes`]: Self::roll_bytes
+    /// [`roll_interval`]: Self::roll_interval
+    #[must_use]
+    pub fn parts_span_checkpoints(mut self) -> Self {
+        self.span_checkpoints = true;
+        self
     }
 
     fn pending(&self) -> PathBuf {
@@ -272,9 +378,177 @@ impl TxnFileSink {
         move |source| Error::Io { action, path: path.to_path_buf(), source }
     }
 
-    /// The epoch of a file name `part-<instance>-<epoch>.jsonl`.
+    fn refuse(&self, message: String) -> Error {
+        Error::Connector { name: self.dir.display().to_string(), message, source: None }
+    }
+
+    /// The epoch of a part's name: `part-<instance>-<epoch>-<run>-<n>.jsonl`,
+    /// or `part-<instance>-<epoch>.jsonl` as earlier builds named them.
     fn epoch_of(name: &str) -> Option<CheckpointId> {
-        name.strip_prefix("part-")?.strip_suffix(".jsonl")?.rsplit('-').next()?.parse().ok().map(CheckpointId::new)
+        let rest = name.strip_prefix("part-")?.strip_suffix(".jsonl")?;
+        let mut parts = rest.split('-');
+        let _instance = parts.next()?;
+        parts.next()?.parse().ok().map(CheckpointId::new)
+    }
+
+    /// Makes part `name` visible: links it under its final name and removes
+    /// the pending one. `expected`: its length as its checkpoint recorded
+    /// it (handles of earlier builds record none); `cut`: the part was in
+    /// progress at the checkpoint, so what follows that length is cut off
+    /// (records the restored job writes again).
+    fn publish(&self, name: &str, expected: Option<u64>, cut: bool) -> Result<()> {
+        let from = self.pending().join(name);
+        let to = self.dir.join(name);
+        let pending_len = match fs::metadata(&from) {
+            Ok(m) => Some(m.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::Io { action: "cannot read pending output", path: from, source: e }),
+        };
+        let Some(len) = pending_len else {
+            // Published before (the commit is done again after a restart),
+            // or gone.
+            return match (fs::metadata(&to), expected) {
+                (Ok(m), Some(b)) if (cut && m.len() < b) || (!cut && m.len() != b) => Err(self.refuse(format!(
+                    "committed output {} holds {} bytes, but its checkpoint recorded {b}",
+                    to.display(),
+                    m.len()
+                ))),
+                (Ok(_), _) => Ok(()),
+                (Err(e), expected) if e.kind() == std::io::ErrorKind::NotFound => Err(self.refuse(format!(
+                    "pending output {} is missing, and was never committed as {}: its checkpoint recorded {}; the \
+                     records it held are lost unless the file is put back",
+                    from.display(),
+                    to.display(),
+                    expected.map_or_else(|| "it".to_string(), |b| format!("{b} bytes")),
+                ))),
+                (Err(e), _) => Err(Error::Io { action: "cannot read committed output", path: to, source: e }),
+            };
+        };
+        if let Some(b) = expected {
+            if len < b || (len > b && !cut) {
+                return Err(self.refuse(format!(
+                    "pending output {} holds {len} bytes, but its checkpoint recorded {b}: refusing to commit it",
+                    from.display()
+                )));
+            }
+            if len > b {
+                let f = fs::OpenOptions::new()
+                    .write(true)
+                    .open(&from)
+                    .map_err(self.io("cannot cut pending output", &from))?;
+                f.set_len(b).map_err(self.io("cannot cut pending output", &from))?;
+                f.sync_all().map_err(self.io("cannot sync pending output", &from))?;
+            }
+        }
+        match fs::hard_link(&from, &to) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // Linked before, and the pending name not yet removed
+                // (a crash in between), or a name collision.
+                if !same_file(&from, &to) {
+                    return Err(self.refuse(format!(
+                        "cannot commit {}: {} exists already and is another file (committed output is never \
+                         replaced)",
+                        from.display(),
+                        to.display()
+                    )));
+                }
+            }
+            // A file system without hard links: a rename, after making
+            // sure the name is free (this run holds the job's storage).
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::Unsupported | std::io::ErrorKind::PermissionDenied) => {
+                if to.exists() {
+                    return Err(self.refuse(format!(
+                        "cannot commit {}: {} exists already (committed output is never replaced)",
+                        from.display(),
+                        to.display()
+                    )));
+                }
+                fs::rename(&from, &to).map_err(self.io("cannot commit output file", &from))?;
+            }
+            Err(e) => return Err(Error::Io { action: "cannot commit output file", path: from, source: e }),
+        }
+        sync_dir(&self.dir);
+        match fs::remove_file(&from) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(Error::Io {
+                    action: "cannot remove committed output's pending name",
+                    path: from,
+                    source: e,
+                });
+            }
+        }
+        sync_dir(&self.pending());
+        Ok(())
+    }
+}
+
+/// Syncs a directory, so that a new or removed entry survives a crash of
+/// the machine (best effort).
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Whether `a` and `b` are the same file.
+#[cfg(unix)]
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (fs::metadata(a), fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+#[cfg(not(unix))]
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (fs::read(a), fs::read(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// One part in a handle: its name and length, and whether it was still
+/// open (in progress) at the barrier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PartEntry {
+    name: String,
+    bytes: Option<u64>,
+    in_progress: bool,
+}
+
+/// A handle: its parts separated by spaces, each `<name>@<bytes>`, or
+/// `~<name>@<bytes>` for a part in progress; a bare `<name>` is a handle
+/// of an earlier build (one file, length unknown).
+fn parse_handle(handle: &str) -> Vec<PartEntry> {
+    handle
+        .split(' ')
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let (in_progress, e) = match e.strip_prefix('~') {
+                Some(rest) => (true, rest),
+                None => (false, e),
+            };
+            match e.rsplit_once('@') {
+                Some((name, bytes)) if bytes.parse::<u64>().is_ok() => {
+                    PartEntry { name: name.to_string(), bytes: bytes.parse().ok(), in_progress }
+                }
+                _ => PartEntry { name: e.to_string(), bytes: None, in_progress },
+            }
+        })
+        .collect()
+}
+
+impl PartEntry {
+    fn encode(&self) -> String {
+        let mark = if self.in_progress { "~" } else { "" };
+        match self.bytes {
+            Some(b) => format!("{mark}{}@{b}", self.name),
+            None => format!("{mark}{}", self.name),
+        }
     }
 }
 
@@ -286,25 +560,50 @@ impl<T: Serialize + Send + 'static> TwoPhaseCommitSink<T> for TxnFileSink {
     fn open(&self, instance: usize, _parallelism: usize, epoch: CheckpointId) -> Result<Box<dyn TransactionWriter<T>>> {
         let pending = self.pending();
         fs::create_dir_all(&pending).map_err(self.io("cannot create output directory", &pending))?;
-        let mut w = TxnFileWriter { sink: self.clone(), instance, epoch, file: None, buf: Vec::new(), _t: PhantomData };
-        w.start()?;
-        Ok(Box::new(w))
+        let roll_interval = match (self.span_checkpoints, self.roll_bytes, self.roll_interval) {
+            (true, None, None) => Some(DEFAULT_SPANNING_INTERVAL),
+            (_, _, interval) => interval,
+        };
+        Ok(Box::new(TxnFileWriter {
+            sink: self.clone(),
+            roll_interval,
+            instance,
+            epoch,
+            run: crate::checkpoint::run_token(),
+            parts: 0,
+            current: None,
+            closed: Vec::new(),
+            buf: Vec::new(),
+            _t: PhantomData,
+        }))
     }
 
+    /// Publishes the handle's closed parts; a part in progress at the
+    /// barrier is still being written, and waits.
     fn commit(&self, handle: &str) -> Result<()> {
-        let from = self.pending().join(handle);
-        let to = self.dir.join(handle);
-        match fs::rename(&from, &to) {
-            Ok(()) => {
-                if let Ok(d) = File::open(&self.dir) {
-                    let _ = d.sync_all();
-                }
-                Ok(())
-            }
-            // Committed before (the rename happened, then the job restarted).
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.is_file() => Ok(()),
-            Err(e) => Err(Error::Io { action: "cannot commit output file", path: from, source: e }),
+        for part in parse_handle(handle).into_iter().filter(|p| !p.in_progress) {
+            self.publish(&part.name, part.bytes, false)?;
         }
+        Ok(())
+    }
+
+    /// Publishes every part the restored checkpoint names: closed ones as
+    /// they are, those in progress at its barrier cut to the length it
+    /// recorded. A part named in several handles (one carried from an
+    /// earlier checkpoint whose commit failed) is taken as the newest
+    /// handle has it.
+    fn commit_restored(&self, handles: &[String]) -> Result<()> {
+        let mut newest: Vec<PartEntry> = Vec::new();
+        for part in handles.iter().flat_map(|h| parse_handle(h)) {
+            match newest.iter_mut().find(|p| p.name == part.name) {
+                Some(p) => *p = part,
+                None => newest.push(part),
+            }
+        }
+        for part in newest {
+            self.publish(&part.name, part.bytes, part.in_progress)?;
+        }
+        Ok(())
     }
 
     fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64> {
@@ -322,41 +621,84 @@ impl<T: Serialize + Send + 'static> TwoPhaseCommitSink<T> for TxnFileSink {
     }
 }
 
+/// The part being written.
+struct Part {
+    name: String,
+    file: BufWriter<File>,
+    bytes: u64,
+    opened: Instant,
+}
+
 struct TxnFileWriter<T> {
     sink: TxnFileSink,
+    /// When to close a part by age (the sink's setting, or the default of
+    /// parts that span checkpoints).
+    roll_interval: Option<Duration>,
     instance: usize,
     /// The epoch being written: records after barrier `epoch - 1`.
     epoch: CheckpointId,
-    file: Option<BufWriter<File>>,
+    /// This writer's run token, in its parts' names.
+    run: String,
+    /// Parts opened so far (the next part's number).
+    parts: u64,
+    current: Option<Part>,
+    /// Parts closed since the last barrier: the next handle's.
+    closed: Vec<PartEntry>,
     buf: Vec<u8>,
     _t: PhantomData<fn(T)>,
 }
 
 impl<T> TxnFileWriter<T> {
-    fn name(&self) -> String {
-        format!("part-{}-{:020}.jsonl", self.instance, self.epoch.get())
+    /// The open part, opened now if there is none.
+    fn part(&mut self) -> Result<&mut Part> {
+        if self.current.is_none() {
+            let name = format!("part-{}-{:020}-{}-{}.jsonl", self.instance, self.epoch.get(), self.run, self.parts);
+            let path = self.sink.pending().join(&name);
+            // Never over another file: names are this run's alone.
+            let f = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(self.sink.io("cannot create pending output", &path))?;
+            self.parts += 1;
+            self.current = Some(Part { name, file: BufWriter::new(f), bytes: 0, opened: Instant::now() });
+        }
+        self.current.as_mut().ok_or_else(|| Error::Internal("no open part".into()))
     }
 
-    fn start(&mut self) -> Result<()> {
-        let path = self.sink.pending().join(self.name());
-        let f = File::create(&path).map_err(self.sink.io("cannot create pending output", &path))?;
-        self.file = Some(BufWriter::new(f));
+    /// Makes the open part durable; returns its entry (in progress).
+    fn sync(&mut self) -> Result<Option<PartEntry>> {
+        let Some(part) = self.current.as_mut() else { return Ok(None) };
+        let path = self.sink.pending().join(&part.name);
+        part.file.flush().map_err(self.sink.io("cannot write pending output", &path))?;
+        part.file.get_ref().sync_data().map_err(self.sink.io("cannot sync pending output", &path))?;
+        Ok(Some(PartEntry { name: part.name.clone(), bytes: Some(part.bytes), in_progress: true }))
+    }
+
+    /// Closes the open part: durable, and due for the next barrier's handle.
+    fn close(&mut self) -> Result<()> {
+        if let Some(mut entry) = self.sync()? {
+            self.current = None;
+            entry.in_progress = false;
+            self.closed.push(entry);
+        }
         Ok(())
     }
 
-    /// Makes the current epoch durable and returns its file name.
-    fn seal(&mut self) -> Result<String> {
-        let name = self.name();
-        let path = self.sink.pending().join(&name);
-        if let Some(f) = self.file.take() {
-            let f = f.into_inner().map_err(|e| Error::Io {
-                action: "cannot write pending output",
-                path: path.clone(),
-                source: e.into_error(),
-            })?;
-            f.sync_all().map_err(self.sink.io("cannot sync pending output", &path))?;
-        }
-        Ok(name)
+    /// Closes the open part if it is older than the roll interval.
+    fn close_if_old(&mut self) -> Result<()> {
+        let old = match (&self.current, self.roll_interval) {
+            (Some(p), Some(i)) => p.opened.elapsed() >= i,
+            _ => false,
+        };
+        if old { self.close() } else { Ok(()) }
+    }
+
+    /// The handle of what closed since the last barrier, and of the part
+    /// still open (in progress) if there is one.
+    fn handle(&mut self, open: Option<PartEntry>) -> String {
+        let entries: Vec<String> = self.closed.drain(..).chain(open).map(|p| p.encode()).collect();
+        entries.join(" ")
     }
 }
 
@@ -370,22 +712,47 @@ impl<T: Serialize + Send> TransactionWriter<T> for TxnFileWriter<T> {
             })?;
             self.buf.push(b'\n');
         }
-        let path = self.sink.pending().join(self.name());
-        if let Some(f) = self.file.as_mut() {
-            f.write_all(&self.buf).map_err(self.sink.io("cannot write pending output", &path))?;
+        if self.buf.is_empty() {
+            return Ok(());
         }
+        let buf = std::mem::take(&mut self.buf);
+        let pending = self.sink.pending();
+        let roll_bytes = self.sink.roll_bytes;
+        let part = self.part()?;
+        let path = pending.join(&part.name);
+        part.file.write_all(&buf).map_err(|source| Error::Io {
+            action: "cannot write pending output",
+            path,
+            source,
+        })?;
+        part.bytes += buf.len() as u64;
+        let full = roll_bytes.is_some_and(|max| part.bytes >= max);
+        self.buf = buf;
         self.buf.clear();
-        Ok(())
+        if full {
+            self.close()?;
+        }
+        self.close_if_old()
     }
 
     fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<String> {
-        let name = self.seal()?;
+        let open = if self.sink.span_checkpoints {
+            self.close_if_old()?;
+            self.sync()?
+        } else {
+            self.close()?;
+            None
+        };
         self.epoch = checkpoint.next();
-        self.start()?;
-        Ok(name)
+        Ok(self.handle(open))
     }
 
     fn finish(&mut self) -> Result<String> {
-        self.seal()
+        self.close()?;
+        Ok(self.handle(None))
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.close_if_old()
     }
 }

@@ -99,13 +99,13 @@ impl StateScope {
 
 impl StateScope {
     /// Refuses a state whose values do not read back as written
-    /// ([`Data::check_round_trip`](crate::Data::check_round_trip)): its
+    /// ([`Data::check_round_trip`]): its
     /// checkpoints could never be restored.
     ///
     /// # Errors
     /// [`Error::Graph`] naming the type, the state and the operator, and
     /// what to change.
-    pub(crate) fn check_values<V: crate::Data>(&self) -> Result<()> {
+    pub(crate) fn check_values<V: Data>(&self) -> Result<()> {
         V::check_round_trip().map_err(|why| Error::Graph {
             job: self.job.clone(),
             message: format!(

@@ -307,6 +307,54 @@ impl Job {
         self
     }
 
+    /// Lets a start wait up to `timeout` for another run to release the
+    /// job's checkpoint storage, instead of being refused at once.
+    ///
+    /// A run owns its checkpoint storage from its start to its end: on a
+    /// local directory through a lock of the operating system on its
+    /// `LOCK` file (released when the process ends, however it ends), on
+    /// an object store through a lease. A second run started on the same
+    /// storage, a restart that overlaps the old process, or two processes
+    /// on one volume, would otherwise both commit. Without this setting a
+    /// start that finds the storage held fails at once, naming the holder
+    /// (its job, process, host, and since when); with it, [`Job::spawn`]
+    /// waits (blocking its thread, so not on a single-threaded runtime
+    /// that the holder runs on) and fails only after `timeout`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let dir = tempfile::tempdir()?;
+    /// // Half a second of input.
+    /// let pipeline = |job: &weibo::Job| {
+    ///     let ids = weibo::sources::Generator::new(100, |i| i).with_rate(200.0);
+    ///     job.source(ids).sink(weibo::sinks::Blackhole::new());
+    /// };
+    /// # weibo::testing::block_on(async {
+    /// let first = weibo::Job::new("owner").with_checkpoints(dir.path(), Duration::from_millis(20));
+    /// pipeline(&first);
+    /// let running = first.spawn()?;
+    /// // A second run on the same storage is refused while the first runs...
+    /// let second = weibo::Job::new("owner").with_checkpoints(dir.path(), Duration::from_millis(20));
+    /// pipeline(&second);
+    /// let refused = second.spawn().unwrap_err().to_string();
+    /// assert!(refused.contains("is in use by job `owner`"), "{refused}");
+    /// // ...or waits for it.
+    /// let third = weibo::Job::new("owner")
+    ///     .with_checkpoints(dir.path(), Duration::from_millis(20))
+    ///     .wait_for_storage(Duration::from_secs(30));
+    /// pipeline(&third);
+    /// let waiting = tokio::spawn(async move { third.run().await });
+    /// running.wait().await?;
+    /// waiting.await.expect("the waiting run")?;
+    /// # Ok::<(), weibo::Error>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn wait_for_storage(self, timeout: Duration) -> Self {
+        self.configure(|c| c.storage_wait = Some(timeout))
+    }
+
     /// Starts from checkpoint `path`: a checkpoint's directory, or a
     /// directory of checkpoints (then the newest complete one). State is
     /// matched to the job's operators by id (`.uid(..)`, or else the
@@ -739,7 +787,7 @@ impl Job {
             None => None,
         };
         let launched = crate::runtime::launch::launch(&pipeline.graph, &pipeline.config, &status);
-        let Launched { name, registry, supervisor, started, completed, savepoints, cancel, migrated, history } =
+        let Launched { name, registry, supervisor, started, completed, savepoints, cancel, migrated, history, run } =
             match launched {
                 Ok(l) => l,
                 Err(e) => {
@@ -795,6 +843,7 @@ impl Job {
             cancel,
             migrated,
             history,
+            run,
             status: status.subscribe(),
             #[cfg(feature = "admin")]
             admin,
@@ -891,6 +940,8 @@ pub struct JobHandle {
     cancel: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
     migrated: Vec<MigratedState>,
     history: Arc<crate::checkpoint::history::History>,
+    /// The run's token: what its storage's lock names.
+    run: Arc<str>,
     status: tokio::sync::watch::Receiver<JobState>,
     /// The admin API's server, while the handle lives.
     #[cfg(feature = "admin")]
@@ -1123,7 +1174,10 @@ impl JobHandle {
         self.supervisor.is_finished()
     }
 
-    /// Stops the job now, without flushing.
+    /// Stops the job now, without flushing. It returns before the job has
+    /// stopped; the job lets go of its checkpoint storage once its tasks
+    /// and its checkpoint coordinator have (a start of the job in this
+    /// process waits for that, as it would not for another run).
     ///
     /// ```
     /// # weibo::testing::block_on(async {
@@ -1139,6 +1193,7 @@ impl JobHandle {
     /// # Ok::<(), weibo::Error>(())
     /// ```
     pub fn abort(&self) {
+        crate::runtime::launch::aborting(&self.run);
         self.supervisor.abort();
     }
 

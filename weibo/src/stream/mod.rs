@@ -742,8 +742,9 @@ impl<T: Clone + Send + 'static> Stream<T> {
                 parallelism: ctx.parallelism,
                 epoch: ctx.restored.map_or(CheckpointId::FIRST, CheckpointId::next),
             };
-            let writer = sink.open_in(&context)?;
-            Ok(erase::<T>(Box::new(crate::operator::SinkOp::new(info, writer, false))))
+            let sink = sink.clone();
+            let open: crate::operator::sink::OpenWriter<T> = Box::new(move || sink.open_in(&context));
+            Ok(erase::<T>(Box::new(crate::operator::SinkOp::new(info, open, false))))
         });
         let node = self.add(Node {
             kind: "sink",
@@ -767,14 +768,17 @@ impl<T: Clone + Send + 'static> Stream<T> {
     /// at the end of input.
     ///
     /// ```
-    /// let dir = std::env::temp_dir().join(format!("weibo-txn-doc-{}", std::process::id()));
+    /// let dir = tempfile::tempdir()?;
     /// let job = weibo::Job::new("exactly-once");
     /// job.source(weibo::sources::IterSource::new(vec![1u32, 2, 3]))
-    ///     .sink_exactly_once(weibo::sinks::TxnFileSink::json_lines(&dir));
+    ///     .sink_exactly_once(weibo::sinks::TxnFileSink::json_lines(dir.path()));
     /// weibo::testing::block_on(job.run())?;
-    /// let committed = std::fs::read_to_string(dir.join(format!("part-0-{:020}.jsonl", 1)))?;
-    /// assert_eq!(committed, "1\n2\n3\n");
-    /// # std::fs::remove_dir_all(&dir)?;
+    /// // One committed part (named for the instance, epoch and run), nothing pending.
+    /// let committed: Vec<_> = std::fs::read_dir(dir.path())?.flatten().filter(|e| e.path().is_file()).collect();
+    /// assert_eq!(committed.len(), 1);
+    /// assert!(committed[0].file_name().to_string_lossy().starts_with("part-0-00000000000000000001-"));
+    /// assert_eq!(std::fs::read_to_string(committed[0].path())?, "1\n2\n3\n");
+    /// assert_eq!(std::fs::read_dir(dir.path().join(".pending"))?.count(), 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn sink_exactly_once<S>(&self, sink: S) -> SinkRef
@@ -789,17 +793,13 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let factory = chain_factory(move |ctx, _outs| {
             let info = ctx.info.clone();
             let epoch = ctx.restored.map_or(CheckpointId::FIRST, CheckpointId::next);
-            let writer = sink.open(ctx.instance, ctx.parallelism, epoch)?;
-            let checkpointed = ctx.checkpointing;
-            let writer = Box::new(TxnSinkWriter {
-                sink: sink.clone(),
-                writer,
-                prepared: prepared.clone(),
-                checkpointed,
-                ended: false,
-                sealed: false,
+            let (sink, prepared) = (sink.clone(), prepared.clone());
+            let (instance, parallelism, checkpointed) = (ctx.instance, ctx.parallelism, ctx.checkpointing);
+            let open: crate::operator::sink::OpenWriter<T> = Box::new(move || {
+                let writer = sink.open(instance, parallelism, epoch)?;
+                Ok(Box::new(TxnSinkWriter { sink, writer, prepared, checkpointed, ended: false, sealed: false }))
             });
-            Ok(erase::<T>(Box::new(crate::operator::SinkOp::new(info, writer, true))))
+            Ok(erase::<T>(Box::new(crate::operator::SinkOp::new(info, open, true))))
         });
         let node = self.add(Node {
             kind: "sink",
