@@ -56,3 +56,22 @@ fn every_wiring_problem_is_reported_at_once() {
     assert!(err.contains("(1)") && err.contains("two operators are named `numbers`"), "{err}");
     assert!(err.contains("(2)") && err.contains("the output of `plus` is not consumed"), "{err}");
 }
+
+/// A `process` without a dead-letter output (`Drop`, `Fail`) shows none;
+/// one with `DeadLetter` shows it.
+#[test]
+fn only_a_process_that_dead_letters_shows_a_dead_letter_output() {
+    let job = Job::new("policies");
+    let numbers = job.source(IterSource::new(0..10u32)).name("numbers");
+    let failing = numbers.process(on_error::Fail, |n: &u32| Ok::<u32, String>(n + 1)).name("failing");
+    let dropping = failing.process(on_error::Drop, |n: &u32| Ok::<u32, String>(n + 1)).name("dropping");
+    let (kept, dead) = dropping.process(on_error::DeadLetter, |n: &u32| Ok::<u32, String>(n + 1));
+    let kept = kept.name("lettering");
+    kept.sink(Blackhole::new());
+    dead.sink(Blackhole::new());
+    let text = job.to_string();
+    let line = |name: &str| text.lines().find(|l| l.contains(&format!("`{name}`"))).unwrap().to_string();
+    assert!(!line("failing").contains("dead letters"), "{text}");
+    assert!(!line("dropping").contains("dead letters"), "{text}");
+    assert!(line("lettering").contains("dead letters: DeadLetter<u32>"), "{text}");
+}

@@ -677,3 +677,49 @@ fn a_key_type_is_matched_by_its_layout_not_its_name() {
     assert!(err.contains("operator `counts` was keyed by") && err.contains("has a new field `site` (u32)"), "{err}");
     assert!(out.values().is_empty());
 }
+
+/// A state restored from a base and the deltas after it is migrated (and
+/// counted) once per key, as the state holds it, not once per file the
+/// key appears in.
+#[test]
+fn each_key_is_migrated_once_whatever_the_files_of_its_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    // 100 keys, every one changed in every epoch of 40 ms.
+    let job = Job::new("stats").with_checkpoints(dir.path(), Duration::from_millis(40)).with_max_key_groups(16);
+    job.source(Generator::new(u64::MAX, |i| (i % 100, i % 7)).with_rate(10_000.0))
+        .uid("events")
+        .key_by(|e: &(u64, u64)| e.0)
+        .fold(
+            || v1::Stats { n: 0, sum: 0 },
+            |s, e| {
+                s.n += 1;
+                s.sum += e.1;
+            },
+        )
+        .uid("stats")
+        .map(|(k, s): (u64, v1::Stats)| (k, s.n, s.sum))
+        .sink(CollectSink::new());
+    let savepoint = weibo_tests::savepoint_midway(job, Duration::from_millis(500));
+    let manifest = weibo::checkpoint::read_manifest(&savepoint).unwrap();
+    let files: Vec<_> = manifest.states.iter().filter(|s| s.operator == "stats").collect();
+    assert!(files.iter().any(|f| f.base) && files.iter().any(|f| !f.base), "a base and deltas: {files:?}");
+    let listed: u64 = files.iter().filter_map(|f| f.entries).sum();
+    assert!(listed > 100, "the chain's files list keys more than once ({listed})");
+
+    let job = Job::new("stats")
+        .with_max_key_groups(16)
+        .restore_from(&savepoint)
+        .with_state_migration(|old: v1::Stats| v2::Stats { n: old.n, sum: old.sum, max: 0 });
+    job.source(Generator::new(0, |i| (i % 100, i % 7)))
+        .uid("events")
+        .key_by(|e: &(u64, u64)| e.0)
+        .with_partitions(3)
+        .fold(|| v2::Stats { n: 0, sum: 0, max: 0 }, |s, e| s.sum += e.1)
+        .uid("stats")
+        .map(|(k, s): (u64, v2::Stats)| (k, s.n, s.sum))
+        .sink(CollectSink::new());
+    let report = weibo::testing::block_on(job.run()).unwrap();
+    assert_eq!(report.migrated.len(), 1, "one line per operator and state: {:?}", report.migrated);
+    assert_eq!((report.migrated[0].operator.as_str(), report.migrated[0].state.as_str()), ("stats", "accumulator"));
+    assert_eq!(report.migrated[0].entries, 100, "each key once");
+}

@@ -298,11 +298,18 @@ impl crate::state::RestoreSource for OperatorRestore<'_> {
         let Some(m) = migration else {
             return restore.load_entries_of(id, state, check, groups, f);
         };
-        let mut migrated = 0u64;
+        // The chain (a base and its deltas) merged first, so that each key
+        // is converted once, as the state holds it: converting each file's
+        // entries as they are read would convert a key once per file it
+        // appears in. A migration holds this instance's share of the state
+        // in memory while it runs.
         let location = restore.location();
-        restore.load_entries_of(id, state, check, groups, &mut |entries, removed| {
-            let mut values = Vec::with_capacity(entries.len());
-            for (group, key, value) in entries.iter() {
+        let merged = restore.entries(id, state, check, groups)?;
+        restore.progress.read(merged.len(), restore.checkpoint);
+        let mut migrated = 0u64;
+        for chunk in merged.chunks(MIGRATE_CHUNK) {
+            let mut values = Vec::with_capacity(chunk.len());
+            for (group, key, value) in chunk {
                 values.push((m.convert)(value).map_err(|e| {
                     let key = crate::codec::schema::hex(key);
                     let what = format!("the entry of key {key} (key group {group}) of `{id}`/{state} does not migrate");
@@ -310,10 +317,10 @@ impl crate::state::RestoreSource for OperatorRestore<'_> {
                 })?);
             }
             let mut converted: Vec<crate::state::EntryRef<'_>> =
-                entries.iter().zip(&values).map(|((g, k, _), v)| (*g, *k, v.as_slice())).collect();
+                chunk.iter().zip(&values).map(|((g, k, _), v)| (*g, k.as_slice(), v.as_slice())).collect();
             migrated += converted.len() as u64;
-            f(&mut converted, removed)
-        })?;
+            f(&mut converted, &[])?;
+        }
         tracing::info!(operator = id, state, entries = migrated, from = %m.from.codec, to = %m.to.codec,
             "migrated state to the job's layout");
         restore.migrated.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((
@@ -324,6 +331,9 @@ impl crate::state::RestoreSource for OperatorRestore<'_> {
         Ok(())
     }
 }
+
+/// Entries a migration converts and hands on at a time.
+const MIGRATE_CHUNK: usize = 4096;
 
 impl Restore {
     /// Reads checkpoint (or savepoint) `dir` in `storage` for a job with

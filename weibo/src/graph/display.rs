@@ -34,6 +34,9 @@ impl fmt::Display for Graph {
             let outs: Vec<String> = node
                 .outputs
                 .iter()
+                // A process under `Drop` or `Fail` has a dead-letter port
+                // that never carries anything: not shown.
+                .filter(|p| p.label != "dead letters" || p.must_consume)
                 .map(|p| match p.label {
                     "output" => short_type_name(p.type_name),
                     label => format!("{label}: {}", short_type_name(p.type_name)),
