@@ -196,3 +196,20 @@ fn restored_from_an_older_checkpoint_after_later_runs_committed_the_job_starts_a
     let from: u64 = manifest.sources.iter().map(|s| s.position).sum();
     assert!(twice.len() as u64 <= EVENTS - from, "only what came after checkpoint {first} is written again");
 }
+
+/// Two processes started on one job, 0 to 500 ms apart (a restart that
+/// overlaps the old process): exactly one runs, the other is refused at
+/// its start naming the holder, and every event is committed once.
+#[test]
+fn two_processes_on_one_job_one_runs_and_every_event_is_committed_once() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    for apart in [0, 200, 500] {
+        let (output, _dir, spec) = counting_setup("two");
+        let ended =
+            weibo_tests::run_two_apart(child_command(&spec), child_command(&spec), Duration::from_millis(apart));
+        weibo_tests::assert_exactly_one_ran(&ended);
+        assert_exactly_once(&output);
+    }
+}

@@ -503,3 +503,124 @@ pub fn run_child(mut cmd: std::process::Command, after: std::time::Duration, cra
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+/// How a child process ended: its status and what it wrote to stderr.
+#[derive(Debug)]
+pub struct Ended {
+    /// Its exit status.
+    pub status: std::process::ExitStatus,
+    /// Its standard error.
+    pub stderr: String,
+}
+
+/// Starts `a`, then `b` `apart` later (two processes on one job, as a
+/// restart that overlaps the old process or two pods on one volume would
+/// be), and waits for both (at most two minutes each).
+///
+/// # Panics
+/// When a child cannot be started, or runs for two minutes.
+#[allow(clippy::unwrap_used, clippy::panic)]
+pub fn run_two_apart(
+    mut a: std::process::Command,
+    mut b: std::process::Command,
+    apart: std::time::Duration,
+) -> [Ended; 2] {
+    let logs = tempfile::tempdir().unwrap();
+    let log = |name: &str| logs.path().join(name);
+    a.stderr(std::fs::File::create(log("a")).unwrap());
+    b.stderr(std::fs::File::create(log("b")).unwrap());
+    let mut first = a.spawn().unwrap();
+    std::thread::sleep(apart);
+    let mut second = b.spawn().unwrap();
+    let started = std::time::Instant::now();
+    let mut statuses = [None, None];
+    while statuses.iter().any(Option::is_none) {
+        for (status, child) in statuses.iter_mut().zip([&mut first, &mut second]) {
+            if status.is_none() {
+                *status = child.try_wait().unwrap();
+            }
+        }
+        if started.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = first.kill();
+            let _ = second.kill();
+            panic!("two processes on one job ran for two minutes");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let [Some(s1), Some(s2)] = statuses else { unreachable!("both ended") };
+    let read = |name: &str| std::fs::read_to_string(log(name)).unwrap_or_default();
+    [Ended { status: s1, stderr: read("a") }, Ended { status: s2, stderr: read("b") }]
+}
+
+/// Of two processes started on one job's storage while the first still
+/// ran, exactly one ran: the other was refused at its start, with an
+/// error naming the holder. Returns which one ran (0 or 1).
+///
+/// # Panics
+/// When both ran, or neither, or the refusal does not name the holder.
+#[allow(clippy::panic)]
+pub fn assert_exactly_one_ran(ended: &[Ended; 2]) -> usize {
+    let ran: Vec<usize> = (0..2).filter(|i| ended[*i].status.success()).collect();
+    let [one] = ran.as_slice() else {
+        panic!(
+            "exactly one of two processes on one job must run: {:?} / {:?}\nfirst: {}\nsecond: {}",
+            ended[0].status,
+            ended[1].status,
+            tail(&ended[0].stderr),
+            tail(&ended[1].stderr)
+        )
+    };
+    let refused = &ended[1 - one].stderr;
+    assert!(
+        refused.contains("is in use by job") && refused.contains("process ") && refused.contains("since"),
+        "the refused process names the holder: {}",
+        tail(refused)
+    );
+    *one
+}
+
+/// The last lines of a log.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines.get(lines.len().saturating_sub(20)..).unwrap_or_default().join("\n")
+}
+
+/// Every file under `dir` with its bytes, by path relative to `dir`,
+/// except storage locks (`LOCK`, which each start writes its holder into):
+/// to compare a directory before and after something that must not touch
+/// it.
+///
+/// # Panics
+/// When a file cannot be read.
+#[allow(clippy::unwrap_used)]
+pub fn snapshot_dir(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    fn walk(root: &std::path::Path, dir: &std::path::Path, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else if entry.file_name() != "LOCK" {
+                let name = path.strip_prefix(root).unwrap().display().to_string();
+                out.insert(name, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// The first difference between two [`snapshot_dir`]s, if any.
+pub fn first_difference(
+    before: &std::collections::BTreeMap<String, Vec<u8>>,
+    after: &std::collections::BTreeMap<String, Vec<u8>>,
+) -> Option<String> {
+    for (name, bytes) in before {
+        match after.get(name) {
+            None => return Some(format!("{name} is gone")),
+            Some(b) if b != bytes => return Some(format!("{name} changed ({} bytes, was {})", b.len(), bytes.len())),
+            Some(_) => {}
+        }
+    }
+    after.keys().find(|n| !before.contains_key(*n)).map(|n| format!("{n} is new"))
+}

@@ -260,3 +260,27 @@ fn dying_at_each_point_of_a_checkpoint_and_at_the_end_of_input_loses_and_duplica
         assert_same_as_reference(&prefix, what);
     }
 }
+
+/// Two processes started on one job, 0 to 500 ms apart (a restart that
+/// overlaps the old process): exactly one runs, the other is refused at
+/// its start naming the holder, and the tables equal a crash-free run's.
+#[test]
+fn two_processes_on_one_job_one_runs_and_the_tables_equal_a_crash_free_run() {
+    if std::env::var("WEIBO_PG_CHILD").is_ok() {
+        return;
+    }
+    let _ = reference();
+    for apart in [0, 200, 500] {
+        let prefix = unique("two");
+        create_tables(&prefix);
+        let dir = tempfile::tempdir().unwrap();
+        let command = || {
+            let mut cmd = weibo_tests::child_command("WEIBO_PG_CHILD", format!("{prefix}|{}", dir.path().display()));
+            cmd.env("WEIBO_PG_URL", &server().url);
+            cmd
+        };
+        let ended = weibo_tests::run_two_apart(command(), command(), Duration::from_millis(apart));
+        weibo_tests::assert_exactly_one_ran(&ended);
+        assert_same_as_reference(&prefix, &format!("{apart} ms apart"));
+    }
+}
