@@ -213,3 +213,38 @@ fn two_processes_on_one_job_one_runs_and_every_event_is_committed_once() {
         assert_exactly_once(&output);
     }
 }
+
+/// A checkpoint completes, the process dies before its commit, and a
+/// version of the job that cannot restore it (another key type) is
+/// started and refused: the checkpoints and the redo logs are byte for
+/// byte as they were, and the job's own restart commits every event once.
+#[test]
+fn a_refused_upgrade_leaves_the_checkpoints_and_the_redo_logs_as_they_were() {
+    if std::env::var("WEIBO_KAFKA_CHILD").is_ok() {
+        return;
+    }
+    let (output, dir, spec) = counting_setup("refused");
+    let mut cmd = child_command(&spec);
+    cmd.stderr(Stdio::null()).env("WEIBO_CRASH_AT", "after-manifest#2");
+    assert!(!cmd.status().unwrap().success(), "the first life dies between checkpoint 2's manifest and its commits");
+    let before = weibo_tests::snapshot_dir(dir.path());
+    assert!(before.keys().any(|n| n.starts_with("redo/") && n.ends_with(".redo")), "epoch 2 waits in its redo logs");
+    let input = spec.split('|').next().unwrap().to_string();
+    let job = paced_job("kafka-eos", dir.path().join("checkpoints"));
+    let source = KafkaSource::builder(bootstrap(), [input], Json).until_end().build::<Event>().unwrap();
+    let sink = TxnKafkaSink::new(bootstrap(), &output, Json, format!("{output}-txn"), dir.path().join("redo"))
+        .with_consumed_offsets(&source);
+    job.source(source)
+        .map(|r: KafkaRecord<Event>| Count { key: r.value.key, id: r.value.id, count: 1 })
+        .key_by(|c: &Count| c.key.to_string())
+        .with_partitions(2)
+        .reduce(|acc, c| Count { key: c.key, id: c.id, count: acc.count + 1 })
+        .sink_exactly_once(sink);
+    let err = weibo::testing::block_on(job.run()).expect_err("another key type is refused").to_string();
+    assert!(err.contains("was keyed by `u64`"), "{err}");
+    assert_eq!(weibo_tests::first_difference(&before, &weibo_tests::snapshot_dir(dir.path())), None);
+    let mut again = child_command(&spec);
+    again.stderr(Stdio::null());
+    assert!(again.status().unwrap().success(), "the job's own restart finishes");
+    assert_exactly_once(&output);
+}
