@@ -16,7 +16,7 @@ mod schedule;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use schedule::{Count, KEYS};
+use schedule::{Count, KEYS, Mode};
 use weibo::Job;
 use weibo::sinks::TxnFileSink;
 use weibo::sources::Generator;
@@ -25,20 +25,37 @@ const IDS: u64 = 3_000;
 /// Ids per second: a crash-free run takes about half a second.
 const RATE: f64 = 6_000.0;
 
-fn job(out: &Path, checkpoints: &Path) -> Job {
-    let job = Job::new("schedule")
+/// The job, as `mode` asks for it: restored from a savepoint for a
+/// rollback; keyed by another type (which cannot restore the job's
+/// checkpoints) for a refused version.
+fn job(out: &Path, checkpoints: &Path, mode: &Mode) -> Job {
+    let mut job = Job::new("schedule")
         .with_checkpoints(checkpoints, Duration::from_millis(100))
         .with_checkpoint_timeout(Duration::from_millis(400))
         .with_max_key_groups(16);
+    if let Mode::Rollback(savepoint) = mode {
+        job = job.restore_from(savepoint);
+    }
     let rate = if schedule::slow() { RATE / 8.0 } else { RATE };
-    job.source(Generator::new(IDS, |id| id).with_rate(rate))
-        .name("ids")
-        .map(|id: u64| Count { key: id % KEYS, id, count: 1 })
-        .key_by(|c: &Count| c.key)
-        .with_partitions(2)
-        .reduce(|acc, c| Count { key: c.key, id: c.id, count: acc.count + 1 })
-        .name("counts")
-        .sink_exactly_once(TxnFileSink::json_lines(out));
+    let counts = job.source(Generator::new(IDS, |id| id).with_rate(rate)).name("ids").map(|id: u64| Count {
+        key: id % KEYS,
+        id,
+        count: 1,
+    });
+    let counts = if matches!(mode, Mode::Refused) {
+        counts.key_by(|c: &Count| c.key.to_string()).with_partitions(2).reduce(|acc, c| Count {
+            key: c.key,
+            id: c.id,
+            count: acc.count + 1,
+        })
+    } else {
+        counts.key_by(|c: &Count| c.key).with_partitions(2).reduce(|acc, c| Count {
+            key: c.key,
+            id: c.id,
+            count: acc.count + 1,
+        })
+    };
+    counts.name("counts").sink_exactly_once(TxnFileSink::json_lines(out));
     job
 }
 
@@ -46,8 +63,9 @@ fn job(out: &Path, checkpoints: &Path) -> Job {
 fn child() {
     let Ok(spec) = std::env::var("WEIBO_SCHEDULE_CHILD") else { return };
     let parts: Vec<&str> = spec.split('|').collect();
-    let job = job(Path::new(parts[0]), Path::new(parts[1]));
-    schedule::child_run(job, parts[2] == "stop");
+    let mode = Mode::parse(parts[2]);
+    let job = job(Path::new(parts[0]), Path::new(parts[1]), &mode);
+    schedule::child_run(job, &mode);
 }
 
 struct Dirs {
@@ -91,7 +109,7 @@ fn random_schedules_of_runs_kills_and_stops_commit_every_id_exactly_once() {
         Duration::from_millis(700),
         1..9,
         || Dirs { root: tempfile::tempdir().unwrap() },
-        |d, run| schedule::child_command(&format!("{}|{}", d.out().display(), d.checkpoints().display()), run),
+        |d, mode| schedule::child_command(&format!("{}|{}", d.out().display(), d.checkpoints().display()), mode),
         Dirs::checkpoints,
         |d| committed(&d.out()),
     );

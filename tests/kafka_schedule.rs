@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use schedule::{Count, KEYS};
+use schedule::{Count, KEYS, Mode};
 use weibo::Job;
 use weibo_connectors::kafka::{Json, KafkaRecord, KafkaSource, TxnKafkaSink};
 
@@ -34,26 +34,42 @@ fn bootstrap() -> String {
 /// The job: reads ids from `input` to its end, sleeping a millisecond
 /// every other record (with small batches, so checkpoints keep their
 /// pace): a crash-free run takes about a second.
-fn job(input: &str, output: &str, dir: &Path) -> Job {
-    let job = Job::new("kafka-schedule")
+/// As `mode` asks for it: restored from a savepoint for a rollback; keyed
+/// by another type (which cannot restore the job's checkpoints) for a
+/// refused version.
+fn job(input: &str, output: &str, dir: &Path, mode: &Mode) -> Job {
+    let mut job = Job::new("kafka-schedule")
         .with_checkpoints(dir.join("checkpoints"), Duration::from_millis(150))
         .with_checkpoint_timeout(Duration::from_secs(2))
         .with_batch_size(16)
         .with_max_key_groups(16);
+    if let Mode::Rollback(savepoint) = mode {
+        job = job.restore_from(savepoint);
+    }
     let source = KafkaSource::builder(bootstrap(), [input.to_string()], Json).until_end().build::<u64>().unwrap();
     let (name, group) = (weibo::sources::Source::default_name(&source), source.group_name().to_string());
     // A millisecond every other record (every record when paced slowly).
     let every = if schedule::slow() { 1 } else { 2 };
-    job.source(source)
-        .map(move |r: KafkaRecord<u64>| {
-            if r.offset % every == 0 {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Count { key: r.value % KEYS, id: r.value, count: 1 }
+    let counts = job.source(source).map(move |r: KafkaRecord<u64>| {
+        if r.offset % every == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Count { key: r.value % KEYS, id: r.value, count: 1 }
+    });
+    let counts = if matches!(mode, Mode::Refused) {
+        counts.key_by(|c: &Count| c.key.to_string()).with_partitions(2).reduce(|acc, c| Count {
+            key: c.key,
+            id: c.id,
+            count: acc.count + 1,
         })
-        .key_by(|c: &Count| c.key)
-        .with_partitions(2)
-        .reduce(|acc, c| Count { key: c.key, id: c.id, count: acc.count + 1 })
+    } else {
+        counts.key_by(|c: &Count| c.key).with_partitions(2).reduce(|acc, c| Count {
+            key: c.key,
+            id: c.id,
+            count: acc.count + 1,
+        })
+    };
+    counts
         .name("counts")
         // The source went into the job already: its offsets by its name.
         .sink_exactly_once(
@@ -68,8 +84,9 @@ fn job(input: &str, output: &str, dir: &Path) -> Job {
 fn child() {
     let Ok(spec) = std::env::var("WEIBO_SCHEDULE_CHILD") else { return };
     let parts: Vec<&str> = spec.split('|').collect();
-    let job = job(parts[0], parts[1], Path::new(parts[2]));
-    schedule::child_run(job, parts[3] == "stop");
+    let mode = Mode::parse(parts[3]);
+    let job = job(parts[0], parts[1], Path::new(parts[2]), &mode);
+    schedule::child_run(job, &mode);
 }
 
 fn unique(prefix: &str) -> String {
@@ -139,8 +156,9 @@ fn random_schedules_of_runs_kills_and_stops_commit_every_id_exactly_once() {
         Duration::from_millis(2500),
         1..3,
         Setup::new,
-        |s, run| {
-            let mut cmd = schedule::child_command(&format!("{}|{}|{}", s.input, s.output, s.dir.path().display()), run);
+        |s, mode| {
+            let mut cmd =
+                schedule::child_command(&format!("{}|{}|{}", s.input, s.output, s.dir.path().display()), mode);
             cmd.env("WEIBO_KAFKA_BOOTSTRAP", bootstrap());
             cmd
         },

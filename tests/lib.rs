@@ -579,9 +579,12 @@ pub fn assert_exactly_one_ran(ended: &[Ended; 2]) -> usize {
     *one
 }
 
-/// The last lines of a log.
+/// What a log says of a panic (its message), or else its last lines.
 fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
+    if let Some(at) = lines.iter().position(|l| l.contains("panicked at")) {
+        return lines.get(at..(at + 3).min(lines.len())).unwrap_or_default().join("\n");
+    }
     lines.get(lines.len().saturating_sub(20)..).unwrap_or_default().join("\n")
 }
 

@@ -6,13 +6,19 @@
 //! end of input), SIGKILLed right after its first checkpoint, stopped
 //! cleanly, or made to abort at a fault-injection point of the commit path
 //! (`weibo::checkpoint::faults`), sometimes with a pre-commit slowed past
-//! the checkpoint timeout so that several epochs wait at once. Every
-//! sequence holds a run to the end before its last run, and ends with
-//! one.
+//! the checkpoint timeout so that several epochs wait at once; or to the
+//! end with a second process started on the same job while it runs (which
+//! must be refused), taking a savepoint on the way, restored from the
+//! oldest savepoint taken so far (a rollback), or a version that cannot
+//! restore the job's checkpoints (which must be refused and change
+//! nothing). Every sequence holds a run to the end before its last run,
+//! and ends with one.
 //!
 //! After every run the committed output is checked: every id at most
-//! once, each key's counts `1..m` with no gap, each with the id a
-//! crash-free run gives it; after a run that reached its end, every id.
+//! once (after a rollback, the ids from the savepoint's position on may
+//! be there again: the replayed range, by design), each key's counts
+//! `1..m` with no gap, each with the id a crash-free run gives it; after a
+//! run that reached its end, every id.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
@@ -72,6 +78,61 @@ pub(crate) enum Run {
     /// longer than the checkpoint timeout, so a checkpoint is abandoned and
     /// the next one commits two epochs of that instance.
     Crash { point: &'static str, nth: u64, slow: Option<u64> },
+    /// To the end, with a second process of the same job started this long
+    /// after it: refused at its start while the first runs (or, if the
+    /// first has ended by then, run to the end itself).
+    Overlapped(Duration),
+    /// To the end, taking a savepoint once it completed a checkpoint of
+    /// its own (paced slowly, as `Stop`).
+    Savepoint,
+    /// To the end, restored from the oldest savepoint taken so far (to the
+    /// end from the newest checkpoint when none was).
+    Rollback,
+    /// A version of the job that cannot restore its checkpoints (another
+    /// key type): refused, leaving the checkpoints and the output as they
+    /// were.
+    Refused,
+}
+
+impl Run {
+    /// What the child is told to do (the last part of its spec): `end`,
+    /// `stop`, `savepoint=<name>`, `rollback=<savepoint dir>` or `refused`.
+    pub(crate) fn mode(&self, savepoint: Option<&Path>, index: usize) -> String {
+        match (self, savepoint) {
+            (Run::Stop, _) => "stop".into(),
+            (Run::Savepoint, _) => format!("savepoint=s{index}"),
+            (Run::Rollback, Some(from)) => format!("rollback={}", from.display()),
+            (Run::Refused, _) => "refused".into(),
+            _ => "end".into(),
+        }
+    }
+}
+
+/// What a child's mode asks of the job it builds.
+pub(crate) enum Mode {
+    /// Run to the end (`stop`: stop once it completed a checkpoint).
+    Run { stop: bool },
+    /// Run to the end, taking savepoint `name` on the way.
+    Savepoint(String),
+    /// Run to the end, restored from this savepoint.
+    Rollback(std::path::PathBuf),
+    /// Build the version that cannot restore the job's checkpoints.
+    Refused,
+}
+
+impl Mode {
+    pub(crate) fn parse(mode: &str) -> Mode {
+        if let Some(name) = mode.strip_prefix("savepoint=") {
+            return Mode::Savepoint(name.to_string());
+        }
+        if let Some(path) = mode.strip_prefix("rollback=") {
+            return Mode::Rollback(path.into());
+        }
+        match mode {
+            "refused" => Mode::Refused,
+            other => Mode::Run { stop: other == "stop" },
+        }
+    }
 }
 
 /// Set in the child's environment for runs paced slowly: the job reads
@@ -103,12 +164,16 @@ pub(crate) fn plan(seed: u64, run: Duration, checkpoints: u64) -> Vec<Run> {
     let len = 5 + rng.below(4) as usize;
     let ms = run.as_millis() as u64;
     let mut out: Vec<Run> = (0..len)
-        .map(|_| match rng.below(10) {
+        .map(|_| match rng.below(14) {
             0 => Run::End,
             // Anywhere from the first start to past the end of input.
             1..=3 => Run::KillAfter(Duration::from_millis(rng.below(ms * 3 / 2))),
             4 => Run::KillAtFirstCheckpoint,
             5 => Run::Stop,
+            6 => Run::Overlapped(Duration::from_millis(rng.below(500))),
+            7 => Run::Savepoint,
+            8 => Run::Rollback,
+            9 => Run::Refused,
             _ => {
                 let point = POINTS[rng.below(POINTS.len() as u64) as usize];
                 // How often a run reaches the point: the final checkpoint
@@ -138,10 +203,24 @@ pub(crate) fn plan(seed: u64, run: Duration, checkpoints: u64) -> Vec<Run> {
 /// `1..m` without a gap, each with a crash-free run's id; with
 /// `complete`, every id of `0..n`. Returns how many records there are.
 pub(crate) fn check(records: &[Count], n: u64, complete: bool) -> Result<usize, String> {
+    check_replayed(records, n, complete, None)
+}
+
+/// As [`check`], after a rollback to a savepoint whose source stood at
+/// `replayed_from`: the ids from there on may be committed again (each
+/// copy the record a crash-free run writes).
+pub(crate) fn check_replayed(
+    records: &[Count],
+    n: u64,
+    complete: bool,
+    replayed_from: Option<u64>,
+) -> Result<usize, String> {
     let mut by_id: BTreeMap<u64, &Count> = BTreeMap::new();
     let mut twice = Vec::new();
     for r in records {
-        if by_id.insert(r.id, r).is_some() {
+        if let Some(before) = by_id.insert(r.id, r)
+            && (replayed_from.is_none_or(|from| r.id < from) || before != r)
+        {
             twice.push(r.id);
         }
     }
@@ -188,9 +267,17 @@ fn newest(checkpoints: &Path) -> u64 {
 }
 
 /// Runs one life: `child` is the child process running the job (to the
-/// end, or in stop mode when `stop_mode` says so for `Run::Stop`), with
-/// the run's faults set. `log` keeps its standard error.
-pub(crate) fn live(mut child: Command, run: &Run, checkpoints: &Path, log: &Path, slow: Duration) -> Life {
+/// end, or in the mode the run asks for), with the run's faults set;
+/// `second` the same again, for a run that starts a second process on the
+/// job. `log` keeps its standard error.
+pub(crate) fn live(
+    mut child: Command,
+    second: Command,
+    run: &Run,
+    checkpoints: &Path,
+    log: &Path,
+    slow: Duration,
+) -> Life {
     match run {
         Run::Crash { point, nth, slow: slowed } => {
             child.env("WEIBO_CRASH_AT", format!("{point}#{nth}"));
@@ -198,10 +285,42 @@ pub(crate) fn live(mut child: Command, run: &Run, checkpoints: &Path, log: &Path
                 child.env("WEIBO_SLOW_AT", format!("pre-commit-before#{k}={}", slow.as_millis()));
             }
         }
-        Run::Stop | Run::KillAtFirstCheckpoint => {
+        Run::Stop | Run::KillAtFirstCheckpoint | Run::Savepoint => {
             child.env(SLOW, "1");
         }
-        Run::End | Run::KillAfter(_) => {}
+        Run::Overlapped(after) => {
+            let started = Instant::now();
+            let (mut child, mut second) = (child, second);
+            child.stdout(Stdio::null());
+            second.stdout(Stdio::null());
+            let ended = weibo_tests::run_two_apart(child, second, *after);
+            std::fs::write(log, format!("{}\n--- the second process:\n{}", ended[0].stderr, ended[1].stderr)).unwrap();
+            // Both ran, one after the other; or one ran and the other (the
+            // later to take the storage) was refused.
+            if !(ended[0].status.success() && ended[1].status.success()) {
+                weibo_tests::assert_exactly_one_ran(&ended);
+            }
+            return Life { success: true, complete: true, took: started.elapsed() };
+        }
+        Run::Refused => {
+            let started = Instant::now();
+            if weibo::checkpoint::complete_checkpoints(checkpoints).is_empty() {
+                // Nothing to restore, so nothing to refuse: no run.
+                return Life { success: false, complete: false, took: started.elapsed() };
+            }
+            let root = checkpoints.parent().unwrap();
+            let before = weibo_tests::snapshot_dir(root);
+            let out = child.output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            std::fs::write(log, &stderr).unwrap();
+            assert!(!out.status.success(), "a version that cannot restore the checkpoints ran: {}", tail(log));
+            assert!(stderr.contains("cannot restore into this job"), "refused otherwise: {}", tail(log));
+            if let Some(d) = weibo_tests::first_difference(&before, &weibo_tests::snapshot_dir(root)) {
+                panic!("a refused version changed what it must not: {d}");
+            }
+            return Life { success: false, complete: false, took: started.elapsed() };
+        }
+        Run::End | Run::KillAfter(_) | Run::Rollback => {}
     }
     let err = std::fs::File::create(log).unwrap();
     let mut process = child.stdout(Stdio::null()).stderr(err).spawn().unwrap();
@@ -249,10 +368,9 @@ pub(crate) fn tail(path: &Path) -> String {
 }
 
 /// This test binary as the child of a life: its `child` test, with
-/// `spec` (what the job needs) and the mode `run` asks for, `|end` or
-/// `|stop`, in `WEIBO_SCHEDULE_CHILD`.
-pub(crate) fn child_command(spec: &str, run: &Run) -> Command {
-    let mode = if matches!(run, Run::Stop) { "stop" } else { "end" };
+/// `spec` (what the job needs) and `mode` (see [`Run::mode`]) after a
+/// `|`, in `WEIBO_SCHEDULE_CHILD`.
+pub(crate) fn child_command(spec: &str, mode: &str) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
         .env("WEIBO_SCHEDULE_CHILD", format!("{spec}|{mode}"))
@@ -260,24 +378,39 @@ pub(crate) fn child_command(spec: &str, run: &Run) -> Command {
     cmd
 }
 
-/// In the child: runs `job` to the end, or, with `stop`, until it has
-/// completed a checkpoint of its own (or finished), then stops it.
-pub(crate) fn child_run(job: weibo::Job, stop: bool) {
+/// In the child: runs `job` as `mode` says (a refused version, built by
+/// the caller, runs too, and fails at its start); a `stop` run until it
+/// has completed a checkpoint of its own (or finished), then stops it; a
+/// `savepoint` run takes one at the same moment, then goes on to the end.
+pub(crate) fn child_run(job: weibo::Job, mode: &Mode) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .try_init();
     weibo::testing::block_on(async move {
         let handle = job.spawn().unwrap();
-        if !stop {
+        let (stop, savepoint) = match mode {
+            Mode::Run { stop } => (*stop, None),
+            Mode::Savepoint(name) => (false, Some(name.as_str())),
+            Mode::Rollback(_) | Mode::Refused => (false, None),
+        };
+        if stop || savepoint.is_some() {
+            let restored = handle.last_checkpoint();
+            while handle.last_checkpoint() == restored && !handle.is_finished() {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        if let Some(name) = savepoint
+            && let Err(e) = handle.savepoint(name).await
+        {
+            // The job finished first (a restart of a finished job).
+            eprintln!("no savepoint {name}: {e}");
+        }
+        if stop {
+            handle.stop().await.unwrap();
+        } else {
             handle.wait().await.unwrap();
-            return;
         }
-        let restored = handle.last_checkpoint();
-        while handle.last_checkpoint() == restored && !handle.is_finished() {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        handle.stop().await.unwrap();
     });
 }
 
@@ -296,7 +429,7 @@ pub(crate) fn run_schedules<D>(
     slow: Duration,
     seeds: std::ops::Range<u64>,
     mut fresh: impl FnMut() -> D,
-    mut command: impl FnMut(&D, &Run) -> Command,
+    mut command: impl FnMut(&D, &str) -> Command,
     mut checkpoint_dir: impl FnMut(&D) -> std::path::PathBuf,
     mut read: impl FnMut(&D) -> Vec<Count>,
 ) {
@@ -333,18 +466,60 @@ pub(crate) fn run_schedules<D>(
         vec![Run::Crash { point: "between-commits", nth: 2, slow: Some(2) }, Run::End],
         vec![Run::Crash { point: "after-final-manifest", nth: 1, slow: Some(2 * checkpoints) }, Run::End],
         vec![Run::Crash { point: "final-barrier", nth: 1, slow: None }, Run::End],
+        // A second process on the job while the first runs.
+        vec![Run::Overlapped(Duration::ZERO), Run::End],
+        vec![Run::Overlapped(run / 2), Run::End],
+        // A version that cannot restore the job's checkpoints, mid-way.
+        vec![Run::KillAfter(run / 2), Run::Refused, Run::End],
+        // A savepoint early, then a rollback to it after the job finished,
+        // and after it was killed mid-way.
+        vec![Run::Savepoint, Run::Rollback, Run::End],
+        vec![
+            Run::KillAfter(run / 3),
+            Run::Savepoint,
+            Run::KillAfter(run / 2),
+            Run::Rollback,
+            Run::Refused,
+            Run::Overlapped(run / 4),
+            Run::End,
+        ],
     ];
     let random = seeds.map(|seed| plan(seed, run, checkpoints));
     let logs = tempfile::tempdir().unwrap();
     for (s, runs) in fixed.into_iter().chain(random).enumerate() {
         let d = fresh();
         let mut done = Vec::new();
+        // Savepoints taken so far (the oldest first), and where the replayed
+        // range of the earliest rollback starts.
+        let mut savepoints: Vec<std::path::PathBuf> = Vec::new();
+        let mut replayed_from: Option<u64> = None;
         for (i, r) in runs.iter().enumerate() {
             let log = logs.path().join(format!("{s}-{i}.log"));
-            let life = live(command(&d, r), r, &checkpoint_dir(&d), &log, slow);
+            let checkpoints = checkpoint_dir(&d);
+            let from = savepoints.first().cloned();
+            let mode = r.mode(from.as_deref(), i);
+            let life = live(command(&d, &mode), command(&d, &mode), r, &checkpoints, &log, slow);
+            if matches!(r, Run::Savepoint) {
+                let taken = checkpoints.join("savepoints").join(format!("s{i}"));
+                if taken.join("MANIFEST").is_file() {
+                    savepoints.push(taken);
+                }
+            }
+            if let (Run::Rollback, Some(from)) = (r, &from) {
+                let manifest = weibo::checkpoint::read_manifest(from).unwrap();
+                let at = manifest.sources.iter().map(|p| p.position).min().unwrap_or(0);
+                replayed_from = Some(replayed_from.map_or(at, |f| f.min(at)));
+            }
             let out = read(&d);
-            done.push(format!("{r:?} ({:?}, {})", life.took, if life.success { "ok" } else { "killed" }));
-            if let Err(e) = check(&out, n, life.complete) {
+            let end = if life.success {
+                "ok"
+            } else if matches!(r, Run::Refused) {
+                "refused"
+            } else {
+                "killed"
+            };
+            done.push(format!("{r:?} ({:?}, {end})", life.took));
+            if let Err(e) = check_replayed(&out, n, life.complete, replayed_from) {
                 panic!(
                     "{name}, schedule {s}, after run {i}: {e}\nruns: {done:#?}\nlog of the last run:\n{}",
                     tail(&log)

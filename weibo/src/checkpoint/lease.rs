@@ -163,7 +163,7 @@ impl LocalLease {
                 std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
             match file.try_lock() {
                 Ok(()) => {}
-                Err(std::fs::TryLockError::WouldBlock) => return Ok(LockAttempt::HeldBy(read_holder(path))),
+                Err(std::fs::TryLockError::WouldBlock) => return Ok(LockAttempt::HeldBy(holder_of(path))),
                 Err(std::fs::TryLockError::Error(e)) => return Err(e),
             }
             if !same_file(&file, path)? {
@@ -171,8 +171,11 @@ impl LocalLease {
             }
             let mut before = String::new();
             file.read_to_string(&mut before)?;
-            let generation =
-                serde_json::from_str::<StorageHolder>(&before).map_or(0, |h| h.generation).saturating_add(1);
+            let generation = serde_json::from_str::<serde_json::Value>(&before)
+                .ok()
+                .and_then(|v| v.get("generation").and_then(serde_json::Value::as_u64))
+                .unwrap_or(0)
+                .saturating_add(1);
             let mut mine = holder.clone();
             mine.generation = generation;
             let json = serde_json::to_vec(&mine).map_err(io::Error::other)?;
@@ -186,10 +189,19 @@ impl LocalLease {
     }
 }
 
-/// The holder a lock file names (`None` when it cannot be read: being
-/// written, or not Weibo's).
-fn read_holder(path: &std::path::Path) -> Option<StorageHolder> {
-    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+/// The holder a locked lock file names. The holder writes itself in just
+/// after it locked the file (and a released lock names nobody, only the
+/// last generation): a file that names nobody is read again for a moment.
+/// `None` when it still names nobody (or is not Weibo's).
+fn holder_of(path: &std::path::Path) -> Option<StorageHolder> {
+    let read = || serde_json::from_slice::<StorageHolder>(&std::fs::read(path).ok()?).ok();
+    for _ in 0..40 {
+        if let Some(h) = read() {
+            return Some(h);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    None
 }
 
 /// Whether `file` is the file now at `path`.
@@ -207,6 +219,18 @@ fn same_file(file: &std::fs::File, path: &std::path::Path) -> io::Result<bool> {
 #[cfg(not(unix))]
 fn same_file(_file: &std::fs::File, path: &std::path::Path) -> io::Result<bool> {
     Ok(path.exists())
+}
+
+impl Drop for LocalLease {
+    /// The file keeps the generation, and no longer names this run: a run
+    /// that finds it locked by the next holder (in the moment before that
+    /// one writes itself in) reads it again rather than name this one.
+    fn drop(&mut self) {
+        use std::io::{Seek as _, Write as _};
+        if self.file.set_len(0).is_ok() && self.file.rewind().is_ok() {
+            let _ = write!(self.file, "{{\"generation\":{}}}", self.generation);
+        }
+    }
 }
 
 impl StorageLease for LocalLease {
