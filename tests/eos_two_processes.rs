@@ -34,7 +34,7 @@ const RATE: f64 = 4_000.0;
 
 /// Every 97th id is refused into the dead letters.
 fn refused(id: u64) -> bool {
-    id % 97 == 0
+    id.is_multiple_of(97)
 }
 
 /// The pipeline: a running count per key into one exactly-once sink, the

@@ -519,7 +519,7 @@ pub struct Ended {
 ///
 /// # Panics
 /// When a child cannot be started, or runs for two minutes.
-#[allow(clippy::unwrap_used, clippy::panic)]
+#[allow(clippy::unwrap_used, clippy::panic, clippy::zombie_processes)]
 pub fn run_two_apart(
     mut a: std::process::Command,
     mut b: std::process::Command,
@@ -558,7 +558,7 @@ pub fn run_two_apart(
 ///
 /// # Panics
 /// When both ran, or neither, or the refusal does not name the holder.
-#[allow(clippy::panic)]
+#[allow(clippy::panic, clippy::indexing_slicing)]
 pub fn assert_exactly_one_ran(ended: &[Ended; 2]) -> usize {
     let ran: Vec<usize> = (0..2).filter(|i| ended[*i].status.success()).collect();
     let [one] = ran.as_slice() else {

@@ -447,7 +447,7 @@ fn a_job_restored_from_a_savepoint_publishes_beside_what_s3_holds() {
             job = job.restore_from(s);
         }
         ids(&job, if savepoint.is_some() { None } else { Some(4_000.0) })
-            .map(|id| Count::of(id))
+            .map(Count::of)
             .sink_exactly_once(S3Sink::json_lines(out.clone()))
             .uid("out");
         job

@@ -212,7 +212,7 @@ impl TestJob {
     /// assert!(t.job().to_string().contains("`empty`"));
     /// ```
     pub fn new(name: &str) -> Self {
-        Self { job: Job::new(name) }
+        Self { job: Job::new(name).verifying_codecs() }
     }
 
     /// Changes the job's settings (`|job| job.with_max_key_groups(16)`).
@@ -434,7 +434,7 @@ impl<T: Clone + Send + 'static> Harness<T> {
     /// # Ok::<(), weibo::Error>(())
     /// ```
     pub fn new(name: &str) -> Self {
-        let job = Job::new(name).with_buffer_timeout(Duration::from_millis(1));
+        let job = Job::new(name).with_buffer_timeout(Duration::from_millis(1)).verifying_codecs();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let input = job.source(ManualSource { rx: Mutex::new(Some(rx)) });
         Self { job, input, tx, probes: Vec::new() }

@@ -47,6 +47,9 @@ pub(crate) struct OperatorContext<'a> {
     /// What the task running this instance reports of its time (a
     /// timestamps operator records the watermarks it generates there).
     pub(crate) task: &'a std::sync::Arc<crate::metrics::TaskCounters>,
+    /// Whether records on hash edges go through their codec (see
+    /// `JobConfig::verify_codecs`).
+    pub(crate) verify_codecs: bool,
 }
 
 impl OperatorContext<'_> {

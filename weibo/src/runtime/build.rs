@@ -104,6 +104,7 @@ impl Builder<'_> {
             outbox: &self.outbox,
             alignment: self.alignment.clone(),
             task: &self.task,
+            verify_codecs: self.config.verify_codecs,
         }
     }
 

@@ -44,6 +44,11 @@ pub(crate) struct JobConfig {
     /// How long a start waits for another run to release the checkpoint
     /// storage; `None`: it is refused at once.
     pub(crate) storage_wait: Option<Duration>,
+    /// Whether every value goes through its codec where bytes would be
+    /// needed beyond one process (`weibo::testing`'s jobs): records on
+    /// hash edges are encoded and decoded, and state kept in memory is
+    /// kept as bytes.
+    pub(crate) verify_codecs: bool,
 }
 
 impl Default for JobConfig {
@@ -62,6 +67,7 @@ impl Default for JobConfig {
             migrations: Vec::new(),
             commits: TwoPhaseCommits::default(),
             storage_wait: None,
+            verify_codecs: false,
         }
     }
 }

@@ -702,16 +702,10 @@ impl<T> TxnFileWriter<T> {
     }
 }
 
-impl<T: Serialize + Send> TransactionWriter<T> for TxnFileWriter<T> {
-    fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
-        for v in batch.drain() {
-            serde_json::to_writer(&mut self.buf, &v).map_err(|e| Error::Connector {
-                name: self.sink.dir.display().to_string(),
-                message: format!("cannot write a record as JSON: {e}"),
-                source: None,
-            })?;
-            self.buf.push(b'\n');
-        }
+impl<T> TxnFileWriter<T> {
+    /// Writes the buffered lines into the open part (opening one), and
+    /// closes it if that makes it full.
+    fn drain(&mut self) -> Result<()> {
         if self.buf.is_empty() {
             return Ok(());
         }
@@ -729,9 +723,31 @@ impl<T: Serialize + Send> TransactionWriter<T> for TxnFileWriter<T> {
         let full = roll_bytes.is_some_and(|max| part.bytes >= max);
         self.buf = buf;
         self.buf.clear();
-        if full {
-            self.close()?;
+        if full { self.close() } else { Ok(()) }
+    }
+}
+
+impl<T: Serialize + Send> TransactionWriter<T> for TxnFileWriter<T> {
+    fn write(&mut self, batch: &mut SinkBatch<'_, T>) -> Result<()> {
+        let open = self.current.as_ref().map_or(0, |p| p.bytes);
+        let mut room = self.sink.roll_bytes.map_or(u64::MAX, |max| max.saturating_sub(open));
+        for v in batch.drain() {
+            serde_json::to_writer(&mut self.buf, &v).map_err(|e| Error::Connector {
+                name: self.sink.dir.display().to_string(),
+                message: format!("cannot write a record as JSON: {e}"),
+                source: None,
+            })?;
+            self.buf.push(b'\n');
+            // A part full by size closes after the record that filled it.
+            if self.buf.len() as u64 >= room {
+                self.drain()?;
+                room = self
+                    .sink
+                    .roll_bytes
+                    .map_or(u64::MAX, |max| max.saturating_sub(self.current.as_ref().map_or(0, |p| p.bytes)));
+            }
         }
+        self.drain()?;
         self.close_if_old()
     }
 
@@ -754,5 +770,96 @@ impl<T: Serialize + Send> TransactionWriter<T> for TxnFileWriter<T> {
 
     fn flush(&mut self) -> Result<()> {
         self.close_if_old()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    fn sink(dir: &Path) -> TxnFileSink {
+        let s = TxnFileSink::json_lines(dir);
+        fs::create_dir_all(s.pending()).unwrap();
+        s
+    }
+
+    fn commit(s: &TxnFileSink, handle: &str) -> Result<()> {
+        <TxnFileSink as TwoPhaseCommitSink<u32>>::commit(s, handle)
+    }
+
+    fn restored(s: &TxnFileSink, handles: &[&str]) -> Result<()> {
+        let handles: Vec<String> = handles.iter().map(|h| (*h).to_string()).collect();
+        <TxnFileSink as TwoPhaseCommitSink<u32>>::commit_restored(s, &handles)
+    }
+
+    #[test]
+    fn handles_round_trip() {
+        let parts = parse_handle("part-0-1-ab-0.jsonl@12 ~part-0-1-ab-1.jsonl@7 part-0-00000000000000000003.jsonl");
+        assert_eq!(
+            parts,
+            vec![
+                PartEntry { name: "part-0-1-ab-0.jsonl".into(), bytes: Some(12), in_progress: false },
+                PartEntry { name: "part-0-1-ab-1.jsonl".into(), bytes: Some(7), in_progress: true },
+                PartEntry { name: "part-0-00000000000000000003.jsonl".into(), bytes: None, in_progress: false },
+            ]
+        );
+        assert_eq!(
+            parts.iter().map(PartEntry::encode).collect::<Vec<_>>().join(" "),
+            "part-0-1-ab-0.jsonl@12 ~part-0-1-ab-1.jsonl@7 part-0-00000000000000000003.jsonl"
+        );
+        assert!(parse_handle("").is_empty());
+        assert_eq!(TxnFileSink::epoch_of("part-3-00000000000000000007-ab12-4.jsonl"), Some(CheckpointId::new(7)));
+        assert_eq!(TxnFileSink::epoch_of("part-3-00000000000000000007.jsonl"), Some(CheckpointId::new(7)));
+    }
+
+    #[test]
+    fn a_commit_checks_the_length_and_never_replaces_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sink(dir.path());
+        fs::write(s.pending().join("part-0-1-ab-0.jsonl"), b"1\n2\n").unwrap();
+        // Shorter than recorded: refused, and left pending.
+        let err = commit(&s, "part-0-1-ab-0.jsonl@6").unwrap_err().to_string();
+        assert!(err.contains("holds 4 bytes") && err.contains("recorded 6"), "{err}");
+        assert!(s.pending().join("part-0-1-ab-0.jsonl").is_file());
+        // As recorded: committed; again: nothing to do.
+        commit(&s, "part-0-1-ab-0.jsonl@4").unwrap();
+        commit(&s, "part-0-1-ab-0.jsonl@4").unwrap();
+        assert_eq!(fs::read(dir.path().join("part-0-1-ab-0.jsonl")).unwrap(), b"1\n2\n");
+        assert!(!s.pending().join("part-0-1-ab-0.jsonl").exists());
+        // A name taken by another file: refused, the committed file kept.
+        fs::write(s.pending().join("part-0-1-ab-0.jsonl"), b"9\n9\n").unwrap();
+        let err = commit(&s, "part-0-1-ab-0.jsonl@4").unwrap_err().to_string();
+        assert!(err.contains("exists already") && err.contains("never replaced"), "{err}");
+        assert_eq!(fs::read(dir.path().join("part-0-1-ab-0.jsonl")).unwrap(), b"1\n2\n");
+        // Neither pending nor committed: an error naming it.
+        let err = commit(&s, "part-0-2-ab-1.jsonl@4").unwrap_err().to_string();
+        assert!(err.contains("is missing") && err.contains("part-0-2-ab-1.jsonl"), "{err}");
+        // An empty pending file where records were recorded.
+        fs::write(s.pending().join("part-0-3-ab-2.jsonl"), b"").unwrap();
+        assert!(commit(&s, "part-0-3-ab-2.jsonl@4").unwrap_err().to_string().contains("holds 0 bytes"));
+        // A crash between the link and the unlink: the commit finishes.
+        fs::write(s.pending().join("part-0-4-ab-3.jsonl"), b"7\n").unwrap();
+        fs::hard_link(s.pending().join("part-0-4-ab-3.jsonl"), dir.path().join("part-0-4-ab-3.jsonl")).unwrap();
+        commit(&s, "part-0-4-ab-3.jsonl@2").unwrap();
+        assert!(!s.pending().join("part-0-4-ab-3.jsonl").exists());
+    }
+
+    #[test]
+    fn a_part_in_progress_waits_and_is_cut_to_its_checkpoint_on_restore() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sink(dir.path());
+        // Checkpoint 1 recorded 2 bytes of the open part; then more came.
+        fs::write(s.pending().join("part-0-1-ab-0.jsonl"), b"1\n2\n3\n").unwrap();
+        commit(&s, "~part-0-1-ab-0.jsonl@2").unwrap();
+        assert!(!dir.path().join("part-0-1-ab-0.jsonl").exists(), "still being written: not committed");
+        // A carried older handle and the newest: the newest wins.
+        restored(&s, &["~part-0-1-ab-0.jsonl@2", "~part-0-1-ab-0.jsonl@4"]).unwrap();
+        assert_eq!(fs::read(dir.path().join("part-0-1-ab-0.jsonl")).unwrap(), b"1\n2\n");
+        // Restored again (a crash after the restore's commit): done already.
+        restored(&s, &["~part-0-1-ab-0.jsonl@4"]).unwrap();
+        // Shorter than its checkpoint recorded: refused.
+        fs::write(s.pending().join("part-0-2-ab-1.jsonl"), b"1\n").unwrap();
+        assert!(restored(&s, &["~part-0-2-ab-1.jsonl@4"]).unwrap_err().to_string().contains("holds 2 bytes"));
     }
 }

@@ -307,6 +307,22 @@ impl Job {
         self
     }
 
+    /// Sends every value through its codec where bytes would be needed:
+    /// records on hash edges are encoded and decoded, and state the
+    /// in-memory backend would keep as objects is kept as bytes (every
+    /// write encoded, every read decoded). What `weibo::testing` runs its
+    /// jobs with, so that a unit test finds a value its codec cannot read
+    /// back.
+    #[must_use]
+    pub(crate) fn verifying_codecs(self) -> Self {
+        self.configure(|c| {
+            c.verify_codecs = true;
+            if c.state.keeps_objects() {
+                c.state = Arc::new(crate::state::EncodedMemoryBackend);
+            }
+        })
+    }
+
     /// Lets a start wait up to `timeout` for another run to release the
     /// job's checkpoint storage, instead of being refused at once.
     ///

@@ -944,7 +944,8 @@ where
             routes,
             limits,
             key_buf: Vec::with_capacity(32),
-            encode: false,
+            // `weibo::testing`: every record crosses its edge as bytes.
+            encode: ctx.verify_codecs,
             typed: Vec::new(),
             alignment: ctx.alignment.clone(),
             watermark: crate::record::NO_TIMESTAMP,
