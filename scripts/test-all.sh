@@ -61,6 +61,10 @@ command -v moto_server
 step "the library without its optional features"
 cargo check --locked -q -p weibo --no-default-features
 
+step "fault injection is off without its feature"
+# Built for weibo alone, without the feature the workspace's tests turn on.
+cargo test --locked -q -p weibo --lib checkpoint::faults
+
 step "tests"
 cargo test --workspace --locked
 

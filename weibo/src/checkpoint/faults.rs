@@ -142,3 +142,34 @@ mod tests {
         assert!(parse("x", true).is_none(), "a sleep needs one");
     }
 }
+
+/// Without the feature, the variables are never read: a process that has
+/// them set goes through every point. (Run with `cargo test -p weibo --lib`,
+/// which builds `weibo` without it; the workspace's tests turn it on.)
+#[cfg(all(test, not(feature = "fault-injection")))]
+#[allow(clippy::unwrap_used)]
+mod off {
+    /// In the child: reaches a point its environment names.
+    #[test]
+    fn child_reaches_a_named_point() {
+        if std::env::var("WEIBO_FAULTS_CHILD").is_err() {
+            return;
+        }
+        super::point("after-manifest");
+        super::point("after-manifest");
+    }
+
+    #[test]
+    fn the_variables_do_nothing_without_the_feature() {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "checkpoint::faults::off::child_reaches_a_named_point", "--test-threads=1"])
+            .env("WEIBO_FAULTS_CHILD", "1")
+            .env("WEIBO_CRASH_AT", "after-manifest")
+            .env("WEIBO_SLOW_AT", "after-manifest#2=60000")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "a point named in WEIBO_CRASH_AT aborted a build without fault injection: {status}");
+    }
+}
