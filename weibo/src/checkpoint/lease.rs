@@ -157,17 +157,31 @@ impl LocalLease {
     pub(crate) fn try_take(path: &std::path::Path, holder: &StorageHolder) -> io::Result<LockAttempt> {
         use std::io::{Read as _, Seek as _, Write as _};
         // A `LOCK` replaced between opening and locking it (deleted by
-        // hand) is opened again.
-        for _ in 0..3 {
+        // hand) is opened again. A lock held by a run that does not name
+        // itself in the file (it is writing itself in, or letting go) is
+        // tried again for a moment.
+        let mut replaced = 0;
+        for attempt in 0.. {
             let mut file =
                 std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
             match file.try_lock() {
                 Ok(()) => {}
-                Err(std::fs::TryLockError::WouldBlock) => return Ok(LockAttempt::HeldBy(holder_of(path))),
+                Err(std::fs::TryLockError::WouldBlock) => match read_holder(path) {
+                    Some(h) => return Ok(LockAttempt::HeldBy(Some(h))),
+                    None if attempt < UNNAMED_TRIES => {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                        continue;
+                    }
+                    None => return Ok(LockAttempt::HeldBy(None)),
+                },
                 Err(std::fs::TryLockError::Error(e)) => return Err(e),
             }
             if !same_file(&file, path)? {
-                continue;
+                replaced += 1;
+                if replaced < 3 {
+                    continue;
+                }
+                break;
             }
             let mut before = String::new();
             file.read_to_string(&mut before)?;
@@ -189,19 +203,15 @@ impl LocalLease {
     }
 }
 
-/// The holder a locked lock file names. The holder writes itself in just
-/// after it locked the file (and a released lock names nobody, only the
-/// last generation): a file that names nobody is read again for a moment.
-/// `None` when it still names nobody (or is not Weibo's).
-fn holder_of(path: &std::path::Path) -> Option<StorageHolder> {
-    let read = || serde_json::from_slice::<StorageHolder>(&std::fs::read(path).ok()?).ok();
-    for _ in 0..40 {
-        if let Some(h) = read() {
-            return Some(h);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    None
+/// How often (5 ms apart) a lock held by a run that does not name itself
+/// is tried again: the holder writes itself in just after it locked the
+/// file, and one letting go leaves only the last generation in it.
+const UNNAMED_TRIES: u32 = 40;
+
+/// The holder a lock file names (`None` when it names nobody, or is not
+/// Weibo's).
+fn read_holder(path: &std::path::Path) -> Option<StorageHolder> {
+    serde_json::from_slice::<StorageHolder>(&std::fs::read(path).ok()?).ok()
 }
 
 /// Whether `file` is the file now at `path`.
