@@ -56,20 +56,7 @@ fn job(input: &str, output: &str, dir: &Path, mode: &Mode) -> Job {
         }
         Count { key: r.value % KEYS, id: r.value, count: 1 }
     });
-    let counts = if matches!(mode, Mode::Refused) {
-        counts.key_by(|c: &Count| c.key.to_string()).with_partitions(2).reduce(|acc, c| Count {
-            key: c.key,
-            id: c.id,
-            count: acc.count + 1,
-        })
-    } else {
-        counts.key_by(|c: &Count| c.key).with_partitions(2).reduce(|acc, c| Count {
-            key: c.key,
-            id: c.id,
-            count: acc.count + 1,
-        })
-    };
-    counts
+    schedule::running_counts(counts, mode)
         .name("counts")
         // The source went into the job already: its offsets by its name.
         .sink_exactly_once(

@@ -120,6 +120,18 @@ pub(crate) enum Mode {
     Refused,
 }
 
+/// The running count per key of `counts`, as `mode` asks for it: keyed
+/// by the key (`u64`), or, for a refused version, by its text (another
+/// key type, which cannot restore the job's checkpoints).
+pub(crate) fn running_counts(counts: weibo::Stream<Count>, mode: &Mode) -> weibo::Stream<Count> {
+    let reduce = |acc: Count, c: Count| Count { key: c.key, id: c.id, count: acc.count + 1 };
+    if matches!(mode, Mode::Refused) {
+        counts.key_by(|c: &Count| c.key.to_string()).with_partitions(2).reduce(reduce)
+    } else {
+        counts.key_by(|c: &Count| c.key).with_partitions(2).reduce(reduce)
+    }
+}
+
 impl Mode {
     pub(crate) fn parse(mode: &str) -> Mode {
         if let Some(name) = mode.strip_prefix("savepoint=") {

@@ -74,23 +74,8 @@ fn ids(job: &Job, rate: Option<f64>) -> Stream<u64> {
 /// Version 1: a count per key (uid `totals`, state version 2) written
 /// exactly once (uid `out`), checkpointed into `root/checkpoints`.
 fn version_1(root: &Path, rate: Option<f64>) -> Job {
-    let job = Job::new("upgrades")
-        .with_checkpoints(root.join("checkpoints"), Duration::from_millis(100))
-        .with_max_key_groups(16);
-    ids(&job, rate)
-        .key_by(|id: &u64| id % KEYS)
-        .fold(
-            || Acc { n: 0, last: 0 },
-            |a, id| {
-                a.n += 1;
-                a.last = id;
-            },
-        )
-        .uid("totals")
-        .state_version(2)
-        .map(|(key, a): (u64, Acc)| Count { key, id: a.last, count: a.n })
-        .sink_exactly_once(TxnFileSink::json_lines(root.join("out")))
-        .uid("out");
+    let job = checkpointed(root);
+    out_sink(counted(totals(&job, rate)), root);
     job
 }
 
@@ -115,6 +100,26 @@ fn checkpointed(root: &Path) -> Job {
 
 fn out_sink(s: Stream<Count>, root: &Path) {
     s.sink_exactly_once(TxnFileSink::json_lines(root.join("out"))).uid("out");
+}
+
+/// Version 1's keyed count (uid `totals`, state version 2) over `job`'s ids.
+fn totals(job: &Job, rate: Option<f64>) -> Stream<(u64, Acc)> {
+    ids(job, rate)
+        .key_by(|id: &u64| id % KEYS)
+        .fold(
+            || Acc { n: 0, last: 0 },
+            |a, id| {
+                a.n += 1;
+                a.last = id;
+            },
+        )
+        .uid("totals")
+        .state_version(2)
+}
+
+/// Version 1's output from its counts.
+fn counted(totals: Stream<(u64, Acc)>) -> Stream<Count> {
+    totals.map(|(key, a): (u64, Acc)| Count { key, id: a.last, count: a.n })
 }
 
 fn refusals() -> Vec<Refusal> {
@@ -194,12 +199,7 @@ fn refusals() -> Vec<Refusal> {
                 let job = Job::new("upgrades")
                     .with_checkpoints(root.join("checkpoints"), Duration::from_millis(100))
                     .with_max_key_groups(32);
-                let totals = ids(&job, None)
-                    .key_by(|id: &u64| id % KEYS)
-                    .fold(|| Acc { n: 0, last: 0 }, |a, id| a.last = id)
-                    .uid("totals")
-                    .state_version(2);
-                out_sink(totals.map(|(key, a): (u64, Acc)| Count { key, id: a.last, count: a.n }), root);
+                out_sink(counted(totals(&job, None)), root);
                 job
             },
         },
@@ -208,12 +208,7 @@ fn refusals() -> Vec<Refusal> {
             says: "pending commits of exactly-once sink `out`",
             build: |root| {
                 let job = checkpointed(root);
-                ids(&job, None)
-                    .key_by(|id: &u64| id % KEYS)
-                    .fold(|| Acc { n: 0, last: 0 }, |a, id| a.last = id)
-                    .uid("totals")
-                    .state_version(2)
-                    .sink(Blackhole::new());
+                totals(&job, None).sink(Blackhole::new());
                 job
             },
         },
@@ -376,20 +371,7 @@ fn restored(root: &Path, checkpoints: &Path, savepoint: &Path) -> Job {
         .with_checkpoints(checkpoints, Duration::from_millis(100))
         .with_max_key_groups(16)
         .restore_from(savepoint);
-    ids(&job, None)
-        .key_by(|id: &u64| id % KEYS)
-        .fold(
-            || Acc { n: 0, last: 0 },
-            |a, id| {
-                a.n += 1;
-                a.last = id;
-            },
-        )
-        .uid("totals")
-        .state_version(2)
-        .map(|(key, a): (u64, Acc)| Count { key, id: a.last, count: a.n })
-        .sink_exactly_once(TxnFileSink::json_lines(root.join("out")))
-        .uid("out");
+    out_sink(counted(totals(&job, None)), root);
     job
 }
 
