@@ -192,3 +192,21 @@ async fn a_plain_sink_gets_no_barrier_after_its_finish() {
     job.run().await.unwrap();
     assert_eq!(sink.written.load(Ordering::Relaxed), 500);
 }
+
+/// A run that cannot tell, after a checkpoint's manifest, whether it still
+/// holds its storage (the storage cannot be asked) keeps the checkpoint
+/// and commits its output with a later one: with the final checkpoint's,
+/// nothing lost and nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_a_run_cannot_clear_with_its_lease_wait_for_a_later_checkpoint() {
+    let storage = Flaky::default();
+    // Every check after a manifest cannot tell; every other one can.
+    storage.uncertain_lease.store(true, Ordering::SeqCst);
+    let out = tempfile::tempdir().unwrap();
+    counting_job(storage.clone(), out.path(), 10_000.0).run().await.unwrap();
+    assert_eq!(committed(out.path()).len(), 2_000, "every record once");
+    let checkpoints = weibo::checkpoint::complete_checkpoints_in(&storage.inner, "").unwrap();
+    assert!(checkpoints.len() > 1, "checkpoints completed: {checkpoints:?}");
+    let pending = std::fs::read_dir(out.path().join(".pending")).unwrap().count();
+    assert_eq!(pending, 0, "nothing left pending");
+}

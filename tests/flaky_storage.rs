@@ -15,6 +15,31 @@ pub(crate) struct Flaky {
     pub(crate) failing_puts: std::sync::Arc<std::sync::atomic::AtomicBool>,
     pub(crate) refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
     pub(crate) slow_puts_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// While set, every other check of a run's lease cannot tell (the
+    /// storage cannot be asked): the second check of each checkpoint, the
+    /// one after its manifest.
+    pub(crate) uncertain_lease: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A lease whose checks fail as [`Flaky::uncertain_lease`] says.
+#[derive(Debug)]
+struct FlakyLease {
+    inner: Box<dyn weibo::checkpoint::StorageLease>,
+    uncertain: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    checks: std::sync::atomic::AtomicU64,
+}
+
+impl weibo::checkpoint::StorageLease for FlakyLease {
+    fn generation(&self) -> u64 {
+        self.inner.generation()
+    }
+    fn check(&self) -> Result<(), weibo::checkpoint::LeaseError> {
+        let n = self.checks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.uncertain.load(std::sync::atomic::Ordering::SeqCst) && n % 2 == 1 {
+            return Err(weibo::checkpoint::LeaseError::Unavailable(std::io::Error::other("injected: cannot tell")));
+        }
+        self.inner.check()
+    }
 }
 
 impl Flaky {
@@ -65,6 +90,15 @@ impl weibo::checkpoint::CheckpointStorage for Flaky {
         self.inner.delete(name)
     }
     fn try_lock(&self, holder: &weibo::checkpoint::StorageHolder) -> std::io::Result<weibo::checkpoint::LockAttempt> {
-        self.inner.try_lock(holder)
+        Ok(match self.inner.try_lock(holder)? {
+            weibo::checkpoint::LockAttempt::Acquired(inner) => {
+                weibo::checkpoint::LockAttempt::Acquired(Box::new(FlakyLease {
+                    inner,
+                    uncertain: self.uncertain_lease.clone(),
+                    checks: std::sync::atomic::AtomicU64::new(0),
+                }))
+            }
+            held => held,
+        })
     }
 }

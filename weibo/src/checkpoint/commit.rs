@@ -242,6 +242,11 @@ impl TwoPhaseCommits {
         count
     }
 
+    /// Whether commits of complete checkpoints are still owed.
+    pub(crate) fn owes(&self) -> bool {
+        !self.uncommitted.is_empty()
+    }
+
     /// After the final checkpoint: commits that failed with it are tried
     /// a few more times (there is no later checkpoint to carry them).
     /// Returns the first still owed, how many are, and the last error.

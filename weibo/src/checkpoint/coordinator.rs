@@ -415,6 +415,12 @@ impl Coordinator {
     /// if they still fail, the job fails, and its next start commits them
     /// (they are in the final checkpoint's manifest).
     async fn commit_leftovers(&mut self, n: CheckpointId) -> Result<()> {
+        if self.commits.owes()
+            && let Err(Completion::Fenced(e) | Completion::Failed(e)) = self.check_lease()
+        {
+            // Owed commits wait for the job's next start.
+            return Err(e);
+        }
         match self.commits.retry_leftovers().await {
             None => Ok(()),
             Some((entry, owed, why)) => Err(Error::Checkpoint {
@@ -449,9 +455,7 @@ impl Coordinator {
             super::LeaseError::Lost(why) => Completion::Fenced(super::fenced(&*self.config.storage, why)),
             other => Completion::Failed(Error::Checkpoint {
                 path: self.config.storage.locate(""),
-                message: "cannot tell whether this run still holds its checkpoint storage: the checkpoint is not \
-                          completed"
-                    .into(),
+                message: "the checkpoint is not completed".into(),
                 source: Some(other.into()),
             }),
         })
@@ -552,8 +556,17 @@ impl Coordinator {
         self.previous = Some(manifest);
         // Complete, but a run that lost its storage meanwhile commits
         // nothing: the run that took it commits the manifest's handles
-        // when it restores this checkpoint.
-        self.check_lease()?;
+        // when it restores this checkpoint. A run that cannot tell now
+        // commits them with the next checkpoint, which asks again.
+        match self.check_lease() {
+            Ok(()) => {}
+            Err(Completion::Failed(e)) => {
+                tracing::warn!(job = %self.job, checkpoint = n.get(), error = %e, "checkpoint complete; its commits wait for the next checkpoint");
+                self.commits.keep(commits);
+                return Ok(());
+            }
+            Err(fenced) => return Err(fenced),
+        }
         // The checkpoint is complete: now the sinks may show its records.
         // Commits wait on external systems: off the runtime's workers.
         crate::task::blocking(|| {
