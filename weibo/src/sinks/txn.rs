@@ -319,8 +319,7 @@ impl fmt::Debug for TxnFileSink {
     }
 }
 
-/// How long a part that spans checkpoints stays open when neither a size
-/// nor an age is set.
+/// How long a part that spans checkpoints stays open unless an age is set.
 const DEFAULT_SPANNING_INTERVAL: Duration = Duration::from_secs(60);
 
 impl TxnFileSink {
@@ -358,9 +357,9 @@ impl TxnFileSink {
     }
 
     /// Keeps a part open across checkpoints until [`roll_bytes`] or
-    /// [`roll_interval`] closes it (60 s of age when neither is set), as
-    /// an in-progress file: see the [type's notes](Self). Its records
-    /// become visible at the first checkpoint after it closes.
+    /// [`roll_interval`] closes it (an age of 60 s unless `roll_interval`
+    /// is set), as an in-progress file: see the [type's notes](Self). Its
+    /// records become visible at the first checkpoint after it closes.
     ///
     /// [`roll_bytes`]: Self::roll_bytes
     /// [`roll_interval`]: Self::roll_interval
@@ -560,9 +559,11 @@ impl<T: Serialize + Send + 'static> TwoPhaseCommitSink<T> for TxnFileSink {
     fn open(&self, instance: usize, _parallelism: usize, epoch: CheckpointId) -> Result<Box<dyn TransactionWriter<T>>> {
         let pending = self.pending();
         fs::create_dir_all(&pending).map_err(self.io("cannot create output directory", &pending))?;
-        let roll_interval = match (self.span_checkpoints, self.roll_bytes, self.roll_interval) {
-            (true, None, None) => Some(DEFAULT_SPANNING_INTERVAL),
-            (_, _, interval) => interval,
+        // A part that spans checkpoints closes by age at the latest, or a
+        // quiet stream would keep its records invisible for ever.
+        let roll_interval = match (self.span_checkpoints, self.roll_interval) {
+            (true, None) => Some(DEFAULT_SPANNING_INTERVAL),
+            (_, interval) => interval,
         };
         Ok(Box::new(TxnFileWriter {
             sink: self.clone(),
