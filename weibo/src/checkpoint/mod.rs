@@ -19,6 +19,7 @@
 //! chk-00000000000000000007/MANIFEST   JSON: operators, positions, state files, commits
 //! shared/<operator>-<instance>-<state>-<checkpoint>-<run>.state
 //! savepoints/<name>/                 a manifest and copies of its state files
+//! LOCK                               the run that owns the storage (see `lease`)
 //! ```
 //!
 //! State files are shared between checkpoints: value state is written

@@ -17,6 +17,12 @@
 //! There is no rename and no append: a state file carries its length and
 //! checksum in a trailer, so it is written front to back in one pass.
 //!
+//! One object is not written once: the lock (`LOCK`) through which a run
+//! owns the storage ([`CheckpointStorage::try_lock`], see
+//! [`lease`](super::lease)). Each storage writes it its own way (a file
+//! locked by the operating system, an object written with conditional
+//! puts), never through `create` or `put`.
+//!
 //! Two storages come with Weibo: [`LocalDir`], a directory (what
 //! [`Job::with_checkpoints`](crate::Job::with_checkpoints) uses), and
 //! [`MemoryStorage`], in memory, for tests and for jobs whose sink keeps
