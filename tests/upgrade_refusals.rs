@@ -339,23 +339,29 @@ fn every_refused_restore_leaves_the_storage_and_the_pending_output_as_they_were(
     assert_eq!(finals(&records), expected_finals());
 }
 
-/// Version 1 runs, takes a savepoint, and commits more after it; then a
-/// job restored from the savepoint runs to the end, into `checkpoints`.
-/// Returns version 1's committed files (name and bytes) and the id the
-/// savepoint's source position stands at.
-fn committed_after_a_savepoint(root: &Path) -> (BTreeMap<String, Vec<u8>>, PathBuf, u64) {
-    let (savepoint, _) = weibo::testing::block_on(async {
-        let handle = version_1(root, Some(4_000.0)).spawn().unwrap();
+/// Runs `job`, takes savepoint `v1` after 300 ms, lets three more
+/// checkpoints commit output after it, and stops the job; returns the
+/// savepoint.
+fn savepoint_then_more(job: Job) -> PathBuf {
+    weibo::testing::block_on(async {
+        let handle = job.spawn().unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
         let savepoint = handle.savepoint("v1").await.unwrap();
-        // Later checkpoints commit more output.
         let at = handle.last_checkpoint().unwrap().get();
         while handle.last_checkpoint().unwrap().get() < at + 3 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         handle.cancel().await.unwrap();
-        (savepoint, at)
-    });
+        savepoint
+    })
+}
+
+/// Version 1 runs, takes a savepoint, and commits more after it; then a
+/// job restored from the savepoint runs to the end, into `checkpoints`.
+/// Returns version 1's committed files (name and bytes) and the id the
+/// savepoint's source position stands at.
+fn committed_after_a_savepoint(root: &Path) -> (BTreeMap<String, Vec<u8>>, PathBuf, u64) {
+    let savepoint = savepoint_then_more(version_1(root, Some(4_000.0)));
     let manifest = weibo::checkpoint::read_manifest(&savepoint).unwrap();
     let position = manifest.sources.iter().find(|s| s.source == "ids").unwrap().position;
     let files = weibo_tests::snapshot_dir(&root.join("out"));
@@ -434,17 +440,7 @@ fn a_job_restored_from_a_savepoint_publishes_beside_what_s3_holds() {
             .uid("out");
         job
     };
-    let savepoint = weibo::testing::block_on(async {
-        let handle = job(None).spawn().unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let savepoint = handle.savepoint("v1").await.unwrap();
-        let at = handle.last_checkpoint().unwrap().get();
-        while handle.last_checkpoint().unwrap().get() < at + 3 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        handle.cancel().await.unwrap();
-        savepoint
-    });
+    let savepoint = savepoint_then_more(job(None));
     let read = |name: &str| {
         let mut bytes = Vec::new();
         out.open(name).unwrap().read_to_end(&mut bytes).unwrap();
