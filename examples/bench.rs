@@ -461,6 +461,57 @@ fn usage() -> ! {
     std::process::exit(2)
 }
 
+/// Loads the admin API at `addr` from a thread of its own until the
+/// process ends: 2,000 connections kept open (silent, or with half a
+/// request head; reopened as the server closes them), and with `flood`
+/// four clients requesting `/api/metrics` and posting unauthenticated
+/// bodies back to back.
+fn admin_load(addr: std::net::SocketAddr, flood: bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let spawned = std::thread::Builder::new().name("admin-load".into()).spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+        rt.block_on(async move {
+            for i in 0..2_000u32 {
+                tokio::spawn(async move {
+                    loop {
+                        let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        };
+                        if i % 2 == 1 {
+                            let _ = s.write_all(b"GET /api/job HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ").await;
+                        }
+                        let mut sink = [0u8; 256];
+                        while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+                    }
+                });
+            }
+            for c in 0..if flood { 4 } else { 0 } {
+                tokio::spawn(async move {
+                    loop {
+                        let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else { continue };
+                        let request = if c % 2 == 0 {
+                            format!("GET /api/metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                        } else {
+                            format!(
+                                "POST /api/stop HTTP/1.1\r\nHost: {addr}\r\nContent-Type: text/plain\r\n\
+                                 Content-Length: 2\r\nConnection: close\r\n\r\n[]"
+                            )
+                        };
+                        let mut response = Vec::new();
+                        let _ = s.write_all(request.as_bytes()).await;
+                        let _ = s.read_to_end(&mut response).await;
+                    }
+                });
+            }
+            std::future::pending::<()>().await;
+        });
+    });
+    if let Err(e) = spawned {
+        eprintln!("cannot start the admin load: {e}");
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let workload = args.get(1).cloned().unwrap_or_else(|| usage());
@@ -547,12 +598,20 @@ fn main() {
     // Prometheus endpoint that often while the job runs (what the cost of
     // metrics is measured with).
     let scrape = std::env::var("WEIBO_SCRAPE_MS").ok().and_then(|v| v.parse::<u64>().ok());
-    if scrape.is_some() {
+    // `WEIBO_ADMIN_LOAD=idle|flood` serves the admin API and, from a thread
+    // of its own, holds 2,000 idle and half-sent connections on it (`idle`)
+    // or also sends it requests as fast as it answers (`flood`): what an
+    // attack on the API costs the job.
+    let load = std::env::var("WEIBO_ADMIN_LOAD").ok();
+    if scrape.is_some() || load.is_some() {
         job = job.with_admin("127.0.0.1:0");
     }
     let started = Instant::now();
     let result = runtime.block_on(async {
         let handle = job.spawn()?;
+        if let (Some(load), Some(addr)) = (&load, handle.admin_addr()) {
+            admin_load(addr, load == "flood");
+        }
         if let (Some(ms), Some(addr)) = (scrape, handle.admin_addr()) {
             tokio::spawn(async move {
                 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -8,9 +8,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use weibo::Job;
 use weibo::sinks::CollectSink;
 use weibo::sources::Generator;
+use weibo::{AdminOptions, Job};
 use weibo_examples::{Order, Totals, order};
 
 /// One HTTP/1.1 request (what `curl` does); returns the status and body.
@@ -27,6 +27,19 @@ async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> Result<
     let status = head.split(' ').nth(1).ok_or("no status")?.parse()?;
     Ok((status, body.to_string()))
 }
+
+// ANCHOR: options
+/// A job's admin API for other machines: on every address, over HTTPS,
+/// with a token (from a secret), answering for the name clients use.
+fn reachable(job: Job, token: String) -> Job {
+    job.with_admin_options(
+        AdminOptions::new("0.0.0.0:8443")
+            .with_token(token)
+            .with_allowed_host("orders.internal.example.com")
+            .with_tls("/etc/weibo/admin.crt", "/etc/weibo/admin.key"),
+    )
+}
+// ANCHOR_END: options
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
@@ -73,5 +86,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     assert!(dir.join("checkpoints/savepoints/before-upgrade/MANIFEST").is_file());
     handle.cancel().await?;
     std::fs::remove_dir_all(&dir)?;
+    // The options are read when a job starts: this one is not started
+    // (its certificate is not on this machine).
+    drop(reachable(Job::new("orders-reachable"), std::env::var("WEIBO_ADMIN_TOKEN").unwrap_or_default()));
     Ok(())
 }

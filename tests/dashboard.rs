@@ -119,6 +119,26 @@ const OPERATORS: [&str; 10] = [
     "totals",
 ];
 
+/// The edge labels of the graph that are not fully visible: outside the
+/// picture, overlapping an operator's box, or under something.
+const LABELS_HIDDEN: &str = r"(() => {
+  const picture = document.querySelector('#graph svg').getBoundingClientRect();
+  const boxes = [...document.querySelectorAll('#graph g.node rect')].map((r) => r.getBoundingClientRect());
+  const hidden = [];
+  for (const label of document.querySelectorAll('#graph text.edge-label')) {
+    const b = label.getBoundingClientRect();
+    const inside = b.left >= picture.left - 0.5 && b.right <= picture.right + 0.5 && b.top >= picture.top - 0.5 && b.bottom <= picture.bottom + 0.5;
+    const over = boxes.some((r) => b.left < r.right && b.right > r.left && b.top < r.bottom && b.bottom > r.top);
+    const onTop = [...label.querySelectorAll('tspan')].every((line) => {
+      const l = line.getBoundingClientRect();
+      const top = document.elementFromPoint((l.left + l.right) / 2, (l.top + l.bottom) / 2);
+      return top !== null && (top === label || label.contains(top));
+    });
+    if (!inside || over || !onTop) hidden.push(label.textContent);
+  }
+  return hidden;
+})()";
+
 async fn text(page: &mut Page, selector: &str) -> String {
     let js = format!("(document.querySelector({selector:?}) || {{}}).textContent || ''");
     page.eval(&js).await.as_str().unwrap_or_default().to_string()
@@ -162,9 +182,11 @@ async fn the_dashboard_shows_a_running_job_and_takes_a_savepoint() {
         .name("per account")
         .key_by(|r: &(u32, u64)| r.0 % 64)
         .process(weibo::on_error::Fail, move |ctx: &mut KeyedContext<'_, u32, u64, u64>, r: &(u32, u64)| {
-            // A little slow, so its input edge shows some backpressure.
-            if slowly.load(Ordering::Relaxed) && r.0.is_multiple_of(50) {
-                std::thread::sleep(Duration::from_micros(300));
+            // Slow (a second's window results, some 500 a second, take
+            // about half a second), so its input edge is blocked part of
+            // the time and says so.
+            if slowly.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_micros(1_000));
             }
             let total = ctx.state().get_or_insert(0);
             *total += r.1;
@@ -224,6 +246,16 @@ async fn the_dashboard_shows_a_running_job_and_takes_a_savepoint() {
     let edges = page.eval("document.querySelectorAll('#graph path.edge').length").await;
     assert_eq!(edges, 9, "edges drawn (ten operators, one branch)");
     until(&mut page, "edge rates", "document.querySelectorAll('#graph text.edge-label').length >= 5").await;
+    // Every edge label fully visible: inside the picture, over no box, on
+    // top; the backpressured edge's longer one too.
+    until(
+        &mut page,
+        "a blocked share",
+        "[...document.querySelectorAll('#graph text.edge-label')].some(t => /blocked/.test(t.textContent))",
+    )
+    .await;
+    let hidden = page.eval(LABELS_HIDDEN).await;
+    assert_eq!(hidden, Value::Array(Vec::new()), "edge labels hidden or cut off");
 
     // Watermark lag: event time is the wall clock here.
     until(
@@ -303,6 +335,8 @@ async fn the_dashboard_shows_a_running_job_and_takes_a_savepoint() {
     page.navigate(&format!("http://{addr}/dashboard")).await;
     until(&mut page, "the token prompt", "!document.getElementById('login').hidden").await;
     assert_eq!(page.eval("document.querySelectorAll('#operators tbody tr').length").await, 0);
+    assert_eq!(text(&mut page, "#job-state").await, "needs token");
+    assert_eq!(page.eval("document.getElementById('savepoint-button').disabled").await, Value::Bool(true));
 
     slow.store(false, Ordering::Relaxed);
     handle.cancel().await.unwrap();

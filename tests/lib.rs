@@ -65,17 +65,55 @@ pub async fn http(
     token: Option<&str>,
     body: Option<&str>,
 ) -> (u16, String) {
+    let host = addr.to_string();
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("Host", host.as_str()), ("Content-Type", "application/json")];
+    if let Some(b) = &bearer {
+        headers.push(("Authorization", b.as_str()));
+    }
+    http_request(addr, method, path, &headers, body.unwrap_or("").as_bytes()).await
+}
+
+/// One HTTP/1.1 exchange over loopback with exactly these `headers` (no
+/// `Host` unless given) and `body` (with its `Content-Length`, and
+/// `Connection: close`): the status and the body. An answer that does not
+/// come within 30 s is a test's failure.
+///
+/// # Panics
+/// When the server cannot be reached or answers something that is not
+/// HTTP (a test's failure).
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+pub async fn http_request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if let Some(t) = token {
-        request.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    let mut request = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
     }
-    let body = body.unwrap_or("");
-    request.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()));
-    stream.write_all(request.as_bytes()).await.unwrap();
+    request.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    let mut bytes = request.into_bytes();
+    bytes.extend_from_slice(body);
+    stream.write_all(&bytes).await.unwrap();
     let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(30), stream.read_to_end(&mut response))
+        .await
+        .unwrap_or_else(|_| panic!("no answer to {method} {path} in 30 s"))
+        .unwrap();
+    parse_response(&response)
+}
+
+/// The status and body of an HTTP/1.1 response (unchunked).
+///
+/// # Panics
+/// When `response` is not one (a test's failure).
+#[allow(clippy::expect_used)]
+pub fn parse_response(response: &[u8]) -> (u16, String) {
     let split = response.windows(4).position(|w| w == b"\r\n\r\n").expect("an HTTP response");
     let (head, body) = response.split_at(split);
     let (head, body) = (String::from_utf8_lossy(head).into_owned(), body.get(4..).unwrap_or_default());
@@ -267,6 +305,16 @@ impl Browser {
     /// or does not announce its endpoint in 30 seconds.
     #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     pub async fn start(width: u32, height: u32) -> Self {
+        Self::start_with(width, height, &[]).await
+    }
+
+    /// [`Browser::start`], with more command-line switches (say,
+    /// `--host-resolver-rules=MAP attacker.example 127.0.0.1`).
+    ///
+    /// # Panics
+    /// As [`Browser::start`].
+    #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    pub async fn start_with(width: u32, height: u32, switches: &[&str]) -> Self {
         use std::io::BufRead as _;
         let profile = tempfile::tempdir().unwrap();
         let mut child = std::process::Command::new("chromium")
@@ -282,8 +330,9 @@ impl Browser {
                 "--remote-debugging-port=0",
                 &format!("--window-size={width},{height}"),
                 &format!("--user-data-dir={}", profile.path().display()),
-                "about:blank",
             ])
+            .args(switches)
+            .arg("about:blank")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -626,4 +675,132 @@ pub fn first_difference(
         }
     }
     after.keys().find(|n| !before.contains_key(*n)).map(|n| format!("{n} is new"))
+}
+
+/// Writes into `dir` a root certificate (`ca.crt`, `ca.key`) and a
+/// certificate for `localhost` and 127.0.0.1 it signs (`server.crt`,
+/// `server.key`), valid two days, made with the `openssl` command.
+///
+/// # Panics
+/// When `openssl` cannot be run or fails (the message says how to get it).
+#[allow(clippy::panic, clippy::expect_used)]
+pub fn certificates(dir: &std::path::Path) {
+    use std::process::Command;
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run `openssl` (the README's test command installs it): {e}"));
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=weibo test root",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("write the certificate's extensions");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
+}
+
+/// Raises this process's soft limit of open files to at least `n` (up to
+/// its hard limit), with util-linux's `prlimit`: for tests that open
+/// thousands of sockets.
+///
+/// # Panics
+/// When the limit cannot be raised that far.
+#[allow(clippy::panic)]
+pub fn raise_open_files(n: u64) {
+    let soft = open_files_limit(std::process::id()).0;
+    if soft >= n {
+        return;
+    }
+    let out = std::process::Command::new("prlimit")
+        .args(["--pid", &std::process::id().to_string(), &format!("--nofile={n}:")])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `prlimit` (util-linux): {e}"));
+    assert!(
+        out.status.success() && open_files_limit(std::process::id()).0 >= n,
+        "cannot raise the open files limit to {n} (hard limit {}): {}",
+        open_files_limit(std::process::id()).1,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Process `pid`'s soft and hard limits of open files.
+///
+/// # Panics
+/// When `/proc/<pid>/limits` cannot be read.
+#[allow(clippy::expect_used)]
+pub fn open_files_limit(pid: u32) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("/proc/<pid>/limits");
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).expect("a line of open files");
+    let mut numbers = line.split_whitespace().skip(3).map(|n| n.parse::<u64>().unwrap_or(u64::MAX));
+    (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0))
+}
+
+/// How many files process `pid` has open now.
+///
+/// # Panics
+/// When `/proc/<pid>/fd` cannot be read.
+#[allow(clippy::expect_used)]
+pub fn open_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).expect("/proc/<pid>/fd").count()
+}
+
+/// This process's resident memory, in bytes.
+///
+/// # Panics
+/// When `/proc/self/status` cannot be read.
+#[allow(clippy::expect_used)]
+pub fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .expect("VmRSS in /proc/self/status");
+    kib * 1024
 }

@@ -96,67 +96,6 @@ pub(crate) fn start_tls() -> Server {
     start_with(true)
 }
 
-/// Writes a root certificate and a server certificate it signs into `dir`.
-fn certificates(dir: &Path) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run `openssl` (the README's test command installs it): {e}"));
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=weibo test root",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=localhost",
-    ]);
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n",
-    )
-    .expect("write the certificate's extensions");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "2",
-        "-extfile",
-        "server.ext",
-    ]);
-}
-
 fn start_with(tls: bool) -> Server {
     let bin = binaries();
     let port = free_port();
@@ -184,7 +123,7 @@ fn start_with(tls: bool) -> Server {
     if tls {
         let certs = dir.join("certs");
         std::fs::create_dir_all(&certs).expect("create the certificates' directory");
-        certificates(&certs);
+        weibo_tests::certificates(&certs);
         let data = dir.join("data");
         for f in ["server.crt", "server.key"] {
             std::fs::copy(certs.join(f), data.join(f)).expect("copy the server's certificate");

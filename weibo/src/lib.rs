@@ -53,7 +53,7 @@ pub use error::{Error, Result};
 pub use operator::keyed::KeyedContext;
 pub use runtime::status::JobState;
 #[cfg(feature = "admin")]
-pub use stream::admin::AdminGroup;
+pub use stream::admin::{AdminGroup, AdminOptions};
 pub use stream::job::{DEFAULT_MAX_KEY_GROUPS, Job, JobHandle, JobReport, MigratedState};
 pub use stream::{Aggregate, DeadLetter, KeyedStream, SinkRef, Stream, on_error};
 pub use task::{BoxFuture, blocking};

@@ -77,9 +77,9 @@ pub struct KafkaGroup {
     storage_wait: Duration,
     /// `None`: the tasks' sinks commit the offsets.
     commit_interval: Option<Duration>,
-    /// Where one admin API serves every task's job, and its token.
+    /// How one admin API serves every task's job.
     #[cfg(feature = "admin")]
-    admin: Option<(String, Option<String>)>,
+    admin: Option<weibo::AdminOptions>,
 }
 
 impl fmt::Debug for KafkaGroup {
@@ -128,8 +128,10 @@ impl KafkaGroup {
     #[cfg(feature = "admin")]
     #[must_use]
     pub fn with_admin(mut self, addr: impl Into<String>) -> Self {
-        let token = self.admin.take().and_then(|(_, t)| t);
-        self.admin = Some((addr.into(), token));
+        self.admin = Some(match self.admin.take() {
+            Some(options) => options.with_addr(addr),
+            None => weibo::AdminOptions::new(addr),
+        });
         self
     }
 
@@ -139,8 +141,19 @@ impl KafkaGroup {
     #[cfg(feature = "admin")]
     #[must_use]
     pub fn with_admin_token(mut self, token: impl Into<String>) -> Self {
-        let addr = self.admin.take().map_or_else(|| "127.0.0.1:8081".to_string(), |(a, _)| a);
-        self.admin = Some((addr, Some(token.into())));
+        let options = self.admin.take().unwrap_or_else(|| weibo::AdminOptions::new("127.0.0.1:8081"));
+        self.admin = Some(options.with_token(token));
+        self
+    }
+
+    /// The group's admin API as `options` say (its address, token, allowed
+    /// host names, connection cap, TLS: `weibo::AdminOptions`), replacing
+    /// what [`with_admin`](Self::with_admin) and
+    /// [`with_admin_token`](Self::with_admin_token) set.
+    #[cfg(feature = "admin")]
+    #[must_use]
+    pub fn with_admin_options(mut self, options: weibo::AdminOptions) -> Self {
+        self.admin = Some(options);
         self
     }
 
@@ -234,8 +247,8 @@ impl KafkaGroup {
         })?;
         #[cfg(feature = "admin")]
         let admin = match &self.admin {
-            Some((addr, token)) => {
-                let group = weibo::AdminGroup::serve(&name, addr, token.as_deref())?;
+            Some(options) => {
+                let group = weibo::AdminGroup::serve_with(&name, options)?;
                 // The group starts and stops its tasks: a task stopped
                 // through the API would leave its partition unread.
                 group.refuse_stop_and_cancel();

@@ -502,6 +502,20 @@ impl<T: Send + 'static> SourceReader<T> for GenReader<T> {
     fn position(&self) -> Option<u64> {
         Some(self.next)
     }
+
+    /// With a rate, the offset of the first event not yet due (the lag is
+    /// how far the generator is behind its schedule); without one, its
+    /// last offset (the lag is what is left), unless it never ends.
+    fn end_position(&self) -> Option<u64> {
+        match self.rate {
+            Some(rate) => {
+                let due = (self.started.elapsed().as_secs_f64() * rate) as u64;
+                let behind = due.saturating_sub(self.emitted);
+                Some(self.count.min(self.next.saturating_add(behind.saturating_mul(self.step))))
+            }
+            None => (self.count < u64::MAX).then_some(self.count),
+        }
+    }
 }
 
 /// How a [`FileSource`] turns a line into a record.
@@ -698,6 +712,29 @@ mod tests {
                 return (values, offsets);
             }
         }
+    }
+
+    #[test]
+    fn a_generator_says_where_its_input_ends() {
+        // Without a rate: its last offset, the lag being what is left.
+        let g = Generator::new(12, |i| i);
+        let mut reader = g.open(0).unwrap();
+        assert_eq!((reader.position(), reader.end_position()), (Some(0), Some(12)));
+        drain(&mut *reader);
+        assert_eq!((reader.position(), reader.end_position()), (Some(12), Some(12)));
+        // An endless one says nothing.
+        assert_eq!(Generator::new(u64::MAX, |i| i).open(0).unwrap().end_position(), None);
+        // With a rate: what is due by now, so the lag is how far it is
+        // behind its schedule (never past its last offset).
+        let g = Generator::new(1_000_000, |i| i).with_rate(1_000.0).with_partitions(2);
+        let reader = g.open(1).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let end = reader.end_position().unwrap();
+        assert!(end > 1 && !end.is_multiple_of(2) && end < 1_000_000, "{end}");
+        let g = Generator::new(10, |i| i).with_rate(1e9);
+        let reader = g.open(0).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert_eq!(reader.end_position(), Some(10));
     }
 
     #[test]

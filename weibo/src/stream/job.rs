@@ -590,8 +590,11 @@ impl Job {
         let addr = addr.into();
         {
             let mut pipeline = self.lock();
-            let token = pipeline.admin.take().and_then(|a| a.token);
-            pipeline.admin = Some(crate::stream::admin::AdminConfig { addr, token });
+            let options = match pipeline.admin.take() {
+                Some(options) => options.with_addr(addr),
+                None => crate::stream::admin::AdminOptions::new(addr),
+            };
+            pipeline.admin = Some(options);
         }
         self
     }
@@ -604,12 +607,24 @@ impl Job {
     #[cfg(feature = "admin")]
     #[must_use]
     pub fn with_admin_token(self, token: impl Into<String>) -> Self {
-        let token = token.into();
         {
             let mut pipeline = self.lock();
-            let addr = pipeline.admin.take().map_or_else(|| "127.0.0.1:8081".to_string(), |a| a.addr);
-            pipeline.admin = Some(crate::stream::admin::AdminConfig { addr, token: Some(token) });
+            let options =
+                pipeline.admin.take().unwrap_or_else(|| crate::stream::admin::AdminOptions::new("127.0.0.1:8081"));
+            pipeline.admin = Some(options.with_token(token));
         }
+        self
+    }
+
+    /// Serves the admin API as `options` say: its address and token, the
+    /// host names it answers for, its connection cap, its TLS certificate
+    /// (the book's "Operating a job" chapter, "Security"). Replaces what
+    /// [`Job::with_admin`] and [`Job::with_admin_token`] set. Needs the
+    /// `admin` feature.
+    #[cfg(feature = "admin")]
+    #[must_use]
+    pub fn with_admin_options(self, options: crate::stream::admin::AdminOptions) -> Self {
+        self.lock().admin = Some(options);
         self
     }
 

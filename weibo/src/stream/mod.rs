@@ -225,7 +225,7 @@ pub(crate) struct Pipeline {
     pub(crate) config: JobConfig,
     /// Where the admin API listens, if it is on (`Job::with_admin`).
     #[cfg(feature = "admin")]
-    pub(crate) admin: Option<admin::AdminConfig>,
+    pub(crate) admin: Option<admin::AdminOptions>,
     /// The group whose admin API serves the job (`Job::with_admin_group`).
     #[cfg(feature = "admin")]
     pub(crate) admin_group: Option<admin::AdminGroup>,

@@ -201,7 +201,8 @@ function sparkline(points, opts) {
 
 const NODE_W = 168;
 const NODE_H = 58;
-const GAP_X = 78;
+// Wide enough for an edge's two-line label ("44.4M/s", "44% blocked").
+const GAP_X = 104;
 const GAP_Y = 26;
 
 function layout(plan) {
@@ -293,6 +294,7 @@ function drawGraph() {
   defs.append(marker);
   box.append(defs);
   const older = baseline();
+  const labels = [];
   for (const n of plan.nodes) {
     n.inputs.forEach((input) => {
       const from = plan.nodes[input.from];
@@ -322,10 +324,15 @@ function drawGraph() {
       if (numbers.fill !== null && numbers.fill !== undefined) tip.push(`channels ${(numbers.fill * 100).toFixed(0)} % full`);
       path.append(svg('title', {}, tip.join('\n')));
       box.append(path);
-      let label = numbers.records === null || numbers.records === undefined ? '' : count(numbers.records) + '/s';
-      if (input.edge === 'hash' && numbers.blocked >= 0.01) label += ` · ${(numbers.blocked * 100).toFixed(0)}% blocked`;
-      if (label) {
-        box.append(svg('text', { x: mid, y: (y1 + y2) / 2 - 6, class: 'edge-label', 'text-anchor': 'middle', fill: colour }, label));
+      // The rate above the edge, the blocked share below it, both in the
+      // gap between the columns; drawn after the nodes, so on top.
+      const lines = [];
+      if (numbers.records !== null && numbers.records !== undefined) lines.push(count(numbers.records) + '/s');
+      if (input.edge === 'hash' && numbers.blocked >= 0.01) lines.push(`${(numbers.blocked * 100).toFixed(0)}% blocked`);
+      if (lines.length) {
+        const text = svg('text', { x: mid, y: (y1 + y2) / 2 - 5, class: 'edge-label', 'text-anchor': 'middle', fill: colour });
+        lines.forEach((line, i) => text.append(svg('tspan', { x: mid, dy: i === 0 ? 0 : 17 }, line)));
+        labels.push(text);
       }
     });
   }
@@ -350,6 +357,7 @@ function drawGraph() {
     g.append(svg('title', {}, `${n.name} (${n.kind}, id ${n.id})${n.detail ? '\n' + n.detail : ''}`));
     box.append(g);
   }
+  box.append(...labels);
   container.replaceChildren(box);
 }
 
@@ -420,6 +428,7 @@ function drawPartitions() {
   const newer = view.samples[view.samples.length - 1];
   if (!newer) return;
   const parts = newer.metrics.tasks.filter((t) => t.source);
+  const NO_END = 'this source does not say where its input ends (an endless generator without a rate, a source without offsets)';
   const lagOfPart = (p) => (p.end_position === null || p.position === null ? null : Math.max(0, p.end_position - p.position));
   const maxLag = Math.max(1, ...parts.map((t) => lagOfPart(t.source) || 0));
   const rows = parts.map((t) => {
@@ -430,8 +439,8 @@ function drawPartitions() {
     return el('tr', { 'data-partition': t.name },
       cell(`${p.source} / ${p.partition}`, { class: 'name' }),
       cell(p.position === null ? '–' : String(p.position), { class: 'n' }),
-      cell(p.end_position === null ? '–' : String(p.end_position), { class: 'n' }),
-      cell(lag === null ? '–' : count(lag), { class: 'n' + (lag >= 1000 ? ' warn' : ''), 'data-field': 'lag' }),
+      cell(p.end_position === null ? 'n/a' : String(p.end_position), { class: 'n', 'data-field': 'end', title: p.end_position === null ? NO_END : '' }),
+      cell(lag === null ? 'n/a' : count(lag), { class: 'n' + (lag >= 1000 ? ' warn' : ''), 'data-field': 'lag', title: lag === null ? NO_END : '' }),
       el('td', { class: 'bar-cell' }, bar),
     );
   });
@@ -567,6 +576,11 @@ async function poll() {
     draw();
   } catch (e) {
     if (e instanceof Unauthorized) {
+      const badge = $('job-state');
+      badge.textContent = 'needs token';
+      badge.className = 'badge locked';
+      badge.title = 'this admin API needs its bearer token';
+      $('savepoint-button').disabled = true;
       askForToken();
       return; // polling resumes once a token is given
     }
@@ -596,7 +610,7 @@ async function takeSavepoint(event) {
     message.className = 'warn';
     message.textContent = e instanceof Unauthorized ? 'the token was refused' : e.message;
   } finally {
-    button.disabled = false;
+    button.disabled = !(view.job && view.job.checkpoints);
   }
 }
 

@@ -5,12 +5,20 @@
 //! and readiness probes for a container orchestrator.
 //!
 //! It binds loopback unless told otherwise; on any other address it
-//! requires a bearer token (`Job::with_admin_token`), compared in constant
-//! time, and every request without it or with a wrong one gets 401 and
-//! changes nothing. The probes (`/healthz`, `/readyz`) need no token:
-//! they reveal only whether the job runs; nor does the dashboard's page
-//! (`/`, `/dashboard` and its script and style), which holds no data and
-//! reads everything through the API with the token.
+//! requires a bearer token (`Job::with_admin_token`), compared as a
+//! SHA-256 digest in constant time, and every request without it or with
+//! a wrong one gets 401 and changes nothing. The probes (`/healthz`,
+//! `/readyz`) need no token: they reveal only whether the job runs; nor
+//! does the dashboard's page (`/`, `/dashboard` and its script and
+//! style), which holds no data and reads everything through the API with
+//! the token. What a request must be to get through (its `Host`, its
+//! origin, its body) is in [`gate`]; how the server keeps its sockets and
+//! tasks bounded, in [`server`].
+
+mod gate;
+mod server;
+#[cfg(feature = "admin-tls")]
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,10 +28,9 @@ use std::time::Instant;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -33,20 +40,111 @@ use crate::error::{Error, Result};
 use crate::metrics::Registry;
 use crate::runtime::status::JobState;
 
-/// Where the admin API listens, and the token it requires.
+/// How a job's (or a group's) admin API listens and whom it answers:
+/// its address, its bearer token, the host names it answers for besides
+/// its address and `localhost`, how many connections it keeps open, and
+/// (feature `admin-tls`) its TLS certificate. [`Job::with_admin`] and
+/// [`Job::with_admin_token`] set the first two; the rest needs
+/// [`Job::with_admin_options`]. Needs the `admin` feature.
+///
+/// ```
+/// let options = weibo::AdminOptions::new("0.0.0.0:8081")
+///     .with_token("s3cr3t")
+///     .with_allowed_host("jobs.example.com")
+///     .with_max_connections(32);
+/// let job = weibo::Job::new("orders").with_admin_options(options);
+/// # drop(job);
+/// ```
+///
+/// [`Job::with_admin`]: crate::Job::with_admin
+/// [`Job::with_admin_token`]: crate::Job::with_admin_token
+/// [`Job::with_admin_options`]: crate::Job::with_admin_options
 #[derive(Clone)]
-pub(crate) struct AdminConfig {
-    pub(crate) addr: String,
-    pub(crate) token: Option<String>,
+pub struct AdminOptions {
+    addr: String,
+    token: Option<String>,
+    hosts: Vec<String>,
+    max_connections: usize,
+    #[cfg(feature = "admin-tls")]
+    tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// Never shows the token.
-impl std::fmt::Debug for AdminConfig {
+impl std::fmt::Debug for AdminOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AdminConfig")
+        f.debug_struct("AdminOptions")
             .field("addr", &self.addr)
             .field("token", &self.token.as_ref().map(|_| "…"))
-            .finish()
+            .field("hosts", &self.hosts)
+            .field("max_connections", &self.max_connections)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdminOptions {
+    /// The most connections open at once unless told otherwise.
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+
+    /// An admin API on `addr` (`127.0.0.1:8081`; port 0 for any free
+    /// one), without a token: loopback only.
+    pub fn new(addr: impl Into<String>) -> Self {
+        Self {
+            addr: addr.into(),
+            token: None,
+            hosts: Vec::new(),
+            max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            #[cfg(feature = "admin-tls")]
+            tls: None,
+        }
+    }
+
+    /// The same options on another address.
+    #[must_use]
+    pub fn with_addr(mut self, addr: impl Into<String>) -> Self {
+        self.addr = addr.into();
+        self
+    }
+
+    /// The bearer token every request but the probes and the dashboard's
+    /// files must carry (`Authorization: Bearer <token>`): required to
+    /// bind anything but loopback.
+    #[must_use]
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// A host name the API answers for (in the requests' `Host` header,
+    /// and as the origin of the pages that may change things without the
+    /// token), besides the address it is bound to and `localhost`: the
+    /// name a reverse proxy forwards, or the machine's DNS name. Any other
+    /// name gets 421, so that a page whose name an attacker pointed at
+    /// this address (DNS rebinding) cannot use the API.
+    #[must_use]
+    pub fn with_allowed_host(mut self, name: impl Into<String>) -> Self {
+        let name: String = name.into();
+        self.hosts.push(name.trim().to_ascii_lowercase());
+        self
+    }
+
+    /// The most connections open at once (64 unless set; at least 1).
+    /// One more takes the place of the connection that has waited longest
+    /// without a request; when all have a request in progress, it is
+    /// answered 503.
+    #[must_use]
+    pub fn with_max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Serves HTTPS with the certificate chain and private key in these
+    /// PEM files (read when the job starts). Needs the `admin-tls`
+    /// feature.
+    #[cfg(feature = "admin-tls")]
+    #[must_use]
+    pub fn with_tls(mut self, certificate: impl Into<std::path::PathBuf>, key: impl Into<std::path::PathBuf>) -> Self {
+        self.tls = Some((certificate.into(), key.into()));
+        self
     }
 }
 
@@ -67,8 +165,6 @@ pub(crate) struct Admin {
     started: Instant,
     status: watch::Receiver<JobState>,
     plan: Value,
-    /// The token's digest: compared, never the token itself.
-    token: Option<[u8; 16]>,
     control: OnceLock<Control>,
 }
 
@@ -79,7 +175,7 @@ impl std::fmt::Debug for Admin {
 }
 
 /// A running admin server: shuts down when dropped (it stops accepting,
-/// and open connections close after their request). For a job in an
+/// closes its idle connections, and gives requests in progress a second). For a job in an
 /// [`AdminGroup`], its place in the group: dropped, the job leaves it.
 #[derive(Debug)]
 pub(crate) struct AdminServer {
@@ -105,75 +201,75 @@ impl Drop for AdminServer {
     }
 }
 
-fn digest(token: &str) -> [u8; 16] {
-    xxhash_rust::xxh3::xxh3_128(token.as_bytes()).to_le_bytes()
-}
-
-/// Whether two digests are equal, in time that does not depend on where
-/// they differ.
-fn same(a: &[u8; 16], b: &[u8; 16]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// Binds `addr` for the admin API of `job` (refusing a non-loopback
-/// address without a token).
-fn bind(job: &str, addr: &str, token: Option<&str>) -> Result<(tokio::net::TcpListener, SocketAddr)> {
+/// Binds `options.addr` for the admin API of `job` (refusing a
+/// non-loopback address without a token) and starts serving `app` on it
+/// from a thread of its own: the server's address and the sender that
+/// stops it.
+fn serve(
+    job: &str,
+    options: &AdminOptions,
+    app: Router,
+    layout: gate::Layout,
+) -> Result<(SocketAddr, oneshot::Sender<()>)> {
     let refused = |message: String| Error::Refused { job: job.to_string(), message };
-    let addr: SocketAddr = addr
+    let addr_text = &options.addr;
+    let addr: SocketAddr = addr_text
         .parse()
-        .map_err(|e| refused(format!("the admin API's address `{addr}` is not an address and port: {e}")))?;
-    if !addr.ip().is_loopback() && token.is_none_or(str::is_empty) {
+        .map_err(|e| refused(format!("the admin API's address `{addr_text}` is not an address and port: {e}")))?;
+    let token = options.token.as_deref().filter(|t| !t.is_empty());
+    if !addr.ip().is_loopback() && token.is_none() {
         return Err(refused(format!(
             "the admin API would listen on {addr}, which is not loopback, without a token: set one \
-             (`Job::with_admin_token`, `AdminGroup::serve`'s token, `KafkaGroup::with_admin_token`), or bind 127.0.0.1"
+             (`Job::with_admin_token`, `AdminOptions::with_token`, `KafkaGroup::with_admin_token`), or bind 127.0.0.1"
         )));
     }
+    #[cfg(feature = "admin-tls")]
+    let tls = match &options.tls {
+        Some((certificate, key)) => Some(tls::acceptor(certificate, key).map_err(refused)?),
+        None => None,
+    };
     let listener = std::net::TcpListener::bind(addr)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .map_err(|e| refused(format!("the admin API cannot listen on {addr}: {e}")))?;
     let local_addr = listener.local_addr().map_err(|e| refused(format!("the admin API's address: {e}")))?;
-    let listener = tokio::net::TcpListener::from_std(listener)
-        .map_err(|e| refused(format!("the admin API cannot listen on {addr}: {e}")))?;
-    Ok((listener, local_addr))
-}
-
-/// Serves `app` on `listener` until the returned sender is sent or dropped.
-fn serve_app(listener: tokio::net::TcpListener, app: Router) -> oneshot::Sender<()> {
-    let (shutdown, stopped) = oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let serving = axum::serve(listener, app).with_graceful_shutdown(async {
-            let _ = stopped.await;
-        });
-        if let Err(e) = serving.await {
-            tracing::warn!(error = %e, "the admin API stopped");
-        }
-    });
-    shutdown
+    let gate = gate::Gate { token: token.map(gate::digest), bound: local_addr, hosts: options.hosts.clone(), layout };
+    let serving = server::Serving {
+        app,
+        requests: Mutex::new(server::Pace::new(server::REQUESTS_PER_SECOND)),
+        gate: Arc::new(gate),
+        max_connections: options.max_connections,
+        #[cfg(feature = "admin-tls")]
+        tls,
+    };
+    let shutdown = server::spawn(job, listener, serving)
+        .map_err(|e| refused(format!("the admin API's thread cannot start: {e}")))?;
+    Ok((local_addr, shutdown))
 }
 
 impl Admin {
-    fn new(job: &str, status: watch::Receiver<JobState>, plan: Value, token: Option<[u8; 16]>) -> Arc<Self> {
-        Arc::new(Self { job: job.to_string(), started: Instant::now(), status, plan, token, control: OnceLock::new() })
+    fn new(job: &str, status: watch::Receiver<JobState>, plan: Value) -> Arc<Self> {
+        Arc::new(Self { job: job.to_string(), started: Instant::now(), status, plan, control: OnceLock::new() })
     }
 }
 
-/// Binds `config.addr` (refusing a non-loopback address without a token)
-/// and serves the admin API of job `job` on the current runtime.
+/// Binds `options.addr` (refusing a non-loopback address without a
+/// token) and serves the admin API of job `job` from a thread of its own.
 ///
 /// # Errors
 /// [`Error::Refused`] for an address that does not parse, a non-loopback
-/// one without a token, or one that cannot be bound.
+/// one without a token, one that cannot be bound, or a TLS certificate
+/// or key that cannot be read.
 pub(crate) fn start(
     job: &str,
-    config: &AdminConfig,
+    options: &AdminOptions,
     status: watch::Receiver<JobState>,
     plan: Value,
 ) -> Result<AdminServer> {
-    let (listener, local_addr) = bind(job, &config.addr, config.token.as_deref())?;
-    let admin = Admin::new(job, status, plan, config.token.as_deref().map(digest));
-    let shutdown = serve_app(listener, router(admin.clone()));
-    tracing::info!(job, %local_addr, token = admin.token.is_some(), "admin API listening{}",
-        if admin.token.is_some() { " (requests need the bearer token)" } else { "" });
+    let admin = Admin::new(job, status, plan);
+    let (local_addr, shutdown) = serve(job, options, router(admin.clone()), gate::Layout::Job)?;
+    let token = options.token.as_deref().is_some_and(|t| !t.is_empty());
+    tracing::info!(job, %local_addr, token, "admin API listening{}",
+        if token { " (requests need the bearer token)" } else { "" });
     Ok(AdminServer { admin, local_addr, shutdown: Some(shutdown), group: None })
 }
 
@@ -188,7 +284,7 @@ pub(crate) fn join(
     status: watch::Receiver<JobState>,
     plan: Value,
 ) -> Result<AdminServer> {
-    let admin = Admin::new(job, status, plan, group.state.token);
+    let admin = Admin::new(job, status, plan);
     {
         let mut jobs = group.state.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // A job of the same name that has ended (a partition's task
@@ -231,23 +327,18 @@ pub struct AdminGroup {
     server: Arc<GroupServer>,
 }
 
-/// What the group's server reads: its jobs and its token's digest.
+/// What the group's server reads: its jobs.
 struct GroupState {
     name: String,
-    token: Option<[u8; 16]>,
     jobs: Mutex<std::collections::BTreeMap<String, Arc<Admin>>>,
     /// Whether the jobs' owner starts and stops them (a `KafkaGroup`):
     /// stop and cancel through the API are refused.
     keeps_lifecycle: std::sync::atomic::AtomicBool,
 }
 
-/// Never shows the token's digest.
 impl std::fmt::Debug for GroupState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GroupState")
-            .field("name", &self.name)
-            .field("token", &self.token.map(|_| "…"))
-            .finish_non_exhaustive()
+        f.debug_struct("GroupState").field("name", &self.name).finish_non_exhaustive()
     }
 }
 
@@ -267,31 +358,38 @@ impl Drop for GroupServer {
 }
 
 impl AdminGroup {
-    /// Binds `addr` and serves the group `name`'s admin API on the current
-    /// tokio runtime: loopback by default; any other address needs a
+    /// Binds `addr` and serves the group `name`'s admin API from a
+    /// thread of its own: loopback by default; any other address needs a
     /// `token` (every request but the probes and the pages must then carry
-    /// it as a bearer token, compared in constant time).
+    /// it as a bearer token). [`AdminGroup::serve_with`] takes the other
+    /// options.
     ///
     /// # Errors
     /// [`Error::Refused`] for an address that does not parse, a
     /// non-loopback one without a token, or one that cannot be bound.
     pub fn serve(name: &str, addr: &str, token: Option<&str>) -> Result<Self> {
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(Error::Runtime {
-                job: name.to_string(),
-                message: "an admin API serves on tokio: call `AdminGroup::serve` inside a tokio runtime".into(),
-            });
-        }
-        let (listener, local_addr) = bind(name, addr, token)?;
+        let mut options = AdminOptions::new(addr);
+        options.token = token.map(str::to_string);
+        Self::serve_with(name, &options)
+    }
+
+    /// Binds `options.addr` and serves the group `name`'s admin API as
+    /// `options` say, from a thread of its own.
+    ///
+    /// # Errors
+    /// [`Error::Refused`] for an address that does not parse, a
+    /// non-loopback one without a token, one that cannot be bound, or a TLS
+    /// certificate or key that cannot be read.
+    pub fn serve_with(name: &str, options: &AdminOptions) -> Result<Self> {
         let state = Arc::new(GroupState {
             name: name.to_string(),
-            token: token.map(digest),
             jobs: Mutex::new(std::collections::BTreeMap::new()),
             keeps_lifecycle: std::sync::atomic::AtomicBool::new(false),
         });
-        let shutdown = serve_app(listener, group_router(state.clone()));
-        tracing::info!(group = name, %local_addr, token = token.is_some(), "admin API of a group of jobs listening{}",
-            if token.is_some() { " (requests need the bearer token)" } else { "" });
+        let (local_addr, shutdown) = serve(name, options, group_router(state.clone()), gate::Layout::Group)?;
+        let token = options.token.as_deref().is_some_and(|t| !t.is_empty());
+        tracing::info!(group = name, %local_addr, token, "admin API of a group of jobs listening{}",
+            if token { " (requests need the bearer token)" } else { "" });
         Ok(Self { state, server: Arc::new(GroupServer { local_addr, shutdown: Mutex::new(Some(shutdown)) }) })
     }
 
@@ -361,10 +459,6 @@ fn group_router(state: Arc<GroupState>) -> Router {
 }
 
 impl GroupState {
-    fn authorize(&self, headers: &HeaderMap) -> std::result::Result<(), ApiError> {
-        authorize(self.token.as_ref(), headers)
-    }
-
     fn job(&self, name: &str) -> Option<Arc<Admin>> {
         self.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(name).cloned()
     }
@@ -389,8 +483,7 @@ fn readiness(ready: bool, body: Value) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-async fn group_jobs(State(group): State<Arc<GroupState>>, headers: HeaderMap) -> Answer {
-    group.authorize(&headers)?;
+async fn group_jobs(State(group): State<Arc<GroupState>>) -> Answer {
     let jobs: Vec<Value> = group
         .all()
         .iter()
@@ -409,8 +502,7 @@ async fn group_jobs(State(group): State<Arc<GroupState>>, headers: HeaderMap) ->
 
 /// Every job's families in one exposition: a family's samples from all
 /// jobs together, under one `# TYPE` line.
-async fn group_prometheus(State(group): State<Arc<GroupState>>, headers: HeaderMap) -> Answer {
-    group.authorize(&headers)?;
+async fn group_prometheus(State(group): State<Arc<GroupState>>) -> Answer {
     let mut merged: Vec<crate::metrics::prometheus::Family> = Vec::new();
     for admin in group.all() {
         let Some(families) = admin.families() else { continue };
@@ -437,11 +529,10 @@ async fn group_job_root(uri: axum::http::Uri) -> Response {
 async fn group_job(
     State(group): State<Arc<GroupState>>,
     axum::extract::Path(params): axum::extract::Path<std::collections::HashMap<String, String>>,
-    headers: HeaderMap,
     request: axum::extract::Request,
 ) -> Response {
     let job = params.get("job").cloned().unwrap_or_default();
-    dispatch(&group, &job, &headers, request).await
+    dispatch(&group, &job, request).await
 }
 
 /// The path of `uri` after `/jobs/<segment>`, as received (still
@@ -471,18 +562,15 @@ fn encode_segment(segment: &str) -> String {
 }
 
 /// Answers `request` for `/jobs/<job>/<rest>` as job `job`'s own admin API
-/// answers `/<rest>`, with the group's token. Anything but the job's pages
-/// and probes needs the token before the job is even looked up (so names
-/// cannot be probed without it); a group that runs its jobs' lifecycle
-/// itself (a `KafkaGroup`) refuses to stop or cancel one of them.
-async fn dispatch(group: &GroupState, job: &str, headers: &HeaderMap, mut request: axum::extract::Request) -> Response {
+/// answers `/<rest>` (the gate has checked the group's token: anything
+/// but the job's pages and probes needs it before the job is even looked
+/// up, so names cannot be probed without it); a group that runs its
+/// jobs' lifecycle itself (a `KafkaGroup`) refuses to stop or cancel one
+/// of them.
+async fn dispatch(group: &GroupState, job: &str, mut request: axum::extract::Request) -> Response {
     use tower::ServiceExt as _;
     let rest = rest_of(request.uri());
     let path = rest.split('?').next().unwrap_or_default();
-    let open = matches!(path, "/" | "/dashboard" | "/healthz" | "/readyz") || path.starts_with("/dashboard/");
-    if !open && let Err(e) = group.authorize(headers) {
-        return e.into_response();
-    }
     let Some(admin) = group.job(job) else {
         return ApiError(StatusCode::NOT_FOUND, format!("the group has no job `{job}`: see /api/jobs")).into_response();
     };
@@ -520,6 +608,7 @@ async fn group_script() -> Response {
 }
 
 /// An error as the API answers it: a status and `{"error": ...}`.
+#[derive(Debug)]
 struct ApiError(StatusCode, String);
 
 impl IntoResponse for ApiError {
@@ -539,27 +628,7 @@ fn ok(value: Value) -> Answer {
     Ok(axum::Json(value).into_response())
 }
 
-/// Checks the bearer token of a request against `want` (no token: all
-/// may).
-fn authorize(want: Option<&[u8; 16]>, headers: &HeaderMap) -> std::result::Result<(), ApiError> {
-    let Some(want) = want else { return Ok(()) };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| digest(token.trim()));
-    match given {
-        Some(given) if same(&given, want) => Ok(()),
-        _ => Err(ApiError(StatusCode::UNAUTHORIZED, "a valid bearer token is required".into())),
-    }
-}
-
 impl Admin {
-    fn authorize(&self, headers: &HeaderMap) -> std::result::Result<(), ApiError> {
-        authorize(self.token.as_ref(), headers)
-    }
-
     fn control(&self) -> std::result::Result<&Control, ApiError> {
         self.control.get().ok_or_else(|| ApiError(StatusCode::SERVICE_UNAVAILABLE, "the job is still starting".into()))
     }
@@ -647,8 +716,7 @@ async fn readyz(State(admin): State<Arc<Admin>>) -> Response {
     readiness(ready, json!({ "ready": ready, "state": admin.state_name() }))
 }
 
-async fn job_status(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
-    admin.authorize(&headers)?;
+async fn job_status(State(admin): State<Arc<Admin>>) -> Answer {
     let last = admin.control.get().map(|c| c.completed.load(Ordering::Relaxed)).filter(|n| *n > 0);
     ok(json!({
         "job": admin.job,
@@ -659,19 +727,16 @@ async fn job_status(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answ
     }))
 }
 
-async fn plan(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
-    admin.authorize(&headers)?;
+async fn plan(State(admin): State<Arc<Admin>>) -> Answer {
     ok(admin.plan.clone())
 }
 
-async fn metrics(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
-    admin.authorize(&headers)?;
+async fn metrics(State(admin): State<Arc<Admin>>) -> Answer {
     let snapshot = admin.control()?.registry.snapshot();
     ok(serde_json::to_value(&snapshot).map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?)
 }
 
-async fn checkpoints(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
-    admin.authorize(&headers)?;
+async fn checkpoints(State(admin): State<Arc<Admin>>) -> Answer {
     let history = &admin.control()?.history;
     let state: Vec<Value> = history
         .totals()
@@ -682,13 +747,16 @@ async fn checkpoints(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Ans
     ok(json!({ "checkpoints": history.records(), "state": state }))
 }
 
-async fn savepoints(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
-    admin.authorize(&headers)?;
+async fn savepoints(State(admin): State<Arc<Admin>>) -> Answer {
     let control = admin.control()?;
     let Some(storage) = control.storage.clone() else {
         return Err(no_checkpoints());
     };
-    let names = crate::task::blocking(|| crate::checkpoint::savepoints_in(&*storage))
+    // Off the server's one thread: listing an object store takes a while.
+    let listing = storage.clone();
+    let names = tokio::task::spawn_blocking(move || crate::checkpoint::savepoints_in(&*listing))
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("listing the savepoints: {e}")))?
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     let found: Vec<Value> = names
         .into_iter()
@@ -702,8 +770,7 @@ async fn savepoints(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answ
 
 /// The job's metrics in Prometheus' text format (behind the token, which a
 /// scrape config gives as `authorization: { credentials: ... }`).
-async fn prometheus(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
-    admin.authorize(&headers)?;
+async fn prometheus(State(admin): State<Arc<Admin>>) -> Answer {
     admin.control()?; // 503 while the job is still starting
     Ok(exposition(&admin.families().unwrap_or_default()))
 }
@@ -719,31 +786,6 @@ fn no_checkpoints() -> ApiError {
         StatusCode::CONFLICT,
         "the job takes no checkpoints (`Job::with_checkpoints`): it has no savepoints".into(),
     )
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SavepointBody {
-    name: String,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct StopBody {
-    /// Take a savepoint of this name before stopping.
-    #[serde(default)]
-    savepoint: Option<String>,
-}
-
-/// Parses a JSON body (empty is `T::default()` where `empty` allows it).
-fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes, empty: Option<T>) -> std::result::Result<T, ApiError> {
-    if bytes.iter().all(u8::is_ascii_whitespace)
-        && let Some(empty) = empty
-    {
-        return Ok(empty);
-    }
-    serde_json::from_slice(bytes)
-        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("the request's JSON body: {e}")))
 }
 
 /// Why a savepoint name is refused, if it is.
@@ -779,9 +821,9 @@ async fn request(control: &Control, name: Option<String>) -> std::result::Result
     answer.await.map_err(|_| gone())?.map_err(job_error)
 }
 
-async fn take_savepoint(State(admin): State<Arc<Admin>>, headers: HeaderMap, bytes: Bytes) -> Answer {
-    admin.authorize(&headers)?;
-    let SavepointBody { name } = body(&bytes, None)?;
+async fn take_savepoint(State(admin): State<Arc<Admin>>, bytes: Bytes) -> Answer {
+    let [name] = gate::object(&bytes, &[("name", gate::Field::Text)])?;
+    let name = name.unwrap_or_default();
     if let Some(e) = bad_name(&name) {
         return Err(e);
     }
@@ -794,9 +836,8 @@ async fn take_savepoint(State(admin): State<Arc<Admin>>, headers: HeaderMap, byt
 /// Stops the job: with a savepoint first if the body names one, else
 /// with a last checkpoint (if the job takes checkpoints); then cancels it
 /// and waits for it to end.
-async fn stop(State(admin): State<Arc<Admin>>, headers: HeaderMap, bytes: Bytes) -> Answer {
-    admin.authorize(&headers)?;
-    let StopBody { savepoint } = body(&bytes, Some(StopBody::default()))?;
+async fn stop(State(admin): State<Arc<Admin>>, bytes: Bytes) -> Answer {
+    let [savepoint] = gate::object(&bytes, &[("savepoint", gate::Field::MaybeText)])?;
     if let Some(e) = savepoint.as_deref().and_then(bad_name) {
         return Err(e);
     }
@@ -827,8 +868,8 @@ async fn stop(State(admin): State<Arc<Admin>>, headers: HeaderMap, bytes: Bytes)
     ok(json!({ "stopped": true, "checkpoint": path, "status": state }))
 }
 
-async fn cancel(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Answer {
-    admin.authorize(&headers)?;
+async fn cancel(State(admin): State<Arc<Admin>>, bytes: Bytes) -> Answer {
+    gate::object(&bytes, &[])?;
     let control = admin.control()?;
     if admin.state().has_ended() {
         return Err(ApiError(StatusCode::CONFLICT, "the job has already ended".into()));
