@@ -802,9 +802,17 @@ fn requests_of_any_shape_get_a_definite_answer_and_the_job_runs_on() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let other = tempfile::tempdir().unwrap();
-    // A group with a token, whose tasks cannot be stopped through it, and
-    // a job's own API without one (its stop and cancel left out: a request
-    // the property allows would end it).
+    // A group with a token, whose tasks cannot be stopped through it; a
+    // job's own API without one (its stop and cancel left out: a request
+    // the property allows would end it); and another with them (which a
+    // request may well stop: its answers must stay definite).
+    let third = tempfile::tempdir().unwrap();
+    let stoppable = runtime.block_on(async {
+        let job =
+            endless("stoppable", third.path(), Duration::from_secs(3600)).with_admin("127.0.0.1:0").spawn().unwrap();
+        ready(job.admin_addr().unwrap()).await;
+        job
+    });
     let (group, handle, open) = runtime.block_on(async {
         let group = AdminGroup::serve("fuzzed", "127.0.0.1:0", Some(TOKEN)).unwrap();
         group.refuse_stop_and_cancel();
@@ -855,9 +863,27 @@ fn requests_of_any_shape_get_a_definite_answer_and_the_job_runs_on() {
         "/nowhere",
         "/api/",
     ];
+    const ALL_JOB_PATHS: &[&str] = &[
+        "/",
+        "/dashboard",
+        "/healthz",
+        "/readyz",
+        "/api/job",
+        "/api/plan",
+        "/api/metrics",
+        "/api/checkpoints",
+        "/api/savepoints",
+        "/api/stop",
+        "/api/cancel",
+        "/metrics",
+    ];
     let answers = [200u16, 201, 204, 308, 400, 401, 403, 404, 405, 408, 409, 413, 421, 431, 503];
-    for (addr, paths) in [(group.local_addr(), GROUP_PATHS), (open.admin_addr().unwrap(), JOB_PATHS)] {
-        let mut runner = TestRunner::new(Config { cases: 200, failure_persistence: None, ..Config::default() });
+    for (addr, paths) in [
+        (group.local_addr(), GROUP_PATHS),
+        (open.admin_addr().unwrap(), JOB_PATHS),
+        (stoppable.admin_addr().unwrap(), ALL_JOB_PATHS),
+    ] {
+        let mut runner = TestRunner::new(Config { cases: 500, failure_persistence: None, ..Config::default() });
         runner
             .run(&case(addr, paths), |case| {
                 let headers: Vec<(&str, &str)> = case.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -869,15 +895,23 @@ fn requests_of_any_shape_get_a_definite_answer_and_the_job_runs_on() {
                 if status >= 400 && case.method != "HEAD" && !hypers {
                     let error: Value = serde_json::from_str(&answer)
                         .map_err(|e| proptest::test_runner::TestCaseError::fail(format!("{case:?}: {e}: {answer}")))?;
-                    proptest::prop_assert!(error["error"].is_string(), "{case:?}: {answer}");
+                    // A readiness probe that says "not ready" is an answer,
+                    // not an error.
+                    let readiness = status == 503 && error["ready"] == Value::Bool(false);
+                    proptest::prop_assert!(error["error"].is_string() || readiness, "{case:?}: {answer}");
                 }
                 Ok(())
             })
             .unwrap();
     }
+    // A path that does not decode, once more (the property found it).
+    let (status, answer) = runtime.block_on(http(group.local_addr(), "GET", "/jobs/task/%a0", Some(TOKEN), None));
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("\"error\""), "{answer}");
     assert_eq!((handle.status(), open.status()), (JobState::Running, JobState::Running));
     runtime.block_on(async {
         assert_eq!(http(group.local_addr(), "GET", "/healthz", None, None).await.0, 200);
+        assert_eq!(http(stoppable.admin_addr().unwrap(), "GET", "/healthz", None, None).await.0, 200);
         handle.cancel().await.unwrap();
         open.cancel().await.unwrap();
     });

@@ -84,7 +84,19 @@ impl Layout {
     /// Whether `path` is a probe or one of the dashboard's files (which
     /// hold no data): open without the token.
     fn is_open(self, path: &str) -> bool {
-        let page = |p: &str| matches!(p, "/" | "/dashboard" | "/healthz" | "/readyz") || p.starts_with("/dashboard/");
+        // Exact paths only: nothing with `..`, an encoding or a suffix the
+        // router might read otherwise.
+        let page = |p: &str| {
+            matches!(
+                p,
+                "/" | "/dashboard"
+                    | "/healthz"
+                    | "/readyz"
+                    | "/dashboard/app.js"
+                    | "/dashboard/style.css"
+                    | "/dashboard/group.js"
+            )
+        };
         match self {
             Self::Job => page(path),
             Self::Group => {
@@ -212,7 +224,7 @@ impl Gate {
 }
 
 /// The name part of a `Host` header (`name`, `name:port`, `[v6]:port`).
-fn host_name(host: &str) -> &str {
+pub(super) fn host_name(host: &str) -> &str {
     let host = host.trim();
     if host.starts_with('[') {
         return host.find(']').and_then(|end| host.get(..=end)).unwrap_or(host);
@@ -470,7 +482,17 @@ mod tests {
         for open in ["/jobs/a", "/jobs/a/", "/jobs/a/healthz", "/jobs/a/dashboard/style.css"] {
             assert!(Layout::Group.is_open(open), "{open}");
         }
-        for closed in ["/api/job", "/metrics", "/jobs/a/api/stop", "/jobs/a/metrics", "/nowhere", "/healthz/x"] {
+        for closed in [
+            "/api/job",
+            "/metrics",
+            "/jobs/a/api/stop",
+            "/jobs/a/metrics",
+            "/nowhere",
+            "/healthz/x",
+            "/dashboard/../api/job",
+            "/jobs/a/dashboard/../api/stop",
+            "/jobs/a/dashboard/%2e%2e/api/stop",
+        ] {
             assert!(!Layout::Job.is_open(closed) && !Layout::Group.is_open(closed), "{closed}");
         }
     }

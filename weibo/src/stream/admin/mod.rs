@@ -123,7 +123,8 @@ impl AdminOptions {
     #[must_use]
     pub fn with_allowed_host(mut self, name: impl Into<String>) -> Self {
         let name: String = name.into();
-        self.hosts.push(name.trim().to_ascii_lowercase());
+        // A port given with the name is not part of it.
+        self.hosts.push(gate::host_name(&name).to_ascii_lowercase());
         self
     }
 
@@ -528,9 +529,17 @@ async fn group_job_root(uri: axum::http::Uri) -> Response {
 
 async fn group_job(
     State(group): State<Arc<GroupState>>,
-    axum::extract::Path(params): axum::extract::Path<std::collections::HashMap<String, String>>,
+    params: std::result::Result<
+        axum::extract::Path<std::collections::HashMap<String, String>>,
+        axum::extract::rejection::PathRejection,
+    >,
     request: axum::extract::Request,
 ) -> Response {
+    // A path that does not decode (`%a0`): the API's own 400, in JSON.
+    let params = match params {
+        Ok(axum::extract::Path(params)) => params,
+        Err(e) => return ApiError(StatusCode::BAD_REQUEST, format!("a path that is not one: {e}")).into_response(),
+    };
     let job = params.get("job").cloned().unwrap_or_default();
     dispatch(&group, &job, request).await
 }
