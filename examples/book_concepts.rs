@@ -26,9 +26,9 @@ fn main() -> weibo::Result<()> {
     );
     assert_eq!(
         job.plan()?,
-        "plan of job `fusion`: 2 nodes, 5 tasks
-  node `orders` x2: orders -> filter -> map => hash(CustomerId) totals
-  node `totals` x3: totals -> big-spenders -> collect
+        "plan of job `fusion`: 2 chains, 5 tasks
+  chain `orders` x2: orders -> filter -> map => hash(CustomerId) totals
+  chain `totals` x3: totals -> big-spenders -> collect
 "
     );
     job.run_blocking()?;

@@ -148,7 +148,7 @@ fn fan_out() -> weibo::Result<()> {
     println!("{plan}");
     assert_eq!(
         plan,
-        "plan of job `split`: 1 node, 1 task\n  node `orders` x1: orders -> {filter -> paid, filter-2 -> refunds}\n"
+        "plan of job `split`: 1 chain, 1 task\n  chain `orders` x1: orders -> {filter -> paid, filter-2 -> refunds}\n"
     );
     job.run_blocking()?;
     assert_eq!((paid.values().len(), refunds.values().len()), (12, 2));

@@ -84,23 +84,6 @@ impl<R> Pending<R> {
     }
 }
 
-/// A fresh token naming one run of a writer (32 hex digits, 128 bits from
-/// two of the standard library's randomly keyed hashers over the clock and
-/// the process id): what keeps one run's pending output apart from
-/// another's.
-#[cfg_attr(not(any(feature = "postgres", feature = "s3")), allow(dead_code))]
-pub(crate) fn run_token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let half = || {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(nanos);
-        h.write_u32(std::process::id());
-        h.finish()
-    };
-    format!("{:016x}{:016x}", half(), half())
-}
-
 /// Between half and one and a half times `d`: a retry's pause, spread so
 /// that writers that failed together do not retry together.
 #[cfg_attr(not(any(feature = "postgres", feature = "http")), allow(dead_code))]

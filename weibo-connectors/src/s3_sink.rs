@@ -37,7 +37,7 @@ use weibo::record::CheckpointId;
 use weibo::sinks::{SinkBatch, TransactionWriter, TwoPhaseCommitSink};
 use weibo::{Error, Result};
 
-use crate::runtime::run_token;
+use weibo::checkpoint::run_token;
 
 /// Where pending parts are kept, under the sink's storage.
 const PENDING: &str = "_pending";

@@ -31,6 +31,7 @@ use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+use weibo::checkpoint::run_token;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
@@ -279,16 +280,6 @@ fn parse_handle(h: &str) -> Option<(usize, usize, u64, Option<&str>)> {
         None => None,
     };
     parts.next().is_none().then_some((i, s, e, run))
-}
-
-/// A token for one run of a sink: random, so that two runs never share
-/// one (and a marker tells which run committed it).
-fn run_token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    h.write_u32(std::process::id());
-    format!("{:016x}", h.finish())
 }
 
 /// A commit marker: the last epoch an instance committed, and the token of

@@ -12,7 +12,7 @@ use weibo::sinks::{SinkBatch, TransactionWriter, TwoPhaseCommitSink};
 use super::copy::{decode_origins, encode_origins};
 use super::write::{Attempt, Chunk, Collector, apply, refused_from_json, refused_to_json, retrying};
 use super::{Checked, Inner, Pending, PostgresSink};
-use crate::runtime::run_token;
+use weibo::checkpoint::run_token;
 
 /// The table of committed epochs: a row `(sink, instance, run, epoch)`
 /// for each of the last [`KEEP_PROGRESS`] epochs of each instance and run.

@@ -74,7 +74,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-pub(crate) use self::naming::{checkpoint_name, checkpoint_number, run_token, written_by};
+pub use self::naming::run_token;
+pub(crate) use self::naming::{checkpoint_name, checkpoint_number, written_by};
 pub use self::storage::{
     CheckpointStorage, LeaseError, LocalDir, LockAttempt, MemoryStorage, ObjectReader, ObjectWriter, StorageHolder,
     StorageLease,
@@ -419,7 +420,7 @@ mod tests {
         );
         assert_eq!(written_by("MANIFEST"), None);
         assert_ne!(run_token(), run_token());
-        assert_eq!(run_token().len(), 16);
+        assert_eq!(run_token().len(), 32);
     }
 
     #[test]

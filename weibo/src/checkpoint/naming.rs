@@ -43,16 +43,24 @@ pub(crate) fn written_by(name: &str) -> Option<CheckpointId> {
     parts.next()?.parse().ok().map(CheckpointId::new)
 }
 
-/// A token for this run of a job, in the names of the state files it
-/// writes: a job restarted in the same storage (while writes of its
-/// previous run may still be finishing, invisible until they do) never
-/// writes an object of the same name.
-pub(crate) fn run_token() -> String {
+/// A fresh token naming one run of a writer: 32 hex digits, 128 bits from
+/// two of the standard library's randomly keyed hashers over the clock and
+/// the process id. What keeps one run's output apart from another's: in
+/// the names of a job's state files (a job restarted in the same storage,
+/// while writes of its previous run may still be finishing, never writes
+/// an object of the same name), and in the pending output and commit
+/// markers of exactly-once sinks (the built-in ones and the connectors'
+/// use it; a sink of your own may too).
+pub fn run_token() -> String {
     use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    h.write_u32(std::process::id());
-    format!("{:016x}", h.finish())
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let half = || {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(nanos);
+        h.write_u32(std::process::id());
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(), half())
 }
 
 /// Where a task's state file for checkpoint `n` goes: its name in the

@@ -9,8 +9,8 @@ use crate::error::Result;
 use super::{EdgeKind, Graph, Node, NodeId, Op, short_type_name};
 
 impl Graph {
-    /// The fused plan as text: one line per node (head and the operators
-    /// fused into it).
+    /// The fused plan as text: one line per chain (a head and the
+    /// operators fused into it).
     pub(crate) fn plan_text(&self) -> Result<String> {
         self.validate()?;
         let heads: Vec<NodeId> =
@@ -18,10 +18,10 @@ impl Graph {
         let tasks: usize = heads.iter().filter_map(|&h| self.nodes.get(h)).map(Node::parallelism).sum();
         let plural = |n: usize, word: &str| if n == 1 { format!("1 {word}") } else { format!("{n} {word}s") };
         let mut out =
-            format!("plan of job `{}`: {}, {}\n", self.name, plural(heads.len(), "node"), plural(tasks, "task"));
+            format!("plan of job `{}`: {}, {}\n", self.name, plural(heads.len(), "chain"), plural(tasks, "task"));
         for h in heads {
             let node = self.node(h)?;
-            let _ = write!(out, "  node `{}` x{}: {}", node.name, node.parallelism(), node.name);
+            let _ = write!(out, "  chain `{}` x{}: {}", node.name, node.parallelism(), node.name);
             self.chain_text(h, &mut out)?;
             out.push('\n');
         }

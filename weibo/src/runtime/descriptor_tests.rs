@@ -205,8 +205,8 @@ fn graph_from_descriptors_runs_without_user_types() {
     let graph = described(&lines, &out);
     graph.validate().unwrap();
     let plan = graph.plan_text().unwrap();
-    assert!(plan.contains("node `orders` x1: orders -> valid => hash(json field `user`) sums"), "{plan}");
-    assert!(plan.contains("node `sums` x2: sums -> collect"), "{plan}");
+    assert!(plan.contains("chain `orders` x1: orders -> valid => hash(json field `user`) sums"), "{plan}");
+    assert!(plan.contains("chain `sums` x2: sums -> collect"), "{plan}");
 
     let config = JobConfig::default();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();

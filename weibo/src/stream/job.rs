@@ -685,7 +685,7 @@ impl Job {
     /// let job = weibo::Job::new("two-partitions");
     /// let s = job.source(weibo::sources::Generator::new(10, |i| i).with_partitions(2));
     /// s.sink(weibo::sinks::Blackhole::new());
-    /// assert!(job.plan()?.contains("node `generator` x2"));
+    /// assert!(job.plan()?.contains("chain `generator` x2"));
     /// # Ok::<(), weibo::Error>(())
     /// ```
     pub fn source<S: Source>(&self, source: S) -> Stream<S::Item> {

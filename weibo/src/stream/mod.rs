@@ -1008,7 +1008,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     ///     .with_partitions(4)
     ///     .reduce(|a, b| a + b)
     ///     .sink(weibo::sinks::Blackhole::new());
-    /// assert!(job.plan()?.contains("node `reduce` x4"));
+    /// assert!(job.plan()?.contains("chain `reduce` x4"));
     /// # Ok::<(), weibo::Error>(())
     /// ```
     #[must_use]
