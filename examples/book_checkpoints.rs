@@ -5,15 +5,17 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_checkpoints`.
 
+// ANCHOR: imports
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use weibo::sinks::{CollectSink, TxnFileSink};
-use weibo::sources::{Generator, ReadStatus, Source, SourceOutput, SourceReader};
-use weibo::{BoxFuture, Job};
+use weibo::BoxFuture;
+use weibo::prelude::*;
+use weibo::sources::{ReadStatus, Source, SourceOutput, SourceReader};
+// ANCHOR_END: imports
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {

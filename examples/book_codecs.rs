@@ -3,13 +3,12 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_codecs`.
 
+// ANCHOR: imports
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use weibo::Data;
-use weibo::sinks::CollectSink;
-use weibo::sources::IterSource;
-use weibo::{Job, Key};
+use weibo::prelude::*;
+// ANCHOR_END: imports
 
 // ANCHOR: types
 /// A value type: serde derives give it the postcard codec.

@@ -3,13 +3,13 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_concepts`.
 
+// ANCHOR: imports
 use std::time::Duration;
 
-use weibo::Job;
-use weibo::sinks::CollectSink;
-use weibo::sources::Generator;
+use weibo::prelude::*;
 use weibo::state::MemoryBackend;
 use weibo_examples::{CustomerId, Order, Totals, order};
+// ANCHOR_END: imports
 
 fn main() -> weibo::Result<()> {
     let (job, big_spenders) = fusion()?;

@@ -4,13 +4,13 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_keyed`.
 
+// ANCHOR: imports
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use weibo::sinks::CollectSink;
-use weibo::sources::{Generator, IterSource};
-use weibo::{Aggregate, Job, KeyedContext, on_error};
+use weibo::prelude::*;
 use weibo_examples::{CustomerId, Order, Totals, order};
+// ANCHOR_END: imports
 
 fn main() -> weibo::Result<()> {
     reduce()?;

@@ -3,13 +3,13 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_keys`.
 
+// ANCHOR: imports
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use weibo::key::{decode, encode};
-use weibo::sinks::CollectSink;
-use weibo::sources::IterSource;
-use weibo::{Job, Key};
+use weibo::prelude::*;
+// ANCHOR_END: imports
 
 // ANCHOR: derive
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Key, Serialize, Deserialize)]

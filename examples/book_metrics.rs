@@ -3,12 +3,12 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_metrics`.
 
+// ANCHOR: imports
 use std::time::Duration;
 
-use weibo::Job;
-use weibo::sinks::Blackhole;
-use weibo::sources::Generator;
+use weibo::prelude::*;
 use weibo_examples::{Order, Totals, order};
+// ANCHOR_END: imports
 
 #[tokio::main]
 async fn main() -> weibo::Result<()> {

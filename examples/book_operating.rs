@@ -3,15 +3,16 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_operating`.
 
+// ANCHOR: imports
 use std::error::Error;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use weibo::sinks::CollectSink;
-use weibo::sources::Generator;
-use weibo::{AdminOptions, Job};
+use weibo::AdminOptions;
+use weibo::prelude::*;
 use weibo_examples::{Order, Totals, order};
+// ANCHOR_END: imports
 
 /// One HTTP/1.1 request (what `curl` does); returns the status and body.
 async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> Result<(u16, String), Box<dyn Error>> {

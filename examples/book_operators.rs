@@ -3,13 +3,13 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_operators`.
 
+// ANCHOR: imports
 use std::error::Error;
 use std::path::Path;
 
-use weibo::sinks::{Blackhole, CollectSink, FileSink};
-use weibo::sources::IterSource;
-use weibo::{Job, on_error};
+use weibo::prelude::*;
 use weibo_examples::{CustomerId, Order, order};
+// ANCHOR_END: imports
 
 fn main() -> Result<(), Box<dyn Error>> {
     stateless()?;

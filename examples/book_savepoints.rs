@@ -5,15 +5,15 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_savepoints`.
 
+// ANCHOR: imports
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use weibo::Job;
-use weibo::sinks::CollectSink;
-use weibo::sources::Generator;
+use weibo::prelude::*;
 use weibo_examples::{CustomerId, Order, Totals, order};
+// ANCHOR_END: imports
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {

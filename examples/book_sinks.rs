@@ -3,16 +3,17 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_sinks`.
 
+// ANCHOR: imports
 use std::collections::BTreeSet;
 use std::error::Error;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use weibo::Job;
+use weibo::prelude::*;
 use weibo::record::Timestamp;
-use weibo::sinks::{Blackhole, CollectSink, FileSink, Sink, SinkBatch, SinkWriter, Stdout};
-use weibo::sources::{Generator, IterSource};
+use weibo::sinks::{Sink, SinkBatch, SinkWriter};
 use weibo_examples::{Order, Totals, order};
+// ANCHOR_END: imports
 
 fn main() -> Result<(), Box<dyn Error>> {
     stdout()?;

@@ -3,13 +3,15 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_sources`.
 
+// ANCHOR: imports
 use std::error::Error;
 use std::path::Path;
 
-use weibo::sinks::{Blackhole, CollectSink};
-use weibo::sources::{FileSource, Generator, IterSource, ReadStatus, Source, SourceOutput, SourceReader};
-use weibo::{BoxFuture, Job, on_error};
+use weibo::BoxFuture;
+use weibo::prelude::*;
+use weibo::sources::{ReadStatus, Source, SourceOutput, SourceReader};
 use weibo_examples::{CustomerId, Order};
+// ANCHOR_END: imports
 
 fn main() -> Result<(), Box<dyn Error>> {
     iter()?;

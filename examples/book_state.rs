@@ -4,18 +4,17 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_state`.
 
+// ANCHOR: imports
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use weibo::sinks::CollectSink;
-use weibo::sources::Generator;
+use weibo::prelude::*;
 use weibo::state::{FjallBackend, MemoryBackend, StateBackend};
-use weibo::time::WatermarkStrategy;
-use weibo::window::{Session, Tumbling, WindowResult};
-use weibo::{Job, testing};
+use weibo::testing;
 use weibo_examples::{CustomerId, Order, Totals, order};
+// ANCHOR_END: imports
 
 fn main() -> Result<(), Box<dyn Error>> {
     let dir = scratch("state");

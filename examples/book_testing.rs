@@ -4,12 +4,13 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_testing`.
 
+// ANCHOR: imports
 use std::error::Error;
 
-use weibo::sources::Generator;
+use weibo::prelude::*;
 use weibo::testing::{self, TestJob};
-use weibo::{Stream, on_error};
 use weibo_examples::{CustomerId, Order, Totals, order};
+// ANCHOR_END: imports
 
 fn main() -> Result<(), Box<dyn Error>> {
     run()?;

@@ -4,6 +4,7 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_time`.
 
+// ANCHOR: imports
 use std::collections::BTreeSet;
 use std::error::Error;
 use std::sync::Arc;
@@ -11,12 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use weibo::sinks::CollectSink;
+use weibo::BoxFuture;
+use weibo::prelude::*;
 use weibo::sources::{ReadStatus, Source, SourceOutput, SourceReader};
 use weibo::testing::{self, Harness, RunningHarness, TestJob};
-use weibo::time::WatermarkStrategy;
-use weibo::window::{Count, Session, Sliding, Tumbling, WindowAssigner, WindowContext, WindowResult};
-use weibo::{Aggregate, BoxFuture, Job, KeyedContext, Stream, on_error};
+use weibo::window::{WindowAssigner, WindowContext};
+// ANCHOR_END: imports
 
 fn main() -> Result<(), Box<dyn Error>> {
     monotonous()?;

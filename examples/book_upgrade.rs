@@ -15,16 +15,16 @@
 //! Between the steps, `weibo savepoint inspect <dir>` shows what the
 //! savepoint holds.
 
+// ANCHOR: imports
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use weibo::Job;
-use weibo::sinks::CollectSink;
-use weibo::sources::Generator;
+use weibo::prelude::*;
 use weibo_examples::{CustomerId, Order, Totals, order};
+// ANCHOR_END: imports
 
 const ORDERS: u64 = 20_000;
 

@@ -4,11 +4,11 @@
 //!
 //! Run it with `cargo run -p weibo-examples --example book_wiring`.
 
+// ANCHOR: imports
 use std::error::Error;
 
-use weibo::sinks::Blackhole;
-use weibo::sources::IterSource;
-use weibo::{Job, on_error};
+use weibo::prelude::*;
+// ANCHOR_END: imports
 
 fn main() -> Result<(), Box<dyn Error>> {
     no_sink()?;

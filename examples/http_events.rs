@@ -6,14 +6,14 @@
 //! cargo run --release -p weibo-examples --example http_events -- http://127.0.0.1:8080/events <state dir>
 //! ```
 
+// ANCHOR: imports
 use std::path::Path;
 use std::time::Duration;
 
 use serde::Serialize;
-use weibo::Job;
-use weibo::sinks::FileSink;
-use weibo::sources::Generator;
+use weibo::prelude::*;
 use weibo_connectors::http::{BodyFormat, HttpSink, Refused};
+// ANCHOR_END: imports
 
 // ANCHOR: job
 #[derive(Clone, Debug, Serialize)]

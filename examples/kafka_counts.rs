@@ -15,12 +15,14 @@
 #[path = "shared/clicks.rs"]
 mod clicks;
 
+// ANCHOR: imports
 use std::path::Path;
 use std::time::Duration;
 
 use clicks::{Click, count_clicks};
-use weibo::Job;
+use weibo::prelude::*;
 use weibo_connectors::kafka::{Json, KafkaSource, TxnKafkaSink};
+// ANCHOR_END: imports
 
 // ANCHOR: job
 fn job(brokers: &str, input: &str, output: &str, dir: &Path) -> weibo::Result<Job> {

@@ -16,12 +16,14 @@
 #[path = "shared/clicks.rs"]
 mod clicks;
 
+// ANCHOR: imports
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clicks::{Click, count_clicks};
-use weibo::Job;
+use weibo::prelude::*;
 use weibo_connectors::kafka::{Json, KafkaGroup, TxnKafkaSink};
+// ANCHOR_END: imports
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();

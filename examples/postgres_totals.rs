@@ -14,7 +14,9 @@
 #[path = "shared/totals.rs"]
 mod totals;
 
+// ANCHOR: imports
 use std::path::Path;
+// ANCHOR_END: imports
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();

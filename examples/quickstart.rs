@@ -3,10 +3,10 @@
 //!
 //! Run it with `cargo run --release -p weibo-examples --example quickstart`.
 
-use weibo::Job;
-use weibo::sinks::Stdout;
-use weibo::sources::Generator;
+// ANCHOR: imports
+use weibo::prelude::*;
 use weibo_examples::{Order, Totals, order};
+// ANCHOR_END: imports
 
 // ANCHOR: pipeline
 #[tokio::main]

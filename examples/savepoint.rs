@@ -10,13 +10,14 @@
 //! takes savepoint `<name>` after one second, and stops; `resume` restores it
 //! with `<partitions>` workers, runs to the end and prints the totals.
 
+// ANCHOR: imports
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use weibo::sinks::CollectSink;
-use weibo::sources::Generator;
-use weibo::{Job, Result};
+use weibo::Result;
+use weibo::prelude::*;
 use weibo_examples::{Order, Totals, order};
+// ANCHOR_END: imports
 
 fn job(dir: &Path, partitions: usize, rate: f64, out: &CollectSink<Totals>) -> Job {
     let job = Job::new("orders-per-customer").with_checkpoints(dir.join("checkpoints"), Duration::from_secs(10));

@@ -32,6 +32,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("runtime", 7),
     ("stream", 8),
     ("testing", 9),
+    // Re-exports only: what a pipeline needs, in one import.
+    ("prelude", 10),
 ];
 
 fn rank(module: &str) -> Option<u32> {

@@ -13,6 +13,7 @@
 //! - [`metrics`]: per-operator and per-edge counters; [`error`]: the one
 //!   error type and who is to blame.
 //! - [`testing`]: run a pipeline on in-memory input in one call.
+//! - [`prelude`]: what a pipeline needs, in one `use weibo::prelude::*;`.
 //!
 //! How the crate is layered inside is in the book's design notes.
 
@@ -25,6 +26,7 @@ pub mod error;
 mod graph;
 pub mod metrics;
 mod operator;
+pub mod prelude;
 pub mod record;
 mod runtime;
 pub mod sinks;
