@@ -22,13 +22,18 @@
 //! a source or sink of your own, tests (`weibo::testing`), state backends,
 //! checkpoint storage and the admin API are imported from their modules.
 
-pub use crate::sinks::{Blackhole, CollectSink, FileSink, Stdout, TxnFileSink};
-pub use crate::sources::{FileSource, Generator, IterSource};
-pub use crate::time::WatermarkStrategy;
-pub use crate::window::{Count, Session, Sliding, Tumbling, WindowResult};
 // Not `Error` and `Result`: a glob import of them would shadow the
 // standard library's `Result` in the importing module. They are
 // `weibo::Error` and `weibo::Result`.
-pub use crate::{
-    Aggregate, Data, DeadLetter, Job, JobHandle, JobState, Key, KeyedContext, KeyedStream, Stream, on_error,
-};
+pub use weibo_macros::Key;
+
+pub use crate::codec::Data;
+pub use crate::codec::key::Key;
+pub use crate::operator::keyed::KeyedContext;
+pub use crate::operator::windows::{Count, Session, Sliding, Tumbling, WindowResult};
+pub use crate::runtime::status::JobState;
+pub use crate::sinks::{Blackhole, CollectSink, FileSink, Stdout, TxnFileSink};
+pub use crate::sources::{FileSource, Generator, IterSource};
+pub use crate::stream::job::{Job, JobHandle};
+pub use crate::stream::{Aggregate, DeadLetter, KeyedStream, Stream, on_error};
+pub use crate::time::WatermarkStrategy;
