@@ -112,9 +112,8 @@ pub(crate) fn take_records<K: Key, T: Data>(
 /// nothing; far enough ahead that the lines have mostly arrived, near
 /// enough that the requests in flight fit the processor's miss buffers
 /// (three to five lines per record) and the lines are still in the
-/// first-level cache when used. `bench w3` and `w3-sum`, five interleaved
-/// runs: 6 ahead ran 5–15% faster than 4 and 8, and 2 slower still. See the
-/// Performance chapter.
+/// first-level cache when used. Chosen by measuring `bench w3` and
+/// `w3-sum` at 2, 4, 6 and 8 ahead (the Performance chapter).
 const LOOK_AHEAD: usize = 6;
 
 /// A batch's taken records with their metadata, in chunks of

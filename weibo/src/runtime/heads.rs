@@ -297,10 +297,10 @@ impl SourceHead {
     ///
     /// Most waits are short (the others catch up within a batch or two),
     /// and what is buffered keeps its place in the batches being filled:
-    /// flushed at every wait, those batches went out small, and at 2 s of
-    /// drift `bench w1` at two partitions ran at 33 M events/s instead of
-    /// 46. A longer wait flushes, so that no record waits longer than the
-    /// buffer timeout for it.
+    /// flushed at every wait, those batches went out small, and `bench w1`
+    /// at two partitions with a small drift ran markedly slower. A longer
+    /// wait flushes, so that no record waits longer than the buffer timeout
+    /// for it.
     async fn wait_aligned(
         &mut self,
         aligned: &crate::time::alignment::Aligned,

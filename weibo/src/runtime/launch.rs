@@ -371,9 +371,9 @@ pub(crate) fn launch(graph: &Graph, config: &JobConfig, status: &Arc<JobStatus>)
 /// that has records for as long as it has them, and a task woken from
 /// outside (a savepoint request, a state file written on a blocking
 /// thread) waits for a worker to look at its queue. Among the tasks, the
-/// coordinator waited 2–8 ms for each step of a checkpoint that took 15–25
-/// ms in all (`bench ckpt`, fjall, 1% of 5 M keys changed). On its own
-/// thread it is woken by the operating system at once. The runtime is
+/// coordinator waited that way at each step of a checkpoint, a large share
+/// of a small incremental checkpoint's time (`bench ckpt` on fjall). On
+/// its own thread it is woken by the operating system at once. The runtime is
 /// multi-threaded, as a job's must be for a checkpoint storage or a sink
 /// that waits on an async client with `Handle::current().block_on` under
 /// [`crate::blocking`] (see [`crate::checkpoint::CheckpointStorage`]).

@@ -108,9 +108,9 @@ impl FjallOptions {
     /// more than a map operation and a share of a sort when its key group
     /// is read in order, one written back costs fjall writes and reads:
     /// the benchmark's `sessions` workload (a timer set and one fired per
-    /// event) runs about three times slower (0.77 against 2.23 M events/s
-    /// with timers in memory). Use it when a job keeps many more timers
-    /// than fit in memory.
+    /// event) runs about three times slower than with timers in memory (the
+    /// State backends chapter has the figures). Use it when a job keeps
+    /// many more timers than fit in memory.
     pub fn timers_on_disk(mut self, on_disk: bool) -> Self {
         self.timers_on_disk = on_disk;
         self
@@ -123,11 +123,10 @@ impl FjallOptions {
     /// by handing every compaction on to the others, and that thread hands
     /// the same compaction on again and again, without waiting, while the
     /// others are busy: it takes a core for as long as a compaction runs.
-    /// On the 2-core development machine, `bench w3` on fjall ran at 0.143
-    /// M events/s with two threads (93 s of CPU for 8 M events) and 0.196
-    /// M with one (60 s); `bench sessions` with timers on disk at 0.148 M
-    /// and 0.167 M. More threads pay off only where cores are to spare and
-    /// compactions are what holds the job back.
+    /// On a 2-core machine `bench w3` and `bench sessions` on fjall run
+    /// faster with one thread than with two, which spend a core passing
+    /// compactions around. More threads pay off only where cores are to
+    /// spare and compactions are what holds the job back.
     pub fn background_threads(mut self, threads: usize) -> Self {
         self.background_threads = threads.max(1);
         self
@@ -380,8 +379,8 @@ impl StateBackend for FjallBackend {
                 // The journal is not flushed to the OS after every write
                 // (fjall's database-wide setting covers batches only; single
                 // writes follow the keyspace's): a write was one `write`
-                // system call (`bench sessions` with timers on disk: 0.095
-                // → 0.134 M events/s). Nothing
+                // system call, which `bench sessions` with timers on disk
+                // paid for every timer. Nothing
                 // reads the journal back: a job's fjall state comes from its
                 // checkpoint whenever it starts.
                 fjall::KeyspaceCreateOptions::default()

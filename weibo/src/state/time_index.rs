@@ -5,8 +5,8 @@
 //! worker goes on setting, deleting and firing timers while the snapshot
 //! is encoded on another thread. Sharing each time's key set (one
 //! reference, and one allocation, per time) made the barrier's pause grow
-//! with the distinct times: 11–19 ms with 40,000 of them (a session window
-//! per key, `bench sessions`). Here the times are kept in chunks of at
+//! with the distinct times: milliseconds with tens of thousands of them (a
+//! session window per key, `bench sessions`). Here the times are kept in chunks of at
 //! most [`CHUNK_MAX`] times. The barrier moves each chunk the worker owns
 //! into an `Arc` and takes one reference per chunk. The worker takes a
 //! chunk back the first time it writes into it after that, or copies it

@@ -95,9 +95,9 @@ pub struct ValueState<K, V> {
 /// times an entry's size) from which its keyed operator asks for the
 /// lines of the keys ahead (see
 /// [`ValueState::prefetch`]). Below it the state stays in the caches and
-/// the prefetches cost without saving a wait: `bench w3-100keys` ran at
-/// 34.7 M events/s with them and 42.0 without (three runs each), while
-/// over 5 M keys (400 MB) they take `w3-sum` from 3.65 to 9.5 M/s.
+/// the prefetches cost without saving a wait (`bench w3-100keys` runs
+/// slower with them), while over 5 M keys (400 MB) they save most of the
+/// state's time (`bench w3-sum`; the Performance chapter).
 const PREFETCH_MIN_BYTES: usize = 1 << 20;
 
 /// How many batches [`ValueState::prefetch_pays`] answers before it looks
@@ -215,10 +215,11 @@ impl<K: Clone> ChangeLog<K> {
 /// logs a complete checkpoint holds leave with the snapshot, which frees
 /// them on its own thread. Copied or pruned in place, they cost the pause
 /// time in proportion to the changes: every pending removal copied (with
-/// session windows, about 25 KiB per key group at every barrier; `bench
-/// sessions`, longest pause 22.6 -> 13.4 ms), one `free` per key and value
-/// a complete checkpoint held, and the whole log copied when the snapshot
-/// before still shared it (with timers on disk, 11.9 -> 0.92 ms).
+/// session windows, kilobytes per key group at every barrier, which
+/// `bench sessions` showed in its longest pause), one `free` per key and
+/// value a complete checkpoint held, and the whole log copied when the
+/// snapshot before still shared it (with timers on disk, most of the
+/// pause).
 pub(super) struct EpochLog<L> {
     /// Past epochs' logs, by epoch (oldest first).
     sealed: Vec<(u32, Arc<L>)>,
@@ -1011,8 +1012,8 @@ impl<K: Key, V: Data> ValueState<K, V> {
                 // A base looks up no keys: nothing to allocate in the pause
                 // (with glibc's allocator, the first allocation of a
                 // kilobyte or more after many small frees merges the freed
-                // chunks first: 7–12 ms at the base after a long run on
-                // fjall, `bench ckpt`).
+                // chunks first: milliseconds at the base after a long run
+                // on fjall, `bench ckpt`).
                 keys.for_each(drop);
             }
         }

@@ -7,7 +7,7 @@
 //!   beyond that takes the place of the one that has waited longest
 //!   without a request in progress (an idle keep-alive, a half-sent
 //!   head, a TLS handshake); when every one has a request in progress,
-//!   the new one is answered 503 and closed at once.
+//!   the new one is answered 503 and closed ([`refuse_busy`]).
 //! - A request's head must arrive within [`HEADER_TIMEOUT`] of the
 //!   connection's last answer (or its start): an idle or half-sent
 //!   connection is closed then. Heads are at most [`HEAD_LIMIT`] bytes;
@@ -106,6 +106,7 @@ async fn accept(listener: tokio::net::TcpListener, serving: Arc<Serving>, mut st
     let slots = Arc::new(Slots { max: serving.max_connections.max(1), inner: Mutex::default() });
     let mut connections = tokio::task::JoinSet::new();
     let mut accepts = Pace::new(ACCEPTS_PER_SECOND);
+    let lingering = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
         let wait = accepts.wait();
         if !wait.is_zero() {
@@ -131,7 +132,7 @@ async fn accept(listener: tokio::net::TcpListener, serving: Arc<Serving>, mut st
                             #[cfg(not(feature = "admin-tls"))]
                             let plain = true;
                             if plain {
-                                let _ = stream.try_write(busy_answer().as_bytes());
+                                refuse_busy(stream, &lingering, &mut connections);
                             }
                         }
                     }
@@ -152,6 +153,40 @@ async fn accept(listener: tokio::net::TcpListener, serving: Arc<Serving>, mut st
     drop(listener);
     slots.evict_idle();
     let _ = tokio::time::timeout(DRAIN, async { while connections.join_next().await.is_some() {} }).await;
+}
+
+/// The most refused connections kept open a moment after their 503, on
+/// top of the cap.
+const LINGERING_MAX: usize = 16;
+
+/// How long a refused connection is kept open after its 503.
+const LINGER: Duration = Duration::from_millis(200);
+
+/// Answers `stream` 503 and closes it. Closed at once with the request
+/// unread, the socket would be reset and the client might never read the
+/// answer, so the request is read and dropped for a moment first; at most
+/// [`LINGERING_MAX`] connections at a time (beyond that, closed at once).
+fn refuse_busy(
+    stream: tokio::net::TcpStream,
+    lingering: &Arc<std::sync::atomic::AtomicUsize>,
+    connections: &mut tokio::task::JoinSet<()>,
+) {
+    use std::sync::atomic::Ordering;
+    let _ = stream.try_write(busy_answer().as_bytes());
+    if lingering.fetch_add(1, Ordering::Relaxed) >= LINGERING_MAX {
+        lingering.fetch_sub(1, Ordering::Relaxed);
+        return;
+    }
+    let lingering = lingering.clone();
+    connections.spawn(async move {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut stream = stream;
+        let _ = stream.shutdown().await;
+        let mut sink = [0u8; 1024];
+        let _ = tokio::time::timeout(LINGER, async { while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {} })
+            .await;
+        lingering.fetch_sub(1, Ordering::Relaxed);
+    });
 }
 
 /// Serves one connection until it closes, times out, or is evicted.
