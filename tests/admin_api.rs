@@ -4,8 +4,6 @@
 //! readiness, and the bearer token (401 without it or with a wrong one,
 //! and nothing changes).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -6,8 +6,6 @@
 //! connections against a process of 1,024 descriptors that checkpoints
 //! every 100 ms, requests of every shape (a property test), and HTTPS.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -2,8 +2,6 @@
 //! reads no further than the drift ahead of the slowest, passes barriers
 //! while it waits, and does not wait for a partition that is idle.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,7 +1,5 @@
 //! Pins the auto traits of public handles: a change here is a breaking change.
 
-#![allow(missing_docs)]
-
 fn send<T: Send>() {}
 fn sync<T: Sync>() {}
 fn static_error<T: std::error::Error + Send + Sync + 'static>() {}

@@ -8,8 +8,6 @@
 //! goes down to the lower one (or to the foundation), and a call upwards
 //! becomes a trait the lower layer defines and the upper one implements.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 

@@ -2,8 +2,6 @@
 //! `book/src` must name an existing file and, if given, an existing anchor,
 //! and every snippet shows its imports.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::path::Path;
 
 #[test]

@@ -2,8 +2,6 @@
 //! `not-yet.md`, and no other chapter (nor the README) says that something
 //! is "not yet" there or "coming", or that there is "none … yet".
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::path::Path;
 
 /// Phrases that announce the future, and where in `text` (lowercase) the

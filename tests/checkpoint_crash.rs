@@ -10,8 +10,6 @@
 //! The child is this test binary itself, started with `WEIBO_CRASH_CHILD`
 //! set, running only the `child` test.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -1,7 +1,5 @@
 //! `#[derive(Key)]` layouts and `#[derive(RkyvData)]` across a shuffle edge.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use proptest::prelude::*;
 use weibo::{Data, Key, key, testing};
 

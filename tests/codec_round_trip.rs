@@ -4,8 +4,6 @@
 //! each serde attribute postcard cannot express, naming the type, the
 //! state, the operator and what to change.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};

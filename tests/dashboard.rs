@@ -7,8 +7,6 @@
 //! `WEIBO_DASHBOARD_SCREENSHOT=<file.png>` also saves what the page looks
 //! like (the book's picture is taken this way).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -9,8 +9,6 @@
 //! The children are this test binary itself, started with
 //! `WEIBO_TWO_CHILD` set, running only the `child` test.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "s3_server.rs"]
 mod s3_server;
 #[path = "schedule.rs"]

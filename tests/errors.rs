@@ -3,8 +3,6 @@
 //! the operating system's, a request a job cannot serve is refused, and
 //! every wiring problem is reported at once.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::error::Error as _;
 use std::time::Duration;
 

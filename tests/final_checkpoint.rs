@@ -4,8 +4,6 @@
 //! refuses is taken again until it completes, or fails the job naming it;
 //! plain sinks get nothing after `finish`.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "flaky_storage.rs"]
 mod flaky_storage;
 

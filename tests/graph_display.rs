@@ -1,8 +1,6 @@
 //! The logical graph and the fused plan print as readable text, pinned by
 //! snapshots.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use weibo::sinks::{Blackhole, Stdout};
 use weibo::sources::{Generator, IterSource};
 use weibo::{Job, on_error};

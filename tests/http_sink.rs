@@ -6,8 +6,6 @@
 //! the job, naming it). A job restored twice from one savepoint must send
 //! the same keys for the same records.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -1,8 +1,6 @@
 //! File sources and sinks: offsets, line endings, and errors that name the
 //! file and the position.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::io::Write;
 
 use weibo::sinks::FileSink;

@@ -5,8 +5,6 @@
 //! The exactly-once scenarios are in `kafka_exactly_once.rs`, consumer
 //! groups in `kafka_groups.rs`, throughput and latency in `kafka_bench.rs`.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "kafka_broker.rs"]
 mod kafka_broker;
 #[path = "kafka_common.rs"]

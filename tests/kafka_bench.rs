@@ -5,8 +5,6 @@
 //! Compared side by side: a raw rdkafka pipe, Weibo at-least-once, and
 //! Weibo exactly-once.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "kafka_broker.rs"]
 mod kafka_broker;
 #[path = "kafka_common.rs"]

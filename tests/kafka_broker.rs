@@ -10,8 +10,6 @@
 //! `WEIBO_KAFKA_BOOTSTRAP` set to `host:port` uses that broker instead
 //! (child processes of crash tests get it this way).
 
-#![allow(clippy::expect_used, clippy::panic)]
-
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

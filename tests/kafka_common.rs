@@ -2,7 +2,7 @@
 //! the counting job of the exactly-once tests and its checks, the child
 //! processes of the crash and group tests.
 
-#![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+#![allow(dead_code, unused_imports)]
 
 pub(crate) use rdkafka::ClientConfig;
 pub(crate) use rdkafka::consumer::{BaseConsumer, Consumer};

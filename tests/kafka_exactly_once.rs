@@ -7,8 +7,6 @@
 //! The crash tests' child is this test binary itself, started with
 //! `WEIBO_KAFKA_CHILD` set, running only the `child` test.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "kafka_broker.rs"]
 mod kafka_broker;
 #[path = "kafka_common.rs"]

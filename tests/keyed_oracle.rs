@@ -1,8 +1,6 @@
 //! Keyed results against a naive computation: random inputs, shuffled, on
 //! 1..8 partitions.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;

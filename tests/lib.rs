@@ -23,7 +23,6 @@ pub struct Event {
 ///
 /// # Panics
 /// When the job does not start or the savepoint fails (a test's failure).
-#[allow(clippy::unwrap_used)]
 pub fn savepoint_midway(job: weibo::Job, after: std::time::Duration) -> std::path::PathBuf {
     weibo::testing::block_on(async {
         let handle = job.spawn().unwrap();
@@ -39,7 +38,6 @@ pub fn savepoint_midway(job: weibo::Job, after: std::time::Duration) -> std::pat
 ///
 /// # Panics
 /// When it has not ended in 30 seconds (a test's failure).
-#[allow(clippy::expect_used)]
 pub async fn until_ended(handle: &weibo::JobHandle) {
     tokio::time::timeout(std::time::Duration::from_secs(30), async {
         while !handle.status().has_ended() {
@@ -57,7 +55,6 @@ pub async fn until_ended(handle: &weibo::JobHandle) {
 /// # Panics
 /// When the server cannot be reached or answers something that is not
 /// HTTP (a test's failure).
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 pub async fn http(
     addr: std::net::SocketAddr,
     method: &str,
@@ -82,7 +79,6 @@ pub async fn http(
 /// # Panics
 /// When the server cannot be reached or answers something that is not
 /// HTTP (a test's failure).
-#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 pub async fn http_request(
     addr: std::net::SocketAddr,
     method: &str,
@@ -112,7 +108,6 @@ pub async fn http_request(
 ///
 /// # Panics
 /// When `response` is not one (a test's failure).
-#[allow(clippy::expect_used)]
 pub fn parse_response(response: &[u8]) -> (u16, String) {
     let split = response.windows(4).position(|w| w == b"\r\n\r\n").expect("an HTTP response");
     let (head, body) = response.split_at(split);
@@ -158,7 +153,6 @@ impl Prometheus {
     /// # Panics
     /// When `prometheus` is not installed (the message says how to get it)
     /// or does not become ready in 30 seconds.
-    #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     pub async fn start(target: std::net::SocketAddr, token: Option<&str>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let auth = token.map_or(String::new(), |t| format!("    authorization: {{ credentials: '{t}' }}\n"));
@@ -208,7 +202,6 @@ impl Prometheus {
     ///
     /// # Panics
     /// When the query fails (a test's failure).
-    #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
     pub async fn query(&self, expr: &str) -> Option<f64> {
         let encoded: String = expr
             .bytes()
@@ -244,7 +237,6 @@ impl Drop for Prometheus {
 ///
 /// # Panics
 /// When the stream fails or the length is not a number (a test's failure).
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 pub async fn read_message<R: tokio::io::AsyncBufRead + Unpin>(stream: &mut R) -> Option<(String, Vec<u8>)> {
     use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _};
     let mut first = String::new();
@@ -295,7 +287,6 @@ pub struct Page {
 }
 
 // Indexing a `serde_json::Value` gives `Null` for what is missing.
-#[allow(clippy::indexing_slicing)]
 impl Browser {
     /// Starts Chromium with a window of `width` × `height` and waits for
     /// its DevTools endpoint.
@@ -303,7 +294,6 @@ impl Browser {
     /// # Panics
     /// When `chromium` is not installed (the message says how to get it)
     /// or does not announce its endpoint in 30 seconds.
-    #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     pub async fn start(width: u32, height: u32) -> Self {
         Self::start_with(width, height, &[]).await
     }
@@ -313,7 +303,6 @@ impl Browser {
     ///
     /// # Panics
     /// As [`Browser::start`].
-    #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     pub async fn start_with(width: u32, height: u32, switches: &[&str]) -> Self {
         use std::io::BufRead as _;
         let profile = tempfile::tempdir().unwrap();
@@ -366,7 +355,6 @@ impl Browser {
     ///
     /// # Panics
     /// When the endpoint lists no page or the WebSocket cannot connect.
-    #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     pub async fn page(&self) -> Page {
         let body = self.targets().await;
         let targets: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -385,11 +373,9 @@ impl Browser {
     }
 }
 
-#[allow(clippy::indexing_slicing)]
 impl Browser {
     /// The browser's `/json/list` (its targets). Its HTTP server keeps
     /// the connection open, so the body is read by its length.
-    #[allow(clippy::unwrap_used, clippy::expect_used)]
     async fn targets(&self) -> String {
         use tokio::io::AsyncWriteExt as _;
         let stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.unwrap();
@@ -408,14 +394,12 @@ impl Drop for Browser {
     }
 }
 
-#[allow(clippy::indexing_slicing)]
 impl Page {
     /// Sends `method` with `params`; returns its result (events that come
     /// before it are kept in [`events`](Self::events)).
     ///
     /// # Panics
     /// When the connection fails or the command answers an error.
-    #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     pub async fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
         use futures_util::{SinkExt as _, StreamExt as _};
         self.next_id += 1;
@@ -444,7 +428,6 @@ impl Page {
     ///
     /// # Panics
     /// When the page does not load in 30 seconds.
-    #[allow(clippy::panic)]
     pub async fn navigate(&mut self, url: &str) {
         let before = self.events.len();
         self.call("Page.navigate", serde_json::json!({ "url": url })).await;
@@ -461,7 +444,6 @@ impl Page {
     ///
     /// # Panics
     /// When the expression throws.
-    #[allow(clippy::panic)]
     pub async fn eval(&mut self, expression: &str) -> serde_json::Value {
         let result = self
             .call(
@@ -498,7 +480,6 @@ impl Page {
     ///
     /// # Panics
     /// When the screenshot cannot be taken or decoded.
-    #[allow(clippy::unwrap_used, clippy::expect_used)]
     pub async fn screenshot(&mut self) -> Vec<u8> {
         let shot = self.call("Page.captureScreenshot", serde_json::json!({ "format": "png" })).await;
         data_encoding::BASE64.decode(shot["data"].as_str().expect("the image").as_bytes()).unwrap()
@@ -511,7 +492,6 @@ impl Page {
 ///
 /// # Panics
 /// When the test binary's path is unknown.
-#[allow(clippy::unwrap_used)]
 pub fn child_command(var: &str, spec: String) -> std::process::Command {
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
     cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
@@ -529,7 +509,6 @@ pub fn child_command(var: &str, spec: String) -> std::process::Command {
 ///
 /// # Panics
 /// When the child fails any other way (a test's failure).
-#[allow(clippy::unwrap_used)]
 pub fn run_child(mut cmd: std::process::Command, after: std::time::Duration, crash_at: Option<&str>) -> bool {
     if let Some(point) = crash_at {
         cmd.env("WEIBO_CRASH_AT", point);
@@ -568,7 +547,7 @@ pub struct Ended {
 ///
 /// # Panics
 /// When a child cannot be started, or runs for two minutes.
-#[allow(clippy::unwrap_used, clippy::panic, clippy::zombie_processes)]
+#[allow(clippy::zombie_processes)]
 pub fn run_two_apart(
     mut a: std::process::Command,
     mut b: std::process::Command,
@@ -607,7 +586,6 @@ pub fn run_two_apart(
 ///
 /// # Panics
 /// When both ran, or neither, or the refusal does not name the holder.
-#[allow(clippy::panic, clippy::indexing_slicing)]
 pub fn assert_exactly_one_ran(ended: &[Ended; 2]) -> usize {
     let ran: Vec<usize> = (0..2).filter(|i| ended[*i].status.success()).collect();
     let [one] = ran.as_slice() else {
@@ -644,7 +622,6 @@ fn tail(text: &str) -> String {
 ///
 /// # Panics
 /// When a file cannot be read.
-#[allow(clippy::unwrap_used)]
 pub fn snapshot_dir(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     fn walk(root: &std::path::Path, dir: &std::path::Path, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
         for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -683,7 +660,6 @@ pub fn first_difference(
 ///
 /// # Panics
 /// When `openssl` cannot be run or fails (the message says how to get it).
-#[allow(clippy::panic, clippy::expect_used)]
 pub fn certificates(dir: &std::path::Path) {
     use std::process::Command;
     let run = |args: &[&str]| {
@@ -751,7 +727,6 @@ pub fn certificates(dir: &std::path::Path) {
 ///
 /// # Panics
 /// When the limit cannot be raised that far.
-#[allow(clippy::panic)]
 pub fn raise_open_files(n: u64) {
     let soft = open_files_limit(std::process::id()).0;
     if soft >= n {
@@ -773,7 +748,6 @@ pub fn raise_open_files(n: u64) {
 ///
 /// # Panics
 /// When `/proc/<pid>/limits` cannot be read.
-#[allow(clippy::expect_used)]
 pub fn open_files_limit(pid: u32) -> (u64, u64) {
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("/proc/<pid>/limits");
     let line = limits.lines().find(|l| l.starts_with("Max open files")).expect("a line of open files");
@@ -785,7 +759,6 @@ pub fn open_files_limit(pid: u32) -> (u64, u64) {
 ///
 /// # Panics
 /// When `/proc/<pid>/fd` cannot be read.
-#[allow(clippy::expect_used)]
 pub fn open_files(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).expect("/proc/<pid>/fd").count()
 }
@@ -794,7 +767,6 @@ pub fn open_files(pid: u32) -> usize {
 ///
 /// # Panics
 /// When `/proc/self/status` cannot be read.
-#[allow(clippy::expect_used)]
 pub fn resident_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
     let kib = status

@@ -3,8 +3,6 @@
 //! meter provider's reader collects the values the job's own snapshot has,
 //! with the book's names, units and attributes.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::time::Duration;
 
 use opentelemetry::metrics::MeterProvider as _;

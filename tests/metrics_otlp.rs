@@ -4,8 +4,6 @@
 //! name as service, the instruments by name and unit, and the last one,
 //! sent when the job's handle is dropped, the job's final counts.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

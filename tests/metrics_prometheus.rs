@@ -3,8 +3,6 @@
 //! edge into a deliberately slow operator, queried through Prometheus'
 //! HTTP API, match the job's own snapshot within a scrape.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::time::{Duration, Instant};
 
 use weibo::Job;

@@ -7,8 +7,6 @@
 //! nothing. Also on restore, after failed commits, after the final
 //! checkpoint; and a job without checkpoints is refused.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -11,7 +11,7 @@
 //! `WEIBO_PG_URL` set uses that server instead (child processes of the
 //! crash tests get it this way).
 
-#![allow(dead_code, clippy::expect_used, clippy::panic, clippy::unwrap_used)]
+#![allow(dead_code)]
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

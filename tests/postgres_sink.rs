@@ -5,8 +5,6 @@
 //! table or failing the job with the record's position; the database
 //! stopped for a few seconds mid-run.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "postgres_server.rs"]
 mod postgres_server;
 

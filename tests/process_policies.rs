@@ -1,7 +1,5 @@
 //! The three failure policies of `process`, each counting every record.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use weibo::testing::TestJob;
 use weibo::{Error, KeyedContext, on_error};
 

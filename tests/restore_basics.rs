@@ -5,8 +5,6 @@
 //! newest checkpoint damaged falls back to the one before; another
 //! pipeline is refused.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "restore_common.rs"]
 mod common;
 

@@ -2,7 +2,7 @@
 //! generator, what a run that is never stopped ends with, and helpers to
 //! stop a job after some checkpoints and to restore it.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -2,8 +2,6 @@
 //! state checkpoints hold only what changed, in memory and on fjall, and
 //! restoring a chain of deltas gives back exactly the state.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "restore_common.rs"]
 mod common;
 

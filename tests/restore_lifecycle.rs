@@ -3,8 +3,6 @@
 //! checkpoint options need checkpoints turned on first; a job aborted
 //! mid-checkpoint leaves no coordinator thread panicking.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "restore_common.rs"]
 mod common;
 

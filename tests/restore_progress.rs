@@ -2,8 +2,6 @@
 //! it is a terminal (the test runs its job under `script`, which gives it a
 //! pseudo-terminal), and not drawn when stderr is a pipe.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
-
 use std::process::Command;
 use std::time::Duration;
 

@@ -1,8 +1,6 @@
 //! Savepoints: a named savepoint outlives retention and restores with
 //! another partition count; savepoints need checkpoints and a plain name.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "restore_common.rs"]
 mod common;
 

@@ -3,8 +3,6 @@
 //! fail and the job goes on, and after it a restore is exact; fjall state
 //! restores through checkpoints.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "restore_common.rs"]
 mod common;
 #[path = "flaky_storage.rs"]

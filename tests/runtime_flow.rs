@@ -2,8 +2,6 @@
 //! metrics, the buffer timeout that flushes quiet streams, and how a job
 //! stops on errors.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

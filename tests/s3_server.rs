@@ -3,7 +3,7 @@
 //! on a free loopback port, one per test binary, with a bucket per test.
 //! A watchdog shell stops it when the test process ends, however it ends.
 
-#![allow(dead_code, clippy::expect_used, clippy::panic, clippy::unwrap_used)]
+#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -8,8 +8,6 @@
 //! The child is this test binary itself, started with `WEIBO_S3_CHILD`
 //! set, running only the `child` test.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "s3_server.rs"]
 mod s3_server;
 

@@ -3,8 +3,6 @@
 //! prefix listing, ranged reads with seeks, server-side copies), and a job
 //! checkpoints into it, takes a savepoint there and is restored from it.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "s3_server.rs"]
 mod s3_server;
 

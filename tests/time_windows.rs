@@ -2,8 +2,6 @@
 //! lateness, the late-records output, and the end-of-input flush, driven by
 //! hand through `weibo::testing::Harness`.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::time::Duration;
 
 use weibo::sinks::CollectSink;

@@ -3,8 +3,6 @@
 //! an in-memory exporter. Checkpoint spans arrive with their fields as
 //! attributes and their parents, in one trace per checkpoint.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;

@@ -3,8 +3,6 @@
 //! operator, instance, checkpoint id, alignment and pause), the manifest,
 //! the commits and each transaction's commit; and a restore.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

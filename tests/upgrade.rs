@@ -11,8 +11,6 @@
 //! Weibo's own types must keep the names checkpoints record for them
 //! (`codec::recorded_type_name`), or this test fails.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "upgrade_pipeline.rs"]
 mod upgrade_pipeline;
 

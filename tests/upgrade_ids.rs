@@ -9,8 +9,6 @@
 //! lines are exactly the uninterrupted run's. Changes that cannot restore
 //! are refused before anything runs, naming the operator.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

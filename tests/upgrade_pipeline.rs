@@ -6,7 +6,7 @@
 //! record), windows that keep their elements (`process`), sessions, and
 //! timers; and a dead-letter output.
 
-#![allow(dead_code, clippy::unwrap_used)]
+#![allow(dead_code)]
 
 use std::time::Duration;
 

@@ -17,8 +17,6 @@
 //! child process: this test binary, started with `WEIBO_UPGRADE_CHILD`
 //! set, running only the `child` test.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "s3_server.rs"]
 mod s3_server;
 #[path = "schedule.rs"]

@@ -5,8 +5,6 @@
 //! changed one restores through the job's migration, or is refused naming
 //! the operator, the state and the first field that differs.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -6,8 +6,6 @@
 //! state of an operator whose version did not change restores as is,
 //! whatever migrations the job offers for its type.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! starts again (as in Flink), and a window that had fired fires again only
 //! when records are added to it after the restore.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::indexing_slicing)]
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 

@@ -4,8 +4,6 @@
 //! judges record `i` under the watermark of records `0..i`, exactly as the
 //! design defines it, and reports late records too.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 

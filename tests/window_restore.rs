@@ -9,8 +9,6 @@
 //! are added to it after the restore), and, when no record is ever behind
 //! the watermark, the output of a run that never crashed.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic, missing_docs)]
-
 #[path = "window_model.rs"]
 mod window_model;
 
