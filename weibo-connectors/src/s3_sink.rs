@@ -32,12 +32,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use weibo::checkpoint::{CheckpointStorage, ObjectWriter};
+use weibo::checkpoint::{CheckpointStorage, ObjectWriter, run_token};
 use weibo::record::CheckpointId;
 use weibo::sinks::{SinkBatch, TransactionWriter, TwoPhaseCommitSink};
 use weibo::{Error, Result};
-
-use weibo::checkpoint::run_token;
 
 /// Where pending parts are kept, under the sink's storage.
 const PENDING: &str = "_pending";

@@ -31,14 +31,13 @@ use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use weibo::checkpoint::run_token;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 use weibo::Data;
-use weibo::checkpoint::SourcePositionEntry;
+use weibo::checkpoint::{SourcePositionEntry, run_token};
 use weibo::record::CheckpointId;
 use weibo::sinks::{SinkBatch, TransactionWriter, TwoPhaseCommitSink};
 use weibo::{Error, Result};

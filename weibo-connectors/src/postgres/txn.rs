@@ -5,14 +5,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 
 use weibo::Result;
-use weibo::checkpoint::SourcePositionEntry;
+use weibo::checkpoint::{SourcePositionEntry, run_token};
 use weibo::record::CheckpointId;
 use weibo::sinks::{SinkBatch, TransactionWriter, TwoPhaseCommitSink};
 
 use super::copy::{decode_origins, encode_origins};
 use super::write::{Attempt, Chunk, Collector, apply, refused_from_json, refused_to_json, retrying};
 use super::{Checked, Inner, Pending, PostgresSink};
-use weibo::checkpoint::run_token;
 
 /// The table of committed epochs: a row `(sink, instance, run, epoch)`
 /// for each of the last [`KEEP_PROGRESS`] epochs of each instance and run.
