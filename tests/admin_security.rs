@@ -42,6 +42,16 @@ async fn ready(addr: SocketAddr) {
     }
 }
 
+/// An `endless` job in a directory of its own, its admin API as `options`
+/// say, ready: the directory, the handle and the API's address.
+async fn serving(name: &str, options: AdminOptions) -> (tempfile::TempDir, weibo::JobHandle, SocketAddr) {
+    let dir = tempfile::tempdir().unwrap();
+    let handle = endless(name, dir.path(), Duration::from_secs(3600)).with_admin_options(options).spawn().unwrap();
+    let addr = handle.admin_addr().unwrap();
+    ready(addr).await;
+    (dir, handle, addr)
+}
+
 fn savepoints(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir.join("savepoints"))
         .into_iter()
@@ -55,10 +65,7 @@ fn savepoints(dir: &Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_a_page_of_another_origin_could_send_change_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let handle = endless("csrf", dir.path(), Duration::from_secs(3600)).with_admin("127.0.0.1:0").spawn().unwrap();
-    let addr = handle.admin_addr().unwrap();
-    ready(addr).await;
+    let (dir, handle, addr) = serving("csrf", AdminOptions::new("127.0.0.1:0")).await;
     let host = addr.to_string();
     let host = host.as_str();
     let json = ("Content-Type", "application/json");
@@ -117,11 +124,8 @@ async fn requests_a_page_of_another_origin_could_send_change_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_host_is_refused_and_the_names_of_this_server_are_served() {
-    let dir = tempfile::tempdir().unwrap();
-    let options = AdminOptions::new("127.0.0.1:0").with_allowed_host("Jobs.Example.com");
-    let handle = endless("hosts", dir.path(), Duration::from_secs(3600)).with_admin_options(options).spawn().unwrap();
-    let addr = handle.admin_addr().unwrap();
-    ready(addr).await;
+    let (_dir, handle, addr) =
+        serving("hosts", AdminOptions::new("127.0.0.1:0").with_allowed_host("Jobs.Example.com")).await;
     let port = addr.port();
     for path in ["/api/job", "/healthz", "/dashboard", "/metrics", "/api/savepoints"] {
         for host in [format!("attacker.example:{port}"), "attacker.example".into(), format!("10.9.8.7:{port}")] {
@@ -187,10 +191,7 @@ fn responses_from(page: &weibo_tests::Page, port: u16) -> Vec<(String, u16)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_real_browser_a_page_of_another_origin_changes_nothing_and_a_rebound_name_reads_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let handle = endless("browser", dir.path(), Duration::from_secs(3600)).with_admin("127.0.0.1:0").spawn().unwrap();
-    let addr = handle.admin_addr().unwrap();
-    ready(addr).await;
+    let (dir, handle, addr) = serving("browser", AdminOptions::new("127.0.0.1:0")).await;
     // What a page an operator opened elsewhere could try.
     let script = format!(
         r#"window.attempts = (async () => {{
@@ -254,10 +255,7 @@ async fn in_a_real_browser_a_page_of_another_origin_changes_nothing_and_a_reboun
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_must_be_objects_of_the_known_fields() {
-    let dir = tempfile::tempdir().unwrap();
-    let handle = endless("bodies", dir.path(), Duration::from_secs(3600)).with_admin("127.0.0.1:0").spawn().unwrap();
-    let addr = handle.admin_addr().unwrap();
-    ready(addr).await;
+    let (dir, handle, addr) = serving("bodies", AdminOptions::new("127.0.0.1:0")).await;
     let cases = [
         ("/api/stop", "[]", "JSON object"),
         ("/api/stop", r#"["x"]"#, "JSON object"),
@@ -425,10 +423,7 @@ async fn closed_after(stream: &mut TcpStream, limit: Duration) -> Option<Duratio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_sent_heads_idle_connections_and_stalled_bodies_are_cut_off() {
-    let dir = tempfile::tempdir().unwrap();
-    let handle = endless("timeouts", dir.path(), Duration::from_secs(3600)).with_admin("127.0.0.1:0").spawn().unwrap();
-    let addr = handle.admin_addr().unwrap();
-    ready(addr).await;
+    let (dir, handle, addr) = serving("timeouts", AdminOptions::new("127.0.0.1:0")).await;
     let limit = Duration::from_secs(20);
 
     let silent = async {
@@ -474,11 +469,7 @@ async fn half_sent_heads_idle_connections_and_stalled_bodies_are_cut_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_cap_take_the_places_of_idle_ones_or_are_refused_when_all_are_busy() {
-    let dir = tempfile::tempdir().unwrap();
-    let options = AdminOptions::new("127.0.0.1:0").with_max_connections(8);
-    let handle = endless("cap", dir.path(), Duration::from_secs(3600)).with_admin_options(options).spawn().unwrap();
-    let addr = handle.admin_addr().unwrap();
-    ready(addr).await;
+    let (_dir, handle, addr) = serving("cap", AdminOptions::new("127.0.0.1:0").with_max_connections(8)).await;
 
     // Fifty silent connections: all but the last eight are closed to make
     // room, and a probe still gets in.
