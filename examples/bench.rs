@@ -303,19 +303,19 @@ fn fjall(dir: impl AsRef<std::path::Path>) -> weibo::Result<weibo::state::FjallB
     let mb = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok()).map(|v| v << 20);
     let mut options = weibo::state::FjallBackend::builder(dir);
     if let Some(bytes) = mb("WEIBO_FJALL_OBJECT_CACHE_MB") {
-        options = options.object_cache(usize::try_from(bytes).unwrap_or(usize::MAX));
+        options = options.with_object_cache(usize::try_from(bytes).unwrap_or(usize::MAX));
     }
     if let Some(bytes) = mb("WEIBO_FJALL_BLOCK_CACHE_MB") {
-        options = options.block_cache(bytes);
+        options = options.with_block_cache(bytes);
     }
     if let Some(bytes) = mb("WEIBO_FJALL_MEMTABLE_MB") {
-        options = options.memtable(bytes);
+        options = options.with_memtable(bytes);
     }
     if std::env::var("WEIBO_FJALL_TIMERS").is_ok_and(|v| v == "disk") {
-        options = options.timers_on_disk(true);
+        options = options.with_timers_on_disk(true);
     }
     if let Some(threads) = std::env::var("WEIBO_FJALL_THREADS").ok().and_then(|v| v.parse().ok()) {
-        options = options.background_threads(threads);
+        options = options.with_background_threads(threads);
     }
     options.open()
 }
@@ -343,8 +343,8 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
     let s3 = std::env::var("WEIBO_CKPT_S3").ok().map(|spec| {
         let (endpoint, bucket) = spec.split_once('|').unwrap_or((spec.as_str(), "bench"));
         weibo_connectors::s3::S3Storage::builder(bucket, format!("ckpt-{}", std::process::id()))
-            .endpoint(endpoint)
-            .credentials("test", "testsecret")
+            .with_endpoint(endpoint)
+            .with_credentials("test", "testsecret")
             .allow_http()
             .path_style()
             .build()

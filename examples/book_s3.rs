@@ -18,7 +18,7 @@ use weibo_examples::order;
 fn main() -> Result<(), Box<dyn Error>> {
     // ANCHOR: checkpoints
     let storage = S3Storage::builder("my-bucket", "jobs/orders")
-        .region("eu-west-1")
+        .with_region("eu-west-1")
         .from_env() // AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT, …
         .build()?;
     let job = Job::new("orders").with_checkpoint_storage(storage, Duration::from_secs(10));
@@ -27,7 +27,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     // ANCHOR: sink
     let out = S3Storage::builder("my-bucket", "exports/orders").from_env().build()?;
     orders
-        .sink_exactly_once(S3Sink::json_lines(out).roll_bytes(128 << 20).roll_interval(Duration::from_secs(300)))
+        .sink_exactly_once(
+            S3Sink::json_lines(out).with_roll_bytes(128 << 20).with_roll_interval(Duration::from_secs(300)),
+        )
         .uid("exports");
     // ANCHOR_END: sink
     let plan = job.plan()?;

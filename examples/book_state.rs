@@ -100,10 +100,10 @@ fn backends(dir: &Path) -> Result<(), Box<dyn Error>> {
 /// values only, to show that the cache changes speed, not results).
 fn small_cache(dir: &Path) -> weibo::Result<FjallBackend> {
     FjallBackend::builder(dir)
-        .object_cache(4 << 10) // live values in front of fjall, for all states
-        .block_cache(8 << 20) // fjall's decompressed blocks
-        .memtable(4 << 20) // per state, before fjall writes a table file
-        .background_threads(1) // fjall's flushes and compactions
+        .with_object_cache(4 << 10) // live values in front of fjall, for all states
+        .with_block_cache(8 << 20) // fjall's decompressed blocks
+        .with_memtable(4 << 20) // per state, before fjall writes a table file
+        .with_background_threads(1) // fjall's flushes and compactions
         .open()
 }
 // ANCHOR_END: fjall_budgets
@@ -138,7 +138,7 @@ fn timers_on_disk(dir: &Path) -> Result<(), Box<dyn Error>> {
     job.run_blocking()?;
     // Timers in fjall, ordered by time: as many as the disk holds, each
     // set, moved and fired through fjall.
-    let backend = FjallBackend::builder(dir.join("fjall")).timers_on_disk(true).open()?;
+    let backend = FjallBackend::builder(dir.join("fjall")).with_timers_on_disk(true).open()?;
     let (job, on_disk) = sessions(backend);
     job.run_blocking()?;
     let (in_memory, on_disk) = (sorted(in_memory.values()), sorted(on_disk.values()));

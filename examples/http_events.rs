@@ -25,16 +25,16 @@ struct Event {
 fn job(url: &str, dir: &Path) -> weibo::Result<Job> {
     let job = Job::new("events-out").with_checkpoints(dir.join("checkpoints"), Duration::from_secs(5));
     let sink = HttpSink::builder(url)
-        .format(BodyFormat::JsonLines)
-        .batch_records(500)
-        .linger(Duration::from_millis(200))
-        .concurrency(4)
-        .timeout(Duration::from_secs(10))
-        .header("authorization", "Bearer change-me")
+        .with_format(BodyFormat::JsonLines)
+        .with_batch_records(500)
+        .with_linger(Duration::from_millis(200))
+        .with_concurrency(4)
+        .with_timeout(Duration::from_secs(10))
+        .with_header("authorization", "Bearer change-me")
         // A 400, 413 or 422: the record, the status and the start of the
         // answer, one JSON line each. (FileSink starts the file anew at
         // each start; keep dead letters in Kafka or Postgres in production.)
-        .on_refused(Refused::DeadLetter(Box::new(FileSink::json_lines(dir.join("refused.jsonl")))))
+        .with_refused(Refused::DeadLetter(Box::new(FileSink::json_lines(dir.join("refused.jsonl")))))
         .build()?;
     job.source(Generator::new(1_000_000, |i| Event { id: i, kind: if i % 3 == 0 { "click" } else { "view" } }))
         .name("events")

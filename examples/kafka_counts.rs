@@ -21,18 +21,19 @@ use std::time::Duration;
 
 use clicks::{Click, count_clicks};
 use weibo::prelude::*;
-use weibo_connectors::kafka::{Json, KafkaSource, TxnKafkaSink};
+use weibo_connectors::kafka::{Json, KafkaSink, KafkaSource};
 // ANCHOR_END: imports
 
 // ANCHOR: job
 fn job(brokers: &str, input: &str, output: &str, dir: &Path) -> weibo::Result<Job> {
     let job = Job::new("click-counts").with_checkpoints(dir.join("checkpoints"), Duration::from_secs(1));
     // One source partition per Kafka partition; offsets live in checkpoints.
-    let clicks = KafkaSource::builder(brokers, [input], Json).group("click-counts").build::<Click>()?;
+    let clicks = KafkaSource::builder(brokers, [input], Json).with_group("click-counts").build::<Click>()?;
     // Exactly-once output; the consumed offsets go to the group in the
     // same transactions, for lag monitoring.
-    let out =
-        TxnKafkaSink::new(brokers, output, Json, "click-counts", dir.join("kafka-redo")).with_consumed_offsets(&clicks);
+    let out = KafkaSink::new(brokers, output, Json)
+        .with_transactions("click-counts", dir.join("kafka-redo"))
+        .with_consumed_offsets(&clicks);
     count_clicks(&job, clicks, out);
     Ok(job)
 }

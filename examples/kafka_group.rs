@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use clicks::{Click, count_clicks};
 use weibo::prelude::*;
-use weibo_connectors::kafka::{Json, KafkaGroup, TxnKafkaSink};
+use weibo_connectors::kafka::{Json, KafkaGroup, KafkaSink};
 // ANCHOR_END: imports
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -39,7 +39,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // in every process; its checkpoints are the task's own.
             let job = Job::new(task.id()).with_checkpoints(task.checkpoint_dir(), Duration::from_secs(1));
             let clicks = task.source(Json).build::<Click>()?;
-            count_clicks(&job, clicks, TxnKafkaSink::new(&brokers, &output, Json, task.id(), task.redo_dir()));
+            count_clicks(
+                &job,
+                clicks,
+                KafkaSink::new(&brokers, &output, Json).with_transactions(task.id(), task.redo_dir()),
+            );
             Ok(job)
         })?;
         // Runs until Ctrl-C (then checkpoints, stops and leaves the group)

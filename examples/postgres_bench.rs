@@ -65,9 +65,9 @@ fn weibo_job(url: &str, table: &str, rows: u64, exactly_once: Option<&std::path:
         job = job.with_checkpoints(dir, Duration::from_secs(1));
     }
     let sink = PostgresSink::builder(url, table)
-        .column("id", |r: &(i64, String, i64)| r.0)
-        .column_ref("customer", |r: &(i64, String, i64)| &r.1)
-        .column("cents", |r: &(i64, String, i64)| r.2)
+        .with_column("id", |r: &(i64, String, i64)| r.0)
+        .with_column_ref("customer", |r: &(i64, String, i64)| &r.1)
+        .with_column("cents", |r: &(i64, String, i64)| r.2)
         .build()?;
     let s = job.source(Generator::new(rows, row));
     if exactly_once.is_some() {

@@ -379,7 +379,7 @@ async fn a_group_serves_one_admin_api_for_its_jobs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_on_fjall_reports_its_table_and_its_cache() {
     let dir = tempfile::tempdir().unwrap();
-    let backend = weibo::state::FjallBackend::builder(dir.path()).object_cache(64 * 1024).open().unwrap();
+    let backend = weibo::state::FjallBackend::builder(dir.path()).with_object_cache(64 * 1024).open().unwrap();
     let job = Job::new("on-disk").with_state_backend(backend);
     job.source(Generator::new(u64::MAX, |i| (i % 50_000, 1u64)).with_rate(200_000.0))
         .name("events")

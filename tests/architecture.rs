@@ -132,11 +132,37 @@ struct Import {
     at: String,
 }
 
+/// The macros a module exports (`#[macro_export]`), by name: Rust puts
+/// them at the crate root (`crate::name!`), but they belong to the layer
+/// of the module that defines them.
+fn exported_macros(root: &Path, files: &[PathBuf]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for file in files {
+        let Some(module) = module_of(file.strip_prefix(root).unwrap()) else { continue };
+        let text = std::fs::read_to_string(file).unwrap();
+        let mut exported = false;
+        for line in text.lines().map(str::trim) {
+            if line == "#[macro_export]" {
+                exported = true;
+            } else if let Some(rest) = line.strip_prefix("macro_rules!").filter(|_| exported) {
+                let name: String = rest.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                out.insert(name, module.clone());
+                exported = false;
+            } else if !line.starts_with("#[") && !line.starts_with("///") {
+                exported = false;
+            }
+        }
+    }
+    out
+}
+
 fn imports() -> Vec<Import> {
     let root = src();
     let mut files = Vec::new();
     rust_files(&root, &mut files);
     files.sort();
+    let macros = exported_macros(&root, &files);
+    assert!(macros.contains_key("internal_error"), "the exported macros were not found: {macros:?}");
     let mut out = Vec::new();
     for file in files {
         let relative = file.strip_prefix(&root).unwrap().to_path_buf();
@@ -146,6 +172,7 @@ fn imports() -> Vec<Import> {
         for (i, line) in text.lines().enumerate() {
             let code = code_of(line);
             for to in named_modules(&code, &mut open_group) {
+                let to = macros.get(&to).cloned().unwrap_or(to);
                 if to != from {
                     out.push(Import {
                         from: from.clone(),

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use weibo::Job;
@@ -20,6 +20,7 @@ use weibo::sinks::TxnFileSink;
 use weibo::sources::FileSource;
 use weibo::time::WatermarkStrategy;
 use weibo::window::{Session, Tumbling};
+use weibo_tests::crash;
 
 const LINES: usize = 12_000;
 
@@ -48,7 +49,9 @@ fn parse(line: &String) -> Result<(u32, u64, i64), String> {
 /// behind that cache too (timers in memory are the in-memory backend's,
 /// which the run in memory covers).
 fn backend(state: Option<&Path>) -> Option<weibo::state::FjallBackend> {
-    state.map(|dir| weibo::state::FjallBackend::builder(dir).object_cache(512).timers_on_disk(true).open().unwrap())
+    state.map(|dir| {
+        weibo::state::FjallBackend::builder(dir).with_object_cache(512).with_timers_on_disk(true).open().unwrap()
+    })
 }
 
 fn pipeline(input: &Path, out: &Path, checkpoints: &Path, partitions: usize, slow: bool, state: Option<&Path>) -> Job {
@@ -146,17 +149,7 @@ fn dirs() -> Dirs {
 fn live(d: &Dirs, partitions: usize, after: Duration) -> bool {
     let state = d.state.as_ref().map(|s| s.display().to_string()).unwrap_or_default();
     let spec = format!("{}|{}|{}|{partitions}|{state}", d.input.display(), d.out.display(), d.checkpoints.display());
-    weibo_tests::run_child(weibo_tests::child_command("WEIBO_CRASH_CHILD", spec), after, None)
-}
-
-/// A cheap deterministic pseudo-random sequence for the kill times: from
-/// `least` to `least` + 500 ms.
-fn kill_times(seed: u64, least: u64) -> impl Iterator<Item = Duration> {
-    let mut x = seed;
-    std::iter::repeat_with(move || {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        Duration::from_millis(least + (x >> 33) % 500)
-    })
+    crash::run_child(crash::child_command("child", "WEIBO_CRASH_CHILD", spec), after, None)
 }
 
 /// Runs the child again and again, each life on `partitions(life)` and
@@ -170,7 +163,7 @@ fn kill_times(seed: u64, least: u64) -> impl Iterator<Item = Duration> {
 /// after it 100 ms longer, so a slow machine gets lives long enough to
 /// finish, with kill moments as random within them.
 fn lives_until_done(d: &Dirs, seed: u64, mut least: u64, partitions: impl Fn(usize) -> usize) -> usize {
-    let mut offsets = kill_times(seed, 0);
+    let mut offsets = crash::kill_times(seed, 0..500);
     let mut lives = 0;
     loop {
         let after = Duration::from_millis(least) + offsets.next().unwrap_or_default();
@@ -272,9 +265,7 @@ fn killed_while_fjall_creates_its_database_the_next_start_runs() {
         return;
     }
     let start = |dir: &Path| {
-        Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "fjall_start_child", "--nocapture", "--test-threads=1"])
-            .env("WEIBO_FJALL_START_CHILD", dir)
+        crash::child_command("fjall_start_child", "WEIBO_FJALL_START_CHILD", dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -284,7 +275,7 @@ fn killed_while_fjall_creates_its_database_the_next_start_runs() {
     // fjall creates a database in a millisecond or two: the kill comes
     // when its lock file appears (the first thing it creates), and 0 to
     // 2 ms after that.
-    let mut delays = kill_times(17, 0).map(|d| Duration::from_micros((d.as_millis() as u64 % 41) * 50));
+    let mut delays = crash::kill_times(17, 0..500).map(|d| Duration::from_micros((d.as_millis() as u64 % 41) * 50));
     for _ in 0..60 {
         let root = tempfile::tempdir().unwrap();
         let mut child = start(root.path());

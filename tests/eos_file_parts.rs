@@ -6,25 +6,25 @@
 //! The child is this test binary itself, started with `WEIBO_PARTS_CHILD`
 //! set, running only the `child` test.
 
-#[path = "schedule.rs"]
-mod schedule;
-
 use std::path::Path;
 use std::time::Duration;
 
-use schedule::{Count, KEYS};
 use weibo::Job;
 use weibo::sinks::TxnFileSink;
 use weibo::sources::Generator;
+use weibo_tests::crash;
+use weibo_tests::schedule::{self, Count, KEYS};
 
 const IDS: u64 = 4_000;
 
 fn job(root: &Path, spanning: bool) -> Job {
     let job = Job::new("parts").with_checkpoints(root.join("checkpoints"), Duration::from_millis(50));
     let sink = if spanning {
-        TxnFileSink::json_lines(root.join("out")).parts_span_checkpoints().roll_interval(Duration::from_millis(300))
+        TxnFileSink::json_lines(root.join("out"))
+            .parts_span_checkpoints()
+            .with_roll_interval(Duration::from_millis(300))
     } else {
-        TxnFileSink::json_lines(root.join("out")).roll_bytes(2_000)
+        TxnFileSink::json_lines(root.join("out")).with_roll_bytes(2_000)
     };
     job.source(Generator::new(IDS, |id| id).with_rate(2_000.0))
         .map(|id: u64| Count { key: id % KEYS, id, count: 1 })
@@ -58,16 +58,16 @@ fn committed(out: &Path) -> (Vec<Count>, usize) {
 /// Lives killed soon after their start, then one to the end.
 fn killed_again_and_again(mode: &str) -> (Vec<Count>, usize, u64) {
     let root = tempfile::tempdir().unwrap();
-    let mut x = 7u64;
+    let mut times = crash::kill_times(7, 100..400);
     let mut lives = 0;
     loop {
         lives += 1;
         assert!(lives < 40, "{mode}: the job did not finish in 40 lives");
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         // Five lives killed 100 to 400 ms after their start, then to the end.
-        let after = if lives > 5 { Duration::from_secs(60) } else { Duration::from_millis(100 + (x >> 33) % 300) };
-        let cmd = weibo_tests::child_command("WEIBO_PARTS_CHILD", format!("{mode}|{}", root.path().display()));
-        let finished = weibo_tests::run_child(cmd, after, None);
+        let kill_at = times.next().unwrap();
+        let after = if lives > 5 { Duration::from_secs(60) } else { kill_at };
+        let cmd = crash::child_command("child", "WEIBO_PARTS_CHILD", format!("{mode}|{}", root.path().display()));
+        let finished = crash::run_child(cmd, after, None);
         let (records, _) = committed(&root.path().join("out"));
         if let Err(e) = schedule::check(&records, IDS, finished) {
             panic!("{mode}, after life {lives}: {e}");

@@ -1,23 +1,21 @@
 //! Exactly once into `TxnFileSink` across random schedules of runs (see
-//! `schedule.rs`): runs to the end, SIGKILLs at random moments (the first
-//! start and the end of input among them), clean stops, and aborts at
-//! every fault-injection point of the commit path; after every run the
-//! committed files hold every id at most once with a crash-free run's
-//! running count, and after a run to the end, every id.
+//! `weibo_tests::schedule`): runs to the end, SIGKILLs at random moments
+//! (the first start and the end of input among them), clean stops, and
+//! aborts at every fault-injection point of the commit path; after every
+//! run the committed files hold every id at most once with a crash-free
+//! run's running count, and after a run to the end, every id.
 //!
 //! The child is this test binary itself, started with
 //! `WEIBO_SCHEDULE_CHILD` set, running only the `child` test.
 
-#[path = "schedule.rs"]
-mod schedule;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use schedule::{Count, KEYS, Mode};
 use weibo::Job;
 use weibo::sinks::TxnFileSink;
 use weibo::sources::Generator;
+use weibo_tests::crash;
+use weibo_tests::schedule::{self, Count, KEYS, Mode};
 
 const IDS: u64 = 3_000;
 /// Ids per second: a crash-free run takes about half a second.
@@ -40,20 +38,7 @@ fn job(out: &Path, checkpoints: &Path, mode: &Mode) -> Job {
         id,
         count: 1,
     });
-    let counts = if matches!(mode, Mode::Refused) {
-        counts.key_by(|c: &Count| c.key.to_string()).with_partitions(2).reduce(|acc, c| Count {
-            key: c.key,
-            id: c.id,
-            count: acc.count + 1,
-        })
-    } else {
-        counts.key_by(|c: &Count| c.key).with_partitions(2).reduce(|acc, c| Count {
-            key: c.key,
-            id: c.id,
-            count: acc.count + 1,
-        })
-    };
-    counts.name("counts").sink_exactly_once(TxnFileSink::json_lines(out));
+    schedule::running_counts(counts, mode).name("counts").sink_exactly_once(TxnFileSink::json_lines(out));
     job
 }
 
@@ -107,7 +92,10 @@ fn random_schedules_of_runs_kills_and_stops_commit_every_id_exactly_once() {
         Duration::from_millis(700),
         1..9,
         || Dirs { root: tempfile::tempdir().unwrap() },
-        |d, mode| schedule::child_command(&format!("{}|{}", d.out().display(), d.checkpoints().display()), mode),
+        |d, mode| {
+            let spec = format!("{}|{}|{mode}", d.out().display(), d.checkpoints().display());
+            crash::child_command("child", "WEIBO_SCHEDULE_CHILD", spec)
+        },
         Dirs::checkpoints,
         |d| committed(&d.out()),
     );

@@ -9,21 +9,18 @@
 //! The children are this test binary itself, started with
 //! `WEIBO_TWO_CHILD` set, running only the `child` test.
 
-#[path = "s3_server.rs"]
-mod s3_server;
-#[path = "schedule.rs"]
-mod schedule;
-
 use std::io::Read as _;
 use std::path::Path;
 use std::time::Duration;
 
-use schedule::{Count, KEYS};
 use weibo::checkpoint::CheckpointStorage;
 use weibo::sinks::{Blackhole, TxnFileSink};
 use weibo::sources::Generator;
 use weibo::{DeadLetter, Job, Stream, on_error};
 use weibo_connectors::s3_sink::S3Sink;
+use weibo_tests::crash;
+use weibo_tests::s3_server;
+use weibo_tests::schedule::{self, Count, KEYS};
 
 const IDS: u64 = 6_000;
 /// Ids per second: a run takes 1.5 s, longer than the furthest apart two
@@ -91,7 +88,7 @@ fn child() {
 }
 
 fn command(spec: &str) -> std::process::Command {
-    let mut cmd = weibo_tests::child_command("WEIBO_TWO_CHILD", spec.to_string());
+    let mut cmd = crash::child_command("child", "WEIBO_TWO_CHILD", spec);
     cmd.env("WEIBO_S3_ENDPOINT", &s3_server::server().endpoint);
     cmd
 }
@@ -145,8 +142,8 @@ fn two_processes_on_one_file_sink_job_one_runs_and_every_record_is_committed_onc
     for apart in APART_MS {
         let root = tempfile::tempdir().unwrap();
         let spec = format!("file|{}", root.path().display());
-        let ended = weibo_tests::run_two_apart(command(&spec), command(&spec), Duration::from_millis(apart));
-        weibo_tests::assert_exactly_one_ran(&ended);
+        let ended = crash::run_two_apart(command(&spec), command(&spec), Duration::from_millis(apart));
+        crash::assert_exactly_one_ran(&ended);
         let what = format!("{apart} ms apart");
         check(&committed_files(&root.path().join("out")), &committed_files(&root.path().join("dead")), &what);
     }
@@ -160,8 +157,8 @@ fn two_processes_on_one_s3_job_one_runs_and_every_record_is_published_once() {
     for apart in APART_MS {
         let bucket = s3_server::unique_bucket("two");
         let spec = format!("s3|{bucket}");
-        let ended = weibo_tests::run_two_apart(command(&spec), command(&spec), Duration::from_millis(apart));
-        weibo_tests::assert_exactly_one_ran(&ended);
+        let ended = crash::run_two_apart(command(&spec), command(&spec), Duration::from_millis(apart));
+        crash::assert_exactly_one_ran(&ended);
         let what = format!("{apart} ms apart");
         check(&published(&bucket, "out"), &published(&bucket, "dead"), &what);
     }

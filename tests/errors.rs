@@ -30,7 +30,35 @@ fn a_damaged_manifest_keeps_the_decoders_error() {
     assert!(cause.downcast_ref::<serde_json::Error>().is_some(), "{cause:?}");
     let text = err.to_string();
     assert!(text.contains("chk-00000000000000000001") && text.contains("not a valid manifest"), "{text}");
-    assert!(text.contains(&cause.to_string()), "the message ends with its cause: {text}");
+    assert!(!text.contains(&cause.to_string()), "the message leaves its cause to source(): {text}");
+    assert_eq!(err.report().to_string(), format!("{text}: {cause}"));
+}
+
+/// A reporter that walks `source()` (as anyhow's `{:#}` does) prints each
+/// cause once, through a layer of context too, which keeps the blame of
+/// the error beneath it.
+#[test]
+fn a_chain_walker_prints_each_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-directory");
+    std::fs::write(&file, b"x").unwrap();
+    let err = weibo::state::FjallBackend::open(&file).unwrap_err().context("opening the state of job `orders`");
+    assert_eq!(err.blame(), Blame::State, "{err}");
+    assert!(matches!(err.find_root(), Error::State { .. }), "{err:?}");
+    assert_eq!(err.to_string(), "opening the state of job `orders`");
+    let mut chain = Vec::new();
+    let mut link: Option<&dyn std::error::Error> = Some(&err);
+    while let Some(e) = link {
+        chain.push(e.to_string());
+        link = e.source();
+    }
+    assert!(chain.len() >= 3, "context, the state error and the OS error: {chain:?}");
+    for (i, outer) in chain.iter().enumerate() {
+        for inner in chain.iter().skip(i + 1) {
+            assert!(!outer.contains(inner.as_str()), "{outer:?} repeats its cause {inner:?}");
+        }
+    }
+    assert_eq!(err.report().to_string(), chain.join(": "));
 }
 
 #[test]

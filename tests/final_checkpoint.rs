@@ -4,18 +4,15 @@
 //! refuses is taken again until it completes, or fails the job naming it;
 //! plain sinks get nothing after `finish`.
 
-#[path = "flaky_storage.rs"]
-mod flaky_storage;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use flaky_storage::Flaky;
 use weibo::Job;
 use weibo::checkpoint::{CheckpointStorage, MemoryStorage};
 use weibo::sinks::{Sink, SinkBatch, SinkWriter, TxnFileSink};
 use weibo::sources::Generator;
+use weibo_tests::flaky_storage::Flaky;
 
 fn committed(dir: &std::path::Path) -> Vec<u64> {
     let mut out = Vec::new();
@@ -134,7 +131,7 @@ async fn a_final_checkpoint_that_never_completes_fails_the_job_naming_it() {
     let storage = Flaky::default();
     storage.failing_puts.store(true, Ordering::SeqCst);
     let out = tempfile::tempdir().unwrap();
-    let err = counting_job(storage.clone(), out.path(), 20_000.0).run().await.unwrap_err().to_string();
+    let err = counting_job(storage.clone(), out.path(), 20_000.0).run().await.unwrap_err().report().to_string();
     assert!(err.contains("final checkpoint") && err.contains("injected outage"), "{err}");
     assert!(committed(out.path()).is_empty(), "nothing committed without a complete checkpoint");
 }

@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use weibo::sinks::CollectSink;
 use weibo::sources::Generator;
 use weibo::{DeadLetter, Job};
 use weibo_connectors::http::{BodyFormat, HttpSink, Refused};
+use weibo_tests::Message;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct Event {
@@ -57,100 +57,73 @@ struct Server {
     _rt: tokio::runtime::Runtime,
 }
 
+/// A runtime of its own for a server (the job under test runs on another),
+/// with `workers` threads.
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap()
+}
+
 fn start(faults: Faults) -> Server {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
+    let rt = runtime(2);
     let seen = Arc::new(Mutex::new(Seen::default()));
     let state = Arc::clone(&seen);
-    rt.spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { return };
-            let state = Arc::clone(&state);
-            tokio::spawn(async move { serve(stream, state, faults).await });
-        }
-    });
+    let addr = rt.block_on(weibo_tests::http_server(move |request| answer(request, Arc::clone(&state), faults)));
     Server { addr, seen, _rt: rt }
 }
 
-/// One connection: requests until the client closes it or the server
-/// drops it on purpose.
-async fn serve(stream: tokio::net::TcpStream, seen: Arc<Mutex<Seen>>, faults: Faults) {
-    let (read, mut write) = stream.into_split();
-    let mut read = BufReader::new(read);
-    loop {
-        let mut line = String::new();
-        if read.read_line(&mut line).await.unwrap_or(0) == 0 {
-            return;
+/// The answer to one request (`None`: the connection is dropped on
+/// purpose).
+async fn answer(request: Message, seen: Arc<Mutex<Seen>>, faults: Faults) -> Option<String> {
+    let key = request.header("idempotency-key").to_string();
+    let n = {
+        let mut s = seen.lock().unwrap();
+        s.requests += 1;
+        s.content_types.insert(request.header("content-type").to_string());
+        if let Some((_, again)) = s.throttled.get_mut(&key) {
+            again.get_or_insert_with(Instant::now);
         }
-        let mut headers = HashMap::new();
-        loop {
-            let mut h = String::new();
-            read.read_line(&mut h).await.unwrap();
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-            }
-        }
-        let length: usize = headers.get("content-length").map_or(0, |v| v.parse().unwrap());
-        let mut body = vec![0; length];
-        read.read_exact(&mut body).await.unwrap();
-        let key = headers.get("idempotency-key").cloned().unwrap_or_default();
-        let n = {
-            let mut s = seen.lock().unwrap();
-            s.requests += 1;
-            s.content_types.insert(headers.get("content-type").cloned().unwrap_or_default());
-            if let Some((_, again)) = s.throttled.get_mut(&key) {
-                again.get_or_insert_with(Instant::now);
-            }
-            s.requests - 1
-        };
-        let ids: Vec<u64> = serde_json::from_slice::<Vec<Event>>(&body).unwrap().iter().map(|e| e.id).collect();
-        let respond = |status: &str, extra: &str, text: &str| {
-            format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\n{extra}\r\n{text}", text.len())
-        };
-        if faults.on && n % 11 == 4 {
-            // Drop the connection without an answer.
-            return;
-        }
-        let answer = if ids.contains(&POISON) {
-            respond("400 Bad Request", "", &format!("bad record {POISON}"))
-        } else if faults.on && n % 7 == 1 {
-            respond("503 Service Unavailable", "", "boom")
-        } else if faults.on && n % 7 == 3 && n < 40 {
-            seen.lock().unwrap().throttled.insert(key.clone(), (Instant::now(), None));
-            respond("429 Too Many Requests", "retry-after: 1\r\n", "slow down")
-        } else {
-            {
-                let mut s = seen.lock().unwrap();
-                let first = s.by_key.entry(key.clone()).or_insert_with(|| ids.clone()).clone();
-                if first != ids {
-                    s.conflicts.push(key.clone());
-                }
-                *s.accepted.entry(key.clone()).or_insert(0) += 1;
-            }
-            if faults.on && n % 7 == 5 {
-                // Taken, but answered after the client gave up.
-                tokio::time::sleep(Duration::from_millis(1_500)).await;
-            }
-            respond("200 OK", "", "ok")
-        };
-        if write.write_all(answer.as_bytes()).await.is_err() {
-            return;
-        }
+        s.requests - 1
+    };
+    let ids: Vec<u64> = serde_json::from_slice::<Vec<Event>>(&request.body).unwrap().iter().map(|e| e.id).collect();
+    let respond = |status: &str, extra: &str, text: &str| {
+        format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\n{extra}\r\n{text}", text.len())
+    };
+    if faults.on && n % 11 == 4 {
+        // Drop the connection without an answer.
+        return None;
     }
+    let reply = if ids.contains(&POISON) {
+        respond("400 Bad Request", "", &format!("bad record {POISON}"))
+    } else if faults.on && n % 7 == 1 {
+        respond("503 Service Unavailable", "", "boom")
+    } else if faults.on && n % 7 == 3 && n < 40 {
+        seen.lock().unwrap().throttled.insert(key.clone(), (Instant::now(), None));
+        respond("429 Too Many Requests", "retry-after: 1\r\n", "slow down")
+    } else {
+        {
+            let mut s = seen.lock().unwrap();
+            let first = s.by_key.entry(key.clone()).or_insert_with(|| ids.clone()).clone();
+            if first != ids {
+                s.conflicts.push(key.clone());
+            }
+            *s.accepted.entry(key.clone()).or_insert(0) += 1;
+        }
+        if faults.on && n % 7 == 5 {
+            // Taken, but answered after the client gave up.
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+        }
+        respond("200 OK", "", "ok")
+    };
+    Some(reply)
 }
 
 fn sink(server: &Server, refused: Refused<Event>) -> HttpSink<Event> {
     HttpSink::builder(format!("http://{}/events", server.addr))
-        .batch_records(97)
-        .concurrency(4)
-        .timeout(Duration::from_millis(500))
-        .linger(Duration::from_secs(60))
-        .on_refused(refused)
+        .with_batch_records(97)
+        .with_concurrency(4)
+        .with_timeout(Duration::from_millis(500))
+        .with_linger(Duration::from_secs(60))
+        .with_refused(refused)
         .build()
         .unwrap()
 }
@@ -211,8 +184,8 @@ fn json_lines_go_out_as_such() {
     let job = Job::new("http-lines");
     job.source(Generator::new(300, event)).sink(
         HttpSink::builder(format!("http://{}/events", raw.0))
-            .format(BodyFormat::JsonLines)
-            .batch_records(1_000)
+            .with_format(BodyFormat::JsonLines)
+            .with_batch_records(1_000)
             .build()
             .unwrap(),
     );
@@ -230,48 +203,14 @@ fn json_lines_go_out_as_such() {
 type Bodies = Arc<Mutex<Vec<(String, String)>>>;
 
 fn start_raw() -> (SocketAddr, Bodies, tokio::runtime::Runtime) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
+    let rt = runtime(1);
     let bodies: Bodies = Arc::default();
     let keep = Arc::clone(&bodies);
-    rt.spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { return };
-            let keep = Arc::clone(&keep);
-            tokio::spawn(async move {
-                let (read, mut write) = stream.into_split();
-                let mut read = BufReader::new(read);
-                loop {
-                    let mut line = String::new();
-                    if read.read_line(&mut line).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let (mut length, mut content_type) = (0usize, String::new());
-                    loop {
-                        let mut h = String::new();
-                        read.read_line(&mut h).await.unwrap();
-                        let h = h.trim_end().to_string();
-                        if h.is_empty() {
-                            break;
-                        }
-                        let (k, v) = h.split_once(':').unwrap();
-                        match k.to_ascii_lowercase().as_str() {
-                            "content-length" => length = v.trim().parse().unwrap(),
-                            "content-type" => content_type = v.trim().to_string(),
-                            _ => {}
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    read.read_exact(&mut body).await.unwrap();
-                    keep.lock().unwrap().push((content_type, String::from_utf8(body).unwrap()));
-                    if write.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
+    let addr = rt.block_on(weibo_tests::http_server(move |request: Message| {
+        let content_type = request.header("content-type").to_string();
+        keep.lock().unwrap().push((content_type, String::from_utf8(request.body).unwrap()));
+        std::future::ready(Some("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_string()))
+    }));
     (addr, bodies, rt)
 }
 
@@ -316,46 +255,13 @@ fn a_job_restored_twice_from_one_savepoint_sends_the_same_keys_for_the_same_reco
 /// A server that answers every request with `answer` (a status line and
 /// headers), counting requests.
 fn start_answering(answer: &'static str) -> (SocketAddr, Arc<Mutex<u32>>, tokio::runtime::Runtime) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
+    let rt = runtime(1);
     let count = Arc::new(Mutex::new(0));
     let seen = Arc::clone(&count);
-    rt.spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { return };
-            let seen = Arc::clone(&seen);
-            tokio::spawn(async move {
-                let (read, mut write) = stream.into_split();
-                let mut read = BufReader::new(read);
-                loop {
-                    let mut line = String::new();
-                    if read.read_line(&mut line).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let mut length = 0usize;
-                    loop {
-                        let mut h = String::new();
-                        read.read_line(&mut h).await.unwrap();
-                        let h = h.trim_end().to_string();
-                        if h.is_empty() {
-                            break;
-                        }
-                        if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
-                            length = v.trim().parse().unwrap();
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    read.read_exact(&mut body).await.unwrap();
-                    *seen.lock().unwrap() += 1;
-                    let reply = format!("{answer}\r\ncontent-length: 4\r\n\r\nnope");
-                    if write.write_all(reply.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
+    let addr = rt.block_on(weibo_tests::http_server(move |_| {
+        *seen.lock().unwrap() += 1;
+        std::future::ready(Some(format!("{answer}\r\ncontent-length: 4\r\n\r\nnope")))
+    }));
     (addr, count, rt)
 }
 
@@ -369,9 +275,9 @@ fn an_endpoint_that_redirects_or_refuses_the_credentials_fails_the_job_without_s
         let job = Job::new("http-wrong");
         job.source(Generator::new(1_000, event)).sink(
             HttpSink::builder(format!("http://user:secret@{addr}/events?token=abc"))
-                .batch_records(500)
-                .concurrency(1)
-                .on_refused(Refused::DeadLetter(Box::new(dead.clone())))
+                .with_batch_records(500)
+                .with_concurrency(1)
+                .with_refused(Refused::DeadLetter(Box::new(dead.clone())))
                 .build()
                 .unwrap(),
         );

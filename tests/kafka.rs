@@ -5,12 +5,7 @@
 //! The exactly-once scenarios are in `kafka_exactly_once.rs`, consumer
 //! groups in `kafka_groups.rs`, throughput and latency in `kafka_bench.rs`.
 
-#[path = "kafka_broker.rs"]
-mod kafka_broker;
-#[path = "kafka_common.rs"]
-mod kafka_common;
-
-use kafka_common::*;
+use weibo_tests::kafka_common::*;
 
 #[test]
 fn a_round_trip_keeps_values_keys_headers_and_timestamps() {
@@ -67,7 +62,7 @@ fn unreachable_brokers_and_missing_topics_are_named() {
         return;
     }
     let err = KafkaSource::builder("127.0.0.1:9", ["t"], Json)
-        .connect_timeout(Duration::from_secs(2))
+        .with_connect_timeout(Duration::from_secs(2))
         .build::<Payload>()
         .unwrap_err()
         .to_string();
@@ -93,7 +88,7 @@ fn an_undecodable_record_is_named_or_skipped_by_policy() {
     let run = |policy: DecodeErrors| {
         let source = KafkaSource::builder(bootstrap(), [input.clone()], Json)
             .until_end()
-            .on_decode_error(policy)
+            .with_decode_errors(policy)
             .build::<Payload>()
             .unwrap();
         let skipped = source.skipped();
@@ -123,8 +118,9 @@ fn a_transaction_timeout_above_the_brokers_maximum_is_refused_naming_both() {
     let job = Job::new("too-long").with_checkpoints(dir.path().join("checkpoints"), Duration::from_secs(1));
     let source = KafkaSource::builder(bootstrap(), [input], weibo_connectors::kafka::Text).until_end().build().unwrap();
     job.source(source).map(|r: KafkaRecord<String>| r.value).sink_exactly_once(
-        TxnKafkaSink::new(bootstrap(), output, weibo_connectors::kafka::Text, "too-long", dir.path().join("redo"))
-            .transaction_timeout(Duration::from_secs(20 * 60)),
+        KafkaSink::new(bootstrap(), output, weibo_connectors::kafka::Text)
+            .with_transactions("too-long", dir.path().join("redo"))
+            .with_transaction_timeout(Duration::from_secs(20 * 60)),
     );
     let err = weibo::testing::block_on(job.run()).unwrap_err().to_string();
     assert!(err.contains("transaction.timeout.ms = 1200000 ms"), "{err}");

@@ -5,12 +5,7 @@
 //! Compared side by side: a raw rdkafka pipe, Weibo at-least-once, and
 //! Weibo exactly-once.
 
-#[path = "kafka_broker.rs"]
-mod kafka_broker;
-#[path = "kafka_common.rs"]
-mod kafka_common;
-
-use kafka_common::*;
+use weibo_tests::kafka_common::*;
 
 // ---- benchmark ----------------------------------------------------------------
 
@@ -109,7 +104,9 @@ fn bench_job(kind: &str, input: &str, output: &str, dir: &Path, bounded: bool) -
     } else {
         let job = Job::new("bench-eos").with_checkpoints(dir.join("cp"), Duration::from_secs(1));
         job.source(source).map(|r: KafkaRecord<Vec<u8>>| (r.key, r.value)).sink_exactly_once(
-            TxnKafkaSink::new(bootstrap(), output, KeyedBytes, format!("{output}-txn"), dir.join("redo")).with_key(key),
+            KafkaSink::new(bootstrap(), output, KeyedBytes)
+                .with_transactions(format!("{output}-txn"), dir.join("redo"))
+                .with_key(key),
         );
         job
     }

@@ -7,14 +7,11 @@
 //! The crash tests' child is this test binary itself, started with
 //! `WEIBO_KAFKA_CHILD` set, running only the `child` test.
 
-#[path = "kafka_broker.rs"]
-mod kafka_broker;
-#[path = "kafka_common.rs"]
-mod kafka_common;
+use weibo_tests::crash;
+use weibo_tests::kafka_broker;
+use weibo_tests::kafka_common::*;
 
-use kafka_common::*;
-
-/// The entry point of this binary's child processes (see `run_child`).
+/// The entry point of this binary's child processes (see `kafka_common::run_child`).
 #[test]
 fn child() {
     run_child();
@@ -50,7 +47,7 @@ fn a_crash_between_checkpoint_and_commit_is_recommitted_from_the_redo_log() {
     }
     let (output, dir, spec) = counting_setup("recommit");
     let run = |crash: Option<&str>| {
-        let mut cmd = child_command(&spec);
+        let mut cmd = kafka_child(&spec);
         cmd.stderr(Stdio::null());
         if let Some(n) = crash {
             cmd.env("WEIBO_CRASH_AT", format!("after-manifest#{n}"));
@@ -89,10 +86,10 @@ fn killed_again_and_again_kafka_to_kafka_commits_every_event_exactly_once() {
     // checkpoint of its own (so every life makes progress, however fast
     // the machine), up to 6 times; the last life runs to the end.
     let mut kills = 0;
-    let mut delay = delays(5);
+    let mut delay = crash::kill_times(5, 0..800);
     loop {
         let before = newest_checkpoint(&dir.path().join("checkpoints"));
-        let mut child = child_command(&spec).stderr(Stdio::inherit()).spawn().unwrap();
+        let mut child = kafka_child(&spec).stderr(Stdio::inherit()).spawn().unwrap();
         let started = Instant::now();
         let mut kill_at = None;
         let finished = loop {
@@ -136,8 +133,9 @@ fn a_transaction_the_brokers_abort_for_its_timeout_is_written_again() {
     let job =
         Job::new("expire").with_checkpoints(dir.path().join("checkpoints"), Duration::from_secs(4)).with_batch_size(16);
     let source = KafkaSource::builder(bootstrap(), [input], Json).until_end().build::<Event>().unwrap();
-    let sink = TxnKafkaSink::new(bootstrap(), &output, Json, format!("{output}-txn"), dir.path().join("redo"))
-        .transaction_timeout(Duration::from_millis(1500));
+    let sink = KafkaSink::new(bootstrap(), &output, Json)
+        .with_transactions(format!("{output}-txn"), dir.path().join("redo"))
+        .with_transaction_timeout(Duration::from_millis(1500));
     counting(&job, source, sink, 2);
     weibo::testing::block_on(job.run()).expect("expired transactions are written again");
     assert_exactly_once(&output);
@@ -205,9 +203,8 @@ fn two_processes_on_one_job_one_runs_and_every_event_is_committed_once() {
     }
     for apart in [0, 200, 500] {
         let (output, _dir, spec) = counting_setup("two");
-        let ended =
-            weibo_tests::run_two_apart(child_command(&spec), child_command(&spec), Duration::from_millis(apart));
-        weibo_tests::assert_exactly_one_ran(&ended);
+        let ended = crash::run_two_apart(kafka_child(&spec), kafka_child(&spec), Duration::from_millis(apart));
+        crash::assert_exactly_one_ran(&ended);
         assert_exactly_once(&output);
     }
 }
@@ -222,15 +219,16 @@ fn a_refused_upgrade_leaves_the_checkpoints_and_the_redo_logs_as_they_were() {
         return;
     }
     let (output, dir, spec) = counting_setup("refused");
-    let mut cmd = child_command(&spec);
+    let mut cmd = kafka_child(&spec);
     cmd.stderr(Stdio::null()).env("WEIBO_CRASH_AT", "after-manifest#2");
     assert!(!cmd.status().unwrap().success(), "the first life dies between checkpoint 2's manifest and its commits");
-    let before = weibo_tests::snapshot_dir(dir.path());
+    let before = crash::snapshot_dir(dir.path());
     assert!(before.keys().any(|n| n.starts_with("redo/") && n.ends_with(".redo")), "epoch 2 waits in its redo logs");
     let input = spec.split('|').next().unwrap().to_string();
     let job = paced_job("kafka-eos", dir.path().join("checkpoints"));
     let source = KafkaSource::builder(bootstrap(), [input], Json).until_end().build::<Event>().unwrap();
-    let sink = TxnKafkaSink::new(bootstrap(), &output, Json, format!("{output}-txn"), dir.path().join("redo"))
+    let sink = KafkaSink::new(bootstrap(), &output, Json)
+        .with_transactions(format!("{output}-txn"), dir.path().join("redo"))
         .with_consumed_offsets(&source);
     job.source(source)
         .map(|r: KafkaRecord<Event>| Count { key: r.value.key, id: r.value.id, count: 1 })
@@ -240,8 +238,8 @@ fn a_refused_upgrade_leaves_the_checkpoints_and_the_redo_logs_as_they_were() {
         .sink_exactly_once(sink);
     let err = weibo::testing::block_on(job.run()).expect_err("another key type is refused").to_string();
     assert!(err.contains("was keyed by `u64`"), "{err}");
-    assert_eq!(weibo_tests::first_difference(&before, &weibo_tests::snapshot_dir(dir.path())), None);
-    let mut again = child_command(&spec);
+    assert_eq!(crash::first_difference(&before, &crash::snapshot_dir(dir.path())), None);
+    let mut again = kafka_child(&spec);
     again.stderr(Stdio::null());
     assert!(again.status().unwrap().success(), "the job's own restart finishes");
     assert_exactly_once(&output);

@@ -5,16 +5,10 @@
 //! Group members run as children: this test binary itself, started with
 //! `WEIBO_KAFKA_CHILD` set, running only the `child` test.
 
-#[path = "kafka_broker.rs"]
-mod kafka_broker;
-#[path = "kafka_common.rs"]
-mod kafka_common;
-#[path = "s3_server.rs"]
-mod s3_server;
+use weibo_tests::kafka_common::*;
+use weibo_tests::s3_server;
 
-use kafka_common::*;
-
-/// The entry point of this binary's child processes (see `run_child`).
+/// The entry point of this binary's child processes (see `kafka_common::run_child`).
 #[test]
 fn child() {
     run_child();
@@ -36,12 +30,13 @@ fn a_group_can_leave_its_offsets_to_the_transactions_of_its_tasks() {
             };
             let before = newest(&d);
             let group = KafkaGroup::new(bootstrap(), g, [i], d.clone())
-                .session_timeout(Duration::from_secs(3))
+                .with_session_timeout(Duration::from_secs(3))
                 .offsets_in_transactions()
                 .spawn(move |task| {
                     let job = paced_job(&task.id(), task.checkpoint_dir());
                     let source = task.source(Json).until_end().build::<Event>()?;
-                    let sink = TxnKafkaSink::new(bootstrap(), &o, Json, task.id(), task.redo_dir())
+                    let sink = KafkaSink::new(bootstrap(), &o, Json)
+                        .with_transactions(task.id(), task.redo_dir())
                         .with_consumed_offsets(&source);
                     counting(&job, source, sink, 0);
                     Ok(job)
@@ -94,7 +89,8 @@ fn input_not_partitioned_by_key_is_repartitioned_through_a_topic_by_two_groups()
             .spawn(move |task| {
                 let job = paced_job(&task.id(), task.checkpoint_dir());
                 job.source(task.source(Json).build::<Event>()?).map(|r: KafkaRecord<Event>| r.value).sink_exactly_once(
-                    TxnKafkaSink::new(bootstrap(), &m1, Json, task.id(), task.redo_dir())
+                    KafkaSink::new(bootstrap(), &m1, Json)
+                        .with_transactions(task.id(), task.redo_dir())
                         .with_key(|e: &Event| Some(e.key.to_string().into_bytes())),
                 );
                 Ok(job)
@@ -107,7 +103,7 @@ fn input_not_partitioned_by_key_is_repartitioned_through_a_topic_by_two_groups()
             .with_admin_token("group-token")
             .spawn(move |task| {
                 let job = paced_job(&task.id(), task.checkpoint_dir());
-                let sink = TxnKafkaSink::new(bootstrap(), &o, Json, task.id(), task.redo_dir());
+                let sink = KafkaSink::new(bootstrap(), &o, Json).with_transactions(task.id(), task.redo_dir());
                 counting(&job, task.source(Json).build::<Event>()?, sink, 0);
                 Ok(job)
             })
@@ -168,7 +164,7 @@ fn two_group_members_split_the_partitions_and_a_survivor_takes_over_with_the_sta
     }
     let (output, dir, spec) = counting_setup("group");
     let task_checkpoint = |p: i32| newest_checkpoint(&dir.path().join(format!("group/partition-{p}/checkpoints")));
-    let member = |name: &str| child_command(&format!("group|{spec}|{name}")).stderr(Stdio::inherit()).spawn().unwrap();
+    let member = |name: &str| kafka_child(&format!("group|{spec}|{name}")).stderr(Stdio::inherit()).spawn().unwrap();
     // A alone owns all four partitions and checkpoints each task.
     let mut a = member("a");
     wait_for("a to run and checkpoint all four tasks", Duration::from_secs(60), || {
@@ -221,9 +217,9 @@ fn two_group_members_sharing_checkpoints_in_s3_hand_over_with_the_state() {
         let endpoint = s3_server::server().endpoint.clone();
         move |bucket: &str| {
             weibo_connectors::s3::S3Storage::builder(bucket, "tasks")
-                .endpoint(&endpoint)
-                .region("us-east-1")
-                .credentials("test", "testsecret")
+                .with_endpoint(&endpoint)
+                .with_region("us-east-1")
+                .with_credentials("test", "testsecret")
                 .allow_http()
                 .path_style()
                 .build()
@@ -239,7 +235,7 @@ fn two_group_members_sharing_checkpoints_in_s3_hand_over_with_the_state() {
             .map_or(0, |c| c.iter().map(|(n, _)| n.get()).max().unwrap_or(0))
     };
     let member = |name: &str| {
-        child_command(&format!("group|{spec}|{name}|{bucket}"))
+        kafka_child(&format!("group|{spec}|{name}|{bucket}"))
             .env("WEIBO_S3_ENDPOINT", &s3_server::server().endpoint)
             .stderr(Stdio::inherit())
             .spawn()

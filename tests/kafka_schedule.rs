@@ -1,33 +1,25 @@
 //! Exactly once Kafka → Kafka across random schedules of runs (see
-//! `schedule.rs`), against a real broker (started by `kafka_broker`): a
+//! `weibo_tests::schedule`), against a real broker (started by `kafka_broker`): a
 //! bounded `KafkaSource` (`until_end`), a running count per key in keyed
-//! state, a `TxnKafkaSink`; after every run a `read_committed` consumer
+//! state, a `KafkaSink`; after every run a `read_committed` consumer
 //! finds every id at most once with a crash-free run's running count, and
 //! after a run to the end, every id.
 //!
 //! The child is this test binary itself, started with
 //! `WEIBO_SCHEDULE_CHILD` set, running only the `child` test.
 
-#[path = "kafka_broker.rs"]
-mod kafka_broker;
-#[path = "schedule.rs"]
-mod schedule;
-
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use schedule::{Count, KEYS, Mode};
 use weibo::Job;
-use weibo_connectors::kafka::{Json, KafkaRecord, KafkaSource, TxnKafkaSink};
+use weibo_connectors::kafka::{Json, KafkaRecord, KafkaSink, KafkaSource};
+use weibo_tests::kafka_common::{bootstrap, unique};
+use weibo_tests::schedule::{self, Count, KEYS, Mode};
+use weibo_tests::{crash, kafka_broker};
 
 const IDS: u64 = 2_000;
-
-fn bootstrap() -> String {
-    kafka_broker::broker().bootstrap.clone()
-}
 
 /// The job: reads ids from `input` to its end, sleeping a millisecond
 /// every other record (with small batches, so checkpoints keep their
@@ -58,7 +50,8 @@ fn job(input: &str, output: &str, dir: &Path, mode: &Mode) -> Job {
         .name("counts")
         // The source went into the job already: its offsets by its name.
         .sink_exactly_once(
-            TxnKafkaSink::new(bootstrap(), output, Json, format!("{output}-txn"), dir.join("redo"))
+            KafkaSink::new(bootstrap(), output, Json)
+                .with_transactions(format!("{output}-txn"), dir.join("redo"))
                 .with_key(|c: &Count| Some(c.key.to_string().into_bytes()))
                 .with_consumed_offsets_of(name, group),
         );
@@ -72,11 +65,6 @@ fn child() {
     let mode = Mode::parse(parts[3]);
     let job = job(parts[0], parts[1], Path::new(parts[2]), &mode);
     schedule::child_run(job, &mode);
-}
-
-fn unique(prefix: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A schedule's topics and directory.
@@ -142,8 +130,8 @@ fn random_schedules_of_runs_kills_and_stops_commit_every_id_exactly_once() {
         1..3,
         Setup::new,
         |s, mode| {
-            let mut cmd =
-                schedule::child_command(&format!("{}|{}|{}", s.input, s.output, s.dir.path().display()), mode);
+            let spec = format!("{}|{}|{}|{mode}", s.input, s.output, s.dir.path().display());
+            let mut cmd = crash::child_command("child", "WEIBO_SCHEDULE_CHILD", spec);
             cmd.env("WEIBO_KAFKA_BOOTSTRAP", bootstrap());
             cmd
         },

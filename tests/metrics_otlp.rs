@@ -12,7 +12,6 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use opentelemetry_proto::tonic::metrics::v1::number_data_point::Value as Number;
 use prost::Message as _;
-use tokio::io::AsyncWriteExt as _;
 use weibo::Job;
 use weibo::sinks::Blackhole;
 use weibo::sources::Generator;
@@ -22,27 +21,16 @@ type Received = Arc<Mutex<Vec<(String, ExportMetricsServiceRequest)>>>;
 /// An OTLP/HTTP receiver on a free loopback port: keeps every request's
 /// path and decoded body, answers 200.
 async fn receiver() -> (std::net::SocketAddr, Received) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let received: Received = Arc::default();
     let keep = received.clone();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let keep = keep.clone();
-            tokio::spawn(async move {
-                let mut stream = tokio::io::BufReader::new(stream);
-                // One connection may carry several requests.
-                while let Some((request_line, body)) = weibo_tests::read_message(&mut stream).await {
-                    let path = request_line.split(' ').nth(1).unwrap_or_default().to_string();
-                    let request = ExportMetricsServiceRequest::decode(&body[..]).expect("an OTLP metrics request");
-                    keep.lock().unwrap().push((path, request));
-                    let answer = "HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n";
-                    stream.get_mut().write_all(answer.as_bytes()).await.unwrap();
-                }
-            });
-        }
-    });
+    let addr = weibo_tests::http_server(move |message| {
+        let path = message.first_line.split(' ').nth(1).unwrap_or_default().to_string();
+        let request = ExportMetricsServiceRequest::decode(&message.body[..]).expect("an OTLP metrics request");
+        keep.lock().unwrap().push((path, request));
+        let answer = "HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n";
+        std::future::ready(Some(answer.to_string()))
+    })
+    .await;
     (addr, received)
 }
 

@@ -13,18 +13,16 @@
 //! The child is this test binary itself, started with `WEIBO_PG_CHILD`
 //! set, running only the `child` test.
 
-#[path = "postgres_server.rs"]
-mod postgres_server;
-
 use std::path::Path;
 use std::time::Duration;
 
-use postgres_server::{execute, rows, server, unique};
 use weibo::Job;
 use weibo::sources::Generator;
 use weibo::time::WatermarkStrategy;
 use weibo::window::Tumbling;
 use weibo_connectors::postgres::{PostgresSink, Rejected};
+use weibo_tests::crash;
+use weibo_tests::postgres_server::{execute, rows, server, unique};
 
 const EVENTS: u64 = 6_000;
 
@@ -63,11 +61,11 @@ fn pipeline(url: &str, prefix: &str, checkpoints: &Path, paced: bool) -> Job {
         .with_timestamps(|e: &Event| e.3, WatermarkStrategy::bounded_out_of_orderness(Duration::ZERO));
     input.sink_exactly_once(
         PostgresSink::builder(url, &events)
-            .column("id", |e: &Event| e.0)
-            .column("key", |e: &Event| e.1)
-            .column("amount", |e: &Event| e.2)
-            .chunk_rows(200)
-            .on_rejected(Rejected::DeadLetterTable(refused))
+            .with_column("id", |e: &Event| e.0)
+            .with_column("key", |e: &Event| e.1)
+            .with_column("amount", |e: &Event| e.2)
+            .with_chunk_rows(200)
+            .with_rejected(Rejected::DeadLetterTable(refused))
             .build()
             .unwrap(),
     );
@@ -80,11 +78,11 @@ fn pipeline(url: &str, prefix: &str, checkpoints: &Path, paced: bool) -> Job {
         .name("running")
         .sink_exactly_once(
             PostgresSink::builder(url, &totals)
-                .column("key", |e: &Event| e.1)
-                .column("total", |e: &Event| e.2)
-                .column("last", |e: &Event| e.0)
-                .upsert_on(["key"])
-                .chunk_rows(100)
+                .with_column("key", |e: &Event| e.1)
+                .with_column("total", |e: &Event| e.2)
+                .with_column("last", |e: &Event| e.0)
+                .with_upsert_keys(["key"])
+                .with_chunk_rows(100)
                 .build()
                 .unwrap(),
         );
@@ -99,9 +97,9 @@ fn pipeline(url: &str, prefix: &str, checkpoints: &Path, paced: bool) -> Job {
         .map(|r: weibo::window::WindowResult<i64, Event>| (r.key, r.window.start, r.value.2))
         .sink_exactly_once(
             PostgresSink::builder(url, &windows)
-                .column("key", |w: &(i64, i64, i64)| w.0)
-                .column("start", |w: &(i64, i64, i64)| w.1)
-                .column("count", |w: &(i64, i64, i64)| w.2)
+                .with_column("key", |w: &(i64, i64, i64)| w.0)
+                .with_column("start", |w: &(i64, i64, i64)| w.1)
+                .with_column("count", |w: &(i64, i64, i64)| w.2)
                 .build()
                 .unwrap(),
         );
@@ -156,9 +154,9 @@ fn reference() -> &'static [Vec<String>; 4] {
 /// Starts the child (dying at `crash_at` if given) and kills it after
 /// `after`, unless it finishes or dies first; returns whether it finished.
 fn live(prefix: &str, checkpoints: &Path, after: Duration, crash_at: Option<&str>) -> bool {
-    let mut cmd = weibo_tests::child_command("WEIBO_PG_CHILD", format!("{prefix}|{}", checkpoints.display()));
+    let mut cmd = crash::child_command("child", "WEIBO_PG_CHILD", format!("{prefix}|{}", checkpoints.display()));
     cmd.env("WEIBO_PG_URL", &server().url);
-    weibo_tests::run_child(cmd, after, crash_at)
+    crash::run_child(cmd, after, crash_at)
 }
 
 fn assert_same_as_reference(prefix: &str, what: &str) {
@@ -177,15 +175,6 @@ fn assert_same_as_reference(prefix: &str, what: &str) {
     }
 }
 
-/// Pseudo-random kill times from `least` to `least` + 900 ms.
-fn kill_times(seed: u64, least: u64) -> impl Iterator<Item = Duration> {
-    let mut x = seed;
-    std::iter::repeat_with(move || {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        Duration::from_millis(least + (x >> 33) % 900)
-    })
-}
-
 #[test]
 fn killed_again_and_again_the_tables_equal_a_crash_free_run() {
     if std::env::var("WEIBO_PG_CHILD").is_ok() {
@@ -196,7 +185,7 @@ fn killed_again_and_again_the_tables_equal_a_crash_free_run() {
     create_tables(&prefix);
     let dir = tempfile::tempdir().unwrap();
     let mut lives = 0;
-    let mut times = kill_times(11, 150);
+    let mut times = crash::kill_times(11, 150..1050);
     loop {
         lives += 1;
         assert!(lives < 60, "the job did not finish in 60 lives");
@@ -273,12 +262,12 @@ fn two_processes_on_one_job_one_runs_and_the_tables_equal_a_crash_free_run() {
         create_tables(&prefix);
         let dir = tempfile::tempdir().unwrap();
         let command = || {
-            let mut cmd = weibo_tests::child_command("WEIBO_PG_CHILD", format!("{prefix}|{}", dir.path().display()));
+            let mut cmd = crash::child_command("child", "WEIBO_PG_CHILD", format!("{prefix}|{}", dir.path().display()));
             cmd.env("WEIBO_PG_URL", &server().url);
             cmd
         };
-        let ended = weibo_tests::run_two_apart(command(), command(), Duration::from_millis(apart));
-        weibo_tests::assert_exactly_one_ran(&ended);
+        let ended = crash::run_two_apart(command(), command(), Duration::from_millis(apart));
+        crash::assert_exactly_one_ran(&ended);
         assert_same_as_reference(&prefix, &format!("{apart} ms apart"));
     }
 }

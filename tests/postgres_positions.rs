@@ -15,21 +15,16 @@
 //! The child is this test binary itself, started with `WEIBO_PGPOS_CHILD`
 //! set, running only the `child` test.
 
-#[path = "kafka_broker.rs"]
-mod kafka_broker;
-#[path = "kafka_common.rs"]
-mod kafka_common;
-#[path = "postgres_server.rs"]
-mod postgres_server;
-
 use std::collections::BTreeMap;
 
-use kafka_common::{
-    Duration, Event, In, Instant, Job, Json, KafkaRecord, KafkaSource, bootstrap, create_topic, produce,
-};
-use postgres_server::{execute, rows, server};
 use weibo::checkpoint::MemoryStorage;
 use weibo_connectors::postgres::PostgresSink;
+use weibo_tests::crash;
+use weibo_tests::kafka_common::{
+    Duration, Event, In, Instant, Job, Json, KafkaRecord, KafkaSource, bootstrap, create_topic, produce,
+};
+use weibo_tests::kafka_orders;
+use weibo_tests::postgres_server::{self, execute, rows, server};
 
 const EVENTS: u64 = 6_000;
 const PARTITIONS: i32 = 3;
@@ -55,12 +50,12 @@ fn setup(what: &str) -> (String, String) {
 
 fn sink(table: &str, id: &str) -> PostgresSink<KafkaRecord<Event>> {
     PostgresSink::builder(&server().url, table)
-        .column("id", |r: &KafkaRecord<Event>| r.value.id as i64)
-        .column("partition", |r: &KafkaRecord<Event>| r.partition)
-        .column("offset", |r: &KafkaRecord<Event>| r.offset)
-        .column("key", |r: &KafkaRecord<Event>| r.value.key as i64)
-        .id(id)
-        .chunk_rows(150)
+        .with_column("id", |r: &KafkaRecord<Event>| r.value.id as i64)
+        .with_column("partition", |r: &KafkaRecord<Event>| r.partition)
+        .with_column("offset", |r: &KafkaRecord<Event>| r.offset)
+        .with_column("key", |r: &KafkaRecord<Event>| r.value.key as i64)
+        .with_id(id)
+        .with_chunk_rows(150)
         .store_source_positions()
         .build()
         .unwrap()
@@ -158,9 +153,9 @@ fn live_in(
     crash_at: Option<&str>,
 ) -> bool {
     let dir = durable.map(|d| d.display().to_string()).unwrap_or_default();
-    let mut cmd = weibo_tests::child_command("WEIBO_PGPOS_CHILD", format!("{topic}|{table}|{dir}"));
+    let mut cmd = crash::child_command("child", "WEIBO_PGPOS_CHILD", format!("{topic}|{table}|{dir}"));
     cmd.env("WEIBO_PG_URL", &server().url).env("WEIBO_KAFKA_BOOTSTRAP", bootstrap());
-    weibo_tests::run_child(cmd, after, crash_at)
+    crash::run_child(cmd, after, crash_at)
 }
 
 fn assert_complete(table: &str, what: &str) {
@@ -182,14 +177,14 @@ fn killed_again_and_again_it_resumes_from_the_positions_in_postgres() {
         return;
     }
     let (topic, table) = setup("killed");
-    let mut x: u64 = 7;
+    let mut times = crash::kill_times(7, 300..1200);
     let mut lives = 0;
     loop {
         lives += 1;
         assert!(lives < 60, "the job did not finish in 60 lives");
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let after =
-            if lives % 4 == 0 { Duration::from_secs(120) } else { Duration::from_millis(300 + (x >> 33) % 900) };
+        // (A moment is drawn for every life, used or not.)
+        let kill_at = times.next().unwrap();
+        let after = if lives % 4 == 0 { Duration::from_secs(120) } else { kill_at };
         let finished = live(&topic, &table, after, None);
         let n = assert_rows_match_positions(&table, &table, &format!("after life {lives}"));
         if finished {
@@ -342,17 +337,9 @@ fn with_durable_checkpoints_a_restore_commits_the_restored_positions() {
     }
 }
 
-#[path = "../examples/shared/kafka_orders.rs"]
-mod kafka_orders;
-
 fn produce_orders(topic: &str, ids: std::ops::Range<i64>) {
-    let values: Vec<Vec<u8>> = ids
-        .map(|id| {
-            let order =
-                kafka_orders::Order { id, customer: format!("c{}", id % 7), cents: if id % 10 == 0 { 0 } else { id } };
-            serde_json::to_vec(&order).unwrap()
-        })
-        .collect();
+    let values: Vec<Vec<u8>> =
+        ids.map(|id| kafka_orders::order_json(id, format!("c{}", id % 7), if id % 10 == 0 { 0 } else { id })).collect();
     let records: Vec<In<'_>> =
         values.iter().map(|v| In { key: None, value: v, headers: vec![], timestamp: None }).collect();
     produce(topic, &records);

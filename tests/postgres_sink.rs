@@ -5,15 +5,13 @@
 //! table or failing the job with the record's position; the database
 //! stopped for a few seconds mid-run.
 
-#[path = "postgres_server.rs"]
-mod postgres_server;
-
 use std::time::{Duration, SystemTime};
 
-use postgres_server::{block_on, client, execute, execute_at, rows, rows_at, server, unique};
 use weibo::Job;
 use weibo::sources::Generator;
 use weibo_connectors::postgres::{PostgresSink, Rejected};
+use weibo_tests::postgres_server::{self, block_on, client, execute, execute_at, rows, rows_at, server, unique};
+use weibo_tests::totals;
 
 #[derive(Clone, Debug, PartialEq)]
 struct Everything {
@@ -66,20 +64,20 @@ fn everything_table(name: &str) {
 
 fn everything_sink(table: &str) -> PostgresSink<Everything> {
     PostgresSink::builder(server().url.clone(), table)
-        .column("id", |e: &Everything| e.id)
-        .column("flag", |e: &Everything| e.flag)
-        .column("small", |e: &Everything| e.small)
-        .column("int", |e: &Everything| e.int)
-        .column("real", |e: &Everything| e.real)
-        .column("double", |e: &Everything| e.double)
-        .column_ref("text", |e: &Everything| &e.text)
-        .column_ref("short", |e: &Everything| &e.short)
-        .column_ref("blob", |e: &Everything| &e.blob)
-        .column_ref("doc", |e: &Everything| &e.doc)
-        .column("at", |e: &Everything| e.at)
-        .column_ref("list", |e: &Everything| &e.list)
-        .column_ref("maybe", |e: &Everything| &e.maybe)
-        .chunk_rows(37)
+        .with_column("id", |e: &Everything| e.id)
+        .with_column("flag", |e: &Everything| e.flag)
+        .with_column("small", |e: &Everything| e.small)
+        .with_column("int", |e: &Everything| e.int)
+        .with_column("real", |e: &Everything| e.real)
+        .with_column("double", |e: &Everything| e.double)
+        .with_column_ref("text", |e: &Everything| &e.text)
+        .with_column_ref("short", |e: &Everything| &e.short)
+        .with_column_ref("blob", |e: &Everything| &e.blob)
+        .with_column_ref("doc", |e: &Everything| &e.doc)
+        .with_column("at", |e: &Everything| e.at)
+        .with_column_ref("list", |e: &Everything| &e.list)
+        .with_column_ref("maybe", |e: &Everything| &e.maybe)
+        .with_chunk_rows(37)
         .build()
         .unwrap()
 }
@@ -151,15 +149,17 @@ fn a_mapping_that_does_not_fit_the_table_is_refused_before_any_row_is_written() 
     execute(&format!(
         "CREATE TABLE {table} (id int4 PRIMARY KEY, name text, needed text NOT NULL, fine text NOT NULL DEFAULT 'x')"
     ));
-    let base =
-        || PostgresSink::<(i64, String)>::builder(url.clone(), &table).column_ref("needed", |r: &(i64, String)| &r.1);
+    let base = || {
+        PostgresSink::<(i64, String)>::builder(url.clone(), &table).with_column_ref("needed", |r: &(i64, String)| &r.1)
+    };
 
     let id = |r: &(i64, String)| r.0 as i32;
-    let missing = try_run(&table, base().column("id", id).column("amount", |r: &(i64, String)| r.0).build().unwrap());
+    let missing =
+        try_run(&table, base().with_column("id", id).with_column("amount", |r: &(i64, String)| r.0).build().unwrap());
     assert!(missing.contains(&format!("table `{table}` has no column `amount` (mapped from `i64`)")), "{missing}");
     assert!(missing.contains("id integer, name text, needed text, fine text"), "{missing}");
 
-    let wrong = try_run(&table, base().column("id", |r: &(i64, String)| r.0).build().unwrap());
+    let wrong = try_run(&table, base().with_column("id", |r: &(i64, String)| r.0).build().unwrap());
     assert!(
         wrong.contains(&format!("column `{table}.id` is `integer` in Postgres, and the mapping gives `i64`")),
         "{wrong}"
@@ -168,25 +168,30 @@ fn a_mapping_that_does_not_fit_the_table_is_refused_before_any_row_is_written() 
     let unmapped = try_run(
         &table,
         PostgresSink::<(i64, String)>::builder(url.clone(), &table)
-            .column("id", |r: &(i64, String)| r.0 as i32)
+            .with_column("id", |r: &(i64, String)| r.0 as i32)
             .build()
             .unwrap(),
     );
     assert!(unmapped.contains(&format!("column `{table}.needed` (text) is NOT NULL without a default")), "{unmapped}");
 
-    let no_index = try_run(&table, base().column("id", id).upsert_on(["needed"]).build().unwrap());
+    let no_index = try_run(&table, base().with_column("id", id).with_upsert_keys(["needed"]).build().unwrap());
     assert!(no_index.contains("an upsert on (\"needed\") needs a unique index"), "{no_index}");
 
     let nullable = try_run(
         &table,
-        base().column("id", id).column_ref("name", |r: &(i64, String)| &r.1).upsert_on(["name"]).build().unwrap(),
+        base()
+            .with_column("id", id)
+            .with_column_ref("name", |r: &(i64, String)| &r.1)
+            .with_upsert_keys(["name"])
+            .build()
+            .unwrap(),
     );
     assert!(nullable.contains(&format!("upsert key column `{table}.name` may be NULL")), "{nullable}");
 
     let absent = unique("absent");
     let job = Job::new("absent");
     job.source(Generator::new(10, |i| i as i64))
-        .sink(PostgresSink::builder(url.clone(), &absent).column("id", |r: &i64| *r).build().unwrap());
+        .sink(PostgresSink::builder(url.clone(), &absent).with_column("id", |r: &i64| *r).build().unwrap());
     let err = weibo::testing::block_on(job.run()).expect_err("no such table").to_string();
     assert!(err.contains(&format!("table `{absent}` does not exist in database `postgres`")), "{err}");
 
@@ -194,13 +199,14 @@ fn a_mapping_that_does_not_fit_the_table_is_refused_before_any_row_is_written() 
     let e = PostgresSink::<i64>::builder(url.clone(), &table).build().unwrap_err().to_string();
     assert!(e.contains("no columns"), "{e}");
     let e = PostgresSink::<i64>::builder(url.clone(), &table)
-        .column("id", |r: &i64| *r)
-        .upsert_on(["key"])
+        .with_column("id", |r: &i64| *r)
+        .with_upsert_keys(["key"])
         .build()
         .unwrap_err()
         .to_string();
     assert!(e.contains("upsert key `key` is not a mapped column"), "{e}");
-    let e = PostgresSink::<i64>::builder("port=notanumber", &table).column("id", |r: &i64| *r).build().unwrap_err();
+    let e =
+        PostgresSink::<i64>::builder("port=notanumber", &table).with_column("id", |r: &i64| *r).build().unwrap_err();
     assert!(e.to_string().contains("cannot read the connection string"), "{e}");
 }
 
@@ -248,11 +254,11 @@ fn payments_job(name: &str, p: &Payments<'_>) -> Job {
     }
     let payments = job.source(source);
     let log = PostgresSink::builder(url.clone(), append)
-        .column("id", |p: &(i64, i64, i64)| p.0)
-        .column("account", |p: &(i64, i64, i64)| p.1)
-        .column("amount", |p: &(i64, i64, i64)| p.2)
-        .chunk_rows(500)
-        .retry_for(Duration::from_secs(60))
+        .with_column("id", |p: &(i64, i64, i64)| p.0)
+        .with_column("account", |p: &(i64, i64, i64)| p.1)
+        .with_column("amount", |p: &(i64, i64, i64)| p.2)
+        .with_chunk_rows(500)
+        .with_retry_for(Duration::from_secs(60))
         .build()
         .unwrap();
     let running = payments
@@ -261,11 +267,11 @@ fn payments_job(name: &str, p: &Payments<'_>) -> Job {
         .reduce(|a, b| (b.0, a.1, a.2 + b.2))
         .name("totals");
     let totals = PostgresSink::builder(url, upsert)
-        .column("account", |p: &(i64, i64, i64)| p.1)
-        .column("total", |p: &(i64, i64, i64)| p.2)
-        .upsert_on(["account"])
-        .chunk_rows(300)
-        .retry_for(Duration::from_secs(60))
+        .with_column("account", |p: &(i64, i64, i64)| p.1)
+        .with_column("total", |p: &(i64, i64, i64)| p.2)
+        .with_upsert_keys(["account"])
+        .with_chunk_rows(300)
+        .with_retry_for(Duration::from_secs(60))
         .build()
         .unwrap();
     if exactly_once {
@@ -400,11 +406,11 @@ fn order(i: u64) -> Order {
 
 fn orders_sink(table: &str, policy: Rejected) -> PostgresSink<Order> {
     PostgresSink::builder(server().url.clone(), table)
-        .column("id", |o: &Order| o.id)
-        .column("amount", |o: &Order| o.amount)
-        .column_ref("note", |o: &Order| &o.note)
-        .on_rejected(policy)
-        .chunk_rows(64)
+        .with_column("id", |o: &Order| o.id)
+        .with_column("amount", |o: &Order| o.amount)
+        .with_column_ref("note", |o: &Order| &o.note)
+        .with_rejected(policy)
+        .with_chunk_rows(64)
         .build()
         .unwrap()
 }
@@ -479,8 +485,8 @@ fn the_sink_says_where_a_database_that_never_answers_is() {
     let job = Job::new("nowhere");
     job.source(Generator::new(10, |i| i as i64)).sink(
         PostgresSink::builder(format!("host=127.0.0.1 port={port} user=postgres connect_timeout=1"), "t")
-            .column("id", |r: &i64| *r)
-            .retry_for(Duration::from_millis(300))
+            .with_column("id", |r: &i64| *r)
+            .with_retry_for(Duration::from_millis(300))
             .build()
             .unwrap(),
     );
@@ -489,10 +495,6 @@ fn the_sink_says_where_a_database_that_never_answers_is() {
     assert!(err.contains("connect to the database"), "{err}");
 }
 
-#[path = "../examples/shared/totals.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod totals;
-
 #[test]
 fn the_books_example_writes_every_order_once_and_each_customers_total() {
     let n = 20_000u64;
@@ -500,7 +502,7 @@ fn the_books_example_writes_every_order_once_and_each_customers_total() {
     let dir = tempfile::tempdir().unwrap();
     let job = totals::job(&server().url, dir.path(), n).unwrap();
     weibo::testing::block_on(job.run()).unwrap();
-    let refused: Vec<u64> = (0..n).filter(|i| totals::order(*i).cents == 0).collect();
+    let refused: Vec<u64> = (0..n).filter(|i| totals::order(*i).1 == 0).collect();
     assert_eq!(refused.len(), 20);
     let count = rows("SELECT count(*), count(DISTINCT id) FROM orders");
     let kept = (n - refused.len() as u64).to_string();
@@ -509,9 +511,9 @@ fn the_books_example_writes_every_order_once_and_each_customers_total() {
     assert_eq!(dead.iter().map(|r| r[0].clone().unwrap().parse::<u64>().unwrap()).collect::<Vec<_>>(), refused);
     assert!(dead[0][1].as_deref().unwrap().contains("orders_cents_check"), "{:?}", dead[0]);
     let mut want = std::collections::BTreeMap::new();
-    for o in (0..n).map(totals::order).filter(|o| o.cents > 0) {
-        let e = want.entry(o.customer).or_insert((0i64, 0i64));
-        e.0 += o.cents;
+    for (customer, cents) in (0..n).map(totals::order).filter(|(_, cents)| *cents > 0) {
+        let e = want.entry(customer).or_insert((0i64, 0i64));
+        e.0 += cents;
         e.1 += 1;
     }
     let got: std::collections::BTreeMap<String, (i64, i64)> = rows("SELECT customer, cents, orders FROM totals")
@@ -559,16 +561,16 @@ fn sslmode_require_connects_over_tls_and_verifies_the_server() {
     execute_at(&local, &format!("CREATE TABLE {table} (id int8 NOT NULL, name text NOT NULL)"));
     let sink = |url: &str| {
         PostgresSink::<(i64, String)>::builder(url, &table)
-            .column("id", |r: &(i64, String)| r.0)
-            .column_ref("name", |r: &(i64, String)| &r.1)
-            .retry_for(Duration::from_secs(2))
+            .with_column("id", |r: &(i64, String)| r.0)
+            .with_column_ref("name", |r: &(i64, String)| &r.1)
+            .with_retry_for(Duration::from_secs(2))
     };
     let count = || rows_at(&local, &format!("SELECT count(*), count(DISTINCT id) FROM {table}"));
     // Trusting the server's root: the job writes over TLS, exactly once.
     let job =
         Job::new("tls").with_checkpoint_storage(weibo::checkpoint::MemoryStorage::new(), Duration::from_millis(50));
     job.source(Generator::new(500, |i| (i as i64, format!("n{i}"))))
-        .sink_exactly_once(sink(&require).tls_root_certificates(&ca).build().unwrap());
+        .sink_exactly_once(sink(&require).with_tls_root_certificates(&ca).build().unwrap());
     block_on(job.run()).unwrap();
     assert_eq!(count(), vec![vec![Some("500".to_string()), Some("500".to_string())]]);
     let fails = |sink: PostgresSink<(i64, String)>| {
@@ -585,9 +587,9 @@ fn sslmode_require_connects_over_tls_and_verifies_the_server() {
     assert_eq!(count()[0][0].as_deref(), Some("500"), "nothing more written");
     // A root certificate without sslmode=require is a mistake, and so is a
     // file that holds none.
-    let err = sink(&tls.url).tls_root_certificates(&ca).build().err().unwrap().to_string();
+    let err = sink(&tls.url).with_tls_root_certificates(&ca).build().err().unwrap().to_string();
     assert!(err.contains("sslmode=require"), "{err}");
     let empty = tempfile::NamedTempFile::new().unwrap();
-    let err = sink(&require).tls_root_certificates(empty.path()).build().err().unwrap().to_string();
+    let err = sink(&require).with_tls_root_certificates(empty.path()).build().err().unwrap().to_string();
     assert!(err.contains("no certificate"), "{err}");
 }

@@ -5,15 +5,12 @@
 //! newest checkpoint damaged falls back to the one before; another
 //! pipeline is refused.
 
-#[path = "restore_common.rs"]
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use weibo::Job;
 use weibo::sinks::CollectSink;
 use weibo::sources::Generator;
+use weibo_tests::restore::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_job_ends_with_the_same_state_as_one_never_stopped() {

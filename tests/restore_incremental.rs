@@ -2,16 +2,13 @@
 //! state checkpoints hold only what changed, in memory and on fjall, and
 //! restoring a chain of deltas gives back exactly the state.
 
-#[path = "restore_common.rs"]
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
 use weibo::Job;
 use weibo::sinks::CollectSink;
 use weibo::sources::Generator;
+use weibo_tests::restore::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_after_the_first_write_only_what_changed() {
@@ -154,7 +151,8 @@ async fn incremental_timer_checkpoints(on_fjall: bool, timers_on_disk: bool) {
         if on_fjall {
             runs.set(runs.get() + 1);
             let state = states.path().join(format!("run-{}", runs.get()));
-            let backend = weibo::state::FjallBackend::builder(state).timers_on_disk(timers_on_disk).open().unwrap();
+            let backend =
+                weibo::state::FjallBackend::builder(state).with_timers_on_disk(timers_on_disk).open().unwrap();
             job = job.with_state_backend(backend);
         }
         job.source(Generator::new(40_000, fill_then_trickle).with_rate(rate))

@@ -3,16 +3,13 @@
 //! checkpoint options need checkpoints turned on first; a job aborted
 //! mid-checkpoint leaves no coordinator thread panicking.
 
-#[path = "restore_common.rs"]
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
 use weibo::Job;
 use weibo::sinks::CollectSink;
 use weibo::sources::Generator;
+use weibo_tests::restore::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_go_on_after_a_source_has_finished() {

@@ -1,15 +1,12 @@
 //! Savepoints: a named savepoint outlives retention and restores with
 //! another partition count; savepoints need checkpoints and a plain name.
 
-#[path = "restore_common.rs"]
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use weibo::Job;
 use weibo::sinks::CollectSink;
 use weibo::sources::Generator;
+use weibo_tests::restore::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_named_savepoint_outlives_retention_and_restores_with_another_partition_count() {

@@ -3,19 +3,14 @@
 //! fail and the job goes on, and after it a restore is exact; fjall state
 //! restores through checkpoints.
 
-#[path = "restore_common.rs"]
-mod common;
-#[path = "flaky_storage.rs"]
-mod flaky_storage;
-
 use std::time::Duration;
 
-use common::*;
-use flaky_storage::Flaky;
 use weibo::Job;
 use weibo::checkpoint::MemoryStorage;
 use weibo::sinks::CollectSink;
 use weibo::sources::Generator;
+use weibo_tests::flaky_storage::Flaky;
+use weibo_tests::restore::*;
 
 /// The pipeline of [`job`], checkpointing into `storage`.
 fn job_in(storage: &MemoryStorage, partitions: usize, rate: f64, out: &CollectSink<(u64, (u64, u64))>) -> Job {

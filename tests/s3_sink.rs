@@ -8,18 +8,16 @@
 //! The child is this test binary itself, started with `WEIBO_S3_CHILD`
 //! set, running only the `child` test.
 
-#[path = "s3_server.rs"]
-mod s3_server;
-
 use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 
-use s3_server::{server, storage, unique_bucket};
 use weibo::Job;
 use weibo::checkpoint::CheckpointStorage;
 use weibo::sources::Generator;
 use weibo_connectors::s3_sink::S3Sink;
+use weibo_tests::crash;
+use weibo_tests::s3_server::{server, storage, unique_bucket};
 
 const EVENTS: u64 = 8_000;
 
@@ -29,7 +27,9 @@ fn job(bucket: &str, checkpoints: &Path) -> Job {
         .name("events")
         // Small parts: several per epoch, rolled by size and by age.
         .sink_exactly_once(
-            S3Sink::json_lines(storage(bucket, "out")).roll_bytes(16 << 10).roll_interval(Duration::from_millis(50)),
+            S3Sink::json_lines(storage(bucket, "out"))
+                .with_roll_bytes(16 << 10)
+                .with_roll_interval(Duration::from_millis(50)),
         );
     job
 }
@@ -43,9 +43,9 @@ fn child() {
 
 /// One life of the child; `true` when it finished.
 fn live(bucket: &str, checkpoints: &Path, after: Duration, crash_at: Option<&str>) -> bool {
-    let mut cmd = weibo_tests::child_command("WEIBO_S3_CHILD", format!("{bucket}|{}", checkpoints.display()));
+    let mut cmd = crash::child_command("child", "WEIBO_S3_CHILD", format!("{bucket}|{}", checkpoints.display()));
     cmd.env("WEIBO_S3_ENDPOINT", &server().endpoint);
-    weibo_tests::run_child(cmd, after, crash_at)
+    crash::run_child(cmd, after, crash_at)
 }
 
 /// Every line of every published part, sorted; and what is still pending.
@@ -81,14 +81,6 @@ fn assert_exactly_once(bucket: &str, what: &str) {
     }
 }
 
-fn kill_times(seed: u64) -> impl Iterator<Item = Duration> {
-    let mut x = seed;
-    std::iter::repeat_with(move || {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        Duration::from_millis(200 + (x >> 33) % 900)
-    })
-}
-
 #[test]
 fn killed_again_and_again_every_event_is_published_once() {
     if std::env::var("WEIBO_S3_CHILD").is_ok() {
@@ -96,7 +88,7 @@ fn killed_again_and_again_every_event_is_published_once() {
     }
     let bucket = unique_bucket("killed");
     let dir = tempfile::tempdir().unwrap();
-    let mut times = kill_times(5);
+    let mut times = crash::kill_times(5, 200..1100);
     let mut lives = 0;
     loop {
         lives += 1;
@@ -150,7 +142,7 @@ fn the_sink_writes_to_a_local_directory_too() {
     let cps = tempfile::tempdir().unwrap();
     let job = Job::new("dir-out").with_checkpoints(cps.path(), Duration::from_millis(30));
     job.source(Generator::new(2_000, |i| i))
-        .sink_exactly_once(S3Sink::json_lines(weibo::checkpoint::LocalDir::new(out.path())).roll_bytes(1_000));
+        .sink_exactly_once(S3Sink::json_lines(weibo::checkpoint::LocalDir::new(out.path())).with_roll_bytes(1_000));
     weibo::testing::block_on(job.run()).unwrap();
     let storage = weibo::checkpoint::LocalDir::new(out.path());
     let names = storage.list("").unwrap();

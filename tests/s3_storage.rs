@@ -3,20 +3,17 @@
 //! prefix listing, ranged reads with seeks, server-side copies), and a job
 //! checkpoints into it, takes a savepoint there and is restored from it.
 
-#[path = "s3_server.rs"]
-mod s3_server;
-
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
-use s3_server::{storage, unique_bucket};
 use weibo::Job;
 use weibo::checkpoint::CheckpointStorage;
 use weibo::sinks::CollectSink;
 use weibo::sources::Generator;
 use weibo_connectors::s3::S3Storage;
+use weibo_tests::s3_server::{self, storage, unique_bucket};
 
 #[test]
 fn the_storage_keeps_the_contract_checkpoints_rely_on() {
@@ -209,7 +206,8 @@ fn one_run_owns_the_storage_and_a_run_whose_lease_was_taken_over_publishes_nothi
             "expires_unix_ms": u64::MAX,
         });
         s2.put("LOCK", taken.to_string().as_bytes()).unwrap();
-        let fenced = a.checkpoint().await.expect_err("a run that lost its lease completes nothing").to_string();
+        let fenced =
+            a.checkpoint().await.expect_err("a run that lost its lease completes nothing").report().to_string();
         assert!(fenced.contains("no longer holds its checkpoint storage") && fenced.contains("taken over"), "{fenced}");
         let ended = a.wait().await.expect_err("and stops").to_string();
         assert!(ended.contains("no longer holds its checkpoint storage"), "{ended}");
@@ -229,7 +227,7 @@ fn one_run_owns_the_storage_and_a_run_whose_lease_was_taken_over_publishes_nothi
     });
     s.put("LOCK", released.to_string().as_bytes()).unwrap();
     let out = CollectSink::new();
-    let d = start(&out).wait_for_storage(Duration::from_secs(5));
+    let d = start(&out).with_storage_wait(Duration::from_secs(5));
     weibo::testing::block_on(async move {
         let d = d.spawn().expect("the released storage is taken");
         d.cancel().await.unwrap();

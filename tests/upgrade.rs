@@ -11,9 +11,6 @@
 //! Weibo's own types must keep the names checkpoints record for them
 //! (`codec::recorded_type_name`), or this test fails.
 
-#[path = "upgrade_pipeline.rs"]
-mod upgrade_pipeline;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -21,7 +18,7 @@ use serde::Deserialize;
 use weibo::Job;
 use weibo::window::WindowResult;
 
-use upgrade_pipeline::{EVENTS, Outputs, pipeline};
+use weibo_tests::upgrade_pipeline::{EVENTS, Outputs, pipeline};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upgrade-442b4bc")

@@ -17,23 +17,20 @@
 //! child process: this test binary, started with `WEIBO_UPGRADE_CHILD`
 //! set, running only the `child` test.
 
-#[path = "s3_server.rs"]
-mod s3_server;
-#[path = "schedule.rs"]
-mod schedule;
-
 use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use schedule::{Count, KEYS};
 use serde::{Deserialize, Serialize};
 use weibo::checkpoint::{CheckpointStorage, LocalDir, LockAttempt, StorageHolder};
 use weibo::sinks::{Blackhole, TxnFileSink};
 use weibo::sources::Generator;
 use weibo::{Job, Stream};
 use weibo_connectors::s3_sink::S3Sink;
+use weibo_tests::crash;
+use weibo_tests::s3_server;
+use weibo_tests::schedule::{Count, KEYS};
 
 const IDS: u64 = 4_000;
 
@@ -297,9 +294,9 @@ fn every_refused_restore_leaves_the_storage_and_the_pending_output_as_they_were(
     }
     let root = tempfile::tempdir().unwrap();
     // Version 1 completes checkpoint 3 and dies before committing it.
-    let cmd = weibo_tests::child_command("WEIBO_UPGRADE_CHILD", root.path().display().to_string());
+    let cmd = crash::child_command("child", "WEIBO_UPGRADE_CHILD", root.path());
     assert!(
-        !weibo_tests::run_child(cmd, Duration::from_secs(60), Some("after-manifest#3")),
+        !crash::run_child(cmd, Duration::from_secs(60), Some("after-manifest#3")),
         "version 1 dies between checkpoint 3's manifest and its commits"
     );
     let pending: Vec<PathBuf> = std::fs::read_dir(root.path().join("out/.pending"))
@@ -309,13 +306,13 @@ fn every_refused_restore_leaves_the_storage_and_the_pending_output_as_they_were(
         .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
         .collect();
     assert!(!pending.is_empty(), "checkpoint 3's output waits, pending");
-    let before = weibo_tests::snapshot_dir(root.path());
+    let before = crash::snapshot_dir(root.path());
 
     for refusal in refusals() {
         let err = (refusal.build)(root.path()).run_blocking().expect_err(refusal.what).to_string();
         assert!(err.contains(refusal.says), "{}: {err}", refusal.what);
-        let after = weibo_tests::snapshot_dir(root.path());
-        if let Some(d) = weibo_tests::first_difference(&before, &after) {
+        let after = crash::snapshot_dir(root.path());
+        if let Some(d) = crash::first_difference(&before, &after) {
             panic!("{} was refused, but changed what it must not: {d}", refusal.what);
         }
     }
@@ -326,7 +323,7 @@ fn every_refused_restore_leaves_the_storage_and_the_pending_output_as_they_were(
     };
     let err = version_1(root.path(), None).run_blocking().expect_err("held").to_string();
     assert!(err.contains("is in use by job `other`"), "{err}");
-    assert_eq!(weibo_tests::first_difference(&before, &weibo_tests::snapshot_dir(root.path())), None);
+    assert_eq!(crash::first_difference(&before, &crash::snapshot_dir(root.path())), None);
     drop(held);
 
     // Version 1 again: it commits checkpoint 3's output and goes on to the
@@ -362,7 +359,7 @@ fn committed_after_a_savepoint(root: &Path) -> (BTreeMap<String, Vec<u8>>, PathB
     let savepoint = savepoint_then_more(version_1(root, Some(4_000.0)));
     let manifest = weibo::checkpoint::read_manifest(&savepoint).unwrap();
     let position = manifest.sources.iter().find(|s| s.source == "ids").unwrap().position;
-    let files = weibo_tests::snapshot_dir(&root.join("out"));
+    let files = crash::snapshot_dir(&root.join("out"));
     let files: BTreeMap<String, Vec<u8>> = files.into_iter().filter(|(n, _)| !n.starts_with(".pending")).collect();
     assert!(files.len() > 3, "version 1 committed after its savepoint: {:?}", files.keys());
     (files, savepoint, position)
@@ -389,7 +386,7 @@ fn a_job_restored_from_a_savepoint_writes_beside_what_was_committed_and_replaces
         let (files, savepoint, position) = committed_after_a_savepoint(root.path());
         let checkpoints = if fresh { root.path().join("fresh") } else { root.path().join("checkpoints") };
         restored(root.path(), &checkpoints, &savepoint).run_blocking().unwrap();
-        let now = weibo_tests::snapshot_dir(&root.path().join("out"));
+        let now = crash::snapshot_dir(&root.path().join("out"));
         for (name, bytes) in &files {
             assert!(now.get(name) == Some(bytes), "fresh {fresh}: committed file {name} was replaced or removed");
         }

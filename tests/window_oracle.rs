@@ -12,9 +12,7 @@ use weibo::testing::TestJob;
 use weibo::time::WatermarkStrategy;
 use weibo::window::{Session, Sliding, Tumbling, Window, WindowContext, WindowResult};
 
-#[path = "window_model.rs"]
-mod window_model;
-use window_model::{Ev, Firing, Kind, Naive, naive};
+use weibo_tests::window_model::{Ev, Firing, Kind, Naive, naive};
 
 fn input() -> impl Strategy<Value = Vec<Ev>> {
     prop::collection::vec((0u8..4, 0i64..6, 0i64..40, -50i64..50), 0..120).prop_map(|steps| {

@@ -9,9 +9,6 @@
 //! are added to it after the restore), and, when no record is ever behind
 //! the watermark, the output of a run that never crashed.
 
-#[path = "window_model.rs"]
-mod window_model;
-
 use std::path::Path;
 use std::time::Duration;
 
@@ -20,19 +17,8 @@ use weibo::sinks::TxnFileSink;
 use weibo::sources::Generator;
 use weibo::time::WatermarkStrategy;
 use weibo::window::{Session, Sliding, Tumbling, WindowContext};
-use window_model::{Ev, Firing, Kind, Naive, in_order, naive, naive_with_restores};
-
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n.max(1)
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len() as u64) as usize]
-    }
-}
+use weibo_tests::crash::{self, Rng};
+use weibo_tests::window_model::{Ev, Firing, Kind, Naive, in_order, naive, naive_with_restores};
 
 /// A case: the input and the window configuration.
 #[derive(Clone, Debug)]
@@ -45,7 +31,7 @@ struct Case {
 }
 
 fn case(seed: u64) -> Case {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::new(seed);
     let n = 150 + rng.below(150) as usize;
     let bound = rng.pick(&[0i64, 3, 10]);
     // Every other case keeps each record within the bound (nothing is
@@ -85,7 +71,7 @@ fn job(c: &Case, rate: f64, out: &Path, late: &Path, checkpoints: &Path, on_disk
         .with_batch_size(4)
         .with_max_key_groups(8);
     if let Some(dir) = on_disk {
-        job = job.with_state_backend(weibo::state::FjallBackend::builder(dir).object_cache(256).open().unwrap());
+        job = job.with_state_backend(weibo::state::FjallBackend::builder(dir).with_object_cache(256).open().unwrap());
     }
     let input = c.input.clone();
     let keyed = job
@@ -176,8 +162,7 @@ fn run(c: &Case, kills: &[Duration], on_disk: bool) -> (Naive, Vec<usize>) {
 /// moved it on.
 fn check(seed: u64, on_disk: bool) -> usize {
     let c = case(seed);
-    let mut rng = Rng(seed ^ 0x5555);
-    let kills: Vec<Duration> = (0..3).map(|_| Duration::from_millis(20 + rng.below(90))).collect();
+    let kills: Vec<Duration> = crash::kill_times(seed ^ 0x5555, 20..110).take(3).collect();
     let (got, restores) = run(&c, &kills, on_disk);
     let want = naive_with_restores(&c.input, c.bound, c.lateness, c.kind, &restores);
     assert!(

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use weibo::Job;
-use weibo_connectors::kafka::{KafkaRecord, KafkaSource, TxnKafkaSink};
+use weibo_connectors::kafka::{KafkaRecord, KafkaSink, KafkaSource};
 
 // ANCHOR: types
 /// What the input topic holds (JSON).
@@ -26,7 +26,7 @@ pub(crate) struct Counted {
 // ANCHOR: pipeline
 /// Counts clicks per user: every click goes out with its user's count so
 /// far, keyed by user.
-pub(crate) fn count_clicks(job: &Job, clicks: KafkaSource<Click>, out: TxnKafkaSink<Counted>) {
+pub(crate) fn count_clicks(job: &Job, clicks: KafkaSource<Click>, out: KafkaSink<Counted>) {
     job.source(clicks)
         .name("clicks")
         .map(|r: KafkaRecord<Click>| Counted { user: r.value.user, page: r.value.page, count: 1 })

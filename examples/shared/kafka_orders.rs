@@ -31,10 +31,10 @@ pub(crate) struct Order {
 // ANCHOR: job
 pub(crate) fn job(brokers: &str, topic: &str, url: &str) -> weibo::Result<Job> {
     let sink = PostgresSink::builder(url, "paid_orders")
-        .column("id", |o: &Order| o.id)
-        .column_ref("customer", |o: &Order| &o.customer)
-        .column("cents", |o: &Order| o.cents)
-        .id("paid-orders")
+        .with_column("id", |o: &Order| o.id)
+        .with_column_ref("customer", |o: &Order| &o.customer)
+        .with_column("cents", |o: &Order| o.cents)
+        .with_id("paid-orders")
         .store_source_positions()
         .build()?;
     // Where the last run's committed rows end, per partition (nothing on

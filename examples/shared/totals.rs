@@ -49,19 +49,19 @@ pub(crate) fn job(url: &str, checkpoints: &std::path::Path, orders: u64) -> weib
 
     // Every order once; a refused one (a price of 0) goes to a table of its own.
     let log = PostgresSink::builder(url, "orders")
-        .column("id", |o: &Order| o.id)
-        .column_ref("customer", |o: &Order| &o.customer)
-        .column("cents", |o: &Order| o.cents)
-        .on_rejected(Rejected::DeadLetterTable("orders_rejected".into()))
+        .with_column("id", |o: &Order| o.id)
+        .with_column_ref("customer", |o: &Order| &o.customer)
+        .with_column("cents", |o: &Order| o.cents)
+        .with_rejected(Rejected::DeadLetterTable("orders_rejected".into()))
         .build()?;
     input.sink_exactly_once(log);
 
     // Each customer's running total, upserted: the table holds the last.
     let totals = PostgresSink::builder(url, "totals")
-        .column_ref("customer", |t: &Total| &t.customer)
-        .column("cents", |t: &Total| t.cents)
-        .column("orders", |t: &Total| t.orders)
-        .upsert_on(["customer"])
+        .with_column_ref("customer", |t: &Total| &t.customer)
+        .with_column("cents", |t: &Total| t.cents)
+        .with_column("orders", |t: &Total| t.orders)
+        .with_upsert_keys(["customer"])
         .build()?;
     input
         .filter(|o: &Order| o.cents > 0)

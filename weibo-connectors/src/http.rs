@@ -16,7 +16,7 @@
 //! job's and sink's names, the writer's instance, the checkpoint epoch (one
 //! after the checkpoint it follows), the batch's number in the epoch, and a
 //! hash of the source positions of the batch's records, in order. Batches
-//! are cut after `batch_records` records, at barriers, and when the linger
+//! are cut after `with_batch_records` records, at barriers, and when the linger
 //! time passes; the last depends on timing, so after a restart the same
 //! number may hold other records; the hash gives those a new key instead of
 //! one the endpoint would take for a repeat (which would lose them). A
@@ -26,7 +26,7 @@
 //! **Retries**: connection errors, timeouts, 5xx and 429 are retried with
 //! exponential backoff and jitter (100 ms to 10 s; a 429's or 503's
 //! `Retry-After`, in seconds or as a date, is honoured), for up to
-//! `retry_for` (5 minutes by default); then the job fails. Any other 4xx
+//! `with_retry_for` (5 minutes by default); then the job fails. Any other 4xx
 //! means the request itself is wrong: the batch is split in halves until
 //! the refused records are alone, and each goes to the dead-letter sink
 //! with the status and the start of the response body, or fails the job.
@@ -111,12 +111,12 @@ struct Inner<T> {
 /// # fn main() -> weibo::Result<()> {
 /// let dead = weibo::sinks::FileSink::json_lines("refused.jsonl");
 /// let sink = HttpSink::<serde_json::Value>::builder("https://example.com/events")
-///     .format(BodyFormat::JsonLines)
-///     .batch_records(500)
-///     .linger(Duration::from_millis(200))
-///     .concurrency(4)
-///     .header("authorization", "Bearer secret")
-///     .on_refused(Refused::DeadLetter(Box::new(dead)))
+///     .with_format(BodyFormat::JsonLines)
+///     .with_batch_records(500)
+///     .with_linger(Duration::from_millis(200))
+///     .with_concurrency(4)
+///     .with_header("authorization", "Bearer secret")
+///     .with_refused(Refused::DeadLetter(Box::new(dead)))
 ///     .build()?;
 /// # let job = weibo::Job::new("events");
 /// # let events = job.source(weibo::sources::IterSource::new(Vec::<serde_json::Value>::new()));
@@ -181,64 +181,74 @@ impl<T: Serialize + Send + 'static> HttpSink<T> {
 
 impl<T: Serialize + Send + 'static> HttpSinkBuilder<T> {
     /// `POST` (default) or `PUT`.
-    pub fn method(mut self, method: Method) -> Self {
+    #[must_use]
+    pub fn with_method(mut self, method: Method) -> Self {
         self.method = method;
         self
     }
 
     /// A JSON array (default) or JSON lines.
-    pub fn format(mut self, format: BodyFormat) -> Self {
+    #[must_use]
+    pub fn with_format(mut self, format: BodyFormat) -> Self {
         self.format = format;
         self
     }
 
     /// A header on every request (authorization, say).
-    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+    #[must_use]
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.push((name.into(), value.into()));
         self
     }
 
     /// Records per request, at most (default 500).
-    pub fn batch_records(mut self, n: usize) -> Self {
+    #[must_use]
+    pub fn with_batch_records(mut self, n: usize) -> Self {
         self.batch_records = n.max(1);
         self
     }
 
     /// How long a record may wait for its batch to fill (default 100 ms;
     /// the job's buffer timeout decides how often this is looked at).
-    pub fn linger(mut self, linger: Duration) -> Self {
+    #[must_use]
+    pub fn with_linger(mut self, linger: Duration) -> Self {
         self.linger = linger;
         self
     }
 
     /// Requests in flight per writer, at most (default 4). With more than
     /// one, batches may arrive out of order.
-    pub fn concurrency(mut self, n: usize) -> Self {
+    #[must_use]
+    pub fn with_concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
         self
     }
 
     /// How long one request may take, answer included (default 30 s).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
     /// How long connecting may take (default 10 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+    #[must_use]
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
     /// How long to keep retrying a request that fails for a passing reason
     /// (default 5 minutes).
-    pub fn retry_for(mut self, limit: Duration) -> Self {
+    #[must_use]
+    pub fn with_retry_for(mut self, limit: Duration) -> Self {
         self.retry_for = limit;
         self
     }
 
     /// Where refused records go (default [`Refused::Fail`]).
-    pub fn on_refused(mut self, refused: Refused<T>) -> Self {
+    #[must_use]
+    pub fn with_refused(mut self, refused: Refused<T>) -> Self {
         self.refused = refused;
         self
     }
@@ -359,7 +369,7 @@ struct HttpWriter<T> {
 
 impl<T: Serialize + Send + 'static> HttpWriter<T> {
     /// Sends the waiting records as one batch (waiting first when
-    /// `concurrency` requests are in flight).
+    /// `with_concurrency` requests are in flight).
     fn ship(&mut self) -> Result<()> {
         self.collect(false)?;
         if self.records.is_empty() {
@@ -585,7 +595,7 @@ async fn deliver<T>(inner: &Inner<T>, key: String, items: Vec<Item<T>>) -> Resul
 }
 
 /// Sends one request until it is delivered (`None`) or refused (`Some`
-/// with the reason), retrying for up to `retry_for`.
+/// with the reason), retrying for up to `with_retry_for`.
 async fn send<T>(inner: &Inner<T>, key: &str, body: &[u8]) -> Result<Option<String>> {
     let started = Instant::now();
     let mut delay = Duration::from_millis(100);

@@ -2,8 +2,8 @@
 //!
 //! Each connector lives behind a cargo feature so that a pipeline only
 //! compiles what it uses:
-//! - `kafka`: [`kafka::KafkaSource`], [`kafka::KafkaSink`] (at least once)
-//!   and [`kafka::TxnKafkaSink`] (exactly once), on rdkafka.
+//! - `kafka`: [`kafka::KafkaSource`] and [`kafka::KafkaSink`] (at least
+//!   once, or exactly once with Kafka transactions), on rdkafka.
 //! - `postgres`: [`postgres::PostgresSink`] (append or upsert, at least
 //!   once or exactly once), on deadpool-postgres.
 //! - `http`: [`http::HttpSink`] (batches of JSON to an endpoint, at least

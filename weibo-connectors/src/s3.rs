@@ -21,13 +21,13 @@
 //! when there is none, `If-Match: <etag>` of the version read otherwise),
 //! so of two runs that race for it exactly one wins, and a renewal by a
 //! run whose lease was taken over fails. The holder renews it every third
-//! of its time to live ([`S3StorageBuilder::lease_ttl`], 30 s by default)
+//! of its time to live ([`S3StorageBuilder::with_lease_ttl`], 30 s by default)
 //! and once more before every manifest and every commit
 //! ([`StorageLease::check`]): a run that cannot is fenced and stops. A
 //! lease whose expiry has passed (by the clock of the run that looks) is
 //! taken over; a run that ends releases its lease, so that the next one
 //! starts at once. After a crash, the next run waits for the lease to
-//! expire (`Job::wait_for_storage` with at least the time to live). The
+//! expire (`Job::with_storage_wait` with at least the time to live). The
 //! fence holds as long as a run does not stall, between its last renewal
 //! and the write it guards, for longer than the lease's time to live.
 
@@ -61,7 +61,7 @@ const PARTS_IN_FLIGHT: usize = 4;
 /// use weibo_connectors::s3::S3Storage;
 ///
 /// let storage = S3Storage::builder("my-bucket", "jobs/orders")
-///     .region("eu-west-1")
+///     .with_region("eu-west-1")
 ///     .from_env() // AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, …
 ///     .build()?;
 /// let job = weibo::Job::new("orders").with_checkpoint_storage(storage, Duration::from_secs(10));
@@ -175,31 +175,36 @@ impl S3Storage {
 impl S3StorageBuilder {
     /// The service's URL, for S3-compatible stores (MinIO, Ceph, a local
     /// server); `http://` needs [`S3StorageBuilder::allow_http`].
-    pub fn endpoint(mut self, url: impl Into<String>) -> Self {
+    #[must_use]
+    pub fn with_endpoint(mut self, url: impl Into<String>) -> Self {
         self.endpoint = Some(url.into());
         self
     }
 
     /// The bucket's region (default `us-east-1`).
-    pub fn region(mut self, region: impl Into<String>) -> Self {
+    #[must_use]
+    pub fn with_region(mut self, region: impl Into<String>) -> Self {
         self.region = Some(region.into());
         self
     }
 
     /// Credentials.
-    pub fn credentials(mut self, access_key_id: impl Into<String>, secret_access_key: impl Into<String>) -> Self {
+    #[must_use]
+    pub fn with_credentials(mut self, access_key_id: impl Into<String>, secret_access_key: impl Into<String>) -> Self {
         self.credentials = Some((access_key_id.into(), secret_access_key.into()));
         self
     }
 
     /// Starts from the usual `AWS_*` variables (credentials, region,
     /// endpoint, …); what the builder sets, before or after this call, wins.
+    #[must_use]
     pub fn from_env(mut self) -> Self {
         self.env = true;
         self
     }
 
     /// Allows plain `http://` endpoints (a local server).
+    #[must_use]
     pub fn allow_http(mut self) -> Self {
         self.allow_http = true;
         self
@@ -207,6 +212,7 @@ impl S3StorageBuilder {
 
     /// Path-style URLs (`<endpoint>/<bucket>/<key>`), which local and most
     /// S3-compatible servers want.
+    #[must_use]
     pub fn path_style(mut self) -> Self {
         self.path_style = true;
         self
@@ -216,7 +222,8 @@ impl S3StorageBuilder {
     /// (default 30 s, at least 1 s; see the [module notes](self)): how
     /// long the next run waits for a run that crashed, and the longest a
     /// run may stall without being fenced.
-    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+    #[must_use]
+    pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl.max(Duration::from_secs(1));
         self
     }

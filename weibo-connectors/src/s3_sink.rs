@@ -5,7 +5,7 @@
 //!
 //! A writer (one per parallel instance) writes its records into a part,
 //! streamed up as a multipart upload; a part is closed (rolled) when it
-//! reaches `roll_bytes`, when it has been open for `roll_interval`, and at
+//! reaches `with_roll_bytes`, when it has been open for `with_roll_interval`, and at
 //! every checkpoint barrier. The barrier's pre-commit finishes the epoch's
 //! last part: the epoch's parts are then complete objects under
 //! `_pending/<run>/`, and the handle records each one's size. The
@@ -49,7 +49,7 @@ const PENDING: &str = "_pending";
 /// use weibo_connectors::s3_sink::S3Sink;
 ///
 /// let out = S3Storage::builder("my-bucket", "exports/orders").from_env().build()?;
-/// let sink = S3Sink::json_lines(out).roll_bytes(128 << 20).roll_interval(Duration::from_secs(300));
+/// let sink = S3Sink::json_lines(out).with_roll_bytes(128 << 20).with_roll_interval(Duration::from_secs(300));
 /// # let job = weibo::Job::new("orders").with_checkpoints("/var/lib/orders", Duration::from_secs(60));
 /// # let orders = job.source(weibo::sources::IterSource::new(Vec::<u64>::new()));
 /// orders.sink_exactly_once(sink);
@@ -76,7 +76,8 @@ impl S3Sink {
     }
 
     /// Closes a part once it holds this many bytes (default 64 MiB).
-    pub fn roll_bytes(mut self, bytes: u64) -> Self {
+    #[must_use]
+    pub fn with_roll_bytes(mut self, bytes: u64) -> Self {
         // S3 copies objects of up to 5 GB in one request.
         self.roll_bytes = bytes.clamp(1, 4 << 30);
         self
@@ -85,7 +86,8 @@ impl S3Sink {
     /// Closes a part once it has been open this long (looked at when the
     /// job's buffer timeout flushes the sink; default: only by size and at
     /// barriers).
-    pub fn roll_interval(mut self, interval: Duration) -> Self {
+    #[must_use]
+    pub fn with_roll_interval(mut self, interval: Duration) -> Self {
         self.roll_interval = Some(interval);
         self
     }
@@ -340,14 +342,14 @@ impl<T> S3Writer<T> {
 
     fn part(&mut self) -> Result<&mut Part> {
         if self.current.is_none() {
-            let part = u32::try_from(self.sizes.len()).map_err(|_| Error::Internal("too many parts".into()))?;
+            let part = u32::try_from(self.sizes.len()).map_err(|_| weibo::internal_error!("too many parts"))?;
             let name = pending_name(&self.run, self.instance, self.epoch, part);
             let err = self.io("cannot start a part");
             let out = weibo::blocking(|| self.storage.create(&name)).map_err(err)?;
             self.sizes.push(0);
             self.current = Some(Part { out, bytes: 0, opened: Instant::now() });
         }
-        self.current.as_mut().ok_or_else(|| Error::Internal("no open part".into()))
+        self.current.as_mut().ok_or_else(|| weibo::internal_error!("no open part"))
     }
 
     fn seal(&mut self) -> Result<String> {

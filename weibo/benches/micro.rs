@@ -187,7 +187,7 @@ fn timers(c: &mut Criterion) {
     g.sample_size(20);
     let dir = tempfile::tempdir().unwrap();
     let in_memory = FjallBackend::builder(dir.path().join("mem")).open().unwrap();
-    let on_disk = FjallBackend::builder(dir.path().join("disk")).timers_on_disk(true).open().unwrap();
+    let on_disk = FjallBackend::builder(dir.path().join("disk")).with_timers_on_disk(true).open().unwrap();
     let backends: [(&str, &dyn StateBackend); 3] =
         [("memory", &MemoryBackend), ("fjall, timers in memory", &in_memory), ("fjall, timers on disk", &on_disk)];
     for (name, backend) in backends {

@@ -62,7 +62,14 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("weibo: {e}");
+            // The whole chain: each error says what failed, its source why.
+            eprint!("weibo: {e}");
+            let mut cause = e.source();
+            while let Some(c) = cause {
+                eprint!(": {c}");
+                cause = c.source();
+            }
+            eprintln!();
             ExitCode::FAILURE
         }
     }

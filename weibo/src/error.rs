@@ -10,10 +10,14 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Everything that can go wrong building or running a job.
 ///
-/// Each variant says what failed and where; [`Error::blame`] says who is
-/// to blame. An underlying error (I/O, fjall, a codec, a connector's
-/// client) is kept as the error's [`source`](std::error::Error::source),
-/// and its text is also in the error's own message.
+/// Each variant's message (its `Display`) says what failed and where;
+/// [`Error::blame`] says who is to blame. An underlying error (I/O, fjall,
+/// a codec, a connector's client) is the error's
+/// [`source`](std::error::Error::source) and is not repeated in the
+/// message, so a reporter that walks the chain (anyhow's `{:#}`, eyre,
+/// tracing's error fields) prints each cause once.
+/// [`Error::report`] prints the whole chain, [`Error::find_root`] finds
+/// the innermost Weibo error under [`Error::Context`] layers.
 ///
 /// ```
 /// use weibo::error::Blame;
@@ -23,6 +27,11 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// let err = job.plan().unwrap_err();
 /// assert_eq!(err.blame(), Blame::Wiring);
 /// assert!(err.to_string().contains("no sink"), "{err}");
+///
+/// let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+/// let err = weibo::Error::Io { action: "cannot open", path: "in.jsonl".into(), source: io };
+/// assert_eq!(err.to_string(), "cannot open `in.jsonl`");
+/// assert_eq!(err.report().to_string(), "cannot open `in.jsonl`: no such file");
 /// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -37,7 +46,7 @@ pub enum Error {
     },
 
     /// A value could not be encoded or decoded.
-    #[error("operator `{operator}`: {source}")]
+    #[error("operator `{operator}`: a value cannot be encoded or decoded")]
     Codec {
         /// The operator or edge where it happened.
         operator: String,
@@ -80,7 +89,7 @@ pub enum Error {
     },
 
     /// A checkpoint could not be written, or one cannot be restored.
-    #[error("checkpoint `{}`: {message}{}", path.display(), cause(source.as_deref()))]
+    #[error("checkpoint `{}`: {message}", path.display())]
     Checkpoint {
         /// The checkpoint's directory or file.
         path: PathBuf,
@@ -92,7 +101,7 @@ pub enum Error {
     },
 
     /// Keyed state could not be read or written.
-    #[error("state of operator `{operator}`: {message}{}", cause(source.as_deref()))]
+    #[error("state of operator `{operator}`: {message}")]
     State {
         /// The operator's name.
         operator: String,
@@ -104,7 +113,7 @@ pub enum Error {
     },
 
     /// A file could not be read or written.
-    #[error("{action} `{}`: {source}", path.display())]
+    #[error("{action} `{}`", path.display())]
     Io {
         /// What was being done ("cannot open", "cannot write", ...).
         action: &'static str,
@@ -116,7 +125,7 @@ pub enum Error {
     },
 
     /// A connector (sink or source) failed.
-    #[error("connector `{name}`: {message}{}", cause(source.as_deref()))]
+    #[error("connector `{name}`: {message}")]
     Connector {
         /// The connector's name in the job.
         name: String,
@@ -165,10 +174,42 @@ pub enum Error {
         edge: String,
     },
 
-    /// A bug in Weibo: please report it with this message.
+    /// A bug in Weibo: please report it with this message. Made with
+    /// [`internal_error!`](crate::internal_error).
     #[error("internal error (a bug in weibo, please report it): {0}")]
     Internal(String),
+
+    /// What was being done when `source` happened: a layer of context
+    /// over another Weibo error, whose blame it keeps. Made with
+    /// [`Error::context`].
+    #[error("{message}")]
+    Context {
+        /// What was being done.
+        message: String,
+        /// The error it met.
+        #[source]
+        source: Box<Error>,
+    },
 }
+
+/// An [`Error::Internal`] with a `format!` message: a condition Weibo's
+/// own code guarantees did not hold.
+///
+/// ```
+/// let err = weibo::internal_error!("operator {} has {} outputs", "sum", 0);
+/// assert_eq!(err.blame(), weibo::error::Blame::Weibo);
+/// assert!(err.to_string().ends_with("operator sum has 0 outputs"), "{err}");
+/// ```
+#[macro_export]
+macro_rules! internal_error {
+    ($($arg:tt)*) => {
+        $crate::Error::Internal(::std::format!($($arg)*))
+    };
+}
+
+/// The macro by the module that owns errors, for the library's own code.
+#[doc(hidden)]
+pub use crate::internal_error;
 
 /// Who is to blame for an [`Error`]: what to look at first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -219,7 +260,32 @@ impl Error {
             Error::Connector { .. } => Blame::External,
             Error::Runtime { .. } | Error::Disconnected { .. } => Blame::Environment,
             Error::Internal(_) => Blame::Weibo,
+            Error::Context { source, .. } => source.blame(),
         }
+    }
+
+    /// This error with a layer of context: `message` says what was being
+    /// done; the error keeps its blame and becomes the
+    /// [`source`](std::error::Error::source).
+    #[must_use]
+    pub fn context(self, message: impl Into<String>) -> Self {
+        Error::Context { message: message.into(), source: Box::new(self) }
+    }
+
+    /// The innermost Weibo error under any [`Error::Context`] layers:
+    /// the one that says what actually failed.
+    pub fn find_root(&self) -> &Error {
+        let mut e = self;
+        while let Error::Context { source, .. } = e {
+            e = source;
+        }
+        e
+    }
+
+    /// The whole chain, each message once: `what failed: why: why that`.
+    /// What a log line or a status page shows.
+    pub fn report(&self) -> Report<'_> {
+        Report(self)
     }
 
     /// A [`Error::State`] of `operator`, caused by `source`.
@@ -240,9 +306,21 @@ impl Error {
     }
 }
 
-/// `": <source>"`, or nothing: the cause's text at the end of a message.
-fn cause(source: Option<&(dyn std::error::Error + Send + Sync + 'static)>) -> String {
-    source.map(|e| format!(": {e}")).unwrap_or_default()
+/// An error and its causes as one line, `what failed: why: why that`;
+/// made by [`Error::report`].
+#[derive(Clone, Copy, Debug)]
+pub struct Report<'a>(&'a Error);
+
+impl std::fmt::Display for Report<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = std::error::Error::source(self.0);
+        while let Some(e) = cause {
+            write!(f, ": {e}")?;
+            cause = e.source();
+        }
+        Ok(())
+    }
 }
 
 /// `Result` with [`Error`].

@@ -565,7 +565,7 @@ const HARNESS_PATIENCE: Duration = Duration::from_secs(30);
 
 impl<T: Send + 'static> RunningHarness<T> {
     fn send(&self, command: Command<T>) -> Result<()> {
-        self.tx.send(command).map_err(|_| Error::Internal("the harness input closed while the job runs".into()))
+        self.tx.send(command).map_err(|_| crate::error::internal_error!("the harness input closed while the job runs"))
     }
 
     /// Pushes a record with event time `timestamp`.
@@ -631,7 +631,9 @@ impl<T: Send + 'static> RunningHarness<T> {
                 return self.finish().map(|_| ());
             }
             if started.elapsed() > HARNESS_PATIENCE {
-                return Err(Error::Internal(format!("watermark {watermark} did not reach the outputs within 30 s")));
+                return Err(crate::error::internal_error!(
+                    "watermark {watermark} did not reach the outputs within 30 s"
+                ));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -659,7 +661,7 @@ impl<T: Send + 'static> RunningHarness<T> {
     /// ```
     pub fn finish(&mut self) -> Result<TestReport> {
         let _ = self.tx.send(Command::End);
-        let handle = self.handle.take().ok_or_else(|| Error::Internal("the harness already finished".into()))?;
+        let handle = self.handle.take().ok_or_else(|| crate::error::internal_error!("the harness already finished"))?;
         let report = self.runtime.block_on(handle.wait())?;
         Ok(TestReport { metrics: report.metrics })
     }
@@ -687,7 +689,7 @@ impl<T: Clone + Send + 'static> Source for ManualSource<T> {
 
     fn open(&self, _partition: usize) -> Result<Box<dyn SourceReader<T>>> {
         let rx = self.rx.lock().unwrap_or_else(PoisonError::into_inner).take();
-        let rx = rx.ok_or_else(|| Error::Internal("a harness runs once".into()))?;
+        let rx = rx.ok_or_else(|| crate::error::internal_error!("a harness runs once"))?;
         Ok(Box::new(ManualReader { rx, offset: 0 }))
     }
 }

@@ -25,7 +25,7 @@ use super::{Connection, KafkaSourceBuilder, connector, connector_caused};
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a task's start waits for its checkpoint storage, unless the
-/// group says otherwise ([`KafkaGroup::storage_wait`]).
+/// group says otherwise ([`KafkaGroup::with_storage_wait`]).
 pub const DEFAULT_STORAGE_WAIT: Duration = Duration::from_secs(120);
 
 type Build = Box<dyn FnMut(&Task) -> Result<Job> + Send>;
@@ -45,14 +45,14 @@ type Build = Box<dyn FnMut(&Task) -> Result<Job> + Send>;
 /// ([`JobHandle::stop`]) before the group hands it on, and the new owner
 /// restores that checkpoint; when the old owner died, the new owner gets
 /// the task after the session timeout and restores the newest complete
-/// checkpoint, replaying from its offsets. With [`super::TxnKafkaSink`]
-/// named by [`Task::id`], the new owner also fences the old owner's
+/// checkpoint, replaying from its offsets. With an exactly-once [`super::KafkaSink`]
+/// whose transactions are named by [`Task::id`], the new owner also fences the old owner's
 /// transactions, so the output stays exactly once.
 ///
 /// ```no_run
 /// use std::time::Duration;
 /// use weibo::Job;
-/// use weibo_connectors::kafka::{Json, KafkaGroup, KafkaRecord, TxnKafkaSink};
+/// use weibo_connectors::kafka::{Json, KafkaGroup, KafkaRecord, KafkaSink};
 /// # async fn run() -> weibo::Result<()> {
 /// let brokers = "127.0.0.1:9092";
 /// KafkaGroup::new(brokers, "click-counts", ["clicks"], "/shared/click-counts")
@@ -60,7 +60,7 @@ type Build = Box<dyn FnMut(&Task) -> Result<Job> + Send>;
 ///         let job = Job::new(task.id()).with_checkpoints(task.checkpoint_dir(), Duration::from_secs(1));
 ///         job.source(task.source(Json).build::<serde_json::Value>()?)
 ///             .map(|r: KafkaRecord<serde_json::Value>| r.value)
-///             .sink_exactly_once(TxnKafkaSink::new(brokers, "out", Json, task.id(), task.redo_dir()));
+///             .sink_exactly_once(KafkaSink::new(brokers, "out", Json).with_transactions(task.id(), task.redo_dir()));
 ///         Ok(job)
 ///     })
 ///     .await
@@ -160,19 +160,21 @@ impl KafkaGroup {
     /// How long the group waits for a silent member before giving its
     /// tasks to the others (default 10 s; the brokers' bounds are
     /// `group.min.session.timeout.ms` and `group.max.session.timeout.ms`).
-    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+    #[must_use]
+    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = timeout;
         self
     }
 
     /// How long a task's job, when it starts, waits for the task's previous
     /// owner to let go of the task's checkpoint storage (default 2 min;
-    /// it sets [`Job::wait_for_storage`] on each task's job). A previous
+    /// it sets [`Job::with_storage_wait`] on each task's job). A previous
     /// owner that stopped its task hands it over at once; one that died
     /// holds a local directory's lock until its process is gone, and an
     /// object store's lease until it expires
-    /// ([`crate::s3::S3StorageBuilder::lease_ttl`]).
-    pub fn storage_wait(mut self, wait: Duration) -> Self {
+    /// ([`crate::s3::S3StorageBuilder::with_lease_ttl`]).
+    #[must_use]
+    pub fn with_storage_wait(mut self, wait: Duration) -> Self {
         self.storage_wait = wait;
         self
     }
@@ -180,16 +182,18 @@ impl KafkaGroup {
     /// How often the read offsets are committed to the group for
     /// monitoring (default 5 s). Only monitoring reads them: a task always
     /// starts from its checkpoint's offsets.
-    pub fn commit_interval(mut self, interval: Duration) -> Self {
+    #[must_use]
+    pub fn with_commit_interval(mut self, interval: Duration) -> Self {
         self.commit_interval = Some(interval);
         self
     }
 
     /// Leaves the group's offsets to the tasks' exactly-once sinks: build
-    /// each task's [`super::TxnKafkaSink`] with
-    /// [`super::TxnKafkaSink::with_consumed_offsets`], and the offsets of
+    /// each task's exactly-once [`super::KafkaSink`] with
+    /// [`super::KafkaSink::with_consumed_offsets`], and the offsets of
     /// each checkpoint are committed to the group in the transaction of
     /// its output, instead of read positions every few seconds.
+    #[must_use]
     pub fn offsets_in_transactions(mut self) -> Self {
         self.commit_interval = None;
         self
@@ -197,7 +201,8 @@ impl KafkaGroup {
 
     /// Sets a librdkafka property of the group's consumer and of the
     /// tasks' sources (security, client id, …).
-    pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+    #[must_use]
+    pub fn with_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.conn.props.insert(key.into(), value.into());
         self
     }
@@ -397,7 +402,7 @@ impl Shared {
             let build = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (lock(&self.build))(&task)));
             match build {
                 Ok(Ok(job)) => {
-                    let job = job.wait_for_storage(self.storage_wait);
+                    let job = job.with_storage_wait(self.storage_wait);
                     #[cfg(feature = "admin")]
                     let job = match &self.admin {
                         Some(group) => job.with_admin_group(group),
@@ -407,7 +412,7 @@ impl Shared {
                 }
                 Ok(Err(e)) => return self.fail(p, &e),
                 Err(_) => {
-                    return self.fail(p, &Error::Internal("the closure that builds the task's job panicked".into()));
+                    return self.fail(p, &weibo::internal_error!("the closure that builds the task's job panicked"));
                 }
             }
         }
@@ -425,9 +430,9 @@ impl Shared {
             starting
                 .into_iter()
                 .map(|(p, progress, start)| {
-                    let job = start.join().unwrap_or_else(|_| {
-                        Err(Error::Internal(format!("starting the job of partition {p} panicked")))
-                    });
+                    let job = start
+                        .join()
+                        .unwrap_or_else(|_| Err(weibo::internal_error!("starting the job of partition {p} panicked")));
                     (p, progress, job)
                 })
                 .collect()
@@ -675,7 +680,7 @@ impl Task {
         self.dir.join("checkpoints")
     }
 
-    /// Where the task's [`super::TxnKafkaSink`] keeps its redo logs (in the
+    /// Where the task's exactly-once [`super::KafkaSink`] keeps its redo logs (in the
     /// shared storage: a new owner re-commits from them).
     pub fn redo_dir(&self) -> PathBuf {
         self.dir.join("kafka-redo")
@@ -685,11 +690,11 @@ impl Task {
     /// group's consumer group; add settings and `build` it.
     pub fn source<F>(&self, format: F) -> KafkaSourceBuilder<F> {
         let mut builder = super::KafkaSource::builder(self.conn.brokers.clone(), self.topics.clone(), format)
-            .group(self.group.clone())
+            .with_group(self.group.clone())
             .only(self.partition, Arc::clone(&self.progress))
-            .connect_timeout(self.conn.timeout);
+            .with_connect_timeout(self.conn.timeout);
         for (k, v) in &self.conn.props {
-            builder = builder.set(k.clone(), v.clone());
+            builder = builder.with_property(k.clone(), v.clone());
         }
         builder
     }

@@ -5,13 +5,15 @@
 //!   source partition, read by its own task. Offsets are part of every
 //!   checkpoint and a restored job seeks to them: a consumer group's
 //!   committed offsets are never where reading starts from.
-//! - [`KafkaSink`] produces with librdkafka's idempotent producer and
-//!   waits for every record to be acknowledged at each checkpoint barrier:
-//!   nothing is lost, records after the last checkpoint may be written
-//!   twice after a crash.
-//! - [`TxnKafkaSink`] writes each checkpoint epoch in a Kafka transaction,
-//!   committed when the checkpoint completes: `read_committed` consumers
-//!   see every record exactly once, across crashes.
+//! - [`KafkaSink`], as a plain sink (`.sink(..)`), produces with
+//!   librdkafka's idempotent producer and waits for every record to be
+//!   acknowledged at each checkpoint barrier: nothing is lost, records
+//!   after the last checkpoint may be written twice after a crash. As an
+//!   exactly-once sink (`.sink_exactly_once(..)`, with
+//!   [`KafkaSink::with_transactions`]) it writes each checkpoint epoch in a
+//!   Kafka transaction, committed when the checkpoint completes:
+//!   `read_committed` consumers see every record exactly once, across
+//!   crashes.
 //! - [`KafkaGroup`] scales a job out: processes in one consumer group
 //!   split the input partitions, and each runs one job (a [`Task`]) per
 //!   partition it owns, checkpointed to storage they share, so a
@@ -27,7 +29,6 @@ pub use format::{Bytes, Format, Json, Native, Text};
 pub use group::{DEFAULT_SESSION_TIMEOUT, DEFAULT_STORAGE_WAIT, GroupHandle, KafkaGroup, Task};
 pub use sink::KafkaSink;
 pub use source::{DecodeErrors, KafkaRecord, KafkaSource, KafkaSourceBuilder, StartAt};
-pub use txn::TxnKafkaSink;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

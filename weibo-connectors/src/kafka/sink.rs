@@ -135,18 +135,28 @@ pub(crate) fn produce(name: &str, producer: &KafkaProducer, topic: &str, r: &Out
     }
 }
 
-/// Writes records to a Kafka topic, at least once: librdkafka's idempotent
-/// producer (no duplicates from its own retries, order kept per
-/// partition), and at every checkpoint barrier the sink waits until the
-/// brokers acknowledged everything written before it, so a completed
-/// checkpoint never refers to records that could still be lost. After a
-/// crash, records written after the restored checkpoint are written again:
-/// use [`super::TxnKafkaSink`] for exactly-once.
+/// Writes records to a Kafka topic, at least once with
+/// [`Stream::sink`](weibo::Stream::sink), exactly once with
+/// [`Stream::sink_exactly_once`](weibo::Stream::sink_exactly_once).
+///
+/// At least once: librdkafka's idempotent producer (no duplicates from
+/// its own retries, order kept per partition), and at every checkpoint
+/// barrier the sink waits until the brokers acknowledged everything
+/// written before it, so a completed checkpoint never refers to records
+/// that could still be lost. After a crash, records written after the
+/// restored checkpoint are written again.
+///
+/// Exactly once: Kafka transactions committed in step with the job's
+/// checkpoints (see [`KafkaSink::with_transactions`], which it needs);
+/// records become visible to `read_committed` consumers when the
+/// checkpoint that covers them completes.
 ///
 /// Each value's event time, when it has one, becomes the Kafka timestamp.
 pub struct KafkaSink<T> {
-    conn: Connection,
-    enc: Encoder<T>,
+    pub(super) conn: Connection,
+    pub(super) enc: Encoder<T>,
+    /// What exactly-once writes need, and their state once started.
+    pub(super) txn: super::txn::Transactions,
 }
 
 impl<T> fmt::Debug for KafkaSink<T> {
@@ -158,30 +168,6 @@ impl<T> fmt::Debug for KafkaSink<T> {
     }
 }
 
-macro_rules! encoder_settings {
-    () => {
-        /// Gives each record a key computed from its value (records
-        /// without a key are spread over the partitions).
-        pub fn with_key(mut self, key: impl Fn(&T) -> Option<Vec<u8>> + Send + Sync + 'static) -> Self {
-            self.enc.key = Some(Arc::new(key));
-            self
-        }
-
-        /// Gives each record headers computed from its value.
-        pub fn with_headers(mut self, headers: impl Fn(&T) -> Vec<(String, Vec<u8>)> + Send + Sync + 'static) -> Self {
-            self.enc.headers = Some(Arc::new(headers));
-            self
-        }
-
-        /// Sets a librdkafka producer property (security, batching, …).
-        pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-            self.conn.props.insert(key.into(), value.into());
-            self
-        }
-    };
-}
-pub(crate) use encoder_settings;
-
 impl<T> KafkaSink<T> {
     /// A sink producing to `topic` on the cluster at `brokers`, encoding
     /// values with `format`.
@@ -189,10 +175,31 @@ impl<T> KafkaSink<T> {
         Self {
             conn: Connection::new(brokers),
             enc: Encoder { topic: topic.into(), format: Arc::new(format), key: None, headers: None },
+            txn: super::txn::Transactions::default(),
         }
     }
 
-    encoder_settings!();
+    /// Gives each record a key computed from its value (records
+    /// without a key are spread over the partitions).
+    #[must_use]
+    pub fn with_key(mut self, key: impl Fn(&T) -> Option<Vec<u8>> + Send + Sync + 'static) -> Self {
+        self.enc.key = Some(Arc::new(key));
+        self
+    }
+
+    /// Gives each record headers computed from its value.
+    #[must_use]
+    pub fn with_headers(mut self, headers: impl Fn(&T) -> Vec<(String, Vec<u8>)> + Send + Sync + 'static) -> Self {
+        self.enc.headers = Some(Arc::new(headers));
+        self
+    }
+
+    /// Sets a librdkafka producer property (security, batching, …).
+    #[must_use]
+    pub fn with_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.conn.props.insert(key.into(), value.into());
+        self
+    }
 }
 
 impl<T: Send + 'static> Sink<T> for KafkaSink<T> {

@@ -72,7 +72,7 @@ pub enum DecodeErrors {
 /// use weibo_connectors::kafka::{KafkaSource, Json};
 /// # fn main() -> weibo::Result<()> {
 /// let source = KafkaSource::builder("127.0.0.1:9092", ["clicks"], Json)
-///     .group("click-counter")
+///     .with_group("click-counter")
 ///     .build::<serde_json::Value>()?;
 /// # let _ = source; Ok(()) }
 /// ```
@@ -88,7 +88,7 @@ pub struct KafkaSource<T> {
     format: Arc<dyn Format<T>>,
     skipped: Arc<std::sync::atomic::AtomicU64>,
     /// How far each partition has been read: a [`super::KafkaGroup`]
-    /// commits it to the group, a [`super::TxnKafkaSink`] at the end of input.
+    /// commits it to the group, an exactly-once [`super::KafkaSink`] at the end of input.
     progress: Arc<Progress>,
 }
 
@@ -172,13 +172,15 @@ impl KafkaSource<()> {
 
 impl<F> KafkaSourceBuilder<F> {
     /// The consumer group named to the brokers (default `weibo-<topics>`).
-    pub fn group(mut self, group: impl Into<String>) -> Self {
+    #[must_use]
+    pub fn with_group(mut self, group: impl Into<String>) -> Self {
         self.group = Some(group.into());
         self
     }
 
     /// Where to start without a checkpoint (default [`StartAt::Earliest`]).
-    pub fn start_at(mut self, start: StartAt) -> Self {
+    #[must_use]
+    pub fn with_start_at(mut self, start: StartAt) -> Self {
         self.start = start;
         self
     }
@@ -195,6 +197,7 @@ impl<F> KafkaSourceBuilder<F> {
     /// two sources (by [`SourcePositionEntry::source`]) for one partition:
     /// keep one source's (`positions.iter().filter(|p| p.source == "…")`)
     /// when a job reads a topic twice.
+    #[must_use]
     pub fn resume_from<'a>(mut self, positions: impl IntoIterator<Item = &'a SourcePositionEntry>) -> Self {
         for p in positions {
             let Some((topic, kp)) = p.partition_name.as_deref().and_then(parse_partition_name) else { continue };
@@ -218,25 +221,29 @@ impl<F> KafkaSourceBuilder<F> {
 
     /// Ends each partition at the end it had when its reader opened,
     /// instead of waiting for more records: for backfills and tests.
+    #[must_use]
     pub fn until_end(mut self) -> Self {
         self.bounded = true;
         self
     }
 
     /// What to do with undecodable payloads (default [`DecodeErrors::Fail`]).
-    pub fn on_decode_error(mut self, policy: DecodeErrors) -> Self {
+    #[must_use]
+    pub fn with_decode_errors(mut self, policy: DecodeErrors) -> Self {
         self.decode_errors = policy;
         self
     }
 
     /// Sets a librdkafka consumer property (security, fetch sizes, …).
-    pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+    #[must_use]
+    pub fn with_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.conn.props.insert(key.into(), value.into());
         self
     }
 
     /// How long to wait for the brokers' metadata (default 10 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+    #[must_use]
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.conn.timeout = timeout;
         self
     }

@@ -24,12 +24,11 @@
 //! output that an earlier run committed.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -42,8 +41,8 @@ use weibo::record::CheckpointId;
 use weibo::sinks::{SinkBatch, TransactionWriter, TwoPhaseCommitSink};
 use weibo::{Error, Result};
 
-use super::sink::{Deliveries, Encoder, FLUSH_TIMEOUT, KafkaProducer, OutRecord, encoder_settings, produce};
-use super::{Connection, Format, KafkaSource, connector, connector_caused};
+use super::sink::{Deliveries, Encoder, FLUSH_TIMEOUT, KafkaProducer, KafkaSink, OutRecord, produce};
+use super::{Connection, KafkaSource, connector, connector_caused};
 
 /// How long transaction calls (init, commit, abort) may take.
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -60,75 +59,54 @@ const MAX_OPEN_TRANSACTIONS: usize = 8;
 /// transaction open).
 const NO_SLOT: usize = usize::MAX;
 
-/// Writes records to a Kafka topic exactly once, with Kafka transactions
-/// committed in step with Weibo's checkpoints: records become visible to
-/// `read_committed` consumers when the checkpoint that covers them
-/// completes (so end-to-end latency is about the checkpoint interval).
-///
-/// `id` names the sink's transactions: transactional ids are
-/// `<id>-<instance>-<slot>`, stable across restarts, so a restarted
-/// instance fences its predecessor. Give every job and sink its own id.
-/// `redo_dir` keeps each epoch's records until its transaction is known to
-/// be committed (see the module notes); it must survive the process, like
-/// the checkpoint directory.
-///
-/// The brokers abort a transaction left open longer than
-/// `transaction.timeout.ms` (default here 60 s, set with
-/// [`TxnKafkaSink::transaction_timeout`]); it must exceed the checkpoint
-/// interval plus the time a checkpoint takes, and stay below the brokers'
-/// `transaction.max.timeout.ms` (15 min by default), or producers fail to
-/// start with an error saying so.
-pub struct TxnKafkaSink<T> {
-    conn: Connection,
-    enc: Encoder<T>,
-    core: Arc<Core>,
+/// What a [`KafkaSink`] needs to write exactly once, set with its
+/// builders, and the state its transactions share once the job starts
+/// (made on first use, so every builder may come in any order).
+pub(crate) struct Transactions {
+    /// The transactional ids' prefix and the redo log's directory.
+    names: Option<(String, PathBuf)>,
+    timeout: Duration,
+    consumed: Mutex<Option<Consumed>>,
+    core: OnceLock<Arc<Core>>,
 }
 
-impl<T> fmt::Debug for TxnKafkaSink<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TxnKafkaSink")
-            .field("brokers", &self.conn.brokers)
-            .field("topic", &self.enc.topic)
-            .field("id", &self.core.id)
-            .finish_non_exhaustive()
+impl Default for Transactions {
+    fn default() -> Self {
+        Self { names: None, timeout: Duration::from_secs(60), consumed: Mutex::new(None), core: OnceLock::new() }
     }
 }
 
-impl<T> TxnKafkaSink<T> {
-    /// An exactly-once sink producing to `topic` at `brokers`, with
-    /// transactional ids starting with `id` and its redo log in `redo_dir`.
-    pub fn new(
-        brokers: impl Into<String>,
-        topic: impl Into<String>,
-        format: impl Format<T>,
-        id: impl Into<String>,
-        redo_dir: impl AsRef<Path>,
-    ) -> Self {
-        let topic = topic.into();
-        let conn = Connection::new(brokers);
-        Self {
-            core: Arc::new(Core {
-                id: id.into(),
-                run: run_token(),
-                topic: topic.clone(),
-                redo: redo_dir.as_ref().to_path_buf(),
-                conn: Mutex::new(conn.clone()),
-                txn_timeout: Mutex::new(Duration::from_secs(60)),
-                state: Mutex::new(State::default()),
-                ids_file: Mutex::new(()),
-                consumed: Mutex::new(None),
-                offsets_sent: Mutex::new(None),
-            }),
-            conn,
-            enc: Encoder { topic, format: Arc::new(format), key: None, headers: None },
-        }
+impl<T> KafkaSink<T> {
+    /// What [`Stream::sink_exactly_once`](weibo::Stream::sink_exactly_once)
+    /// needs: Kafka transactions committed in step with the job's
+    /// checkpoints, so records become visible to `read_committed`
+    /// consumers when the checkpoint that covers them completes
+    /// (end-to-end latency is about the checkpoint interval). Without it,
+    /// an exactly-once job refuses to start, saying so.
+    ///
+    /// `id` names the sink's transactions: transactional ids are
+    /// `<id>-<instance>-<slot>`, stable across restarts, so a restarted
+    /// instance fences its predecessor. Give every job and sink its own id.
+    /// `redo_dir` keeps each epoch's records until its transaction is
+    /// known to be committed (see the module notes); it must survive the
+    /// process, like the checkpoint directory.
+    ///
+    /// The brokers abort a transaction left open longer than
+    /// `transaction.timeout.ms` (default here 60 s, set with
+    /// [`KafkaSink::with_transaction_timeout`]); it must exceed the
+    /// checkpoint interval plus the time a checkpoint takes, and stay below
+    /// the brokers' `transaction.max.timeout.ms` (15 min by default), or
+    /// producers fail to start with an error saying so.
+    #[must_use]
+    pub fn with_transactions(mut self, id: impl Into<String>, redo_dir: impl AsRef<Path>) -> Self {
+        self.txn.names = Some((id.into(), redo_dir.as_ref().to_path_buf()));
+        self
     }
 
-    encoder_settings!();
-
-    /// Sets `transaction.timeout.ms` (default 60 s).
-    pub fn transaction_timeout(self, timeout: Duration) -> Self {
-        *self.core.txn_timeout.lock().unwrap_or_else(PoisonError::into_inner) = timeout;
+    /// Sets `transaction.timeout.ms` of exactly-once writes (default 60 s).
+    #[must_use]
+    pub fn with_transaction_timeout(mut self, timeout: Duration) -> Self {
+        self.txn.timeout = timeout;
         self
     }
 
@@ -136,13 +114,15 @@ impl<T> TxnKafkaSink<T> {
     /// same transaction as the records of the same checkpoint (the first
     /// transaction committed for it), so that the group's offsets and the visible
     /// output always agree, and lag tools show the job's progress. Only
-    /// for monitoring: the job itself restarts from its checkpoints.
+    /// for monitoring: the job itself restarts from its checkpoints. Only
+    /// exactly-once writes commit them.
     ///
     /// The source is found in the checkpoints by its default name
     /// (`kafka <topics>`); if you renamed it with `.name(…)`, use
-    /// [`TxnKafkaSink::with_consumed_offsets_named`]. When the source has
+    /// [`KafkaSink::with_consumed_offsets_named`]. When the source has
     /// already gone into the job (`job.source(source)` takes it), use
-    /// [`TxnKafkaSink::with_consumed_offsets_of`] with its name and group.
+    /// [`KafkaSink::with_consumed_offsets_of`] with its name and group.
+    #[must_use]
     pub fn with_consumed_offsets<S>(self, source: &KafkaSource<S>) -> Self
     where
         S: Clone + Send + Sync + 'static,
@@ -151,36 +131,39 @@ impl<T> TxnKafkaSink<T> {
         self.with_consumed_offsets_named(name, source)
     }
 
-    /// As [`TxnKafkaSink::with_consumed_offsets`], for a source named
+    /// As [`KafkaSink::with_consumed_offsets`], for a source named
     /// `name` in the job.
+    #[must_use]
     pub fn with_consumed_offsets_named<S>(self, name: impl Into<String>, source: &KafkaSource<S>) -> Self {
         self.consume(name.into(), source.group_name().to_string(), Some(source.kafka_partitions().to_vec()))
     }
 
-    /// As [`TxnKafkaSink::with_consumed_offsets`], for the Kafka source
+    /// As [`KafkaSink::with_consumed_offsets`], for the Kafka source
     /// named `source` in the job (`kafka <topics>` unless renamed), whose
     /// consumer group is `group` (`weibo-<topics joined by ->` unless set
-    /// with [`super::KafkaSourceBuilder::group`]); the source itself is not
-    /// needed, so this can be called after `job.source(…)` took it.
+    /// with [`super::KafkaSourceBuilder::with_group`]); the source itself is
+    /// not needed, so this can be called after `job.source(…)` took it.
     /// Checkpoints record which topic and partition each of the source's
     /// positions belongs to, and the offsets are committed by those.
     ///
     /// ```no_run
-    /// # use weibo_connectors::kafka::{Json, KafkaSource, TxnKafkaSink};
+    /// # use weibo_connectors::kafka::{Json, KafkaSink, KafkaSource};
     /// # fn build(job: &weibo::Job) -> weibo::Result<()> {
     /// let source = KafkaSource::builder("127.0.0.1:9092", ["clicks"], Json).build::<serde_json::Value>()?;
     /// let clicks = job.source(source);
-    /// let sink = TxnKafkaSink::new("127.0.0.1:9092", "out", Json, "clicks-out", "/var/lib/job/redo")
+    /// let sink = KafkaSink::new("127.0.0.1:9092", "out", Json)
+    ///     .with_transactions("clicks-out", "/var/lib/job/redo")
     ///     .with_consumed_offsets_of("kafka clicks", "weibo-clicks");
     /// clicks.map(|r| r.value).sink_exactly_once(sink);
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn with_consumed_offsets_of(self, source: impl Into<String>, group: impl Into<String>) -> Self {
         self.consume(source.into(), group.into(), None)
     }
 
     fn consume(self, source: String, group: String, partitions: Option<Vec<(String, i32)>>) -> Self {
-        *self.core.consumed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Consumed {
+        *self.txn.consumed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Consumed {
             source,
             group,
             partitions,
@@ -190,8 +173,32 @@ impl<T> TxnKafkaSink<T> {
         self
     }
 
-    fn sync_conn(&self) {
-        *self.core.conn.lock().unwrap_or_else(PoisonError::into_inner) = self.conn.clone();
+    /// The transactions' shared state, made on first use; an error when
+    /// the sink has no [`KafkaSink::with_transactions`].
+    fn core(&self) -> Result<&Arc<Core>> {
+        if let Some(core) = self.txn.core.get() {
+            return Ok(core);
+        }
+        let Some((id, redo)) = &self.txn.names else {
+            return Err(weibo::Error::connector(
+                format!("kafka {}", self.enc.topic),
+                "writing exactly once needs transactional ids and a redo log: make the sink with \
+                 `KafkaSink::new(..).with_transactions(id, redo_dir)`",
+            ));
+        };
+        let core = Core {
+            id: id.clone(),
+            run: run_token(),
+            topic: self.enc.topic.clone(),
+            redo: redo.clone(),
+            conn: self.conn.clone(),
+            txn_timeout: self.txn.timeout,
+            state: Mutex::new(State::default()),
+            ids_file: Mutex::new(()),
+            consumed: self.txn.consumed.lock().unwrap_or_else(PoisonError::into_inner).take(),
+            offsets_sent: Mutex::new(None),
+        };
+        Ok(self.txn.core.get_or_init(|| Arc::new(core)))
     }
 }
 
@@ -222,13 +229,13 @@ struct Core {
     run: String,
     topic: String,
     redo: PathBuf,
-    conn: Mutex<Connection>,
-    txn_timeout: Mutex<Duration>,
+    conn: Connection,
+    txn_timeout: Duration,
     state: Mutex<State>,
     /// Serialises appends to the transactional-ids file.
     ids_file: Mutex<()>,
     /// Whose consumed offsets go into the transactions.
-    consumed: Mutex<Option<Consumed>>,
+    consumed: Option<Consumed>,
     /// The checkpoint positions last committed as consumed offsets.
     offsets_sent: Mutex<Option<Vec<SourcePositionEntry>>>,
 }
@@ -391,8 +398,8 @@ impl Core {
     fn create_slot(&self, instance: usize, slot: usize) -> Result<Slot> {
         self.remember_id(instance, slot)?;
         let id = self.transactional_id(instance, slot);
-        let timeout = *self.txn_timeout.lock().unwrap_or_else(PoisonError::into_inner);
-        let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let timeout = self.txn_timeout;
+        let conn = self.conn.clone();
         let producer: KafkaProducer = conn
             .config(&[
                 ("transactional.id", &id),
@@ -443,7 +450,7 @@ impl Core {
         if let Some(c) = self.state().markers.get(&instance) {
             return Ok(Arc::clone(c));
         }
-        let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let conn = self.conn.clone();
         let group = format!("{}-{instance}", self.id);
         let c: BaseConsumer = conn
             .config(&[("group.id", &group), ("enable.auto.commit", "false"), ("isolation.level", "read_committed")])
@@ -459,7 +466,7 @@ impl Core {
         let c = self.marker_consumer(instance)?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&self.topic, 0);
-        let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let conn = self.conn.clone();
         let got = retry(conn.timeout, || c.committed_offsets(tpl.clone(), conn.timeout)).map_err(|e| {
             self.err_caused(format!("cannot read the commit marker of instance {instance} at {}", conn.brokers), e)
         })?;
@@ -619,8 +626,7 @@ impl Core {
     /// group metadata to commit them under (none without
     /// `with_consumed_offsets`, or without positions).
     fn consumed_offsets(&self, sources: &[SourcePositionEntry]) -> Result<Option<Offsets>> {
-        let consumed = self.consumed.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(c) = consumed.as_ref() else { return Ok(None) };
+        let Some(c) = self.consumed.as_ref() else { return Ok(None) };
         if sources.is_empty() {
             return Ok(None);
         }
@@ -647,8 +653,6 @@ impl Core {
         }
         let consumer: BaseConsumer = self
             .conn
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .config(&[("group.id", &c.group), ("enable.auto.commit", "false")])
             .create()
             .map_err(|e| self.err_caused(format!("cannot create a Kafka consumer for group `{}`", c.group), e))?;
@@ -736,7 +740,7 @@ impl Core {
     /// repeats.
     fn hint(&self, problem: &str) -> String {
         if problem.contains("epoch") || problem.contains("enced") || problem.contains("Fatal") {
-            let timeout = *self.txn_timeout.lock().unwrap_or_else(PoisonError::into_inner);
+            let timeout = self.txn_timeout;
             format!(
                 " (if this repeats, transactions outlive transaction.timeout.ms = {} ms: keep it well above the checkpoint interval)",
                 timeout.as_millis()
@@ -939,15 +943,14 @@ fn read_redo(path: &Path) -> Result<Vec<OutRecord>> {
     }
 }
 
-impl<T: Send + 'static> TwoPhaseCommitSink<T> for TxnKafkaSink<T> {
+impl<T: Send + 'static> TwoPhaseCommitSink<T> for KafkaSink<T> {
     fn default_name(&self) -> String {
-        self.core.name()
+        format!("kafka {}", self.enc.topic)
     }
 
     fn open(&self, instance: usize, _parallelism: usize, epoch: CheckpointId) -> Result<Box<dyn TransactionWriter<T>>> {
         let epoch = epoch.get();
-        self.sync_conn();
-        let core = &self.core;
+        let core = self.core()?;
         fs::create_dir_all(&core.redo).map_err(core.io("cannot create redo directory", &core.redo))?;
         let mut w = TxnWriter {
             core: Arc::clone(core),
@@ -966,18 +969,15 @@ impl<T: Send + 'static> TwoPhaseCommitSink<T> for TxnKafkaSink<T> {
     }
 
     fn commit(&self, handle: &str) -> Result<()> {
-        self.sync_conn();
-        self.core.commit(handle, &[])
+        self.core()?.commit(handle, &[])
     }
 
     fn commit_at(&self, handle: &str, sources: &[SourcePositionEntry]) -> Result<()> {
-        self.sync_conn();
-        self.core.commit(handle, sources)
+        self.core()?.commit(handle, sources)
     }
 
     fn abort_after(&self, checkpoint: CheckpointId) -> Result<u64> {
-        self.sync_conn();
-        self.core.abort_after(checkpoint.get())
+        self.core()?.abort_after(checkpoint.get())
     }
 }
 
@@ -1098,6 +1098,23 @@ impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
 mod tests {
     use super::*;
 
+    /// Exactly once needs transactional ids and a redo log, which a
+    /// `KafkaSink` cannot default: the job refuses to start without them,
+    /// naming the builder, before it writes or connects to anything.
+    #[test]
+    fn an_exactly_once_sink_without_transactions_refuses_to_start_naming_the_builder() {
+        let job = weibo::Job::new("no-transactions");
+        job.source(weibo::sources::IterSource::new(vec![1u32, 2])).sink_exactly_once(KafkaSink::new(
+            "127.0.0.1:1",
+            "out",
+            crate::kafka::Json,
+        ));
+        let err = weibo::testing::block_on(job.run()).unwrap_err();
+        assert_eq!(err.blame(), weibo::error::Blame::External, "{err}");
+        assert!(err.to_string().contains("with_transactions(id, redo_dir)"), "{err}");
+        assert!(err.to_string().contains("kafka out"), "{err}");
+    }
+
     #[test]
     fn handles_round_trip_and_strangers_are_refused() {
         assert_eq!(parse_handle(&handle(3, 1, 17, "0af3")), Some((3, 1, 17, Some("0af3"))));
@@ -1123,12 +1140,14 @@ mod tests {
     #[test]
     fn the_ids_file_ignores_a_line_cut_short_and_refuses_damage() {
         let dir = tempfile::tempdir().unwrap();
-        let sink = TxnKafkaSink::<Vec<u8>>::new("127.0.0.1:1", "t", crate::kafka::Bytes, "job", dir.path());
-        assert!(sink.core.known_ids().unwrap().is_empty(), "no file yet");
+        let sink =
+            KafkaSink::<Vec<u8>>::new("127.0.0.1:1", "t", crate::kafka::Bytes).with_transactions("job", dir.path());
+        let core = sink.core().unwrap();
+        assert!(core.known_ids().unwrap().is_empty(), "no file yet");
         fs::write(dir.path().join("transactional-ids"), "0 0\n1 0\n0 1").unwrap();
-        assert_eq!(sink.core.known_ids().unwrap().into_iter().collect::<Vec<_>>(), vec![(0, 0), (1, 0)]);
+        assert_eq!(core.known_ids().unwrap().into_iter().collect::<Vec<_>>(), vec![(0, 0), (1, 0)]);
         fs::write(dir.path().join("transactional-ids"), "0 0\nx 1\n").unwrap();
-        let err = sink.core.known_ids().unwrap_err().to_string();
+        let err = core.known_ids().unwrap_err().to_string();
         assert!(err.contains("transactional-ids") && err.contains("line 2"), "{err}");
     }
 

@@ -26,7 +26,7 @@
 //! small tokio runtime, so the sink works on any runtime the job runs on.
 //! Lost connections, a database that restarts, serialization failures and
 //! deadlocks are retried with exponential backoff and jitter (for up to 5
-//! minutes by default, [`PostgresSinkBuilder::retry_for`]). A row that
+//! minutes by default, [`PostgresSinkBuilder::with_retry_for`]). A row that
 //! Postgres refuses (a constraint, a value out of the column's range) goes
 //! to the sink's [`Rejected`] policy.
 
@@ -317,10 +317,10 @@ impl<T: Send + 'static> Inner<T> {
 ///
 /// # fn main() -> weibo::Result<()> {
 /// let sink = PostgresSink::<Total>::builder("host=127.0.0.1 user=app dbname=shop", "totals")
-///     .column_ref("account", |t: &Total| &t.account)
-///     .column("cents", |t: &Total| t.cents)
-///     .upsert_on(["account"])
-///     .on_rejected(Rejected::DeadLetterTable("totals_rejected".into()))
+///     .with_column_ref("account", |t: &Total| &t.account)
+///     .with_column("cents", |t: &Total| t.cents)
+///     .with_upsert_keys(["account"])
+///     .with_rejected(Rejected::DeadLetterTable("totals_rejected".into()))
 ///     .build()?;
 /// let job = weibo::Job::new("totals").with_checkpoints("/var/lib/totals", std::time::Duration::from_secs(5));
 /// # let totals = job.source(weibo::sources::IterSource::new(Vec::<Total>::new()));
@@ -351,7 +351,7 @@ impl<T: Send + 'static> PostgresSink<T> {
     /// `url` (`postgresql://user@host:port/db` or `host=… user=… dbname=…`).
     /// Plain TCP, unless the string says `sslmode=require`: then TLS, the
     /// server's certificate and host name verified (feature `postgres-tls`;
-    /// see [`PostgresSinkBuilder::tls_root_certificates`]).
+    /// see [`PostgresSinkBuilder::with_tls_root_certificates`]).
     pub fn builder(url: impl Into<String>, table: impl Into<String>) -> PostgresSinkBuilder<T> {
         PostgresSinkBuilder {
             url: url.into(),
@@ -377,7 +377,7 @@ impl<T: Send + 'static> PostgresSink<T> {
     /// # Errors
     /// [`Error::Connector`] when the sink does not store positions, when
     /// the check fails, or when the database cannot be read for
-    /// `retry_for`.
+    /// `with_retry_for`.
     pub fn stored_positions(&self) -> Result<Vec<weibo::checkpoint::SourcePositionEntry>> {
         if !self.inner.store_positions {
             return Err(self.inner.err("the sink does not store positions: build it with `store_source_positions`"));
@@ -421,7 +421,8 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
     /// `f64`, `String`, `&'static str`, `Vec<u8>`, `std::time::SystemTime`,
     /// `serde_json::Value`, `Vec<V>` for arrays, `Option<V>` for NULL);
     /// whether it fits the column's type is checked when the job starts.
-    pub fn column<V, F>(mut self, name: impl Into<String>, f: F) -> Self
+    #[must_use]
+    pub fn with_column<V, F>(mut self, name: impl Into<String>, f: F) -> Self
     where
         V: ToSql + 'static,
         F: Fn(&T) -> V + Send + Sync + 'static,
@@ -430,9 +431,10 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
         self
     }
 
-    /// As [`PostgresSinkBuilder::column`], for a value borrowed from the
+    /// As [`PostgresSinkBuilder::with_column`], for a value borrowed from the
     /// record (a `String` field, say), without a copy.
-    pub fn column_ref<V, F>(mut self, name: impl Into<String>, f: F) -> Self
+    #[must_use]
+    pub fn with_column_ref<V, F>(mut self, name: impl Into<String>, f: F) -> Self
     where
         V: ToSql + 'static,
         F: for<'a> Fn(&'a T) -> &'a V + Send + Sync + 'static,
@@ -446,7 +448,8 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
     /// on exactly them. Within one epoch (or chunk, at least once) the last
     /// record of a key wins. Key the stream by the same columns when the
     /// sink runs in parallel, so that one instance writes each key.
-    pub fn upsert_on<I, S>(mut self, keys: I) -> Self
+    #[must_use]
+    pub fn with_upsert_keys<I, S>(mut self, keys: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
@@ -458,7 +461,8 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
     /// Names the sink's progress rows, spooled chunks and writer locks (default: the
     /// table's name). Give every job and sink writing to one database its
     /// own id, and keep it across restarts.
-    pub fn id(mut self, id: impl Into<String>) -> Self {
+    #[must_use]
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
         self.id = Some(id.into());
         self
     }
@@ -478,6 +482,7 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
     /// started with one sink storing positions should have no other
     /// exactly-once output, whose epochs the stored positions would not
     /// cover. See the book's chapter for when to use which.
+    #[must_use]
     pub fn store_source_positions(mut self) -> Self {
         self.store_positions = true;
         self
@@ -487,33 +492,38 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
     /// root certificates in the PEM file at `path` (a private CA, a cloud
     /// provider's bundle) instead of the system's. Needs the feature
     /// `postgres-tls`.
-    pub fn tls_root_certificates(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+    #[must_use]
+    pub fn with_tls_root_certificates(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.tls_roots = Some(path.into());
         self
     }
 
     /// What to do with a row Postgres refuses (default [`Rejected::Fail`]).
-    pub fn on_rejected(mut self, policy: Rejected) -> Self {
+    #[must_use]
+    pub fn with_rejected(mut self, policy: Rejected) -> Self {
         self.rejected = policy;
         self
     }
 
     /// Rows per `COPY` (default 16,384).
-    pub fn chunk_rows(mut self, rows: usize) -> Self {
+    #[must_use]
+    pub fn with_chunk_rows(mut self, rows: usize) -> Self {
         self.chunk_rows = rows.max(1);
         self
     }
 
     /// How long to keep retrying a database that cannot be reached or a
     /// transaction that fails for a passing reason (default 5 minutes).
-    pub fn retry_for(mut self, limit: Duration) -> Self {
+    #[must_use]
+    pub fn with_retry_for(mut self, limit: Duration) -> Self {
         self.retry_for = limit;
         self
     }
 
     /// The most connections the sink opens (default 8; each instance
     /// uses one at a time, a commit another).
-    pub fn pool_size(mut self, connections: usize) -> Self {
+    #[must_use]
+    pub fn with_pool_size(mut self, connections: usize) -> Self {
         self.pool_size = connections.max(1);
         self
     }

@@ -114,7 +114,7 @@ impl<T> Inner<T> {
 
 /// Runs `$body` (an async block's contents returning `Result<R,
 /// Attempt>`) until it succeeds, fails for good, or has been failing for
-/// longer than the sink's `retry_for`, with exponential backoff (50 ms to
+/// longer than the sink's `with_retry_for`, with exponential backoff (50 ms to
 /// 5 s) and jitter between attempts; `$attempt` is the attempt's number
 /// (from 0). Evaluates to `weibo::Result<R>`.
 macro_rules! retrying {

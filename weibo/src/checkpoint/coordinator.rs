@@ -2,7 +2,19 @@
 //! acknowledgements, completes (manifest, commits, retention), takes the
 //! final checkpoint at the end of input, and serves savepoints.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::manifest::{complete_checkpoints_in, read_manifest_in, write_manifest};
+use super::naming::{checkpoint_name, checkpoint_number, written_by};
+use super::{
+    CheckpointConfig, FORMAT_VERSION, MANIFEST, Manifest, OperatorEntry, SAVEPOINTS, SHARED, SourcePositionEntry,
+    StateFileEntry, bad, commit, faults, io, storage,
+};
+use crate::error::{Error, Result};
 use crate::record::CheckpointId;
 
 /// What a task reports when checkpoint `n` has passed it.
@@ -241,7 +253,7 @@ impl Coordinator {
                 }),
                 Outcome::Fenced(e) => Err(Error::Checkpoint {
                     path: self.config.storage.locate(&checkpoint_name(n)),
-                    message: e.to_string(),
+                    message: e.report().to_string(),
                     source: None,
                 }),
             };
@@ -254,7 +266,7 @@ impl Coordinator {
             match outcome {
                 Outcome::Stopped => return Ok(()),
                 Outcome::Fenced(e) => {
-                    tracing::error!(job = %self.job, checkpoint = n.get(), error = %e, "the job lost its checkpoint storage: stopping");
+                    tracing::error!(job = %self.job, checkpoint = n.get(), error = %e.report(), "the job lost its checkpoint storage: stopping");
                     // The supervisor stops the tasks with it (and reports it).
                     return match self.fatal.take() {
                         Some(fatal) => fatal.send(e),
@@ -300,10 +312,10 @@ impl Coordinator {
         let (outcome, error) = match (outcome, reply) {
             // A savepoint whose copy failed: its checkpoint completed, the
             // savepoint did not.
-            (Outcome::Complete, Some(e)) => ("failed", Some(e.to_string())),
+            (Outcome::Complete, Some(e)) => ("failed", Some(e.report().to_string())),
             (Outcome::Complete, None) => ("completed", None),
             (Outcome::Failed(why), _) => ("failed", Some(why.clone())),
-            (Outcome::Fenced(e), _) => ("failed", Some(e.to_string())),
+            (Outcome::Fenced(e), _) => ("failed", Some(e.report().to_string())),
             (Outcome::Stopped, _) => return,
         };
         let bytes = match (outcome, &self.previous) {
@@ -404,8 +416,8 @@ impl Coordinator {
             }
             Err(Completion::Fenced(e)) => Outcome::Fenced(e),
             Err(Completion::Failed(e)) => {
-                tracing::warn!(job = %self.job, checkpoint = n.get(), error = %e, "checkpoint failed");
-                Outcome::Failed(e.to_string())
+                tracing::warn!(job = %self.job, checkpoint = n.get(), error = %e.report(), "checkpoint failed");
+                Outcome::Failed(e.report().to_string())
             }
         }
     }
@@ -561,7 +573,7 @@ impl Coordinator {
         match self.check_lease() {
             Ok(()) => {}
             Err(Completion::Failed(e)) => {
-                tracing::warn!(job = %self.job, checkpoint = n.get(), error = %e, "checkpoint complete; its commits wait for the next checkpoint");
+                tracing::warn!(job = %self.job, checkpoint = n.get(), error = %e.report(), "checkpoint complete; its commits wait for the next checkpoint");
                 self.commits.keep(commits);
                 return Ok(());
             }
@@ -578,7 +590,7 @@ impl Coordinator {
                 faults::point("after-commits");
             }
             if let Err(e) = self.retain(n) {
-                tracing::warn!(job = %self.job, error = %e, "cannot delete old checkpoints; tried again after the next one");
+                tracing::warn!(job = %self.job, error = %e.report(), "cannot delete old checkpoints; tried again after the next one");
             }
         });
         Ok(())

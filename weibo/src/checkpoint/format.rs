@@ -1,9 +1,13 @@
 //! The state-file format: how a task's snapshot is written, frame by
 //! frame, and read back (versions 1 to 4).
 
-use crate::state::{ArchivedSnapshotFrame, SnapshotFrame, slices};
+use std::path::{Path, PathBuf};
 
-use super::*;
+use super::storage::{CheckpointStorage, ObjectReader, ObjectWriter};
+use super::{StateFileEntry, bad, bad_caused, io, naming};
+use crate::error::Result;
+use crate::record::CheckpointId;
+use crate::state::{ArchivedSnapshotFrame, SnapshotFrame, slices};
 
 pub(super) const MAGIC: &[u8; 8] = b"WEIBOSTA";
 /// Magic, version and a reserved word: a state file's first bytes.

@@ -6,11 +6,16 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::*;
+use super::manifest::{read_manifest, read_manifest_in};
+use super::restore::{CodecCheck, Restore};
+use super::storage::{CheckpointStorage, LocalDir};
+use super::{CommitEntry, SourcePositionEntry, StateFileEntry, bad, io};
 use crate::codec::schema::{Schema, Shape, decode_postcard, hex};
+use crate::error::Result;
 
 /// What a checkpoint holds.
 #[derive(Debug, Clone, Serialize)]

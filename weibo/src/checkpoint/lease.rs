@@ -4,7 +4,7 @@
 //! ([`CheckpointStorage::try_lock`](super::CheckpointStorage::try_lock))
 //! and keeps it until it ends. While it holds it, no other run can start
 //! on the same storage: a second start is refused with an error naming
-//! the holder, or waits for it (`Job::wait_for_storage`). The hold is a
+//! the holder, or waits for it (`Job::with_storage_wait`). The hold is a
 //! [`StorageLease`]; the run checks it before it writes a manifest and
 //! before it commits ([`StorageLease::check`]), so a run that lost its
 //! storage (an object store's lease taken over after it expired) can

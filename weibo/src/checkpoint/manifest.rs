@@ -1,7 +1,13 @@
 //! Manifests: a checkpoint is complete once its manifest is written, and
 //! what is in a storage is found by its manifests.
 
-use super::*;
+use std::path::{Path, PathBuf};
+
+use super::naming::{checkpoint_number, written_by};
+use super::storage::{CheckpointStorage, LocalDir};
+use super::{FORMAT_VERSION, MANIFEST, Manifest, SHARED, bad, bad_caused, io, storage};
+use crate::error::Result;
+use crate::record::CheckpointId;
 
 /// Writes the manifest of checkpoint (or savepoint) `dir` atomically: only
 /// a checkpoint with a manifest is complete.

@@ -59,28 +59,31 @@ pub mod processor;
 mod restore;
 pub mod storage;
 
-pub(crate) use self::coordinator::*;
-pub use self::format::*;
+#[cfg(feature = "admin")]
+pub(crate) use self::coordinator::SAVEPOINT_EXISTS;
+pub(crate) use self::coordinator::{ALL_SOURCES_ENDED, Ack, Coordinator, SavepointRequest, TaskEvent};
+pub(crate) use self::format::write_task_state;
+pub use self::format::{GroupEntries, GroupKeys, Pairs, StateFile};
 pub use self::history::CheckpointRecord;
-pub use self::manifest::*;
-pub(crate) use self::restore::*;
+pub(crate) use self::manifest::highest_checkpoint;
+pub use self::manifest::{
+    complete_checkpoints, complete_checkpoints_in, read_manifest, read_manifest_in, savepoints_in,
+};
+pub(crate) use self::restore::{Migration, Restore};
 
-use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 
 pub use self::naming::run_token;
-pub(crate) use self::naming::{checkpoint_name, checkpoint_number, written_by};
 pub use self::storage::{
     CheckpointStorage, LeaseError, LocalDir, LockAttempt, MemoryStorage, ObjectReader, ObjectWriter, StorageHolder,
     StorageLease,
 };
-use crate::error::{Error, Result};
+use crate::error::Error;
 pub use crate::record::CheckpointId;
 
 /// The version of the manifest and state-file formats this build writes
@@ -257,6 +260,12 @@ fn bad(path: &Path, what: String) -> Error {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
+    use super::format::{
+        HEAD, MAGIC, StateFileWriter, TRAILER, check_state_file, read_state_file, read_state_file_parts,
+        write_state_file,
+    };
+    use super::manifest::write_manifest;
+    use super::naming::{checkpoint_name, written_by};
     use super::*;
     use crate::state::SnapshotFrame;
 

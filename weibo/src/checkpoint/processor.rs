@@ -15,13 +15,19 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use super::format::{StateFile, StateFileWriter};
 use super::inspect::{Inspection, Opened};
+use super::manifest::{read_manifest, read_manifest_in, write_manifest};
+use super::restore::CodecCheck;
 use super::storage::join;
-use super::*;
+use super::storage::{CheckpointStorage, LocalDir};
+use super::{MANIFEST, Manifest, StateFileEntry, bad, io, naming};
 use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::codec::schema::Schema;
+use crate::error::{Error, Result};
 
 /// A savepoint (or checkpoint) opened for reading.
 pub struct SavepointReader {

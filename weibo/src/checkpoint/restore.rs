@@ -1,7 +1,16 @@
 //! Restoring: finding the checkpoint to start from, and reading its state
 //! back for the operators.
 
-use super::*;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::format::{Frame, StateFile, check_state_file, read_state_file, walk_state_file};
+use super::manifest::{complete_checkpoints_in, read_manifest_in};
+use super::storage::CheckpointStorage;
+use super::{CommitEntry, OperatorEntry, SourcePositionEntry, StateFileEntry, bad, bad_caused, storage};
+use crate::error::Result;
+use crate::record::CheckpointId;
 
 /// What a restored job starts from.
 #[derive(Debug)]
@@ -399,7 +408,7 @@ impl Restore {
             match Self::load(storage, &checkpoint, max_key_groups) {
                 Ok(r) => return Ok(Some(r)),
                 Err(e) => {
-                    tracing::warn!(checkpoint = %storage.locate(&checkpoint).display(), error = %e, "cannot restore; trying an older one");
+                    tracing::warn!(checkpoint = %storage.locate(&checkpoint).display(), error = %e.report(), "cannot restore; trying an older one");
                     last_error = Some(e);
                 }
             }

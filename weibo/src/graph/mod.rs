@@ -17,7 +17,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::codec::{CodecId, recorded_type_name};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::operator::factory::{ChainFactory, KeyedFactory, RouterFactory, SourceFactory};
 use crate::operator::{AnyConsumer, DiscardOp, TeeOp, erase, unerase};
 
@@ -264,7 +264,7 @@ impl Graph {
     }
 
     pub(crate) fn node(&self, id: NodeId) -> Result<&Node> {
-        self.nodes.get(id).ok_or_else(|| Error::Internal(format!("no node #{id}")))
+        self.nodes.get(id).ok_or_else(|| crate::error::internal_error!("no node #{id}"))
     }
 
     /// A hash of the operators, their names, types and edges, leaving out

@@ -4,6 +4,8 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use super::factory::{RouterFactory, router_factory};
+use super::{OpInfo, erase};
 use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::error::{Error, Result};
@@ -13,7 +15,40 @@ use crate::record::CheckpointId;
 use crate::record::Message;
 use crate::record::{Batch, RecordBatch, Timestamp};
 
-use super::*;
+/// The router of a hash edge keyed by `key_fn`: made where the key
+/// function's type is known (`key_by`), so that the router calls it
+/// directly for every record, not through a pointer.
+pub(crate) fn key_router<T, K, F>(key_fn: Arc<F>) -> Arc<dyn RouterFactory>
+where
+    T: Data,
+    K: Key,
+    F: Fn(&T) -> K + Send + Sync + 'static,
+{
+    router_factory(move |ctx, senders| {
+        let info = ctx.info.clone();
+        let limits = BatchLimits { records: ctx.batch_size, bytes: ctx.batch_bytes };
+        let routes = KeyGroupRoutes::new(ctx.max_key_groups, senders.len());
+        let pool = crate::record::BatchPool::default();
+        Ok(erase::<T>(Box::new(RouterOp::<T, K, F> {
+            info,
+            key_fn: key_fn.clone(),
+            targets: senders.iter().map(|_| pool.take(limits.records, 0)).collect(),
+            pool,
+            senders,
+            outbox: ctx.outbox.clone(),
+            routes,
+            limits,
+            key_buf: Vec::with_capacity(32),
+            // `weibo::testing`: every record crosses its edge as bytes.
+            encode: ctx.verify_codecs,
+            typed: Vec::new(),
+            alignment: ctx.alignment.clone(),
+            watermark: crate::record::NO_TIMESTAMP,
+            sent_watermark: crate::record::NO_TIMESTAMP,
+            _t: PhantomData,
+        })))
+    })
+}
 
 /// Shape of the batches a router builds.
 #[derive(Clone, Copy, Debug)]
@@ -86,7 +121,7 @@ impl<T: Send + 'static, K: Send + 'static, KF: ?Sized> RouterOp<T, K, KF> {
         let mut records = batch.values.drain(..).zip(batch.meta.drain(..));
         loop {
             let (Some(out), Some(typed)) = (self.targets.first_mut(), self.typed.first_mut()) else {
-                return Err(Error::Internal(format!("{}: no batch for its one worker", self.info.name)));
+                return Err(crate::error::internal_error!("{}: no batch for its one worker", self.info.name));
             };
             let room = self.limits.records.saturating_sub(out.len()).max(1);
             let mut taken = 0;
@@ -120,7 +155,7 @@ impl<T: Send + 'static, K: Send + 'static, KF: ?Sized> RouterOp<T, K, KF> {
             let hash = crate::codec::key::key_hash(&self.key_buf);
             let (group, target) = self.routes.route_hash(hash);
             let Some(out) = self.targets.get_mut(target) else {
-                return Err(Error::Internal(format!("key group {group} maps to missing worker {target}")));
+                return Err(crate::error::internal_error!("key group {group} maps to missing worker {target}"));
             };
             let key_start = out.data_mut().len();
             out.data_mut().extend_from_slice(&self.key_buf);
@@ -247,7 +282,7 @@ where
                 let key = (self.key_fn)(&v);
                 let (group, target) = self.routes.route_hash(key.routing_hash(&mut self.key_buf));
                 let (Some(out), Some(typed)) = (self.targets.get_mut(target), self.typed.get_mut(target)) else {
-                    return Err(Error::Internal(format!("key group {group} maps to missing worker {target}")));
+                    return Err(crate::error::internal_error!("key group {group} maps to missing worker {target}"));
                 };
                 typed.push((key, v));
                 // Typed records go without their key's bytes: the receiver

@@ -126,6 +126,23 @@ where
     }
 }
 
+/// The one output of an operator instance.
+pub(crate) fn one(mut outs: Vec<AnyConsumer>, what: &str) -> Result<AnyConsumer> {
+    if outs.len() == 1 {
+        outs.pop().ok_or_else(|| crate::error::internal_error!("{what}: no output"))
+    } else {
+        Err(crate::error::internal_error!("{what}: expected one output, got {}", outs.len()))
+    }
+}
+
+/// The two outputs of an operator instance, in port order.
+pub(crate) fn two(mut outs: Vec<AnyConsumer>, what: &str) -> Result<(AnyConsumer, AnyConsumer)> {
+    match (outs.pop(), outs.pop(), outs.is_empty()) {
+        (Some(second), Some(first), true) => Ok((first, second)),
+        _ => Err(crate::error::internal_error!("{what}: expected two outputs")),
+    }
+}
+
 /// A chain factory from a closure (the closure's signature is inferred).
 pub(crate) fn chain_factory(
     f: impl Fn(&OperatorContext<'_>, Vec<AnyConsumer>) -> Result<AnyConsumer> + Send + Sync + 'static,

@@ -8,7 +8,9 @@ use crate::codec::key::Key;
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
 use crate::operator::Consumer;
-use crate::operator::{Failures, OpInfo, forward_control};
+use crate::operator::factory::{KeyedFactory, keyed_factory, one, two};
+use crate::operator::policy::{DeadLetter, Policy};
+use crate::operator::{Failures, OpInfo, forward_control, typed};
 use crate::operator::{InputOperator, SnapshotAt, emit};
 use crate::record::CheckpointId;
 use crate::record::{Batch, Meta, RecordBatch, RecordRef, Timestamp};
@@ -165,6 +167,110 @@ impl<'a, 'b, K, T, I: Iterator<Item = RecordRef<'b>>> LookAhead<'a, 'b, K, T, I>
         self.left = self.left.saturating_sub(1);
         Some((k, v, r))
     }
+}
+
+/// The factory of `reduce` by `f` (state `value`).
+pub(crate) fn reduce<K, T, F>(f: Arc<F>) -> Arc<dyn KeyedFactory>
+where
+    K: Key,
+    T: Data,
+    F: Fn(T, T) -> T + Send + Sync + 'static,
+{
+    keyed_factory(move |ctx, outs| {
+        let info = ctx.info.clone();
+        let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
+        let state = ValueState::<K, T>::open(ctx.state, &ctx.state_scope("value"))?;
+        Ok(Box::new(ReduceOp {
+            info,
+            state,
+            f: f.clone(),
+            out: Batch::with_capacity(ctx.batch_size),
+            next,
+            decoded: Vec::with_capacity(ctx.batch_size),
+        }))
+    })
+}
+
+/// The factory of a fold from `init()` by `f`, emitting `output(key,
+/// accumulator)` after every record (state `accumulator`).
+pub(crate) fn fold<K, T, A, O, I, F, R>(init: Arc<I>, f: Arc<F>, output: Arc<R>) -> Arc<dyn KeyedFactory>
+where
+    K: Key,
+    T: Data,
+    A: Data,
+    O: Send + 'static,
+    I: Fn() -> A + Send + Sync + 'static,
+    F: Fn(&mut A, T) + Send + Sync + 'static,
+    R: Fn(K, &A) -> O + Send + Sync + 'static,
+{
+    keyed_factory(move |ctx, outs| {
+        let info = ctx.info.clone();
+        let next = typed::<O>(one(outs, &info.name)?, &info.name)?;
+        let state = ValueState::<K, A>::open(ctx.state, &ctx.state_scope("accumulator"))?;
+        Ok(Box::new(FoldOp {
+            info,
+            state,
+            init: init.clone(),
+            f: f.clone(),
+            output: output.clone(),
+            out: Batch::with_capacity(ctx.batch_size),
+            next,
+            records: Vec::with_capacity(ctx.batch_size),
+        }))
+    })
+}
+
+/// The factory of keyed `process` by `f` and `on_timer` under `policy`
+/// (states `value` and `timers`): outputs are the results and the dead
+/// letters.
+pub(crate) fn process<K, T, S, U, E, F, G>(policy: Policy, f: Arc<F>, on_timer: Arc<G>) -> Arc<dyn KeyedFactory>
+where
+    K: Key,
+    T: Data,
+    S: Data,
+    U: Clone + Send + 'static,
+    E: Display,
+    F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> std::result::Result<(), E> + Send + Sync + 'static,
+    G: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, Timestamp) -> std::result::Result<(), E> + Send + Sync + 'static,
+{
+    keyed_factory(move |ctx, outs| {
+        let info = ctx.info.clone();
+        let (ok, dead) = two(outs, &info.name)?;
+        let next = typed::<U>(ok, &info.name)?;
+        let dead = match policy {
+            Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
+            _ => None,
+        };
+        let state = ValueState::<K, S>::open(ctx.state, &ctx.state_scope("value"))?;
+        let timers = TimerState::<K>::open(ctx.state, &ctx.state_scope("timers"))?;
+        Ok(Box::new(KeyedProcessOp {
+            info,
+            state,
+            timers,
+            f: f.clone(),
+            on_timer: on_timer.clone(),
+            out: Batch::with_capacity(ctx.batch_size),
+            next,
+            failures: Failures::new(policy, dead)?,
+            watermark: crate::record::NO_TIMESTAMP,
+            key_buf: Vec::new(),
+            records: Vec::with_capacity(ctx.batch_size),
+        }))
+    })
+}
+
+/// The factory of the keyed pass-through in front of a keyed sink.
+pub(crate) fn partition<K: Key, T: Data>() -> Arc<dyn KeyedFactory> {
+    keyed_factory(move |ctx, outs| {
+        let info = ctx.info.clone();
+        let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
+        Ok(Box::new(PartitionOp::<K, T> {
+            info,
+            out: Batch::with_capacity(ctx.batch_size),
+            next,
+            records: Vec::with_capacity(ctx.batch_size),
+        }))
+    })
 }
 
 /// `reduce`: the running value per key.

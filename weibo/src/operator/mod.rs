@@ -15,16 +15,16 @@ pub(crate) mod stateless;
 pub(crate) mod watermarks;
 pub(crate) mod windows;
 
-pub(crate) use self::exchange::*;
-pub(crate) use self::policy::*;
-pub(crate) use self::sink::*;
-pub(crate) use self::stateless::*;
+pub(crate) use self::exchange::key_group_range;
+pub(crate) use self::policy::Failures;
+pub(crate) use self::policy::Policy;
+pub(crate) use self::stateless::{DiscardOp, TeeOp};
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::codec::Data;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::metrics::OperatorCounters;
 use crate::record::CheckpointId;
 use crate::record::{Batch, Message, RecordBatch, SourceNames, Timestamp};
@@ -143,7 +143,7 @@ pub(crate) fn erase<T: 'static>(c: Box<dyn Consumer<T>>) -> AnyConsumer {
 /// Recovers a typed consumer; a mismatch is a bug in the planner.
 pub(crate) fn unerase<T: 'static>(c: AnyConsumer, what: &str) -> Result<Box<dyn Consumer<T>>> {
     c.downcast::<Box<dyn Consumer<T>>>().map(|b| *b).map_err(|_| {
-        Error::Internal(format!("{what}: downstream consumer does not take `{}`", std::any::type_name::<T>()))
+        crate::error::internal_error!("{what}: downstream consumer does not take `{}`", std::any::type_name::<T>())
     })
 }
 

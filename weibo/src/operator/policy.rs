@@ -4,15 +4,15 @@
 
 use std::fmt::Display;
 
+use serde::{Deserialize, Serialize};
+
+use super::OpInfo;
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
 use crate::operator::Consumer;
 use crate::record::CheckpointId;
-use crate::record::{Batch, Meta, Timestamp};
-
-use super::*;
 use crate::record::SourcePosition;
-use serde::{Deserialize, Serialize};
+use crate::record::{Batch, Meta, Timestamp};
 
 /// A record a `process` function failed on, sent to the dead-letter output
 /// under the [`on_error::DeadLetter`](crate::on_error::DeadLetter) policy.
@@ -68,7 +68,7 @@ impl<T: Clone + Send + 'static> Failures<T> {
         let dead = match (policy, dead) {
             (Policy::DeadLetter, Some(next)) => Some((Batch::with_capacity(16), next)),
             (Policy::DeadLetter, None) => {
-                return Err(Error::Internal("dead-letter policy without a dead-letter output".into()));
+                return Err(crate::error::internal_error!("dead-letter policy without a dead-letter output"));
             }
             (_, _) => None,
         };

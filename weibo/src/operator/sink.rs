@@ -1,12 +1,65 @@
 //! The end of a chain at a sink.
 
+use std::sync::Arc;
+
+use super::factory::{ChainFactory, chain_factory};
+use super::{OpInfo, erase};
+use crate::checkpoint::commit::Prepared;
 use crate::error::Result;
 use crate::metrics::OperatorCounters;
 use crate::operator::Consumer;
 use crate::record::CheckpointId;
 use crate::record::{Batch, Timestamp};
 
-use super::*;
+/// The factory of the chain's end at `sink`: each instance opens its
+/// writer with its place in the job.
+pub(crate) fn plain<T, S>(sink: Arc<S>) -> Arc<dyn ChainFactory>
+where
+    T: Send + 'static,
+    S: crate::sinks::Sink<T>,
+{
+    chain_factory(move |ctx, _outs| {
+        let info = ctx.info.clone();
+        let context = crate::sinks::SinkContext {
+            job: ctx.job.to_string(),
+            sink: info.id.to_string(),
+            instance: ctx.instance,
+            parallelism: ctx.parallelism,
+            epoch: ctx.restored.map_or(CheckpointId::FIRST, CheckpointId::next),
+        };
+        let sink = sink.clone();
+        let open: OpenWriter<T> = Box::new(move || sink.open_in(&context));
+        Ok(erase::<T>(Box::new(SinkOp::new(info, open, false))))
+    })
+}
+
+/// The factory of the chain's end at the exactly-once `sink`: each
+/// instance writes epochs between barriers and leaves what it
+/// pre-committed in `prepared`, for the checkpoint's commit.
+pub(crate) fn exactly_once<T, S>(sink: Arc<S>, prepared: Arc<Prepared>) -> Arc<dyn ChainFactory>
+where
+    T: Send + 'static,
+    S: crate::sinks::TwoPhaseCommitSink<T>,
+{
+    chain_factory(move |ctx, _outs| {
+        let info = ctx.info.clone();
+        let epoch = ctx.restored.map_or(CheckpointId::FIRST, CheckpointId::next);
+        let (sink, prepared) = (sink.clone(), prepared.clone());
+        let (instance, parallelism, checkpointed) = (ctx.instance, ctx.parallelism, ctx.checkpointing);
+        let open: OpenWriter<T> = Box::new(move || {
+            let writer = sink.open(instance, parallelism, epoch)?;
+            Ok(Box::new(crate::sinks::TxnSinkWriter {
+                sink,
+                writer,
+                prepared,
+                checkpointed,
+                ended: false,
+                sealed: false,
+            }))
+        });
+        Ok(erase::<T>(Box::new(SinkOp::new(info, open, true))))
+    })
+}
 
 /// Opens a sink's writer.
 pub(crate) type OpenWriter<T> = Box<dyn FnOnce() -> Result<Box<dyn crate::sinks::SinkWriter<T>>> + Send>;
@@ -55,13 +108,13 @@ impl<T> SinkOp<T> {
 fn open_writer<'a, T>(writer: &'a mut Writer<T>, name: &str) -> Result<&'a mut dyn crate::sinks::SinkWriter<T>> {
     if let Writer::Closed(open) = writer {
         let Some(open) = open.take() else {
-            return Err(crate::error::Error::Internal(format!("sink `{name}` failed to open before")));
+            return Err(crate::error::internal_error!("sink `{name}` failed to open before"));
         };
         *writer = Writer::Open(crate::task::blocking(open)?);
     }
     match writer {
         Writer::Open(w) => Ok(w.as_mut()),
-        Writer::Closed(_) => Err(crate::error::Error::Internal(format!("sink `{name}` did not open"))),
+        Writer::Closed(_) => Err(crate::error::internal_error!("sink `{name}` did not open")),
     }
 }
 

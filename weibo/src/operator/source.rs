@@ -1,16 +1,18 @@
 //! A source partition's reader and the chain it feeds, behind an erased
 //! interface the runtime's source task drives.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::Result;
 use crate::metrics::OperatorCounters;
 use crate::record::CheckpointId;
 use crate::record::Timestamp;
-use crate::sources::{ReadStatus, SourceOutput, SourceReader};
+use crate::sources::{ReadStatus, Source, SourceOutput, SourceReader};
 use crate::task::BoxFuture;
 
-use super::{Consumer, OpInfo};
+use super::factory::{SourceFactory, source_factory};
+use super::{Consumer, OpInfo, typed};
 
 /// One source partition, its type erased: the runtime reads into it,
 /// pushes what was read into its chain, and passes barriers and the end
@@ -37,6 +39,29 @@ pub(crate) trait SourceOperator: Send {
     fn barrier(&mut self, n: CheckpointId) -> Result<()>;
     fn flush(&mut self) -> Result<()>;
     fn finish(&mut self) -> Result<()>;
+}
+
+/// The factory of `source`'s operator, the job's `index`th source: each
+/// instance reads one partition, from its restored position if it has
+/// one.
+pub(crate) fn factory<S: Source>(source: Arc<S>, index: usize) -> Arc<dyn SourceFactory> {
+    source_factory(move |ctx, out| {
+        let info = ctx.info.clone();
+        let partition = ctx.instance;
+        let chain = typed::<S::Item>(out, &info.name)?;
+        let reader = match ctx.restored_position {
+            Some(p) => source.open_at(partition, p)?,
+            None => source.open(partition)?,
+        };
+        let output = SourceOutput::new(
+            info.name.clone(),
+            u32::try_from(index).unwrap_or(u32::MAX),
+            u32::try_from(partition).unwrap_or(u32::MAX),
+            ctx.batch_size,
+        );
+        let partition_name = source.partition_name(partition);
+        Ok(Box::new(SourceOp { info, partition_name, reader, chain, output }))
+    })
 }
 
 /// A typed source partition: its reader, the batch it fills, and the

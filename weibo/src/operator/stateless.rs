@@ -5,13 +5,80 @@ use std::fmt::Display;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use super::factory::{ChainFactory, chain_factory, one, two};
+use super::policy::{DeadLetter, Failures, Policy};
+use super::{OpInfo, erase, forward_control, typed};
 use crate::error::Result;
 use crate::metrics::OperatorCounters;
 use crate::operator::Consumer;
 use crate::record::CheckpointId;
 use crate::record::{Batch, Timestamp};
 
-use super::*;
+/// The factory of `map` by `f`.
+pub(crate) fn map<I, O, F>(f: Arc<F>) -> Arc<dyn ChainFactory>
+where
+    I: Send + 'static,
+    O: Send + 'static,
+    F: Fn(I) -> O + Send + Sync + 'static,
+{
+    chain_factory(move |ctx, outs| {
+        let info = ctx.info.clone();
+        let next = typed::<O>(one(outs, &info.name)?, &info.name)?;
+        let out = Batch::with_capacity(ctx.batch_size);
+        Ok(erase::<I>(Box::new(MapOp { info, f: f.clone(), out, next, _in: PhantomData })))
+    })
+}
+
+/// The factory of `filter` by `f`.
+pub(crate) fn filter<T, F>(f: Arc<F>) -> Arc<dyn ChainFactory>
+where
+    T: Send + 'static,
+    F: Fn(&T) -> bool + Send + Sync + 'static,
+{
+    chain_factory(move |ctx, outs| {
+        let info = ctx.info.clone();
+        let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
+        Ok(erase::<T>(Box::new(FilterOp { info, f: f.clone(), keep: Vec::with_capacity(ctx.batch_size), next })))
+    })
+}
+
+/// The factory of `flat_map` by `f`.
+pub(crate) fn flat_map<I, O, It, F>(f: Arc<F>) -> Arc<dyn ChainFactory>
+where
+    I: Send + 'static,
+    O: Send + 'static,
+    It: IntoIterator<Item = O>,
+    F: Fn(I) -> It + Send + Sync + 'static,
+{
+    chain_factory(move |ctx, outs| {
+        let info = ctx.info.clone();
+        let next = typed::<O>(one(outs, &info.name)?, &info.name)?;
+        let out = Batch::with_capacity(ctx.batch_size);
+        Ok(erase::<I>(Box::new(FlatMapOp { info, f: f.clone(), out, next, _in: PhantomData })))
+    })
+}
+
+/// The factory of `process` by `f` under `policy`: outputs are the
+/// results and the dead letters.
+pub(crate) fn process<I, O, E, F>(policy: Policy, f: Arc<F>) -> Arc<dyn ChainFactory>
+where
+    I: Clone + Send + 'static,
+    O: Send + 'static,
+    E: Display,
+    F: Fn(&I) -> std::result::Result<O, E> + Send + Sync + 'static,
+{
+    chain_factory(move |ctx, outs| {
+        let info = ctx.info.clone();
+        let (ok, dead) = two(outs, &info.name)?;
+        let next = typed::<O>(ok, &info.name)?;
+        let dead = match policy {
+            Policy::DeadLetter => Some(typed::<DeadLetter<I>>(dead, &info.name)?),
+            _ => None,
+        };
+        let out = Batch::with_capacity(ctx.batch_size);
+        Ok(erase::<I>(Box::new(ProcessOp { info, f: f.clone(), out, next, failures: Failures::new(policy, dead)? })))
+    })
+}
 
 /// `map`: one value in, one value out; metadata moves along untouched.
 pub(crate) struct MapOp<I, O, F> {

@@ -7,10 +7,26 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::Result;
-use crate::operator::{Consumer, OpInfo};
+use crate::operator::factory::{ChainFactory, chain_factory, one};
+use crate::operator::{Consumer, OpInfo, erase, typed};
 use crate::record::CheckpointId;
 use crate::record::{Batch, NO_TIMESTAMP, Timestamp};
 use crate::time::WatermarkStrategy;
+
+/// The factory of the operator that stamps records with `f(record,
+/// source timestamp)` and generates watermarks by `strategy`.
+pub(crate) fn timestamps<T, F>(f: Arc<F>, strategy: WatermarkStrategy) -> Arc<dyn ChainFactory>
+where
+    T: Send + 'static,
+    F: Fn(&T, Timestamp) -> Timestamp + Send + Sync + 'static,
+{
+    chain_factory(move |ctx, outs| {
+        let info = ctx.info.clone();
+        let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
+        let task = ctx.task.clone();
+        Ok(erase::<T>(Box::new(TimestampOp::new(info, f.clone(), strategy, next, task))))
+    })
+}
 
 /// Assigns timestamps and generates watermarks, per parallel instance.
 pub(crate) struct TimestampOp<T, F> {

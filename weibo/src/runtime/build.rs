@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use crate::checkpoint::{Restore, TaskEvent};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::graph::{Graph, Input, Node, NodeId, Op};
 use crate::metrics::{OperatorCounters, Registry};
 use crate::operator::factory::OperatorContext;
@@ -110,7 +110,8 @@ impl Builder<'_> {
 
     fn port(&mut self, node: NodeId, port: usize) -> Result<AnyConsumer> {
         let n = self.graph.node(node)?;
-        let spec = n.outputs.get(port).ok_or_else(|| Error::Internal(format!("`{}` has no port {port}", n.name)))?;
+        let spec =
+            n.outputs.get(port).ok_or_else(|| crate::error::internal_error!("`{}` has no port {port}", n.name))?;
         let targets: Vec<(NodeId, Input)> = self.graph.consumers(node, port).map(|(id, i)| (id, i.clone())).collect();
         let mut outs = Vec::with_capacity(targets.len());
         for (dst, input) in targets {
@@ -118,7 +119,7 @@ impl Builder<'_> {
         }
         match outs.len() {
             0 => Ok(spec.ty.discard()),
-            1 => outs.pop().ok_or_else(|| Error::Internal("lost a consumer".into())),
+            1 => outs.pop().ok_or_else(|| crate::error::internal_error!("lost a consumer")),
             _ => spec.ty.tee(outs),
         }
     }
@@ -176,7 +177,7 @@ impl Builder<'_> {
                 let ctx = self.context(info, 0, 1, 0..0);
                 router.instantiate(&ctx, senders)
             }
-            Op::Source { .. } => Err(Error::Internal(format!("source `{}` has an input", node.name))),
+            Op::Source { .. } => Err(crate::error::internal_error!("source `{}` has an input", node.name)),
         }
     }
 }
@@ -242,7 +243,8 @@ pub(crate) fn build(
             let info = b.info(node, instance);
             let built_head = match &node.op {
                 Op::Source { factory, .. } => {
-                    let out = outs.into_iter().next().ok_or_else(|| Error::Internal("source without port".into()))?;
+                    let out =
+                        outs.into_iter().next().ok_or_else(|| crate::error::internal_error!("source without port"))?;
                     let mut ctx = b.context(info, instance, node.parallelism(), 0..0);
                     let partition = u32::try_from(instance).unwrap_or(u32::MAX);
                     ctx.restored_position =
@@ -253,7 +255,7 @@ pub(crate) fn build(
                     let ctx = b.context(info, instance, *parallelism, groups.clone());
                     Built::Keyed(factory.instantiate(&ctx, outs)?)
                 }
-                _ => return Err(Error::Internal("non-head node built as a head".into())),
+                _ => return Err(crate::error::internal_error!("non-head node built as a head")),
             };
             let checkpoint = checkpoints.as_mut().map(|w| {
                 let is_source = matches!(node.op, Op::Source { .. });
@@ -315,7 +317,7 @@ pub(crate) fn build(
             Built::Keyed(op) => {
                 let inputs = inboxes.remove(&(id, instance)).unwrap_or_default();
                 if inputs.is_empty() {
-                    return Err(Error::Internal(format!("`{head}` has no input edges")));
+                    return Err(crate::error::internal_error!("`{head}` has no input edges"));
                 }
                 let counters = registry.instance(&graph.node(id)?.name, instance);
                 Box::new(ChannelHead { name: head.clone(), counters, op, inputs })

@@ -12,12 +12,13 @@ use std::sync::Arc;
 use crate::codec::Data;
 use crate::error::{Error, Result};
 use crate::graph::{EdgeKind, Graph, Input, Node, Op, Port, TypedPort};
+use crate::operator::exchange::{BatchLimits, KeyGroupRoutes, RouterOp};
 use crate::operator::factory::{ChainFactory, KeyedFactory, OperatorContext, RouterFactory, SourceFactory};
 use crate::operator::keyed::ReduceOp;
+use crate::operator::sink::SinkOp;
 use crate::operator::source::{SourceOp, SourceOperator};
-use crate::operator::{
-    AnyConsumer, BatchLimits, FilterOp, InputOperator, KeyGroupRoutes, RouterOp, SinkOp, erase, typed,
-};
+use crate::operator::stateless::FilterOp;
+use crate::operator::{AnyConsumer, InputOperator, erase, typed};
 use crate::record::{Batch, BatchPool, NO_TIMESTAMP};
 use crate::sinks::{CollectSink, Sink};
 use crate::sources::{IterSource, Source, SourceOutput};
@@ -62,7 +63,7 @@ struct HasField(&'static str);
 impl ChainFactory for HasField {
     fn instantiate(&self, ctx: &OperatorContext<'_>, mut outputs: Vec<AnyConsumer>) -> Result<AnyConsumer> {
         let name = self.0;
-        let next = typed::<Json>(outputs.pop().ok_or_else(|| Error::Internal("no output".into()))?, "filter")?;
+        let next = typed::<Json>(outputs.pop().ok_or_else(|| crate::error::internal_error!("no output"))?, "filter")?;
         let f = move |r: &Json| field(r, name).is_some();
         Ok(erase::<Json>(Box::new(FilterOp { info: ctx.info.clone(), f: Arc::new(f), keep: Vec::new(), next })))
     }
@@ -106,7 +107,7 @@ struct SumField(&'static str);
 impl KeyedFactory for SumField {
     fn instantiate(&self, ctx: &OperatorContext<'_>, mut outputs: Vec<AnyConsumer>) -> Result<Box<dyn InputOperator>> {
         let name = self.0;
-        let next = typed::<Json>(outputs.pop().ok_or_else(|| Error::Internal("no output".into()))?, "sum")?;
+        let next = typed::<Json>(outputs.pop().ok_or_else(|| crate::error::internal_error!("no output"))?, "sum")?;
         let f = move |acc: Json, r: Json| -> Json {
             let sum = field(&acc, name).and_then(|v| v.as_i64()).unwrap_or(0)
                 + field(&r, name).and_then(|v| v.as_i64()).unwrap_or(0);
@@ -217,7 +218,7 @@ fn graph_from_descriptors_runs_without_user_types() {
                 &config,
                 &std::sync::Arc::new(tokio::sync::watch::channel(super::status::JobState::Starting).0),
             )?;
-            launched.supervisor.await.map_err(|e| Error::Internal(e.to_string()))??;
+            launched.supervisor.await.map_err(|e| crate::error::internal_error!("{e}"))??;
             Ok::<_, Error>(launched.registry.snapshot())
         })
         .unwrap();

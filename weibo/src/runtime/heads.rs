@@ -143,7 +143,7 @@ impl CheckpointIo {
                     sources: Vec::new(),
                     states: Vec::new(),
                     schemas: Vec::new(),
-                    failure: Some(format!("{task}: {e}")),
+                    failure: Some(format!("{task}: {}", e.report())),
                     task,
                 },
             };
@@ -479,10 +479,10 @@ impl HeadRunner for ChannelHead {
                     Next::Message(i, Some(Message::Data(mut batch))) => {
                         if ended.get(i).copied().unwrap_or(false) {
                             let from = self.inputs.get(i).map(|b| b.from.clone()).unwrap_or_default();
-                            return Err(Error::Internal(format!(
+                            return Err(crate::error::internal_error!(
                                 "`{from} -> {}` sent records after the end of its input",
                                 self.name
-                            )));
+                            ));
                         }
                         tracker.activate(i);
                         let started = Instant::now();
@@ -505,7 +505,7 @@ impl HeadRunner for ChannelHead {
                         let _ = tracker.advance(i, END_OF_TIME);
                     }
                     Next::Message(i, Some(Message::Barrier(b))) => {
-                        aligner.barrier(i, b).map_err(|m| Error::Internal(format!("`{}`: {m}", self.name)))?;
+                        aligner.barrier(i, b).map_err(|m| crate::error::internal_error!("`{}`: {m}", self.name))?;
                     }
                 }
                 if stats_at.elapsed() >= POSITIONS_EVERY {

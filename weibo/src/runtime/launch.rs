@@ -412,11 +412,13 @@ impl std::future::Future for CoordinatorTask {
     type Output = Result<()>;
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<()>> {
         let Some(task) = self.task.as_mut() else {
-            return std::task::Poll::Ready(Err(Error::Internal("the checkpoint coordinator was awaited twice".into())));
+            return std::task::Poll::Ready(Err(crate::error::internal_error!(
+                "the checkpoint coordinator was awaited twice"
+            )));
         };
         std::pin::Pin::new(task)
             .poll(cx)
-            .map(|r| r.unwrap_or_else(|e| Err(Error::Internal(format!("the checkpoint coordinator failed: {e}")))))
+            .map(|r| r.unwrap_or_else(|e| Err(crate::error::internal_error!("the checkpoint coordinator failed: {e}"))))
     }
 }
 
@@ -539,7 +541,7 @@ async fn supervise(
                         .unwrap_or_else(|| "non-text panic".into());
                     Error::Panicked { task: name, message: text }
                 } else {
-                    Error::Internal(format!("task `{name}` was cancelled"))
+                    crate::error::internal_error!("task `{name}` was cancelled")
                 }
             }
         };

@@ -69,7 +69,7 @@ pub(crate) async fn drain(outbox: &Outbox, senders: &[EdgeSender]) -> Result<()>
         for (i, msg) in items {
             let sender = senders
                 .get(i)
-                .ok_or_else(|| Error::Internal(format!("outbox names sender {i} of {}", senders.len())))?;
+                .ok_or_else(|| crate::error::internal_error!("outbox names sender {i} of {}", senders.len()))?;
             sender.send(msg).await?;
         }
     }

@@ -50,7 +50,7 @@ impl EndGuard {
         self.0.send_replace(match result {
             Ok(()) if cancelled => JobState::Stopped,
             Ok(()) => JobState::Finished,
-            Err(e) => JobState::Failed { error: e.to_string() },
+            Err(e) => JobState::Failed { error: e.report().to_string() },
         });
     }
 }

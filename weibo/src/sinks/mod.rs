@@ -192,7 +192,7 @@ pub fn write_batch<T>(
     sources: &Arc<[String]>,
 ) -> Result<()> {
     if values.len() != meta.len() {
-        return Err(Error::Internal(format!("{} values with {} metadata", values.len(), meta.len())));
+        return Err(crate::error::internal_error!("{} values with {} metadata", values.len(), meta.len()));
     }
     let names = crate::record::SourceNames(Arc::clone(sources));
     writer.write(&mut SinkBatch { batch: &mut Batch { values, meta }, sources: &names })
@@ -236,8 +236,8 @@ impl<T: fmt::Debug + Send> SinkWriter<T> for StdoutWriter<T> {
         let mut out = std::io::stdout().lock();
         out.write_all(&self.buf).and_then(|()| out.flush()).map_err(|e| Error::Connector {
             name: "stdout".into(),
-            message: e.to_string(),
-            source: None,
+            message: "cannot write".into(),
+            source: Some(Box::new(e)),
         })?;
         self.buf.clear();
         Ok(())

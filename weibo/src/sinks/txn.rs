@@ -284,7 +284,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> crate::sinks::SinkWriter<T> fo
 /// **When parts close.** By default a part closes at every checkpoint
 /// barrier, so its records become visible as soon as their checkpoint
 /// completes: one file per instance and checkpoint that had records.
-/// [`TxnFileSink::roll_bytes`] and [`TxnFileSink::roll_interval`] close a
+/// [`TxnFileSink::with_roll_bytes`] and [`TxnFileSink::with_roll_interval`] close a
 /// part earlier, by size or age. With
 /// [`TxnFileSink::parts_span_checkpoints`], a part closes only by size or
 /// age, not at barriers: fewer, larger files, visible later. An open part
@@ -336,14 +336,14 @@ impl TxnFileSink {
     /// let dir = tempfile::tempdir()?;
     /// let job = weibo::Job::new("rolling").with_checkpoints(dir.path().join("chk"), Duration::from_millis(50));
     /// job.source(weibo::sources::IterSource::new(0..100u32))
-    ///     .sink_exactly_once(weibo::sinks::TxnFileSink::json_lines(dir.path().join("out")).roll_bytes(64));
+    ///     .sink_exactly_once(weibo::sinks::TxnFileSink::json_lines(dir.path().join("out")).with_roll_bytes(64));
     /// job.run_blocking()?;
     /// let parts = std::fs::read_dir(dir.path().join("out"))?.filter(|e| e.as_ref().is_ok_and(|e| e.path().is_file())).count();
     /// assert!(parts >= 4, "{parts} parts");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[must_use]
-    pub fn roll_bytes(mut self, bytes: u64) -> Self {
+    pub fn with_roll_bytes(mut self, bytes: u64) -> Self {
         self.roll_bytes = Some(bytes.max(1));
         self
     }
@@ -351,18 +351,18 @@ impl TxnFileSink {
     /// Closes a part once it has been open for `interval` (looked at when
     /// records arrive and when the job's buffer timeout flushes the sink).
     #[must_use]
-    pub fn roll_interval(mut self, interval: Duration) -> Self {
+    pub fn with_roll_interval(mut self, interval: Duration) -> Self {
         self.roll_interval = Some(interval);
         self
     }
 
-    /// Keeps a part open across checkpoints until [`roll_bytes`] or
-    /// [`roll_interval`] closes it (an age of 60 s unless `roll_interval`
+    /// Keeps a part open across checkpoints until [`with_roll_bytes`] or
+    /// [`with_roll_interval`] closes it (an age of 60 s unless `with_roll_interval`
     /// is set), as an in-progress file: see the [type's notes](Self). Its
     /// records become visible at the first checkpoint after it closes.
     ///
-    /// [`roll_bytes`]: Self::roll_bytes
-    /// [`roll_interval`]: Self::roll_interval
+    /// [`with_roll_bytes`]: Self::with_roll_bytes
+    /// [`with_roll_interval`]: Self::with_roll_interval
     #[must_use]
     pub fn parts_span_checkpoints(mut self) -> Self {
         self.span_checkpoints = true;
@@ -664,7 +664,7 @@ impl<T> TxnFileWriter<T> {
             self.parts += 1;
             self.current = Some(Part { name, file: BufWriter::new(f), bytes: 0, opened: Instant::now() });
         }
-        self.current.as_mut().ok_or_else(|| Error::Internal("no open part".into()))
+        self.current.as_mut().ok_or_else(|| crate::error::internal_error!("no open part"))
     }
 
     /// Makes the open part durable; returns its entry (in progress).

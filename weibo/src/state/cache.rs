@@ -24,10 +24,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use hashbrown::hash_map::Entry;
 
 use super::spares::{Held, Holding, Shareable, Spares, Wanted};
-use super::{
-    ChangeLog, ChangedKeys, OVERLAY_MIN, ObjectMap, Snapshot, SnapshotPart, SnapshotSink, StateTable, flush_part,
-    pass_if_full,
-};
+use super::value::{ChangeLog, ChangedKeys, OVERLAY_MIN};
+use super::{ObjectMap, Snapshot, SnapshotPart, SnapshotSink, StateTable, flush_part, pass_if_full};
 use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::error::{Error, Result};
@@ -245,7 +243,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     }
 
     fn no_cache(&self, group: u16) -> Error {
-        Error::Internal(format!("operator `{}` has no cache for key group {group}", self.operator))
+        crate::error::internal_error!("operator `{}` has no cache for key group {group}", self.operator)
     }
 
     /// What the table holds at `key_bytes` of key group `index`, and
@@ -841,9 +839,9 @@ impl<K: Key, V: Data> CacheStore<K, V> {
                 Ok(())
             })?;
             if let Some(group) = failure {
-                return Err(Error::Internal(format!(
+                return Err(crate::error::internal_error!(
                     "operator `{operator}`: the table exported key group {group} out of order"
-                )));
+                ));
             }
             if let Some((_, held)) = open.take() {
                 maps.done(held);

@@ -54,9 +54,9 @@ pub struct FjallBackend {
 /// # fn main() -> weibo::Result<()> {
 /// # let dir = tempfile::tempdir().map_err(|e| weibo::Error::Internal(e.to_string()))?;
 /// let backend = weibo::state::FjallBackend::builder(dir.path())
-///     .object_cache(256 << 20) // live values in front of fjall
-///     .block_cache(64 << 20) // fjall's cache of decompressed blocks
-///     .memtable(16 << 20) // per state, before fjall writes a table file
+///     .with_object_cache(256 << 20) // live values in front of fjall
+///     .with_block_cache(64 << 20) // fjall's cache of decompressed blocks
+///     .with_memtable(16 << 20) // per state, before fjall writes a table file
 ///     .open()?;
 /// # drop(backend);
 /// # Ok(()) }
@@ -76,14 +76,14 @@ impl FjallOptions {
     /// The budget of the cache of live values, shared by every state of
     /// the job (default [`FjallOptions::DEFAULT_OBJECT_CACHE`]). With 0,
     /// every state access reads and writes fjall.
-    pub fn object_cache(mut self, bytes: usize) -> Self {
+    pub fn with_object_cache(mut self, bytes: usize) -> Self {
         self.object_cache = bytes;
         self
     }
 
     /// The size of fjall's block cache (default
     /// [`FjallOptions::DEFAULT_BLOCK_CACHE`]).
-    pub fn block_cache(mut self, bytes: u64) -> Self {
+    pub fn with_block_cache(mut self, bytes: u64) -> Self {
         self.block_cache = bytes;
         self
     }
@@ -91,14 +91,14 @@ impl FjallOptions {
     /// The size a state's fjall memtable grows to before it is written
     /// out as a table file (default [`FjallOptions::DEFAULT_MEMTABLE`];
     /// at least 1 MiB).
-    pub fn memtable(mut self, bytes: u64) -> Self {
+    pub fn with_memtable(mut self, bytes: u64) -> Self {
         self.memtable = bytes.max(1 << 20);
         self
     }
 
     /// Whether event-time timers (of session windows and keyed `process`)
     /// are kept in fjall, ordered by time, behind the cache of live values
-    /// (within its budget, [`FjallOptions::object_cache`]), with only each
+    /// (within its budget, [`FjallOptions::with_object_cache`]), with only each
     /// key group's first timers and earliest time in memory besides,
     /// rather than all in memory (the default).
     ///
@@ -111,7 +111,7 @@ impl FjallOptions {
     /// event) runs about three times slower than with timers in memory (the
     /// State backends chapter has the figures). Use it when a job keeps
     /// many more timers than fit in memory.
-    pub fn timers_on_disk(mut self, on_disk: bool) -> Self {
+    pub fn with_timers_on_disk(mut self, on_disk: bool) -> Self {
         self.timers_on_disk = on_disk;
         self
     }
@@ -127,13 +127,13 @@ impl FjallOptions {
     /// faster with one thread than with two, which spend a core passing
     /// compactions around. More threads pay off only where cores are to
     /// spare and compactions are what holds the job back.
-    pub fn background_threads(mut self, threads: usize) -> Self {
+    pub fn with_background_threads(mut self, threads: usize) -> Self {
         self.background_threads = threads.max(1);
         self
     }
 
     /// Default number of fjall's background threads: 1 (see
-    /// [`FjallOptions::background_threads`]).
+    /// [`FjallOptions::with_background_threads`]).
     pub const DEFAULT_BACKGROUND_THREADS: usize = 1;
 
     /// Default budget of the cache of live values: 24 MiB. With the other

@@ -1,6 +1,9 @@
 //! The in-memory backend: live objects, nothing encoded until a checkpoint.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use super::{StateBackend, StateScope, StateTable};
+use crate::error::Result;
 
 /// State in memory: the fastest backend, bounded by RAM.
 ///

@@ -28,21 +28,24 @@ mod window_state;
 pub use self::cache::ObjectCache;
 #[cfg(feature = "fjall")]
 pub use self::fjall::{FjallBackend, FjallOptions};
-pub use self::memory::*;
-pub use self::snapshot::*;
-pub use self::timer_state::*;
-pub use self::value::*;
-pub use self::window_state::*;
+pub(crate) use self::memory::EncodedMemoryBackend;
+pub use self::memory::MemoryBackend;
+pub(crate) use self::snapshot::{
+    ArchivedSnapshotFrame, LoadPart, RestoreSource, StateSnapshot, StateType, flush_part, pass_if_full, slices,
+};
+pub use self::snapshot::{
+    Entries, EntryRef, GatheredSnapshot, RemovedKeys, RemovedRef, SNAPSHOT_PART, SNAPSHOT_PART_BYTES, Snapshot,
+    SnapshotFrame, SnapshotPart, SnapshotSink, entry_refs, gather,
+};
+pub use self::timer_state::{DueTimers, TimerState};
+pub use self::value::{FULL_CHECKPOINT_EVERY, ValueState, Writes};
+pub use self::window_state::{WindowRun, WindowState};
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use hashbrown::hash_map::Entry;
 use rustc_hash::FxBuildHasher;
-use spares::Shareable;
-use time_index::TimeIndex;
 
 /// The in-memory store's map: hashbrown, whose entries let a value be
 /// moved out and back without storing `Option<V>` (see
@@ -50,9 +53,7 @@ use time_index::TimeIndex;
 type ObjectMap<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
 
 use crate::codec::Data;
-use crate::codec::key::Key;
 use crate::error::{Error, Result};
-use crate::record::{CheckpointId, Timestamp};
 
 /// Which state a table holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -287,7 +288,11 @@ pub trait StateTable: Send {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::codec::key::Key;
+    use crate::record::{CheckpointId, Timestamp};
 
     /// A backend that stores bytes, to run the same tests through the codec path.
     #[derive(Debug)]
@@ -346,8 +351,11 @@ mod tests {
             // (behind the cache, when there is one).
             for bytes in [0, 200, 4_000, 24 << 20] {
                 let dir = tempfile::tempdir().unwrap();
-                let backend =
-                    FjallBackend::builder(dir.path()).object_cache(bytes).timers_on_disk(true).open().unwrap();
+                let backend = FjallBackend::builder(dir.path())
+                    .with_object_cache(bytes)
+                    .with_timers_on_disk(true)
+                    .open()
+                    .unwrap();
                 all.push((Box::new(backend), Some(dir)));
             }
         }
@@ -591,7 +599,9 @@ mod tests {
             // A cache of a few thousand entries: keys written back to the
             // table between barriers, and read back.
             let dir = tempfile::tempdir().unwrap();
-            change_logs_fall_back_to_scanning(&FjallBackend::builder(dir.path()).object_cache(200_000).open().unwrap());
+            change_logs_fall_back_to_scanning(
+                &FjallBackend::builder(dir.path()).with_object_cache(200_000).open().unwrap(),
+            );
         }
     }
 
@@ -1030,7 +1040,7 @@ mod tests {
             #[cfg(feature = "fjall")]
             {
                 let dir = tempfile::tempdir().unwrap();
-                let backend = FjallBackend::builder(dir.path()).object_cache(SPILL_CACHE_BYTES).open().unwrap();
+                let backend = FjallBackend::builder(dir.path()).with_object_cache(SPILL_CACHE_BYTES).open().unwrap();
                 window_model_run(&backend, &ops)?;
             }
         }

@@ -2,7 +2,13 @@
 //! barrier and encoded later, off the operator's task, a [`SnapshotPart`]
 //! at a time.
 
-use super::*;
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::value::{FULL_CHECKPOINT_EVERY, codec_error};
+use crate::codec::Data;
+use crate::codec::key::Key;
+use crate::error::Result;
 
 /// State exported for a checkpoint, or imported from one: (key group,
 /// encoded key, encoded value).
@@ -177,10 +183,10 @@ pub struct SnapshotFrame {
 /// holds 16 MiB, so only a single entry near 4 GiB fails here.
 pub(super) fn end_of(buffer: &[u8]) -> Result<u32> {
     u32::try_from(buffer.len()).map_err(|_| {
-        Error::Internal(format!(
+        crate::error::internal_error!(
             "a checkpoint part grew to {} bytes, past the 4 GiB a state-file frame can hold",
             buffer.len()
-        ))
+        )
     })
 }
 

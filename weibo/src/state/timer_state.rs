@@ -1,6 +1,20 @@
 //! `TimerState`: a keyed operator's event-time timers.
 
-use super::*;
+use std::fmt;
+use std::sync::Arc;
+
+use rustc_hash::FxBuildHasher;
+
+use super::snapshot::{
+    Entries, EntryRef, RemovedRef, Snapshot, SnapshotPart, delta_since, entry_refs, flush_part, gather, pass_if_full,
+};
+use super::time_index::TimeIndex;
+use super::value::key_error;
+use super::window_state::WINDOW_LOG_MIN;
+use super::{StateBackend, StateScope, timers};
+use crate::codec::key::Key;
+use crate::error::Result;
+use crate::record::{CheckpointId, Timestamp};
 
 impl<K: Key> TimerState<K> {
     /// Every timer, for a checkpoint: key = time ++ encoded key, no value.
@@ -196,7 +210,7 @@ impl<K> TimerLog<K> {
 ///
 /// Timers are kept in memory, in an index ordered by time, or, on a
 /// backend that asks for it ([`StateBackend::timers_in_table`]: fjall,
-/// when built with `FjallOptions::timers_on_disk`),
+/// when built with `FjallOptions::with_timers_on_disk`),
 /// in its table, ordered by time within each key group, behind the
 /// backend's cache of live values, with only each key group's first few
 /// timers in memory besides. Both are checkpointed

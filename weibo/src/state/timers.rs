@@ -28,9 +28,10 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use super::{DueTimers, EntryRef, RemovedRef, Snapshot, StateBackend, StateScope, ValueState, key_error};
+use super::value::key_error;
+use super::{DueTimers, EntryRef, RemovedRef, Snapshot, StateBackend, StateScope, ValueState};
 use crate::codec::key::Key;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::record::Timestamp;
 
 /// See the module documentation.
@@ -233,10 +234,10 @@ impl<K: Key> TableTimers<K> {
 
     pub(super) fn register(&mut self, time: Timestamp, group: u16, key: &K) -> Result<()> {
         let Some(index) = self.index(group) else {
-            return Err(Error::Internal(format!(
+            return Err(crate::error::internal_error!(
                 "operator `{}`: a timer for key group {group}, which it does not own",
                 self.operator
-            )));
+            ));
         };
         self.encode(time, key);
         // Within what is read ahead, the buffer knows whether the timer is

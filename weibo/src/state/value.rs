@@ -1,6 +1,21 @@
 //! `ValueState`: one value per key, typed, over a table or in memory.
 
-use super::*;
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use hashbrown::hash_map::Entry;
+use rustc_hash::FxBuildHasher;
+
+use super::snapshot::{
+    Entries, EntryRef, RemovedRef, Snapshot, SnapshotPart, delta_since, entry_refs, flush_part, gather, pass_if_full,
+};
+use super::spares::Shareable;
+use super::{ObjectMap, StateBackend, StateScope, StateTable, cache, flat, spares};
+use crate::codec::Data;
+use crate::codec::key::Key;
+use crate::error::{Error, Result};
+use crate::record::CheckpointId;
 
 /// A key group's values, each with the epoch it last changed in (a map
 /// whose lines a keyed operator loads ahead of its records: see
@@ -515,7 +530,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             Store::Bytes { table, .. } => table.scan_from(group, from, f),
             Store::Cached(store) => store.scan_from(index, group, from, limit, f),
             Store::Objects(_) => {
-                Err(Error::Internal(format!("operator `{}`: an ordered scan outside a byte table", self.operator)))
+                Err(crate::error::internal_error!("operator `{}`: an ordered scan outside a byte table", self.operator))
             }
         }
     }
@@ -551,7 +566,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     }
 
     fn group_error(&self, group: u16) -> Error {
-        Error::Internal(format!("operator `{}` got key group {group}, but owns {:?}", self.operator, self.groups))
+        crate::error::internal_error!("operator `{}` got key group {group}, but owns {:?}", self.operator, self.groups)
     }
 
     /// Reads, and possibly changes, the value of `key` (encoded: `key_bytes`,
@@ -577,10 +592,10 @@ impl<K: Key, V: Data> ValueState<K, V> {
         match &mut self.store {
             Store::Objects(maps) => {
                 let Some(map) = maps.get_mut(index) else {
-                    return Err(Error::Internal(format!(
+                    return Err(crate::error::internal_error!(
                         "operator `{}` has no map for key group {group}",
                         self.operator
-                    )));
+                    ));
                 };
                 let epoch = self.epoch;
                 if let Some(overlay) = self.overlays.get_mut(index) {
@@ -607,7 +622,8 @@ impl<K: Key, V: Data> ValueState<K, V> {
                                 result = Some(f(&mut slot));
                                 slot.map(|v| (v, epoch))
                             });
-                            result.ok_or_else(|| Error::Internal("state update closure was not called".into()))?
+                            result
+                                .ok_or_else(|| crate::error::internal_error!("state update closure was not called"))?
                         }
                         flat::Entry::Vacant(e) => {
                             let mut slot = None;
@@ -641,7 +657,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
                         if let (Some(k), Some(log)) = (first, self.logs.get_mut(index)) {
                             log.record(&k, map_len);
                         }
-                        result.ok_or_else(|| Error::Internal("state update closure was not called".into()))?
+                        result.ok_or_else(|| crate::error::internal_error!("state update closure was not called"))?
                     }
                     flat::Entry::Vacant(e) => {
                         let mut slot = None;
@@ -715,10 +731,10 @@ impl<K: Key, V: Data> ValueState<K, V> {
                 return store.blind(index, group, key, key_bytes, self.epoch, tracking, keys, true, None);
             }
             Store::Objects(_) => {
-                return Err(Error::Internal(format!(
+                return Err(crate::error::internal_error!(
                     "operator `{}`: a blind removal outside a byte table",
                     self.operator
-                )));
+                ));
             }
         };
         table.delete(group, key_bytes)?;
@@ -760,10 +776,10 @@ impl<K: Key, V: Data> ValueState<K, V> {
                 );
             }
             Store::Objects(_) => {
-                return Err(Error::Internal(format!(
+                return Err(crate::error::internal_error!(
                     "operator `{}`: a blind write outside a byte table",
                     self.operator
-                )));
+                ));
             }
         };
         buf.clear();
@@ -890,7 +906,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
             }
             match (crate::codec::key::decode::<K>(k), V::decode(bytes)) {
                 (Ok(k), Ok(v)) => f(&k, &v),
-                (Err(e), _) => failure = Some(Error::Internal(format!("operator `{operator}`: stored {e}"))),
+                (Err(e), _) => failure = Some(crate::error::internal_error!("operator `{operator}`: stored {e}")),
                 (_, Err(source)) => failure = Some(Error::Codec { operator: operator.clone(), source }),
             }
         };
@@ -1196,10 +1212,11 @@ impl<K: Key, V: Data> ValueState<K, V> {
             if self.groups.contains(group) {
                 Ok(())
             } else {
-                Err(Error::Internal(format!(
+                Err(crate::error::internal_error!(
                     "operator `{}` got key group {group}, but owns {:?}",
-                    self.operator, self.groups
-                )))
+                    self.operator,
+                    self.groups
+                ))
             }
         };
         for (group, key) in removed {

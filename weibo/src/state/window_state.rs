@@ -1,9 +1,25 @@
 //! `WindowState`: accumulators per key and window.
 
+use std::collections::BTreeMap;
 use std::collections::btree_map;
+use std::fmt;
+use std::sync::Arc;
+
+use hashbrown::hash_map::Entry;
+use rustc_hash::FxBuildHasher;
 
 use super::cache::CacheShare;
-use super::*;
+use super::snapshot::{
+    Entries, EntryRef, RemovedRef, Snapshot, SnapshotPart, delta_since, entry_refs, flush_part, gather, pass_if_full,
+};
+use super::spares::Shareable;
+use super::timer_state::DueKeys;
+use super::value::{ValueState, codec_error, key_error};
+use super::{StateBackend, StateScope};
+use crate::codec::Data;
+use crate::codec::key::Key;
+use crate::error::Result;
+use crate::record::{CheckpointId, Timestamp};
 
 impl<K: Key, A: Data> WindowState<K, A> {
     /// Every accumulator, for a checkpoint: key = encoded key ++ window start.
@@ -74,9 +90,9 @@ impl<K: Key, A: Data> WindowState<K, A> {
         Ok(Box::new(move |sink| {
             let base = memory(sink)?;
             if table(sink)? != base {
-                return Err(Error::Internal(format!(
+                return Err(crate::error::internal_error!(
                     "operator `{operator}`: the halves of a window snapshot disagree on being a base"
-                )));
+                ));
             }
             Ok(base)
         }))
@@ -245,7 +261,7 @@ impl<K, A> WindowLog<K, A> {
 /// Removals a window log holds before it may give up on deltas (few in
 /// tests, so that they give up often).
 #[cfg(not(test))]
-pub(super) const WINDOW_LOG_MIN: usize = SNAPSHOT_PART;
+pub(super) const WINDOW_LOG_MIN: usize = super::SNAPSHOT_PART;
 #[cfg(test)]
 pub(super) const WINDOW_LOG_MIN: usize = 4;
 
@@ -281,7 +297,7 @@ fn update_in<K: Key, A: Data, R>(
                     log.grew(1);
                 }
             }
-            result.ok_or_else(|| Error::Internal("window update closure was not called".into()))?
+            result.ok_or_else(|| crate::error::internal_error!("window update closure was not called"))?
         }
         Entry::Vacant(e) => {
             let mut slot = None;
@@ -734,6 +750,7 @@ impl<K: Key, A: Data> Spill<K, A> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::state::FjallBackend;
 
     /// Where each window of `w` is: in memory, or in the table.
     fn halves(w: &WindowState<u64, u64>) -> (Vec<Timestamp>, Vec<Timestamp>) {
@@ -745,7 +762,7 @@ mod tests {
     /// shares, 16 KiB for the windows in memory, about 600 accumulators of
     /// 24 bytes (a map doubles as it grows).
     fn open_small(dir: &tempfile::TempDir) -> (FjallBackend, WindowState<u64, u64>) {
-        let backend = FjallBackend::builder(dir.path()).object_cache(32 << 10).open().unwrap();
+        let backend = FjallBackend::builder(dir.path()).with_object_cache(32 << 10).open().unwrap();
         let scope = StateScope {
             job: "j".into(),
             operator: "op".into(),

@@ -13,14 +13,11 @@ use crate::checkpoint::{CheckpointConfig, CheckpointStorage, LocalDir, Savepoint
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Node, Op};
 use crate::metrics::{MetricsSnapshot, Registry};
-use crate::operator::factory::source_factory;
-use crate::operator::source::SourceOp;
-use crate::operator::typed;
 use crate::record::CheckpointId;
 use crate::runtime::config::{JobConfig, RestoreFrom};
 use crate::runtime::launch::Launched;
 use crate::runtime::status::JobState;
-use crate::sources::{Source, SourceOutput};
+use crate::sources::Source;
 use crate::state::StateBackend;
 use crate::stream::{Pipeline, Stream, port};
 
@@ -357,7 +354,7 @@ impl Job {
     /// // ...or waits for it.
     /// let third = weibo::Job::new("owner")
     ///     .with_checkpoints(dir.path(), Duration::from_millis(20))
-    ///     .wait_for_storage(Duration::from_secs(30));
+    ///     .with_storage_wait(Duration::from_secs(30));
     /// pipeline(&third);
     /// let waiting = tokio::spawn(async move { third.run().await });
     /// running.wait().await?;
@@ -367,7 +364,7 @@ impl Job {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[must_use]
-    pub fn wait_for_storage(self, timeout: Duration) -> Self {
+    pub fn with_storage_wait(self, timeout: Duration) -> Self {
         self.configure(|c| c.storage_wait = Some(timeout))
     }
 
@@ -698,23 +695,7 @@ impl Job {
         let source = Arc::new(source);
         let mut graph = self.lock();
         let source_index = graph.nodes.iter().filter(|n| matches!(n.op, Op::Source { .. })).count();
-        let factory = source_factory(move |ctx, out| {
-            let info = ctx.info.clone();
-            let partition = ctx.instance;
-            let chain = typed::<S::Item>(out, &info.name)?;
-            let reader = match ctx.restored_position {
-                Some(p) => source.open_at(partition, p)?,
-                None => source.open(partition)?,
-            };
-            let output = SourceOutput::new(
-                info.name.clone(),
-                u32::try_from(source_index).unwrap_or(u32::MAX),
-                u32::try_from(partition).unwrap_or(u32::MAX),
-                ctx.batch_size,
-            );
-            let partition_name = source.partition_name(partition);
-            Ok(Box::new(SourceOp { info, partition_name, reader, chain, output }))
-        });
+        let factory = crate::operator::source::factory(source, source_index);
         let node = graph.add(Node {
             kind: "source",
             name,
@@ -1260,7 +1241,7 @@ impl JobHandle {
                 Err(Error::Refused { message, .. }) if message == crate::checkpoint::ALL_SOURCES_ENDED => {
                     return self.wait().await.map(|_| ());
                 }
-                Err(e) => tracing::warn!(job = %self.name, error = %e, "no last checkpoint before stopping"),
+                Err(e) => tracing::warn!(job = %self.name, error = %e.report(), "no last checkpoint before stopping"),
             }
         }
         self.cancel().await
@@ -1295,7 +1276,7 @@ impl JobHandle {
         }
         match self.supervisor.await {
             Ok(r) => r,
-            Err(e) => Err(Error::Internal(format!("job `{}` supervisor failed: {e}", self.name))),
+            Err(e) => Err(crate::error::internal_error!("job `{}` supervisor failed: {e}", self.name)),
         }
     }
 
@@ -1317,8 +1298,8 @@ impl JobHandle {
     pub async fn wait(self) -> Result<JobReport> {
         let result = match self.supervisor.await {
             Ok(r) => r,
-            Err(e) if e.is_cancelled() => Err(Error::Internal(format!("job `{}` was aborted", self.name))),
-            Err(e) => Err(Error::Internal(format!("job `{}` supervisor failed: {e}", self.name))),
+            Err(e) if e.is_cancelled() => Err(crate::error::internal_error!("job `{}` was aborted", self.name)),
+            Err(e) => Err(crate::error::internal_error!("job `{}` supervisor failed: {e}", self.name)),
         };
         result?;
         let elapsed = self.started.elapsed();

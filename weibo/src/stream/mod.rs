@@ -17,18 +17,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::checkpoint::commit::{Committer, Prepared};
 use crate::codec::Data;
 use crate::codec::key::Key;
-use crate::error::{Error, Result};
 use crate::graph::{EdgeKind, Graph, Input, Node, NodeId, Op, Port, TypedPort};
-use crate::operator::factory::{ChainFactory, KeyedFactory, chain_factory, keyed_factory, router_factory};
-use crate::operator::keyed::{FoldOp, KeyedContext, KeyedProcessOp, PartitionOp, ReduceOp};
-use crate::operator::watermarks::TimestampOp;
-use crate::operator::{BatchLimits, Failures, FilterOp, FlatMapOp, KeyGroupRoutes, MapOp, Policy, ProcessOp, RouterOp};
-use crate::operator::{erase, typed};
+use crate::operator::exchange::key_router;
+use crate::operator::factory::{ChainFactory, KeyedFactory};
+use crate::operator::keyed::KeyedContext;
+use crate::operator::{Policy, keyed, stateless, watermarks};
 use crate::record::Timestamp;
-use crate::record::{Batch, CheckpointId};
 use crate::runtime::config::JobConfig;
-use crate::sinks::{Sink, SinkCommitter, TwoPhaseCommitSink, TxnSinkWriter};
-use crate::state::{TimerState, ValueState};
+use crate::sinks::{Sink, SinkCommitter, TwoPhaseCommitSink};
 use crate::time::WatermarkStrategy;
 
 pub use crate::operator::policy::DeadLetter;
@@ -291,24 +287,6 @@ pub(crate) fn port<T: Clone + Send + 'static>(label: &'static str, must_consume:
     Port { type_name: std::any::type_name::<T>(), ty: TypedPort::<T>::shared(), must_consume, label }
 }
 
-fn one(mut outs: Vec<crate::operator::AnyConsumer>, what: &str) -> Result<crate::operator::AnyConsumer> {
-    if outs.len() == 1 {
-        outs.pop().ok_or_else(|| Error::Internal(format!("{what}: no output")))
-    } else {
-        Err(Error::Internal(format!("{what}: expected one output, got {}", outs.len())))
-    }
-}
-
-fn two(
-    mut outs: Vec<crate::operator::AnyConsumer>,
-    what: &str,
-) -> Result<(crate::operator::AnyConsumer, crate::operator::AnyConsumer)> {
-    match (outs.pop(), outs.pop(), outs.is_empty()) {
-        (Some(second), Some(first), true) => Ok((first, second)),
-        _ => Err(Error::Internal(format!("{what}: expected two outputs"))),
-    }
-}
-
 impl<T> Stream<T> {
     pub(crate) fn new(graph: Arc<Mutex<Pipeline>>, node: NodeId, port: usize) -> Self {
         Self { graph, node, port, _t: PhantomData }
@@ -443,21 +421,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
         U: Clone + Send + 'static,
         F: Fn(T) -> U + Send + Sync + 'static,
     {
-        let f = Arc::new(f);
-        self.stateless::<U>(
-            "map",
-            chain_factory(move |ctx, outs| {
-                let info = ctx.info.clone();
-                let next = typed::<U>(one(outs, &info.name)?, &info.name)?;
-                Ok(erase::<T>(Box::new(MapOp {
-                    info,
-                    f: f.clone(),
-                    out: Batch::with_capacity(ctx.batch_size),
-                    next,
-                    _in: PhantomData,
-                })))
-            }),
-        )
+        self.stateless::<U>("map", stateless::map::<T, U, F>(Arc::new(f)))
     }
 
     /// Keeps the records `f` accepts.
@@ -471,20 +435,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
     where
         F: Fn(&T) -> bool + Send + Sync + 'static,
     {
-        let f = Arc::new(f);
-        self.stateless::<T>(
-            "filter",
-            chain_factory(move |ctx, outs| {
-                let info = ctx.info.clone();
-                let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
-                Ok(erase::<T>(Box::new(FilterOp {
-                    info,
-                    f: f.clone(),
-                    keep: Vec::with_capacity(ctx.batch_size),
-                    next,
-                })))
-            }),
-        )
+        self.stateless::<T>("filter", stateless::filter::<T, F>(Arc::new(f)))
     }
 
     /// Turns each record into zero or more records.
@@ -502,21 +453,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
         I: IntoIterator<Item = U>,
         F: Fn(T) -> I + Send + Sync + 'static,
     {
-        let f = Arc::new(f);
-        self.stateless::<U>(
-            "flat_map",
-            chain_factory(move |ctx, outs| {
-                let info = ctx.info.clone();
-                let next = typed::<U>(one(outs, &info.name)?, &info.name)?;
-                Ok(erase::<T>(Box::new(FlatMapOp {
-                    info,
-                    f: f.clone(),
-                    out: Batch::with_capacity(ctx.batch_size),
-                    next,
-                    _in: PhantomData,
-                })))
-            }),
-        )
+        self.stateless::<U>("flat_map", stateless::flat_map::<T, U, I, F>(Arc::new(f)))
     }
 
     /// Applies a fallible function; `policy` says what happens to records it
@@ -545,23 +482,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
         P: on_error::OnError<T, U>,
     {
         let policy = policy.policy();
-        let f = Arc::new(f);
-        let factory = chain_factory(move |ctx, outs| {
-            let info = ctx.info.clone();
-            let (ok, dead) = two(outs, &info.name)?;
-            let next = typed::<U>(ok, &info.name)?;
-            let dead = match policy {
-                Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
-                _ => None,
-            };
-            Ok(erase::<T>(Box::new(ProcessOp {
-                info,
-                f: f.clone(),
-                out: Batch::with_capacity(ctx.batch_size),
-                next,
-                failures: Failures::new(policy, dead)?,
-            })))
-        });
+        let factory = stateless::process::<T, U, E, F>(policy, Arc::new(f));
         let node = self.add(Node {
             kind: "process",
             name: "process".into(),
@@ -639,16 +560,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
     where
         F: Fn(&T, Timestamp) -> Timestamp + Send + Sync + 'static,
     {
-        let f = Arc::new(f);
-        let stream = self.stateless::<T>(
-            "timestamps",
-            chain_factory(move |ctx, outs| {
-                let info = ctx.info.clone();
-                let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
-                let task = ctx.task.clone();
-                Ok(erase::<T>(Box::new(TimestampOp::new(info, f.clone(), strategy, next, task))))
-            }),
-        );
+        let stream = self.stateless::<T>("timestamps", watermarks::timestamps::<T, F>(Arc::new(f), strategy));
         if let Some(n) = stream.lock().nodes.get_mut(stream.node) {
             n.detail = strategy.describe();
         }
@@ -732,20 +644,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
     /// ```
     pub fn sink<S: Sink<T>>(&self, sink: S) -> SinkRef {
         let name = sink.default_name();
-        let sink = Arc::new(sink);
-        let factory = chain_factory(move |ctx, _outs| {
-            let info = ctx.info.clone();
-            let context = crate::sinks::SinkContext {
-                job: ctx.job.to_string(),
-                sink: info.id.to_string(),
-                instance: ctx.instance,
-                parallelism: ctx.parallelism,
-                epoch: ctx.restored.map_or(CheckpointId::FIRST, CheckpointId::next),
-            };
-            let sink = sink.clone();
-            let open: crate::operator::sink::OpenWriter<T> = Box::new(move || sink.open_in(&context));
-            Ok(erase::<T>(Box::new(crate::operator::SinkOp::new(info, open, false))))
-        });
+        let factory = crate::operator::sink::plain::<T, S>(Arc::new(sink));
         let node = self.add(Node {
             kind: "sink",
             name,
@@ -790,17 +689,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let prepared = Arc::new(Prepared::default());
         let committer: Arc<dyn Committer> =
             Arc::new(SinkCommitter { sink: sink.clone(), prepared: prepared.clone(), _t: PhantomData::<fn(T)> });
-        let factory = chain_factory(move |ctx, _outs| {
-            let info = ctx.info.clone();
-            let epoch = ctx.restored.map_or(CheckpointId::FIRST, CheckpointId::next);
-            let (sink, prepared) = (sink.clone(), prepared.clone());
-            let (instance, parallelism, checkpointed) = (ctx.instance, ctx.parallelism, ctx.checkpointing);
-            let open: crate::operator::sink::OpenWriter<T> = Box::new(move || {
-                let writer = sink.open(instance, parallelism, epoch)?;
-                Ok(Box::new(TxnSinkWriter { sink, writer, prepared, checkpointed, ended: false, sealed: false }))
-            });
-            Ok(erase::<T>(Box::new(crate::operator::SinkOp::new(info, open, true))))
-        });
+        let factory = crate::operator::sink::exactly_once::<T, S>(sink, prepared);
         let node = self.add(Node {
             kind: "sink",
             name,
@@ -920,41 +809,6 @@ impl SinkRef {
     }
 }
 
-/// The router of a hash edge keyed by `key_fn`: made where the key
-/// function's type is known (`key_by`), so that the router calls it
-/// directly for every record, not through a pointer.
-fn key_router<T, K, F>(key_fn: Arc<F>) -> Arc<dyn crate::operator::factory::RouterFactory>
-where
-    T: Data,
-    K: Key,
-    F: Fn(&T) -> K + Send + Sync + 'static,
-{
-    router_factory(move |ctx, senders| {
-        let info = ctx.info.clone();
-        let limits = BatchLimits { records: ctx.batch_size, bytes: ctx.batch_bytes };
-        let routes = KeyGroupRoutes::new(ctx.max_key_groups, senders.len());
-        let pool = crate::record::BatchPool::default();
-        Ok(erase::<T>(Box::new(RouterOp::<T, K, F> {
-            info,
-            key_fn: key_fn.clone(),
-            targets: senders.iter().map(|_| pool.take(limits.records, 0)).collect(),
-            pool,
-            senders,
-            outbox: ctx.outbox.clone(),
-            routes,
-            limits,
-            key_buf: Vec::with_capacity(32),
-            // `weibo::testing`: every record crosses its edge as bytes.
-            encode: ctx.verify_codecs,
-            typed: Vec::new(),
-            alignment: ctx.alignment.clone(),
-            watermark: crate::record::NO_TIMESTAMP,
-            sent_watermark: crate::record::NO_TIMESTAMP,
-            _t: PhantomData,
-        })))
-    })
-}
-
 /// A stream partitioned by a key of type `K`: every key has its own state,
 /// and the key space is split over [`with_partitions`](Self::with_partitions)
 /// workers by key group.
@@ -1066,20 +920,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     where
         F: Fn(T, T) -> T + Send + Sync + 'static,
     {
-        let f = Arc::new(f);
-        let factory = keyed_factory(move |ctx, outs| {
-            let info = ctx.info.clone();
-            let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
-            let state = ValueState::<K, T>::open(ctx.state, &ctx.state_scope("value"))?;
-            Ok(Box::new(ReduceOp {
-                info,
-                state,
-                f: f.clone(),
-                out: Batch::with_capacity(ctx.batch_size),
-                next,
-                decoded: Vec::with_capacity(ctx.batch_size),
-            }))
-        });
+        let factory = keyed::reduce::<K, T, F>(Arc::new(f));
         let (graph, node) = self.keyed_node("reduce", vec![port::<T>("output", true)], factory);
         Stream::new(graph, node, 0)
     }
@@ -1149,22 +990,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         F: Fn(&mut A, T) + Send + Sync + 'static,
         R: Fn(K, &A) -> O + Send + Sync + 'static,
     {
-        let (init, f, output) = (Arc::new(init), Arc::new(f), Arc::new(output));
-        let factory = keyed_factory(move |ctx, outs| {
-            let info = ctx.info.clone();
-            let next = typed::<O>(one(outs, &info.name)?, &info.name)?;
-            let state = ValueState::<K, A>::open(ctx.state, &ctx.state_scope("accumulator"))?;
-            Ok(Box::new(FoldOp {
-                info,
-                state,
-                init: init.clone(),
-                f: f.clone(),
-                output: output.clone(),
-                out: Batch::with_capacity(ctx.batch_size),
-                next,
-                records: Vec::with_capacity(ctx.batch_size),
-            }))
-        });
+        let factory = keyed::fold::<K, T, A, O, I, F, R>(Arc::new(init), Arc::new(f), Arc::new(output));
         let (graph, node) = self.keyed_node(kind, vec![port::<O>("output", true)], factory);
         Stream::new(graph, node, 0)
     }
@@ -1256,31 +1082,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         P: on_error::OnError<T, U>,
     {
         let policy = policy.policy();
-        let (f, on_timer) = (Arc::new(f), Arc::new(on_timer));
-        let factory = keyed_factory(move |ctx, outs| {
-            let info = ctx.info.clone();
-            let (ok, dead) = two(outs, &info.name)?;
-            let next = typed::<U>(ok, &info.name)?;
-            let dead = match policy {
-                Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
-                _ => None,
-            };
-            let state = ValueState::<K, S>::open(ctx.state, &ctx.state_scope("value"))?;
-            let timers = TimerState::<K>::open(ctx.state, &ctx.state_scope("timers"))?;
-            Ok(Box::new(KeyedProcessOp {
-                info,
-                state,
-                timers,
-                f: f.clone(),
-                on_timer: on_timer.clone(),
-                out: Batch::with_capacity(ctx.batch_size),
-                next,
-                failures: Failures::new(policy, dead)?,
-                watermark: crate::record::NO_TIMESTAMP,
-                key_buf: Vec::new(),
-                records: Vec::with_capacity(ctx.batch_size),
-            }))
-        });
+        let factory = keyed::process::<K, T, S, U, E, F, G>(policy, Arc::new(f), Arc::new(on_timer));
         let (graph, node) = self.keyed_node(
             "keyed_process",
             vec![port::<U>("output", true), port::<DeadLetter<T>>("dead letters", policy == Policy::DeadLetter)],
@@ -1307,16 +1109,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     /// # Ok::<(), weibo::Error>(())
     /// ```
     pub fn sink<Sk: Sink<T>>(&self, sink: Sk) -> SinkRef {
-        let factory = keyed_factory(move |ctx, outs| {
-            let info = ctx.info.clone();
-            let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
-            Ok(Box::new(PartitionOp::<K, T> {
-                info,
-                out: Batch::with_capacity(ctx.batch_size),
-                next,
-                records: Vec::with_capacity(ctx.batch_size),
-            }))
-        });
+        let factory = keyed::partition::<K, T>();
         let (graph, node) = self.keyed_node("partition", vec![port::<T>("output", true)], factory);
         Stream::<T>::new(graph, node, 0).sink(sink)
     }

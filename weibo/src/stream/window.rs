@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use crate::codec::Data;
 use crate::codec::key::Key;
-use crate::operator::Aggregate;
 use crate::operator::windows::{
-    AggregateFn, ProcessFn, ReduceFn, Spec, WindowAssigner, WindowContext, WindowFactory, WindowFn, WindowResult,
+    AggregateFn, ProcessFn, ReduceFn, Spec, WindowAssigner, WindowContext, WindowFn, WindowResult,
 };
+use crate::operator::{Aggregate, windows};
 use crate::time::millis;
 
 use super::{KeyedStream, Stream};
@@ -279,13 +279,7 @@ impl<K: Key, T: Data> WindowedStream<K, T> {
     fn build<W: WindowFn<K, T>>(&self, kind: &'static str, func: W) -> WindowedOutput<T, W::Out> {
         let late_enabled = Arc::new(AtomicBool::new(false));
         let lateness = self.lateness.max(0);
-        let factory = Arc::new(WindowFactory {
-            func: Arc::new(func),
-            spec: self.spec,
-            lateness: self.lateness.max(0),
-            late_enabled: late_enabled.clone(),
-            _t: PhantomData,
-        });
+        let factory = windows::window::<K, T, W>(func, self.spec, lateness, late_enabled.clone());
         let detail = match lateness {
             0 => self.spec.describe(),
             l => format!("{}, lateness {l} ms", self.spec.describe()),

@@ -1,8 +1,24 @@
 //! The operator of aligned windows (tumbling, sliding): one index of open
 //! windows per key group, which is also the timer index.
 
-use super::*;
+use std::collections::{HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::common::window_control;
+use super::common::{Common, give_meta};
+use super::functions::WindowFn;
+use super::{AlignedCache, Window};
+use crate::codec::Data;
+use crate::codec::key::Key;
+use crate::error::{Error, Result};
+use crate::metrics::OperatorCounters;
+use crate::operator::keyed::take_records;
+use crate::operator::{InputOperator, SnapshotAt, emit};
 use crate::record::RecordRef;
+use crate::record::{RecordBatch, Timestamp};
+use crate::state::{RestoreSource, StateSnapshot, StateType, ValueState, WindowState};
+use crate::time::watermarks::InputTime;
 
 /// Tumbling and sliding windows: one accumulator per (window, key), kept
 /// window-major; a window fires (and is cleaned up) when the watermark

@@ -1,6 +1,9 @@
 //! Window assigners: which windows a record belongs to.
 
-use super::*;
+use std::time::Duration;
+
+use super::Spec;
+use crate::time::millis;
 
 mod sealed {
     pub trait Sealed {}

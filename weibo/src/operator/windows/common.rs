@@ -1,6 +1,16 @@
 //! What both window operators share: the function, timers, outputs.
 
-use super::*;
+use std::sync::Arc;
+
+use super::Window;
+use super::functions::WindowFn;
+use crate::codec::Data;
+use crate::codec::key::Key;
+use crate::error::{Error, Result};
+use crate::metrics::OperatorCounters;
+use crate::operator::{Consumer, OpInfo, emit};
+use crate::record::{Batch, Meta, Timestamp};
+use crate::state::TimerState;
 
 /// What both window operators share: the function, timers, outputs.
 pub(super) struct Common<K, T, W: WindowFn<K, T>> {

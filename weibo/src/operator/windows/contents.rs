@@ -1,7 +1,8 @@
 //! The codecs of what windows keep in state: all of a window's records
 //! (`Elements`) and a key's sessions (`Sessions`).
 
-use super::*;
+use super::Window;
+use crate::codec::{CodecError, CodecId, Data};
 
 /// A window's contents, for window functions (`process`) that need every
 /// element. Encoded as a count followed by each element's length and

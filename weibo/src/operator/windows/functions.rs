@@ -1,6 +1,12 @@
 //! Window functions: what a window computes from its records.
 
-use super::*;
+use std::marker::PhantomData;
+
+use super::contents::Elements;
+use super::{Window, WindowResult};
+use crate::codec::Data;
+use crate::codec::key::Key;
+use crate::operator::Aggregate;
 
 /// Counts records: an [`Aggregate`] for any record type.
 ///

@@ -39,30 +39,20 @@
 //! the watermark up to which their windows had fired and the windows that
 //! owe a firing since; sessions keep their fire timers.)
 
-use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::codec::Data;
 use crate::codec::key::Key;
-use crate::codec::{CodecError, CodecId, Data};
-use crate::error::{Error, Result};
-use crate::metrics::OperatorCounters;
-use crate::operator::Aggregate;
-use crate::operator::Consumer;
-use crate::operator::OpInfo;
+use crate::error::Result;
+use crate::operator::InputOperator;
 use crate::operator::factory::{KeyedFactory, OperatorContext};
-use crate::operator::keyed::TIMERS;
-use crate::operator::keyed::take_records;
 use crate::operator::{AnyConsumer, typed};
-use crate::operator::{InputOperator, SnapshotAt, emit};
-use crate::record::{Batch, Meta, RecordBatch, Timestamp};
-use crate::state::{RestoreSource, StateScope, StateSnapshot, StateType, TimerState, ValueState, WindowState};
-use crate::time::millis;
-use crate::time::watermarks::InputTime;
+use crate::record::{Batch, Timestamp};
+use crate::state::{StateScope, TimerState, ValueState, WindowState};
 
 /// A window: the event times `[start, end)`.
 ///
@@ -231,32 +221,47 @@ mod contents;
 mod functions;
 mod session;
 
-use self::aligned::*;
-pub use self::assigners::*;
-use self::common::*;
-pub use self::contents::*;
-pub use self::functions::*;
-use self::session::*;
+use self::aligned::{AlignedWindowOp, Fired};
+pub use self::assigners::{Session, Sliding, Tumbling, WindowAssigner};
+use self::common::Common;
+use self::session::SessionWindowOp;
+
+pub use self::contents::Elements;
+pub(crate) use self::contents::Sessions;
+pub(crate) use self::functions::{AggregateFn, ProcessFn, ReduceFn, WindowFn};
+pub use self::functions::{Count, WindowContext};
+
+/// The factory of a window operator applying `func` to the windows of
+/// `spec`, keeping windows `lateness` ms past their end; late records go
+/// to the second output once `late_enabled` is set.
+pub(crate) fn window<K: Key, T: Data, W: WindowFn<K, T>>(
+    func: W,
+    spec: Spec,
+    lateness: i64,
+    late_enabled: Arc<AtomicBool>,
+) -> Arc<dyn KeyedFactory> {
+    Arc::new(WindowFactory { func: Arc::new(func), spec, lateness: lateness.max(0), late_enabled, _t: PhantomData })
+}
 
 /// Makes the instances of a window operator: aligned windows (tumbling,
 /// sliding) or sessions, by its spec, applying `func`.
-pub(crate) struct WindowFactory<K, T, W> {
-    pub(crate) func: Arc<W>,
-    pub(crate) spec: Spec,
+struct WindowFactory<K, T, W> {
+    func: Arc<W>,
+    spec: Spec,
     /// Allowed lateness, in milliseconds (0: none).
-    pub(crate) lateness: i64,
+    lateness: i64,
     /// Whether late records go to the operator's second port (set when
     /// the user asks for them, before the job is built).
-    pub(crate) late_enabled: Arc<AtomicBool>,
-    pub(crate) _t: PhantomData<fn(K, T)>,
+    late_enabled: Arc<AtomicBool>,
+    _t: PhantomData<fn(K, T)>,
 }
 
 impl<K: Key, T: Data, W: WindowFn<K, T>> KeyedFactory for WindowFactory<K, T, W> {
     fn instantiate(&self, ctx: &OperatorContext<'_>, mut outs: Vec<AnyConsumer>) -> Result<Box<dyn InputOperator>> {
         let info = ctx.info.clone();
         let groups = ctx.key_groups.clone();
-        let late_out = outs.pop().ok_or_else(|| Error::Internal("window without late port".into()))?;
-        let out = outs.pop().ok_or_else(|| Error::Internal("window without result port".into()))?;
+        let late_out = outs.pop().ok_or_else(|| crate::error::internal_error!("window without late port"))?;
+        let out = outs.pop().ok_or_else(|| crate::error::internal_error!("window without result port"))?;
         let next = typed::<W::Out>(out, &info.name)?;
         let late_next = typed::<T>(late_out, &info.name)?;
         let operator = info.name.to_string();

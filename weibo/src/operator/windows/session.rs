@@ -1,7 +1,20 @@
 //! The operator of session windows: per key, its open sessions, merged
 //! as records bridge them, and a timer per session end.
 
-use super::*;
+use super::Window;
+use super::common::Common;
+use super::common::window_control;
+use super::contents::Sessions;
+use super::functions::WindowFn;
+use crate::codec::Data;
+use crate::codec::key::Key;
+use crate::error::Result;
+use crate::metrics::OperatorCounters;
+use crate::operator::keyed::{TIMERS, take_records};
+use crate::operator::{InputOperator, SnapshotAt};
+use crate::record::{RecordBatch, Timestamp};
+use crate::state::{RestoreSource, StateSnapshot, StateType, ValueState};
+use crate::time::watermarks::InputTime;
 
 /// Session windows: per key, its open sessions.
 pub(super) struct SessionWindowOp<K, T, W: WindowFn<K, T>> {

@@ -818,7 +818,7 @@ fn job_error(e: Error) -> ApiError {
         Error::Checkpoint { message, .. } if message == crate::checkpoint::SAVEPOINT_EXISTS => StatusCode::CONFLICT,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
-    ApiError(status, e.to_string())
+    ApiError(status, e.report().to_string())
 }
 
 /// Asks the job for a checkpoint now, or a savepoint named `name`.

@@ -1,56 +1,53 @@
 //! What the Kafka test binaries share: topics, producing and consuming,
 //! the counting job of the exactly-once tests and its checks, the child
-//! processes of the crash and group tests.
+//! processes of the crash and group tests; and, re-exported, the names
+//! they use (`use weibo_tests::kafka_common::*;`).
 
-#![allow(dead_code, unused_imports)]
+pub use rdkafka::ClientConfig;
+pub use rdkafka::consumer::{BaseConsumer, Consumer};
+pub use rdkafka::error::KafkaError;
+pub use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+pub use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+pub use rdkafka::{Offset, TopicPartitionList};
+pub use serde::{Deserialize, Serialize};
+pub use std::collections::{BTreeMap, HashMap};
+pub use std::path::Path;
+pub use std::process::{Command, Stdio};
+pub use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+pub use std::time::{Duration, Instant};
+pub use weibo::Job;
+pub use weibo_connectors::kafka::{DecodeErrors, Json, KafkaGroup, KafkaRecord, KafkaSink, KafkaSource};
 
-pub(crate) use rdkafka::ClientConfig;
-pub(crate) use rdkafka::consumer::{BaseConsumer, Consumer};
-pub(crate) use rdkafka::error::KafkaError;
-pub(crate) use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
-pub(crate) use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-pub(crate) use rdkafka::{Offset, TopicPartitionList};
-pub(crate) use serde::{Deserialize, Serialize};
-pub(crate) use std::collections::{BTreeMap, HashMap};
-pub(crate) use std::path::Path;
-pub(crate) use std::process::{Command, Stdio};
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-pub(crate) use std::time::{Duration, Instant};
-pub(crate) use weibo::Job;
-pub(crate) use weibo_connectors::kafka::{
-    DecodeErrors, Json, KafkaGroup, KafkaRecord, KafkaSink, KafkaSource, TxnKafkaSink,
-};
-
-use crate::kafka_broker;
+use crate::{crash, kafka_broker};
 
 thread_local! {
     /// A test's own broker, for the helpers called on the test's thread.
-    pub(crate) static OWN_BROKER: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+    pub static OWN_BROKER: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
 }
 
-pub(crate) fn bootstrap() -> String {
+pub fn bootstrap() -> String {
     OWN_BROKER.with(|b| b.borrow().clone()).unwrap_or_else(|| kafka_broker::broker().bootstrap.clone())
 }
 
 /// A topic name no other test uses.
-pub(crate) fn unique(prefix: &str) -> String {
+pub fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 
-pub(crate) fn create_topic(name: &str, partitions: i32) {
+pub fn create_topic(name: &str, partitions: i32) {
     kafka_broker::create_topic(&bootstrap(), name, partitions);
 }
 
 /// A record to produce: key, payload, headers, timestamp.
-pub(crate) struct In<'a> {
-    pub(crate) key: Option<&'a [u8]>,
-    pub(crate) value: &'a [u8],
-    pub(crate) headers: Vec<(&'a str, &'a [u8])>,
-    pub(crate) timestamp: Option<i64>,
+pub struct In<'a> {
+    pub key: Option<&'a [u8]>,
+    pub value: &'a [u8],
+    pub headers: Vec<(&'a str, &'a [u8])>,
+    pub timestamp: Option<i64>,
 }
 
-pub(crate) fn produce(topic: &str, records: &[In<'_>]) {
+pub fn produce(topic: &str, records: &[In<'_>]) {
     let p: ThreadedProducer<DefaultProducerContext> =
         ClientConfig::new().set("bootstrap.servers", bootstrap()).set("enable.idempotence", "true").create().unwrap();
     for r in records {
@@ -72,7 +69,7 @@ pub(crate) fn produce(topic: &str, records: &[In<'_>]) {
 }
 
 /// Sends `rec`, waiting while the producer's queue is full.
-pub(crate) fn send<K, P>(p: &ThreadedProducer<DefaultProducerContext>, mut rec: BaseRecord<'_, K, P>)
+pub fn send<K, P>(p: &ThreadedProducer<DefaultProducerContext>, mut rec: BaseRecord<'_, K, P>)
 where
     K: rdkafka::message::ToBytes + ?Sized,
     P: rdkafka::message::ToBytes + ?Sized,
@@ -90,44 +87,44 @@ where
 }
 
 /// Every record of `topic` as a consumer with `isolation` sees it.
-pub(crate) fn consume_all(topic: &str, isolation: &str) -> Vec<OwnedMessage> {
+pub fn consume_all(topic: &str, isolation: &str) -> Vec<OwnedMessage> {
     kafka_broker::consume_all(&bootstrap(), topic, isolation, &unique("checker"))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Payload {
-    pub(crate) n: u64,
+pub struct Payload {
+    pub n: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Out {
-    pub(crate) n: u64,
-    pub(crate) key: Option<Vec<u8>>,
-    pub(crate) headers: Vec<(String, Vec<u8>)>,
+pub struct Out {
+    pub n: u64,
+    pub key: Option<Vec<u8>>,
+    pub headers: Vec<(String, Vec<u8>)>,
 }
 
 // ---- exactly-once Kafka -> Kafka -------------------------------------------
 
-pub(crate) const KEYS: u64 = 17;
+pub const KEYS: u64 = 17;
 
-pub(crate) const EVENTS: u64 = 40_000;
+pub const EVENTS: u64 = 40_000;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Event {
-    pub(crate) key: u64,
-    pub(crate) id: u64,
+pub struct Event {
+    pub key: u64,
+    pub id: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Count {
-    pub(crate) key: u64,
-    pub(crate) id: u64,
-    pub(crate) count: u64,
+pub struct Count {
+    pub key: u64,
+    pub id: u64,
+    pub count: u64,
 }
 
 /// The input: event `id` for key `id % KEYS`, keyed so that each key's
 /// events are in one partition, in order.
-pub(crate) fn write_events(topic: &str) {
+pub fn write_events(topic: &str) {
     create_topic(topic, 4);
     let values: Vec<(Vec<u8>, Vec<u8>)> = (0..EVENTS)
         .map(|id| {
@@ -142,10 +139,11 @@ pub(crate) fn write_events(topic: &str) {
 
 /// Reads `input`, counts events per key, writes each event with its key's
 /// running count to `output` exactly once.
-pub(crate) fn counting_job(input: &str, output: &str, dir: &Path, slow: bool) -> Job {
+pub fn counting_job(input: &str, output: &str, dir: &Path, slow: bool) -> Job {
     let job = paced_job("kafka-eos", dir.join("checkpoints"));
     let source = KafkaSource::builder(bootstrap(), [input.to_string()], Json).until_end().build::<Event>().unwrap();
-    let sink = TxnKafkaSink::new(bootstrap(), output, Json, format!("{output}-txn"), dir.join("redo"))
+    let sink = KafkaSink::new(bootstrap(), output, Json)
+        .with_transactions(format!("{output}-txn"), dir.join("redo"))
         .with_consumed_offsets(&source);
     counting(&job, source, sink, if slow { 4 } else { 0 });
     job
@@ -154,12 +152,12 @@ pub(crate) fn counting_job(input: &str, output: &str, dir: &Path, slow: bool) ->
 /// A job checkpointing every 300 ms. A paced map sleeps on the runtime's
 /// threads; small batches keep each poll short, so timers (the checkpoint
 /// trigger) stay on time.
-pub(crate) fn paced_job(name: &str, checkpoints: std::path::PathBuf) -> Job {
+pub fn paced_job(name: &str, checkpoints: std::path::PathBuf) -> Job {
     Job::new(name).with_checkpoints(checkpoints, Duration::from_millis(300)).with_batch_size(16)
 }
 
 /// The counting pipeline: sleeps 1 ms every `pace` records (0: never).
-pub(crate) fn counting(job: &Job, source: KafkaSource<Event>, sink: TxnKafkaSink<Count>, pace: i64) {
+pub fn counting(job: &Job, source: KafkaSource<Event>, sink: KafkaSink<Count>, pace: i64) {
     job.source(source)
         .map(move |r: KafkaRecord<Event>| {
             if pace > 0 && r.offset % pace == 0 {
@@ -174,7 +172,7 @@ pub(crate) fn counting(job: &Job, source: KafkaSource<Event>, sink: TxnKafkaSink
 }
 
 /// What every correct run writes: event `id` with its key's running count.
-pub(crate) fn expected() -> BTreeMap<u64, Count> {
+pub fn expected() -> BTreeMap<u64, Count> {
     let mut counts: HashMap<u64, u64> = HashMap::new();
     (0..EVENTS)
         .map(|id| {
@@ -187,7 +185,7 @@ pub(crate) fn expected() -> BTreeMap<u64, Count> {
 
 /// Checks the committed output: every event once, with a crash-free run's
 /// running count; reports the first few differences only.
-pub(crate) fn assert_exactly_once(topic: &str) -> usize {
+pub fn assert_exactly_once(topic: &str) -> usize {
     let (got, twice) = committed(topic);
     assert!(twice.is_empty(), "events written twice: {:?} ({} in all)", &twice[..twice.len().min(5)], twice.len());
     let want = expected();
@@ -201,7 +199,7 @@ pub(crate) fn assert_exactly_once(topic: &str) -> usize {
 }
 
 /// The committed output, with how often each event appears.
-pub(crate) fn committed(topic: &str) -> (BTreeMap<u64, Count>, Vec<u64>) {
+pub fn committed(topic: &str) -> (BTreeMap<u64, Count>, Vec<u64>) {
     let mut out = BTreeMap::new();
     let mut twice = Vec::new();
     for m in consume_all(topic, "read_committed") {
@@ -213,33 +211,34 @@ pub(crate) fn committed(topic: &str) -> (BTreeMap<u64, Count>, Vec<u64>) {
     (out, twice)
 }
 
-/// A member of the counting group: runs the tasks the group gives it and
-/// writes the partitions it owns to `<dir>/owners-<name>` as they change;
-/// runs until killed.
 /// The tasks' checkpoints in S3 (bucket `bucket` of the server at
 /// `WEIBO_S3_ENDPOINT`), one prefix per task, instead of the group's
 /// directory. A task's lease lasts 3 s: a survivor takes over a killed
 /// member's tasks once their leases expired.
-pub(crate) fn s3_tasks(bucket: &str) -> weibo_connectors::s3::S3Storage {
+pub fn s3_tasks(bucket: &str) -> weibo_connectors::s3::S3Storage {
     let endpoint = std::env::var("WEIBO_S3_ENDPOINT").expect("WEIBO_S3_ENDPOINT");
     weibo_connectors::s3::S3Storage::builder(bucket, "tasks")
-        .endpoint(endpoint)
-        .region("us-east-1")
-        .credentials("test", "testsecret")
+        .with_endpoint(endpoint)
+        .with_region("us-east-1")
+        .with_credentials("test", "testsecret")
         .allow_http()
         .path_style()
-        .lease_ttl(Duration::from_secs(3))
+        .with_lease_ttl(Duration::from_secs(3))
         .build()
         .unwrap()
 }
 
-pub(crate) fn group_member(input: &str, output: &str, dir: &Path, name: &str, bucket: Option<&str>) {
+/// A member of the counting group: runs the tasks the group gives it and
+/// writes the partitions it owns to `<dir>/owners-<name>` as they change;
+/// runs until killed. With `bucket`, the tasks' checkpoints are in S3
+/// ([`s3_tasks`]).
+pub fn group_member(input: &str, output: &str, dir: &Path, name: &str, bucket: Option<&str>) {
     let (input, output) = (input.to_string(), output.to_string());
     let owners = dir.join(format!("owners-{name}"));
     let s3 = bucket.map(s3_tasks);
     weibo::testing::block_on(async move {
         let group = KafkaGroup::new(bootstrap(), format!("{output}-group"), [input], dir.join("group"))
-            .session_timeout(Duration::from_secs(3))
+            .with_session_timeout(Duration::from_secs(3))
             .spawn(move |task| {
                 let job = match &s3 {
                     Some(storage) => Job::new(task.id())
@@ -248,7 +247,7 @@ pub(crate) fn group_member(input: &str, output: &str, dir: &Path, name: &str, bu
                     None => paced_job(&task.id(), task.checkpoint_dir()),
                 };
                 let source = task.source(Json).build::<Event>()?;
-                let sink = TxnKafkaSink::new(bootstrap(), &output, Json, task.id(), task.redo_dir());
+                let sink = KafkaSink::new(bootstrap(), &output, Json).with_transactions(task.id(), task.redo_dir());
                 counting(&job, source, sink, 1);
                 Ok(job)
             })
@@ -270,7 +269,7 @@ pub(crate) fn group_member(input: &str, output: &str, dir: &Path, name: &str, bu
 
 /// An input topic with the events written, an empty output topic, and a
 /// directory for the job.
-pub(crate) fn events_setup(name: &str) -> (String, String, tempfile::TempDir) {
+pub fn events_setup(name: &str) -> (String, String, tempfile::TempDir) {
     let (input, output) = (unique(&format!("{name}-in")), unique(&format!("{name}-out")));
     write_events(&input);
     create_topic(&output, 3);
@@ -278,46 +277,36 @@ pub(crate) fn events_setup(name: &str) -> (String, String, tempfile::TempDir) {
 }
 
 /// As `events_setup`, with the spec child processes get.
-pub(crate) fn counting_setup(name: &str) -> (String, tempfile::TempDir, String) {
+pub fn counting_setup(name: &str) -> (String, tempfile::TempDir, String) {
     let (input, output, dir) = events_setup(name);
     let spec = format!("{input}|{output}|{}", dir.path().display());
     (output, dir, spec)
 }
 
 /// Logs to stderr as `RUST_LOG` says.
-pub(crate) fn init_logs() {
+pub fn init_logs() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .try_init();
 }
 
-/// This test binary as a child that runs `counting_job` per `spec`.
-pub(crate) fn child_command(spec: &str) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
-        .env("WEIBO_KAFKA_CHILD", spec)
-        .env("WEIBO_KAFKA_BOOTSTRAP", bootstrap())
-        .stdout(Stdio::null());
+/// This test binary as a child that runs what `spec` says (see
+/// [`run_child`]) on this test's broker: a [`crash::child_command`] with
+/// `WEIBO_KAFKA_CHILD` and `WEIBO_KAFKA_BOOTSTRAP`, its output discarded.
+pub fn kafka_child(spec: &str) -> Command {
+    let mut cmd = crash::child_command("child", "WEIBO_KAFKA_CHILD", spec);
+    cmd.env("WEIBO_KAFKA_BOOTSTRAP", bootstrap());
     cmd
 }
 
-/// A cheap deterministic pseudo-random sequence of delays (0 to 800 ms).
-pub(crate) fn delays(seed: u64) -> impl Iterator<Item = Duration> {
-    let mut x = seed;
-    std::iter::repeat_with(move || {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        Duration::from_millis((x >> 33) % 800)
-    })
-}
-
 /// The newest complete checkpoint in `dir`.
-pub(crate) fn newest_checkpoint(dir: &Path) -> u64 {
+pub fn newest_checkpoint(dir: &Path) -> u64 {
     weibo::checkpoint::complete_checkpoints(dir).iter().map(|(n, _)| n.get()).max().unwrap_or(0)
 }
 
 /// The partitions a group member wrote it owns (empty before it wrote).
-pub(crate) fn owners(dir: &Path, name: &str) -> Vec<i32> {
+pub fn owners(dir: &Path, name: &str) -> Vec<i32> {
     std::fs::read_to_string(dir.join(format!("owners-{name}")))
         .unwrap_or_default()
         .split(',')
@@ -326,7 +315,7 @@ pub(crate) fn owners(dir: &Path, name: &str) -> Vec<i32> {
 }
 
 /// Waits (up to `limit`) until `done` holds, failing with `what`.
-pub(crate) fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+pub fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     let started = Instant::now();
     while !done() {
         assert!(started.elapsed() < limit, "waited {limit:?} for {what}");
@@ -335,12 +324,12 @@ pub(crate) fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bo
 }
 
 /// The sum of `group`'s committed offsets on `topic`'s four partitions.
-pub(crate) fn group_offsets(group: &str, topic: &str) -> i64 {
+pub fn group_offsets(group: &str, topic: &str) -> i64 {
     group_offsets_by_partition(group, topic).iter().filter(|o| **o > 0).sum()
 }
 
 /// `group`'s committed offsets on `topic`'s four partitions (-1: none).
-pub(crate) fn group_offsets_by_partition(group: &str, topic: &str) -> Vec<i64> {
+pub fn group_offsets_by_partition(group: &str, topic: &str) -> Vec<i64> {
     let consumer: BaseConsumer =
         ClientConfig::new().set("bootstrap.servers", bootstrap()).set("group.id", group).create().unwrap();
     let mut tpl = TopicPartitionList::new();
@@ -361,7 +350,7 @@ pub(crate) fn group_offsets_by_partition(group: &str, topic: &str) -> Vec<i64> {
 /// `WEIBO_KAFKA_CHILD` (nothing when it is not set): a group member
 /// (`group|<input>|<output>|<dir>|<name>`) or the counting job
 /// (`<input>|<output>|<dir>`).
-pub(crate) fn run_child() {
+pub fn run_child() {
     let Ok(spec) = std::env::var("WEIBO_KAFKA_CHILD") else { return };
     init_logs();
     let parts: Vec<&str> = spec.split('|').collect();

@@ -1,4 +1,88 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests: this package's library
+//! (`tests/support/`, as tokio's tests keep theirs), which every test
+//! target uses as `weibo_tests`. The items here are the small ones many
+//! targets use (test records, HTTP over loopback, a browser, Prometheus,
+//! certificates, open files); the modules are a subject each: the crash
+//! tests' children and kills ([`crash`]) and random schedules
+//! ([`schedule`]), the servers the connector tests run against
+//! ([`kafka_broker`], [`postgres_server`], [`s3_server`]), and what one
+//! family of targets shares ([`kafka_common`], [`restore`],
+//! [`flaky_storage`], [`upgrade_pipeline`], [`window_model`]); and the
+//! examples' pipelines that tests run ([`kafka_orders`], [`totals`]).
+//!
+//! A helper goes here, never into a target by `#[path]`: the `layout` test
+//! checks that no `tests/*.rs` includes one, and that every file here is
+//! a module of this library.
+
+pub mod crash;
+pub mod flaky_storage;
+pub mod kafka_broker;
+pub mod kafka_common;
+pub mod postgres_server;
+pub mod restore;
+pub mod s3_server;
+pub mod schedule;
+pub mod upgrade_pipeline;
+pub mod window_model;
+
+// The examples' pipelines, compiled here as they are in the examples (and
+// shown in the book). Their items are `pub(crate)` there, so the tests
+// reach them through the modules below.
+#[path = "../../examples/shared/kafka_orders.rs"]
+mod kafka_orders_example;
+#[path = "../../examples/shared/totals.rs"]
+mod totals_example;
+
+/// The pipeline of the Kafka → Postgres example (`kafka_postgres`,
+/// `examples/shared/kafka_orders.rs`), for the tests that run it.
+pub mod kafka_orders {
+    use super::kafka_orders_example as example;
+
+    /// The table the example writes into.
+    pub const TABLE: &str = example::TABLE;
+
+    /// The example's job: the paid orders of `topic` at `brokers` into the
+    /// table at `url`, the consumed offsets with them.
+    ///
+    /// # Errors
+    /// As the example's: when the sink or the source cannot be built.
+    pub fn job(brokers: &str, topic: &str, url: &str) -> weibo::Result<weibo::Job> {
+        example::job(brokers, topic, url)
+    }
+
+    /// An order as the example's topic holds it: its JSON.
+    ///
+    /// # Panics
+    /// Never (an order is always JSON).
+    pub fn order_json(id: i64, customer: String, cents: i64) -> Vec<u8> {
+        serde_json::to_vec(&example::Order { id, customer, cents }).expect("an order as JSON")
+    }
+}
+
+/// The pipeline of the Postgres example (`postgres_totals`,
+/// `examples/shared/totals.rs`), for the tests that run it.
+pub mod totals {
+    use super::totals_example as example;
+
+    /// The tables the example writes.
+    pub const TABLES: &str = example::TABLES;
+
+    /// The example's job: `orders` orders into the tables at `url`,
+    /// checkpointed into `checkpoints`.
+    ///
+    /// # Errors
+    /// As the example's: when a sink cannot be built.
+    pub fn job(url: &str, checkpoints: &std::path::Path, orders: u64) -> weibo::Result<weibo::Job> {
+        example::job(url, checkpoints, orders)
+    }
+
+    /// Order `i` of the example's input: its customer and its price in
+    /// cents.
+    pub fn order(i: u64) -> (String, i64) {
+        let order = example::order(i);
+        (order.customer, order.cents)
+    }
+}
 
 use serde::{Deserialize, Serialize};
 use weibo::Key;
@@ -231,19 +315,39 @@ impl Drop for Prometheus {
     }
 }
 
+/// An HTTP/1.1 message as [`read_message`] reads it: a request or a
+/// response.
+#[derive(Clone, Debug)]
+pub struct Message {
+    /// Its first line (the request line or the status line), without
+    /// its line end.
+    pub first_line: String,
+    /// Its headers, by lowercase name, their values trimmed.
+    pub headers: std::collections::HashMap<String, String>,
+    /// Its body (of its `Content-Length`).
+    pub body: Vec<u8>,
+}
+
+impl Message {
+    /// Header `name` (lowercase), or an empty text.
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).map_or("", String::as_str)
+    }
+}
+
 /// One HTTP/1.1 message from `stream` whose body has a `Content-Length`
-/// (a request or a response): its first line and its body; `None` when
-/// the connection closed before it.
+/// (a request or a response); `None` when the connection closed before
+/// it.
 ///
 /// # Panics
 /// When the stream fails or the length is not a number (a test's failure).
-pub async fn read_message<R: tokio::io::AsyncBufRead + Unpin>(stream: &mut R) -> Option<(String, Vec<u8>)> {
+pub async fn read_message<R: tokio::io::AsyncBufRead + Unpin>(stream: &mut R) -> Option<Message> {
     use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _};
     let mut first = String::new();
     if stream.read_line(&mut first).await.unwrap_or(0) == 0 {
         return None;
     }
-    let mut length = 0;
+    let mut headers = std::collections::HashMap::new();
     loop {
         let mut line = String::new();
         stream.read_line(&mut line).await.unwrap();
@@ -251,15 +355,49 @@ pub async fn read_message<R: tokio::io::AsyncBufRead + Unpin>(stream: &mut R) ->
         if line.is_empty() {
             break;
         }
-        if let Some((name, value)) = line.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().expect("a length");
+        if let Some((name, value)) = line.split_once(':') {
+            headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
         }
     }
+    let length = headers.get("content-length").map_or(0, |v| v.parse().expect("a length"));
     let mut body = vec![0; length];
     stream.read_exact(&mut body).await.unwrap();
-    Some((first.trim_end().to_string(), body))
+    Some(Message { first_line: first.trim_end().to_string(), headers, body })
+}
+
+/// An HTTP/1.1 server on a free loopback port, on the current tokio
+/// runtime, for a test to see what a client sends: every request of every
+/// connection goes to `answer`, and what it returns is written back
+/// (`None`: the connection is dropped without an answer). Returns where
+/// it listens.
+///
+/// # Panics
+/// When no loopback port can be bound.
+pub async fn http_server<A, F>(answer: A) -> std::net::SocketAddr
+where
+    A: Fn(Message) -> F + Clone + Send + 'static,
+    F: std::future::Future<Output = Option<String>> + Send + 'static,
+{
+    use tokio::io::AsyncWriteExt as _;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut stream = tokio::io::BufReader::new(stream);
+                // One connection may carry several requests.
+                while let Some(request) = read_message(&mut stream).await {
+                    let Some(reply) = answer(request).await else { return };
+                    if stream.get_mut().write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
 }
 
 /// A headless Chromium (Debian's `chromium` package, which the README's
@@ -382,8 +520,8 @@ impl Browser {
         let mut stream = tokio::io::BufReader::new(stream);
         let request = format!("GET /json/list HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n", self.port);
         stream.get_mut().write_all(request.as_bytes()).await.unwrap();
-        let (_, body) = read_message(&mut stream).await.expect("an answer");
-        String::from_utf8(body).expect("UTF-8")
+        let answer = read_message(&mut stream).await.expect("an answer");
+        String::from_utf8(answer.body).expect("UTF-8")
     }
 }
 
@@ -484,174 +622,6 @@ impl Page {
         let shot = self.call("Page.captureScreenshot", serde_json::json!({ "format": "png" })).await;
         data_encoding::BASE64.decode(shot["data"].as_str().expect("the image").as_bytes()).unwrap()
     }
-}
-
-/// This test binary, to run its test `child` alone in a child process, with
-/// `var` set to `spec` (how the child learns what to do), its output
-/// discarded and no fault point (`WEIBO_CRASH_AT`) inherited.
-///
-/// # Panics
-/// When the test binary's path is unknown.
-pub fn child_command(var: &str, spec: String) -> std::process::Command {
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
-        .env(var, spec)
-        .env_remove("WEIBO_CRASH_AT")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    cmd
-}
-
-/// Runs `cmd` (a [`child_command`]) for at most `after`, with fault point
-/// `crash_at` if given: `true` if it finished, `false` if it was killed
-/// when `after` passed or died at its fault point (which aborts the
-/// process: SIGABRT).
-///
-/// # Panics
-/// When the child fails any other way (a test's failure).
-pub fn run_child(mut cmd: std::process::Command, after: std::time::Duration, crash_at: Option<&str>) -> bool {
-    if let Some(point) = crash_at {
-        cmd.env("WEIBO_CRASH_AT", point);
-    }
-    let mut child = cmd.spawn().unwrap();
-    let started = std::time::Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            if crash_at.is_some() && std::os::unix::process::ExitStatusExt::signal(&status) == Some(6) {
-                return false;
-            }
-            assert!(status.success(), "the child failed: {status}");
-            return true;
-        }
-        if started.elapsed() >= after {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-}
-
-/// How a child process ended: its status and what it wrote to stderr.
-#[derive(Debug)]
-pub struct Ended {
-    /// Its exit status.
-    pub status: std::process::ExitStatus,
-    /// Its standard error.
-    pub stderr: String,
-}
-
-/// Starts `a`, then `b` `apart` later (two processes on one job, as a
-/// restart that overlaps the old process or two pods on one volume would
-/// be), and waits for both (at most two minutes each).
-///
-/// # Panics
-/// When a child cannot be started, or runs for two minutes.
-#[allow(clippy::zombie_processes)]
-pub fn run_two_apart(
-    mut a: std::process::Command,
-    mut b: std::process::Command,
-    apart: std::time::Duration,
-) -> [Ended; 2] {
-    let logs = tempfile::tempdir().unwrap();
-    let log = |name: &str| logs.path().join(name);
-    a.stderr(std::fs::File::create(log("a")).unwrap());
-    b.stderr(std::fs::File::create(log("b")).unwrap());
-    let mut first = a.spawn().unwrap();
-    std::thread::sleep(apart);
-    let mut second = b.spawn().unwrap();
-    let started = std::time::Instant::now();
-    let mut statuses = [None, None];
-    while statuses.iter().any(Option::is_none) {
-        for (status, child) in statuses.iter_mut().zip([&mut first, &mut second]) {
-            if status.is_none() {
-                *status = child.try_wait().unwrap();
-            }
-        }
-        if started.elapsed() > std::time::Duration::from_secs(120) {
-            let _ = first.kill();
-            let _ = second.kill();
-            panic!("two processes on one job ran for two minutes");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    let [Some(s1), Some(s2)] = statuses else { unreachable!("both ended") };
-    let read = |name: &str| std::fs::read_to_string(log(name)).unwrap_or_default();
-    [Ended { status: s1, stderr: read("a") }, Ended { status: s2, stderr: read("b") }]
-}
-
-/// Of two processes started on one job's storage while the first still
-/// ran, exactly one ran: the other was refused at its start, with an
-/// error naming the holder. Returns which one ran (0 or 1).
-///
-/// # Panics
-/// When both ran, or neither, or the refusal does not name the holder.
-pub fn assert_exactly_one_ran(ended: &[Ended; 2]) -> usize {
-    let ran: Vec<usize> = (0..2).filter(|i| ended[*i].status.success()).collect();
-    let [one] = ran.as_slice() else {
-        panic!(
-            "exactly one of two processes on one job must run: {:?} / {:?}\nfirst: {}\nsecond: {}",
-            ended[0].status,
-            ended[1].status,
-            tail(&ended[0].stderr),
-            tail(&ended[1].stderr)
-        )
-    };
-    let refused = &ended[1 - one].stderr;
-    assert!(
-        refused.contains("is in use by job") && refused.contains("process ") && refused.contains("since"),
-        "the refused process names the holder: {}",
-        tail(refused)
-    );
-    *one
-}
-
-/// What a log says of a panic (its message), or else its last lines.
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    if let Some(at) = lines.iter().position(|l| l.contains("panicked at")) {
-        return lines.get(at..(at + 3).min(lines.len())).unwrap_or_default().join("\n");
-    }
-    lines.get(lines.len().saturating_sub(20)..).unwrap_or_default().join("\n")
-}
-
-/// Every file under `dir` with its bytes, by path relative to `dir`,
-/// except storage locks (`LOCK`, which each start writes its holder into):
-/// to compare a directory before and after something that must not touch
-/// it.
-///
-/// # Panics
-/// When a file cannot be read.
-pub fn snapshot_dir(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
-    fn walk(root: &std::path::Path, dir: &std::path::Path, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
-        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                walk(root, &path, out);
-            } else if entry.file_name() != "LOCK" {
-                let name = path.strip_prefix(root).unwrap().display().to_string();
-                out.insert(name, std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    let mut out = std::collections::BTreeMap::new();
-    walk(dir, dir, &mut out);
-    out
-}
-
-/// The first difference between two [`snapshot_dir`]s, if any.
-pub fn first_difference(
-    before: &std::collections::BTreeMap<String, Vec<u8>>,
-    after: &std::collections::BTreeMap<String, Vec<u8>>,
-) -> Option<String> {
-    for (name, bytes) in before {
-        match after.get(name) {
-            None => return Some(format!("{name} is gone")),
-            Some(b) if b != bytes => return Some(format!("{name} changed ({} bytes, was {})", b.len(), bytes.len())),
-            Some(_) => {}
-        }
-    }
-    after.keys().find(|n| !before.contains_key(*n)).map(|n| format!("{n} is new"))
 }
 
 /// Writes into `dir` a root certificate (`ca.crt`, `ca.key`) and a

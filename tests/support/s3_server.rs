@@ -3,8 +3,6 @@
 //! on a free loopback port, one per test binary, with a bucket per test.
 //! A watchdog shell stops it when the test process ends, however it ends.
 
-#![allow(dead_code)]
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
@@ -12,15 +10,15 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The shared server of this test process.
-pub(crate) struct Server {
+pub struct Server {
     /// `http://127.0.0.1:<port>`.
-    pub(crate) endpoint: String,
+    pub endpoint: String,
     port: u16,
     _watchdog: Option<std::process::Child>,
 }
 
 /// The server, started on first use (`WEIBO_S3_ENDPOINT` set: that one).
-pub(crate) fn server() -> &'static Server {
+pub fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();
     SERVER.get_or_init(|| {
         if let Ok(endpoint) = std::env::var("WEIBO_S3_ENDPOINT") {
@@ -55,7 +53,7 @@ pub(crate) fn server() -> &'static Server {
 }
 
 /// Creates bucket `name` (moto takes an unsigned request).
-pub(crate) fn create_bucket(name: &str) {
+pub fn create_bucket(name: &str) {
     let s = server();
     let mut stream = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
     write!(
@@ -70,7 +68,7 @@ pub(crate) fn create_bucket(name: &str) {
 }
 
 /// A bucket name no other test uses.
-pub(crate) fn unique_bucket(prefix: &str) -> String {
+pub fn unique_bucket(prefix: &str) -> String {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let name = format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     create_bucket(&name);
@@ -78,16 +76,16 @@ pub(crate) fn unique_bucket(prefix: &str) -> String {
 }
 
 /// A storage in `bucket` under `prefix` on the server.
-pub(crate) fn storage(bucket: &str, prefix: &str) -> weibo_connectors::s3::S3Storage {
+pub fn storage(bucket: &str, prefix: &str) -> weibo_connectors::s3::S3Storage {
     builder(bucket, prefix).build().unwrap()
 }
 
 /// The builder of such a storage.
-pub(crate) fn builder(bucket: &str, prefix: &str) -> weibo_connectors::s3::S3StorageBuilder {
+pub fn builder(bucket: &str, prefix: &str) -> weibo_connectors::s3::S3StorageBuilder {
     weibo_connectors::s3::S3Storage::builder(bucket, prefix)
-        .endpoint(&server().endpoint)
-        .region("us-east-1")
-        .credentials("test", "testsecret")
+        .with_endpoint(&server().endpoint)
+        .with_region("us-east-1")
+        .with_credentials("test", "testsecret")
         .allow_http()
         .path_style()
 }

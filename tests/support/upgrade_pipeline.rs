@@ -6,8 +6,6 @@
 //! record), windows that keep their elements (`process`), sessions, and
 //! timers; and a dead-letter output.
 
-#![allow(dead_code)]
-
 use std::time::Duration;
 
 use weibo::Job;
@@ -17,26 +15,26 @@ use weibo::time::WatermarkStrategy;
 use weibo::window::{Count, Session, Tumbling, WindowContext, WindowResult};
 
 /// Events in all; 10 keys.
-pub(crate) const EVENTS: u64 = 20_000;
+pub const EVENTS: u64 = 20_000;
 
 /// Event `i`: (key, event time in ms). 10 ms apart, with a pause of 1 s
 /// after every 1,000 events, so that sessions close.
-pub(crate) fn event(i: u64) -> (u64, u64) {
+pub fn event(i: u64) -> (u64, u64) {
     (i % 10, i * 10 + (i / 1000) * 1000)
 }
 
 /// What the pipeline emits, by output.
-pub(crate) struct Outputs {
-    pub(crate) counts: CollectSink<(u64, u64)>,
-    pub(crate) tumbling: CollectSink<WindowResult<u64, u64>>,
-    pub(crate) sessions: CollectSink<WindowResult<u64, (u64, u64)>>,
-    pub(crate) sizes: CollectSink<(u64, i64, u64)>,
-    pub(crate) dead: CollectSink<weibo::DeadLetter<(u64, u64)>>,
+pub struct Outputs {
+    pub counts: CollectSink<(u64, u64)>,
+    pub tumbling: CollectSink<WindowResult<u64, u64>>,
+    pub sessions: CollectSink<WindowResult<u64, (u64, u64)>>,
+    pub sizes: CollectSink<(u64, i64, u64)>,
+    pub dead: CollectSink<weibo::DeadLetter<(u64, u64)>>,
 }
 
 /// Builds the pipeline into `job`; `rate` paces the source (events per
 /// second).
-pub(crate) fn pipeline(job: &Job, rate: Option<f64>) -> Outputs {
+pub fn pipeline(job: &Job, rate: Option<f64>) -> Outputs {
     let out = Outputs {
         counts: CollectSink::new(),
         tumbling: CollectSink::new(),

@@ -1,7 +1,4 @@
-//! A checkpoint storage that fails on request, for the tests of outages:
-//! included by the test files that need it.
-
-#![allow(dead_code)]
+//! A checkpoint storage that fails on request, for the tests of outages.
 
 use weibo::checkpoint::MemoryStorage;
 
@@ -9,16 +6,16 @@ use weibo::checkpoint::MemoryStorage;
 /// does during an outage, and whose manifests alone fail while
 /// `failing_puts` is; whose manifests take `slow_puts_ms` each.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Flaky {
-    pub(crate) inner: MemoryStorage,
-    pub(crate) failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    pub(crate) failing_puts: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    pub(crate) refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    pub(crate) slow_puts_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+pub struct Flaky {
+    pub inner: MemoryStorage,
+    pub failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub failing_puts: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub slow_puts_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// While set, every other check of a run's lease cannot tell (the
     /// storage cannot be asked): the second check of each checkpoint, the
     /// one after its manifest.
-    pub(crate) uncertain_lease: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub uncertain_lease: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A lease whose checks fail as [`Flaky::uncertain_lease`] says.

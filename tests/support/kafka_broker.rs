@@ -17,8 +17,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Creates topic `name` with `partitions` partitions at `bootstrap`.
-#[allow(dead_code)]
-pub(crate) fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
+pub fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     let admin: AdminClient<rdkafka::client::DefaultClientContext> =
         rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("an admin client");
@@ -32,13 +31,7 @@ pub(crate) fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
 
 /// Every record of `topic` at `bootstrap` as a consumer of group `group`
 /// with `isolation` (`read_committed`, `read_uncommitted`) sees it.
-#[allow(dead_code)]
-pub(crate) fn consume_all(
-    bootstrap: &str,
-    topic: &str,
-    isolation: &str,
-    group: &str,
-) -> Vec<rdkafka::message::OwnedMessage> {
+pub fn consume_all(bootstrap: &str, topic: &str, isolation: &str, group: &str) -> Vec<rdkafka::message::OwnedMessage> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     /// The end of a partition, which this consumer waits for, is no error.
     struct Quiet;
@@ -85,9 +78,9 @@ pub(crate) fn consume_all(
 
 /// A running broker.
 #[derive(Debug)]
-pub(crate) struct Broker {
+pub struct Broker {
     /// `127.0.0.1:<port>`.
-    pub(crate) bootstrap: String,
+    pub bootstrap: String,
     /// The broker's directory (none for an outside broker).
     dir: Option<PathBuf>,
     /// The watchdog shell that runs the broker (none for an outside broker).
@@ -96,15 +89,13 @@ pub(crate) struct Broker {
 
 impl Broker {
     /// A broker of its own, for a test that stops and restarts it.
-    #[allow(dead_code)]
-    pub(crate) fn private() -> Broker {
+    pub fn private() -> Broker {
         start()
     }
 
     /// Stops the broker (a controlled shutdown) and waits until its port
     /// is closed.
-    #[allow(dead_code)]
-    pub(crate) fn down(&self) {
+    pub fn down(&self) {
         let dir = self.dir.as_ref().expect("a broker started here");
         std::fs::write(dir.join("down"), b"").expect("write the down flag");
         wait_port(&self.bootstrap, false, dir);
@@ -112,8 +103,7 @@ impl Broker {
 
     /// Starts the stopped broker again, on the same port and data, and
     /// waits until it accepts connections.
-    #[allow(dead_code)]
-    pub(crate) fn up(&self) {
+    pub fn up(&self) {
         let dir = self.dir.as_ref().expect("a broker started here");
         std::fs::remove_file(dir.join("down")).expect("remove the down flag");
         wait_port(&self.bootstrap, true, dir);
@@ -141,7 +131,7 @@ fn free_port() -> u16 {
 }
 
 /// The shared broker of this test process, started on first use.
-pub(crate) fn broker() -> &'static Broker {
+pub fn broker() -> &'static Broker {
     static BROKER: OnceLock<Broker> = OnceLock::new();
     BROKER.get_or_init(|| {
         if let Ok(bootstrap) = std::env::var("WEIBO_KAFKA_BOOTSTRAP") {

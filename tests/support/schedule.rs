@@ -20,8 +20,6 @@
 //! `1..m` with no gap, each with the id a crash-free run gives it; after a
 //! run that reached its end, every id.
 
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
@@ -29,26 +27,28 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::crash::{self, Rng};
+
 /// Keys of the input.
-pub(crate) const KEYS: u64 = 40;
+pub const KEYS: u64 = 40;
 
 /// What the job writes: an id with its key's running count.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Count {
-    pub(crate) key: u64,
-    pub(crate) id: u64,
-    pub(crate) count: u64,
+pub struct Count {
+    pub key: u64,
+    pub id: u64,
+    pub count: u64,
 }
 
 impl Count {
     /// What a crash-free run writes for `id`.
-    pub(crate) fn of(id: u64) -> Self {
+    pub fn of(id: u64) -> Self {
         Count { key: id % KEYS, id, count: id / KEYS + 1 }
     }
 }
 
 /// The commit-path points of `weibo::checkpoint::faults`.
-pub(crate) const POINTS: &[&str] = &[
+pub const POINTS: &[&str] = &[
     "pre-commit-before",
     "pre-commit-after",
     "final-barrier",
@@ -61,7 +61,7 @@ pub(crate) const POINTS: &[&str] = &[
 
 /// One run of the job.
 #[derive(Clone, Debug)]
-pub(crate) enum Run {
+pub enum Run {
     /// To the end of the input.
     End,
     /// SIGKILLed this long after its start (if still running).
@@ -97,7 +97,7 @@ pub(crate) enum Run {
 impl Run {
     /// What the child is told to do (the last part of its spec): `end`,
     /// `stop`, `savepoint=<name>`, `rollback=<savepoint dir>` or `refused`.
-    pub(crate) fn mode(&self, savepoint: Option<&Path>, index: usize) -> String {
+    pub fn mode(&self, savepoint: Option<&Path>, index: usize) -> String {
         match (self, savepoint) {
             (Run::Stop, _) => "stop".into(),
             (Run::Savepoint, _) => format!("savepoint=s{index}"),
@@ -109,7 +109,7 @@ impl Run {
 }
 
 /// What a child's mode asks of the job it builds.
-pub(crate) enum Mode {
+pub enum Mode {
     /// Run to the end (`stop`: stop once it completed a checkpoint).
     Run { stop: bool },
     /// Run to the end, taking savepoint `name` on the way.
@@ -123,7 +123,7 @@ pub(crate) enum Mode {
 /// The running count per key of `counts`, as `mode` asks for it: keyed
 /// by the key (`u64`), or, for a refused version, by its text (another
 /// key type, which cannot restore the job's checkpoints).
-pub(crate) fn running_counts(counts: weibo::Stream<Count>, mode: &Mode) -> weibo::Stream<Count> {
+pub fn running_counts(counts: weibo::Stream<Count>, mode: &Mode) -> weibo::Stream<Count> {
     let reduce = |acc: Count, c: Count| Count { key: c.key, id: c.id, count: acc.count + 1 };
     if matches!(mode, Mode::Refused) {
         counts.key_by(|c: &Count| c.key.to_string()).with_partitions(2).reduce(reduce)
@@ -133,7 +133,7 @@ pub(crate) fn running_counts(counts: weibo::Stream<Count>, mode: &Mode) -> weibo
 }
 
 impl Mode {
-    pub(crate) fn parse(mode: &str) -> Mode {
+    pub fn parse(mode: &str) -> Mode {
         if let Some(name) = mode.strip_prefix("savepoint=") {
             return Mode::Savepoint(name.to_string());
         }
@@ -149,29 +149,16 @@ impl Mode {
 
 /// Set in the child's environment for runs paced slowly: the job reads
 /// its input several times slower.
-pub(crate) const SLOW: &str = "WEIBO_SCHEDULE_SLOW";
+pub const SLOW: &str = "WEIBO_SCHEDULE_SLOW";
 
 /// Whether this child runs paced slowly.
-pub(crate) fn slow() -> bool {
+pub fn slow() -> bool {
     std::env::var(SLOW).is_ok()
-}
-
-/// A small deterministic random sequence.
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n.max(1)
-    }
 }
 
 /// A random sequence of runs for a job whose crash-free run takes about
 /// `run` and completes about `checkpoints` checkpoints.
-pub(crate) fn plan(seed: u64, run: Duration, checkpoints: u64) -> Vec<Run> {
+pub fn plan(seed: u64, run: Duration, checkpoints: u64) -> Vec<Run> {
     let mut rng = Rng::new(seed);
     let len = 5 + rng.below(4) as usize;
     let ms = run.as_millis() as u64;
@@ -214,19 +201,14 @@ pub(crate) fn plan(seed: u64, run: Duration, checkpoints: u64) -> Vec<Run> {
 /// Checks committed output: every id at most once, each key's counts
 /// `1..m` without a gap, each with a crash-free run's id; with
 /// `complete`, every id of `0..n`. Returns how many records there are.
-pub(crate) fn check(records: &[Count], n: u64, complete: bool) -> Result<usize, String> {
+pub fn check(records: &[Count], n: u64, complete: bool) -> Result<usize, String> {
     check_replayed(records, n, complete, None)
 }
 
 /// As [`check`], after a rollback to a savepoint whose source stood at
 /// `replayed_from`: the ids from there on may be committed again (each
 /// copy the record a crash-free run writes).
-pub(crate) fn check_replayed(
-    records: &[Count],
-    n: u64,
-    complete: bool,
-    replayed_from: Option<u64>,
-) -> Result<usize, String> {
+pub fn check_replayed(records: &[Count], n: u64, complete: bool, replayed_from: Option<u64>) -> Result<usize, String> {
     let mut by_id: BTreeMap<u64, &Count> = BTreeMap::new();
     let mut twice = Vec::new();
     for r in records {
@@ -265,13 +247,13 @@ pub(crate) fn check_replayed(
 
 /// How a life ended.
 #[derive(Debug)]
-pub(crate) struct Life {
+pub struct Life {
     /// The child exited successfully (it finished, or stopped cleanly).
-    pub(crate) success: bool,
+    pub success: bool,
     /// It ran to the end of its input (a successful `End` or `Crash`
     /// that never reached its point).
-    pub(crate) complete: bool,
-    pub(crate) took: Duration,
+    pub complete: bool,
+    pub took: Duration,
 }
 
 fn newest(checkpoints: &Path) -> u64 {
@@ -281,15 +263,18 @@ fn newest(checkpoints: &Path) -> u64 {
 /// Runs one life: `child` is the child process running the job (to the
 /// end, or in the mode the run asks for), with the run's faults set;
 /// `second` the same again, for a run that starts a second process on the
-/// job. `log` keeps its standard error.
-pub(crate) fn live(
+/// job. `log` keeps its standard error, which logs at level info.
+pub fn live(
     mut child: Command,
-    second: Command,
+    mut second: Command,
     run: &Run,
     checkpoints: &Path,
     log: &Path,
     slow: Duration,
 ) -> Life {
+    for process in [&mut child, &mut second] {
+        process.env("RUST_LOG", "weibo=info,weibo_connectors=info");
+    }
     match run {
         Run::Crash { point, nth, slow: slowed } => {
             child.env("WEIBO_CRASH_AT", format!("{point}#{nth}"));
@@ -302,15 +287,14 @@ pub(crate) fn live(
         }
         Run::Overlapped(after) => {
             let started = Instant::now();
-            let (mut child, mut second) = (child, second);
             child.stdout(Stdio::null());
             second.stdout(Stdio::null());
-            let ended = weibo_tests::run_two_apart(child, second, *after);
+            let ended = crash::run_two_apart(child, second, *after);
             std::fs::write(log, format!("{}\n--- the second process:\n{}", ended[0].stderr, ended[1].stderr)).unwrap();
             // Both ran, one after the other; or one ran and the other (the
             // later to take the storage) was refused.
             if !(ended[0].status.success() && ended[1].status.success()) {
-                weibo_tests::assert_exactly_one_ran(&ended);
+                crash::assert_exactly_one_ran(&ended);
             }
             return Life { success: true, complete: true, took: started.elapsed() };
         }
@@ -321,13 +305,13 @@ pub(crate) fn live(
                 return Life { success: false, complete: false, took: started.elapsed() };
             }
             let root = checkpoints.parent().unwrap();
-            let before = weibo_tests::snapshot_dir(root);
-            let out = child.output().unwrap();
+            let before = crash::snapshot_dir(root);
+            let out = child.stderr(Stdio::piped()).output().unwrap();
             let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
             std::fs::write(log, &stderr).unwrap();
             assert!(!out.status.success(), "a version that cannot restore the checkpoints ran: {}", tail(log));
             assert!(stderr.contains("cannot restore into this job"), "refused otherwise: {}", tail(log));
-            if let Some(d) = weibo_tests::first_difference(&before, &weibo_tests::snapshot_dir(root)) {
+            if let Some(d) = crash::first_difference(&before, &crash::snapshot_dir(root)) {
                 panic!("a refused version changed what it must not: {d}");
             }
             return Life { success: false, complete: false, took: started.elapsed() };
@@ -373,28 +357,17 @@ pub(crate) fn live(
 }
 
 /// The last lines of a log.
-pub(crate) fn tail(path: &Path) -> String {
+pub fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(30)..].join("\n")
-}
-
-/// This test binary as the child of a life: its `child` test, with
-/// `spec` (what the job needs) and `mode` (see [`Run::mode`]) after a
-/// `|`, in `WEIBO_SCHEDULE_CHILD`.
-pub(crate) fn child_command(spec: &str, mode: &str) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
-        .env("WEIBO_SCHEDULE_CHILD", format!("{spec}|{mode}"))
-        .env("RUST_LOG", "weibo=info,weibo_connectors=info");
-    cmd
 }
 
 /// In the child: runs `job` as `mode` says (a refused version, built by
 /// the caller, runs too, and fails at its start); a `stop` run until it
 /// has completed a checkpoint of its own (or finished), then stops it; a
 /// `savepoint` run takes one at the same moment, then goes on to the end.
-pub(crate) fn child_run(job: weibo::Job, mode: &Mode) {
+pub fn child_run(job: weibo::Job, mode: &Mode) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
@@ -428,12 +401,14 @@ pub(crate) fn child_run(job: weibo::Job, mode: &Mode) {
 
 /// Runs the schedules `seeds` (and the fixed ones of the two end-of-input
 /// scenarios first): for each, a fresh directory from `fresh`, then its
-/// runs, each started by `command(dir, run)` and its committed output read
-/// by `read(dir)`, checked after every run. A crash-free run of the job
+/// runs, each started by `command(dir, mode)` (the binary's `child` test,
+/// a [`crash::child_command`] with `WEIBO_SCHEDULE_CHILD` set to the job's
+/// spec, a `|`, and `mode`: see [`Run::mode`]) and its committed output
+/// read by `read(dir)`, checked after every run. A crash-free run of the job
 /// takes about `run` and completes about `checkpoints` checkpoints; a
 /// slowed pre-commit takes `slow` (past the job's checkpoint timeout).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn run_schedules<D>(
+pub fn run_schedules<D>(
     name: &str,
     n: u64,
     run: Duration,

@@ -6,37 +6,35 @@
 //! starts again (as in Flink), and a window that had fired fires again only
 //! when records are added to it after the restore.
 
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
 
 use weibo::window::Window;
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Ev {
-    pub(crate) key: u8,
-    pub(crate) ts: i64,
-    pub(crate) value: i64,
-    pub(crate) seq: u32,
+pub struct Ev {
+    pub key: u8,
+    pub ts: i64,
+    pub value: i64,
+    pub seq: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Kind {
+pub enum Kind {
     Tumbling { size: i64, offset: i64 },
     Sliding { size: i64, slide: i64, offset: i64 },
     Session { gap: i64 },
 }
 
 /// A firing: key, window, and the sorted sequence numbers of its records.
-pub(crate) type Firing = (u8, i64, i64, Vec<u32>);
+pub type Firing = (u8, i64, i64, Vec<u32>);
 
 #[derive(Debug, Default, PartialEq)]
-pub(crate) struct Naive {
-    pub(crate) firings: Vec<Firing>,
-    pub(crate) late: Vec<u32>,
+pub struct Naive {
+    pub firings: Vec<Firing>,
+    pub late: Vec<u32>,
 }
 
-pub(crate) fn aligned(ts: i64, size: i64, slide: i64, offset: i64) -> Vec<Window> {
+pub fn aligned(ts: i64, size: i64, slide: i64, offset: i64) -> Vec<Window> {
     let mut out = Vec::new();
     let mut start = ts - (ts - offset).rem_euclid(slide);
     while start + size > ts {
@@ -54,14 +52,14 @@ struct Open {
 }
 
 /// The model of a run without restores.
-pub(crate) fn naive(input: &[Ev], bound: i64, lateness: i64, kind: Kind) -> Naive {
+pub fn naive(input: &[Ev], bound: i64, lateness: i64, kind: Kind) -> Naive {
     naive_with_restores(input, bound, lateness, kind, &[])
 }
 
 /// The model of a job restored at record positions `restores` (each the
 /// position of a checkpoint: the records before it were read before its
 /// barrier), in order.
-pub(crate) fn naive_with_restores(input: &[Ev], bound: i64, lateness: i64, kind: Kind, restores: &[usize]) -> Naive {
+pub fn naive_with_restores(input: &[Ev], bound: i64, lateness: i64, kind: Kind, restores: &[usize]) -> Naive {
     let mut out = Naive::default();
     // (key, window) -> contents; for sessions the windows of a key are disjoint.
     let mut open: BTreeMap<(u8, Window), Open> = BTreeMap::new();
@@ -154,7 +152,7 @@ pub(crate) fn naive_with_restores(input: &[Ev], bound: i64, lateness: i64, kind:
 /// Whether no record of `input` is behind the watermark when it comes (a
 /// record's event time is above `max_ts_seen - bound - 1`): then a
 /// restore, which only lowers the watermark for a while, changes nothing.
-pub(crate) fn in_order(input: &[Ev], bound: i64) -> bool {
+pub fn in_order(input: &[Ev], bound: i64) -> bool {
     let mut max_ts = i64::MIN;
     input.iter().all(|e| {
         let ok = max_ts == i64::MIN || e.ts > max_ts - bound - 1;

@@ -2,8 +2,6 @@
 //! generator, what a run that is never stopped ends with, and helpers to
 //! stop a job after some checkpoints and to restore it.
 
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -12,22 +10,22 @@ use weibo::Job;
 use weibo::sinks::CollectSink;
 use weibo::sources::Generator;
 
-pub(crate) const EVENTS: u64 = 3_000;
+pub const EVENTS: u64 = 3_000;
 
 /// Event `i`: key `i % 7`, value `i`.
-pub(crate) fn event(i: u64) -> (u64, u64) {
+pub fn event(i: u64) -> (u64, u64) {
     (i % 7, i)
 }
 
 /// The pipeline: per key, the count and sum so far.
-pub(crate) fn job(dir: &Path, partitions: usize, rate: f64, out: &CollectSink<(u64, (u64, u64))>) -> Job {
+pub fn job(dir: &Path, partitions: usize, rate: f64, out: &CollectSink<(u64, (u64, u64))>) -> Job {
     let job = Job::new("sums").with_checkpoints(dir, Duration::from_millis(30)).with_max_key_groups(16);
     job.source(Generator::new(EVENTS, event).with_partitions(2).with_rate(rate)).name("events").sums(partitions, out);
     job
 }
 
 /// The keyed tail of every pipeline here: per key, the count and sum so far.
-pub(crate) trait Sums {
+pub trait Sums {
     fn sums(&self, partitions: usize, out: &CollectSink<(u64, (u64, u64))>);
 }
 
@@ -42,12 +40,12 @@ impl Sums for weibo::Stream<(u64, u64)> {
 }
 
 /// The fold of every pipeline here: per key, the count and the sum of values.
-pub(crate) fn count_and_sum(acc: &mut (u64, u64), e: (u64, u64)) {
+pub fn count_and_sum(acc: &mut (u64, u64), e: (u64, u64)) {
     acc.0 += 1;
     acc.1 += e.1;
 }
 
-pub(crate) fn expected() -> BTreeMap<u64, (u64, u64)> {
+pub fn expected() -> BTreeMap<u64, (u64, u64)> {
     let mut m: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     for i in 0..EVENTS {
         let (k, v) = event(i);
@@ -57,7 +55,7 @@ pub(crate) fn expected() -> BTreeMap<u64, (u64, u64)> {
 }
 
 /// The final value per key: the one with the highest count.
-pub(crate) fn finals(out: Vec<(u64, (u64, u64))>) -> BTreeMap<u64, (u64, u64)> {
+pub fn finals(out: Vec<(u64, (u64, u64))>) -> BTreeMap<u64, (u64, u64)> {
     let mut m: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     for (k, v) in out {
         let e = m.entry(k).or_default();
@@ -70,7 +68,7 @@ pub(crate) fn finals(out: Vec<(u64, (u64, u64))>) -> BTreeMap<u64, (u64, u64)> {
 
 /// Runs the job until `checkpoints` checkpoints completed, then stops it
 /// abruptly; returns the number of the last complete one.
-pub(crate) async fn run_then_stop(dir: &Path, partitions: usize, checkpoints: u64) -> weibo::record::CheckpointId {
+pub async fn run_then_stop(dir: &Path, partitions: usize, checkpoints: u64) -> weibo::record::CheckpointId {
     let out = CollectSink::new();
     let handle = job(dir, partitions, 3_000.0, &out).spawn().unwrap();
     for _ in 0..500 {
@@ -85,7 +83,7 @@ pub(crate) async fn run_then_stop(dir: &Path, partitions: usize, checkpoints: u6
     last
 }
 
-pub(crate) async fn restore_and_finish(dir: &Path, partitions: usize) -> (BTreeMap<u64, (u64, u64)>, u64) {
+pub async fn restore_and_finish(dir: &Path, partitions: usize) -> (BTreeMap<u64, (u64, u64)>, u64) {
     let out = CollectSink::new();
     let handle = job(dir, partitions, 1e9, &out).spawn().unwrap();
     assert!(handle.last_checkpoint().is_some(), "the job restored from a checkpoint");
@@ -97,7 +95,7 @@ pub(crate) async fn restore_and_finish(dir: &Path, partitions: usize) -> (BTreeM
 /// Events for the incremental test: the first 10,000 fill 10,000 keys, the
 /// next 20,000 touch 5 keys, the last 10,000 touch every key once more (so
 /// the final value of every key shows in the output).
-pub(crate) fn fill_then_trickle(i: u64) -> (u64, u64) {
+pub fn fill_then_trickle(i: u64) -> (u64, u64) {
     let key = match i {
         0..10_000 => i,
         10_000..30_000 => i % 5,
@@ -110,7 +108,7 @@ pub(crate) fn fill_then_trickle(i: u64) -> (u64, u64) {
 /// checkpoints of the trickle, aborts it, and checks that the newest
 /// complete checkpoint under `dir` holds `operator`'s state as a chain whose
 /// deltas (5 changed keys) are far smaller than its bases (10,000 keys).
-pub(crate) async fn past_the_fill_deltas_are_small(handle: weibo::JobHandle, dir: &Path, operator: &str) {
+pub async fn past_the_fill_deltas_are_small(handle: weibo::JobHandle, dir: &Path, operator: &str) {
     for _ in 0..1000 {
         tokio::time::sleep(Duration::from_millis(10)).await;
         let read = handle.metrics().operator("events").map_or(0, |m| m.records_out);

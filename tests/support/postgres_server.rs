@@ -11,8 +11,6 @@
 //! `WEIBO_PG_URL` set uses that server instead (child processes of the
 //! crash tests get it this way).
 
-#![allow(dead_code)]
-
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -20,19 +18,19 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The shared server of this test process.
-pub(crate) struct Server {
+pub struct Server {
     /// A connection string for tokio-postgres.
-    pub(crate) url: String,
+    pub url: String,
     dir: Option<PathBuf>,
     port: u16,
     /// The root certificate a TLS server's certificate is signed with
     /// ([`start_tls`]).
-    pub(crate) ca: Option<PathBuf>,
+    pub ca: Option<PathBuf>,
     _watchdog: Option<std::process::Child>,
 }
 
 /// The server of this test process, started on first use.
-pub(crate) fn server() -> &'static Server {
+pub fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();
     SERVER.get_or_init(|| {
         if let Ok(url) = std::env::var("WEIBO_PG_URL") {
@@ -85,14 +83,14 @@ fn free_port() -> u16 {
 
 /// A server of its own (for a test that stops and starts it), stopped
 /// when this process ends.
-pub(crate) fn start() -> Server {
+pub fn start() -> Server {
     start_with(false)
 }
 
 /// A server of its own that takes TLS connections only (`hostssl`), its
 /// certificate (for `localhost` and 127.0.0.1) signed by a root of its own
 /// (`Server::ca`), made with the `openssl` command.
-pub(crate) fn start_tls() -> Server {
+pub fn start_tls() -> Server {
     start_with(true)
 }
 
@@ -123,7 +121,7 @@ fn start_with(tls: bool) -> Server {
     if tls {
         let certs = dir.join("certs");
         std::fs::create_dir_all(&certs).expect("create the certificates' directory");
-        weibo_tests::certificates(&certs);
+        crate::certificates(&certs);
         let data = dir.join("data");
         for f in ["server.crt", "server.key"] {
             std::fs::copy(certs.join(f), data.join(f)).expect("copy the server's certificate");
@@ -179,7 +177,7 @@ fn start_with(tls: bool) -> Server {
 
 impl Server {
     /// A connection string through the server's Unix socket.
-    pub(crate) fn socket_url(&self) -> String {
+    pub fn socket_url(&self) -> String {
         format!("host={} port={} user=postgres dbname=postgres", self.dir().display(), self.port)
     }
 
@@ -188,7 +186,7 @@ impl Server {
     }
 
     /// Starts the server (again) on its data directory.
-    pub(crate) fn start_server(&self) {
+    pub fn start_server(&self) {
         let dir = self.dir();
         let out = tool(&binaries(), "pg_ctl")
             .arg("-D")
@@ -210,7 +208,7 @@ impl Server {
 
     /// Stops the server (`-m fast`: clients are disconnected, then it
     /// shuts down cleanly).
-    pub(crate) fn stop_server(&self) {
+    pub fn stop_server(&self) {
         let out = tool(&binaries(), "pg_ctl")
             .arg("-D")
             .arg(self.dir().join("data"))
@@ -223,12 +221,12 @@ impl Server {
 
 /// A client of the shared server, on its own connection task (for the
 /// tests' own queries).
-pub(crate) async fn client() -> tokio_postgres::Client {
+pub async fn client() -> tokio_postgres::Client {
     client_at(&server().url).await
 }
 
 /// A client of the server at `url`.
-pub(crate) async fn client_at(url: &str) -> tokio_postgres::Client {
+pub async fn client_at(url: &str) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect to the test server");
     tokio::spawn(async move {
         let _ = conn.await;
@@ -237,24 +235,24 @@ pub(crate) async fn client_at(url: &str) -> tokio_postgres::Client {
 }
 
 /// Runs `sql` (several statements) on the shared server.
-pub(crate) fn execute(sql: &str) {
+pub fn execute(sql: &str) {
     execute_at(&server().url, sql);
 }
 
 /// Runs `sql` (several statements) on the server at `url`.
-pub(crate) fn execute_at(url: &str, sql: &str) {
+pub fn execute_at(url: &str, sql: &str) {
     let sql = sql.to_string();
     block_on(async move { client_at(url).await.batch_execute(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e:?}")) });
 }
 
 /// The rows of `query` on the shared server, each as its columns' text
 /// (NULL as `None`).
-pub(crate) fn rows(query: &str) -> Vec<Vec<Option<String>>> {
+pub fn rows(query: &str) -> Vec<Vec<Option<String>>> {
     rows_at(&server().url, query)
 }
 
 /// The rows of `query` on the server at `url`.
-pub(crate) fn rows_at(url: &str, query: &str) -> Vec<Vec<Option<String>>> {
+pub fn rows_at(url: &str, query: &str) -> Vec<Vec<Option<String>>> {
     let query = query.to_string();
     block_on(async move {
         let c = client_at(url).await;
@@ -272,12 +270,12 @@ pub(crate) fn rows_at(url: &str, query: &str) -> Vec<Vec<Option<String>>> {
 }
 
 /// Runs `f` on a fresh runtime (the tests are synchronous).
-pub(crate) fn block_on<F: std::future::Future>(f: F) -> F::Output {
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime").block_on(f)
 }
 
 /// A table name no other test uses.
-pub(crate) fn unique(prefix: &str) -> String {
+pub fn unique(prefix: &str) -> String {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     format!("{prefix}_{}_{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
