@@ -197,13 +197,7 @@ fn start() -> Broker {
         d = dir.display(),
         me = std::process::id()
     );
-    let watchdog = Command::new("bash")
-        .args(["-c", &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the Kafka broker");
+    let watchdog = crate::spawn_watchdog(&script, "the Kafka broker");
     let bootstrap = format!("127.0.0.1:{port}");
     wait_port(&bootstrap, true, &dir);
     Broker { bootstrap, dir: Some(dir), _watchdog: Some(watchdog) }

@@ -746,3 +746,19 @@ pub fn resident_bytes() -> u64 {
         .expect("VmRSS in /proc/self/status");
     kib * 1024
 }
+
+/// Starts `script` under `bash`, detached from the test's output: the
+/// watchdog that runs a service (a broker, a database, an S3 server) for
+/// as long as the test process lives and cleans up after it.
+///
+/// # Panics
+/// When `bash` cannot be started (a test's failure), naming `what`.
+pub fn spawn_watchdog(script: &str, what: &str) -> std::process::Child {
+    std::process::Command::new("bash")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"))
+}

@@ -165,13 +165,7 @@ fn start_with(tls: bool) -> Server {
         me = std::process::id(),
         d = dir.display()
     );
-    let watchdog = Command::new("bash")
-        .args(["-c", &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the watchdog");
+    let watchdog = crate::spawn_watchdog(&script, "the watchdog");
     Server { _watchdog: Some(watchdog), ..server }
 }
 

@@ -5,7 +5,6 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -32,13 +31,7 @@ pub fn server() -> &'static Server {
              kill $m 2>/dev/null",
             me = std::process::id()
         );
-        let watchdog = Command::new("bash")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto_server");
+        let watchdog = crate::spawn_watchdog(&script, "moto_server");
         let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
