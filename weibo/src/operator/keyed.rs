@@ -11,10 +11,10 @@ use crate::operator::Consumer;
 use crate::operator::factory::{KeyedFactory, keyed_factory, one, two};
 use crate::operator::policy::{DeadLetter, Policy};
 use crate::operator::{Failures, OpInfo, forward_control, typed};
-use crate::operator::{InputOperator, SnapshotAt, emit};
+use crate::operator::{InputOperator, SnapshotAt, emit, restore_state, snapshot_state};
 use crate::record::CheckpointId;
 use crate::record::{Batch, Meta, RecordBatch, RecordRef, Timestamp};
-use crate::state::{RestoreSource, StateSnapshot, StateType, TimerState, ValueState};
+use crate::state::{KeyedState, RestoreSource, StateSnapshot, StateType, TimerState, ValueState};
 use crate::time::watermarks::InputTime;
 
 /// A record's value; a value that does not decode is an error naming the
@@ -32,29 +32,6 @@ pub(crate) fn decode_value<T: Data>(info: &OpInfo, r: &RecordRef<'_>) -> Result<
 #[inline(never)]
 fn value_error(info: &OpInfo, r: &RecordRef<'_>, source: crate::codec::CodecError) -> Error {
     Error::Codec { operator: format!("{} (record from {})", info.name, info.sources.position(&r.meta)), source }
-}
-
-/// A value state's part of a checkpoint, under `name`.
-fn value_snapshot<K: Key, V: Data>(
-    state: &mut ValueState<K, V>,
-    name: &'static str,
-    at: SnapshotAt,
-) -> Result<StateSnapshot> {
-    Ok(StateSnapshot { state: name, ty: StateType::of::<V>(), snapshot: state.snapshot_changes(at.n, at.since)? })
-}
-
-/// Loads a value state's entries of `groups` from a checkpoint.
-fn value_restore<K: Key, V: Data>(
-    state: &mut ValueState<K, V>,
-    from: &dyn RestoreSource,
-    operator: &str,
-    name: &str,
-    groups: &std::ops::Range<u16>,
-) -> Result<()> {
-    // A part at a time: a large state is never all in memory.
-    from.load_entries(operator, name, &StateType::of::<V>(), groups, &mut |entries, removed| {
-        state.import_part(entries, removed)
-    })
 }
 
 /// The codec name recorded for timer state (times and keys in the key encoding).
@@ -318,7 +295,7 @@ where
     forward_control!(keyed);
 
     fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
-        Ok(vec![value_snapshot(&mut self.state, "value", at)?])
+        Ok(vec![snapshot_state(&mut self.state, &self.info.name, "value", StateType::of::<T>(), at)?])
     }
 
     fn state_stats(&self) -> Vec<(&'static str, crate::state::StateStats)> {
@@ -326,7 +303,7 @@ where
     }
 
     fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
-        value_restore(&mut self.state, from, &self.info.name, "value", groups)
+        restore_state(&mut self.state, from, &self.info.name, "value", &StateType::of::<T>(), groups)
     }
 }
 
@@ -374,7 +351,7 @@ where
     forward_control!(keyed);
 
     fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
-        Ok(vec![value_snapshot(&mut self.state, "accumulator", at)?])
+        Ok(vec![snapshot_state(&mut self.state, &self.info.name, "accumulator", StateType::of::<A>(), at)?])
     }
 
     fn state_stats(&self) -> Vec<(&'static str, crate::state::StateStats)> {
@@ -382,7 +359,7 @@ where
     }
 
     fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
-        value_restore(&mut self.state, from, &self.info.name, "accumulator", groups)
+        restore_state(&mut self.state, from, &self.info.name, "accumulator", &StateType::of::<A>(), groups)
     }
 }
 
@@ -736,23 +713,17 @@ where
     }
 
     fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
+        let name = &self.info.name;
         Ok(vec![
-            value_snapshot(&mut self.state, "value", at)?,
-            StateSnapshot {
-                state: "timers",
-                ty: StateType::internal(TIMERS),
-                snapshot: self.timers.snapshot_changes(at.n, at.since)?,
-            },
+            snapshot_state(&mut self.state, name, "value", StateType::of::<S>(), at)?,
+            snapshot_state(&mut self.timers, name, "timers", StateType::internal(TIMERS), at)?,
         ])
     }
 
     fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
-        value_restore(&mut self.state, from, &self.info.name, "value", groups)?;
         let name = &self.info.name;
-        let timers = &mut self.timers;
-        from.load_entries(name, "timers", &StateType::internal(TIMERS), groups, &mut |entries, removed| {
-            timers.import_part(entries, removed, name)
-        })
+        restore_state(&mut self.state, from, name, "value", &StateType::of::<S>(), groups)?;
+        restore_state(&mut self.timers, from, name, "timers", &StateType::internal(TIMERS), groups)
     }
 }
 

@@ -28,7 +28,7 @@ use crate::error::Result;
 use crate::metrics::OperatorCounters;
 use crate::record::CheckpointId;
 use crate::record::{Batch, Message, RecordBatch, SourceNames, Timestamp};
-use crate::state::{RestoreSource, StateSnapshot};
+use crate::state::{Barrier, KeyedState, RestoreSource, StateSnapshot, StateType};
 use crate::time::watermarks::InputTime;
 
 /// Forwards watermark (and idleness), flush and finish to `self.next`, and
@@ -200,6 +200,33 @@ pub(crate) trait InputOperator: Send {
 pub(crate) struct SnapshotAt {
     pub(crate) n: CheckpointId,
     pub(crate) since: CheckpointId,
+}
+
+/// One keyed state's part of a checkpoint: `state` of `operator`, filed as
+/// `name` with entries of type `ty`.
+pub(crate) fn snapshot_state(
+    state: &mut dyn KeyedState,
+    operator: &str,
+    name: &'static str,
+    ty: StateType,
+    at: SnapshotAt,
+) -> Result<StateSnapshot> {
+    let snapshot = state.snapshot_at(operator, Some(Barrier::new(at.n, at.since)))?;
+    Ok(StateSnapshot { state: name, ty, snapshot })
+}
+
+/// Loads keyed state `name` of `operator` (entries of type `ty`) for key
+/// groups `groups` from a checkpoint, a part at a time: a large state is
+/// never all in memory.
+pub(crate) fn restore_state(
+    state: &mut dyn KeyedState,
+    from: &dyn RestoreSource,
+    operator: &str,
+    name: &str,
+    ty: &StateType,
+    groups: &std::ops::Range<u16>,
+) -> Result<()> {
+    from.load_entries(operator, name, ty, groups, &mut |entries, removed| state.import_part(operator, entries, removed))
 }
 
 /// Pushes a typed batch into a chain and counts it as the operator's output.

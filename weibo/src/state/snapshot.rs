@@ -9,6 +9,7 @@ use super::value::{FULL_CHECKPOINT_EVERY, codec_error};
 use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::error::Result;
+use crate::record::CheckpointId;
 
 /// State exported for a checkpoint, or imported from one: (key group,
 /// encoded key, encoded value).
@@ -79,19 +80,45 @@ impl SnapshotPart {
     }
 }
 
-/// What a snapshot at `at` (checkpoint, last complete one) builds on: the
-/// last complete checkpoint for a delta, `None` for a base. A delta needs
-/// a complete checkpoint of this run (at or after its first snapshot,
-/// `first_base`), and every [`FULL_CHECKPOINT_EVERY`]th export is a base
-/// (`since_full`: snapshots since the last base).
-pub(super) fn delta_since(at: Option<(u64, u64)>, first_base: Option<u64>, since_full: u32) -> Option<u32> {
-    match at {
-        Some((_, since))
-            if first_base.is_some_and(|first| since >= first) && !since_full.is_multiple_of(FULL_CHECKPOINT_EVERY) =>
-        {
-            Some(since as u32)
-        }
-        _ => None,
+/// Where a keyed state's snapshot is taken: at the barrier of checkpoint
+/// `checkpoint`, with `completed` the last complete checkpoint (what a
+/// delta builds on). A snapshot outside a checkpoint (an export, a
+/// savepoint's copy of the state) has none: it is a base.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Barrier {
+    pub(super) checkpoint: u64,
+    pub(super) completed: u64,
+}
+
+impl Barrier {
+    pub(crate) fn new(checkpoint: CheckpointId, completed: CheckpointId) -> Self {
+        Self { checkpoint: checkpoint.get(), completed: completed.get() }
+    }
+
+    /// The epoch that changes made after this barrier are stamped with:
+    /// the next checkpoint's number. Epochs are `u32` to keep stamped
+    /// entries small; past `u32::MAX` checkpoints the epoch stays there,
+    /// and [`delta_since`] makes every snapshot a base from then on, so no
+    /// change is ever missed by a delta.
+    pub(super) fn next_epoch(self) -> u32 {
+        u32::try_from(self.checkpoint.saturating_add(1)).unwrap_or(u32::MAX)
+    }
+}
+
+/// What a snapshot at `at` builds on: the last complete checkpoint for a
+/// delta, `None` for a base. A delta needs a complete checkpoint of this
+/// run (at or after its first snapshot, `first_base`), and every
+/// [`FULL_CHECKPOINT_EVERY`]th export is a base (`since_full`: snapshots
+/// since the last base); so is every snapshot once checkpoint numbers no
+/// longer fit an epoch (see [`Barrier::next_epoch`]).
+pub(super) fn delta_since(at: Option<Barrier>, first_base: Option<u64>, since_full: u32) -> Option<u32> {
+    let at = at?;
+    let fits = at.checkpoint < u64::from(u32::MAX);
+    let after_first_base = first_base.is_some_and(|first| at.completed >= first);
+    if fits && after_first_base && !since_full.is_multiple_of(FULL_CHECKPOINT_EVERY) {
+        u32::try_from(at.completed).ok()
+    } else {
+        None
     }
 }
 
@@ -348,4 +375,37 @@ pub(crate) trait RestoreSource: Sync {
         groups: &Range<u16>,
         f: &mut LoadPart<'_>,
     ) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(checkpoint: u64, completed: u64) -> Option<Barrier> {
+        Some(Barrier::new(CheckpointId::new(checkpoint), CheckpointId::new(completed)))
+    }
+
+    #[test]
+    fn a_delta_builds_on_the_last_complete_checkpoint_of_this_run() {
+        assert_eq!(delta_since(None, Some(1), 3), None, "outside a checkpoint: a base");
+        assert_eq!(delta_since(at(5, 4), None, 3), None, "no base yet in this run");
+        assert_eq!(delta_since(at(5, 4), Some(5), 3), None, "the last complete one is older than the first base");
+        assert_eq!(delta_since(at(5, 4), Some(2), 3), Some(4));
+        assert_eq!(delta_since(at(5, 4), Some(2), FULL_CHECKPOINT_EVERY), None, "every tenth is a base");
+    }
+
+    /// Epochs are `u32`: once checkpoint numbers pass them, an epoch stays
+    /// at `u32::MAX` and every snapshot is a base, so no delta can miss a
+    /// change stamped with a saturated epoch.
+    #[test]
+    fn checkpoint_numbers_past_the_epochs_give_bases_not_wrapped_deltas() {
+        let max = u64::from(u32::MAX);
+        assert_eq!(at(max - 2, max - 3).map(Barrier::next_epoch), Some(u32::MAX - 1));
+        assert_eq!(delta_since(at(max - 2, max - 3), Some(1), 3), Some(u32::MAX - 3));
+        assert_eq!(at(max, max - 1).map(Barrier::next_epoch), Some(u32::MAX));
+        assert_eq!(at(max + 7, max + 6).map(Barrier::next_epoch), Some(u32::MAX), "saturates, never wraps");
+        assert_eq!(delta_since(at(max - 1, max - 2), Some(1), 3), Some(u32::MAX - 2));
+        assert_eq!(delta_since(at(max, max - 1), Some(1), 3), None);
+        assert_eq!(delta_since(at(max + 7, max + 6), Some(1), 3), None);
+    }
 }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use rustc_hash::FxBuildHasher;
 
 use super::snapshot::{
-    Entries, EntryRef, RemovedRef, Snapshot, SnapshotPart, delta_since, entry_refs, flush_part, gather, pass_if_full,
+    Barrier, Entries, EntryRef, RemovedRef, Snapshot, SnapshotPart, delta_since, entry_refs, flush_part, gather,
+    pass_if_full,
 };
 use super::time_index::TimeIndex;
 use super::value::key_error;
@@ -49,10 +50,10 @@ impl<K: Key> TimerState<K> {
     /// # Errors
     /// [`Error::State`] when a byte backend fails.
     pub fn snapshot_changes(&mut self, checkpoint: CheckpointId, since: CheckpointId) -> Result<Snapshot> {
-        self.snapshot_at(Some((checkpoint.get(), since.get())))
+        self.snapshot_at(Some(Barrier::new(checkpoint, since)))
     }
 
-    fn snapshot_at(&mut self, at: Option<(u64, u64)>) -> Result<Snapshot> {
+    fn snapshot_at(&mut self, at: Option<Barrier>) -> Result<Snapshot> {
         if let Some(table) = &mut self.table {
             return table.snapshot_at(at);
         }
@@ -60,20 +61,20 @@ impl<K: Key> TimerState<K> {
         let since = delta_since(at, log.first_base, log.since_full);
         let mut removed = Vec::new();
         let mut dropped: Vec<Arc<RemovedTimers<K>>> = Vec::new();
-        if let Some((n, completed)) = at {
-            log.first_base.get_or_insert(n);
+        if let Some(at) = at {
+            log.first_base.get_or_insert(at.checkpoint);
             log.since_full = if since.is_some() { log.since_full + 1 } else { 1 };
             // Removals so far belong to the checkpoint being taken.
             if !log.current.is_empty() {
                 let current = Arc::new(std::mem::take(&mut log.current));
                 log.removed.push((log.epoch, current));
             }
-            log.epoch = (n + 1) as u32;
+            log.epoch = at.next_epoch();
             // Removals a complete checkpoint holds are not needed again:
             // they are freed with the snapshot, off the worker (a large
             // free in the pause can make glibc merge every small chunk
             // freed before it).
-            let kept = log.removed.iter().position(|(e, _)| u64::from(*e) > completed).unwrap_or(log.removed.len());
+            let kept = log.removed.iter().position(|(e, _)| u64::from(*e) > at.completed).unwrap_or(log.removed.len());
             dropped = log.removed.drain(..kept).map(|(_, r)| r).collect();
             log.removed_len = log.removed.iter().map(|(_, r)| r.len()).sum();
             if since.is_some() {
@@ -252,15 +253,6 @@ impl<K: Key> TimerState<K> {
         Ok(Self { index: TimeIndex::default(), len: 0, log: TimerLog::default(), table })
     }
 
-    /// What it holds now (for metrics): its timers in memory, or its
-    /// table's entries.
-    pub(crate) fn stats(&self) -> super::StateStats {
-        match &self.table {
-            None => super::StateStats::in_memory(self.len, std::mem::size_of::<(Timestamp, K)>()),
-            Some(table) => table.stats(),
-        }
-    }
-
     /// Registers a timer for `key` (of key group `group`) at `time`;
     /// registering the same one twice keeps one.
     ///
@@ -337,5 +329,22 @@ impl<K: Key> TimerState<K> {
         // Emptied, its memory kept.
         self.index.recycle(keys);
         Ok(Some((time, due)))
+    }
+}
+
+impl<K: Key> super::KeyedState for TimerState<K> {
+    fn snapshot_at(&mut self, _operator: &str, at: Option<Barrier>) -> Result<Snapshot> {
+        TimerState::snapshot_at(self, at)
+    }
+
+    fn import_part(&mut self, operator: &str, entries: &mut [EntryRef<'_>], removed: &[RemovedRef<'_>]) -> Result<()> {
+        TimerState::import_part(self, entries, removed, operator)
+    }
+
+    fn stats(&self) -> super::StateStats {
+        match &self.table {
+            None => super::StateStats::in_memory(self.len, std::mem::size_of::<(Timestamp, K)>()),
+            Some(table) => table.stats(),
+        }
     }
 }

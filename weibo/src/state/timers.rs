@@ -28,8 +28,9 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
+use super::snapshot::Barrier;
 use super::value::key_error;
-use super::{DueTimers, EntryRef, RemovedRef, Snapshot, StateBackend, StateScope, ValueState};
+use super::{DueTimers, EntryRef, KeyedState, RemovedRef, Snapshot, StateBackend, StateScope, ValueState};
 use crate::codec::key::Key;
 use crate::error::Result;
 use crate::record::Timestamp;
@@ -354,7 +355,7 @@ impl<K: Key> TableTimers<K> {
         all
     }
 
-    pub(super) fn snapshot_at(&mut self, at: Option<(u64, u64)>) -> Result<Snapshot> {
+    pub(super) fn snapshot_at(&mut self, at: Option<Barrier>) -> Result<Snapshot> {
         self.state.snapshot_at(at)
     }
 

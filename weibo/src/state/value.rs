@@ -8,7 +8,8 @@ use hashbrown::hash_map::Entry;
 use rustc_hash::FxBuildHasher;
 
 use super::snapshot::{
-    Entries, EntryRef, RemovedRef, Snapshot, SnapshotPart, delta_since, entry_refs, flush_part, gather, pass_if_full,
+    Barrier, Entries, EntryRef, RemovedRef, Snapshot, SnapshotPart, delta_since, entry_refs, flush_part, gather,
+    pass_if_full,
 };
 use super::spares::Shareable;
 use super::{ObjectMap, StateBackend, StateScope, StateTable, cache, flat, spares};
@@ -197,14 +198,14 @@ impl<K: Clone> ChangeLog<K> {
     fn at_barrier(
         &mut self,
         epoch: u32,
-        (n, completed): (u64, u64),
+        at: Barrier,
         delta_since: Option<u32>,
         dropped: &mut Vec<Arc<Vec<K>>>,
     ) -> Option<Vec<Arc<Vec<K>>>> {
         if !self.current.is_empty() {
             self.sealed.push((epoch, Arc::new(std::mem::take(&mut self.current))));
         }
-        let kept = self.sealed.iter().position(|(e, _)| u64::from(*e) > completed).unwrap_or(self.sealed.len());
+        let kept = self.sealed.iter().position(|(e, _)| u64::from(*e) > at.completed).unwrap_or(self.sealed.len());
         dropped.extend(self.sealed.drain(..kept).map(|(_, keys)| keys));
         self.len = self.sealed.iter().map(|(_, keys)| keys.len()).sum();
         let keys = match (delta_since, self.since) {
@@ -214,8 +215,8 @@ impl<K: Clone> ChangeLog<K> {
             _ => None,
         };
         if delta_since.is_none() && self.since.is_none() {
-            // A base holds every change up to `n`: log from here on.
-            self.since = Some(n);
+            // A base holds every change up to its checkpoint: log from here on.
+            self.since = Some(at.checkpoint);
         }
         keys
     }
@@ -459,18 +460,6 @@ impl<K, V> fmt::Debug for ValueState<K, V> {
 }
 
 impl<K: Key, V: Data> ValueState<K, V> {
-    /// What it holds now (for metrics; overlays a checkpoint has not let
-    /// go of yet are not counted).
-    pub(crate) fn stats(&self) -> super::StateStats {
-        match &self.store {
-            Store::Objects(maps) => {
-                super::StateStats::in_memory(maps.iter().map(|m| m.len()).sum(), std::mem::size_of::<(K, (V, u32))>())
-            }
-            Store::Cached(store) => store.stats(),
-            Store::Bytes { table, .. } => super::StateStats { table: table.size(), ..super::StateStats::default() },
-        }
-    }
-
     /// Opens the state `scope` names on `backend`.
     ///
     /// # Errors
@@ -970,7 +959,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// # Errors
     /// As [`ValueState::update`].
     pub fn snapshot_changes(&mut self, checkpoint: CheckpointId, since: CheckpointId) -> Result<Snapshot> {
-        self.snapshot_at(Some((checkpoint.get(), since.get())))
+        self.snapshot_at(Some(Barrier::new(checkpoint, since)))
     }
 
     /// Sets `key` to `value`, taken to be in a checkpoint already (a
@@ -992,7 +981,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
 
     /// Whether the snapshot at `at` (see [`ValueState::snapshot_at`])
     /// would be a base.
-    pub(super) fn base_at(&self, at: Option<(u64, u64)>) -> bool {
+    pub(super) fn base_at(&self, at: Option<Barrier>) -> bool {
         delta_since(at, self.first_base, self.since_full).is_none()
     }
 
@@ -1003,7 +992,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
         self.first_base = None;
     }
 
-    pub(super) fn snapshot_at(&mut self, at: Option<(u64, u64)>) -> Result<Snapshot> {
+    pub(super) fn snapshot_at(&mut self, at: Option<Barrier>) -> Result<Snapshot> {
         let since = delta_since(at, self.first_base, self.since_full);
         // The epoch this barrier ends (changes from here on are the next's).
         let ending = self.epoch;
@@ -1033,11 +1022,11 @@ impl<K: Key, V: Data> ValueState<K, V> {
                 keys.for_each(drop);
             }
         }
-        if let Some((n, _)) = at {
-            self.first_base.get_or_insert(n);
+        if let Some(at) = at {
+            self.first_base.get_or_insert(at.checkpoint);
             self.since_full = if since.is_some() { self.since_full + 1 } else { 1 };
             // Changes from now on belong to the next checkpoint.
-            self.epoch = (n + 1) as u32;
+            self.epoch = at.next_epoch();
             self.tracking = true;
         }
         // Removals and changes a complete checkpoint holds are not needed
@@ -1046,12 +1035,12 @@ impl<K: Key, V: Data> ValueState<K, V> {
         // on an older complete checkpoint. (A plain snapshot, not for a
         // checkpoint, leaves the logs alone.) The logs dropped are freed
         // with the snapshot, off the worker.
-        if let Some((_, completed)) = at {
+        if let Some(at) = at {
             for r in &mut self.removed {
-                r.at_barrier(ending, completed, &mut dropped_keys);
+                r.at_barrier(ending, at.completed, &mut dropped_keys);
             }
             for c in &mut self.changed {
-                c.at_barrier(ending, completed, &mut dropped_changes);
+                c.at_barrier(ending, at.completed, &mut dropped_changes);
             }
         }
         // A byte store's delta: per key group (by index), the sealed change
@@ -1277,6 +1266,26 @@ impl<K: Key, V: Data> ValueState<K, V> {
             self.update(group, k, key, |slot| *slot = Some(v))?;
         }
         Ok(())
+    }
+}
+
+impl<K: Key, V: Data> super::KeyedState for ValueState<K, V> {
+    fn snapshot_at(&mut self, _operator: &str, at: Option<Barrier>) -> Result<Snapshot> {
+        ValueState::snapshot_at(self, at)
+    }
+
+    fn import_part(&mut self, _operator: &str, entries: &mut [EntryRef<'_>], removed: &[RemovedRef<'_>]) -> Result<()> {
+        ValueState::import_part(self, entries, removed)
+    }
+
+    fn stats(&self) -> super::StateStats {
+        match &self.store {
+            Store::Objects(maps) => {
+                super::StateStats::in_memory(maps.iter().map(|m| m.len()).sum(), std::mem::size_of::<(K, (V, u32))>())
+            }
+            Store::Cached(store) => store.stats(),
+            Store::Bytes { table, .. } => super::StateStats { table: table.size(), ..super::StateStats::default() },
+        }
     }
 }
 

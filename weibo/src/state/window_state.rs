@@ -10,7 +10,8 @@ use rustc_hash::FxBuildHasher;
 
 use super::cache::CacheShare;
 use super::snapshot::{
-    Entries, EntryRef, RemovedRef, Snapshot, SnapshotPart, delta_since, entry_refs, flush_part, gather, pass_if_full,
+    Barrier, Entries, EntryRef, RemovedRef, Snapshot, SnapshotPart, delta_since, entry_refs, flush_part, gather,
+    pass_if_full,
 };
 use super::spares::Shareable;
 use super::timer_state::DueKeys;
@@ -59,10 +60,10 @@ impl<K: Key, A: Data> WindowState<K, A> {
         checkpoint: CheckpointId,
         since: CheckpointId,
     ) -> Result<Snapshot> {
-        self.snapshot_at(operator, Some((checkpoint.get(), since.get())))
+        self.snapshot_at(operator, Some(Barrier::new(checkpoint, since)))
     }
 
-    fn snapshot_at(&mut self, operator: &str, at: Option<(u64, u64)>) -> Result<Snapshot> {
+    fn snapshot_at(&mut self, operator: &str, at: Option<Barrier>) -> Result<Snapshot> {
         let Some(spill) = self.spill.as_deref_mut() else {
             return self.snapshot_in_memory(operator, at);
         };
@@ -74,13 +75,10 @@ impl<K: Key, A: Data> WindowState<K, A> {
             self.log.first_base = None;
             spill.values.force_base();
         }
-        if let Some((_, completed)) = at {
-            self.log.table_purged.retain(|(e, _)| u64::from(*e) > completed);
+        if let Some(at) = at {
+            self.log.table_purged.retain(|(e, _)| u64::from(*e) > at.completed);
         }
-        let table = match at {
-            Some((n, since)) => spill.values.snapshot_changes(CheckpointId::new(n), CheckpointId::new(since))?,
-            None => spill.values.snapshot_deferred()?,
-        };
+        let table = spill.values.snapshot_at(at)?;
         let memory = self.snapshot_in_memory(operator, at)?;
         // The windows in memory first: a window moved to the table after a
         // removal the delta holds has its accumulators in the table's part
@@ -98,17 +96,17 @@ impl<K: Key, A: Data> WindowState<K, A> {
         }))
     }
 
-    fn snapshot_in_memory(&mut self, operator: &str, at: Option<(u64, u64)>) -> Result<Snapshot> {
+    fn snapshot_in_memory(&mut self, operator: &str, at: Option<Barrier>) -> Result<Snapshot> {
         let (windows, log) = (&mut self.windows, &mut self.log);
         let since = delta_since(at, log.first_base, log.since_full);
         let mut purged = Vec::new();
         let mut removed = Vec::new();
-        if let Some((n, completed)) = at {
-            log.first_base.get_or_insert(n);
+        if let Some(at) = at {
+            log.first_base.get_or_insert(at.checkpoint);
             log.since_full = if since.is_some() { log.since_full + 1 } else { 1 };
-            log.epoch = (n + 1) as u32;
+            log.epoch = at.next_epoch();
             // Removals a complete checkpoint holds are not needed again.
-            let pending = |e: u32| u64::from(e) > completed;
+            let pending = |e: u32| u64::from(e) > at.completed;
             log.purged.retain(|(e, _, _)| pending(*e));
             log.removed.retain(|(e, _, _, _)| pending(*e));
             log.removed_len = log.purged.iter().map(|(_, _, m)| m.len()).sum::<usize>() + log.removed.len();
@@ -262,6 +260,35 @@ impl<K, A> WindowLog<K, A> {
 /// tests, so that they give up often).
 #[cfg(not(test))]
 pub(super) const WINDOW_LOG_MIN: usize = super::SNAPSHOT_PART;
+
+impl<K: Key, A: Data> super::KeyedState for WindowState<K, A> {
+    fn snapshot_at(&mut self, operator: &str, at: Option<Barrier>) -> Result<Snapshot> {
+        WindowState::snapshot_at(self, operator, at)
+    }
+
+    fn import_part(&mut self, operator: &str, entries: &mut [EntryRef<'_>], removed: &[RemovedRef<'_>]) -> Result<()> {
+        WindowState::import_part(self, entries, removed, operator)
+    }
+
+    fn stats(&self) -> super::StateStats {
+        let memory = super::StateStats::in_memory(
+            self.windows.values().map(|w| w.len()).sum(),
+            std::mem::size_of::<(K, (u16, A, u32))>(),
+        );
+        match &self.spill {
+            None => memory,
+            Some(spill) => {
+                let table = spill.values.stats();
+                super::StateStats {
+                    memory_entries: memory.memory_entries + table.memory_entries,
+                    memory_bytes: spill.held as u64 + table.memory_bytes,
+                    ..table
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 pub(super) const WINDOW_LOG_MIN: usize = 4;
 
@@ -403,25 +430,6 @@ impl<K, A> fmt::Debug for WindowState<K, A> {
 }
 
 impl<K: Key, A: Data> WindowState<K, A> {
-    /// What it holds now (for metrics): its open windows' accumulators.
-    pub(crate) fn stats(&self) -> super::StateStats {
-        let memory = super::StateStats::in_memory(
-            self.windows.values().map(|w| w.len()).sum(),
-            std::mem::size_of::<(K, (u16, A, u32))>(),
-        );
-        match &self.spill {
-            None => memory,
-            Some(spill) => {
-                let table = spill.values.stats();
-                super::StateStats {
-                    memory_entries: memory.memory_entries + table.memory_entries,
-                    memory_bytes: spill.held as u64 + table.memory_bytes,
-                    ..table
-                }
-            }
-        }
-    }
-
     /// Opens the window state `scope` names on `backend`.
     ///
     /// # Errors

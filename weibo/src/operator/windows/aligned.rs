@@ -14,10 +14,10 @@ use crate::codec::key::Key;
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
 use crate::operator::keyed::take_records;
-use crate::operator::{InputOperator, SnapshotAt, emit};
+use crate::operator::{InputOperator, SnapshotAt, emit, restore_state, snapshot_state};
 use crate::record::RecordRef;
 use crate::record::{RecordBatch, Timestamp};
-use crate::state::{RestoreSource, StateSnapshot, StateType, ValueState, WindowState};
+use crate::state::{KeyedState, RestoreSource, StateSnapshot, StateType, ValueState, WindowState};
 use crate::time::watermarks::InputTime;
 
 /// Tumbling and sliding windows: one accumulator per (window, key), kept
@@ -415,30 +415,24 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
     }
 
     fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
-        let entries = self.state.snapshot_changes(&self.common.info.name, at.n, at.since)?;
-        let mut out = vec![StateSnapshot { state: "windows", ty: StateType::of::<W::Acc>(), snapshot: entries }];
+        let name = &self.common.info.name;
+        let mut out = vec![snapshot_state(&mut self.state, name, "windows", StateType::of::<W::Acc>(), at)?];
         if let Some(f) = self.fired.as_mut() {
             f.record(self.common.watermark)?;
-            let entries = f.state.snapshot_changes(at.n, at.since)?;
-            out.push(StateSnapshot { state: "fired", ty: StateType::own::<FiredUpTo>(), snapshot: entries });
+            out.push(snapshot_state(&mut f.state, name, "fired", StateType::own::<FiredUpTo>(), at)?);
         }
         Ok(out)
     }
 
     fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
         let name = self.common.info.name.clone();
-        // A part at a time: a large window state is never all in memory.
-        from.load_entries(&name, "windows", &StateType::of::<W::Acc>(), groups, &mut |entries, removed| {
-            self.state.import_part(entries, removed, &name)
-        })?;
+        restore_state(&mut self.state, from, &name, "windows", &StateType::of::<W::Acc>(), groups)?;
         // The restored windows may be due at any watermark.
         self.quiet_below = Timestamp::MIN;
         if let Some(f) = self.fired.as_mut() {
             // Checkpoints of builds before this record have none: their
             // kept windows fire again after a restore, as they did then.
-            from.load_entries(&name, "fired", &StateType::own::<FiredUpTo>(), groups, &mut |entries, removed| {
-                f.state.import_part(entries, removed)
-            })?;
+            restore_state(&mut f.state, from, &name, "fired", &StateType::own::<FiredUpTo>(), groups)?;
             let last = self.state.windows_from(Timestamp::MIN).last().map(|start| start.saturating_add(self.size - 1));
             f.restored(&name, last)?;
         }

@@ -11,9 +11,9 @@ use crate::codec::key::Key;
 use crate::error::Result;
 use crate::metrics::OperatorCounters;
 use crate::operator::keyed::{TIMERS, take_records};
-use crate::operator::{InputOperator, SnapshotAt};
+use crate::operator::{InputOperator, SnapshotAt, restore_state, snapshot_state};
 use crate::record::{RecordBatch, Timestamp};
-use crate::state::{RestoreSource, StateSnapshot, StateType, ValueState};
+use crate::state::{KeyedState, RestoreSource, StateSnapshot, StateType, ValueState};
 use crate::time::watermarks::InputTime;
 
 /// Session windows: per key, its open sessions.
@@ -179,36 +179,18 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
     }
 
     fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
+        let name = &self.common.info.name;
         Ok(vec![
-            StateSnapshot {
-                state: "sessions",
-                ty: StateType::of::<Sessions<W::Acc>>(),
-                snapshot: self.state.snapshot_changes(at.n, at.since)?,
-            },
-            StateSnapshot {
-                state: "fire-timers",
-                ty: StateType::internal(TIMERS),
-                snapshot: self.common.fire.snapshot_changes(at.n, at.since)?,
-            },
-            StateSnapshot {
-                state: "cleanup-timers",
-                ty: StateType::internal(TIMERS),
-                snapshot: self.common.cleanup.snapshot_changes(at.n, at.since)?,
-            },
+            snapshot_state(&mut self.state, name, "sessions", StateType::of::<Sessions<W::Acc>>(), at)?,
+            snapshot_state(&mut self.common.fire, name, "fire-timers", StateType::internal(TIMERS), at)?,
+            snapshot_state(&mut self.common.cleanup, name, "cleanup-timers", StateType::internal(TIMERS), at)?,
         ])
     }
 
     fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
         let name = self.common.info.name.clone();
-        let ty = StateType::of::<Sessions<W::Acc>>();
-        from.load_entries(&name, "sessions", &ty, groups, &mut |entries, removed| {
-            self.state.import_part(entries, removed)
-        })?;
-        for (state, timers) in [("fire-timers", &mut self.common.fire), ("cleanup-timers", &mut self.common.cleanup)] {
-            from.load_entries(&name, state, &StateType::internal(TIMERS), groups, &mut |entries, removed| {
-                timers.import_part(entries, removed, &name)
-            })?;
-        }
-        Ok(())
+        restore_state(&mut self.state, from, &name, "sessions", &StateType::of::<Sessions<W::Acc>>(), groups)?;
+        restore_state(&mut self.common.fire, from, &name, "fire-timers", &StateType::internal(TIMERS), groups)?;
+        restore_state(&mut self.common.cleanup, from, &name, "cleanup-timers", &StateType::internal(TIMERS), groups)
     }
 }
