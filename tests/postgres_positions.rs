@@ -252,18 +252,18 @@ fn storing_positions_needs_checkpoints_and_exactly_once() {
     let source = || KafkaSource::builder(bootstrap(), [topic.clone()], Json).until_end().build::<Event>().unwrap();
     let job = Job::new("no-checkpoints");
     job.source(source()).sink_exactly_once(sink(&table, &table));
-    let err = weibo::testing::block_on(job.run()).unwrap_err().to_string();
+    let err = weibo::testing::block_on(job.run()).unwrap_err().report().to_string();
     assert!(err.contains("checkpoints") && err.contains("positions"), "{err}");
     let job = Job::new("at-least-once").with_checkpoint_storage(MemoryStorage::new(), Duration::from_millis(100));
     job.source(source()).sink(sink(&table, &table));
-    let err = weibo::testing::block_on(job.run()).unwrap_err().to_string();
+    let err = weibo::testing::block_on(job.run()).unwrap_err().report().to_string();
     assert!(err.contains("sink_exactly_once"), "{err}");
     // Two sinks storing positions: two transactions, refused.
     let job = Job::new("two").with_checkpoint_storage(MemoryStorage::new(), Duration::from_millis(100));
     let input = job.source(source());
     input.clone().sink_exactly_once(sink(&table, &format!("{table}_1")));
     input.sink_exactly_once(sink(&table, &format!("{table}_2")));
-    let err = weibo::testing::block_on(job.run()).unwrap_err().to_string();
+    let err = weibo::testing::block_on(job.run()).unwrap_err().report().to_string();
     assert!(err.contains("one sink per job"), "{err}");
     assert!(table_rows(&table).is_empty());
     assert!(stored(&table).is_empty());
@@ -277,7 +277,7 @@ fn storing_positions_needs_checkpoints_and_exactly_once() {
     let err = KafkaSource::builder(bootstrap(), [topic.clone()], Json)
         .resume_from(&[entry("a"), entry("b")])
         .build::<Event>();
-    let err = err.unwrap_err().to_string();
+    let err = err.unwrap_err().report().to_string();
     assert!(err.contains("twice") && err.contains("`a`") && err.contains("`b`"), "{err}");
 }
 
@@ -309,7 +309,7 @@ fn a_job_whose_positions_moved_since_it_read_them_is_fenced() {
     // The second's writers waited for the first's; its first commit found
     // the positions moved and failed it. (The first may fail too: the
     // second dropped what it had spooled.)
-    let err = second.unwrap_err().to_string();
+    let err = second.unwrap_err().report().to_string();
     assert!(err.contains("changed since this run read them"), "{err}");
     let _ = first;
     assert_rows_match_positions(&table, &table, "after the fenced start");

@@ -139,7 +139,7 @@ fn try_run(table: &str, sink: PostgresSink<(i64, String)>) -> String {
     let err = weibo::testing::block_on(job.run()).expect_err("the job must fail");
     let rows = rows(&format!("SELECT count(*) FROM {table}"));
     assert_eq!(rows, vec![vec![Some("0".to_string())]], "nothing written into {table} before the error");
-    err.to_string()
+    err.report().to_string()
 }
 
 #[test]
@@ -192,17 +192,18 @@ fn a_mapping_that_does_not_fit_the_table_is_refused_before_any_row_is_written() 
     let job = Job::new("absent");
     job.source(Generator::new(10, |i| i as i64))
         .sink(PostgresSink::builder(url.clone(), &absent).with_column("id", |r: &i64| *r).build().unwrap());
-    let err = weibo::testing::block_on(job.run()).expect_err("no such table").to_string();
+    let err = weibo::testing::block_on(job.run()).expect_err("no such table").report().to_string();
     assert!(err.contains(&format!("table `{absent}` does not exist in database `postgres`")), "{err}");
 
     // Mistakes the builder itself catches.
-    let e = PostgresSink::<i64>::builder(url.clone(), &table).build().unwrap_err().to_string();
+    let e = PostgresSink::<i64>::builder(url.clone(), &table).build().unwrap_err().report().to_string();
     assert!(e.contains("no columns"), "{e}");
     let e = PostgresSink::<i64>::builder(url.clone(), &table)
         .with_column("id", |r: &i64| *r)
         .with_upsert_keys(["key"])
         .build()
         .unwrap_err()
+        .report()
         .to_string();
     assert!(e.contains("upsert key `key` is not a mapped column"), "{e}");
     let e =
@@ -472,7 +473,7 @@ fn a_refused_row_under_the_fail_policy_fails_the_job_naming_its_position() {
         } else {
             s.sink(orders_sink(&table, Rejected::Fail));
         }
-        let err = weibo::testing::block_on(job.run()).expect_err("a refused row fails the job").to_string();
+        let err = weibo::testing::block_on(job.run()).expect_err("a refused row fails the job").report().to_string();
         assert!(err.contains("from source `orders` partition 0 offset 7"), "{err}");
         assert!(err.contains("violates check constraint"), "{err}");
         assert!(err.contains(&format!("for table `{table}`")), "{err}");
@@ -490,7 +491,7 @@ fn the_sink_says_where_a_database_that_never_answers_is() {
             .build()
             .unwrap(),
     );
-    let err = weibo::testing::block_on(job.run()).expect_err("nothing listens there").to_string();
+    let err = weibo::testing::block_on(job.run()).expect_err("nothing listens there").report().to_string();
     assert!(err.contains("check the table: still failing after"), "{err}");
     assert!(err.contains("connect to the database"), "{err}");
 }
@@ -540,7 +541,7 @@ fn a_commit_refused_for_good_fails_a_running_job_and_no_later_epoch_commits_befo
     .name("orders")
     .sink_exactly_once(orders_sink(&table, Rejected::Fail));
     let started = std::time::Instant::now();
-    let err = weibo::testing::block_on(job.run()).expect_err("the refused row fails the job").to_string();
+    let err = weibo::testing::block_on(job.run()).expect_err("the refused row fails the job").report().to_string();
     assert!(started.elapsed() < Duration::from_secs(10), "the job failed only after {:?}", started.elapsed());
     assert!(err.contains("offset 507") && err.contains("violates check constraint"), "{err}");
     // Epochs commit in order: nothing after the refused one's epoch.
@@ -576,7 +577,7 @@ fn sslmode_require_connects_over_tls_and_verifies_the_server() {
     let fails = |sink: PostgresSink<(i64, String)>| {
         let job = Job::new("tls-refused");
         job.source(Generator::new(10, |i| (i as i64, format!("v{i}")))).sink(sink);
-        block_on(job.run()).expect_err("the job must fail").to_string()
+        block_on(job.run()).expect_err("the job must fail").report().to_string()
     };
     // The system's roots do not know the server's: refused, naming TLS.
     let err = fails(sink(&require).build().unwrap());
@@ -587,9 +588,9 @@ fn sslmode_require_connects_over_tls_and_verifies_the_server() {
     assert_eq!(count()[0][0].as_deref(), Some("500"), "nothing more written");
     // A root certificate without sslmode=require is a mistake, and so is a
     // file that holds none.
-    let err = sink(&tls.url).with_tls_root_certificates(&ca).build().err().unwrap().to_string();
+    let err = sink(&tls.url).with_tls_root_certificates(&ca).build().err().unwrap().report().to_string();
     assert!(err.contains("sslmode=require"), "{err}");
     let empty = tempfile::NamedTempFile::new().unwrap();
-    let err = sink(&require).with_tls_root_certificates(empty.path()).build().err().unwrap().to_string();
+    let err = sink(&require).with_tls_root_certificates(empty.path()).build().err().unwrap().report().to_string();
     assert!(err.contains("no certificate"), "{err}");
 }

@@ -26,7 +26,7 @@
 //! **Retries**: connection errors, timeouts, 5xx and 429 are retried with
 //! exponential backoff and jitter (100 ms to 10 s; a 429's or 503's
 //! `Retry-After`, in seconds or as a date, is honoured), for up to
-//! `with_retry_for` (5 minutes by default); then the job fails. Any other 4xx
+//! the retry limit (`with_retry_for`, 5 minutes by default); then the job fails. Any other 4xx
 //! means the request itself is wrong: the batch is split in halves until
 //! the refused records are alone, and each goes to the dead-letter sink
 //! with the status and the start of the response body, or fails the job.
@@ -369,7 +369,7 @@ struct HttpWriter<T> {
 
 impl<T: Serialize + Send + 'static> HttpWriter<T> {
     /// Sends the waiting records as one batch (waiting first when
-    /// `with_concurrency` requests are in flight).
+    /// as many requests as `with_concurrency` allows are in flight).
     fn ship(&mut self) -> Result<()> {
         self.collect(false)?;
         if self.records.is_empty() {
@@ -595,7 +595,7 @@ async fn deliver<T>(inner: &Inner<T>, key: String, items: Vec<Item<T>>) -> Resul
 }
 
 /// Sends one request until it is delivered (`None`) or refused (`Some`
-/// with the reason), retrying for up to `with_retry_for`.
+/// with the reason), retrying for up to the retry limit (`with_retry_for`).
 async fn send<T>(inner: &Inner<T>, key: &str, body: &[u8]) -> Result<Option<String>> {
     let started = Instant::now();
     let mut delay = Duration::from_millis(100);

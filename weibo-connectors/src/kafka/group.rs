@@ -449,7 +449,7 @@ impl Shared {
     }
 
     fn fail(&self, partition: i32, e: &Error) {
-        let e = connector(&self.name, format!("cannot start the task of partition {partition}: {e}"));
+        let e = connector(&self.name, format!("cannot start the task of partition {partition}: {}", e.report()));
         lock(&self.failure).get_or_insert(e);
     }
 
@@ -473,7 +473,7 @@ impl Shared {
             for s in stopping.collect::<Vec<_>>() {
                 match s.await {
                     Ok((p, Ok(()))) => tracing::info!(%group, partition = p, lost, "task stopped"),
-                    Ok((p, Err(e))) => errors.push(format!("partition {p}: {e}")),
+                    Ok((p, Err(e))) => errors.push(format!("partition {p}: {}", e.report())),
                     Err(e) => errors.push(e.to_string()),
                 }
             }

@@ -164,6 +164,7 @@ impl<T> fmt::Debug for KafkaSink<T> {
         f.debug_struct("KafkaSink")
             .field("brokers", &self.conn.brokers)
             .field("topic", &self.enc.topic)
+            .field("transactions", &self.txn.id())
             .finish_non_exhaustive()
     }
 }
@@ -207,8 +208,13 @@ impl<T: Send + 'static> Sink<T> for KafkaSink<T> {
         format!("kafka {}", self.enc.topic)
     }
 
-    fn open(&self, _instance: usize, _parallelism: usize) -> Result<Box<dyn SinkWriter<T>>> {
+    fn open(&self, instance: usize, _parallelism: usize) -> Result<Box<dyn SinkWriter<T>>> {
         let name = self.default_name();
+        if instance == 0
+            && let Some(id) = self.txn.id()
+        {
+            tracing::warn!(sink = %name, transactions = %id, "the sink has `with_transactions` but is used with `sink`: it writes at least once; use `sink_exactly_once` for transactions");
+        }
         let producer: KafkaProducer = self
             .conn
             .config(&[("enable.idempotence", "true"), ("linger.ms", "5")])

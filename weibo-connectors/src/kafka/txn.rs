@@ -70,6 +70,13 @@ pub(crate) struct Transactions {
     core: OnceLock<Arc<Core>>,
 }
 
+impl Transactions {
+    /// The transactional ids' prefix, when set.
+    pub(crate) fn id(&self) -> Option<&str> {
+        self.names.as_ref().map(|(id, _)| id.as_str())
+    }
+}
+
 impl Default for Transactions {
     fn default() -> Self {
         Self { names: None, timeout: Duration::from_secs(60), consumed: Mutex::new(None), core: OnceLock::new() }
@@ -186,19 +193,22 @@ impl<T> KafkaSink<T> {
                  `KafkaSink::new(..).with_transactions(id, redo_dir)`",
             ));
         };
-        let core = Core {
-            id: id.clone(),
-            run: run_token(),
-            topic: self.enc.topic.clone(),
-            redo: redo.clone(),
-            conn: self.conn.clone(),
-            txn_timeout: self.txn.timeout,
-            state: Mutex::new(State::default()),
-            ids_file: Mutex::new(()),
-            consumed: self.txn.consumed.lock().unwrap_or_else(PoisonError::into_inner).take(),
-            offsets_sent: Mutex::new(None),
-        };
-        Ok(self.txn.core.get_or_init(|| Arc::new(core)))
+        // Made once: a second caller waits for the first one's core (the
+        // consumed offsets' settings move into it).
+        Ok(self.txn.core.get_or_init(|| {
+            Arc::new(Core {
+                id: id.clone(),
+                run: run_token(),
+                topic: self.enc.topic.clone(),
+                redo: redo.clone(),
+                conn: self.conn.clone(),
+                txn_timeout: self.txn.timeout,
+                state: Mutex::new(State::default()),
+                ids_file: Mutex::new(()),
+                consumed: self.txn.consumed.lock().unwrap_or_else(PoisonError::into_inner).take(),
+                offsets_sent: Mutex::new(None),
+            })
+        }))
     }
 }
 
@@ -1071,7 +1081,7 @@ impl<T: Send + 'static> TransactionWriter<T> for TxnWriter<T> {
                 && let Err(e) = produce(&name, &s.producer, &self.enc.topic, &self.rec)
             {
                 // Only the redo log from here on; see `seal`.
-                self.broken = Some(e.to_string());
+                self.broken = Some(e.report().to_string());
             }
         }
         batch.drain().for_each(drop);

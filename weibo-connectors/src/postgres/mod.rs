@@ -231,7 +231,7 @@ impl<T> Inner<T> {
     /// Remembers that a commit failed for good.
     pub(crate) fn fail(&self, e: &Error) {
         let mut f = self.fatal.lock().unwrap_or_else(PoisonError::into_inner);
-        f.get_or_insert_with(|| e.to_string());
+        f.get_or_insert_with(|| e.report().to_string());
         self.failed.store(true, Ordering::Release);
     }
 
@@ -377,7 +377,7 @@ impl<T: Send + 'static> PostgresSink<T> {
     /// # Errors
     /// [`Error::Connector`] when the sink does not store positions, when
     /// the check fails, or when the database cannot be read for
-    /// `with_retry_for`.
+    /// the retry limit (`with_retry_for`).
     pub fn stored_positions(&self) -> Result<Vec<weibo::checkpoint::SourcePositionEntry>> {
         if !self.inner.store_positions {
             return Err(self.inner.err("the sink does not store positions: build it with `store_source_positions`"));
@@ -539,7 +539,7 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
         let name = format!("postgres {}", self.table);
         let table = TableName::parse(&name, &self.table)?;
         if self.columns.is_empty() {
-            return Err(Error::connector(&name, "no columns: map at least one with `.column(name, f)`"));
+            return Err(Error::connector(&name, "no columns: map at least one with `.with_column(name, f)`"));
         }
         for (i, c) in self.columns.iter().enumerate() {
             if self.columns.iter().take(i).any(|d| d.name == c.name) {
@@ -554,7 +554,7 @@ impl<T: Send + 'static> PostgresSinkBuilder<T> {
                 None => {
                     return Err(Error::connector(
                         &name,
-                        format!("upsert key `{k}` is not a mapped column (map it with `.column(\"{k}\", …)`)"),
+                        format!("upsert key `{k}` is not a mapped column (map it with `.with_column(\"{k}\", …)`)"),
                     ));
                 }
             }

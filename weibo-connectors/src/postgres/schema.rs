@@ -206,9 +206,7 @@ async fn check_once<T>(inner: &Inner<T>) -> Result<Checked, Attempt> {
         } else {
             format!(" (an upsert on ({}) needs a unique index or constraint on exactly these columns)", checked.keys)
         };
-        return Err(Attempt::Fail(
-            inner.err_caused(format!("cannot write into table `{}`: {}{hint}", inner.table, message(&e)), e),
-        ));
+        return Err(Attempt::Fail(inner.err_caused(format!("cannot write into table `{}`{hint}", inner.table), e)));
     }
     create(
         inner,

@@ -797,7 +797,7 @@ struct LockSession {
 /// the sink's id and the instance): one writer per sink instance at a time,
 /// whatever process it runs in. A second (a process that lost its work but
 /// still runs, or another job given the same id) waits until the first one's
-/// session ends, for up to `with_retry_for`, then fails naming the id.
+/// session ends, for up to the retry limit (`with_retry_for`), then fails naming the id.
 fn writer_lock<T: Send + 'static>(inner: &Arc<Inner<T>>, instance: usize) -> Result<LockSession> {
     let me = Arc::clone(inner);
     let key = format!("weibo-writer/{}/{instance}", inner.id);

@@ -82,8 +82,7 @@ impl<T> Inner<T> {
         match kind(&e) {
             Kind::Passing => Attempt::Retry(format!("{what}: {}", message(&e))),
             Kind::Data | Kind::Other => {
-                let m = message(&e);
-                Attempt::Fail(self.err_caused(format!("cannot {what} (table `{}`): {m}", self.table), e))
+                Attempt::Fail(self.err_caused(format!("cannot {what} (table `{}`)", self.table), e))
             }
         }
     }
@@ -114,7 +113,7 @@ impl<T> Inner<T> {
 
 /// Runs `$body` (an async block's contents returning `Result<R,
 /// Attempt>`) until it succeeds, fails for good, or has been failing for
-/// longer than the sink's `with_retry_for`, with exponential backoff (50 ms to
+/// longer than the sink's retry limit (`with_retry_for`), with exponential backoff (50 ms to
 /// 5 s) and jitter between attempts; `$attempt` is the attempt's number
 /// (from 0). Evaluates to `weibo::Result<R>`.
 macro_rules! retrying {

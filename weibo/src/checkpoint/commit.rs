@@ -230,7 +230,7 @@ impl TwoPhaseCommits {
             };
             if let Err(e) = result {
                 tracing::warn!(sink = %c.id, transactions = unit.entries.len(), error = %e.report(), "commit failed; retried with the next checkpoint");
-                failed = Some(e.to_string());
+                failed = Some(e.report().to_string());
                 owed.extend(unit.entries);
             }
         }
@@ -273,7 +273,7 @@ impl TwoPhaseCommits {
                     count_commit(&c.counters, started, result.is_ok());
                     if let Err(e) = result {
                         tracing::warn!(sink = %c.id, transactions = handles.len(), attempt, error = %e.report(), "commit after the final checkpoint failed; trying again");
-                        self.last_error = Some(e.to_string());
+                        self.last_error = Some(e.report().to_string());
                         owed.extend(unit.entries);
                     }
                 }

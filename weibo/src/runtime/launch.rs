@@ -126,7 +126,7 @@ fn take_storage(
                     path: storage.locate(""),
                     message: format!(
                         "is in use by {who}{waited}: one run of one job owns a checkpoint storage while it runs. \
-                         Stop that run first, or let this one wait for it (`Job::wait_for_storage`)"
+                         Stop that run first, or let this one wait for it (`Job::with_storage_wait`)"
                     ),
                     source: None,
                 });

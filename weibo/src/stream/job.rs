@@ -803,7 +803,7 @@ impl Job {
             match launched {
                 Ok(l) => l,
                 Err(e) => {
-                    status.send_replace(JobState::Failed { error: e.to_string() });
+                    status.send_replace(JobState::Failed { error: e.report().to_string() });
                     return Err(e);
                 }
             };

@@ -766,7 +766,7 @@ async fn savepoints(State(admin): State<Arc<Admin>>) -> Answer {
     let names = tokio::task::spawn_blocking(move || crate::checkpoint::savepoints_in(&*listing))
         .await
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("listing the savepoints: {e}")))?
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        .map_err(job_error)?;
     let found: Vec<Value> = names
         .into_iter()
         .map(|name| {
