@@ -5,15 +5,12 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use super::factory::{RouterFactory, router_factory};
-use super::{OpInfo, erase};
+use super::{Consumer, OpInfo, Outbox, erase};
 use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
-use crate::operator::{Consumer, Outbox};
-use crate::record::CheckpointId;
-use crate::record::Message;
-use crate::record::{Batch, RecordBatch, Timestamp};
+use crate::record::{Batch, CheckpointId, Message, RecordBatch, Timestamp};
 
 /// The router of a hash edge keyed by `key_fn`: made where the key
 /// function's type is known (`key_by`), so that the router calls it

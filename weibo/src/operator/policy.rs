@@ -6,10 +6,9 @@ use std::fmt::Display;
 
 use serde::{Deserialize, Serialize};
 
-use super::OpInfo;
+use super::{Consumer, OpInfo};
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
-use crate::operator::Consumer;
 use crate::record::CheckpointId;
 use crate::record::SourcePosition;
 use crate::record::{Batch, Meta, Timestamp};

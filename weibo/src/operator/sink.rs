@@ -3,11 +3,10 @@
 use std::sync::Arc;
 
 use super::factory::{ChainFactory, chain_factory};
-use super::{OpInfo, erase};
+use super::{Consumer, OpInfo, erase};
 use crate::checkpoint::commit::Prepared;
 use crate::error::Result;
 use crate::metrics::OperatorCounters;
-use crate::operator::Consumer;
 use crate::record::CheckpointId;
 use crate::record::{Batch, Timestamp};
 

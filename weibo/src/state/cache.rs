@@ -23,9 +23,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hashbrown::hash_map::Entry;
 
+use super::snapshot::{flush_part, pass_if_full};
 use super::spares::{Held, Holding, Shareable, Spares, Wanted};
 use super::value::{ChangeLog, ChangedKeys, OVERLAY_MIN};
-use super::{ObjectMap, Snapshot, SnapshotPart, SnapshotSink, StateTable, flush_part, pass_if_full};
+use super::{ObjectMap, Snapshot, SnapshotPart, SnapshotSink, StateTable};
 use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::error::{Error, Result};

@@ -487,9 +487,9 @@ impl StateTable for FjallTable {
                 for guard in snapshot.prefix(&keyspace, group.to_be_bytes()) {
                     let (k, v) = guard.into_inner().map_err(|e| state_error(&operator, "snapshot read", e))?;
                     part.part.push(group, k.get(2..).unwrap_or_default(), &v)?;
-                    crate::state::pass_if_full(&mut part, sink)?;
+                    super::snapshot::pass_if_full(&mut part, sink)?;
                 }
-                crate::state::flush_part(&mut part, sink)?;
+                super::snapshot::flush_part(&mut part, sink)?;
             }
             Ok(true)
         }))

@@ -31,7 +31,7 @@ pub use self::fjall::{FjallBackend, FjallOptions};
 pub(crate) use self::memory::EncodedMemoryBackend;
 pub use self::memory::MemoryBackend;
 pub(crate) use self::snapshot::{
-    ArchivedSnapshotFrame, Barrier, LoadPart, RestoreSource, StateSnapshot, StateType, flush_part, pass_if_full, slices,
+    ArchivedSnapshotFrame, Barrier, LoadPart, RestoreSource, StateSnapshot, StateType, slices,
 };
 pub use self::snapshot::{
     Entries, EntryRef, GatheredSnapshot, RemovedKeys, RemovedRef, SNAPSHOT_PART, SNAPSHOT_PART_BYTES, Snapshot,

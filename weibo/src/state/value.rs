@@ -11,8 +11,8 @@ use super::snapshot::{
     Barrier, Entries, EntryRef, RemovedRef, Snapshot, SnapshotPart, delta_since, entry_refs, flush_part, gather,
     pass_if_full,
 };
-use super::spares::Shareable;
-use super::{ObjectMap, StateBackend, StateScope, StateTable, cache, flat, spares};
+use super::spares::{self, Shareable};
+use super::{ObjectMap, StateBackend, StateScope, StateTable, cache, flat};
 use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::error::{Error, Result};
@@ -21,7 +21,7 @@ use crate::record::CheckpointId;
 /// A key group's values, each with the epoch it last changed in (a map
 /// whose lines a keyed operator loads ahead of its records: see
 /// [`ValueState::prefetch`]).
-pub(super) type StampedMap<K, V> = super::flat::FlatMap<K, (V, u32)>;
+pub(super) type StampedMap<K, V> = flat::FlatMap<K, (V, u32)>;
 
 pub(super) enum Store<K, V> {
     /// One map per owned key group, by typed key.

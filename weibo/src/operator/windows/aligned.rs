@@ -5,8 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::common::window_control;
-use super::common::{Common, give_meta};
+use super::common::{Common, give_meta, window_control};
 use super::functions::WindowFn;
 use super::{AlignedCache, Window};
 use crate::codec::Data;

@@ -2,8 +2,7 @@
 //! as records bridge them, and a timer per session end.
 
 use super::Window;
-use super::common::Common;
-use super::common::window_control;
+use super::common::{Common, window_control};
 use super::contents::Sessions;
 use super::functions::WindowFn;
 use crate::codec::Data;
