@@ -246,7 +246,7 @@ fn the_checker_sees_imports() {
     // The parser must find what it is meant to find, or the tests above
     // would pass on anything.
     let mut open = false;
-    assert_eq!(named_modules("use crate::state::ValueState;", &mut open), ["state"]);
+    assert_eq!(named_modules("use crate::state::ValueStore;", &mut open), ["state"]);
     assert_eq!(named_modules("use crate::{graph::Node, runtime};", &mut open), ["graph", "runtime"]);
     assert_eq!(named_modules("let x = crate::task::blocking(|| 1); // crate::stream", &mut open), ["task", "stream"]);
     assert_eq!(

@@ -19,7 +19,7 @@ use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, 
 use serde::{Deserialize, Serialize};
 use weibo::codec::Data;
 use weibo::codec::key::{encode, key_group};
-use weibo::state::{FjallBackend, MemoryBackend, StateBackend, StateScope, TimerState, ValueState, WindowState};
+use weibo::state::{FjallBackend, MemoryBackend, StateBackend, StateScope, TimerState, ValueStore, WindowState};
 
 const MULT: u64 = 2_654_435_761;
 const GROUPS: u16 = 128;
@@ -126,9 +126,9 @@ fn value_state(c: &mut Criterion) {
                 // Filling takes minutes; `bench w3` covers it.
                 continue;
             }
-            let mut state = ValueState::<u64, RunSum>::open(backend, &scope()).unwrap();
+            let mut state = ValueStore::<u64, RunSum>::open(backend, &scope()).unwrap();
             let mut bytes = Vec::new();
-            let mut update = |state: &mut ValueState<u64, RunSum>, i: u64| {
+            let mut update = |state: &mut ValueStore<u64, RunSum>, i: u64| {
                 let key = key_of(i, keys);
                 let group = encoded(key, &mut bytes);
                 let v = i % 1000;
@@ -159,7 +159,7 @@ fn value_state(c: &mut Criterion) {
             });
             if name == "memory" {
                 // As keyed operators do: each record's state asked for 4
-                // records ahead (`ValueState::prefetch`).
+                // records ahead (`ValueStore::prefetch`).
                 let mut ahead_bytes = Vec::new();
                 g.bench_with_input(BenchmarkId::new("memory, prefetched 4 ahead", keys), &keys, |b, _| {
                     b.iter(|| {

@@ -49,9 +49,25 @@ pub mod window {
     pub use crate::stream::window::{WindowedOutput, WindowedStream};
 }
 
+pub mod process {
+    //! Keyed process functions with named state: the states a function
+    //! declares ([`States`]), their handles, what a function sees per
+    //! record or timer ([`ProcessContext`]) and the views of one key's
+    //! state it reads and writes through ([`Value`], [`List`], [`Map`],
+    //! [`Reducing`], [`Aggregating`]).
+    pub use crate::operator::function::{
+        Aggregating, AggregatingState, KeyedProcessFunction, List, ListState, Map, MapState, ProcessContext,
+        ProcessOutcome, Reducing, ReducingState, States, TimeDomain, Timer, Value, ValueState,
+    };
+}
+
 pub use codec::Data;
 pub use codec::key::Key;
 pub use error::{Error, Result};
+pub use operator::function::{
+    AggregatingState, KeyedProcessFunction, ListState, MapState, ProcessContext, ProcessOutcome, ReducingState, States,
+    TimeDomain, Timer, ValueState,
+};
 pub use operator::keyed::KeyedContext;
 pub use runtime::status::JobState;
 #[cfg(feature = "admin")]

@@ -29,6 +29,10 @@ pub use weibo_macros::Key;
 
 pub use crate::codec::Data;
 pub use crate::codec::key::Key;
+pub use crate::operator::function::{
+    AggregatingState, KeyedProcessFunction, ListState, MapState, ProcessContext, ProcessOutcome, ReducingState, States,
+    TimeDomain, Timer, ValueState,
+};
 pub use crate::operator::keyed::KeyedContext;
 pub use crate::operator::windows::{Count, Session, Sliding, Tumbling, WindowResult};
 pub use crate::runtime::status::JobState;

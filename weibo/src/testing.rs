@@ -19,6 +19,7 @@ use crate::sources::{IterSource, ReadStatus, Source, SourceOutput, SourceReader}
 use crate::stream::Stream;
 use crate::stream::job::Job;
 use crate::task::BoxFuture;
+use crate::time::clock::Clock;
 
 /// Runs `future` to completion on a fresh two-thread tokio runtime.
 ///
@@ -344,6 +345,7 @@ fn _error_is_send(e: Error) -> Box<dyn std::error::Error + Send + Sync> {
 /// ```
 pub struct Harness<T> {
     job: Job,
+    clock: Clock,
     input: Stream<T>,
     tx: tokio::sync::mpsc::UnboundedSender<Command<T>>,
     probes: Vec<Arc<Mutex<ProbeState>>>,
@@ -417,7 +419,8 @@ impl<U: Clone> Probe<U> {
 
 impl<T: Clone + Send + 'static> Harness<T> {
     /// A harness with one input; its job flushes every millisecond, so
-    /// watermarks travel fast.
+    /// watermarks travel fast. Its processing time stands at 0 until
+    /// [`RunningHarness::set_processing_time`] moves it.
     ///
     /// ```
     /// use std::time::Duration;
@@ -434,10 +437,12 @@ impl<T: Clone + Send + 'static> Harness<T> {
     /// # Ok::<(), weibo::Error>(())
     /// ```
     pub fn new(name: &str) -> Self {
-        let job = Job::new(name).with_buffer_timeout(Duration::from_millis(1)).verifying_codecs();
+        let clock = Clock::manual(0);
+        let job =
+            Job::new(name).with_buffer_timeout(Duration::from_millis(1)).verifying_codecs().with_clock(clock.clone());
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let input = job.source(ManualSource { rx: Mutex::new(Some(rx)) });
-        Self { job, input, tx, probes: Vec::new() }
+        Self { job, clock, input, tx, probes: Vec::new() }
     }
 
     /// Changes the job's settings.
@@ -526,7 +531,14 @@ impl<T: Clone + Send + 'static> Harness<T> {
             let _guard = runtime.enter();
             self.job.spawn()?
         };
-        Ok(RunningHarness { runtime, handle: Some(handle), tx: self.tx, probes: self.probes, watermark: NO_TIMESTAMP })
+        Ok(RunningHarness {
+            runtime,
+            handle: Some(handle),
+            clock: self.clock,
+            tx: self.tx,
+            probes: self.probes,
+            watermark: NO_TIMESTAMP,
+        })
     }
 }
 
@@ -549,6 +561,7 @@ impl<T: Clone + Send + 'static> Harness<T> {
 pub struct RunningHarness<T> {
     runtime: tokio::runtime::Runtime,
     handle: Option<crate::stream::job::JobHandle>,
+    clock: Clock,
     tx: tokio::sync::mpsc::UnboundedSender<Command<T>>,
     probes: Vec<Arc<Mutex<ProbeState>>>,
     watermark: Timestamp,
@@ -633,6 +646,64 @@ impl<T: Send + 'static> RunningHarness<T> {
             if started.elapsed() > HARNESS_PATIENCE {
                 return Err(crate::error::internal_error!(
                     "watermark {watermark} did not reach the outputs within 30 s"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Moves the processing time to `time` (milliseconds; it never goes
+    /// back) and waits until every operator with processing-time timers
+    /// has fired those due by then, so what they emitted can be taken from
+    /// the probes.
+    ///
+    /// # Errors
+    /// The job's error if it stopped; [`Error::Internal`] if the timers
+    /// have not fired within 30 s.
+    ///
+    /// ```
+    /// use weibo::{Timer, on_error};
+    /// let mut h = weibo::testing::Harness::<char>::new("processing time");
+    /// // Report a key 1 minute (processing time) after its first record.
+    /// let reports = h.input().key_by(|c: &char| *c).process_with_state_and_timers(
+    ///     on_error::Fail,
+    ///     |states| states.value::<bool>("seen"),
+    ///     |ctx, seen, _| {
+    ///         if ctx.value(seen).get().is_none() {
+    ///             ctx.value(seen).set(true);
+    ///             ctx.register_processing_timer(ctx.processing_time() + 60_000);
+    ///         }
+    ///     },
+    ///     |ctx, _, timer: Timer| {
+    ///         let line = format!("{} at {}", ctx.key(), timer.time);
+    ///         ctx.emit(line);
+    ///     },
+    /// );
+    /// let probe = h.output(&reports);
+    /// let mut running = h.start()?;
+    /// running.push('a', 1)?;
+    /// running.watermark(1)?;
+    /// running.set_processing_time(59_999)?;
+    /// assert!(probe.take().is_empty());
+    /// running.set_processing_time(60_000)?;
+    /// assert_eq!(probe.take(), vec!["a at 60000".to_string()]);
+    /// running.finish()?;
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn set_processing_time(&mut self, time: Timestamp) -> Result<()> {
+        self.clock.set(time);
+        let started = std::time::Instant::now();
+        loop {
+            let running = self.handle.as_ref().is_some_and(|h| h.status() == crate::runtime::status::JobState::Running);
+            if running && self.clock.fired_through(time) {
+                return Ok(());
+            }
+            if self.handle.as_ref().is_none_or(crate::stream::job::JobHandle::is_finished) {
+                return self.finish().map(|_| ());
+            }
+            if started.elapsed() > HARNESS_PATIENCE {
+                return Err(crate::error::internal_error!(
+                    "the processing-time timers due at {time} did not fire within 30 s"
                 ));
             }
             std::thread::sleep(Duration::from_millis(1));

@@ -126,7 +126,7 @@ pub(crate) fn write_task_state(
     let mut files = Vec::new();
     let mut schemas = Vec::new();
     for snap in snapshots {
-        let (name, in_manifest) = naming::state_file(operator, instance, snap.state, n, run);
+        let (name, in_manifest) = naming::state_file(operator, instance, &snap.state, n, run);
         let meta = StateFile {
             operator: operator.to_string(),
             state: snap.state.to_string(),

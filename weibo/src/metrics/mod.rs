@@ -96,7 +96,7 @@ pub(crate) struct TaskCounters {
     pub(crate) generated: std::sync::atomic::AtomicBool,
     /// What each state of a keyed task's operator holds, as of about a
     /// second ago.
-    pub(crate) state: Mutex<Vec<(&'static str, StateStats)>>,
+    pub(crate) state: Mutex<Vec<(std::borrow::Cow<'static, str>, StateStats)>>,
     /// Time spent on batches: a keyed head's operator and chain on them, a
     /// source's chain on what it read (nanoseconds).
     pub(crate) busy_nanos: AtomicU64,

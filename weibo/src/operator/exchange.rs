@@ -284,7 +284,7 @@ where
                 typed.push((key, v));
                 // Typed records go without their key's bytes: the receiver
                 // has the typed key, and only a state on disk needs the
-                // bytes (it encodes them again, see `ValueState`).
+                // bytes (it encodes them again, see `ValueStore`).
                 out.commit_typed(group, m);
                 if out.len() >= self.limits.records {
                     self.send(target);

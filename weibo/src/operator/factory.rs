@@ -50,6 +50,8 @@ pub(crate) struct OperatorContext<'a> {
     /// Whether records on hash edges go through their codec (see
     /// `JobConfig::verify_codecs`).
     pub(crate) verify_codecs: bool,
+    /// The clock processing-time timers follow.
+    pub(crate) clock: &'a crate::time::clock::Clock,
 }
 
 impl OperatorContext<'_> {

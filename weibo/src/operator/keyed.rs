@@ -1,6 +1,5 @@
 //! Keyed operators: instances fed by a hash edge, with per-key state.
 
-use std::fmt::Display;
 use std::sync::Arc;
 
 use crate::codec::Data;
@@ -9,12 +8,13 @@ use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
 use crate::operator::Consumer;
 use crate::operator::factory::{KeyedFactory, keyed_factory, one, two};
+use crate::operator::function::ProcessOutcome;
 use crate::operator::policy::{DeadLetter, Failures, Policy};
 use crate::operator::{InputOperator, SnapshotAt, emit, restore_state, snapshot_state};
 use crate::operator::{OpInfo, forward_control, typed};
 use crate::record::CheckpointId;
 use crate::record::{Batch, Meta, RecordBatch, RecordRef, Timestamp};
-use crate::state::{KeyedState, RestoreSource, StateSnapshot, StateType, TimerState, ValueState};
+use crate::state::{KeyedState, RestoreSource, StateSnapshot, StateType, TimerState, ValueStore};
 use crate::time::watermarks::InputTime;
 
 /// A record's value; a value that does not decode is an error naming the
@@ -113,7 +113,7 @@ struct LookAhead<'a, 'b, K, T, I> {
 
 impl<'a, 'b, K, T, I: Iterator<Item = RecordRef<'b>>> LookAhead<'a, 'b, K, T, I> {
     /// `prefetch`: whether to ask for the keys ahead at all (see
-    /// `ValueState::prefetch_pays`); without, the records come out as
+    /// `ValueStore::prefetch_pays`); without, the records come out as
     /// they are.
     fn new(records: &'a mut Vec<(K, T)>, ahead: I, metas: I, prefetch: bool) -> Self {
         // Without prefetching, the current chunk never ends.
@@ -156,7 +156,7 @@ where
     keyed_factory(move |ctx, outs| {
         let info = ctx.info.clone();
         let next = typed::<T>(one(outs, &info.name)?, &info.name)?;
-        let state = ValueState::<K, T>::open(ctx.state, &ctx.state_scope("value"))?;
+        let state = ValueStore::<K, T>::open(ctx.state, &ctx.state_scope("value"))?;
         Ok(Box::new(ReduceOp {
             info,
             state,
@@ -183,7 +183,7 @@ where
     keyed_factory(move |ctx, outs| {
         let info = ctx.info.clone();
         let next = typed::<O>(one(outs, &info.name)?, &info.name)?;
-        let state = ValueState::<K, A>::open(ctx.state, &ctx.state_scope("accumulator"))?;
+        let state = ValueStore::<K, A>::open(ctx.state, &ctx.state_scope("accumulator"))?;
         Ok(Box::new(FoldOp {
             info,
             state,
@@ -200,15 +200,15 @@ where
 /// The factory of keyed `process` by `f` and `on_timer` under `policy`
 /// (states `value` and `timers`): outputs are the results and the dead
 /// letters.
-pub(crate) fn process<K, T, S, U, E, F, G>(policy: Policy, f: Arc<F>, on_timer: Arc<G>) -> Arc<dyn KeyedFactory>
+pub(crate) fn process<K, T, S, U, R, F, G>(policy: Policy, f: Arc<F>, on_timer: Arc<G>) -> Arc<dyn KeyedFactory>
 where
     K: Key,
     T: Data,
     S: Data,
     U: Clone + Send + 'static,
-    E: Display,
-    F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> std::result::Result<(), E> + Send + Sync + 'static,
-    G: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, Timestamp) -> std::result::Result<(), E> + Send + Sync + 'static,
+    R: ProcessOutcome,
+    F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> R + Send + Sync + 'static,
+    G: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, Timestamp) -> R + Send + Sync + 'static,
 {
     keyed_factory(move |ctx, outs| {
         let info = ctx.info.clone();
@@ -218,7 +218,7 @@ where
             Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
             _ => None,
         };
-        let state = ValueState::<K, S>::open(ctx.state, &ctx.state_scope("value"))?;
+        let state = ValueStore::<K, S>::open(ctx.state, &ctx.state_scope("value"))?;
         let timers = TimerState::<K>::open(ctx.state, &ctx.state_scope("timers"))?;
         Ok(Box::new(KeyedProcessOp {
             info,
@@ -253,7 +253,7 @@ pub(crate) fn partition<K: Key, T: Data>() -> Arc<dyn KeyedFactory> {
 /// `reduce`: the running value per key.
 pub(crate) struct ReduceOp<K, T, F> {
     pub(crate) info: OpInfo,
-    pub(crate) state: ValueState<K, T>,
+    pub(crate) state: ValueStore<K, T>,
     pub(crate) f: Arc<F>,
     pub(crate) out: Batch<T>,
     pub(crate) next: Box<dyn Consumer<T>>,
@@ -298,8 +298,8 @@ where
         Ok(vec![snapshot_state(&mut self.state, &self.info.name, "value", StateType::of::<T>(), at)?])
     }
 
-    fn state_stats(&self) -> Vec<(&'static str, crate::state::StateStats)> {
-        vec![("value", self.state.stats())]
+    fn state_stats(&self) -> Vec<(crate::state::StateName, crate::state::StateStats)> {
+        vec![("value".into(), self.state.stats())]
     }
 
     fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
@@ -311,7 +311,7 @@ where
 /// `output(key, &accumulator)` is emitted.
 pub(crate) struct FoldOp<K, T, A, O, I, F, R> {
     pub(crate) info: OpInfo,
-    pub(crate) state: ValueState<K, A>,
+    pub(crate) state: ValueStore<K, A>,
     pub(crate) init: Arc<I>,
     pub(crate) f: Arc<F>,
     pub(crate) output: Arc<R>,
@@ -354,8 +354,8 @@ where
         Ok(vec![snapshot_state(&mut self.state, &self.info.name, "accumulator", StateType::of::<A>(), at)?])
     }
 
-    fn state_stats(&self) -> Vec<(&'static str, crate::state::StateStats)> {
-        vec![("accumulator", self.state.stats())]
+    fn state_stats(&self) -> Vec<(crate::state::StateName, crate::state::StateStats)> {
+        vec![("accumulator".into(), self.state.stats())]
     }
 
     fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
@@ -368,19 +368,15 @@ where
 ///
 /// ```
 /// let out = weibo::testing::run(vec![("a".to_string(), 5u32), ("a".to_string(), 7)], |s| {
-///     s.key_by(|r: &(String, u32)| r.0.clone()).process(
-///         weibo::on_error::Fail,
-///         |ctx: &mut weibo::KeyedContext<'_, String, u32, String>, r: &(String, u32)| {
-///             // The running maximum per key, emitted when it grows.
-///             let best = ctx.state().get_or_insert(0);
-///             if r.1 > *best {
-///                 *best = r.1;
-///                 let line = format!("{} {}", ctx.key(), r.1);
-///                 ctx.emit(line);
-///             }
-///             Ok::<_, String>(())
-///         },
-///     )
+///     s.key_by(|r: &(String, u32)| r.0.clone()).process(weibo::on_error::Fail, |ctx, r| {
+///         // The running maximum per key, emitted when it grows.
+///         let best = ctx.state().get_or_insert(0);
+///         if r.1 > *best {
+///             *best = r.1;
+///             let line = format!("{} {}", ctx.key(), r.1);
+///             ctx.emit(line);
+///         }
+///     })
 /// })?;
 /// assert_eq!(out, vec!["a 5".to_string(), "a 7".to_string()]);
 /// # Ok::<(), weibo::Error>(())
@@ -576,7 +572,7 @@ impl<K: Key, S, U> KeyedContext<'_, K, S, U> {
 /// and a failure policy. `G` runs when a timer fires.
 pub(crate) struct KeyedProcessOp<K, T, S, U, F, G> {
     pub(crate) info: OpInfo,
-    pub(crate) state: ValueState<K, S>,
+    pub(crate) state: ValueStore<K, S>,
     pub(crate) timers: TimerState<K>,
     pub(crate) f: Arc<F>,
     pub(crate) on_timer: Arc<G>,
@@ -590,15 +586,15 @@ pub(crate) struct KeyedProcessOp<K, T, S, U, F, G> {
     pub(crate) records: Vec<(K, T)>,
 }
 
-impl<K, T, S, U, E, F, G> KeyedProcessOp<K, T, S, U, F, G>
+impl<K, T, S, U, R, F, G> KeyedProcessOp<K, T, S, U, F, G>
 where
     K: Key,
     T: Data,
     S: Data,
     U: Clone + Send + 'static,
-    E: Display,
-    F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> std::result::Result<(), E> + Send + Sync + 'static,
-    G: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, Timestamp) -> std::result::Result<(), E> + Send + Sync + 'static,
+    R: ProcessOutcome,
+    F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> R + Send + Sync + 'static,
+    G: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, Timestamp) -> R + Send + Sync + 'static,
 {
     /// Fires every timer at or below `wm`, in time order.
     fn advance(&mut self, wm: Timestamp) -> Result<()> {
@@ -622,12 +618,12 @@ where
                         meta,
                         watermark: wm,
                     };
-                    on_timer(&mut ctx, time).map_err(|e| e.to_string())
+                    on_timer(&mut ctx, time).failure()
                 })?;
                 if let Some(e) = timer_error {
                     return Err(e);
                 }
-                if let Err(message) = result {
+                if let Some(message) = result {
                     self.failures.fail_timer(&self.info, group, time, &message)?;
                 }
             }
@@ -637,15 +633,15 @@ where
     }
 }
 
-impl<K, T, S, U, E, F, G> InputOperator for KeyedProcessOp<K, T, S, U, F, G>
+impl<K, T, S, U, R, F, G> InputOperator for KeyedProcessOp<K, T, S, U, F, G>
 where
     K: Key,
     T: Data,
     S: Data,
     U: Clone + Send + 'static,
-    E: Display,
-    F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> std::result::Result<(), E> + Send + Sync + 'static,
-    G: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, Timestamp) -> std::result::Result<(), E> + Send + Sync + 'static,
+    R: ProcessOutcome,
+    F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> R + Send + Sync + 'static,
+    G: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, Timestamp) -> R + Send + Sync + 'static,
 {
     fn on_batch(&mut self, batch: &mut RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
@@ -670,12 +666,12 @@ where
                     meta,
                     watermark: meta.watermark,
                 };
-                f(&mut ctx, &v).map_err(|e| e.to_string())
+                f(&mut ctx, &v).failure()
             })?;
             if let Some(e) = timer_error {
                 return Err(e);
             }
-            if let Err(message) = result {
+            if let Some(message) = result {
                 self.failures.fail(&self.info, v, r.meta, &message)?;
             }
         }
@@ -708,8 +704,8 @@ where
         self.failures.barrier(n)
     }
 
-    fn state_stats(&self) -> Vec<(&'static str, crate::state::StateStats)> {
-        vec![("value", self.state.stats()), ("timers", self.timers.stats())]
+    fn state_stats(&self) -> Vec<(crate::state::StateName, crate::state::StateStats)> {
+        vec![("value".into(), self.state.stats()), ("timers".into(), self.timers.stats())]
     }
 
     fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {

@@ -7,6 +7,7 @@
 
 pub(crate) mod exchange;
 pub(crate) mod factory;
+pub(crate) mod function;
 pub(crate) mod keyed;
 pub(crate) mod policy;
 pub(crate) mod sink;
@@ -187,7 +188,7 @@ pub(crate) trait InputOperator: Send {
     fn barrier(&mut self, n: CheckpointId) -> Result<()>;
     /// What each of its states holds now (for metrics; read about once a
     /// second).
-    fn state_stats(&self) -> Vec<(&'static str, crate::state::StateStats)> {
+    fn state_stats(&self) -> Vec<(crate::state::StateName, crate::state::StateStats)> {
         Vec::new()
     }
 }
@@ -205,12 +206,12 @@ pub(crate) struct SnapshotAt {
 pub(crate) fn snapshot_state(
     state: &mut dyn KeyedState,
     operator: &str,
-    name: &'static str,
+    name: impl Into<crate::state::StateName>,
     ty: StateType,
     at: SnapshotAt,
 ) -> Result<StateSnapshot> {
     let snapshot = state.snapshot_at(operator, Some(Barrier::new(at.n, at.since)))?;
-    Ok(StateSnapshot { state: name, ty, snapshot })
+    Ok(StateSnapshot { state: name.into(), ty, snapshot })
 }
 
 /// Loads keyed state `name` of `operator` (entries of type `ty`) for key

@@ -105,6 +105,7 @@ impl Builder<'_> {
             alignment: self.alignment.clone(),
             task: &self.task,
             verify_codecs: self.config.verify_codecs,
+            clock: &self.config.clock,
         }
     }
 

@@ -49,6 +49,9 @@ pub(crate) struct JobConfig {
     /// hash edges are encoded and decoded, and state kept in memory is
     /// kept as bytes.
     pub(crate) verify_codecs: bool,
+    /// The clock processing-time timers follow (the system's, or a test
+    /// harness's).
+    pub(crate) clock: crate::time::clock::Clock,
 }
 
 impl Default for JobConfig {
@@ -68,6 +71,7 @@ impl Default for JobConfig {
             commits: TwoPhaseCommits::default(),
             storage_wait: None,
             verify_codecs: false,
+            clock: crate::time::clock::Clock::default(),
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::operator::{AnyConsumer, InputOperator, erase, typed};
 use crate::record::{Batch, BatchPool, NO_TIMESTAMP};
 use crate::sinks::{CollectSink, Sink};
 use crate::sources::{IterSource, Source, SourceOutput};
-use crate::state::ValueState;
+use crate::state::ValueStore;
 
 use super::config::JobConfig;
 
@@ -117,7 +117,7 @@ impl KeyedFactory for SumField {
         };
         Ok(Box::new(ReduceOp {
             info: ctx.info.clone(),
-            state: ValueState::<String, Json>::open(ctx.state, &ctx.state_scope("value"))?,
+            state: ValueStore::<String, Json>::open(ctx.state, &ctx.state_scope("value"))?,
             f: Arc::new(f),
             out: Batch::with_capacity(ctx.batch_size),
             next,

@@ -94,7 +94,7 @@ impl Drop for CacheShare {
     }
 }
 
-/// A value in the cache. Only [`super::ValueState::update`] brings a value
+/// A value in the cache. Only [`super::ValueStore::update`] brings a value
 /// into the cache, so every cached value is taken to differ from the
 /// table's, and is written back.
 #[derive(Clone)]
@@ -191,7 +191,7 @@ pub(super) struct CacheStore<K, V> {
     assume: Option<bool>,
     /// Whether the values going in now may be in a checkpoint already
     /// (accumulators of a window moved out of memory,
-    /// [`super::ValueState::put_carried`]): their entries are never taken
+    /// [`super::ValueStore::put_carried`]): their entries are never taken
     /// for new since the barrier, so a removal of them is always logged.
     pub(super) carried: bool,
 }
@@ -288,7 +288,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         r
     }
 
-    /// See [`super::ValueState::update`]; `index` is `group`'s position
+    /// See [`super::ValueStore::update`]; `index` is `group`'s position
     /// among the owned key groups, `epoch` the one changes are stamped with.
     /// `keys`, while changes are tracked: the key group's log of keys
     /// changed, which hears of every entry first stamped with `epoch` (so

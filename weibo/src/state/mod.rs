@@ -3,7 +3,7 @@
 //! A [`StateBackend`] opens one [`StateTable`] per stateful operator instance
 //! and state name; a table stores bytes per (key group, key), so every key
 //! group is a separate namespace and a job can be rescaled by reassigning
-//! key groups to workers. Operators use typed handles ([`ValueState`]) over
+//! key groups to workers. Operators use typed handles ([`ValueStore`]) over
 //! a table.
 //!
 //! [`MemoryBackend`] keeps live objects instead of bytes (like Flink's
@@ -17,6 +17,7 @@ mod cache;
 #[cfg(feature = "fjall")]
 mod fjall;
 mod flat;
+mod map_state;
 mod memory;
 mod snapshot;
 mod spares;
@@ -28,6 +29,8 @@ mod window_state;
 pub use self::cache::ObjectCache;
 #[cfg(feature = "fjall")]
 pub use self::fjall::{FjallBackend, FjallOptions};
+pub(crate) use self::map_state::{ByteRange, encoded_range, prefix_range};
+pub use self::map_state::{ListStore, MapStore};
 pub(crate) use self::memory::EncodedMemoryBackend;
 pub use self::memory::MemoryBackend;
 pub(crate) use self::snapshot::{
@@ -38,7 +41,7 @@ pub use self::snapshot::{
     SnapshotFrame, SnapshotPart, SnapshotSink, entry_refs, gather,
 };
 pub use self::timer_state::{DueTimers, TimerState};
-pub use self::value::{FULL_CHECKPOINT_EVERY, ValueState, Writes};
+pub use self::value::{FULL_CHECKPOINT_EVERY, ValueStore, Writes};
 pub use self::window_state::{WindowRun, WindowState};
 
 use std::fmt;
@@ -54,6 +57,10 @@ type ObjectMap<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
 
 use crate::codec::Data;
 use crate::error::{Error, Result};
+
+/// A state's name within its operator: Weibo's own (`value`, `timers`)
+/// or one a process function declares.
+pub(crate) type StateName = std::borrow::Cow<'static, str>;
 
 /// Which state a table holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,9 +85,9 @@ impl StateScope {
     /// state directly with it).
     ///
     /// ```
-    /// use weibo::state::{MemoryBackend, StateScope, ValueState};
+    /// use weibo::state::{MemoryBackend, StateScope, ValueStore};
     /// let scope = StateScope::new("job", "totals", "value", 0..128, 128);
-    /// let mut totals = ValueState::<u64, u64>::open(&MemoryBackend, &scope)?;
+    /// let mut totals = ValueStore::<u64, u64>::open(&MemoryBackend, &scope)?;
     /// let key = weibo::codec::key::encode(&7u64);
     /// let group = weibo::codec::key::key_group(&key, 128);
     /// totals.update(group, 7, &key, |v| *v.get_or_insert(0) += 5)?;

@@ -5,6 +5,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::StateName;
 use super::value::{FULL_CHECKPOINT_EVERY, codec_error};
 use crate::codec::Data;
 use crate::codec::key::Key;
@@ -321,7 +322,7 @@ impl SnapshotFrame {
 /// the operator, the codec identity of its values, and the snapshot that
 /// encodes it (called on a blocking thread).
 pub(crate) struct StateSnapshot {
-    pub(crate) state: &'static str,
+    pub(crate) state: StateName,
     /// The codec and schema of its values.
     pub(crate) ty: StateType,
     /// Encodes the state as of the barrier.

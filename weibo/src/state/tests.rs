@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::codec::key::Key;
+
+mod collections;
 use crate::record::{CheckpointId, Timestamp};
 
 /// A backend that stores bytes, to run the same tests through the codec path.
@@ -33,7 +35,7 @@ fn exercise(backend: &dyn StateBackend) {
     let ab = crate::codec::key::encode(&a);
     let long = "x".repeat(40);
     let lb = crate::codec::key::encode(&long);
-    let mut s = ValueState::<String, u64>::open(backend, &scope()).unwrap();
+    let mut s = ValueStore::<String, u64>::open(backend, &scope()).unwrap();
     assert_eq!(s.get(4, &a, &ab).unwrap(), None);
     s.update(4, a.clone(), &ab, |v| *v = Some(v.unwrap_or(0) + 5)).unwrap();
     s.update(4, a.clone(), &ab, |v| *v = Some(v.unwrap_or(0) + 5)).unwrap();
@@ -88,7 +90,7 @@ fn every_backend_passes_the_value_state_suite() {
 #[test]
 fn keys_passed_without_their_bytes_are_encoded_where_bytes_are_needed() {
     for (backend, _dir) in backends() {
-        let mut s = ValueState::<u64, u64>::open(&*backend, &scope()).unwrap();
+        let mut s = ValueStore::<u64, u64>::open(&*backend, &scope()).unwrap();
         for k in 0u64..300 {
             let bytes = crate::codec::key::encode(&k);
             let (group, given): (u16, &[u8]) = (group_of(k as u8), if k % 2 == 0 { &[] } else { &bytes });
@@ -318,7 +320,7 @@ fn change_logs_that_overflow_or_start_at_a_failed_base_fall_back_to_scanning() {
 }
 
 fn change_logs_fall_back_to_scanning(backend: &dyn StateBackend) {
-    let mut s = ValueState::<u32, u64>::open(backend, &scope()).unwrap();
+    let mut s = ValueStore::<u32, u64>::open(backend, &scope()).unwrap();
     let mut oracle: BTreeMap<u32, u64> = BTreeMap::new();
     let mut chain = Chain::new();
     let group = |k: u32| 4 + u16::try_from(k % 4).unwrap();
@@ -463,7 +465,7 @@ fn model_run(
     let mut run = 0;
     let open = |run: u32| {
         let scope = StateScope { state: format!("s{run}"), ..scope() };
-        ValueState::<u8, u64>::open(backend, &scope).unwrap()
+        ValueStore::<u8, u64>::open(backend, &scope).unwrap()
     };
     let mut s = open(run);
     let mut oracle: BTreeMap<u8, u64> = BTreeMap::new();
@@ -527,10 +529,10 @@ proptest::proptest! {
         ),
     ) {
         for (backend, _dir) in backends() {
-            let mut s = ValueState::<u8, u64>::open(&*backend, &scope()).unwrap();
+            let mut s = ValueStore::<u8, u64>::open(&*backend, &scope()).unwrap();
             let mut oracle: BTreeMap<u8, u64> = BTreeMap::new();
             let mut chain = Chain::new();
-            let write = |s: &mut ValueState<u8, u64>, oracle: &mut BTreeMap<u8, u64>, key: u8, value: Option<u64>| {
+            let write = |s: &mut ValueStore<u8, u64>, oracle: &mut BTreeMap<u8, u64>, key: u8, value: Option<u64>| {
                 let k = crate::codec::key::encode(&key);
                 let old = s.update(group_of(key), key, &k, |v| std::mem::replace(v, value)).unwrap();
                 let want = match value {
@@ -886,7 +888,7 @@ fn deltas_hold_changes_and_removals_since_the_last_complete_checkpoint() {
 
 fn deltas_on(backend: &dyn StateBackend) {
     let name = backend.name();
-    let mut s = ValueState::<u8, u64>::open(backend, &scope()).unwrap();
+    let mut s = ValueStore::<u8, u64>::open(backend, &scope()).unwrap();
     let k = |key: u8| crate::codec::key::encode(&key);
     for key in [1u8, 2, 3] {
         s.update(4, key, &k(key), |v| *v = Some(u64::from(key))).unwrap();
@@ -926,7 +928,7 @@ fn after_a_restore_deltas_wait_for_a_complete_checkpoint_of_this_run() {
     for (backend, _dir) in backends() {
         let name = backend.name();
         // Restored from checkpoint 5: the first checkpoint of this run is 6.
-        let mut s = ValueState::<u8, u64>::open(&*backend, &scope()).unwrap();
+        let mut s = ValueStore::<u8, u64>::open(&*backend, &scope()).unwrap();
         s.update(4, 1, &k(1), |v| *v = Some(1)).unwrap();
         assert!(
             gather(s.snapshot_changes(CheckpointId::new(6), CheckpointId::new(5)).unwrap()).unwrap().base,
@@ -949,8 +951,8 @@ fn changes_are_logged_only_from_the_first_checkpoint_on() {
     let k = |key: u8| crate::codec::key::encode(&key);
     for (backend, _dir) in backends() {
         let name = backend.name();
-        let mut s = ValueState::<u8, u64>::open(&*backend, &scope()).unwrap();
-        let logged = |s: &ValueState<u8, u64>| {
+        let mut s = ValueStore::<u8, u64>::open(&*backend, &scope()).unwrap();
+        let logged = |s: &ValueStore<u8, u64>| {
             s.removed.iter().map(value::Removals::len).sum::<usize>() + s.changed.iter().map(|c| c.len()).sum::<usize>()
         };
         for key in 0..50u8 {
@@ -972,7 +974,7 @@ fn changes_are_logged_only_from_the_first_checkpoint_on() {
 
 #[test]
 fn a_group_outside_the_range_is_an_internal_error() {
-    let mut s = ValueState::<u8, u64>::open(&MemoryBackend, &scope()).unwrap();
+    let mut s = ValueStore::<u8, u64>::open(&MemoryBackend, &scope()).unwrap();
     let err = s.update(9, 1, &[1], |_| ()).unwrap_err();
     assert!(err.to_string().contains("key group 9"), "{err}");
 }

@@ -41,7 +41,7 @@ impl<K: Key> TimerState<K> {
     /// The timers at barrier `checkpoint`, to encode later: all of them (a
     /// base), or those set and removed since checkpoint `since`, the last
     /// complete one (a delta), chosen as for value state (see
-    /// [`ValueState::snapshot_changes`]), except that a base is also written
+    /// [`ValueStore::snapshot_changes`]), except that a base is also written
     /// once the timers removed and not yet in a complete checkpoint
     /// outnumber both those set and 65,536 (the log of removals is then
     /// dropped). The barrier copies one reference per chunk of times and
@@ -131,7 +131,7 @@ impl<K: Key> TimerState<K> {
     }
 
     /// Loads a part of a checkpoint: deletes `removed`, then sets `entries`
-    /// (see [`ValueState::import_part`]).
+    /// (see [`ValueStore::import_part`]).
     ///
     /// # Errors
     /// As [`TimerState::import`].

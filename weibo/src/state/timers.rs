@@ -9,14 +9,14 @@
 //! of those), so the memory the timers of a job take does not grow with
 //! their number.
 //!
-//! The entries go through a [`ValueState`] on the table, behind the
+//! The entries go through a [`ValueStore`] on the table, behind the
 //! backend's cache of live values when it has one: it logs changes for
 //! incremental checkpoints and snapshots the table's snapshot (with the
 //! cache laid over it) for full ones, as for any value state. A timer set
 //! and removed while cached (a session's timer moved by its next event)
 //! never reaches the table; a timer cached when its key group is written
 //! back goes to the table then. The table is read in order through the
-//! cache ([`ValueState::scan_from`]), which sorts its entries of the key
+//! cache ([`ValueStore::scan_from`]), which sorts its entries of the key
 //! group only as far as the read needs.
 //!
 //! Each key group's first timers are read ahead, a few at a time, into a
@@ -30,14 +30,14 @@ use std::collections::{BTreeSet, VecDeque};
 
 use super::snapshot::Barrier;
 use super::value::key_error;
-use super::{DueTimers, EntryRef, KeyedState, RemovedRef, Snapshot, StateBackend, StateScope, ValueState};
+use super::{DueTimers, EntryRef, KeyedState, RemovedRef, Snapshot, StateBackend, StateScope, ValueStore};
 use crate::codec::key::Key;
 use crate::error::Result;
 use crate::record::Timestamp;
 
 /// See the module documentation.
 pub(super) struct TableTimers<K> {
-    pub(super) state: ValueState<(Timestamp, K), ()>,
+    pub(super) state: ValueStore<(Timestamp, K), ()>,
     /// Per owned key group, the time of its earliest timer.
     heads: Vec<Option<Timestamp>>,
     /// (time, index) of every key group's earliest timer.
@@ -112,7 +112,7 @@ impl<K: Key> TableTimers<K> {
 
     pub(super) fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
         let mut timers = Self {
-            state: ValueState::open_ordered(backend, scope)?,
+            state: ValueStore::open_ordered(backend, scope)?,
             heads: scope.key_groups.clone().map(|_| None).collect(),
             queue: BTreeSet::new(),
             ahead: scope.key_groups.clone().map(|_| Ahead::default()).collect(),

@@ -1,4 +1,4 @@
-//! `ValueState`: one value per key, typed, over a table or in memory.
+//! `ValueStore`: one value per key, typed, over a table or in memory.
 
 use std::fmt;
 use std::ops::Range;
@@ -20,7 +20,7 @@ use crate::record::CheckpointId;
 
 /// A key group's values, each with the epoch it last changed in (a map
 /// whose lines a keyed operator loads ahead of its records: see
-/// [`ValueState::prefetch`]).
+/// [`ValueStore::prefetch`]).
 pub(super) type StampedMap<K, V> = flat::FlatMap<K, (V, u32)>;
 
 pub(super) enum Store<K, V> {
@@ -45,7 +45,7 @@ pub(super) enum Store<K, V> {
 /// may be empty when the caller has only the typed one (a record from a
 /// hash edge inside the process carries no key bytes): a byte backend
 /// encodes the key then, and the in-memory one needs no bytes at all.
-pub struct ValueState<K, V> {
+pub struct ValueStore<K, V> {
     pub(super) store: Store<K, V>,
     groups: Range<u16>,
     operator: String,
@@ -101,7 +101,7 @@ pub struct ValueState<K, V> {
     wanted: spares::Wanted,
     /// Byte store: where a key passed without its bytes is encoded.
     key_buf: Vec<u8>,
-    /// Whether looking keys up ahead pays (see [`ValueState::prefetch_pays`]),
+    /// Whether looking keys up ahead pays (see [`ValueStore::prefetch_pays`]),
     /// and how many more batches before it is decided again.
     prefetch_on: bool,
     prefetch_recheck: u32,
@@ -110,13 +110,13 @@ pub struct ValueState<K, V> {
 /// The size of an in-memory state (the entries its maps have room for,
 /// times an entry's size) from which its keyed operator asks for the
 /// lines of the keys ahead (see
-/// [`ValueState::prefetch`]). Below it the state stays in the caches and
+/// [`ValueStore::prefetch`]). Below it the state stays in the caches and
 /// the prefetches cost without saving a wait (`bench w3-100keys` runs
 /// slower with them), while over 5 M keys (400 MB) they save most of the
 /// state's time (`bench w3-sum`; the Performance chapter).
 const PREFETCH_MIN_BYTES: usize = 1 << 20;
 
-/// How many batches [`ValueState::prefetch_pays`] answers before it looks
+/// How many batches [`ValueStore::prefetch_pays`] answers before it looks
 /// at the state's size again.
 const PREFETCH_RECHECK: u32 = 64;
 
@@ -307,7 +307,7 @@ impl<K> EpochLog<Vec<K>> {
 pub(super) type Tracked<'a, K> = (&'a mut Removals<K>, &'a mut ChangeLog<K>);
 
 /// Updates `key` in `overlay`, beside `map`, which a snapshot still
-/// shares: as [`ValueState::update`] does in the map (logging a removal in
+/// shares: as [`ValueStore::update`] does in the map (logging a removal in
 /// `removed`, if changes are tracked).
 #[cold]
 #[inline(never)]
@@ -450,16 +450,16 @@ pub type Writes = Vec<(u16, Vec<u8>, Option<Vec<u8>>)>;
 /// of what changed (bounding the chain a restore replays).
 pub const FULL_CHECKPOINT_EVERY: u32 = 10;
 
-impl<K, V> fmt::Debug for ValueState<K, V> {
+impl<K, V> fmt::Debug for ValueStore<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ValueState")
+        f.debug_struct("ValueStore")
             .field("operator", &self.operator)
             .field("groups", &self.groups)
             .finish_non_exhaustive()
     }
 }
 
-impl<K: Key, V: Data> ValueState<K, V> {
+impl<K: Key, V: Data> ValueStore<K, V> {
     /// Opens the state `scope` names on `backend`.
     ///
     /// # Errors
@@ -482,9 +482,32 @@ impl<K: Key, V: Data> ValueState<K, V> {
         Ok(Self::with_store(store, scope))
     }
 
+    /// Opens the state `scope` names on `backend` without a cache in front
+    /// of a byte table: live objects on a backend that keeps them, the
+    /// table itself otherwise, so that a scan in key order
+    /// ([`ValueStore::scan_from`]) reads the table alone (map and list
+    /// state, whose keys are read a prefix at a time).
+    ///
+    /// # Errors
+    /// As [`ValueStore::open`].
+    pub(super) fn open_uncached(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
+        scope.check_values::<V>()?;
+        let store = if backend.keeps_objects() {
+            Store::Objects(scope.key_groups.clone().map(|_| Shareable::default()).collect())
+        } else {
+            Store::Bytes { table: backend.open_table(scope)?, buf: Vec::new() }
+        };
+        Ok(Self::with_store(store, scope))
+    }
+
+    /// Whether this store keeps live objects (in memory, unordered).
+    pub(super) fn keeps_objects(&self) -> bool {
+        matches!(self.store, Store::Objects(_))
+    }
+
     /// Opens the state `scope` names on `backend`'s byte table, behind the
     /// backend's cache if it has one, for a state read in key order
-    /// ([`ValueState::scan_from`]: timers).
+    /// ([`ValueStore::scan_from`]: timers).
     pub(super) fn open_ordered(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
         let table = backend.open_table(scope)?;
         let store = match backend.object_cache() {
@@ -700,7 +723,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
 
     /// Removes `key_bytes` from `group` of a byte store without reading it
     /// first: the caller knows it is there (timers found by a scan of the
-    /// table). Logged for incremental checkpoints as [`ValueState::update`]
+    /// table). Logged for incremental checkpoints as [`ValueStore::update`]
     /// logs a removal.
     ///
     /// # Errors
@@ -737,10 +760,10 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// reading first: the caller knows nothing is there (a timer within
     /// the part of its key group read ahead, or after every timer of its
     /// group). Logged for incremental
-    /// checkpoints as [`ValueState::update`] logs a write.
+    /// checkpoints as [`ValueStore::update`] logs a write.
     ///
     /// # Errors
-    /// As [`ValueState::remove_present`]; [`Error::Codec`] when `value`
+    /// As [`ValueStore::remove_present`]; [`Error::Codec`] when `value`
     /// does not encode.
     pub(super) fn put_absent(&mut self, group: u16, key: K, key_bytes: &[u8], value: &V) -> Result<()> {
         if !self.groups.contains(&group) {
@@ -781,7 +804,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     }
 
     /// Whether a keyed operator should ask for its keys ahead
-    /// ([`ValueState::prefetch`]) in the batch it is about to process: in
+    /// ([`ValueStore::prefetch`]) in the batch it is about to process: in
     /// memory, once the entries its maps have room for take
     /// [`PREFETCH_MIN_BYTES`] or more;
     /// in the cache in front of a byte table, always; on a byte table
@@ -806,7 +829,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     }
 
     /// Asks for the cache lines `keys` live on, so that they are loaded when
-    /// [`ValueState::update`] needs them.
+    /// [`ValueStore::update`] needs them.
     ///
     /// In memory, the lines each key's update reads (its map's control
     /// bytes where the probe starts, and the entries there) are
@@ -838,7 +861,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// The value of `key` in `group`, if any.
     ///
     /// # Errors
-    /// As [`ValueState::update`].
+    /// As [`ValueStore::update`].
     pub fn get(&mut self, group: u16, key: &K, key_bytes: &[u8]) -> Result<Option<V>> {
         if !self.groups.contains(&group) {
             return Err(self.group_error(group));
@@ -866,7 +889,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// key-byte order).
     ///
     /// # Errors
-    /// As [`ValueState::update`], and [`Error::Internal`] when a stored key
+    /// As [`ValueStore::update`], and [`Error::Internal`] when a stored key
     /// does not decode.
     pub fn for_each_in_group(&mut self, group: u16, mut f: impl FnMut(&K, &V)) -> Result<()> {
         if !self.groups.contains(&group) {
@@ -923,20 +946,20 @@ pub(super) fn key_error(operator: &str, e: crate::codec::key::KeyDecodeError) ->
     }
 }
 
-impl<K: Key, V: Data> ValueState<K, V> {
+impl<K: Key, V: Data> ValueStore<K, V> {
     /// Every entry, encoded (a full snapshot).
     ///
     /// # Errors
-    /// As [`ValueState::update`].
+    /// As [`ValueStore::update`].
     pub fn export(&mut self) -> Result<Entries> {
         Ok(gather(self.snapshot_deferred()?)?.entries)
     }
 
     /// All entries as of now, to encode later (see
-    /// [`ValueState::snapshot_changes`]).
+    /// [`ValueStore::snapshot_changes`]).
     ///
     /// # Errors
-    /// As [`ValueState::update`].
+    /// As [`ValueStore::update`].
     pub fn snapshot_deferred(&mut self) -> Result<Snapshot> {
         self.snapshot_at(None)
     }
@@ -957,7 +980,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// base.
     ///
     /// # Errors
-    /// As [`ValueState::update`].
+    /// As [`ValueStore::update`].
     pub fn snapshot_changes(&mut self, checkpoint: CheckpointId, since: CheckpointId) -> Result<Snapshot> {
         self.snapshot_at(Some(Barrier::new(checkpoint, since)))
     }
@@ -967,7 +990,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// before the next barrier, its removal is logged all the same.
     ///
     /// # Errors
-    /// As [`ValueState::update`].
+    /// As [`ValueStore::update`].
     pub(super) fn put_carried(&mut self, group: u16, key: K, key_bytes: &[u8], value: V) -> Result<()> {
         if let Store::Cached(store) = &mut self.store {
             store.carried = true;
@@ -979,7 +1002,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
         done
     }
 
-    /// Whether the snapshot at `at` (see [`ValueState::snapshot_at`])
+    /// Whether the snapshot at `at` (see [`ValueStore::snapshot_at`])
     /// would be a base.
     pub(super) fn base_at(&self, at: Option<Barrier>) -> bool {
         delta_since(at, self.first_base, self.since_full).is_none()
@@ -1063,7 +1086,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
         }))
     }
 
-    /// The store's snapshot for [`ValueState::snapshot_at`], once the
+    /// The store's snapshot for [`ValueStore::snapshot_at`], once the
     /// logs are sealed: a base (`since` is `None`) or a delta, which
     /// looks up the `logged` keys (in memory, or in a cache) and writes
     /// the `changes` (a byte store, or a cache's write-backs).
@@ -1195,7 +1218,7 @@ impl<K: Key, V: Data> ValueState<K, V> {
     /// place (by key group and key) first.
     ///
     /// # Errors
-    /// As [`ValueState::import`].
+    /// As [`ValueStore::import`].
     pub fn import_part(&mut self, entries: &mut [EntryRef<'_>], removed: &[RemovedRef<'_>]) -> Result<()> {
         let owned = |group: &u16| {
             if self.groups.contains(group) {
@@ -1269,13 +1292,13 @@ impl<K: Key, V: Data> ValueState<K, V> {
     }
 }
 
-impl<K: Key, V: Data> super::KeyedState for ValueState<K, V> {
+impl<K: Key, V: Data> super::KeyedState for ValueStore<K, V> {
     fn snapshot_at(&mut self, _operator: &str, at: Option<Barrier>) -> Result<Snapshot> {
-        ValueState::snapshot_at(self, at)
+        ValueStore::snapshot_at(self, at)
     }
 
     fn import_part(&mut self, _operator: &str, entries: &mut [EntryRef<'_>], removed: &[RemovedRef<'_>]) -> Result<()> {
-        ValueState::import_part(self, entries, removed)
+        ValueStore::import_part(self, entries, removed)
     }
 
     fn stats(&self) -> super::StateStats {
@@ -1300,7 +1323,7 @@ mod tests {
     #[test]
     fn prefetching_starts_once_the_state_outgrows_the_caches() {
         let scope = StateScope::new("j", "op", "s", 0..4, 4);
-        let mut s = ValueState::<u64, u64>::open(&super::super::MemoryBackend, &scope).unwrap();
+        let mut s = ValueStore::<u64, u64>::open(&super::super::MemoryBackend, &scope).unwrap();
         assert!(!s.prefetch_pays(), "an empty state");
         let entry = size_of::<(u64, (u64, u32))>();
         let keys = (PREFETCH_MIN_BYTES / entry) as u64;

@@ -15,7 +15,7 @@ use super::snapshot::{
 };
 use super::spares::Shareable;
 use super::timer_state::DueKeys;
-use super::value::{ValueState, codec_error, key_error};
+use super::value::{ValueStore, codec_error, key_error};
 use super::{StateBackend, StateScope};
 use crate::codec::Data;
 use crate::codec::key::Key;
@@ -26,17 +26,17 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// Every accumulator, for a checkpoint: key = encoded key ++ window start.
     ///
     /// # Errors
-    /// As [`ValueState::update`].
+    /// As [`ValueStore::update`].
     pub fn export(&mut self, operator: &str) -> Result<Entries> {
         Ok(gather(self.snapshot_deferred(operator)?)?.entries)
     }
 
     /// The state as of now, to encode later (see
-    /// [`ValueState::snapshot_deferred`]): the in-memory store shares each
+    /// [`ValueStore::snapshot_deferred`]): the in-memory store shares each
     /// window's map and copies it when next written.
     ///
     /// # Errors
-    /// As [`ValueState::update`].
+    /// As [`ValueStore::update`].
     pub fn snapshot_deferred(&mut self, operator: &str) -> Result<Snapshot> {
         self.snapshot_at(operator, None)
     }
@@ -44,7 +44,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// The state at barrier `checkpoint`, to encode later: all of it (a
     /// base), or what changed since checkpoint `since`, the last complete
     /// one (a delta), chosen as for value state (see
-    /// [`ValueState::snapshot_changes`]), except that in memory a base is
+    /// [`ValueStore::snapshot_changes`]), except that in memory a base is
     /// also written once the accumulators removed and not yet in a complete
     /// checkpoint outnumber both those the windows hold and 65,536 (the log
     /// of removals is then dropped; those the windows hold are counted in
@@ -53,7 +53,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// are a base together: when either would be one, both are.
     ///
     /// # Errors
-    /// As [`ValueState::update`].
+    /// As [`ValueStore::update`].
     pub fn snapshot_changes(
         &mut self,
         operator: &str,
@@ -165,7 +165,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
     }
 
     /// Loads a part of a checkpoint: removes `removed`, then sets `entries`
-    /// (see [`ValueState::import_part`]).
+    /// (see [`ValueStore::import_part`]).
     ///
     /// # Errors
     /// As [`WindowState::import`].
@@ -398,7 +398,7 @@ pub struct WindowState<K, A> {
 
 /// Windows out of memory, in a byte table by (key, window start).
 struct Spill<K, A> {
-    values: ValueState<(K, Timestamp), A>,
+    values: ValueStore<(K, Timestamp), A>,
     /// Which keys each window in `values` holds.
     index: BTreeMap<Timestamp, DueKeys<K>>,
     /// Emptied key sets of purged windows, for new windows to fill (a
@@ -441,7 +441,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
             None
         } else {
             Some(Box::new(Spill {
-                values: ValueState::open(backend, scope)?,
+                values: ValueStore::open(backend, scope)?,
                 index: BTreeMap::new(),
                 spare: Vec::new(),
                 buf: Vec::new(),
@@ -459,7 +459,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// behind removes it.
     ///
     /// # Errors
-    /// As [`ValueState::update`].
+    /// As [`ValueStore::update`].
     #[inline]
     pub fn update<R>(
         &mut self,
@@ -580,7 +580,7 @@ impl<K: Key, A: Data> WindowState<K, A> {
     /// starting at `start`; with `purge`, removes the window.
     ///
     /// # Errors
-    /// As [`ValueState::update`].
+    /// As [`ValueStore::update`].
     pub fn for_each_in_window(&mut self, start: Timestamp, purge: bool, mut f: impl FnMut(&K, u16, &A)) -> Result<()> {
         if let Some(spill) = self.spill.as_deref_mut()
             && !self.windows.contains_key(&start)

@@ -311,6 +311,12 @@ impl Job {
     /// jobs with, so that a unit test finds a value its codec cannot read
     /// back.
     #[must_use]
+    pub(crate) fn with_clock(self, clock: crate::time::clock::Clock) -> Self {
+        self.configure(|c| c.clock = clock)
+    }
+
+    /// Runs every value through its codec where bytes would be needed (see
+    /// `JobConfig::verify_codecs`).
     pub(crate) fn verifying_codecs(self) -> Self {
         self.configure(|c| {
             c.verify_codecs = true;

@@ -20,6 +20,8 @@ use crate::codec::key::Key;
 use crate::graph::{EdgeKind, Graph, Input, Node, NodeId, Op, Port, TypedPort};
 use crate::operator::exchange::key_router;
 use crate::operator::factory::{ChainFactory, KeyedFactory};
+use crate::operator::function::{self, ClosureFunction, KeyedProcessFunction, ProcessContext, ProcessOutcome};
+use crate::operator::function::{States, Timer};
 use crate::operator::keyed::KeyedContext;
 use crate::operator::policy::Policy;
 use crate::operator::{keyed, stateless, watermarks};
@@ -1019,15 +1021,15 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     /// assert_eq!(out, vec![1, 2, 3]);
     /// # Ok::<(), weibo::Error>(())
     /// ```
-    pub fn process<S, U, E, F, P>(&self, policy: P, f: F) -> P::Output
+    pub fn process<S, U, R, F, P>(&self, policy: P, f: F) -> P::Output
     where
         S: Data,
         U: Clone + Send + 'static,
-        E: Display,
-        F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> std::result::Result<(), E> + Send + Sync + 'static,
+        R: ProcessOutcome + 'static,
+        F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> R + Send + Sync + 'static,
         P: on_error::OnError<T, U>,
     {
-        self.process_with_timers(policy, f, |_ctx: &mut KeyedContext<'_, K, S, U>, _time| Ok(()))
+        self.process_with_timers(policy, f, |_ctx: &mut KeyedContext<'_, K, S, U>, _time| R::nothing())
     }
 
     /// Like [`process`](Self::process), with event-time timers: `f` (and
@@ -1073,17 +1075,17 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     /// assert_eq!(out, vec![("a".to_string(), 3), ("b".to_string(), 1), ("b".to_string(), 1)]);
     /// # Ok::<(), weibo::Error>(())
     /// ```
-    pub fn process_with_timers<S, U, E, F, G, P>(&self, policy: P, f: F, on_timer: G) -> P::Output
+    pub fn process_with_timers<S, U, R, F, G, P>(&self, policy: P, f: F, on_timer: G) -> P::Output
     where
         S: Data,
         U: Clone + Send + 'static,
-        E: Display,
-        F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> std::result::Result<(), E> + Send + Sync + 'static,
-        G: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, Timestamp) -> std::result::Result<(), E> + Send + Sync + 'static,
+        R: ProcessOutcome + 'static,
+        F: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, &T) -> R + Send + Sync + 'static,
+        G: for<'c> Fn(&mut KeyedContext<'c, K, S, U>, Timestamp) -> R + Send + Sync + 'static,
         P: on_error::OnError<T, U>,
     {
         let policy = policy.policy();
-        let factory = keyed::process::<K, T, S, U, E, F, G>(policy, Arc::new(f), Arc::new(on_timer));
+        let factory = keyed::process::<K, T, S, U, R, F, G>(policy, Arc::new(f), Arc::new(on_timer));
         let (graph, node) = self.keyed_node(
             "keyed_process",
             vec![port::<U>("output", true), port::<DeadLetter<T>>("dead letters", policy == Policy::DeadLetter)],
@@ -1091,6 +1093,132 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         );
         if let Some(n) = graph.lock().unwrap_or_else(PoisonError::into_inner).nodes.get_mut(node) {
             n.detail = policy_detail(policy);
+        }
+        P::output(Stream::new(graph.clone(), node, 0), Stream::new(graph, node, 1))
+    }
+
+    /// Runs a [`KeyedProcessFunction`] written as a type, with named state:
+    /// `declare` gets the operator's [`States`] (once, when the job is
+    /// wired), declares the function's states on it and returns the
+    /// function holding their handles. Each state is checkpointed, restored
+    /// and shown on its own, by name; the function's timers are the state
+    /// `timers`. See the trait for an example.
+    ///
+    /// # Panics
+    /// Never; a state name that is not allowed or declared twice is a
+    /// wiring error, reported when the job is planned or run.
+    pub fn process_function<F, D, P>(&self, policy: P, declare: D) -> P::Output
+    where
+        D: FnOnce(&mut States<K>) -> F,
+        F: KeyedProcessFunction<K, T>,
+        P: on_error::OnError<T, F::Out>,
+    {
+        let mut states = States::new();
+        let function = declare(&mut states);
+        self.function_node(policy, Arc::new(function), &states)
+    }
+
+    /// A keyed `process` with named state, as closures: `declare` declares
+    /// the states (once, when the job is wired) and returns their handles,
+    /// which `f` gets with the context and each record. `f` returns nothing
+    /// when it cannot fail, or a `Result` whose error fails the record
+    /// under `policy`. See [`States`] for an example.
+    ///
+    /// # Panics
+    /// Never; as [`process_function`](Self::process_function).
+    pub fn process_with_state<S, U, R, D, F, P>(&self, policy: P, declare: D, f: F) -> P::Output
+    where
+        S: Send + Sync + 'static,
+        U: Clone + Send + 'static,
+        R: ProcessOutcome + 'static,
+        D: FnOnce(&mut States<K>) -> S,
+        F: for<'c> Fn(&mut ProcessContext<'c, K, U>, &S, &T) -> R + Send + Sync + 'static,
+        P: on_error::OnError<T, U>,
+    {
+        let mut states = States::new();
+        let handles = declare(&mut states);
+        let function =
+            ClosureFunction::new(handles, f, |_: &mut ProcessContext<'_, K, U>, _: &S, _: Timer| R::nothing());
+        self.function_node(policy, Arc::new(function), &states)
+    }
+
+    /// Like [`process_with_state`](Self::process_with_state), with timers:
+    /// `on_timer` runs, with the key's context and the states' handles,
+    /// for each timer `f` (or `on_timer`) set, when it fires.
+    ///
+    /// ```
+    /// use weibo::{Timer, on_error};
+    ///
+    /// // Sum each key's values and report the sum 1 s (event time) after
+    /// // the key's first record.
+    /// let out = weibo::testing::run_timed(vec![(100, ('a', 2)), (150, ('a', 3)), (5_000, ('b', 1))], |s| {
+    ///     s.key_by(|r: &(char, u32)| r.0).process_with_state_and_timers(
+    ///         on_error::Fail,
+    ///         |states| states.reducing("sum", |a: u32, b| a + b),
+    ///         |ctx, sum, r| {
+    ///             if ctx.reducing(sum).get().is_none() {
+    ///                 ctx.register_timer(ctx.timestamp().unwrap_or(0) + 1_000);
+    ///             }
+    ///             ctx.reducing(sum).add(r.1);
+    ///         },
+    ///         |ctx, sum, timer: Timer| {
+    ///             let total = ctx.reducing(sum).get().unwrap_or(0);
+    ///             ctx.reducing(sum).clear();
+    ///             let line = format!("{} at {}: {total}", ctx.key(), timer.time);
+    ///             ctx.emit(line);
+    ///         },
+    ///     )
+    /// })?;
+    /// assert_eq!(out, vec!["a at 1100: 5".to_string(), "b at 6000: 1".to_string()]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    ///
+    /// # Panics
+    /// Never; as [`process_function`](Self::process_function).
+    pub fn process_with_state_and_timers<S, U, R, D, F, G, P>(
+        &self,
+        policy: P,
+        declare: D,
+        f: F,
+        on_timer: G,
+    ) -> P::Output
+    where
+        S: Send + Sync + 'static,
+        U: Clone + Send + 'static,
+        R: ProcessOutcome + 'static,
+        D: FnOnce(&mut States<K>) -> S,
+        F: for<'c> Fn(&mut ProcessContext<'c, K, U>, &S, &T) -> R + Send + Sync + 'static,
+        G: for<'c> Fn(&mut ProcessContext<'c, K, U>, &S, Timer) -> R + Send + Sync + 'static,
+        P: on_error::OnError<T, U>,
+    {
+        let mut states = States::new();
+        let handles = declare(&mut states);
+        self.function_node(policy, Arc::new(ClosureFunction::new(handles, f, on_timer)), &states)
+    }
+
+    fn function_node<F, P>(&self, policy: P, function: Arc<F>, states: &States<K>) -> P::Output
+    where
+        F: KeyedProcessFunction<K, T>,
+        P: on_error::OnError<T, F::Out>,
+    {
+        let policy = policy.policy();
+        let factory = function::factory::<K, T, F>(policy, function, states);
+        let (graph, node) = self.keyed_node(
+            "keyed_process",
+            vec![port::<F::Out>("output", true), port::<DeadLetter<T>>("dead letters", policy == Policy::DeadLetter)],
+            factory,
+        );
+        let (names, errors) = states.finish();
+        {
+            let mut pipeline = graph.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(n) = pipeline.nodes.get_mut(node) {
+                n.detail = if names.is_empty() {
+                    policy_detail(policy)
+                } else {
+                    format!("{}; states: {}", policy_detail(policy), names.join(", "))
+                };
+            }
+            pipeline.wiring_errors.extend(errors.into_iter().map(|e| format!("keyed process: {e}")));
         }
         P::output(Stream::new(graph.clone(), node, 0), Stream::new(graph, node, 1))
     }

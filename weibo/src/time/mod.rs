@@ -19,6 +19,7 @@
 //! - the end of input is watermark `+∞`: every window fires.
 
 pub(crate) mod alignment;
+pub(crate) mod clock;
 pub(crate) mod watermarks;
 
 use std::time::Duration;

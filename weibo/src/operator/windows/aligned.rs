@@ -16,7 +16,7 @@ use crate::operator::keyed::take_records;
 use crate::operator::{InputOperator, SnapshotAt, emit, restore_state, snapshot_state};
 use crate::record::RecordRef;
 use crate::record::{RecordBatch, Timestamp};
-use crate::state::{KeyedState, RestoreSource, StateSnapshot, StateType, ValueState, WindowState};
+use crate::state::{KeyedState, RestoreSource, StateSnapshot, StateType, ValueStore, WindowState};
 use crate::time::watermarks::InputTime;
 
 /// Tumbling and sliding windows: one accumulator per (window, key), kept
@@ -66,7 +66,7 @@ pub(super) struct Fired<K> {
     /// Windows at or below their group's horizon that got records since
     /// the restore: they fire when the watermark passes their end.
     pub(super) owed: HashMap<u16, HashSet<(Timestamp, K)>>,
-    pub(super) state: ValueState<u16, FiredUpTo>,
+    pub(super) state: ValueStore<u16, FiredUpTo>,
     pub(super) groups: std::ops::Range<u16>,
     /// What `state` holds, per key group: compared at the barrier without
     /// reading the state (on fjall, a read may go to disk).
@@ -75,7 +75,7 @@ pub(super) struct Fired<K> {
 }
 
 impl<K: Key> Fired<K> {
-    pub(super) fn new(state: ValueState<u16, FiredUpTo>, groups: std::ops::Range<u16>) -> Self {
+    pub(super) fn new(state: ValueStore<u16, FiredUpTo>, groups: std::ops::Range<u16>) -> Self {
         Self {
             horizon: HashMap::new(),
             max: crate::record::NO_TIMESTAMP,
@@ -409,8 +409,8 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for AlignedWindowOp<K, T,
 
     window_control!();
 
-    fn state_stats(&self) -> Vec<(&'static str, crate::state::StateStats)> {
-        vec![("windows", self.state.stats())]
+    fn state_stats(&self) -> Vec<(crate::state::StateName, crate::state::StateStats)> {
+        vec![("windows".into(), self.state.stats())]
     }
 
     fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {

@@ -52,7 +52,7 @@ use crate::operator::InputOperator;
 use crate::operator::factory::{KeyedFactory, OperatorContext};
 use crate::operator::{AnyConsumer, typed};
 use crate::record::{Batch, Timestamp};
-use crate::state::{StateScope, TimerState, ValueState, WindowState};
+use crate::state::{StateScope, TimerState, ValueStore, WindowState};
 
 /// A window: the event times `[start, end)`.
 ///
@@ -299,14 +299,14 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> KeyedFactory for WindowFactory<K, T, W>
                 // Without lateness a window is dropped when it fires:
                 // nothing that fired is kept to fire again.
                 fired: if self.lateness > 0 {
-                    Some(Fired::new(ValueState::open(ctx.state, &scope("fired"))?, groups.clone()))
+                    Some(Fired::new(ValueStore::open(ctx.state, &scope("fired"))?, groups.clone()))
                 } else {
                     None
                 },
                 common,
             }) as Box<dyn InputOperator>,
             Spec::Session { gap } => {
-                Box::new(SessionWindowOp { state: ValueState::open(ctx.state, &scope("sessions"))?, gap, common })
+                Box::new(SessionWindowOp { state: ValueStore::open(ctx.state, &scope("sessions"))?, gap, common })
             }
         })
     }

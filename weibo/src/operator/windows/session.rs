@@ -12,12 +12,12 @@ use crate::metrics::OperatorCounters;
 use crate::operator::keyed::{TIMERS, take_records};
 use crate::operator::{InputOperator, SnapshotAt, restore_state, snapshot_state};
 use crate::record::{RecordBatch, Timestamp};
-use crate::state::{KeyedState, RestoreSource, StateSnapshot, StateType, ValueState};
+use crate::state::{KeyedState, RestoreSource, StateSnapshot, StateType, ValueStore};
 use crate::time::watermarks::InputTime;
 
 /// Session windows: per key, its open sessions.
 pub(super) struct SessionWindowOp<K, T, W: WindowFn<K, T>> {
-    pub(super) state: ValueState<K, Sessions<W::Acc>>,
+    pub(super) state: ValueStore<K, Sessions<W::Acc>>,
     pub(super) gap: i64,
     pub(super) common: Common<K, T, W>,
 }
@@ -169,11 +169,11 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> InputOperator for SessionWindowOp<K, T,
 
     window_control!();
 
-    fn state_stats(&self) -> Vec<(&'static str, crate::state::StateStats)> {
+    fn state_stats(&self) -> Vec<(crate::state::StateName, crate::state::StateStats)> {
         vec![
-            ("sessions", self.state.stats()),
-            ("fire-timers", self.common.fire.stats()),
-            ("cleanup-timers", self.common.cleanup.stats()),
+            ("sessions".into(), self.state.stats()),
+            ("fire-timers".into(), self.common.fire.stats()),
+            ("cleanup-timers".into(), self.common.cleanup.stats()),
         ]
     }
 

@@ -1,0 +1,361 @@
+//! Named keyed state in a running job: value, list, map, reducing and
+//! aggregating state survive an abrupt stop and a restore onto another
+//! number of workers; each state is a state of its own in the checkpoint
+//! (the inspector lists them by name); upgrades add, drop and migrate a
+//! state by name; processing-time timers that came due while the job was
+//! down fire once after the restore.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use weibo::process::{ListState, MapState, ReducingState, States, ValueState};
+use weibo::sinks::CollectSink;
+use weibo::sources::{Generator, IterSource};
+use weibo::{Aggregate, Job, Timer, on_error};
+
+const EVENTS: u64 = 4_000;
+
+/// Event `i`: key `i % 11`, value `i`.
+fn event(i: u64) -> (u64, u64) {
+    (i % 11, i)
+}
+
+/// What the pipeline emits per record: the key and its states after it.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+struct Seen {
+    count: u64,
+    /// The key's last three values, oldest first.
+    recent: Vec<u64>,
+    /// Per bucket (value % 4): how many values fell in it.
+    buckets: Vec<(u8, u64)>,
+    sum: u64,
+    mean: u64,
+}
+
+/// The mean of what was added, as an `Aggregate`.
+struct Mean;
+
+impl Aggregate<u64> for Mean {
+    type Acc = (u64, u64);
+    type Out = u64;
+    fn create(&self) -> (u64, u64) {
+        (0, 0)
+    }
+    fn add(&self, acc: &mut (u64, u64), value: u64) {
+        acc.0 += value;
+        acc.1 += 1;
+    }
+    fn merge(&self, acc: &mut (u64, u64), other: (u64, u64)) {
+        acc.0 += other.0;
+        acc.1 += other.1;
+    }
+    fn result(&self, acc: &(u64, u64)) -> u64 {
+        acc.0 / acc.1.max(1)
+    }
+}
+
+struct Handles {
+    count: ValueState<u64>,
+    recent: ListState<u64>,
+    buckets: MapState<u8, u64>,
+    sum: ReducingState<u64>,
+    mean: weibo::process::AggregatingState<u64, Mean>,
+}
+
+fn declare(states: &mut States<u64>) -> Handles {
+    Handles {
+        count: states.value("count"),
+        recent: states.list("recent"),
+        buckets: states.map("buckets"),
+        sum: states.reducing("sum", |a: u64, b| a + b),
+        mean: states.aggregating("mean", Mean),
+    }
+}
+
+/// Where state lives in a run: in memory, or in fjall with a cache of
+/// this many bytes in front of it (0: none).
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Memory,
+    Fjall(usize),
+}
+
+fn job(dir: &Path, backend: Backend, partitions: usize, rate: f64, out: &CollectSink<(u64, Seen)>) -> Job {
+    let mut job = Job::new("named").with_checkpoints(dir, Duration::from_millis(30)).with_max_key_groups(16);
+    if let Backend::Fjall(cache) = backend {
+        let state = dir.join(format!("state-{}", std::process::id()));
+        let fjall = weibo::state::FjallBackend::builder(state)
+            .with_object_cache(cache)
+            .with_timers_on_disk(true)
+            .open()
+            .unwrap();
+        job = job.with_state_backend(fjall);
+    }
+    // One partition: each key's values arrive in order, so its last three are known.
+    job.source(Generator::new(EVENTS, event).with_partitions(1).with_rate(rate))
+        .name("events")
+        .key_by(|e: &(u64, u64)| e.0)
+        .with_partitions(partitions)
+        .process_with_state(on_error::Fail, declare, |ctx, s, e| {
+            let count = ctx.value(&s.count).get().unwrap_or(0) + 1;
+            ctx.value(&s.count).set(count);
+            let mut recent = ctx.list(&s.recent).get();
+            recent.push(e.1);
+            if recent.len() > 3 {
+                recent.remove(0);
+                ctx.list(&s.recent).update(recent.clone());
+            } else {
+                ctx.list(&s.recent).add(e.1);
+            }
+            ctx.map(&s.buckets).update((e.1 % 4) as u8, |n| *n = Some(n.unwrap_or(0) + 1));
+            ctx.reducing(&s.sum).add(e.1);
+            ctx.aggregating(&s.mean).add(e.1);
+            let seen = Seen {
+                count,
+                recent,
+                buckets: ctx.map(&s.buckets).entries(),
+                sum: ctx.reducing(&s.sum).get().unwrap_or(0),
+                mean: ctx.aggregating(&s.mean).get().unwrap_or(0),
+            };
+            let key = *ctx.key();
+            ctx.emit((key, seen));
+        })
+        .uid("named")
+        .sink(out.clone());
+    job
+}
+
+/// Each key's states after all its events, computed directly.
+fn expected() -> BTreeMap<u64, Seen> {
+    let mut all: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for i in 0..EVENTS {
+        let (k, v) = event(i);
+        all.entry(k).or_default().push(v);
+    }
+    all.into_iter()
+        .map(|(k, values)| {
+            let mut buckets: BTreeMap<u8, u64> = BTreeMap::new();
+            for v in &values {
+                *buckets.entry((v % 4) as u8).or_default() += 1;
+            }
+            let sum: u64 = values.iter().sum();
+            let seen = Seen {
+                count: values.len() as u64,
+                recent: values[values.len() - 3..].to_vec(),
+                buckets: buckets.into_iter().collect(),
+                sum,
+                mean: sum / values.len() as u64,
+            };
+            (k, seen)
+        })
+        .collect()
+}
+
+/// The last output per key (the one with the highest count).
+fn finals(out: Vec<(u64, Seen)>) -> BTreeMap<u64, Seen> {
+    let mut m: BTreeMap<u64, Seen> = BTreeMap::new();
+    for (k, seen) in out {
+        let e = m.entry(k).or_default();
+        if seen.count > e.count {
+            *e = seen;
+        }
+    }
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_states_survive_an_abrupt_stop_and_a_restore_onto_more_workers() {
+    for backend in [Backend::Memory, Backend::Fjall(0), Backend::Fjall(4_096)] {
+        stop_and_restore(backend).await;
+    }
+}
+
+async fn stop_and_restore(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let first = CollectSink::new();
+    let handle = job(dir.path(), backend, 1, 4_000.0, &first).spawn().unwrap();
+    let started = Instant::now();
+    while handle.last_checkpoint().is_none_or(|n| n.get() < 3) {
+        assert!(started.elapsed() < Duration::from_secs(60), "checkpoints complete while the job runs");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!handle.is_finished(), "stopped before the end of input");
+    handle.abort();
+    let newest = weibo::checkpoint::complete_checkpoints(dir.path())[0].1.clone();
+    // Each declared state is a state of its own, under its name.
+    let (inspection, _) = weibo::checkpoint::inspect::Inspection::open(&newest).unwrap();
+    let op = inspection.operators.iter().find(|o| o.id == "named").unwrap();
+    let names: BTreeSet<&str> = op.states.iter().map(|s| s.name.as_str()).collect();
+    for name in ["count", "recent", "buckets", "sum", "mean", "timers", "processing_timers"] {
+        assert!(names.contains(name), "state `{name}` in {names:?}");
+    }
+    let count = op.states.iter().find(|s| s.name == "count").unwrap();
+    assert!(count.entries > 0 && count.entries <= 11, "{count:?}");
+    let buckets = op.states.iter().find(|s| s.name == "buckets").unwrap();
+    assert!(buckets.entries > count.entries, "a map's entries are entries of their own: {buckets:?}");
+
+    let second = CollectSink::new();
+    let handle = job(dir.path(), backend, 3, 1e9, &second).spawn().unwrap();
+    assert!(handle.last_checkpoint().is_some(), "the job restored from a checkpoint");
+    handle.wait().await.unwrap();
+    let mut got = finals(first.values());
+    got.extend(finals(second.values()));
+    let want = expected();
+    assert_eq!(got.len(), want.len());
+    for (k, seen) in &want {
+        assert_eq!(got.get(k), Some(seen), "{backend:?}, key {k}: no event lost or counted twice in any state");
+    }
+}
+
+/// The upgrade pipeline: per key, a count in state `count` (of `C`), and
+/// the values in list `seen` unless `with_seen` is false; `extra` declares
+/// one more (empty) map state.
+fn upgrade_job<C>(dir: &Path, to: u32, with_seen: bool, extra: bool, out: &CollectSink<(u32, u64, usize)>) -> Job
+where
+    C: weibo::Data + Copy + Into<u64> + From<u8> + std::ops::Add<Output = C>,
+{
+    let job = Job::new("upgrades").with_checkpoints(dir, Duration::from_secs(3600));
+    job.source(IterSource::new(0..to))
+        .uid("numbers")
+        .key_by(|x: &u32| x % 3)
+        .process_with_state(
+            on_error::Fail,
+            |states| {
+                let count = states.value::<C>("count");
+                let seen = with_seen.then(|| states.list::<u32>("seen"));
+                let extra = extra.then(|| states.map::<u32, u32>("extra"));
+                (count, seen, extra)
+            },
+            |ctx, (count, seen, extra), x| {
+                let n = ctx.value(count).get().unwrap_or(C::from(0)) + C::from(1);
+                ctx.value(count).set(n);
+                let mut listed = 0;
+                if let Some(seen) = seen {
+                    ctx.list(seen).add(*x);
+                    listed = ctx.list(seen).get().len();
+                }
+                if let Some(extra) = extra {
+                    assert!(ctx.map(extra).is_empty(), "a state added by the upgrade starts empty");
+                }
+                let key = *ctx.key();
+                ctx.emit((key, n.into(), listed));
+            },
+        )
+        .uid("counts")
+        .sink(out.clone());
+    job
+}
+
+#[test]
+fn upgrades_add_drop_and_migrate_states_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = CollectSink::new();
+    upgrade_job::<u32>(dir.path(), 6, true, false, &out).run_blocking().unwrap();
+    let v1 = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), v1.path());
+
+    // A state added: restores, and starts empty; the others go on.
+    let out = CollectSink::new();
+    upgrade_job::<u32>(dir.path(), 9, true, true, &out).run_blocking().unwrap();
+    let after: BTreeSet<(u32, u64, usize)> = out.values().into_iter().collect();
+    assert!(after.contains(&(0, 3, 3)), "key 0's count and list went on from 2 to 3: {after:?}");
+
+    // A state dropped: refused, naming it, unless unrestored state is allowed.
+    let dropped = tempfile::tempdir().unwrap();
+    copy_dir(v1.path(), dropped.path());
+    let out = CollectSink::new();
+    let err = upgrade_job::<u32>(dropped.path(), 9, false, false, &out).run_blocking().unwrap_err().to_string();
+    assert!(err.contains("`seen`") && err.contains("allow_unrestored_state"), "{err}");
+    let out = CollectSink::new();
+    upgrade_job::<u32>(dropped.path(), 9, false, false, &out).allow_unrestored_state().run_blocking().unwrap();
+    assert!(out.values().contains(&(0, 3, 0)), "the count went on without the list: {:?}", out.values());
+
+    // A state's type changed: refused without a migration, migrated with one.
+    let migrated = tempfile::tempdir().unwrap();
+    copy_dir(v1.path(), migrated.path());
+    let out = CollectSink::new();
+    let err = upgrade_job::<u64>(migrated.path(), 9, true, false, &out).run_blocking().unwrap_err().to_string();
+    assert!(err.contains("`count`"), "the refusal names the state: {err}");
+    let out = CollectSink::new();
+    let report = upgrade_job::<u64>(migrated.path(), 9, true, false, &out)
+        .with_state_migration(|old: u32| u64::from(old))
+        .run_blocking()
+        .unwrap();
+    let states: Vec<&str> = report.migrated.iter().map(|m| m.state.as_str()).collect();
+    assert_eq!(states, ["count"], "only the state whose type changed: {:?}", report.migrated);
+    assert!(out.values().contains(&(0, 3, 3)), "{:?}", out.values());
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// A processing-time timer 2 s after each key's first record; the timer
+/// emits the key.
+fn timer_job(dir: &Path, out: &CollectSink<(u64, i64)>) -> Job {
+    let job = Job::new("reminders").with_checkpoints(dir, Duration::from_secs(3600));
+    job.source(Generator::new(u64::MAX, |i| i % 3).with_rate(200.0))
+        .uid("ticks")
+        .key_by(|k: &u64| *k)
+        .process_with_state_and_timers(
+            on_error::Fail,
+            |states| states.value::<i64>("due"),
+            |ctx, due, _| {
+                if ctx.value(due).get().is_none() {
+                    let at = ctx.processing_time() + 2_000;
+                    ctx.value(due).set(at);
+                    ctx.register_processing_timer(at);
+                }
+            },
+            |ctx, _, timer: Timer| {
+                assert_eq!(timer.domain, weibo::TimeDomain::ProcessingTime);
+                let key = *ctx.key();
+                ctx.emit((key, timer.time));
+            },
+        )
+        .uid("reminders")
+        .name("reminders")
+        .sink(out.clone());
+    job
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processing_timers_due_while_the_job_was_down_fire_once_after_the_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = CollectSink::new();
+    let handle = timer_job(dir.path(), &first).spawn().unwrap();
+    let started = Instant::now();
+    while handle.metrics().operator("reminders").map_or(0, |m| m.records_in) < 6 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    handle.checkpoint().await.unwrap();
+    handle.cancel().await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(2), "stopped before the timers came due");
+    assert!(first.values().is_empty(), "{:?}", first.values());
+    // Down until the timers are past due.
+    tokio::time::sleep(Duration::from_millis(2_500).saturating_sub(started.elapsed())).await;
+    let second = CollectSink::new();
+    let handle = timer_job(dir.path(), &second).spawn().unwrap();
+    let restarted = Instant::now();
+    while second.values().len() < 3 && restarted.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let fired_after = restarted.elapsed();
+    // Long enough for a second firing, had the timers not been removed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    handle.cancel().await.unwrap();
+    let mut fired = second.values();
+    fired.sort_unstable();
+    assert_eq!(fired.iter().map(|f| f.0).collect::<Vec<_>>(), [0, 1, 2], "each key's timer fired once: {fired:?}");
+    assert!(fired_after < Duration::from_secs(1), "at once after the restore, not 2 s later: {fired_after:?}");
+}

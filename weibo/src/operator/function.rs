@@ -1,0 +1,1199 @@
+//! Keyed process functions with named state: the states a function
+//! declares when the job is wired ([`States`]), the handles it keeps
+//! ([`ValueState`], [`ListState`], [`MapState`], [`ReducingState`],
+//! [`AggregatingState`]), what it sees per record or timer
+//! ([`ProcessContext`]), the trait a larger function implements
+//! ([`KeyedProcessFunction`]), and the operator that runs it.
+//!
+//! Each declared state is a state of its own in checkpoints (under its
+//! name, with its own codec and schema), in the inspector and in the state
+//! processor; a savepoint restores each by name, and a state the job no
+//! longer declares is refused unless the job allows unrestored state.
+
+use std::any::Any;
+use std::fmt::{self, Display};
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+
+use crate::codec::Data;
+use crate::codec::key::Key;
+use crate::error::{Error, Result};
+use crate::metrics::OperatorCounters;
+use crate::operator::factory::{KeyedFactory, keyed_factory, two};
+use crate::operator::keyed::{TIMERS, take_records};
+use crate::operator::policy::{DeadLetter, Failures, Policy};
+use crate::operator::{Aggregate, Consumer, InputOperator, OpInfo, SnapshotAt, emit, typed};
+use crate::operator::{restore_state, snapshot_state};
+use crate::record::CheckpointId;
+use crate::record::{Batch, Meta, RecordBatch, Timestamp};
+use crate::state::{ByteRange, KeyedState, ListStore, MapStore, RestoreSource, StateBackend, StateScope};
+use crate::state::{StateSnapshot, StateStats, StateType, TimerState, ValueStore, encoded_range, prefix_range};
+use crate::time::clock::Clock;
+use crate::time::watermarks::InputTime;
+
+/// Names the functions' own states use; a declared state may not take them.
+const RESERVED: [&str; 2] = ["timers", "processing_timers"];
+
+/// Tells apart the declarations of different operators, so that a handle
+/// used on an operator that did not declare it is an error, not another
+/// state's data.
+static DECLARATIONS: AtomicU32 = AtomicU32::new(1);
+
+macro_rules! handle {
+    ($(#[$doc:meta])* $name:ident<$($t:ident),+>) => {
+        $(#[$doc])*
+        pub struct $name<$($t),+> {
+            owner: u32,
+            index: usize,
+            _types: PhantomData<fn() -> ($($t,)+)>,
+        }
+
+        impl<$($t),+> Clone for $name<$($t),+> {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+
+        impl<$($t),+> Copy for $name<$($t),+> {}
+
+        impl<$($t),+> fmt::Debug for $name<$($t),+> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($name)).field("index", &self.index).finish_non_exhaustive()
+            }
+        }
+    };
+}
+
+handle!(
+    /// A handle on one value per key, declared with [`States::value`]; read
+    /// and written through [`ProcessContext::value`].
+    ValueState<T>
+);
+handle!(
+    /// A handle on a list per key, declared with [`States::list`]; read and
+    /// written through [`ProcessContext::list`]. Adding reads nothing.
+    ListState<T>
+);
+handle!(
+    /// A handle on a map per key, declared with [`States::map`]; read and
+    /// written an entry at a time through [`ProcessContext::map`].
+    MapState<UK, UV>
+);
+handle!(
+    /// A handle on a value per key that added values are reduced into,
+    /// declared with [`States::reducing`]; used through
+    /// [`ProcessContext::reducing`].
+    ReducingState<T>
+);
+handle!(
+    /// A handle on an accumulator per key that added values are aggregated
+    /// into, declared with [`States::aggregating`]; used through
+    /// [`ProcessContext::aggregating`].
+    AggregatingState<T, A>
+);
+
+/// Opens one declared state for an operator instance.
+type Open<K> = Arc<dyn Fn(&dyn StateBackend, &StateScope) -> Result<Box<dyn NamedStore<K>>> + Send + Sync>;
+
+/// One declared state: its name, what its values are, how to open it.
+struct Declared<K> {
+    name: String,
+    ty: StateType,
+    open: Open<K>,
+}
+
+impl<K> Clone for Declared<K> {
+    fn clone(&self) -> Self {
+        Self { name: self.name.clone(), ty: self.ty.clone(), open: self.open.clone() }
+    }
+}
+
+/// The states a keyed process function declares, by name, when the job is
+/// wired: each call returns the handle the function keeps to reach the
+/// state of the current key at run time.
+///
+/// A name is letters, digits and `_` (it names the state's files in a
+/// checkpoint), unique in the operator; `timers` and `processing_timers`
+/// are the operator's own.
+/// A name is what a savepoint restores the state by: renaming a state
+/// drops the old one (refused on restore unless the job allows
+/// unrestored state).
+///
+/// ```
+/// use weibo::on_error;
+///
+/// let out = weibo::testing::run(vec![("a".to_string(), 5u32), ("a".to_string(), 7), ("b".to_string(), 1)], |s| {
+///     s.key_by(|r: &(String, u32)| r.0.clone()).process_with_state(
+///         on_error::Fail,
+///         |states| (states.value::<u32>("count"), states.list::<u32>("seen")),
+///         |ctx, (count, seen), r| {
+///             let n = ctx.value(count).get().unwrap_or(0) + 1;
+///             ctx.value(count).set(n);
+///             ctx.list(seen).add(r.1);
+///             let all = ctx.list(seen).get();
+///             let line = format!("{} #{n}: {all:?}", ctx.key());
+///             ctx.emit(line);
+///         },
+///     )
+/// })?;
+/// assert_eq!(out, vec!["a #1: [5]", "a #2: [5, 7]", "b #1: [1]"]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
+pub struct States<K> {
+    owner: u32,
+    declared: Vec<Declared<K>>,
+    errors: Vec<String>,
+}
+
+impl<K> fmt::Debug for States<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.declared.iter().map(|d| d.name.as_str()).collect();
+        f.debug_struct("States").field("declared", &names).finish_non_exhaustive()
+    }
+}
+
+impl<K: Key> States<K> {
+    pub(crate) fn new() -> Self {
+        Self { owner: DECLARATIONS.fetch_add(1, Ordering::Relaxed), declared: Vec::new(), errors: Vec::new() }
+    }
+
+    /// Records a state; its index in the operator's stores.
+    fn declare(&mut self, name: &str, ty: StateType, open: Open<K>) -> usize {
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && !RESERVED.contains(&name);
+        if !valid {
+            self.errors.push(format!(
+                "state name `{name}` is not allowed: use 1 to 64 letters, digits and `_` (it names the state's files), \
+                 and not `timers` or `processing_timers`, which the operator keeps for itself"
+            ));
+        } else if self.declared.iter().any(|d| d.name == name) {
+            self.errors.push(format!("state `{name}` is declared twice: give each state its own name"));
+        }
+        self.declared.push(Declared { name: name.to_string(), ty, open });
+        self.declared.len() - 1
+    }
+
+    /// Declares a value per key named `name`.
+    pub fn value<T: Data>(&mut self, name: &str) -> ValueState<T> {
+        let open: Open<K> = Arc::new(|backend, scope| Ok(Box::new(ValueStore::<K, T>::open(backend, scope)?)));
+        let index = self.declare(name, StateType::of::<T>(), open);
+        ValueState { owner: self.owner, index, _types: PhantomData }
+    }
+
+    /// Declares a list per key named `name`.
+    pub fn list<T: Data>(&mut self, name: &str) -> ListState<T> {
+        let open: Open<K> = Arc::new(|backend, scope| Ok(Box::new(ListStore::<K, T>::open(backend, scope)?)));
+        let index = self.declare(name, StateType::of::<T>(), open);
+        ListState { owner: self.owner, index, _types: PhantomData }
+    }
+
+    /// Declares a map per key named `name`, from user keys `UK` (any
+    /// [`Key`]: its entries iterate in the order of the user keys'
+    /// encoding, which for integers and strings is their natural order) to
+    /// values `UV`.
+    pub fn map<UK: Key, UV: Data>(&mut self, name: &str) -> MapState<UK, UV> {
+        let open: Open<K> = Arc::new(|backend, scope| Ok(Box::new(MapStore::<K, UK, UV>::open(backend, scope)?)));
+        let index = self.declare(name, StateType::of::<UV>(), open);
+        MapState { owner: self.owner, index, _types: PhantomData }
+    }
+
+    /// Declares a value per key named `name` that each added value is
+    /// combined into with `f` (the first one added is kept as it is).
+    pub fn reducing<T: Data>(&mut self, name: &str, f: impl Fn(T, T) -> T + Send + Sync + 'static) -> ReducingState<T> {
+        let f: Arc<dyn Fn(T, T) -> T + Send + Sync> = Arc::new(f);
+        let open: Open<K> = Arc::new(move |backend, scope| {
+            Ok(Box::new(ReducingStore::<K, T> { values: ValueStore::open(backend, scope)?, f: f.clone() }))
+        });
+        let index = self.declare(name, StateType::of::<T>(), open);
+        ReducingState { owner: self.owner, index, _types: PhantomData }
+    }
+
+    /// Declares an accumulator per key named `name`, kept by `aggregate`
+    /// (the [`Aggregate`] windows use): added values go into it, and
+    /// reading it gives the aggregate's result.
+    pub fn aggregating<T, A>(&mut self, name: &str, aggregate: A) -> AggregatingState<T, A>
+    where
+        T: 'static,
+        A: Aggregate<T>,
+    {
+        let aggregate = Arc::new(aggregate);
+        let open: Open<K> = Arc::new(move |backend, scope| {
+            Ok(Box::new(AggregatingStore::<K, T, A> {
+                values: ValueStore::open(backend, scope)?,
+                aggregate: aggregate.clone(),
+                _input: PhantomData,
+            }))
+        });
+        let index = self.declare(name, StateType::of::<A::Acc>(), open);
+        AggregatingState { owner: self.owner, index, _types: PhantomData }
+    }
+
+    /// The declared states' names (for the plan), and the wiring errors.
+    pub(crate) fn finish(&self) -> (Vec<String>, Vec<String>) {
+        (self.declared.iter().map(|d| d.name.clone()).collect(), self.errors.clone())
+    }
+}
+
+/// A declared state's store as the operator holds it: checkpointed,
+/// restored and measured like any keyed state, and reached by handle.
+trait NamedStore<K>: KeyedState + Send {
+    fn as_any(&mut self) -> &mut dyn Any;
+}
+
+impl<K: Key, T: Data> NamedStore<K> for ValueStore<K, T> {
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl<K: Key, T: Data> NamedStore<K> for ListStore<K, T> {
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl<K: Key, UK: Key, UV: Data> NamedStore<K> for MapStore<K, UK, UV> {
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// Reducing state: a value and the function added values are reduced with.
+struct ReducingStore<K, T> {
+    values: ValueStore<K, T>,
+    f: Arc<dyn Fn(T, T) -> T + Send + Sync>,
+}
+
+impl<K: Key, T: Data> KeyedState for ReducingStore<K, T> {
+    fn snapshot_at(&mut self, operator: &str, at: Option<crate::state::Barrier>) -> Result<crate::state::Snapshot> {
+        KeyedState::snapshot_at(&mut self.values, operator, at)
+    }
+    fn import_part(
+        &mut self,
+        operator: &str,
+        entries: &mut [crate::state::EntryRef<'_>],
+        removed: &[crate::state::RemovedRef<'_>],
+    ) -> Result<()> {
+        KeyedState::import_part(&mut self.values, operator, entries, removed)
+    }
+    fn stats(&self) -> StateStats {
+        KeyedState::stats(&self.values)
+    }
+}
+
+impl<K: Key, T: Data> NamedStore<K> for ReducingStore<K, T> {
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// Aggregating state: an accumulator and the aggregate that keeps it.
+struct AggregatingStore<K, T, A: Aggregate<T>> {
+    values: ValueStore<K, A::Acc>,
+    aggregate: Arc<A>,
+    _input: PhantomData<fn(T)>,
+}
+
+impl<K: Key, T: 'static, A: Aggregate<T>> KeyedState for AggregatingStore<K, T, A> {
+    fn snapshot_at(&mut self, operator: &str, at: Option<crate::state::Barrier>) -> Result<crate::state::Snapshot> {
+        KeyedState::snapshot_at(&mut self.values, operator, at)
+    }
+    fn import_part(
+        &mut self,
+        operator: &str,
+        entries: &mut [crate::state::EntryRef<'_>],
+        removed: &[crate::state::RemovedRef<'_>],
+    ) -> Result<()> {
+        KeyedState::import_part(&mut self.values, operator, entries, removed)
+    }
+    fn stats(&self) -> StateStats {
+        KeyedState::stats(&self.values)
+    }
+}
+
+impl<K: Key, T: 'static, A: Aggregate<T>> NamedStore<K> for AggregatingStore<K, T, A> {
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// Where a state access goes: the current key, and where a failure of the
+/// state backend is kept until the function returns.
+struct At<'c, K> {
+    key: &'c K,
+    key_bytes: &'c [u8],
+    group: u16,
+    error: &'c mut Option<Error>,
+}
+
+impl<K> At<'_, K> {
+    /// `r`'s value; a failure is kept (the first one) and the operator
+    /// stops the job with it once the function returns.
+    fn keep<R>(&mut self, r: Result<R>) -> Option<R> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.error.get_or_insert(e);
+                None
+            }
+        }
+    }
+}
+
+/// A key's value in a [`ValueState`], from [`ProcessContext::value`].
+pub struct Value<'c, K, T> {
+    store: Option<&'c mut ValueStore<K, T>>,
+    at: At<'c, K>,
+}
+
+impl<K: Key, T: Data> Value<'_, K, T> {
+    /// The value, if set.
+    pub fn get(&mut self) -> Option<T> {
+        let store = self.store.as_mut()?;
+        let r = store.get(self.at.group, self.at.key, self.at.key_bytes);
+        self.at.keep(r).flatten()
+    }
+
+    /// Sets the value.
+    pub fn set(&mut self, value: T) {
+        self.update(|slot| *slot = Some(value));
+    }
+
+    /// Removes the value.
+    pub fn clear(&mut self) {
+        self.update(|slot| *slot = None);
+    }
+
+    /// Changes the value in place: `f` gets it (`None` if unset), and what
+    /// it leaves is stored (`None` clears it). In memory nothing is copied.
+    pub fn update(&mut self, f: impl FnOnce(&mut Option<T>)) {
+        if let Some(store) = self.store.as_mut() {
+            let r = store.update(self.at.group, self.at.key.clone(), self.at.key_bytes, f);
+            self.at.keep(r);
+        }
+    }
+}
+
+/// A key's list in a [`ListState`], from [`ProcessContext::list`].
+pub struct List<'c, K, T> {
+    store: Option<&'c mut ListStore<K, T>>,
+    at: At<'c, K>,
+}
+
+impl<K: Key, T: Data> List<'_, K, T> {
+    /// Appends `value`, reading nothing.
+    pub fn add(&mut self, value: T) {
+        if let Some(store) = self.store.as_mut() {
+            let r = store.add(self.at.group, self.at.key, self.at.key_bytes, value);
+            self.at.keep(r);
+        }
+    }
+
+    /// Appends every value of `values`, in order.
+    pub fn add_all(&mut self, values: impl IntoIterator<Item = T>) {
+        for v in values {
+            self.add(v);
+        }
+    }
+
+    /// The list's elements, in the order they were added.
+    pub fn get(&mut self) -> Vec<T> {
+        let mut all = Vec::new();
+        self.for_each(|v| {
+            all.push(v);
+            true
+        });
+        all
+    }
+
+    /// Calls `f` with the elements in order, read a chunk at a time, until
+    /// it returns false: a long list is never loaded whole.
+    pub fn for_each(&mut self, f: impl FnMut(T) -> bool) {
+        if let Some(store) = self.store.as_mut() {
+            let r = store.for_each(self.at.group, self.at.key, self.at.key_bytes, f);
+            self.at.keep(r);
+        }
+    }
+
+    /// Replaces the list with `values`.
+    pub fn update(&mut self, values: impl IntoIterator<Item = T>) {
+        self.clear();
+        self.add_all(values);
+    }
+
+    /// Empties the list.
+    pub fn clear(&mut self) {
+        if let Some(store) = self.store.as_mut() {
+            let r = store.clear(self.at.group, self.at.key, self.at.key_bytes);
+            self.at.keep(r);
+        }
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&mut self) -> bool {
+        let Some(store) = self.store.as_mut() else { return true };
+        let r = store.is_empty(self.at.group, self.at.key, self.at.key_bytes);
+        self.at.keep(r).unwrap_or(true)
+    }
+}
+
+/// A key's map in a [`MapState`], from [`ProcessContext::map`]. Entries
+/// are read and written one at a time; iteration goes in the order of the
+/// user keys' encoding, a chunk at a time.
+pub struct Map<'c, K, UK, UV> {
+    store: Option<&'c mut MapStore<K, UK, UV>>,
+    at: At<'c, K>,
+}
+
+impl<K: Key, UK: Key, UV: Data> Map<'_, K, UK, UV> {
+    /// The value at `user_key`, if any.
+    pub fn get(&mut self, user_key: &UK) -> Option<UV> {
+        let store = self.store.as_mut()?;
+        let r = store.get(self.at.group, self.at.key, self.at.key_bytes, user_key);
+        self.at.keep(r).flatten()
+    }
+
+    /// Whether the map has an entry at `user_key`.
+    pub fn contains(&mut self, user_key: &UK) -> bool {
+        self.get(user_key).is_some()
+    }
+
+    /// Sets the value at `user_key`, reading nothing.
+    pub fn put(&mut self, user_key: UK, value: UV) {
+        if let Some(store) = self.store.as_mut() {
+            let r = store.put(self.at.group, self.at.key, self.at.key_bytes, user_key, value);
+            self.at.keep(r);
+        }
+    }
+
+    /// Changes the value at `user_key` in place: `f` gets it (`None` if
+    /// absent) and what it leaves is stored (`None` removes the entry).
+    pub fn update(&mut self, user_key: UK, f: impl FnOnce(&mut Option<UV>)) {
+        if let Some(store) = self.store.as_mut() {
+            let r = store.update(self.at.group, self.at.key, self.at.key_bytes, user_key, f);
+            self.at.keep(r);
+        }
+    }
+
+    /// Removes the entry at `user_key`, returning its value.
+    pub fn remove(&mut self, user_key: &UK) -> Option<UV> {
+        let store = self.store.as_mut()?;
+        let r = store.remove(self.at.group, self.at.key, self.at.key_bytes, user_key.clone());
+        self.at.keep(r).flatten()
+    }
+
+    /// Removes every entry.
+    pub fn clear(&mut self) {
+        if let Some(store) = self.store.as_mut() {
+            let r = store.clear(self.at.group, self.at.key, self.at.key_bytes);
+            self.at.keep(r);
+        }
+    }
+
+    /// Whether the map has no entries.
+    pub fn is_empty(&mut self) -> bool {
+        let Some(store) = self.store.as_mut() else { return true };
+        let r = store.is_empty(self.at.group, self.at.key, self.at.key_bytes);
+        self.at.keep(r).unwrap_or(true)
+    }
+
+    /// Calls `f` with every entry in order until it returns false.
+    pub fn for_each(&mut self, f: impl FnMut(UK, UV) -> bool) {
+        self.scan(&(Bound::Unbounded, Bound::Unbounded), f);
+    }
+
+    /// Calls `f` with the entries whose user keys are in `range` (compared
+    /// by their encoding, which for integers and strings is their natural
+    /// order), in order, until it returns false.
+    pub fn range(&mut self, range: impl RangeBounds<UK>, f: impl FnMut(UK, UV) -> bool) {
+        self.scan(&encoded_range(&range), f);
+    }
+
+    /// Calls `f` with the entries whose user keys' encoding starts with
+    /// `prefix`'s (for a tuple or struct user key: the entries whose first
+    /// fields are `prefix`), in order, until it returns false.
+    pub fn prefix<P: Key>(&mut self, prefix: &P, f: impl FnMut(UK, UV) -> bool) {
+        self.scan(&prefix_range(prefix), f);
+    }
+
+    /// Every entry, in order (read a chunk at a time; for a map too large
+    /// to hold, use [`Map::for_each`]).
+    pub fn entries(&mut self) -> Vec<(UK, UV)> {
+        let mut all = Vec::new();
+        self.for_each(|k, v| {
+            all.push((k, v));
+            true
+        });
+        all
+    }
+
+    /// Every user key, in order.
+    pub fn keys(&mut self) -> Vec<UK> {
+        let mut all = Vec::new();
+        self.for_each(|k, _| {
+            all.push(k);
+            true
+        });
+        all
+    }
+
+    fn scan(&mut self, range: &ByteRange, f: impl FnMut(UK, UV) -> bool) {
+        if let Some(store) = self.store.as_mut() {
+            let r = store.for_each(self.at.group, self.at.key, self.at.key_bytes, range, f);
+            self.at.keep(r);
+        }
+    }
+}
+
+/// A key's reduced value in a [`ReducingState`], from
+/// [`ProcessContext::reducing`].
+pub struct Reducing<'c, K, T> {
+    store: Option<&'c mut ReducingStore<K, T>>,
+    at: At<'c, K>,
+}
+
+impl<K: Key, T: Data> Reducing<'_, K, T> {
+    /// Reduces `value` into the state.
+    pub fn add(&mut self, value: T) {
+        if let Some(store) = self.store.as_mut() {
+            let f = &*store.f;
+            let r = store.values.update(self.at.group, self.at.key.clone(), self.at.key_bytes, |slot| {
+                *slot = Some(match slot.take() {
+                    Some(acc) => f(acc, value),
+                    None => value,
+                });
+            });
+            self.at.keep(r);
+        }
+    }
+
+    /// The reduced value, if anything was added.
+    pub fn get(&mut self) -> Option<T> {
+        let store = self.store.as_mut()?;
+        let r = store.values.get(self.at.group, self.at.key, self.at.key_bytes);
+        self.at.keep(r).flatten()
+    }
+
+    /// Forgets what was added.
+    pub fn clear(&mut self) {
+        if let Some(store) = self.store.as_mut() {
+            let r = store.values.update(self.at.group, self.at.key.clone(), self.at.key_bytes, |slot| *slot = None);
+            self.at.keep(r);
+        }
+    }
+}
+
+/// A key's accumulator in an [`AggregatingState`], from
+/// [`ProcessContext::aggregating`].
+pub struct Aggregating<'c, K, T, A: Aggregate<T>> {
+    store: Option<&'c mut AggregatingStore<K, T, A>>,
+    at: At<'c, K>,
+}
+
+impl<K: Key, T: 'static, A: Aggregate<T>> Aggregating<'_, K, T, A> {
+    /// Adds `value` to the accumulator (created first if need be).
+    pub fn add(&mut self, value: T) {
+        if let Some(store) = self.store.as_mut() {
+            let aggregate = &*store.aggregate;
+            let r = store.values.update(self.at.group, self.at.key.clone(), self.at.key_bytes, |slot| {
+                aggregate.add(slot.get_or_insert_with(|| aggregate.create()), value);
+            });
+            self.at.keep(r);
+        }
+    }
+
+    /// The aggregate's result, if anything was added.
+    pub fn get(&mut self) -> Option<A::Out> {
+        let store = self.store.as_mut()?;
+        let r = store.values.get(self.at.group, self.at.key, self.at.key_bytes);
+        let acc = self.at.keep(r).flatten()?;
+        Some(store.aggregate.result(&acc))
+    }
+
+    /// Forgets what was added.
+    pub fn clear(&mut self) {
+        if let Some(store) = self.store.as_mut() {
+            let r = store.values.update(self.at.group, self.at.key.clone(), self.at.key_bytes, |slot| *slot = None);
+            self.at.keep(r);
+        }
+    }
+}
+
+/// Which clock a timer follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TimeDomain {
+    /// The operator's watermark: the timer fires when the watermark
+    /// reaches its time.
+    EventTime,
+    /// The wall clock (milliseconds since the Unix epoch; in a test
+    /// harness, the time the test sets): the timer fires once the clock
+    /// has passed its time, within a buffer timeout.
+    ProcessingTime,
+}
+
+/// A timer that fired: its time, and the clock it followed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Timer {
+    /// The time it was set for (milliseconds).
+    pub time: Timestamp,
+    /// The clock it followed.
+    pub domain: TimeDomain,
+}
+
+/// What a keyed process function sees for one record or one timer: the
+/// key, the key's declared states, its timers, and where results go.
+///
+/// State reads and writes do not return errors: a failure of the state
+/// backend (a disk error) is kept, the access gives what an empty state
+/// would, and the operator stops the job with the failure as soon as the
+/// function returns, without emitting what the function emitted.
+pub struct ProcessContext<'a, K, U> {
+    operator: &'a str,
+    key: &'a K,
+    key_bytes: &'a [u8],
+    group: u16,
+    owner: u32,
+    stores: &'a mut [Box<dyn NamedStore<K>>],
+    timers: &'a mut TimerState<K>,
+    processing: &'a mut TimerState<K>,
+    /// The processing time when the call began.
+    now: Timestamp,
+    error: &'a mut Option<Error>,
+    out: &'a mut Batch<U>,
+    meta: Meta,
+    watermark: Timestamp,
+}
+
+impl<K, U> fmt::Debug for ProcessContext<'_, K, U> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessContext").field("meta", &self.meta).finish_non_exhaustive()
+    }
+}
+
+impl<K: Key, U> ProcessContext<'_, K, U> {
+    /// The current key.
+    pub fn key(&self) -> &K {
+        self.key
+    }
+
+    /// Emits a result; it carries the input record's metadata (for a
+    /// timer: the timer's time as timestamp).
+    pub fn emit(&mut self, value: U) {
+        self.out.push(value, self.meta);
+    }
+
+    /// The record's event time (for a timer: the timer's time), if it has one.
+    pub fn timestamp(&self) -> Option<Timestamp> {
+        (self.meta.timestamp != crate::record::NO_TIMESTAMP).then_some(self.meta.timestamp)
+    }
+
+    /// The operator's watermark: event-time timers at or below it have
+    /// fired (in `on_timer`: the watermark that fired the timer).
+    pub fn watermark(&self) -> Timestamp {
+        self.watermark
+    }
+
+    /// Calls `on_timer` for this key when the watermark reaches `time` (at
+    /// once, at the next watermark, if it already has). Setting the same
+    /// time twice sets one timer.
+    pub fn register_timer(&mut self, time: Timestamp) {
+        if let Err(e) = self.timers.register(time, self.group, self.key) {
+            self.error.get_or_insert(e);
+        }
+    }
+
+    /// Removes this key's event-time timer at `time`, if any.
+    pub fn delete_timer(&mut self, time: Timestamp) {
+        if let Err(e) = self.timers.delete(time, self.group, self.key) {
+            self.error.get_or_insert(e);
+        }
+    }
+
+    /// The processing time (milliseconds since the Unix epoch; in a test
+    /// harness, the time the test set) when this call began.
+    pub fn processing_time(&self) -> Timestamp {
+        self.now
+    }
+
+    /// Calls `on_timer` for this key once the processing time passes
+    /// `time` (within a buffer timeout; at once if it already has).
+    /// Setting the same time twice sets one timer. Processing-time timers
+    /// are checkpointed: one that came due while the job was down fires
+    /// once after the restore.
+    pub fn register_processing_timer(&mut self, time: Timestamp) {
+        if let Err(e) = self.processing.register(time, self.group, self.key) {
+            self.error.get_or_insert(e);
+        }
+    }
+
+    /// Removes this key's processing-time timer at `time`, if any.
+    pub fn delete_processing_timer(&mut self, time: Timestamp) {
+        if let Err(e) = self.processing.delete(time, self.group, self.key) {
+            self.error.get_or_insert(e);
+        }
+    }
+
+    /// The store `index` of type `S`, and the current key's address; a
+    /// handle from another operator, or of another type, is kept as an
+    /// error (the access then does nothing).
+    fn slot<S: 'static>(&mut self, owner: u32, index: usize, what: &str) -> (Option<&mut S>, At<'_, K>) {
+        let store = if owner == self.owner {
+            self.stores.get_mut(index).and_then(|s| s.as_any().downcast_mut::<S>())
+        } else {
+            None
+        };
+        if store.is_none() {
+            let operator = self.operator;
+            self.error.get_or_insert_with(|| Error::State {
+                operator: operator.to_string(),
+                message: format!(
+                    "a {what} handle was used on an operator that did not declare it: each operator reaches only \
+                     the states its own declaration returned"
+                ),
+                source: None,
+            });
+        }
+        let at = At { key: self.key, key_bytes: self.key_bytes, group: self.group, error: &mut *self.error };
+        (store, at)
+    }
+
+    /// The current key's value in `state`.
+    pub fn value<T: Data>(&mut self, state: &ValueState<T>) -> Value<'_, K, T> {
+        let (store, at) = self.slot::<ValueStore<K, T>>(state.owner, state.index, "value state");
+        Value { store, at }
+    }
+
+    /// The current key's list in `state`.
+    pub fn list<T: Data>(&mut self, state: &ListState<T>) -> List<'_, K, T> {
+        let (store, at) = self.slot::<ListStore<K, T>>(state.owner, state.index, "list state");
+        List { store, at }
+    }
+
+    /// The current key's map in `state`.
+    pub fn map<UK: Key, UV: Data>(&mut self, state: &MapState<UK, UV>) -> Map<'_, K, UK, UV> {
+        let (store, at) = self.slot::<MapStore<K, UK, UV>>(state.owner, state.index, "map state");
+        Map { store, at }
+    }
+
+    /// The current key's reduced value in `state`.
+    pub fn reducing<T: Data>(&mut self, state: &ReducingState<T>) -> Reducing<'_, K, T> {
+        let (store, at) = self.slot::<ReducingStore<K, T>>(state.owner, state.index, "reducing state");
+        Reducing { store, at }
+    }
+
+    /// The current key's accumulator in `state`.
+    pub fn aggregating<T: 'static, A: Aggregate<T>>(
+        &mut self,
+        state: &AggregatingState<T, A>,
+    ) -> Aggregating<'_, K, T, A> {
+        let (store, at) = self.slot::<AggregatingStore<K, T, A>>(state.owner, state.index, "aggregating state");
+        Aggregating { store, at }
+    }
+}
+
+/// A keyed process function written as a type: Flink's
+/// `KeyedProcessFunction`. Its states are declared when the job is wired
+/// (the constructor passed to
+/// [`KeyedStream::process_function`](crate::KeyedStream::process_function)
+/// gets the [`States`] to declare them on and keeps the handles);
+/// `process_element` runs per record and `on_timer` per timer that fires,
+/// each with the key's context.
+///
+/// An error fails the record under the operator's policy (dead letter,
+/// drop or stop); a failing `on_timer` has no record to dead-letter: under
+/// `on_error::Fail` it stops the job, under the others it is counted as
+/// dropped.
+///
+/// ```
+/// use weibo::{KeyedProcessFunction, ProcessContext, States, Timer, ValueState, on_error};
+///
+/// /// Counts each key's records and reports the count 1 s (event time)
+/// /// after its first one.
+/// struct CountReport {
+///     count: ValueState<u64>,
+/// }
+///
+/// impl KeyedProcessFunction<char, char> for CountReport {
+///     type Out = String;
+///     type Error = String;
+///
+///     fn process_element(&self, ctx: &mut ProcessContext<'_, char, String>, _: &char) -> Result<(), String> {
+///         let n = ctx.value(&self.count).get().unwrap_or(0);
+///         if n == 0 {
+///             ctx.register_timer(ctx.timestamp().unwrap_or(0) + 1_000);
+///         }
+///         ctx.value(&self.count).set(n + 1);
+///         Ok(())
+///     }
+///
+///     fn on_timer(&self, ctx: &mut ProcessContext<'_, char, String>, timer: Timer) -> Result<(), String> {
+///         let n = ctx.value(&self.count).get().unwrap_or(0);
+///         ctx.value(&self.count).clear();
+///         let line = format!("{} at {}: {n}", ctx.key(), timer.time);
+///         ctx.emit(line);
+///         Ok(())
+///     }
+/// }
+///
+/// let out = weibo::testing::run_timed(vec![(100, 'a'), (150, 'a'), (5_000, 'b')], |s| {
+///     s.key_by(|c: &char| *c).process_function(on_error::Fail, |states: &mut States<char>| CountReport {
+///         count: states.value("count"),
+///     })
+/// })?;
+/// assert_eq!(out, vec!["a at 1100: 2".to_string(), "b at 6000: 1".to_string()]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
+pub trait KeyedProcessFunction<K, T>: Send + Sync + 'static {
+    /// What it emits.
+    type Out: Clone + Send + 'static;
+    /// What it fails with (its text goes into dead letters and errors).
+    type Error: Display;
+
+    /// Handles one record of the current key.
+    ///
+    /// # Errors
+    /// Whatever the function decides fails the record.
+    fn process_element(&self, ctx: &mut ProcessContext<'_, K, Self::Out>, record: &T) -> Result<(), Self::Error>;
+
+    /// Handles one of the current key's timers, when it fires. Does
+    /// nothing unless implemented.
+    ///
+    /// # Errors
+    /// Whatever the function decides.
+    fn on_timer(&self, ctx: &mut ProcessContext<'_, K, Self::Out>, timer: Timer) -> Result<(), Self::Error> {
+        let _ = (ctx, timer);
+        Ok(())
+    }
+}
+
+/// What a process closure may return: nothing (it cannot fail), or a
+/// `Result` whose error fails the record under the operator's policy.
+#[diagnostic::on_unimplemented(
+    message = "a process function returns `()` or `Result<(), E>` with an error `E` that implements `Display`, not `{Self}`",
+    label = "this closure returns `{Self}`",
+    note = "end the closure with no value when it cannot fail, or return `Ok(())` / `Err(error)`; with only `Ok(())` in it, name the error type: `Ok::<(), String>(())`"
+)]
+pub trait ProcessOutcome {
+    /// The failure, as text, if the call failed.
+    #[doc(hidden)]
+    fn failure(self) -> Option<String>;
+
+    /// What a call that did nothing returns.
+    #[doc(hidden)]
+    fn nothing() -> Self;
+}
+
+impl ProcessOutcome for () {
+    fn failure(self) -> Option<String> {
+        None
+    }
+
+    fn nothing() -> Self {}
+}
+
+impl<E: Display> ProcessOutcome for std::result::Result<(), E> {
+    fn failure(self) -> Option<String> {
+        self.err().map(|e| e.to_string())
+    }
+
+    fn nothing() -> Self {
+        Ok(())
+    }
+}
+
+/// A process function given as closures (`process_with_state`): the
+/// states declared, the function per record and the one per timer.
+pub(crate) struct ClosureFunction<S, F, G, U, R> {
+    states: S,
+    f: F,
+    on_timer: G,
+    _types: Returns<U, R>,
+}
+
+/// What a [`ClosureFunction`]'s closures emit and return.
+type Returns<U, R> = PhantomData<fn() -> (U, R)>;
+
+impl<S, F, G, U, R> ClosureFunction<S, F, G, U, R> {
+    pub(crate) fn new(states: S, f: F, on_timer: G) -> Self {
+        Self { states, f, on_timer, _types: PhantomData }
+    }
+}
+
+impl<K, T, U, S, F, G, R> KeyedProcessFunction<K, T> for ClosureFunction<S, F, G, U, R>
+where
+    K: 'static,
+    T: 'static,
+    U: Clone + Send + 'static,
+    S: Send + Sync + 'static,
+    F: for<'c> Fn(&mut ProcessContext<'c, K, U>, &S, &T) -> R + Send + Sync + 'static,
+    G: for<'c> Fn(&mut ProcessContext<'c, K, U>, &S, Timer) -> R + Send + Sync + 'static,
+    R: ProcessOutcome + 'static,
+{
+    type Out = U;
+    type Error = String;
+
+    fn process_element(&self, ctx: &mut ProcessContext<'_, K, U>, record: &T) -> Result<(), String> {
+        (self.f)(ctx, &self.states, record).failure().map_or(Ok(()), Err)
+    }
+
+    fn on_timer(&self, ctx: &mut ProcessContext<'_, K, U>, timer: Timer) -> Result<(), String> {
+        (self.on_timer)(ctx, &self.states, timer).failure().map_or(Ok(()), Err)
+    }
+}
+
+/// The factory of the operator that runs `function` with the states
+/// `states` declared, under `policy`: outputs are the results and the dead
+/// letters.
+pub(crate) fn factory<K, T, F>(policy: Policy, function: Arc<F>, states: &States<K>) -> Arc<dyn KeyedFactory>
+where
+    K: Key,
+    T: Data,
+    F: KeyedProcessFunction<K, T>,
+{
+    let declared: Arc<[Declared<K>]> = states.declared.iter().cloned().collect();
+    let owner = states.owner;
+    keyed_factory(move |ctx, outs| {
+        let info = ctx.info.clone();
+        let (ok, dead) = two(outs, &info.name)?;
+        let next = typed::<F::Out>(ok, &info.name)?;
+        let dead = match policy {
+            Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
+            _ => None,
+        };
+        let stores =
+            declared.iter().map(|d| (d.open)(ctx.state, &ctx.state_scope(&d.name))).collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(FunctionOp::<K, T, F> {
+            info,
+            declared: declared.clone(),
+            owner,
+            stores,
+            timers: TimerState::open(ctx.state, &ctx.state_scope("timers"))?,
+            processing: TimerState::open(ctx.state, &ctx.state_scope("processing_timers"))?,
+            clock: ctx.clock.clone(),
+            fired: ctx.clock.reporter(),
+            function: function.clone(),
+            out: Batch::with_capacity(ctx.batch_size),
+            next,
+            failures: Failures::new(policy, dead)?,
+            watermark: crate::record::NO_TIMESTAMP,
+            key_buf: Vec::new(),
+            records: Vec::with_capacity(ctx.batch_size),
+        }))
+    })
+}
+
+/// Runs a [`KeyedProcessFunction`] over its declared states and timers.
+struct FunctionOp<K, T, F: KeyedProcessFunction<K, T>> {
+    info: OpInfo,
+    declared: Arc<[Declared<K>]>,
+    owner: u32,
+    stores: Vec<Box<dyn NamedStore<K>>>,
+    timers: TimerState<K>,
+    processing: TimerState<K>,
+    clock: Clock,
+    /// Where a test harness's clock learns how far the timers have fired.
+    fired: Option<Arc<AtomicI64>>,
+    function: Arc<F>,
+    out: Batch<F::Out>,
+    next: Box<dyn Consumer<F::Out>>,
+    failures: Failures<T>,
+    /// The watermark up to which event-time timers have fired.
+    watermark: Timestamp,
+    key_buf: Vec<u8>,
+    /// The batch's records, taken (see [`take_records`]).
+    records: Vec<(K, T)>,
+}
+
+impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> FunctionOp<K, T, F> {
+    /// Fires every event-time timer at or below `wm`, in time order.
+    fn advance(&mut self, wm: Timestamp) -> Result<()> {
+        while let Some((time, keys)) = self.timers.pop_due(wm)? {
+            for (key, group) in keys {
+                self.key_buf.clear();
+                key.encode_key(&mut self.key_buf);
+                let meta =
+                    Meta { timestamp: time, watermark: self.watermark, offset: 0, partition: 0, source: u32::MAX };
+                let mut error = None;
+                let mut ctx = ProcessContext {
+                    operator: &self.info.name,
+                    key: &key,
+                    key_bytes: &self.key_buf,
+                    group,
+                    owner: self.owner,
+                    stores: &mut self.stores,
+                    timers: &mut self.timers,
+                    processing: &mut self.processing,
+                    now: self.clock.now(),
+                    error: &mut error,
+                    out: &mut self.out,
+                    meta,
+                    watermark: wm,
+                };
+                let result = self.function.on_timer(&mut ctx, Timer { time, domain: TimeDomain::EventTime });
+                if let Some(e) = error {
+                    return Err(e);
+                }
+                if let Err(message) = result {
+                    self.failures.fail_timer(&self.info, group, time, &message)?;
+                }
+            }
+        }
+        self.watermark = self.watermark.max(wm);
+        Ok(())
+    }
+
+    /// Fires every processing-time timer at or below the clock's time, in
+    /// time order; the output goes out with the next emit. Returns the
+    /// time it fired through.
+    fn fire_processing(&mut self) -> Result<Timestamp> {
+        let now = self.clock.now();
+        while let Some((time, keys)) = self.processing.pop_due(now)? {
+            for (key, group) in keys {
+                self.key_buf.clear();
+                key.encode_key(&mut self.key_buf);
+                let meta = Meta {
+                    timestamp: crate::record::NO_TIMESTAMP,
+                    watermark: self.watermark,
+                    offset: 0,
+                    partition: 0,
+                    source: u32::MAX,
+                };
+                let mut error = None;
+                let mut ctx = ProcessContext {
+                    operator: &self.info.name,
+                    key: &key,
+                    key_bytes: &self.key_buf,
+                    group,
+                    owner: self.owner,
+                    stores: &mut self.stores,
+                    timers: &mut self.timers,
+                    processing: &mut self.processing,
+                    now,
+                    error: &mut error,
+                    out: &mut self.out,
+                    meta,
+                    watermark: self.watermark,
+                };
+                let result = self.function.on_timer(&mut ctx, Timer { time, domain: TimeDomain::ProcessingTime });
+                if let Some(e) = error {
+                    return Err(e);
+                }
+                if let Err(message) = result {
+                    self.failures.fail_timer(&self.info, group, time, &message)?;
+                }
+            }
+        }
+        Ok(now)
+    }
+}
+
+impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionOp<K, T, F> {
+    fn on_batch(&mut self, batch: &mut RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
+        OperatorCounters::add(&self.info.counters.records_in, batch.len());
+        let mut records = std::mem::take(&mut self.records);
+        take_records(&self.info, batch, &mut records)?;
+        self.fire_processing()?;
+        let now = self.clock.now();
+        for ((key, v), r) in records.drain(..).zip(batch.iter()) {
+            if let Some(wm) = time.observe(&r.meta) {
+                self.advance(wm)?;
+            }
+            let meta = Meta { watermark: self.watermark, ..r.meta };
+            let mut error = None;
+            let mut ctx = ProcessContext {
+                operator: &self.info.name,
+                key: &key,
+                key_bytes: r.key,
+                group: r.group,
+                owner: self.owner,
+                stores: &mut self.stores,
+                timers: &mut self.timers,
+                processing: &mut self.processing,
+                now,
+                error: &mut error,
+                out: &mut self.out,
+                meta,
+                watermark: meta.watermark,
+            };
+            let result = self.function.process_element(&mut ctx, &v);
+            if let Some(e) = error {
+                return Err(e);
+            }
+            if let Err(message) = result {
+                self.failures.fail(&self.info, v, r.meta, &message)?;
+            }
+        }
+        // Its memory kept for the next batch.
+        self.records = records;
+        emit(&self.info, &mut *self.next, &mut self.out)?;
+        self.failures.push()
+    }
+
+    fn on_watermark(&mut self, wm: Timestamp) -> Result<()> {
+        self.fire_processing()?;
+        self.advance(wm)?;
+        emit(&self.info, &mut *self.next, &mut self.out)?;
+        self.next.watermark(wm)?;
+        self.failures.watermark(wm)
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        // Called at least once a buffer timeout: processing-time timers
+        // fire here when no records come.
+        let now = self.fire_processing()?;
+        emit(&self.info, &mut *self.next, &mut self.out)?;
+        self.failures.push()?;
+        self.next.flush()?;
+        self.failures.flush()?;
+        // Once what they emitted has been flushed: a test harness that
+        // moved its clock then finds it in its outputs.
+        if let Some(fired) = &self.fired {
+            fired.fetch_max(now, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.next.finish()?;
+        self.failures.finish()
+    }
+
+    fn barrier(&mut self, n: CheckpointId) -> Result<()> {
+        self.next.barrier(n)?;
+        self.failures.barrier(n)
+    }
+
+    fn state_stats(&self) -> Vec<(crate::state::StateName, StateStats)> {
+        let mut stats: Vec<(crate::state::StateName, StateStats)> =
+            self.declared.iter().zip(&self.stores).map(|(d, s)| (d.name.clone().into(), s.stats())).collect();
+        stats.push(("timers".into(), self.timers.stats()));
+        stats.push(("processing_timers".into(), self.processing.stats()));
+        stats
+    }
+
+    fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
+        let name = &self.info.name;
+        let mut out = Vec::with_capacity(self.stores.len() + 1);
+        for (d, store) in self.declared.iter().zip(&mut self.stores) {
+            out.push(snapshot_state(&mut **store, name, d.name.clone(), d.ty.clone(), at)?);
+        }
+        out.push(snapshot_state(&mut self.timers, name, "timers", StateType::internal(TIMERS), at)?);
+        out.push(snapshot_state(&mut self.processing, name, "processing_timers", StateType::internal(TIMERS), at)?);
+        Ok(out)
+    }
+
+    fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
+        let name = &self.info.name;
+        for (d, store) in self.declared.iter().zip(&mut self.stores) {
+            restore_state(&mut **store, from, name, &d.name, &d.ty, groups)?;
+        }
+        restore_state(&mut self.timers, from, name, "timers", &StateType::internal(TIMERS), groups)?;
+        restore_state(&mut self.processing, from, name, "processing_timers", &StateType::internal(TIMERS), groups)
+    }
+}
