@@ -359,3 +359,52 @@ async fn processing_timers_due_while_the_job_was_down_fire_once_after_the_restor
     assert_eq!(fired.iter().map(|f| f.0).collect::<Vec<_>>(), [0, 1, 2], "each key's timer fired once: {fired:?}");
     assert!(fired_after < Duration::from_secs(1), "at once after the restore, not 2 s later: {fired_after:?}");
 }
+
+/// Deduplication with a time-to-live, in processing time the test drives:
+/// an id is dropped while remembered and passes again once forgotten; ids
+/// no one reads again are swept; every forgotten entry is counted.
+#[test]
+fn a_time_to_live_forgets_ids_after_it_and_sweeps_what_no_one_reads() {
+    use weibo::process::StateTtl;
+    // In memory as objects (the harness keeps bytes), so that the metrics
+    // count the entries left.
+    let mut h = weibo::testing::Harness::<(u32, String)>::new("dedup")
+        .configure(|job| job.with_max_key_groups(4).with_state_backend(weibo::state::MemoryBackend));
+    let firsts = h
+        .input()
+        .key_by(|r: &(u32, String)| r.0)
+        .process_with_state(
+            on_error::Fail,
+            |states| states.ttl(StateTtl::after_write(Duration::from_secs(60))).map::<String, ()>("seen"),
+            |ctx, seen, r| {
+                if !ctx.map(seen).contains(&r.1) {
+                    ctx.map(seen).put(r.1.clone(), ());
+                    ctx.emit(r.1.clone());
+                }
+            },
+        )
+        .name("dedup");
+    let probe = h.output(&firsts);
+    let mut run = h.start().unwrap();
+    run.push((1, "a".into()), 1).unwrap();
+    run.push((1, "a".into()), 2).unwrap();
+    run.watermark(2).unwrap();
+    run.set_processing_time(30_000).unwrap();
+    run.push((1, "a".into()), 3).unwrap();
+    run.push((2, "b".into()), 4).unwrap();
+    run.watermark(4).unwrap();
+    assert_eq!(probe.take(), ["a", "b"], "`a` is remembered for 60 s after it was written");
+    run.set_processing_time(60_000).unwrap();
+    run.push((1, "a".into()), 5).unwrap();
+    run.watermark(5).unwrap();
+    assert_eq!(probe.take(), ["a"], "forgotten at 60 s, so it passes again");
+    // Nothing reads `a` (written at 60 s) or `b` (at 30 s) again: the sweep
+    // removes them once past due.
+    run.set_processing_time(200_000).unwrap();
+    std::thread::sleep(Duration::from_millis(1_500));
+    let report = run.finish().unwrap();
+    let op = report.metrics.operator("dedup").unwrap();
+    let seen = op.state.iter().find(|s| s.state == "seen").unwrap();
+    assert_eq!(seen.memory_entries, 0, "swept: {seen:?}");
+    assert_eq!(seen.expired, 3, "`a` on access, then `a` and `b` by the sweep: {seen:?}");
+}

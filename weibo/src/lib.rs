@@ -59,6 +59,7 @@ pub mod process {
         Aggregating, AggregatingState, KeyedProcessFunction, List, ListState, Map, MapState, ProcessContext,
         ProcessOutcome, Reducing, ReducingState, States, TimeDomain, Timer, Value, ValueState,
     };
+    pub use crate::state::StateTtl;
 }
 
 pub use codec::Data;

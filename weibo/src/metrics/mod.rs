@@ -66,6 +66,8 @@ pub(crate) struct StateStats {
     /// the table.
     pub(crate) hits: u64,
     pub(crate) misses: u64,
+    /// Entries removed because their time-to-live ran out.
+    pub(crate) expired: u64,
 }
 
 impl StateStats {
@@ -495,6 +497,9 @@ pub struct StateMetrics {
     pub cache_hits: u64,
     /// See `cache_hits`.
     pub cache_misses: u64,
+    /// Entries removed because their time-to-live ran out, since the job
+    /// started (states declared with a `StateTtl`).
+    pub expired: u64,
 }
 
 impl StateMetrics {
@@ -507,6 +512,7 @@ impl StateMetrics {
             table_bytes: s.table.map(|t| t.1),
             cache_hits: s.hits,
             cache_misses: s.misses,
+            expired: s.expired,
         }
     }
 
@@ -519,6 +525,7 @@ impl StateMetrics {
         self.table_bytes = self.table_bytes.max(other.table_bytes);
         self.cache_hits += other.cache_hits;
         self.cache_misses += other.cache_misses;
+        self.expired += other.expired;
     }
 }
 

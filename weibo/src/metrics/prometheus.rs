@@ -337,6 +337,13 @@ pub(crate) fn families(
             samples: states(&|s| s.table_entries.map(|_| n(s.cache_misses))),
         },
         Family {
+            name: "weibo.state.expired",
+            unit: "{entry}",
+            kind: Kind::Counter,
+            help: "Entries of each keyed state with a time-to-live removed because it ran out.",
+            samples: states(&|s| Some(n(s.expired))),
+        },
+        Family {
             name: "weibo.source.read_position",
             unit: "{position}",
             kind: Kind::Gauge,

@@ -16,6 +16,7 @@ use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::codec::Data;
 use crate::codec::key::Key;
@@ -28,8 +29,9 @@ use crate::operator::{Aggregate, Consumer, InputOperator, OpInfo, SnapshotAt, em
 use crate::operator::{restore_state, snapshot_state};
 use crate::record::CheckpointId;
 use crate::record::{Batch, Meta, RecordBatch, Timestamp};
-use crate::state::{ByteRange, KeyedState, ListStore, MapStore, RestoreSource, StateBackend, StateScope};
+use crate::state::{ByteRange, Expiring, KeyedState, ListStore, MapStore, RestoreSource, StateBackend, StateScope};
 use crate::state::{StateSnapshot, StateStats, StateType, TimerState, ValueStore, encoded_range, prefix_range};
+use crate::state::{StateTtl, TtlListStore, TtlMapStore, TtlValueStore};
 use crate::time::clock::Clock;
 use crate::time::watermarks::InputTime;
 
@@ -47,6 +49,8 @@ macro_rules! handle {
         pub struct $name<$($t),+> {
             owner: u32,
             index: usize,
+            /// Whether the state was declared with a time-to-live.
+            ttl: bool,
             _types: PhantomData<fn() -> ($($t,)+)>,
         }
 
@@ -95,7 +99,7 @@ handle!(
 );
 
 /// Opens one declared state for an operator instance.
-type Open<K> = Arc<dyn Fn(&dyn StateBackend, &StateScope) -> Result<Box<dyn NamedStore<K>>> + Send + Sync>;
+type Open<K> = Arc<dyn Fn(&dyn StateBackend, &StateScope, &Clock) -> Result<Box<dyn NamedStore<K>>> + Send + Sync>;
 
 /// One declared state: its name, what its values are, how to open it.
 struct Declared<K> {
@@ -145,6 +149,8 @@ pub struct States<K> {
     owner: u32,
     declared: Vec<Declared<K>>,
     errors: Vec<String>,
+    /// The time-to-live for the next state declared.
+    ttl: Option<StateTtl>,
 }
 
 impl<K> fmt::Debug for States<K> {
@@ -156,7 +162,47 @@ impl<K> fmt::Debug for States<K> {
 
 impl<K: Key> States<K> {
     pub(crate) fn new() -> Self {
-        Self { owner: DECLARATIONS.fetch_add(1, Ordering::Relaxed), declared: Vec::new(), errors: Vec::new() }
+        Self {
+            owner: DECLARATIONS.fetch_add(1, Ordering::Relaxed),
+            declared: Vec::new(),
+            errors: Vec::new(),
+            ttl: None,
+        }
+    }
+
+    /// Gives the next state declared a time-to-live: its values (a list's
+    /// elements, a map's entries) expire as `ttl` says and are never
+    /// returned once expired (see [`StateTtl`]). Value, list and map state
+    /// take one.
+    ///
+    /// A time-to-live is part of the state's layout: adding or removing
+    /// one is a change of type, which a restore refuses.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::{on_error, process::StateTtl};
+    ///
+    /// // Drop repeated ids, remembering each for an hour after it was seen.
+    /// let ids = vec![(1u32, "a".to_string()), (1, "a".to_string()), (1, "b".to_string())];
+    /// let out = weibo::testing::run(ids, |s| {
+    ///     s.key_by(|r: &(u32, String)| r.0).process_with_state(
+    ///         on_error::Fail,
+    ///         |states| states.ttl(StateTtl::after_write(Duration::from_secs(3_600))).map::<String, ()>("seen"),
+    ///         |ctx, seen, r| {
+    ///             let id = r.1.clone();
+    ///             if !ctx.map(seen).contains(&id) {
+    ///                 ctx.map(seen).put(id.clone(), ());
+    ///                 ctx.emit(id);
+    ///             }
+    ///         },
+    ///     )
+    /// })?;
+    /// assert_eq!(out, vec!["a".to_string(), "b".to_string()]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn ttl(&mut self, ttl: StateTtl) -> &mut Self {
+        self.ttl = Some(ttl);
+        self
     }
 
     /// Records a state; its index in the operator's stores.
@@ -179,16 +225,38 @@ impl<K: Key> States<K> {
 
     /// Declares a value per key named `name`.
     pub fn value<T: Data>(&mut self, name: &str) -> ValueState<T> {
-        let open: Open<K> = Arc::new(|backend, scope| Ok(Box::new(ValueStore::<K, T>::open(backend, scope)?)));
-        let index = self.declare(name, StateType::of::<T>(), open);
-        ValueState { owner: self.owner, index, _types: PhantomData }
+        let (index, ttl) = match self.ttl.take() {
+            None => {
+                let open: Open<K> =
+                    Arc::new(|backend, scope, _| Ok(Box::new(ValueStore::<K, T>::open(backend, scope)?)));
+                (self.declare(name, StateType::of::<T>(), open), false)
+            }
+            Some(ttl) => {
+                let open: Open<K> = Arc::new(move |backend, scope, clock| {
+                    Ok(Box::new(TtlValueStore::<K, T>::open(backend, scope, ttl, clock.clone())?))
+                });
+                (self.declare(name, StateType::of::<Expiring<T>>(), open), true)
+            }
+        };
+        ValueState { owner: self.owner, index, ttl, _types: PhantomData }
     }
 
     /// Declares a list per key named `name`.
     pub fn list<T: Data>(&mut self, name: &str) -> ListState<T> {
-        let open: Open<K> = Arc::new(|backend, scope| Ok(Box::new(ListStore::<K, T>::open(backend, scope)?)));
-        let index = self.declare(name, StateType::of::<T>(), open);
-        ListState { owner: self.owner, index, _types: PhantomData }
+        let (index, ttl) = match self.ttl.take() {
+            None => {
+                let open: Open<K> =
+                    Arc::new(|backend, scope, _| Ok(Box::new(ListStore::<K, T>::open(backend, scope)?)));
+                (self.declare(name, StateType::of::<T>(), open), false)
+            }
+            Some(ttl) => {
+                let open: Open<K> = Arc::new(move |backend, scope, clock| {
+                    Ok(Box::new(TtlListStore::<K, T>::open(backend, scope, ttl, clock.clone())?))
+                });
+                (self.declare(name, StateType::of::<Expiring<T>>(), open), true)
+            }
+        };
+        ListState { owner: self.owner, index, ttl, _types: PhantomData }
     }
 
     /// Declares a map per key named `name`, from user keys `UK` (any
@@ -196,20 +264,43 @@ impl<K: Key> States<K> {
     /// encoding, which for integers and strings is their natural order) to
     /// values `UV`.
     pub fn map<UK: Key, UV: Data>(&mut self, name: &str) -> MapState<UK, UV> {
-        let open: Open<K> = Arc::new(|backend, scope| Ok(Box::new(MapStore::<K, UK, UV>::open(backend, scope)?)));
-        let index = self.declare(name, StateType::of::<UV>(), open);
-        MapState { owner: self.owner, index, _types: PhantomData }
+        let (index, ttl) = match self.ttl.take() {
+            None => {
+                let open: Open<K> =
+                    Arc::new(|backend, scope, _| Ok(Box::new(MapStore::<K, UK, UV>::open(backend, scope)?)));
+                (self.declare(name, StateType::of::<UV>(), open), false)
+            }
+            Some(ttl) => {
+                let open: Open<K> = Arc::new(move |backend, scope, clock| {
+                    Ok(Box::new(TtlMapStore::<K, UK, UV>::open(backend, scope, ttl, clock.clone())?))
+                });
+                (self.declare(name, StateType::of::<Expiring<UV>>(), open), true)
+            }
+        };
+        MapState { owner: self.owner, index, ttl, _types: PhantomData }
+    }
+
+    /// A time-to-live set for a kind of state that takes none.
+    fn refuse_ttl(&mut self, name: &str, kind: &str) -> bool {
+        if self.ttl.take().is_some() {
+            self.errors.push(format!(
+                "state `{name}`: {kind} state takes no time-to-live (value, list and map state do); keep the \
+                 expiring values in one of those"
+            ));
+        }
+        false
     }
 
     /// Declares a value per key named `name` that each added value is
     /// combined into with `f` (the first one added is kept as it is).
     pub fn reducing<T: Data>(&mut self, name: &str, f: impl Fn(T, T) -> T + Send + Sync + 'static) -> ReducingState<T> {
+        let ttl = self.refuse_ttl(name, "reducing");
         let f: Arc<dyn Fn(T, T) -> T + Send + Sync> = Arc::new(f);
-        let open: Open<K> = Arc::new(move |backend, scope| {
+        let open: Open<K> = Arc::new(move |backend, scope, _| {
             Ok(Box::new(ReducingStore::<K, T> { values: ValueStore::open(backend, scope)?, f: f.clone() }))
         });
         let index = self.declare(name, StateType::of::<T>(), open);
-        ReducingState { owner: self.owner, index, _types: PhantomData }
+        ReducingState { owner: self.owner, index, ttl, _types: PhantomData }
     }
 
     /// Declares an accumulator per key named `name`, kept by `aggregate`
@@ -220,8 +311,9 @@ impl<K: Key> States<K> {
         T: 'static,
         A: Aggregate<T>,
     {
+        let ttl = self.refuse_ttl(name, "aggregating");
         let aggregate = Arc::new(aggregate);
-        let open: Open<K> = Arc::new(move |backend, scope| {
+        let open: Open<K> = Arc::new(move |backend, scope, _| {
             Ok(Box::new(AggregatingStore::<K, T, A> {
                 values: ValueStore::open(backend, scope)?,
                 aggregate: aggregate.clone(),
@@ -229,7 +321,7 @@ impl<K: Key> States<K> {
             }))
         });
         let index = self.declare(name, StateType::of::<A::Acc>(), open);
-        AggregatingState { owner: self.owner, index, _types: PhantomData }
+        AggregatingState { owner: self.owner, index, ttl, _types: PhantomData }
     }
 
     /// The declared states' names (for the plan), and the wiring errors.
@@ -242,7 +334,42 @@ impl<K: Key> States<K> {
 /// restored and measured like any keyed state, and reached by handle.
 trait NamedStore<K>: KeyedState + Send {
     fn as_any(&mut self) -> &mut dyn Any;
+
+    /// Whether its values expire (and key groups are to be swept).
+    fn expires(&self) -> bool {
+        false
+    }
+
+    /// Removes what has expired in key group `group`, at processing time
+    /// `now` and watermark `watermark`.
+    ///
+    /// # Errors
+    /// [`Error::State`] when the backend fails.
+    fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
+        let _ = (group, now, watermark);
+        Ok(())
+    }
 }
+
+macro_rules! expiring_store {
+    ($store:ident<$($t:ident),+> where $($bound:tt)*) => {
+        impl<K: Key, $($bound)*> NamedStore<K> for $store<K, $($t),+> {
+            fn as_any(&mut self) -> &mut dyn Any {
+                self
+            }
+            fn expires(&self) -> bool {
+                true
+            }
+            fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
+                $store::sweep(self, group, now, watermark)
+            }
+        }
+    };
+}
+
+expiring_store!(TtlValueStore<T> where T: Data);
+expiring_store!(TtlListStore<T> where T: Data);
+expiring_store!(TtlMapStore<UK, UV> where UK: Key, UV: Data);
 
 impl<K: Key, T: Data> NamedStore<K> for ValueStore<K, T> {
     fn as_any(&mut self) -> &mut dyn Any {
@@ -321,12 +448,16 @@ impl<K: Key, T: 'static, A: Aggregate<T>> NamedStore<K> for AggregatingStore<K, 
     }
 }
 
-/// Where a state access goes: the current key, and where a failure of the
-/// state backend is kept until the function returns.
+/// Where a state access goes: the current key, the times a time-to-live
+/// is measured in, and where a failure of the state backend is kept until
+/// the function returns.
 struct At<'c, K> {
     key: &'c K,
     key_bytes: &'c [u8],
     group: u16,
+    /// Processing time, and the operator's watermark.
+    now: Timestamp,
+    watermark: Timestamp,
     error: &'c mut Option<Error>,
 }
 
@@ -344,18 +475,34 @@ impl<K> At<'_, K> {
     }
 }
 
+/// A declared state's store as an access finds it: without a time-to-live,
+/// with one, or not there (a handle of another operator: the access does
+/// nothing, and the error is kept).
+enum Slot<'c, P, E> {
+    Plain(&'c mut P),
+    Expiring(&'c mut E),
+    Missing,
+}
+
 /// A key's value in a [`ValueState`], from [`ProcessContext::value`].
 pub struct Value<'c, K, T> {
-    store: Option<&'c mut ValueStore<K, T>>,
+    store: Slot<'c, ValueStore<K, T>, TtlValueStore<K, T>>,
     at: At<'c, K>,
 }
 
 impl<K: Key, T: Data> Value<'_, K, T> {
-    /// The value, if set.
+    /// The value, if set (and, with a time-to-live, not expired).
     pub fn get(&mut self) -> Option<T> {
-        let store = self.store.as_mut()?;
-        let r = store.get(self.at.group, self.at.key, self.at.key_bytes);
-        self.at.keep(r).flatten()
+        let at = &mut self.at;
+        let r = match &mut self.store {
+            Slot::Plain(s) => s.get(at.group, at.key, at.key_bytes),
+            Slot::Expiring(s) => {
+                let now = s.now(at.now, at.watermark);
+                s.get(at.group, at.key, at.key_bytes, now)
+            }
+            Slot::Missing => return None,
+        };
+        at.keep(r).flatten()
     }
 
     /// Sets the value.
@@ -371,26 +518,38 @@ impl<K: Key, T: Data> Value<'_, K, T> {
     /// Changes the value in place: `f` gets it (`None` if unset), and what
     /// it leaves is stored (`None` clears it). In memory nothing is copied.
     pub fn update(&mut self, f: impl FnOnce(&mut Option<T>)) {
-        if let Some(store) = self.store.as_mut() {
-            let r = store.update(self.at.group, self.at.key.clone(), self.at.key_bytes, f);
-            self.at.keep(r);
-        }
+        let at = &mut self.at;
+        let r = match &mut self.store {
+            Slot::Plain(s) => s.update(at.group, at.key.clone(), at.key_bytes, f),
+            Slot::Expiring(s) => {
+                let now = s.now(at.now, at.watermark);
+                s.update(at.group, at.key, at.key_bytes, now, f)
+            }
+            Slot::Missing => return,
+        };
+        at.keep(r);
     }
 }
 
 /// A key's list in a [`ListState`], from [`ProcessContext::list`].
 pub struct List<'c, K, T> {
-    store: Option<&'c mut ListStore<K, T>>,
+    store: Slot<'c, ListStore<K, T>, TtlListStore<K, T>>,
     at: At<'c, K>,
 }
 
 impl<K: Key, T: Data> List<'_, K, T> {
     /// Appends `value`, reading nothing.
     pub fn add(&mut self, value: T) {
-        if let Some(store) = self.store.as_mut() {
-            let r = store.add(self.at.group, self.at.key, self.at.key_bytes, value);
-            self.at.keep(r);
-        }
+        let at = &mut self.at;
+        let r = match &mut self.store {
+            Slot::Plain(s) => s.add(at.group, at.key, at.key_bytes, value),
+            Slot::Expiring(s) => {
+                let now = s.now(at.now, at.watermark);
+                s.add(at.group, at.key, at.key_bytes, value, now)
+            }
+            Slot::Missing => return,
+        };
+        at.keep(r);
     }
 
     /// Appends every value of `values`, in order.
@@ -413,10 +572,16 @@ impl<K: Key, T: Data> List<'_, K, T> {
     /// Calls `f` with the elements in order, read a chunk at a time, until
     /// it returns false: a long list is never loaded whole.
     pub fn for_each(&mut self, f: impl FnMut(T) -> bool) {
-        if let Some(store) = self.store.as_mut() {
-            let r = store.for_each(self.at.group, self.at.key, self.at.key_bytes, f);
-            self.at.keep(r);
-        }
+        let at = &mut self.at;
+        let r = match &mut self.store {
+            Slot::Plain(s) => s.for_each(at.group, at.key, at.key_bytes, f),
+            Slot::Expiring(s) => {
+                let now = s.now(at.now, at.watermark);
+                s.for_each(at.group, at.key, at.key_bytes, now, f)
+            }
+            Slot::Missing => return,
+        };
+        at.keep(r);
     }
 
     /// Replaces the list with `values`.
@@ -427,17 +592,23 @@ impl<K: Key, T: Data> List<'_, K, T> {
 
     /// Empties the list.
     pub fn clear(&mut self) {
-        if let Some(store) = self.store.as_mut() {
-            let r = store.clear(self.at.group, self.at.key, self.at.key_bytes);
-            self.at.keep(r);
-        }
+        let at = &mut self.at;
+        let r = match &mut self.store {
+            Slot::Plain(s) => s.clear(at.group, at.key, at.key_bytes),
+            Slot::Expiring(s) => s.clear(at.group, at.key, at.key_bytes),
+            Slot::Missing => return,
+        };
+        at.keep(r);
     }
 
     /// Whether the list is empty.
     pub fn is_empty(&mut self) -> bool {
-        let Some(store) = self.store.as_mut() else { return true };
-        let r = store.is_empty(self.at.group, self.at.key, self.at.key_bytes);
-        self.at.keep(r).unwrap_or(true)
+        let mut empty = true;
+        self.for_each(|_| {
+            empty = false;
+            false
+        });
+        empty
     }
 }
 
@@ -445,16 +616,23 @@ impl<K: Key, T: Data> List<'_, K, T> {
 /// are read and written one at a time; iteration goes in the order of the
 /// user keys' encoding, a chunk at a time.
 pub struct Map<'c, K, UK, UV> {
-    store: Option<&'c mut MapStore<K, UK, UV>>,
+    store: Slot<'c, MapStore<K, UK, UV>, TtlMapStore<K, UK, UV>>,
     at: At<'c, K>,
 }
 
 impl<K: Key, UK: Key, UV: Data> Map<'_, K, UK, UV> {
     /// The value at `user_key`, if any.
     pub fn get(&mut self, user_key: &UK) -> Option<UV> {
-        let store = self.store.as_mut()?;
-        let r = store.get(self.at.group, self.at.key, self.at.key_bytes, user_key);
-        self.at.keep(r).flatten()
+        let at = &mut self.at;
+        let r = match &mut self.store {
+            Slot::Plain(s) => s.get(at.group, at.key, at.key_bytes, user_key),
+            Slot::Expiring(s) => {
+                let now = s.now(at.now, at.watermark);
+                s.get(at.group, at.key, at.key_bytes, user_key, now)
+            }
+            Slot::Missing => return None,
+        };
+        at.keep(r).flatten()
     }
 
     /// Whether the map has an entry at `user_key`.
@@ -464,41 +642,66 @@ impl<K: Key, UK: Key, UV: Data> Map<'_, K, UK, UV> {
 
     /// Sets the value at `user_key`, reading nothing.
     pub fn put(&mut self, user_key: UK, value: UV) {
-        if let Some(store) = self.store.as_mut() {
-            let r = store.put(self.at.group, self.at.key, self.at.key_bytes, user_key, value);
-            self.at.keep(r);
-        }
+        let at = &mut self.at;
+        let r = match &mut self.store {
+            Slot::Plain(s) => s.put(at.group, at.key, at.key_bytes, user_key, value),
+            Slot::Expiring(s) => {
+                let now = s.now(at.now, at.watermark);
+                s.put(at.group, at.key, at.key_bytes, user_key, value, now)
+            }
+            Slot::Missing => return,
+        };
+        at.keep(r);
     }
 
     /// Changes the value at `user_key` in place: `f` gets it (`None` if
     /// absent) and what it leaves is stored (`None` removes the entry).
     pub fn update(&mut self, user_key: UK, f: impl FnOnce(&mut Option<UV>)) {
-        if let Some(store) = self.store.as_mut() {
-            let r = store.update(self.at.group, self.at.key, self.at.key_bytes, user_key, f);
-            self.at.keep(r);
-        }
+        let at = &mut self.at;
+        let r = match &mut self.store {
+            Slot::Plain(s) => s.update(at.group, at.key, at.key_bytes, user_key, f),
+            Slot::Expiring(s) => {
+                let now = s.now(at.now, at.watermark);
+                s.update(at.group, at.key, at.key_bytes, user_key, now, f)
+            }
+            Slot::Missing => return,
+        };
+        at.keep(r);
     }
 
     /// Removes the entry at `user_key`, returning its value.
     pub fn remove(&mut self, user_key: &UK) -> Option<UV> {
-        let store = self.store.as_mut()?;
-        let r = store.remove(self.at.group, self.at.key, self.at.key_bytes, user_key.clone());
-        self.at.keep(r).flatten()
+        let at = &mut self.at;
+        let r = match &mut self.store {
+            Slot::Plain(s) => s.remove(at.group, at.key, at.key_bytes, user_key.clone()),
+            Slot::Expiring(s) => {
+                let now = s.now(at.now, at.watermark);
+                s.remove(at.group, at.key, at.key_bytes, user_key.clone(), now)
+            }
+            Slot::Missing => return None,
+        };
+        at.keep(r).flatten()
     }
 
     /// Removes every entry.
     pub fn clear(&mut self) {
-        if let Some(store) = self.store.as_mut() {
-            let r = store.clear(self.at.group, self.at.key, self.at.key_bytes);
-            self.at.keep(r);
-        }
+        let at = &mut self.at;
+        let r = match &mut self.store {
+            Slot::Plain(s) => s.clear(at.group, at.key, at.key_bytes),
+            Slot::Expiring(s) => s.clear(at.group, at.key, at.key_bytes),
+            Slot::Missing => return,
+        };
+        at.keep(r);
     }
 
     /// Whether the map has no entries.
     pub fn is_empty(&mut self) -> bool {
-        let Some(store) = self.store.as_mut() else { return true };
-        let r = store.is_empty(self.at.group, self.at.key, self.at.key_bytes);
-        self.at.keep(r).unwrap_or(true)
+        let mut empty = true;
+        self.for_each(|_, _| {
+            empty = false;
+            false
+        });
+        empty
     }
 
     /// Calls `f` with every entry in order until it returns false.
@@ -542,10 +745,16 @@ impl<K: Key, UK: Key, UV: Data> Map<'_, K, UK, UV> {
     }
 
     fn scan(&mut self, range: &ByteRange, f: impl FnMut(UK, UV) -> bool) {
-        if let Some(store) = self.store.as_mut() {
-            let r = store.for_each(self.at.group, self.at.key, self.at.key_bytes, range, f);
-            self.at.keep(r);
-        }
+        let at = &mut self.at;
+        let r = match &mut self.store {
+            Slot::Plain(s) => s.for_each(at.group, at.key, at.key_bytes, range, f),
+            Slot::Expiring(s) => {
+                let now = s.now(at.now, at.watermark);
+                s.for_each(at.group, at.key, at.key_bytes, range, now, f)
+            }
+            Slot::Missing => return,
+        };
+        at.keep(r);
     }
 }
 
@@ -739,16 +948,23 @@ impl<K: Key, U> ProcessContext<'_, K, U> {
         }
     }
 
-    /// The store `index` of type `S`, and the current key's address; a
-    /// handle from another operator, or of another type, is kept as an
-    /// error (the access then does nothing).
-    fn slot<S: 'static>(&mut self, owner: u32, index: usize, what: &str) -> (Option<&mut S>, At<'_, K>) {
-        let store = if owner == self.owner {
-            self.stores.get_mut(index).and_then(|s| s.as_any().downcast_mut::<S>())
-        } else {
-            None
+    /// The store of a handle (`P` without a time-to-live, `E` with one),
+    /// and the current key's address; a handle from another operator is
+    /// kept as an error (the access then does nothing).
+    fn slot<P: 'static, E: 'static>(
+        &mut self,
+        owner: u32,
+        index: usize,
+        ttl: bool,
+        what: &str,
+    ) -> (Slot<'_, P, E>, At<'_, K>) {
+        let store = if owner == self.owner { self.stores.get_mut(index) } else { None };
+        let slot = match store.map(|s| s.as_any()) {
+            Some(any) if ttl => any.downcast_mut::<E>().map_or(Slot::Missing, Slot::Expiring),
+            Some(any) => any.downcast_mut::<P>().map_or(Slot::Missing, Slot::Plain),
+            None => Slot::Missing,
         };
-        if store.is_none() {
+        if matches!(slot, Slot::Missing) {
             let operator = self.operator;
             self.error.get_or_insert_with(|| Error::State {
                 operator: operator.to_string(),
@@ -759,32 +975,44 @@ impl<K: Key, U> ProcessContext<'_, K, U> {
                 source: None,
             });
         }
-        let at = At { key: self.key, key_bytes: self.key_bytes, group: self.group, error: &mut *self.error };
-        (store, at)
+        let at = At {
+            key: self.key,
+            key_bytes: self.key_bytes,
+            group: self.group,
+            now: self.now,
+            watermark: self.watermark,
+            error: &mut *self.error,
+        };
+        (slot, at)
     }
 
     /// The current key's value in `state`.
     pub fn value<T: Data>(&mut self, state: &ValueState<T>) -> Value<'_, K, T> {
-        let (store, at) = self.slot::<ValueStore<K, T>>(state.owner, state.index, "value state");
+        let (store, at) = self.slot(state.owner, state.index, state.ttl, "value state");
         Value { store, at }
     }
 
     /// The current key's list in `state`.
     pub fn list<T: Data>(&mut self, state: &ListState<T>) -> List<'_, K, T> {
-        let (store, at) = self.slot::<ListStore<K, T>>(state.owner, state.index, "list state");
+        let (store, at) = self.slot(state.owner, state.index, state.ttl, "list state");
         List { store, at }
     }
 
     /// The current key's map in `state`.
     pub fn map<UK: Key, UV: Data>(&mut self, state: &MapState<UK, UV>) -> Map<'_, K, UK, UV> {
-        let (store, at) = self.slot::<MapStore<K, UK, UV>>(state.owner, state.index, "map state");
+        let (store, at) = self.slot(state.owner, state.index, state.ttl, "map state");
         Map { store, at }
     }
 
     /// The current key's reduced value in `state`.
     pub fn reducing<T: Data>(&mut self, state: &ReducingState<T>) -> Reducing<'_, K, T> {
-        let (store, at) = self.slot::<ReducingStore<K, T>>(state.owner, state.index, "reducing state");
-        Reducing { store, at }
+        let (store, at) = self.slot::<ReducingStore<K, T>, ReducingStore<K, T>>(
+            state.owner,
+            state.index,
+            state.ttl,
+            "reducing state",
+        );
+        Reducing { store: if let Slot::Plain(s) = store { Some(s) } else { None }, at }
     }
 
     /// The current key's accumulator in `state`.
@@ -792,8 +1020,13 @@ impl<K: Key, U> ProcessContext<'_, K, U> {
         &mut self,
         state: &AggregatingState<T, A>,
     ) -> Aggregating<'_, K, T, A> {
-        let (store, at) = self.slot::<AggregatingStore<K, T, A>>(state.owner, state.index, "aggregating state");
-        Aggregating { store, at }
+        let (store, at) = self.slot::<AggregatingStore<K, T, A>, AggregatingStore<K, T, A>>(
+            state.owner,
+            state.index,
+            state.ttl,
+            "aggregating state",
+        );
+        Aggregating { store: if let Slot::Plain(s) = store { Some(s) } else { None }, at }
     }
 }
 
@@ -966,8 +1199,10 @@ where
             Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
             _ => None,
         };
-        let stores =
-            declared.iter().map(|d| (d.open)(ctx.state, &ctx.state_scope(&d.name))).collect::<Result<Vec<_>>>()?;
+        let stores = declared
+            .iter()
+            .map(|d| (d.open)(ctx.state, &ctx.state_scope(&d.name), ctx.clock))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Box::new(FunctionOp::<K, T, F> {
             info,
             declared: declared.clone(),
@@ -977,6 +1212,7 @@ where
             processing: TimerState::open(ctx.state, &ctx.state_scope("processing_timers"))?,
             clock: ctx.clock.clone(),
             fired: ctx.clock.reporter(),
+            sweep: Sweep { groups: ctx.key_groups.clone(), next: ctx.key_groups.start, at: Instant::now() },
             function: function.clone(),
             out: Batch::with_capacity(ctx.batch_size),
             next,
@@ -987,6 +1223,18 @@ where
         }))
     })
 }
+
+/// The states with a time-to-live are swept a key group at a time, one
+/// group every [`SWEEP_EVERY`]: a restored or idle job's expired entries
+/// go away without a pass over the whole state on the record path.
+struct Sweep {
+    groups: std::ops::Range<u16>,
+    next: u16,
+    at: Instant,
+}
+
+/// How often one key group of each state with a time-to-live is swept.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
 /// Runs a [`KeyedProcessFunction`] over its declared states and timers.
 struct FunctionOp<K, T, F: KeyedProcessFunction<K, T>> {
@@ -999,6 +1247,8 @@ struct FunctionOp<K, T, F: KeyedProcessFunction<K, T>> {
     clock: Clock,
     /// Where a test harness's clock learns how far the timers have fired.
     fired: Option<Arc<AtomicI64>>,
+    /// Which key group the states with a time-to-live are swept in next.
+    sweep: Sweep,
     function: Arc<F>,
     out: Batch<F::Out>,
     next: Box<dyn Consumer<F::Out>>,
@@ -1147,6 +1397,14 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionO
         // Called at least once a buffer timeout: processing-time timers
         // fire here when no records come.
         let now = self.fire_processing()?;
+        if self.sweep.at.elapsed() >= SWEEP_EVERY && !self.sweep.groups.is_empty() {
+            let group = self.sweep.next;
+            for store in self.stores.iter_mut().filter(|s| s.expires()) {
+                store.sweep(group, now, self.watermark)?;
+            }
+            self.sweep.next = if group + 1 >= self.sweep.groups.end { self.sweep.groups.start } else { group + 1 };
+            self.sweep.at = Instant::now();
+        }
         emit(&self.info, &mut *self.next, &mut self.out)?;
         self.failures.push()?;
         self.next.flush()?;

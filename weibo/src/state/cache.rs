@@ -658,6 +658,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
             table: self.table.size(),
             hits: self.lookups.saturating_sub(self.misses),
             misses: self.misses,
+            expired: 0,
         }
     }
 

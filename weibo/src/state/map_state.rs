@@ -330,6 +330,25 @@ impl<K: Key, UK: Key, UV: Data> MapStore<K, UK, UV> {
         Ok(chunk.is_empty())
     }
 
+    /// Removes the entries of key group `group` whose value `keep` refuses
+    /// (every key's), returning how many.
+    ///
+    /// # Errors
+    /// As [`MapStore::read_chunk`].
+    pub(crate) fn retain_group(&mut self, group: u16, mut keep: impl FnMut(&UV) -> bool) -> Result<u64> {
+        let mut gone = Vec::new();
+        self.values.for_each_in_group(group, |(k, uk), v| {
+            if !keep(v) {
+                gone.push((k.clone(), uk.clone()));
+            }
+        })?;
+        let removed = gone.len() as u64;
+        for (k, uk) in gone {
+            self.remove(group, &k, &[], uk)?;
+        }
+        Ok(removed)
+    }
+
     /// Keeps the in-memory index in step with a restored part.
     fn index_part(&mut self, entries: &[EntryRef<'_>], removed: &[RemovedRef<'_>]) -> Result<()> {
         let Some(index) = &mut self.index else { return Ok(()) };
@@ -441,6 +460,11 @@ impl<K: Key, T: Data> ListStore<K, T> {
     /// As [`MapStore::read_chunk`].
     pub fn clear(&mut self, group: u16, key: &K, key_bytes: &[u8]) -> Result<()> {
         self.entries.clear(group, key, key_bytes)
+    }
+
+    /// The list's entries, by sequence number.
+    pub(crate) fn entries_mut(&mut self) -> &mut MapStore<K, u64, T> {
+        &mut self.entries
     }
 
     /// Whether `key`'s list is empty.

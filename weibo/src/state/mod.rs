@@ -24,6 +24,7 @@ mod spares;
 mod time_index;
 mod timer_state;
 mod timers;
+mod ttl;
 mod value;
 mod window_state;
 pub use self::cache::ObjectCache;
@@ -41,6 +42,7 @@ pub use self::snapshot::{
     SnapshotFrame, SnapshotPart, SnapshotSink, entry_refs, gather,
 };
 pub use self::timer_state::{DueTimers, TimerState};
+pub use self::ttl::{Expiring, StateTtl, TtlListStore, TtlMapStore, TtlValueStore};
 pub use self::value::{FULL_CHECKPOINT_EVERY, ValueStore, Writes};
 pub use self::window_state::{WindowRun, WindowState};
 

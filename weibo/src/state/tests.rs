@@ -9,6 +9,7 @@ use super::*;
 use crate::codec::key::Key;
 
 mod collections;
+mod ttl;
 use crate::record::{CheckpointId, Timestamp};
 
 /// A backend that stores bytes, to run the same tests through the codec path.

@@ -1,0 +1,595 @@
+//! State time-to-live: values that expire a set time after they were
+//! written (or read), are never returned once expired, and are cleaned
+//! up without scanning the whole state on the record path.
+//!
+//! Each value is stored with the time it expires at ([`Expiring`]). An
+//! access that finds it expired treats it as absent and removes it; a
+//! sweep removes the expired entries of one key group at a time (the
+//! operator sweeps its key groups in turn, a little at a time); a restore
+//! drops the entries that have expired by then. Every removal of an
+//! expired entry is counted.
+
+use std::ops::Bound;
+use std::time::Duration;
+
+use crate::codec::key::Key;
+use crate::codec::{CodecError, CodecId, Data};
+use crate::error::Result;
+use crate::record::Timestamp;
+use crate::state::map_state::ByteRange;
+use crate::state::{
+    Barrier, EntryRef, KeyedState, ListStore, MapStore, RemovedRef, Snapshot, StateBackend, StateScope, StateStats,
+    ValueStore,
+};
+
+/// How long a state's values live: Flink's `StateTtlConfig`, as far as
+/// Weibo goes.
+///
+/// A value expires `ttl` after it was last written ([`StateTtl::after_write`])
+/// or last read or written ([`StateTtl::after_read`]); an expired value is
+/// never returned. Time is processing time (the wall clock, or a test
+/// harness's) unless [`StateTtl::in_event_time`] makes it the operator's
+/// watermark. Expired values are removed when an access finds them, when
+/// the operator sweeps their key group (it sweeps one key group of each
+/// state with a time-to-live every 100 ms), and when a restore meets them.
+///
+/// Differences from Flink: reducing and aggregating state take no
+/// time-to-live; the visibility is always never-return-expired; in event
+/// time a restore keeps every value (the watermark is not known yet) and
+/// the next access or sweep removes the expired ones.
+///
+/// ```
+/// use std::time::Duration;
+/// use weibo::process::StateTtl;
+/// let ttl = StateTtl::after_write(Duration::from_secs(3_600));
+/// let read = StateTtl::after_read(Duration::from_secs(60)).in_event_time();
+/// # let _ = (ttl, read);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateTtl {
+    millis: i64,
+    on_read: bool,
+    event_time: bool,
+}
+
+impl StateTtl {
+    /// Values expire `ttl` after they were last written.
+    pub fn after_write(ttl: Duration) -> Self {
+        Self { millis: crate::time::millis(ttl), on_read: false, event_time: false }
+    }
+
+    /// Values expire `ttl` after they were last read or written.
+    pub fn after_read(ttl: Duration) -> Self {
+        Self { on_read: true, ..Self::after_write(ttl) }
+    }
+
+    /// Measures time by the operator's watermark instead of the wall clock.
+    #[must_use]
+    pub fn in_event_time(self) -> Self {
+        Self { event_time: true, ..self }
+    }
+
+    /// The time-to-live's clock now: processing time `now`, or the
+    /// watermark.
+    pub(crate) fn now(&self, now: Timestamp, watermark: Timestamp) -> Timestamp {
+        if self.event_time { watermark } else { now }
+    }
+
+    fn expiry(&self, now: Timestamp) -> Timestamp {
+        now.saturating_add(self.millis)
+    }
+}
+
+/// A value and the time it expires at (milliseconds, in its state's
+/// time-to-live clock). Encoded as the time (8 bytes, big-endian) followed
+/// by the value's own encoding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Expiring<T> {
+    expires: Timestamp,
+    value: T,
+}
+
+impl<T> Expiring<T> {
+    fn live(&self, now: Timestamp) -> bool {
+        self.expires > now
+    }
+}
+
+/// The time an encoded [`Expiring`] expires at, if the bytes hold one.
+fn expires_at(bytes: &[u8]) -> Option<Timestamp> {
+    let head: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
+    Some(i64::from_be_bytes(head))
+}
+
+impl<T: Data> Data for Expiring<T> {
+    fn codec_id() -> CodecId {
+        CodecId::new("weibo-ttl/1", std::any::type_name::<Self>())
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) -> std::result::Result<(), CodecError> {
+        out.extend_from_slice(&self.expires.to_be_bytes());
+        self.value.encode(out)
+    }
+
+    fn decode(bytes: &[u8]) -> std::result::Result<Self, CodecError> {
+        let expires = expires_at(bytes).ok_or_else(|| CodecError {
+            codec: Self::codec_id(),
+            reason: format!("{} bytes, too short for an expiry time", bytes.len()),
+        })?;
+        Ok(Self { expires, value: T::decode(bytes.get(8..).unwrap_or_default())? })
+    }
+
+    fn schema() -> std::sync::Arc<crate::codec::schema::Schema> {
+        use crate::codec::schema::{Schema, Shape};
+        std::sync::Arc::new(Schema {
+            shape: Shape::Struct {
+                name: "Expiring".into(),
+                fields: vec![("expires".into(), Shape::I64), ("value".into(), T::schema().shape.clone())],
+            },
+        })
+    }
+
+    fn check_round_trip() -> std::result::Result<(), String> {
+        T::check_round_trip()
+    }
+}
+
+/// Drops the entries of a restored part that have expired at `now`,
+/// counting them.
+fn live_entries<'a>(entries: &mut [EntryRef<'a>], now: Option<Timestamp>, expired: &mut u64) -> Vec<EntryRef<'a>> {
+    let mut live = Vec::with_capacity(entries.len());
+    for entry in entries.iter() {
+        match (now, expires_at(entry.2)) {
+            (Some(now), Some(at)) if at <= now => *expired += 1,
+            _ => live.push(*entry),
+        }
+    }
+    live
+}
+
+/// What every state with a time-to-live keeps besides its store.
+struct Expiry {
+    ttl: StateTtl,
+    /// Expired entries removed so far.
+    expired: u64,
+    /// Processing time, for restores (event time is not known then).
+    clock: crate::time::clock::Clock,
+}
+
+impl Expiry {
+    /// The time before which restored entries have expired, if known.
+    fn restore_now(&self) -> Option<Timestamp> {
+        (!self.ttl.event_time).then(|| self.clock.now())
+    }
+
+    fn stats(&self, mut stats: StateStats) -> StateStats {
+        stats.expired += self.expired;
+        stats
+    }
+}
+
+/// Value state with a time-to-live.
+pub struct TtlValueStore<K, T> {
+    store: ValueStore<K, Expiring<T>>,
+    expiry: Expiry,
+}
+
+impl<K: Key, T: Data> TtlValueStore<K, T> {
+    /// Opens the value state `scope` names on `backend`, its values living
+    /// as `ttl` says.
+    ///
+    /// # Errors
+    /// As [`ValueStore::open`].
+    pub(crate) fn open(
+        backend: &dyn StateBackend,
+        scope: &StateScope,
+        ttl: StateTtl,
+        clock: crate::time::clock::Clock,
+    ) -> Result<Self> {
+        Ok(Self { store: ValueStore::open(backend, scope)?, expiry: Expiry { ttl, expired: 0, clock } })
+    }
+
+    /// The live value of `key` at time `now` (refreshed, if reads refresh).
+    ///
+    /// # Errors
+    /// As [`ValueStore::update`].
+    pub(crate) fn get(&mut self, group: u16, key: &K, key_bytes: &[u8], now: Timestamp) -> Result<Option<T>> {
+        let expiry = &mut self.expiry;
+        if !expiry.ttl.on_read {
+            // A read that finds the value live writes nothing.
+            match self.store.get(group, key, key_bytes)? {
+                Some(e) if e.live(now) => return Ok(Some(e.value)),
+                None => return Ok(None),
+                Some(_) => {}
+            }
+        }
+        self.store.update(group, key.clone(), key_bytes, |slot| match slot.take() {
+            Some(mut e) if e.live(now) => {
+                if expiry.ttl.on_read {
+                    e.expires = expiry.ttl.expiry(now);
+                }
+                let value = e.value.clone();
+                *slot = Some(e);
+                Some(value)
+            }
+            Some(_) => {
+                expiry.expired += 1;
+                None
+            }
+            None => None,
+        })
+    }
+
+    /// Changes the live value of `key` in place at time `now` (an expired
+    /// one is `None` to `f`); what `f` leaves is written, expiring `ttl`
+    /// from now.
+    ///
+    /// # Errors
+    /// As [`ValueStore::update`].
+    pub(crate) fn update(
+        &mut self,
+        group: u16,
+        key: &K,
+        key_bytes: &[u8],
+        now: Timestamp,
+        f: impl FnOnce(&mut Option<T>),
+    ) -> Result<()> {
+        let expiry = &mut self.expiry;
+        self.store.update(group, key.clone(), key_bytes, |slot| {
+            let mut value = match slot.take() {
+                Some(e) if e.live(now) => Some(e.value),
+                Some(_) => {
+                    expiry.expired += 1;
+                    None
+                }
+                None => None,
+            };
+            f(&mut value);
+            *slot = value.map(|value| Expiring { expires: expiry.ttl.expiry(now), value });
+        })
+    }
+
+    /// Removes the values of key group `group` that have expired at `now`.
+    ///
+    /// # Errors
+    /// As [`ValueStore::update`].
+    pub(crate) fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
+        let now = self.expiry.ttl.now(now, watermark);
+        let mut gone = Vec::new();
+        self.store.for_each_in_group(group, |k, e| {
+            if !e.live(now) {
+                gone.push(k.clone());
+            }
+        })?;
+        for key in gone {
+            self.store.update(group, key, &[], |slot| *slot = None)?;
+            self.expiry.expired += 1;
+        }
+        Ok(())
+    }
+
+    /// The time-to-live's clock at processing time `now` and `watermark`.
+    pub(crate) fn now(&self, now: Timestamp, watermark: Timestamp) -> Timestamp {
+        self.expiry.ttl.now(now, watermark)
+    }
+}
+
+impl<K: Key, T: Data> KeyedState for TtlValueStore<K, T> {
+    fn snapshot_at(&mut self, operator: &str, at: Option<Barrier>) -> Result<Snapshot> {
+        KeyedState::snapshot_at(&mut self.store, operator, at)
+    }
+
+    fn import_part(&mut self, operator: &str, entries: &mut [EntryRef<'_>], removed: &[RemovedRef<'_>]) -> Result<()> {
+        let mut live = live_entries(entries, self.expiry.restore_now(), &mut self.expiry.expired);
+        KeyedState::import_part(&mut self.store, operator, &mut live, removed)
+    }
+
+    fn stats(&self) -> StateStats {
+        self.expiry.stats(KeyedState::stats(&self.store))
+    }
+}
+
+/// Map state with a time-to-live per entry.
+pub struct TtlMapStore<K, UK, UV> {
+    store: MapStore<K, UK, Expiring<UV>>,
+    expiry: Expiry,
+}
+
+impl<K: Key, UK: Key, UV: Data> TtlMapStore<K, UK, UV> {
+    /// Opens the map state `scope` names on `backend`, its entries living
+    /// as `ttl` says.
+    ///
+    /// # Errors
+    /// As [`MapStore::open`].
+    pub(crate) fn open(
+        backend: &dyn StateBackend,
+        scope: &StateScope,
+        ttl: StateTtl,
+        clock: crate::time::clock::Clock,
+    ) -> Result<Self> {
+        Ok(Self { store: MapStore::open(backend, scope)?, expiry: Expiry { ttl, expired: 0, clock } })
+    }
+
+    /// The time-to-live's clock at processing time `now` and `watermark`.
+    pub(crate) fn now(&self, now: Timestamp, watermark: Timestamp) -> Timestamp {
+        self.expiry.ttl.now(now, watermark)
+    }
+
+    /// The live value at `user_key` at time `now` (refreshed, if reads
+    /// refresh).
+    ///
+    /// # Errors
+    /// As [`MapStore::get`].
+    pub(crate) fn get(
+        &mut self,
+        group: u16,
+        key: &K,
+        key_bytes: &[u8],
+        user_key: &UK,
+        now: Timestamp,
+    ) -> Result<Option<UV>> {
+        if !self.expiry.ttl.on_read {
+            match self.store.get(group, key, key_bytes, user_key)? {
+                Some(e) if e.live(now) => return Ok(Some(e.value)),
+                None => return Ok(None),
+                Some(_) => {}
+            }
+        }
+        let expiry = &mut self.expiry;
+        self.store.update(group, key, key_bytes, user_key.clone(), |slot| match slot.take() {
+            Some(mut e) if e.live(now) => {
+                e.expires = expiry.ttl.expiry(now);
+                let value = e.value.clone();
+                *slot = Some(e);
+                Some(value)
+            }
+            Some(_) => {
+                expiry.expired += 1;
+                None
+            }
+            None => None,
+        })
+    }
+
+    /// Changes the live value at `user_key` in place at time `now`.
+    ///
+    /// # Errors
+    /// As [`MapStore::update`].
+    pub(crate) fn update(
+        &mut self,
+        group: u16,
+        key: &K,
+        key_bytes: &[u8],
+        user_key: UK,
+        now: Timestamp,
+        f: impl FnOnce(&mut Option<UV>),
+    ) -> Result<()> {
+        let expiry = &mut self.expiry;
+        self.store.update(group, key, key_bytes, user_key, |slot| {
+            let mut value = match slot.take() {
+                Some(e) if e.live(now) => Some(e.value),
+                Some(_) => {
+                    expiry.expired += 1;
+                    None
+                }
+                None => None,
+            };
+            f(&mut value);
+            *slot = value.map(|value| Expiring { expires: expiry.ttl.expiry(now), value });
+        })
+    }
+
+    /// Sets the value at `user_key`, expiring `ttl` from `now`.
+    ///
+    /// # Errors
+    /// As [`MapStore::put`].
+    pub(crate) fn put(
+        &mut self,
+        group: u16,
+        key: &K,
+        key_bytes: &[u8],
+        user_key: UK,
+        value: UV,
+        now: Timestamp,
+    ) -> Result<()> {
+        let expires = self.expiry.ttl.expiry(now);
+        self.store.put(group, key, key_bytes, user_key, Expiring { expires, value })
+    }
+
+    /// Removes the entry at `user_key`, returning its live value.
+    ///
+    /// # Errors
+    /// As [`MapStore::remove`].
+    pub(crate) fn remove(
+        &mut self,
+        group: u16,
+        key: &K,
+        key_bytes: &[u8],
+        user_key: UK,
+        now: Timestamp,
+    ) -> Result<Option<UV>> {
+        Ok(self.store.remove(group, key, key_bytes, user_key)?.filter(|e| e.live(now)).map(|e| e.value))
+    }
+
+    /// Calls `f` with the live entries in `range` at time `now`, in order,
+    /// until it returns false; removes the expired ones it passes, and
+    /// refreshes the ones it reads if reads refresh.
+    ///
+    /// # Errors
+    /// As [`MapStore::for_each`].
+    pub(crate) fn for_each(
+        &mut self,
+        group: u16,
+        key: &K,
+        key_bytes: &[u8],
+        range: &ByteRange,
+        now: Timestamp,
+        mut f: impl FnMut(UK, UV) -> bool,
+    ) -> Result<()> {
+        let (mut gone, mut read) = (Vec::new(), Vec::new());
+        let on_read = self.expiry.ttl.on_read;
+        self.store.for_each(group, key, key_bytes, range, |uk, e| {
+            if !e.live(now) {
+                gone.push(uk);
+                return true;
+            }
+            if on_read {
+                read.push((uk.clone(), e.value.clone()));
+            }
+            f(uk, e.value)
+        })?;
+        for uk in gone {
+            self.store.remove(group, key, key_bytes, uk)?;
+            self.expiry.expired += 1;
+        }
+        for (uk, value) in read {
+            self.put(group, key, key_bytes, uk, value, now)?;
+        }
+        Ok(())
+    }
+
+    /// Removes every entry of `key`'s map.
+    ///
+    /// # Errors
+    /// As [`MapStore::clear`].
+    pub(crate) fn clear(&mut self, group: u16, key: &K, key_bytes: &[u8]) -> Result<()> {
+        self.store.clear(group, key, key_bytes)
+    }
+
+    /// Removes the entries of key group `group` that have expired.
+    ///
+    /// # Errors
+    /// As [`MapStore::remove`].
+    pub(crate) fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
+        let now = self.expiry.ttl.now(now, watermark);
+        self.expiry.expired += self.store.retain_group(group, |e| e.live(now))?;
+        Ok(())
+    }
+}
+
+impl<K: Key, UK: Key, UV: Data> KeyedState for TtlMapStore<K, UK, UV> {
+    fn snapshot_at(&mut self, operator: &str, at: Option<Barrier>) -> Result<Snapshot> {
+        self.store.snapshot_at(operator, at)
+    }
+
+    fn import_part(&mut self, operator: &str, entries: &mut [EntryRef<'_>], removed: &[RemovedRef<'_>]) -> Result<()> {
+        let mut live = live_entries(entries, self.expiry.restore_now(), &mut self.expiry.expired);
+        self.store.import_part(operator, &mut live, removed)
+    }
+
+    fn stats(&self) -> StateStats {
+        self.expiry.stats(self.store.stats())
+    }
+}
+
+/// List state with a time-to-live per element.
+pub struct TtlListStore<K, T> {
+    store: ListStore<K, Expiring<T>>,
+    expiry: Expiry,
+}
+
+impl<K: Key, T: Data> TtlListStore<K, T> {
+    /// Opens the list state `scope` names on `backend`, its elements living
+    /// as `ttl` says.
+    ///
+    /// # Errors
+    /// As [`ListStore::open`].
+    pub(crate) fn open(
+        backend: &dyn StateBackend,
+        scope: &StateScope,
+        ttl: StateTtl,
+        clock: crate::time::clock::Clock,
+    ) -> Result<Self> {
+        Ok(Self { store: ListStore::open(backend, scope)?, expiry: Expiry { ttl, expired: 0, clock } })
+    }
+
+    /// The time-to-live's clock at processing time `now` and `watermark`.
+    pub(crate) fn now(&self, now: Timestamp, watermark: Timestamp) -> Timestamp {
+        self.expiry.ttl.now(now, watermark)
+    }
+
+    /// Appends `value`, expiring `ttl` from `now`.
+    ///
+    /// # Errors
+    /// As [`ListStore::add`].
+    pub(crate) fn add(&mut self, group: u16, key: &K, key_bytes: &[u8], value: T, now: Timestamp) -> Result<()> {
+        let expires = self.expiry.ttl.expiry(now);
+        self.store.add(group, key, key_bytes, Expiring { expires, value })
+    }
+
+    /// Calls `f` with the live elements at `now`, in order, until it
+    /// returns false; removes the expired ones it passes, and refreshes the
+    /// ones it reads if reads refresh.
+    ///
+    /// # Errors
+    /// As [`ListStore::for_each`].
+    pub(crate) fn for_each(
+        &mut self,
+        group: u16,
+        key: &K,
+        key_bytes: &[u8],
+        now: Timestamp,
+        mut f: impl FnMut(T) -> bool,
+    ) -> Result<()> {
+        let (mut gone, mut read) = (Vec::new(), Vec::new());
+        let on_read = self.expiry.ttl.on_read;
+        let all = (Bound::Unbounded, Bound::Unbounded);
+        self.store.entries_mut().for_each(group, key, key_bytes, &all, |seq, e| {
+            if !e.live(now) {
+                gone.push(seq);
+                return true;
+            }
+            if on_read {
+                read.push(seq);
+            }
+            f(e.value)
+        })?;
+        let expires = self.expiry.ttl.expiry(now);
+        let entries = self.store.entries_mut();
+        for seq in gone {
+            entries.remove(group, key, key_bytes, seq)?;
+            self.expiry.expired += 1;
+        }
+        for seq in read {
+            entries.update(group, key, key_bytes, seq, |slot| {
+                if let Some(e) = slot {
+                    e.expires = expires;
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Removes `key`'s elements.
+    ///
+    /// # Errors
+    /// As [`ListStore::clear`].
+    pub(crate) fn clear(&mut self, group: u16, key: &K, key_bytes: &[u8]) -> Result<()> {
+        self.store.clear(group, key, key_bytes)
+    }
+
+    /// Removes the elements of key group `group` that have expired.
+    ///
+    /// # Errors
+    /// As [`ListStore::clear`].
+    pub(crate) fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
+        let now = self.expiry.ttl.now(now, watermark);
+        self.expiry.expired += self.store.entries_mut().retain_group(group, |e| e.live(now))?;
+        Ok(())
+    }
+}
+
+impl<K: Key, T: Data> KeyedState for TtlListStore<K, T> {
+    fn snapshot_at(&mut self, operator: &str, at: Option<Barrier>) -> Result<Snapshot> {
+        self.store.snapshot_at(operator, at)
+    }
+
+    fn import_part(&mut self, operator: &str, entries: &mut [EntryRef<'_>], removed: &[RemovedRef<'_>]) -> Result<()> {
+        let mut live = live_entries(entries, self.expiry.restore_now(), &mut self.expiry.expired);
+        self.store.import_part(operator, &mut live, removed)
+    }
+
+    fn stats(&self) -> StateStats {
+        self.expiry.stats(self.store.stats())
+    }
+}
