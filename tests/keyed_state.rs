@@ -408,3 +408,57 @@ fn a_time_to_live_forgets_ids_after_it_and_sweeps_what_no_one_reads() {
     assert_eq!(seen.memory_entries, 0, "swept: {seen:?}");
     assert_eq!(seen.expired, 3, "`a` on access, then `a` and `b` by the sweep: {seen:?}");
 }
+
+/// Side outputs are streams of their own types, next to the results and
+/// the dead letters; a tag used on another operator's stream is a wiring
+/// error that names it; the plan shows each side output.
+#[test]
+fn side_outputs_are_typed_streams_and_a_foreign_tag_is_a_wiring_error() {
+    let mut t = weibo::testing::TestJob::new("sides");
+    let mut tags = None;
+    let (evens, dead) = t.input((1u32..=6).collect()).key_by(|x: &u32| x % 2).process_with_state(
+        on_error::DeadLetter,
+        |states| {
+            let odd = states.side_output::<String>("odd");
+            let big = states.side_output::<u64>("big");
+            tags = Some((odd.clone(), big.clone()));
+            (odd, big)
+        },
+        |ctx, (odd, big), x| {
+            if *x == 5 {
+                return Err("five".to_string());
+            }
+            if x % 2 == 1 {
+                ctx.output(odd, format!("odd {x}"));
+            } else {
+                ctx.emit(*x);
+            }
+            if *x > 3 {
+                ctx.output(big, u64::from(*x) * 10);
+            }
+            Ok(())
+        },
+    );
+    let (odd, big) = tags.unwrap();
+    let odds = evens.side_output(&odd);
+    let bigs = evens.side_output(&big);
+    let plan = t.job().to_string();
+    assert!(plan.contains("odd: String") && plan.contains("big: u64"), "{plan}");
+    let (evens, odds, bigs, dead) = (t.collect(&evens), t.collect(&odds), t.collect(&bigs), t.collect(&dead));
+    t.run().unwrap();
+    assert_eq!(evens.sorted(), [2, 4, 6]);
+    assert_eq!(odds.sorted(), ["odd 1", "odd 3"]);
+    assert_eq!(bigs.sorted(), [40, 60]);
+    assert_eq!(dead.values().iter().map(|d| d.record).collect::<Vec<_>>(), [5]);
+
+    let mut other = weibo::testing::TestJob::new("foreign");
+    let plain = other.input(vec![1u32]).key_by(|x: &u32| *x).process_with_state(
+        on_error::Fail,
+        |states| states.value::<u32>("n"),
+        |ctx, _, x| ctx.emit(*x),
+    );
+    let stolen = plain.side_output(&odd);
+    let _ = other.collect(&stolen);
+    let err = other.run().unwrap_err().to_string();
+    assert!(err.contains("side output `odd`"), "{err}");
+}

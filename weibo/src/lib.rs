@@ -56,7 +56,7 @@ pub mod process {
     //! state it reads and writes through ([`Value`], [`List`], [`Map`],
     //! [`Reducing`], [`Aggregating`]).
     pub use crate::operator::function::{
-        Aggregating, AggregatingState, KeyedProcessFunction, List, ListState, Map, MapState, ProcessContext,
+        Aggregating, AggregatingState, KeyedProcessFunction, List, ListState, Map, MapState, OutputTag, ProcessContext,
         ProcessOutcome, Reducing, ReducingState, States, TimeDomain, Timer, Value, ValueState,
     };
     pub use crate::state::StateTtl;

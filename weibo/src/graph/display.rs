@@ -37,7 +37,7 @@ impl fmt::Display for Graph {
                 // A process under `Drop` or `Fail` has a dead-letter port
                 // that never carries anything: not shown.
                 .filter(|p| p.label != "dead letters" || p.must_consume)
-                .map(|p| match p.label {
+                .map(|p| match p.label.as_ref() {
                     "output" => short_type_name(p.type_name),
                     label => format!("{label}: {}", short_type_name(p.type_name)),
                 })

@@ -13,13 +13,12 @@ pub(crate) mod plan;
 mod validate;
 
 use std::fmt::Write as _;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::codec::{CodecId, recorded_type_name};
 use crate::error::Result;
 use crate::operator::factory::{ChainFactory, KeyedFactory, RouterFactory, SourceFactory};
-use crate::operator::{AnyConsumer, DiscardOp, TeeOp, erase, unerase};
+pub(crate) use crate::operator::stateless::{PortType, TypedPort};
 
 pub(crate) type NodeId = usize;
 
@@ -44,36 +43,15 @@ pub(crate) struct Input {
     pub(crate) kind: EdgeKind,
 }
 
-/// Type-specific helpers for one output port.
-pub(crate) trait PortType: Send + Sync {
-    fn tee(&self, outs: Vec<AnyConsumer>) -> Result<AnyConsumer>;
-    fn discard(&self) -> AnyConsumer;
-}
-
-pub(crate) struct TypedPort<T>(PhantomData<fn() -> T>);
-
-impl<T: Clone + Send + 'static> TypedPort<T> {
-    pub(crate) fn shared() -> Arc<dyn PortType> {
-        Arc::new(Self(PhantomData))
-    }
-}
-
-impl<T: Clone + Send + 'static> PortType for TypedPort<T> {
-    fn tee(&self, outs: Vec<AnyConsumer>) -> Result<AnyConsumer> {
-        let outs = outs.into_iter().map(|c| unerase::<T>(c, "fan-out")).collect::<Result<Vec<_>>>()?;
-        Ok(erase::<T>(Box::new(TeeOp { outs })))
-    }
-    fn discard(&self) -> AnyConsumer {
-        erase::<T>(Box::new(DiscardOp))
-    }
-}
-
 pub(crate) struct Port {
     pub(crate) type_name: &'static str,
     pub(crate) ty: Arc<dyn PortType>,
     /// Whether leaving the port unconsumed would lose records silently.
     pub(crate) must_consume: bool,
-    pub(crate) label: &'static str,
+    pub(crate) label: std::borrow::Cow<'static, str>,
+    /// For a process function's side output: the declaration it belongs
+    /// to and its number there (what `Stream::side_output` looks for).
+    pub(crate) tag: Option<(u32, usize)>,
 }
 
 /// What a node does, with the factory that makes its instances.

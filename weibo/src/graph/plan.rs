@@ -57,7 +57,7 @@ impl Graph {
                 (EdgeKind::Forward, false) => out.push_str(" -> "),
                 (EdgeKind::Forward, true) => {}
             }
-            if let Some(label) = n.outputs.get(p).map(|port| port.label).filter(|l| *l != "output") {
+            if let Some(label) = n.outputs.get(p).map(|port| port.label.as_ref()).filter(|l| *l != "output") {
                 let _ = write!(out, "[{label}] ");
             }
             let dst_node = self.node(dst)?;

@@ -25,7 +25,8 @@ use crate::metrics::OperatorCounters;
 use crate::operator::factory::{KeyedFactory, keyed_factory, two};
 use crate::operator::keyed::{TIMERS, take_records};
 use crate::operator::policy::{DeadLetter, Failures, Policy};
-use crate::operator::{Aggregate, Consumer, InputOperator, OpInfo, SnapshotAt, emit, typed};
+use crate::operator::stateless::{PortType, TypedPort};
+use crate::operator::{Aggregate, AnyConsumer, Consumer, InputOperator, OpInfo, SnapshotAt, emit, typed};
 use crate::operator::{restore_state, snapshot_state};
 use crate::record::CheckpointId;
 use crate::record::{Batch, Meta, RecordBatch, Timestamp};
@@ -98,6 +99,92 @@ handle!(
     AggregatingState<T, A>
 );
 
+/// A typed side output of a keyed process function, declared with
+/// [`States::side_output`]: the function sends values of type `V` to it
+/// with [`ProcessContext::output`], and
+/// [`Stream::side_output`](crate::Stream::side_output) on the function's
+/// output stream gives them as a `Stream<V>` (Flink's `OutputTag`, Kafka
+/// Streams' branches). A side output nothing reads is discarded.
+pub struct OutputTag<V> {
+    owner: u32,
+    index: usize,
+    name: Arc<str>,
+    _types: PhantomData<fn() -> V>,
+}
+
+impl<V> Clone for OutputTag<V> {
+    fn clone(&self) -> Self {
+        Self { owner: self.owner, index: self.index, name: self.name.clone(), _types: PhantomData }
+    }
+}
+
+impl<V> fmt::Debug for OutputTag<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutputTag").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl<V> OutputTag<V> {
+    /// The side output's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The declaration it belongs to and its number there.
+    pub(crate) fn id(&self) -> (u32, usize) {
+        (self.owner, self.index)
+    }
+}
+
+/// Makes an instance's side output from the consumer of its port.
+type OpenSide = Arc<dyn Fn(AnyConsumer, &str) -> Result<Box<dyn SideOutput>> + Send + Sync>;
+
+/// One declared side output: its name and type (its port in the graph),
+/// and how an instance gets its typed end.
+struct DeclaredSide {
+    name: String,
+    type_name: &'static str,
+    ty: Arc<dyn PortType>,
+    open: OpenSide,
+}
+
+/// An instance's end of a side output, typed underneath.
+trait SideOutput: Send {
+    fn as_any(&mut self) -> &mut dyn Any;
+    /// Sends what was output since the last call.
+    fn emit(&mut self, info: &OpInfo) -> Result<()>;
+    fn watermark(&mut self, wm: Timestamp) -> Result<()>;
+    fn barrier(&mut self, n: CheckpointId) -> Result<()>;
+    fn flush(&mut self) -> Result<()>;
+    fn finish(&mut self) -> Result<()>;
+}
+
+struct TypedSide<V> {
+    out: Batch<V>,
+    next: Box<dyn Consumer<V>>,
+}
+
+impl<V: Clone + Send + 'static> SideOutput for TypedSide<V> {
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+    fn emit(&mut self, info: &OpInfo) -> Result<()> {
+        emit(info, &mut *self.next, &mut self.out)
+    }
+    fn watermark(&mut self, wm: Timestamp) -> Result<()> {
+        self.next.watermark(wm)
+    }
+    fn barrier(&mut self, n: CheckpointId) -> Result<()> {
+        self.next.barrier(n)
+    }
+    fn flush(&mut self) -> Result<()> {
+        self.next.flush()
+    }
+    fn finish(&mut self) -> Result<()> {
+        self.next.finish()
+    }
+}
+
 /// Opens one declared state for an operator instance.
 type Open<K> = Arc<dyn Fn(&dyn StateBackend, &StateScope, &Clock) -> Result<Box<dyn NamedStore<K>>> + Send + Sync>;
 
@@ -148,6 +235,7 @@ impl<K> Clone for Declared<K> {
 pub struct States<K> {
     owner: u32,
     declared: Vec<Declared<K>>,
+    sides: Vec<DeclaredSide>,
     errors: Vec<String>,
     /// The time-to-live for the next state declared.
     ttl: Option<StateTtl>,
@@ -165,6 +253,7 @@ impl<K: Key> States<K> {
         Self {
             owner: DECLARATIONS.fetch_add(1, Ordering::Relaxed),
             declared: Vec::new(),
+            sides: Vec::new(),
             errors: Vec::new(),
             ttl: None,
         }
@@ -233,7 +322,7 @@ impl<K: Key> States<K> {
             }
             Some(ttl) => {
                 let open: Open<K> = Arc::new(move |backend, scope, clock| {
-                    Ok(Box::new(TtlValueStore::<K, T>::open(backend, scope, ttl, clock.clone())?))
+                    Ok(Box::new(TtlValueStore::<K, T>::open(backend, scope, ttl, clock.reading())?))
                 });
                 (self.declare(name, StateType::of::<Expiring<T>>(), open), true)
             }
@@ -251,7 +340,7 @@ impl<K: Key> States<K> {
             }
             Some(ttl) => {
                 let open: Open<K> = Arc::new(move |backend, scope, clock| {
-                    Ok(Box::new(TtlListStore::<K, T>::open(backend, scope, ttl, clock.clone())?))
+                    Ok(Box::new(TtlListStore::<K, T>::open(backend, scope, ttl, clock.reading())?))
                 });
                 (self.declare(name, StateType::of::<Expiring<T>>(), open), true)
             }
@@ -272,7 +361,7 @@ impl<K: Key> States<K> {
             }
             Some(ttl) => {
                 let open: Open<K> = Arc::new(move |backend, scope, clock| {
-                    Ok(Box::new(TtlMapStore::<K, UK, UV>::open(backend, scope, ttl, clock.clone())?))
+                    Ok(Box::new(TtlMapStore::<K, UK, UV>::open(backend, scope, ttl, clock.reading())?))
                 });
                 (self.declare(name, StateType::of::<Expiring<UV>>(), open), true)
             }
@@ -322,6 +411,62 @@ impl<K: Key> States<K> {
         });
         let index = self.declare(name, StateType::of::<A::Acc>(), open);
         AggregatingState { owner: self.owner, index, ttl, _types: PhantomData }
+    }
+
+    /// Declares a side output named `name` carrying `V`s (see
+    /// [`OutputTag`]); the name labels it in the plan.
+    ///
+    /// ```
+    /// use weibo::on_error;
+    ///
+    /// // Large amounts go on; small ones go to a side output of their own type.
+    /// let mut t = weibo::testing::TestJob::new("split");
+    /// let mut small = None;
+    /// let large = t.input(vec![("a".to_string(), 5u32), ("a".to_string(), 500)])
+    ///     .key_by(|r: &(String, u32)| r.0.clone())
+    ///     .process_with_state(
+    ///         on_error::Fail,
+    ///         |states| {
+    ///             let tag = states.side_output::<String>("small");
+    ///             small = Some(tag.clone());
+    ///             tag
+    ///         },
+    ///         |ctx, small, r| {
+    ///             if r.1 < 100 {
+    ///                 ctx.output(small, format!("{} small", r.0));
+    ///             } else {
+    ///                 ctx.emit(r.1);
+    ///             }
+    ///         },
+    ///     );
+    /// let smalls = large.side_output(small.as_ref().unwrap());
+    /// let (large, smalls) = (t.collect(&large), t.collect(&smalls));
+    /// t.run()?;
+    /// assert_eq!(large.values(), vec![500]);
+    /// assert_eq!(smalls.values(), vec!["a small".to_string()]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn side_output<V: Clone + Send + 'static>(&mut self, name: &str) -> OutputTag<V> {
+        let index = self.sides.len();
+        if self.sides.iter().any(|s| s.name == name) || name == "output" || name == "dead letters" {
+            self.errors.push(format!("side output `{name}` is declared twice or takes the name of another output"));
+        }
+        let open: OpenSide = Arc::new(|consumer, operator| {
+            Ok(Box::new(TypedSide::<V> { out: Batch::with_capacity(16), next: typed::<V>(consumer, operator)? }))
+        });
+        self.sides.push(DeclaredSide {
+            name: name.to_string(),
+            type_name: std::any::type_name::<V>(),
+            ty: TypedPort::<V>::shared(),
+            open,
+        });
+        OutputTag { owner: self.owner, index, name: name.into(), _types: PhantomData }
+    }
+
+    /// The declared side outputs, in order: name, type name, port type,
+    /// and their tag's id.
+    pub(crate) fn side_outputs(&self) -> impl Iterator<Item = (&str, &'static str, Arc<dyn PortType>, (u32, usize))> {
+        self.sides.iter().enumerate().map(|(i, s)| (s.name.as_str(), s.type_name, s.ty.clone(), (self.owner, i)))
     }
 
     /// The declared states' names (for the plan), and the wiring errors.
@@ -869,6 +1014,7 @@ pub struct ProcessContext<'a, K, U> {
     group: u16,
     owner: u32,
     stores: &'a mut [Box<dyn NamedStore<K>>],
+    sides: &'a mut [Box<dyn SideOutput>],
     timers: &'a mut TimerState<K>,
     processing: &'a mut TimerState<K>,
     /// The processing time when the call began.
@@ -895,6 +1041,27 @@ impl<K: Key, U> ProcessContext<'_, K, U> {
     /// timer: the timer's time as timestamp).
     pub fn emit(&mut self, value: U) {
         self.out.push(value, self.meta);
+    }
+
+    /// Sends `value` to the side output `tag`, with the metadata `emit`
+    /// gives its results.
+    pub fn output<V: Clone + Send + 'static>(&mut self, tag: &OutputTag<V>, value: V) {
+        let side = if tag.owner == self.owner { self.sides.get_mut(tag.index) } else { None };
+        match side.and_then(|s| s.as_any().downcast_mut::<TypedSide<V>>()) {
+            Some(side) => side.out.push(value, self.meta),
+            None => {
+                let operator = self.operator;
+                self.error.get_or_insert_with(|| Error::State {
+                    operator: operator.to_string(),
+                    message: format!(
+                        "side output `{}` was used on an operator that did not declare it: each operator sends \
+                         only to the side outputs its own declaration returned",
+                        tag.name
+                    ),
+                    source: None,
+                });
+            }
+        }
     }
 
     /// The record's event time (for a timer: the timer's time), if it has one.
@@ -1190,9 +1357,24 @@ where
     F: KeyedProcessFunction<K, T>,
 {
     let declared: Arc<[Declared<K>]> = states.declared.iter().cloned().collect();
+    let opens: Arc<[OpenSide]> = states.sides.iter().map(|s| s.open.clone()).collect();
     let owner = states.owner;
-    keyed_factory(move |ctx, outs| {
+    keyed_factory(move |ctx, mut outs| {
         let info = ctx.info.clone();
+        if outs.len() != 2 + opens.len() {
+            return Err(crate::error::internal_error!(
+                "`{}` has {} outputs, not {}",
+                info.name,
+                outs.len(),
+                2 + opens.len()
+            ));
+        }
+        let side_outs = outs.split_off(2);
+        let sides = opens
+            .iter()
+            .zip(side_outs)
+            .map(|(open, consumer)| open(consumer, &info.name))
+            .collect::<Result<Vec<_>>>()?;
         let (ok, dead) = two(outs, &info.name)?;
         let next = typed::<F::Out>(ok, &info.name)?;
         let dead = match policy {
@@ -1208,6 +1390,7 @@ where
             declared: declared.clone(),
             owner,
             stores,
+            sides,
             timers: TimerState::open(ctx.state, &ctx.state_scope("timers"))?,
             processing: TimerState::open(ctx.state, &ctx.state_scope("processing_timers"))?,
             clock: ctx.clock.clone(),
@@ -1242,6 +1425,7 @@ struct FunctionOp<K, T, F: KeyedProcessFunction<K, T>> {
     declared: Arc<[Declared<K>]>,
     owner: u32,
     stores: Vec<Box<dyn NamedStore<K>>>,
+    sides: Vec<Box<dyn SideOutput>>,
     timers: TimerState<K>,
     processing: TimerState<K>,
     clock: Clock,
@@ -1261,6 +1445,15 @@ struct FunctionOp<K, T, F: KeyedProcessFunction<K, T>> {
 }
 
 impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> FunctionOp<K, T, F> {
+    /// Sends the results and side outputs gathered since the last call.
+    fn emit_all(&mut self) -> Result<()> {
+        emit(&self.info, &mut *self.next, &mut self.out)?;
+        for side in &mut self.sides {
+            side.emit(&self.info)?;
+        }
+        Ok(())
+    }
+
     /// Fires every event-time timer at or below `wm`, in time order.
     fn advance(&mut self, wm: Timestamp) -> Result<()> {
         while let Some((time, keys)) = self.timers.pop_due(wm)? {
@@ -1277,6 +1470,7 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> FunctionOp<K, T, F> {
                     group,
                     owner: self.owner,
                     stores: &mut self.stores,
+                    sides: &mut self.sides,
                     timers: &mut self.timers,
                     processing: &mut self.processing,
                     now: self.clock.now(),
@@ -1322,6 +1516,7 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> FunctionOp<K, T, F> {
                     group,
                     owner: self.owner,
                     stores: &mut self.stores,
+                    sides: &mut self.sides,
                     timers: &mut self.timers,
                     processing: &mut self.processing,
                     now,
@@ -1363,6 +1558,7 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionO
                 group: r.group,
                 owner: self.owner,
                 stores: &mut self.stores,
+                sides: &mut self.sides,
                 timers: &mut self.timers,
                 processing: &mut self.processing,
                 now,
@@ -1381,15 +1577,18 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionO
         }
         // Its memory kept for the next batch.
         self.records = records;
-        emit(&self.info, &mut *self.next, &mut self.out)?;
+        self.emit_all()?;
         self.failures.push()
     }
 
     fn on_watermark(&mut self, wm: Timestamp) -> Result<()> {
         self.fire_processing()?;
         self.advance(wm)?;
-        emit(&self.info, &mut *self.next, &mut self.out)?;
+        self.emit_all()?;
         self.next.watermark(wm)?;
+        for side in &mut self.sides {
+            side.watermark(wm)?;
+        }
         self.failures.watermark(wm)
     }
 
@@ -1405,9 +1604,12 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionO
             self.sweep.next = if group + 1 >= self.sweep.groups.end { self.sweep.groups.start } else { group + 1 };
             self.sweep.at = Instant::now();
         }
-        emit(&self.info, &mut *self.next, &mut self.out)?;
+        self.emit_all()?;
         self.failures.push()?;
         self.next.flush()?;
+        for side in &mut self.sides {
+            side.flush()?;
+        }
         self.failures.flush()?;
         // Once what they emitted has been flushed: a test harness that
         // moved its clock then finds it in its outputs.
@@ -1419,11 +1621,17 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionO
 
     fn finish(&mut self) -> Result<()> {
         self.next.finish()?;
+        for side in &mut self.sides {
+            side.finish()?;
+        }
         self.failures.finish()
     }
 
     fn barrier(&mut self, n: CheckpointId) -> Result<()> {
         self.next.barrier(n)?;
+        for side in &mut self.sides {
+            side.barrier(n)?;
+        }
         self.failures.barrier(n)
     }
 

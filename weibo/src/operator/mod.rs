@@ -17,7 +17,6 @@ pub(crate) mod watermarks;
 pub(crate) mod windows;
 
 pub(crate) use self::exchange::key_group_range;
-pub(crate) use self::stateless::{DiscardOp, TeeOp};
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::factory::{ChainFactory, chain_factory, one, two};
 use super::policy::{DeadLetter, Failures, Policy};
-use super::{OpInfo, erase, forward_control, typed};
+use super::{AnyConsumer, OpInfo, erase, forward_control, typed, unerase};
 use crate::error::Result;
 use crate::metrics::OperatorCounters;
 use crate::operator::Consumer;
@@ -263,5 +263,31 @@ impl<T: Send + 'static> Consumer<T> for DiscardOp {
     }
     fn finish(&mut self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// Type-specific helpers for one output port: what the runtime puts on a
+/// port that feeds several consumers, or none.
+pub(crate) trait PortType: Send + Sync {
+    fn tee(&self, outs: Vec<AnyConsumer>) -> Result<AnyConsumer>;
+    fn discard(&self) -> AnyConsumer;
+}
+
+/// The [`PortType`] of a port carrying `T`s.
+pub(crate) struct TypedPort<T>(PhantomData<fn() -> T>);
+
+impl<T: Clone + Send + 'static> TypedPort<T> {
+    pub(crate) fn shared() -> Arc<dyn PortType> {
+        Arc::new(Self(PhantomData))
+    }
+}
+
+impl<T: Clone + Send + 'static> PortType for TypedPort<T> {
+    fn tee(&self, outs: Vec<AnyConsumer>) -> Result<AnyConsumer> {
+        let outs = outs.into_iter().map(|c| unerase::<T>(c, "fan-out")).collect::<Result<Vec<_>>>()?;
+        Ok(erase::<T>(Box::new(TeeOp { outs })))
+    }
+    fn discard(&self) -> AnyConsumer {
+        erase::<T>(Box::new(DiscardOp))
     }
 }

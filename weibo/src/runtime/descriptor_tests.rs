@@ -138,7 +138,13 @@ impl ChainFactory for Collect {
 
 fn json_port(must_consume: bool) -> Port {
     // The type name is what the hash edge's codec checks the port against.
-    Port { type_name: std::any::type_name::<Json>(), ty: TypedPort::<Json>::shared(), must_consume, label: "output" }
+    Port {
+        type_name: std::any::type_name::<Json>(),
+        ty: TypedPort::<Json>::shared(),
+        must_consume,
+        label: "output".into(),
+        tag: None,
+    }
 }
 
 fn node(kind: &'static str, name: &str, inputs: Vec<Input>, outputs: Vec<Port>, op: Op) -> Node {

@@ -42,7 +42,7 @@ pub use self::snapshot::{
     SnapshotFrame, SnapshotPart, SnapshotSink, entry_refs, gather,
 };
 pub use self::timer_state::{DueTimers, TimerState};
-pub use self::ttl::{Expiring, StateTtl, TtlListStore, TtlMapStore, TtlValueStore};
+pub use self::ttl::{Expiring, Now, StateTtl, TtlListStore, TtlMapStore, TtlValueStore};
 pub use self::value::{FULL_CHECKPOINT_EVERY, ValueStore, Writes};
 pub use self::window_state::{WindowRun, WindowState};
 

@@ -55,7 +55,7 @@ pub struct StateTtl {
 impl StateTtl {
     /// Values expire `ttl` after they were last written.
     pub fn after_write(ttl: Duration) -> Self {
-        Self { millis: crate::time::millis(ttl), on_read: false, event_time: false }
+        Self { millis: i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX), on_read: false, event_time: false }
     }
 
     /// Values expire `ttl` after they were last read or written.
@@ -147,19 +147,23 @@ fn live_entries<'a>(entries: &mut [EntryRef<'a>], now: Option<Timestamp>, expire
     live
 }
 
+/// The processing time now (the wall clock's, or a test's), as the
+/// operator keeps it.
+pub type Now = std::sync::Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
 /// What every state with a time-to-live keeps besides its store.
 struct Expiry {
     ttl: StateTtl,
     /// Expired entries removed so far.
     expired: u64,
     /// Processing time, for restores (event time is not known then).
-    clock: crate::time::clock::Clock,
+    clock: Now,
 }
 
 impl Expiry {
     /// The time before which restored entries have expired, if known.
     fn restore_now(&self) -> Option<Timestamp> {
-        (!self.ttl.event_time).then(|| self.clock.now())
+        (!self.ttl.event_time).then(|| (self.clock)())
     }
 
     fn stats(&self, mut stats: StateStats) -> StateStats {
@@ -180,12 +184,7 @@ impl<K: Key, T: Data> TtlValueStore<K, T> {
     ///
     /// # Errors
     /// As [`ValueStore::open`].
-    pub(crate) fn open(
-        backend: &dyn StateBackend,
-        scope: &StateScope,
-        ttl: StateTtl,
-        clock: crate::time::clock::Clock,
-    ) -> Result<Self> {
+    pub(crate) fn open(backend: &dyn StateBackend, scope: &StateScope, ttl: StateTtl, clock: Now) -> Result<Self> {
         Ok(Self { store: ValueStore::open(backend, scope)?, expiry: Expiry { ttl, expired: 0, clock } })
     }
 
@@ -301,12 +300,7 @@ impl<K: Key, UK: Key, UV: Data> TtlMapStore<K, UK, UV> {
     ///
     /// # Errors
     /// As [`MapStore::open`].
-    pub(crate) fn open(
-        backend: &dyn StateBackend,
-        scope: &StateScope,
-        ttl: StateTtl,
-        clock: crate::time::clock::Clock,
-    ) -> Result<Self> {
+    pub(crate) fn open(backend: &dyn StateBackend, scope: &StateScope, ttl: StateTtl, clock: Now) -> Result<Self> {
         Ok(Self { store: MapStore::open(backend, scope)?, expiry: Expiry { ttl, expired: 0, clock } })
     }
 
@@ -494,12 +488,7 @@ impl<K: Key, T: Data> TtlListStore<K, T> {
     ///
     /// # Errors
     /// As [`ListStore::open`].
-    pub(crate) fn open(
-        backend: &dyn StateBackend,
-        scope: &StateScope,
-        ttl: StateTtl,
-        clock: crate::time::clock::Clock,
-    ) -> Result<Self> {
+    pub(crate) fn open(backend: &dyn StateBackend, scope: &StateScope, ttl: StateTtl, clock: Now) -> Result<Self> {
         Ok(Self { store: ListStore::open(backend, scope)?, expiry: Expiry { ttl, expired: 0, clock } })
     }
 

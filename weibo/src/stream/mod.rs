@@ -21,7 +21,7 @@ use crate::graph::{EdgeKind, Graph, Input, Node, NodeId, Op, Port, TypedPort};
 use crate::operator::exchange::key_router;
 use crate::operator::factory::{ChainFactory, KeyedFactory};
 use crate::operator::function::{self, ClosureFunction, KeyedProcessFunction, ProcessContext, ProcessOutcome};
-use crate::operator::function::{States, Timer};
+use crate::operator::function::{OutputTag, States, Timer};
 use crate::operator::keyed::KeyedContext;
 use crate::operator::policy::Policy;
 use crate::operator::{keyed, stateless, watermarks};
@@ -287,7 +287,13 @@ impl<T> std::fmt::Debug for Stream<T> {
 }
 
 pub(crate) fn port<T: Clone + Send + 'static>(label: &'static str, must_consume: bool) -> Port {
-    Port { type_name: std::any::type_name::<T>(), ty: TypedPort::<T>::shared(), must_consume, label }
+    Port {
+        type_name: std::any::type_name::<T>(),
+        ty: TypedPort::<T>::shared(),
+        must_consume,
+        label: label.into(),
+        tag: None,
+    }
 }
 
 impl<T> Stream<T> {
@@ -392,6 +398,35 @@ impl<T> Stream<T> {
             self.lock().wiring_errors.push(message);
         }
         self
+    }
+}
+
+impl<T> Stream<T> {
+    /// The side output `tag` of the keyed process function whose results
+    /// this stream is (see [`States::side_output`]), as a stream of its
+    /// own type.
+    ///
+    /// # Panics
+    /// Never; a tag declared by another operator is a wiring error,
+    /// reported when the job is planned or run.
+    pub fn side_output<V: Clone + Send + 'static>(&self, tag: &OutputTag<V>) -> Stream<V> {
+        let mut pipeline = self.lock();
+        let port = pipeline.nodes.get(self.node).and_then(|n| n.outputs.iter().position(|p| p.tag == Some(tag.id())));
+        match port {
+            Some(port) => {
+                drop(pipeline);
+                Stream::new(self.graph.clone(), self.node, port)
+            }
+            None => {
+                pipeline.wiring_errors.push(format!(
+                    "side output `{}` is not an output of the operator this stream comes from: call \
+                     `side_output` on the stream the process function that declared it returned",
+                    tag.name()
+                ));
+                drop(pipeline);
+                Stream::new(self.graph.clone(), self.node, usize::MAX)
+            }
+        }
     }
 }
 
@@ -1203,11 +1238,18 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     {
         let policy = policy.policy();
         let factory = function::factory::<K, T, F>(policy, function, states);
-        let (graph, node) = self.keyed_node(
-            "keyed_process",
-            vec![port::<F::Out>("output", true), port::<DeadLetter<T>>("dead letters", policy == Policy::DeadLetter)],
-            factory,
-        );
+        let mut outputs =
+            vec![port::<F::Out>("output", true), port::<DeadLetter<T>>("dead letters", policy == Policy::DeadLetter)];
+        // Side outputs nothing reads are dropped, as in Flink: declaring one
+        // is not a promise to read it.
+        outputs.extend(states.side_outputs().map(|(name, type_name, ty, tag)| Port {
+            type_name,
+            ty,
+            must_consume: false,
+            label: name.to_string().into(),
+            tag: Some(tag),
+        }));
+        let (graph, node) = self.keyed_node("keyed_process", outputs, factory);
         let (names, errors) = states.finish();
         {
             let mut pipeline = graph.lock().unwrap_or_else(PoisonError::into_inner);

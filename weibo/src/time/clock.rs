@@ -38,6 +38,13 @@ impl Clock {
         }
     }
 
+    /// A function that reads this clock (what state with a time-to-live
+    /// keeps, below the layer of clocks).
+    pub(crate) fn reading(&self) -> std::sync::Arc<dyn Fn() -> Timestamp + Send + Sync> {
+        let clock = self.clone();
+        std::sync::Arc::new(move || clock.now())
+    }
+
     /// Moves a manual clock to `time` (never back); the system clock
     /// ignores it.
     pub(crate) fn set(&self, time: Timestamp) {

@@ -13,7 +13,6 @@ use super::backends;
 use crate::codec::key::{encode, key_group};
 use crate::state::{EntryRef, KeyedState, StateBackend, StateScope, StateTtl};
 use crate::state::{TtlListStore, TtlMapStore, TtlValueStore};
-use crate::time::clock::Clock;
 
 const GROUPS: u16 = 4;
 const TTL: i64 = 100;
@@ -62,12 +61,32 @@ struct Stores {
 }
 
 /// Stores named after `run` (a backend on disk keeps every run's tables).
+/// A clock the test moves (processing time).
+#[derive(Clone)]
+struct Clock(std::sync::Arc<std::sync::atomic::AtomicI64>);
+
+impl Clock {
+    fn manual(at: i64) -> Self {
+        Self(std::sync::Arc::new(std::sync::atomic::AtomicI64::new(at)))
+    }
+    fn now(&self) -> i64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn set(&self, at: i64) {
+        self.0.store(at, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn reading(&self) -> crate::state::Now {
+        let clock = self.clone();
+        std::sync::Arc::new(move || clock.now())
+    }
+}
+
 fn open(backend: &dyn StateBackend, run: &str, ttl: StateTtl, clock: &Clock) -> Stores {
     let scope = |state: &str| StateScope::new("j", "op", format!("{state}_{run}"), 0..GROUPS, GROUPS);
     Stores {
-        value: TtlValueStore::open(backend, &scope("value"), ttl, clock.clone()).unwrap(),
-        map: TtlMapStore::open(backend, &scope("map"), ttl, clock.clone()).unwrap(),
-        list: TtlListStore::open(backend, &scope("list"), ttl, clock.clone()).unwrap(),
+        value: TtlValueStore::open(backend, &scope("value"), ttl, clock.reading()).unwrap(),
+        map: TtlMapStore::open(backend, &scope("map"), ttl, clock.reading()).unwrap(),
+        list: TtlListStore::open(backend, &scope("list"), ttl, clock.reading()).unwrap(),
     }
 }
 
