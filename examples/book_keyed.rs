@@ -17,6 +17,9 @@ fn main() -> weibo::Result<()> {
     fold()?;
     aggregate()?;
     process()?;
+    named_state()?;
+    expiring_state()?;
+    side_outputs()?;
     keyed_sink()?;
     Ok(())
 }
@@ -187,16 +190,15 @@ fn alerts() -> weibo::Result<Vec<Alert>> {
     job.source(Generator::new(200, order).with_timestamps(|i| 1_700_000_000_000 + i as i64 * 1_000))
         .key_by(|o: &Order| o.customer)
         .with_partitions(2)
-        .process(on_error::Fail, |ctx: &mut KeyedContext<'_, CustomerId, Spend, Alert>, o: &Order| {
+        .process(on_error::Fail, |ctx, o| {
             let (customer, at) = (*ctx.key(), ctx.timestamp());
-            let spend = ctx.state().get_or_insert_with(Spend::default);
+            let spend: &mut Spend = ctx.state().get_or_insert_with(Spend::default);
             spend.cents += o.amount_cents;
             if spend.cents > LIMIT && !spend.alerted {
                 spend.alerted = true;
                 let cents = spend.cents;
                 ctx.emit(Alert { customer, cents, at });
             }
-            Ok::<(), String>(())
         })
         .name("alert-once")
         .sink(alerts.clone());
@@ -204,6 +206,124 @@ fn alerts() -> weibo::Result<Vec<Alert>> {
     Ok(alerts.values())
 }
 // ANCHOR_END: process
+
+// ANCHOR: named_state
+/// What the pipeline emits per order: the customer's count, its last three
+/// amounts, and how many of its orders fell in each band of 1000 cents.
+#[derive(Clone, Debug, PartialEq)]
+struct Profile {
+    customer: CustomerId,
+    orders: u64,
+    recent: Vec<i64>,
+    bands: Vec<(i64, u32)>,
+}
+
+fn named_state() -> weibo::Result<()> {
+    let profiles = CollectSink::new();
+    let job = Job::new("profiles");
+    job.source(IterSource::new((0..100).map(order)))
+        .key_by(|o: &Order| o.customer)
+        .process_with_state(
+            on_error::Fail,
+            // Declared once, when the job is wired; each is its own state.
+            |states| (states.value::<u64>("orders"), states.list::<i64>("recent"), states.map::<i64, u32>("bands")),
+            |ctx, (orders, recent, bands), o| {
+                let n = ctx.value(orders).get().unwrap_or(0) + 1;
+                ctx.value(orders).set(n);
+                // Appending reads nothing; trimming rewrites the list.
+                ctx.list(recent).add(o.amount_cents);
+                let mut last = ctx.list(recent).get();
+                if last.len() > 3 {
+                    last.remove(0);
+                    ctx.list(recent).update(last.clone());
+                }
+                // One map entry per band, read and written on its own.
+                ctx.map(bands).update(o.amount_cents.div_euclid(1_000), |c| *c = Some(c.unwrap_or(0) + 1));
+                let profile =
+                    Profile { customer: *ctx.key(), orders: n, recent: last, bands: ctx.map(bands).entries() };
+                ctx.emit(profile);
+            },
+        )
+        .sink(profiles.clone());
+    job.run_blocking()?;
+
+    // The last profile per customer, against a plain loop.
+    let last: BTreeMap<CustomerId, Profile> = profiles.values().into_iter().map(|p| (p.customer, p)).collect();
+    for (customer, profile) in last {
+        let amounts: Vec<i64> =
+            (0..100).map(order).filter(|o| o.customer == customer).map(|o| o.amount_cents).collect();
+        let mut bands: BTreeMap<i64, u32> = BTreeMap::new();
+        for a in &amounts {
+            *bands.entry(a.div_euclid(1_000)).or_default() += 1;
+        }
+        assert_eq!(profile.orders, amounts.len() as u64);
+        assert_eq!(profile.recent, amounts.iter().rev().take(3).rev().copied().collect::<Vec<_>>());
+        assert_eq!(profile.bands, bands.into_iter().collect::<Vec<_>>());
+    }
+    Ok(())
+}
+// ANCHOR_END: named_state
+
+// ANCHOR: expiring_state
+/// Passes each (customer, amount) pair once an hour at most: the amounts
+/// seen are remembered for an hour after they were written.
+fn expiring_state() -> weibo::Result<()> {
+    use std::time::Duration;
+    use weibo::process::StateTtl;
+    let mut h = weibo::testing::Harness::<Order>::new("dedup");
+    let firsts = h.input().key_by(|o: &Order| o.customer).process_with_state(
+        on_error::Fail,
+        |states| states.ttl(StateTtl::after_write(Duration::from_secs(3_600))).map::<i64, ()>("seen"),
+        |ctx, seen, o| {
+            if !ctx.map(seen).contains(&o.amount_cents) {
+                ctx.map(seen).put(o.amount_cents, ());
+                ctx.emit(o.clone());
+            }
+        },
+    );
+    let probe = h.output(&firsts);
+    let mut run = h.start()?;
+    let o = Order { customer: CustomerId(1), amount_cents: 500 };
+    run.push(o.clone(), 1)?;
+    run.push(o.clone(), 2)?;
+    run.watermark(2)?;
+    assert_eq!(probe.take(), std::slice::from_ref(&o), "the repeat within the hour is dropped");
+    run.set_processing_time(3_600_000)?; // the harness's clock: an hour later
+    run.push(o.clone(), 3)?;
+    run.watermark(3)?;
+    assert_eq!(probe.take(), [o], "forgotten after an hour");
+    run.finish()?;
+    Ok(())
+}
+// ANCHOR_END: expiring_state
+
+// ANCHOR: side_outputs
+/// Refunds go to a side output of their own type; orders go on.
+fn side_outputs() -> weibo::Result<()> {
+    use weibo::process::OutputTag;
+    let mut t = weibo::testing::TestJob::new("refunds");
+    let refunds = OutputTag::<(CustomerId, i64)>::new("refunds");
+    let orders = t.input((0..100).map(order).collect()).key_by(|o: &Order| o.customer).process_with_state(
+        on_error::Fail,
+        |states| states.side_output(&refunds),
+        |ctx, refunds, o| {
+            if o.amount_cents < 0 {
+                let customer = *ctx.key();
+                ctx.output(refunds, (customer, -o.amount_cents));
+            } else {
+                ctx.emit(o.clone());
+            }
+        },
+    );
+    let refunded = orders.side_output(&refunds);
+    let (orders, refunded) = (t.collect(&orders), t.collect(&refunded));
+    t.run()?;
+    let refunds = (0..100).map(order).filter(|o| o.amount_cents < 0).count();
+    assert_eq!(refunded.values().len(), refunds);
+    assert_eq!(orders.values().len(), 100 - refunds);
+    Ok(())
+}
+// ANCHOR_END: side_outputs
 
 // ANCHOR: keyed_sink
 fn keyed_sink() -> weibo::Result<()> {

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use weibo::process::{ListState, MapState, ReducingState, States, ValueState};
+use weibo::process::{ListState, MapState, OutputTag, ReducingState, States, ValueState};
 use weibo::sinks::CollectSink;
 use weibo::sources::{Generator, IterSource};
 use weibo::{Aggregate, Job, Timer, on_error};
@@ -415,15 +415,10 @@ fn a_time_to_live_forgets_ids_after_it_and_sweeps_what_no_one_reads() {
 #[test]
 fn side_outputs_are_typed_streams_and_a_foreign_tag_is_a_wiring_error() {
     let mut t = weibo::testing::TestJob::new("sides");
-    let mut tags = None;
+    let (odd, big) = (OutputTag::<String>::new("odd"), OutputTag::<u64>::new("big"));
     let (evens, dead) = t.input((1u32..=6).collect()).key_by(|x: &u32| x % 2).process_with_state(
         on_error::DeadLetter,
-        |states| {
-            let odd = states.side_output::<String>("odd");
-            let big = states.side_output::<u64>("big");
-            tags = Some((odd.clone(), big.clone()));
-            (odd, big)
-        },
+        |states| (states.side_output(&odd), states.side_output(&big)),
         |ctx, (odd, big), x| {
             if *x == 5 {
                 return Err("five".to_string());
@@ -439,7 +434,6 @@ fn side_outputs_are_typed_streams_and_a_foreign_tag_is_a_wiring_error() {
             Ok(())
         },
     );
-    let (odd, big) = tags.unwrap();
     let odds = evens.side_output(&odd);
     let bigs = evens.side_output(&big);
     let plan = t.job().to_string();

@@ -49,9 +49,9 @@ pub(crate) struct Port {
     /// Whether leaving the port unconsumed would lose records silently.
     pub(crate) must_consume: bool,
     pub(crate) label: std::borrow::Cow<'static, str>,
-    /// For a process function's side output: the declaration it belongs
-    /// to and its number there (what `Stream::side_output` looks for).
-    pub(crate) tag: Option<(u32, usize)>,
+    /// For a process function's side output: its tag's id (what
+    /// `Stream::side_output` looks for).
+    pub(crate) tag: Option<u32>,
 }
 
 /// What a node does, with the factory that makes its instances.

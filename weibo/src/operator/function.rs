@@ -99,28 +99,37 @@ handle!(
     AggregatingState<T, A>
 );
 
-/// A typed side output of a keyed process function, declared with
-/// [`States::side_output`]: the function sends values of type `V` to it
-/// with [`ProcessContext::output`], and
-/// [`Stream::side_output`](crate::Stream::side_output) on the function's
-/// output stream gives them as a `Stream<V>` (Flink's `OutputTag`, Kafka
-/// Streams' branches). A side output nothing reads is discarded.
+/// A typed side output (Flink's `OutputTag`, Kafka Streams' branches):
+/// made with a name, declared by the process functions that send to it
+/// ([`States::side_output`]), sent to with [`ProcessContext::output`], and
+/// read as a `Stream<V>` with
+/// [`Stream::side_output`](crate::Stream::side_output) on a function's
+/// results. A side output nothing reads is discarded.
 pub struct OutputTag<V> {
-    owner: u32,
-    index: usize,
+    id: u32,
     name: Arc<str>,
     _types: PhantomData<fn() -> V>,
 }
 
 impl<V> Clone for OutputTag<V> {
     fn clone(&self) -> Self {
-        Self { owner: self.owner, index: self.index, name: self.name.clone(), _types: PhantomData }
+        Self { id: self.id, name: self.name.clone(), _types: PhantomData }
     }
 }
+
+/// Tells tags apart (two tags may share a name).
+static TAGS: AtomicU32 = AtomicU32::new(1);
 
 impl<V> fmt::Debug for OutputTag<V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OutputTag").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl<V: Clone + Send + 'static> OutputTag<V> {
+    /// A side output named `name` (its label in the plan).
+    pub fn new(name: &str) -> Self {
+        Self { id: TAGS.fetch_add(1, Ordering::Relaxed), name: name.into(), _types: PhantomData }
     }
 }
 
@@ -130,9 +139,9 @@ impl<V> OutputTag<V> {
         &self.name
     }
 
-    /// The declaration it belongs to and its number there.
-    pub(crate) fn id(&self) -> (u32, usize) {
-        (self.owner, self.index)
+    /// What tells it apart from every other tag.
+    pub(crate) fn id(&self) -> u32 {
+        self.id
     }
 }
 
@@ -142,6 +151,7 @@ type OpenSide = Arc<dyn Fn(AnyConsumer, &str) -> Result<Box<dyn SideOutput>> + S
 /// One declared side output: its name and type (its port in the graph),
 /// and how an instance gets its typed end.
 struct DeclaredSide {
+    id: u32,
     name: String,
     type_name: &'static str,
     ty: Arc<dyn PortType>,
@@ -413,24 +423,20 @@ impl<K: Key> States<K> {
         AggregatingState { owner: self.owner, index, ttl, _types: PhantomData }
     }
 
-    /// Declares a side output named `name` carrying `V`s (see
-    /// [`OutputTag`]); the name labels it in the plan.
+    /// Declares that the function sends to side output `tag` (see
+    /// [`OutputTag`]); returns the tag, for the function to keep.
     ///
     /// ```
-    /// use weibo::on_error;
+    /// use weibo::{on_error, process::OutputTag};
     ///
     /// // Large amounts go on; small ones go to a side output of their own type.
     /// let mut t = weibo::testing::TestJob::new("split");
-    /// let mut small = None;
+    /// let small = OutputTag::<String>::new("small");
     /// let large = t.input(vec![("a".to_string(), 5u32), ("a".to_string(), 500)])
     ///     .key_by(|r: &(String, u32)| r.0.clone())
     ///     .process_with_state(
     ///         on_error::Fail,
-    ///         |states| {
-    ///             let tag = states.side_output::<String>("small");
-    ///             small = Some(tag.clone());
-    ///             tag
-    ///         },
+    ///         |states| states.side_output(&small),
     ///         |ctx, small, r| {
     ///             if r.1 < 100 {
     ///                 ctx.output(small, format!("{} small", r.0));
@@ -439,34 +445,35 @@ impl<K: Key> States<K> {
     ///             }
     ///         },
     ///     );
-    /// let smalls = large.side_output(small.as_ref().unwrap());
+    /// let smalls = large.side_output(&small);
     /// let (large, smalls) = (t.collect(&large), t.collect(&smalls));
     /// t.run()?;
     /// assert_eq!(large.values(), vec![500]);
     /// assert_eq!(smalls.values(), vec!["a small".to_string()]);
     /// # Ok::<(), weibo::Error>(())
     /// ```
-    pub fn side_output<V: Clone + Send + 'static>(&mut self, name: &str) -> OutputTag<V> {
-        let index = self.sides.len();
-        if self.sides.iter().any(|s| s.name == name) || name == "output" || name == "dead letters" {
+    pub fn side_output<V: Clone + Send + 'static>(&mut self, tag: &OutputTag<V>) -> OutputTag<V> {
+        let name = tag.name();
+        if self.sides.iter().any(|s| s.name == name || s.id == tag.id) || name == "output" || name == "dead letters" {
             self.errors.push(format!("side output `{name}` is declared twice or takes the name of another output"));
         }
         let open: OpenSide = Arc::new(|consumer, operator| {
             Ok(Box::new(TypedSide::<V> { out: Batch::with_capacity(16), next: typed::<V>(consumer, operator)? }))
         });
         self.sides.push(DeclaredSide {
+            id: tag.id,
             name: name.to_string(),
             type_name: std::any::type_name::<V>(),
             ty: TypedPort::<V>::shared(),
             open,
         });
-        OutputTag { owner: self.owner, index, name: name.into(), _types: PhantomData }
+        tag.clone()
     }
 
     /// The declared side outputs, in order: name, type name, port type,
     /// and their tag's id.
-    pub(crate) fn side_outputs(&self) -> impl Iterator<Item = (&str, &'static str, Arc<dyn PortType>, (u32, usize))> {
-        self.sides.iter().enumerate().map(|(i, s)| (s.name.as_str(), s.type_name, s.ty.clone(), (self.owner, i)))
+    pub(crate) fn side_outputs(&self) -> impl Iterator<Item = (&str, &'static str, Arc<dyn PortType>, u32)> {
+        self.sides.iter().map(|s| (s.name.as_str(), s.type_name, s.ty.clone(), s.id))
     }
 
     /// The declared states' names (for the plan), and the wiring errors.
@@ -1014,7 +1021,7 @@ pub struct ProcessContext<'a, K, U> {
     group: u16,
     owner: u32,
     stores: &'a mut [Box<dyn NamedStore<K>>],
-    sides: &'a mut [Box<dyn SideOutput>],
+    sides: &'a mut [(u32, Box<dyn SideOutput>)],
     timers: &'a mut TimerState<K>,
     processing: &'a mut TimerState<K>,
     /// The processing time when the call began.
@@ -1046,8 +1053,8 @@ impl<K: Key, U> ProcessContext<'_, K, U> {
     /// Sends `value` to the side output `tag`, with the metadata `emit`
     /// gives its results.
     pub fn output<V: Clone + Send + 'static>(&mut self, tag: &OutputTag<V>, value: V) {
-        let side = if tag.owner == self.owner { self.sides.get_mut(tag.index) } else { None };
-        match side.and_then(|s| s.as_any().downcast_mut::<TypedSide<V>>()) {
+        let side = self.sides.iter_mut().find(|(id, _)| *id == tag.id);
+        match side.and_then(|(_, s)| s.as_any().downcast_mut::<TypedSide<V>>()) {
             Some(side) => side.out.push(value, self.meta),
             None => {
                 let operator = self.operator;
@@ -1357,7 +1364,7 @@ where
     F: KeyedProcessFunction<K, T>,
 {
     let declared: Arc<[Declared<K>]> = states.declared.iter().cloned().collect();
-    let opens: Arc<[OpenSide]> = states.sides.iter().map(|s| s.open.clone()).collect();
+    let opens: Arc<[(u32, OpenSide)]> = states.sides.iter().map(|s| (s.id, s.open.clone())).collect();
     let owner = states.owner;
     keyed_factory(move |ctx, mut outs| {
         let info = ctx.info.clone();
@@ -1373,7 +1380,7 @@ where
         let sides = opens
             .iter()
             .zip(side_outs)
-            .map(|(open, consumer)| open(consumer, &info.name))
+            .map(|((id, open), consumer)| Ok((*id, open(consumer, &info.name)?)))
             .collect::<Result<Vec<_>>>()?;
         let (ok, dead) = two(outs, &info.name)?;
         let next = typed::<F::Out>(ok, &info.name)?;
@@ -1425,7 +1432,8 @@ struct FunctionOp<K, T, F: KeyedProcessFunction<K, T>> {
     declared: Arc<[Declared<K>]>,
     owner: u32,
     stores: Vec<Box<dyn NamedStore<K>>>,
-    sides: Vec<Box<dyn SideOutput>>,
+    /// The side outputs, by tag id.
+    sides: Vec<(u32, Box<dyn SideOutput>)>,
     timers: TimerState<K>,
     processing: TimerState<K>,
     clock: Clock,
@@ -1448,7 +1456,7 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> FunctionOp<K, T, F> {
     /// Sends the results and side outputs gathered since the last call.
     fn emit_all(&mut self) -> Result<()> {
         emit(&self.info, &mut *self.next, &mut self.out)?;
-        for side in &mut self.sides {
+        for (_, side) in &mut self.sides {
             side.emit(&self.info)?;
         }
         Ok(())
@@ -1586,7 +1594,7 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionO
         self.advance(wm)?;
         self.emit_all()?;
         self.next.watermark(wm)?;
-        for side in &mut self.sides {
+        for (_, side) in &mut self.sides {
             side.watermark(wm)?;
         }
         self.failures.watermark(wm)
@@ -1607,7 +1615,7 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionO
         self.emit_all()?;
         self.failures.push()?;
         self.next.flush()?;
-        for side in &mut self.sides {
+        for (_, side) in &mut self.sides {
             side.flush()?;
         }
         self.failures.flush()?;
@@ -1621,7 +1629,7 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionO
 
     fn finish(&mut self) -> Result<()> {
         self.next.finish()?;
-        for side in &mut self.sides {
+        for (_, side) in &mut self.sides {
             side.finish()?;
         }
         self.failures.finish()
@@ -1629,7 +1637,7 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionO
 
     fn barrier(&mut self, n: CheckpointId) -> Result<()> {
         self.next.barrier(n)?;
-        for side in &mut self.sides {
+        for (_, side) in &mut self.sides {
             side.barrier(n)?;
         }
         self.failures.barrier(n)

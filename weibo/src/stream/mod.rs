@@ -403,8 +403,8 @@ impl<T> Stream<T> {
 
 impl<T> Stream<T> {
     /// The side output `tag` of the keyed process function whose results
-    /// this stream is (see [`States::side_output`]), as a stream of its
-    /// own type.
+    /// this stream is (which declared it with [`States::side_output`]), as
+    /// a stream of its own type.
     ///
     /// # Panics
     /// Never; a tag declared by another operator is a wiring error,
