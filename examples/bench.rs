@@ -2,7 +2,7 @@
 //! the public DSL, printing one `RESULT` line in the peers' format.
 //!
 //! ```sh
-//! cargo run --release -p weibo-examples --example bench -- <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys> <events> <partitions> [threads]
+//! cargo run --release -p weibo-examples --example bench -- <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state> <events> <partitions> [threads]
 //! ```
 //!
 //! Event `i`: `key = (i * 2654435761) mod K`, `value = i mod 1000`, `ts = i`.
@@ -135,6 +135,105 @@ where
         self.total.lock().unwrap_or_else(PoisonError::into_inner).merge(self.out);
         Ok(())
     }
+}
+
+/// Dedup: ids `(i * MULT) mod 5,000,000` in 1,024 keyed partitions
+/// (`id mod 1024`), each remembering its ids in map state with a one-hour
+/// time-to-live (processing time: nothing expires during the run, every
+/// value carries its expiry); the first sighting of an id goes on.
+fn dedup(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
+    use weibo::process::StateTtl;
+    job.source(Generator::new(n, |i| i.wrapping_mul(MULT) % 5_000_000).with_partitions(partitions))
+        .key_by(|id: &u64| id % 1_024)
+        .with_partitions(partitions)
+        .process_with_state(
+            weibo::on_error::Fail,
+            |states| states.ttl(StateTtl::after_write(Duration::from_secs(3_600))).map::<u64, ()>("seen"),
+            |ctx, seen, id| {
+                if !ctx.map(seen).contains(id) {
+                    ctx.map(seen).put(*id, ());
+                    ctx.emit(*id);
+                }
+            },
+        )
+        .sink(Checksum {
+            total,
+            f: |o: &mut Out, id: &u64| {
+                o.count += 1;
+                o.sum = o.sum.wrapping_add(*id);
+                o.chk = o.chk.wrapping_add(id.wrapping_mul(*id));
+            },
+        });
+}
+
+/// List-append: 100,000 keys, each event appends its value to its key's
+/// list (reading nothing); one event in 1,000 (picked by a hash of its
+/// number, so any key's) reads its key's list, emits its length and sum,
+/// and clears it.
+fn list_append(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
+    job.source(Generator::new(n, |i| (i.wrapping_mul(MULT) % 100_000, i % 1000, i)).with_partitions(partitions))
+        .key_by(|e: &(u64, u64, u64)| e.0)
+        .with_partitions(partitions)
+        .process_with_state(
+            weibo::on_error::Fail,
+            |states| states.list::<u64>("values"),
+            |ctx, values, &(key, value, i)| {
+                ctx.list(values).add(value);
+                if (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % 1_000 == 0 {
+                    let (mut len, mut sum) = (0u64, 0u64);
+                    ctx.list(values).for_each(|v| {
+                        len += 1;
+                        sum += v;
+                        true
+                    });
+                    ctx.list(values).clear();
+                    ctx.emit((key, len, sum));
+                }
+            },
+        )
+        .sink(Checksum {
+            total,
+            f: |o: &mut Out, &(key, len, sum): &(u64, u64, u64)| {
+                o.count += len;
+                o.sum = o.sum.wrapping_add(sum);
+                o.chk = o.chk.wrapping_add(key.wrapping_mul(sum));
+            },
+        });
+}
+
+/// Map-state: 1,000 keys with 1,000 entries each; each event adds its value
+/// to one entry (a point update: one read, one write) and emits the entry's
+/// new total.
+fn map_state(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
+    job.source(
+        Generator::new(n, |i| {
+            let mixed = i.wrapping_mul(MULT);
+            (mixed % 1_000, (mixed / 1_000) % 1_000, i % 1000)
+        })
+        .with_partitions(partitions),
+    )
+    .key_by(|e: &(u64, u64, u64)| e.0)
+    .with_partitions(partitions)
+    .process_with_state(
+        weibo::on_error::Fail,
+        |states| states.map::<u64, u64>("entries"),
+        |ctx, entries, &(key, entry, value)| {
+            let mut now = 0;
+            ctx.map(entries).update(entry, |v| {
+                now = v.unwrap_or(0) + value;
+                *v = Some(now);
+            });
+            ctx.emit((key, entry, value, now));
+        },
+    )
+    .sink(Checksum {
+        total,
+        f: |o: &mut Out, &(key, entry, value, _now): &(u64, u64, u64, u64)| {
+            o.count += 1;
+            o.sum = o.sum.wrapping_add(value);
+            o.chk = o.chk.wrapping_add((key * 1_000 + entry).wrapping_mul(value));
+        },
+    });
 }
 
 fn w2(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
@@ -456,7 +555,7 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys> <events> <partitions> [threads] | bench ckpt <keys> 1"
+        "usage: bench <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state> <events> <partitions> [threads] | bench ckpt <keys> 1"
     );
     std::process::exit(2)
 }
@@ -592,6 +691,9 @@ fn main() {
         "w3-sum" => w3_sum(&job, n, partitions, total.clone()),
         "sessions" => sessions(&job, n, partitions, 100_000, total.clone()),
         "sessions-100keys" => sessions(&job, n, partitions, 100, total.clone()),
+        "dedup" => dedup(&job, n, partitions, total.clone()),
+        "list-append" => list_append(&job, n, partitions, total.clone()),
+        "map-state" => map_state(&job, n, partitions, total.clone()),
         _ => usage(),
     }
     // `WEIBO_SCRAPE_MS=<ms>` serves the admin API and scrapes its

@@ -122,6 +122,10 @@ impl<K: Key, UK: Key, UV: Data> MapStore<K, UK, UV> {
     /// # Errors
     /// [`Error::State`] or [`Error::Codec`] when a byte backend fails.
     pub fn get(&mut self, group: u16, key: &K, key_bytes: &[u8], user_key: &UK) -> Result<Option<UV>> {
+        if self.index.is_some() {
+            // Live objects: looked up by the typed key alone.
+            return self.values.get(group, &(key.clone(), user_key.clone()), &[]);
+        }
         let (bytes, _) = composite(key, key_bytes, user_key);
         self.values.get(group, &(key.clone(), user_key.clone()), &bytes)
     }
@@ -131,11 +135,7 @@ impl<K: Key, UK: Key, UV: Data> MapStore<K, UK, UV> {
     /// # Errors
     /// As [`MapStore::get`].
     pub fn put(&mut self, group: u16, key: &K, key_bytes: &[u8], user_key: UK, value: UV) -> Result<()> {
-        let (bytes, at) = composite(key, key_bytes, &user_key);
-        if let Some(index) = &mut self.index {
-            index_entry(index, key, bytes.get(at..).unwrap_or_default(), Some(user_key.clone()));
-        }
-        self.values.update(group, (key.clone(), user_key), &bytes, |slot| *slot = Some(value))
+        self.update(group, key, key_bytes, user_key, |slot| *slot = Some(value))
     }
 
     /// Changes the value at `user_key` in `key`'s map in place: `f` gets
@@ -152,11 +152,25 @@ impl<K: Key, UK: Key, UV: Data> MapStore<K, UK, UV> {
         user_key: UK,
         f: impl FnOnce(&mut Option<UV>) -> R,
     ) -> Result<R> {
-        let (bytes, at) = composite(key, key_bytes, &user_key);
-        let (result, present) =
-            self.values.update(group, (key.clone(), user_key.clone()), &bytes, |slot| (f(slot), slot.is_some()))?;
-        if let Some(index) = &mut self.index {
-            index_entry(index, key, bytes.get(at..).unwrap_or_default(), present.then_some(user_key));
+        if self.index.is_none() {
+            let (bytes, _) = composite(key, key_bytes, &user_key);
+            return self.values.update(group, (key.clone(), user_key), &bytes, f);
+        }
+        // Live objects: the index changes only when the entry appears or
+        // goes, which the update tells.
+        let composite_key = (key.clone(), user_key);
+        let (result, was, is) = self.values.update(group, composite_key.clone(), &[], |slot| {
+            let was = slot.is_some();
+            let result = f(slot);
+            (result, was, slot.is_some())
+        })?;
+        if was != is
+            && let Some(index) = &mut self.index
+        {
+            let (key, user_key) = composite_key;
+            let mut user_bytes = Vec::new();
+            user_key.encode_key(&mut user_bytes);
+            index_entry(index, &key, &user_bytes, is.then_some(user_key));
         }
         Ok(result)
     }
