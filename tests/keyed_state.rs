@@ -456,3 +456,36 @@ fn side_outputs_are_typed_streams_and_a_foreign_tag_is_a_wiring_error() {
     let err = other.run().unwrap_err().to_string();
     assert!(err.contains("side output `odd`"), "{err}");
 }
+
+/// Declarations the job cannot run with are wiring errors, each named: a
+/// name that cannot name files, a name declared twice, a time-to-live on
+/// reducing state, and one followed by no declaration.
+#[test]
+fn bad_declarations_are_wiring_errors() {
+    use weibo::process::StateTtl;
+    type Declare = fn(&mut States<u32>);
+    let cases: [(&str, Declare); 4] = [
+        ("`a-b` is not allowed", |s| {
+            let _ = s.value::<u32>("a-b");
+        }),
+        ("`n` is declared twice", |s| {
+            let _ = (s.value::<u32>("n"), s.list::<u32>("n"));
+        }),
+        ("reducing state takes no time-to-live", |s| {
+            let _ = s.ttl(StateTtl::after_write(Duration::from_secs(1))).reducing("r", |a: u32, b| a + b);
+        }),
+        ("was not followed by the declaration", |s| {
+            let _ = s.ttl(StateTtl::after_write(Duration::from_secs(1)));
+        }),
+    ];
+    for (want, declare) in cases {
+        let mut t = weibo::testing::TestJob::new("declarations");
+        let out = t
+            .input(vec![1u32])
+            .key_by(|x: &u32| *x)
+            .process_with_state(on_error::Fail, declare, |ctx, (), x| ctx.emit(*x));
+        let _ = t.collect(&out);
+        let err = t.run().unwrap_err().to_string();
+        assert!(err.contains(want), "{want}: {err}");
+    }
+}

@@ -11,6 +11,7 @@ fn main() {
     let totals = keyed.process(on_error::Fail, |ctx, c| {
         let total = ctx.state().get_or_insert(0u32);
         *total += c.1;
+        let total = *total;
         let line = format!("{}: {total}", ctx.key());
         ctx.emit(line);
     });
@@ -20,10 +21,14 @@ fn main() {
         if c.1 == 0 {
             return Err(format!("no clicks from {}", c.0));
         }
+        *ctx.state().get_or_insert(0u64) += 1;
         ctx.emit(c.1);
         Ok(())
     });
     checked.sink(weibo::sinks::Blackhole::new());
+    // No state at all: `process_with_state` declaring none.
+    let stateless = keyed.process_with_state(on_error::Fail, |_| (), |ctx, (), c| ctx.emit(c.1));
+    stateless.sink(weibo::sinks::Blackhole::new());
     // Named states.
     let named = keyed.process_with_state(
         on_error::Fail,

@@ -30,14 +30,15 @@ pub use weibo_macros::Key;
 pub use crate::codec::Data;
 pub use crate::codec::key::Key;
 pub use crate::operator::function::{
-    AggregatingState, KeyedProcessFunction, ListState, MapState, ProcessContext, ProcessOutcome, ReducingState, States,
-    TimeDomain, Timer, ValueState,
+    AggregatingState, KeyedProcessFunction, ListState, MapState, OutputTag, ProcessContext, ProcessOutcome,
+    ReducingState, States, TimeDomain, Timer, ValueState,
 };
 pub use crate::operator::keyed::KeyedContext;
 pub use crate::operator::windows::{Count, Session, Sliding, Tumbling, WindowResult};
 pub use crate::runtime::status::JobState;
 pub use crate::sinks::{Blackhole, CollectSink, FileSink, Stdout, TxnFileSink};
 pub use crate::sources::{FileSource, Generator, IterSource};
+pub use crate::state::StateTtl;
 pub use crate::stream::job::{Job, JobHandle};
 pub use crate::stream::{Aggregate, DeadLetter, KeyedStream, Stream, on_error};
 pub use crate::time::WatermarkStrategy;

@@ -478,7 +478,15 @@ impl<K: Key> States<K> {
 
     /// The declared states' names (for the plan), and the wiring errors.
     pub(crate) fn finish(&self) -> (Vec<String>, Vec<String>) {
-        (self.declared.iter().map(|d| d.name.clone()).collect(), self.errors.clone())
+        let mut errors = self.errors.clone();
+        if self.ttl.is_some() {
+            errors.push(
+                "`States::ttl` was not followed by the declaration of a value, list or map state: a time-to-live \
+                 applies to the next state declared"
+                    .to_string(),
+            );
+        }
+        (self.declared.iter().map(|d| d.name.clone()).collect(), errors)
     }
 }
 
