@@ -186,19 +186,7 @@ fn child() {
 
 /// Committed output: every line of every committed file, counted.
 fn committed(out: &Path) -> BTreeMap<String, usize> {
-    let mut lines = BTreeMap::new();
-    if !out.exists() {
-        return lines;
-    }
-    for entry in std::fs::read_dir(out).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_file() {
-            for line in std::fs::read_to_string(&path).unwrap().lines() {
-                *lines.entry(line.to_string()).or_insert(0) += 1;
-            }
-        }
-    }
-    lines
+    crash::committed_lines(out)
 }
 
 struct Dirs {

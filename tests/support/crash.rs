@@ -216,3 +216,25 @@ pub fn first_difference(
     }
     after.keys().find(|n| !before.contains_key(*n)).map(|n| format!("{n} is new"))
 }
+
+/// The lines of every committed file in `out` (an exactly-once file sink's
+/// folder), counted: a line committed twice counts 2. Empty before the
+/// sink's folder exists.
+///
+/// # Panics
+/// When the folder or a file in it cannot be read.
+pub fn committed_lines(out: &std::path::Path) -> std::collections::BTreeMap<String, usize> {
+    let mut lines = std::collections::BTreeMap::new();
+    if !out.exists() {
+        return lines;
+    }
+    for entry in std::fs::read_dir(out).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            for line in std::fs::read_to_string(&path).unwrap().lines() {
+                *lines.entry(line.to_string()).or_insert(0) += 1;
+            }
+        }
+    }
+    lines
+}

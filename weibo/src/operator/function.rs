@@ -315,7 +315,9 @@ impl<K: Key> States<K> {
                 "state name `{name}` is not allowed: use 1 to 64 letters, digits and `_` (it names the state's files), \
                  and not `timers` or `processing_timers`, which the operator keeps for itself"
             ));
-        } else if self.declared.iter().any(|d| d.name == name) {
+        } else if self.declared.iter().any(|d| d.name.eq_ignore_ascii_case(name)) {
+            // Case apart too: the names name files, on file systems that
+            // may not tell `a` from `A`.
             self.errors.push(format!("state `{name}` is declared twice: give each state its own name"));
         }
         self.declared.push(Declared { name: name.to_string(), ty, open });
@@ -1472,36 +1474,10 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> FunctionOp<K, T, F> {
 
     /// Fires every event-time timer at or below `wm`, in time order.
     fn advance(&mut self, wm: Timestamp) -> Result<()> {
+        let now = self.clock.now();
         while let Some((time, keys)) = self.timers.pop_due(wm)? {
             for (key, group) in keys {
-                self.key_buf.clear();
-                key.encode_key(&mut self.key_buf);
-                let meta =
-                    Meta { timestamp: time, watermark: self.watermark, offset: 0, partition: 0, source: u32::MAX };
-                let mut error = None;
-                let mut ctx = ProcessContext {
-                    operator: &self.info.name,
-                    key: &key,
-                    key_bytes: &self.key_buf,
-                    group,
-                    owner: self.owner,
-                    stores: &mut self.stores,
-                    sides: &mut self.sides,
-                    timers: &mut self.timers,
-                    processing: &mut self.processing,
-                    now: self.clock.now(),
-                    error: &mut error,
-                    out: &mut self.out,
-                    meta,
-                    watermark: wm,
-                };
-                let result = self.function.on_timer(&mut ctx, Timer { time, domain: TimeDomain::EventTime });
-                if let Some(e) = error {
-                    return Err(e);
-                }
-                if let Err(message) = result {
-                    self.failures.fail_timer(&self.info, group, time, &message)?;
-                }
+                self.fire(key, group, Timer { time, domain: TimeDomain::EventTime }, now, wm)?;
             }
         }
         self.watermark = self.watermark.max(wm);
@@ -1515,42 +1491,49 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> FunctionOp<K, T, F> {
         let now = self.clock.now();
         while let Some((time, keys)) = self.processing.pop_due(now)? {
             for (key, group) in keys {
-                self.key_buf.clear();
-                key.encode_key(&mut self.key_buf);
-                let meta = Meta {
-                    timestamp: crate::record::NO_TIMESTAMP,
-                    watermark: self.watermark,
-                    offset: 0,
-                    partition: 0,
-                    source: u32::MAX,
-                };
-                let mut error = None;
-                let mut ctx = ProcessContext {
-                    operator: &self.info.name,
-                    key: &key,
-                    key_bytes: &self.key_buf,
-                    group,
-                    owner: self.owner,
-                    stores: &mut self.stores,
-                    sides: &mut self.sides,
-                    timers: &mut self.timers,
-                    processing: &mut self.processing,
-                    now,
-                    error: &mut error,
-                    out: &mut self.out,
-                    meta,
-                    watermark: self.watermark,
-                };
-                let result = self.function.on_timer(&mut ctx, Timer { time, domain: TimeDomain::ProcessingTime });
-                if let Some(e) = error {
-                    return Err(e);
-                }
-                if let Err(message) = result {
-                    self.failures.fail_timer(&self.info, group, time, &message)?;
-                }
+                self.fire(key, group, Timer { time, domain: TimeDomain::ProcessingTime }, now, self.watermark)?;
             }
         }
         Ok(now)
+    }
+
+    /// Calls `on_timer` for `key`'s `timer`, at processing time `now` and
+    /// watermark `watermark` (what the function sees). An event-time
+    /// timer's output carries its time as timestamp; a processing-time
+    /// timer's carries none.
+    fn fire(&mut self, key: K, group: u16, timer: Timer, now: Timestamp, watermark: Timestamp) -> Result<()> {
+        self.key_buf.clear();
+        key.encode_key(&mut self.key_buf);
+        let timestamp = match timer.domain {
+            TimeDomain::EventTime => timer.time,
+            TimeDomain::ProcessingTime => crate::record::NO_TIMESTAMP,
+        };
+        let meta = Meta { timestamp, watermark: self.watermark, offset: 0, partition: 0, source: u32::MAX };
+        let mut error = None;
+        let mut ctx = ProcessContext {
+            operator: &self.info.name,
+            key: &key,
+            key_bytes: &self.key_buf,
+            group,
+            owner: self.owner,
+            stores: &mut self.stores,
+            sides: &mut self.sides,
+            timers: &mut self.timers,
+            processing: &mut self.processing,
+            now,
+            error: &mut error,
+            out: &mut self.out,
+            meta,
+            watermark,
+        };
+        let result = self.function.on_timer(&mut ctx, timer);
+        if let Some(e) = error {
+            return Err(e);
+        }
+        if let Err(message) = result {
+            self.failures.fail_timer(&self.info, group, timer.time, &message)?;
+        }
+        Ok(())
     }
 }
 

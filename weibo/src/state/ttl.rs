@@ -170,6 +170,43 @@ impl Expiry {
         stats.expired += self.expired;
         stats
     }
+
+    /// What a read at `now` finds in `slot`: the live value (its expiry
+    /// moved on, if reads refresh), or nothing (an expired value is
+    /// removed and counted).
+    fn read<T: Clone>(&mut self, slot: &mut Option<Expiring<T>>, now: Timestamp) -> Option<T> {
+        match slot.take() {
+            Some(mut e) if e.live(now) => {
+                if self.ttl.on_read {
+                    e.expires = self.ttl.expiry(now);
+                }
+                let value = e.value.clone();
+                *slot = Some(e);
+                Some(value)
+            }
+            Some(_) => {
+                self.expired += 1;
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Gives `f` the live value in `slot` at `now` (`None` if it has
+    /// expired, which is counted) and stores what `f` leaves, expiring
+    /// `ttl` from now.
+    fn write<T>(&mut self, slot: &mut Option<Expiring<T>>, now: Timestamp, f: impl FnOnce(&mut Option<T>)) {
+        let mut value = match slot.take() {
+            Some(e) if e.live(now) => Some(e.value),
+            Some(_) => {
+                self.expired += 1;
+                None
+            }
+            None => None,
+        };
+        f(&mut value);
+        *slot = value.map(|value| Expiring { expires: self.ttl.expiry(now), value });
+    }
 }
 
 /// Value state with a time-to-live.
@@ -193,8 +230,7 @@ impl<K: Key, T: Data> TtlValueStore<K, T> {
     /// # Errors
     /// As [`ValueStore::update`].
     pub(crate) fn get(&mut self, group: u16, key: &K, key_bytes: &[u8], now: Timestamp) -> Result<Option<T>> {
-        let expiry = &mut self.expiry;
-        if !expiry.ttl.on_read {
+        if !self.expiry.ttl.on_read {
             // A read that finds the value live writes nothing.
             match self.store.get(group, key, key_bytes)? {
                 Some(e) if e.live(now) => return Ok(Some(e.value)),
@@ -202,21 +238,8 @@ impl<K: Key, T: Data> TtlValueStore<K, T> {
                 Some(_) => {}
             }
         }
-        self.store.update(group, key.clone(), key_bytes, |slot| match slot.take() {
-            Some(mut e) if e.live(now) => {
-                if expiry.ttl.on_read {
-                    e.expires = expiry.ttl.expiry(now);
-                }
-                let value = e.value.clone();
-                *slot = Some(e);
-                Some(value)
-            }
-            Some(_) => {
-                expiry.expired += 1;
-                None
-            }
-            None => None,
-        })
+        let expiry = &mut self.expiry;
+        self.store.update(group, key.clone(), key_bytes, |slot| expiry.read(slot, now))
     }
 
     /// Changes the live value of `key` in place at time `now` (an expired
@@ -234,18 +257,7 @@ impl<K: Key, T: Data> TtlValueStore<K, T> {
         f: impl FnOnce(&mut Option<T>),
     ) -> Result<()> {
         let expiry = &mut self.expiry;
-        self.store.update(group, key.clone(), key_bytes, |slot| {
-            let mut value = match slot.take() {
-                Some(e) if e.live(now) => Some(e.value),
-                Some(_) => {
-                    expiry.expired += 1;
-                    None
-                }
-                None => None,
-            };
-            f(&mut value);
-            *slot = value.map(|value| Expiring { expires: expiry.ttl.expiry(now), value });
-        })
+        self.store.update(group, key.clone(), key_bytes, |slot| expiry.write(slot, now, f))
     }
 
     /// Removes the values of key group `group` that have expired at `now`.
@@ -330,19 +342,7 @@ impl<K: Key, UK: Key, UV: Data> TtlMapStore<K, UK, UV> {
             }
         }
         let expiry = &mut self.expiry;
-        self.store.update(group, key, key_bytes, user_key.clone(), |slot| match slot.take() {
-            Some(mut e) if e.live(now) => {
-                e.expires = expiry.ttl.expiry(now);
-                let value = e.value.clone();
-                *slot = Some(e);
-                Some(value)
-            }
-            Some(_) => {
-                expiry.expired += 1;
-                None
-            }
-            None => None,
-        })
+        self.store.update(group, key, key_bytes, user_key.clone(), |slot| expiry.read(slot, now))
     }
 
     /// Changes the live value at `user_key` in place at time `now`.
@@ -359,18 +359,7 @@ impl<K: Key, UK: Key, UV: Data> TtlMapStore<K, UK, UV> {
         f: impl FnOnce(&mut Option<UV>),
     ) -> Result<()> {
         let expiry = &mut self.expiry;
-        self.store.update(group, key, key_bytes, user_key, |slot| {
-            let mut value = match slot.take() {
-                Some(e) if e.live(now) => Some(e.value),
-                Some(_) => {
-                    expiry.expired += 1;
-                    None
-                }
-                None => None,
-            };
-            f(&mut value);
-            *slot = value.map(|value| Expiring { expires: expiry.ttl.expiry(now), value });
-        })
+        self.store.update(group, key, key_bytes, user_key, |slot| expiry.write(slot, now, f))
     }
 
     /// Sets the value at `user_key`, expiring `ttl` from `now`.
