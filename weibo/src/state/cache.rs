@@ -212,6 +212,26 @@ fn codec_error(operator: &str, source: crate::codec::CodecError) -> Error {
     Error::Codec { operator: operator.to_string(), source }
 }
 
+/// How a change to the cache is stamped and logged.
+pub(super) struct Stamp<'a, K> {
+    /// The epoch the change is made in.
+    pub(super) epoch: u32,
+    /// The log of write-backs, should the change make the cache write back.
+    pub(super) tracking: Tracking<'a>,
+    /// While changes are tracked, the key group's log of keys changed,
+    /// which hears of every entry first stamped with `epoch` (so that a
+    /// delta looks those up rather than visiting every cached entry).
+    pub(super) keys: Option<&'a mut ChangeLog<K>>,
+}
+
+/// What a blind change (see [`CacheStore::blind`]) does.
+pub(super) enum Blind<V> {
+    /// Removes a key that is set.
+    Remove,
+    /// Sets a key that is not.
+    Put(V),
+}
+
 /// What the change log needs to hear about a write-back.
 pub(super) struct Tracking<'a> {
     /// Whether changes are logged at all.
@@ -264,37 +284,38 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         }
     }
 
-    /// Sets `key` to `value` (`None`: removes it) without reading the
-    /// table, the caller knowing whether the key is set (`set`: cached or
-    /// in the table; a blind write sets a key that is not, a blind removal
-    /// removes one that is). A removal of a key only the table holds is
-    /// cached as removed, and deleted from the table when written back.
-    #[allow(clippy::too_many_arguments)]
+    /// Sets or removes `key` without reading the table, the caller
+    /// knowing whether the key is set (cached or in the table): a blind
+    /// write sets a key that is not, a blind removal removes one that is.
+    /// A removal of a key only the table holds is cached as removed, and
+    /// deleted from the table when written back.
     pub(super) fn blind(
         &mut self,
         index: usize,
         group: u16,
         key: K,
         key_bytes: &[u8],
-        epoch: u32,
-        tracking: Tracking<'_>,
-        keys: Option<&mut ChangeLog<K>>,
-        set: bool,
-        value: Option<V>,
+        stamp: Stamp<'_, K>,
+        blind: Blind<V>,
     ) -> Result<()> {
-        self.assume = Some(set);
-        let r = self.update(index, group, key, key_bytes, epoch, tracking, keys, |slot| *slot = value);
+        let value = match blind {
+            Blind::Remove => {
+                self.assume = Some(true);
+                None
+            }
+            Blind::Put(value) => {
+                self.assume = Some(false);
+                Some(value)
+            }
+        };
+        let r = self.update(index, group, key, key_bytes, stamp, |slot| *slot = value);
         self.assume = None;
         r
     }
 
     /// See [`super::ValueStore::update`]; `index` is `group`'s position
-    /// among the owned key groups, `epoch` the one changes are stamped with.
-    /// `keys`, while changes are tracked: the key group's log of keys
-    /// changed, which hears of every entry first stamped with `epoch` (so
-    /// that a delta looks those up rather than visiting every cached
-    /// entry).
-    #[allow(clippy::too_many_arguments)]
+    /// among the owned key groups, `stamp` how the change is stamped and
+    /// logged.
     #[inline]
     pub(super) fn update<R>(
         &mut self,
@@ -302,11 +323,10 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         group: u16,
         key: K,
         key_bytes: &[u8],
-        epoch: u32,
-        tracking: Tracking<'_>,
-        keys: Option<&mut ChangeLog<K>>,
+        stamp: Stamp<'_, K>,
         f: impl FnOnce(&mut Option<V>) -> R,
     ) -> Result<R> {
+        let Stamp { epoch, tracking, keys } = stamp;
         self.lookups += 1;
         let (Some(map), Some(overlay)) = (self.maps.get_mut(index), self.overlays.get_mut(index)) else {
             return Err(self.no_cache(group));
@@ -314,7 +334,7 @@ impl<K: Key, V: Data> CacheStore<K, V> {
         if map.is_shared() && overlay.len() < OVERLAY_MIN.min(map.len()) + map.len() / 8 {
             // A snapshot still shares the map: write beside it.
             self.wanted.set(index);
-            return self.overlaid_update(index, group, key, key_bytes, epoch, keys, f);
+            return self.overlaid_update(index, group, key, key_bytes, Stamp { epoch, tracking, keys }, f);
         }
         if !overlay.is_empty() {
             self.apply_overlay(index);
@@ -384,17 +404,18 @@ impl<K: Key, V: Data> CacheStore<K, V> {
     /// shares: in its overlay.
     #[cold]
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
     fn overlaid_update<R>(
         &mut self,
         index: usize,
         group: u16,
         key: K,
         key_bytes: &[u8],
-        epoch: u32,
-        keys: Option<&mut ChangeLog<K>>,
+        stamp: Stamp<'_, K>,
         f: impl FnOnce(&mut Option<V>) -> R,
     ) -> Result<R> {
+        // Nothing is written back here: the overlay does not count
+        // against the budget until it is applied.
+        let Stamp { epoch, keys, .. } = stamp;
         let born = born(epoch, self.carried);
         let (Some(map), Some(overlay)) = (self.maps.get(index), self.overlays.get_mut(index)) else {
             return Err(self.no_cache(group));
@@ -1070,7 +1091,7 @@ mod tests {
             let bytes = crate::codec::key::encode(&key);
             let tracking = Tracking { on: false, changed: &mut changed };
             // Keys come and go (windows opening and firing), and stay a while.
-            s.update(index, index as u16, key, &bytes, epoch, tracking, None, |v| {
+            s.update(index, index as u16, key, &bytes, Stamp { epoch, tracking, keys: None }, |v| {
                 *v = if i % 7 == 0 { None } else { Some(i) };
             })
             .unwrap();
@@ -1129,18 +1150,19 @@ mod tests {
             match next() % 4 {
                 0 | 1 => {
                     let value = next() % 1_000;
-                    s.update(0, 0, key, &bytes, epoch, tracking, None, |v| *v = Some(value)).unwrap();
+                    s.update(0, 0, key, &bytes, Stamp { epoch, tracking, keys: None }, |v| *v = Some(value)).unwrap();
                     model.insert(key, value);
                 }
                 2 => {
-                    s.update(0, 0, key, &bytes, epoch, tracking, None, |v| *v = None).unwrap();
+                    s.update(0, 0, key, &bytes, Stamp { epoch, tracking, keys: None }, |v| *v = None).unwrap();
                     model.remove(&key);
                 }
                 _ => {
                     // Blind: a write of an absent key, a removal of a set one.
                     let set = model.contains_key(&key);
                     let value = (!set).then(|| next() % 1_000);
-                    s.blind(0, 0, key, &bytes, epoch, tracking, None, set, value).unwrap();
+                    let blind = value.map_or(Blind::Remove, Blind::Put);
+                    s.blind(0, 0, key, &bytes, Stamp { epoch, tracking, keys: None }, blind).unwrap();
                     match value {
                         Some(v) => model.insert(key, v),
                         None => model.remove(&key),

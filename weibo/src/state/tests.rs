@@ -953,9 +953,7 @@ fn changes_are_logged_only_from_the_first_checkpoint_on() {
     for (backend, _dir) in backends() {
         let name = backend.name();
         let mut s = ValueStore::<u8, u64>::open(&*backend, &scope()).unwrap();
-        let logged = |s: &ValueStore<u8, u64>| {
-            s.removed.iter().map(value::Removals::len).sum::<usize>() + s.changed.iter().map(|c| c.len()).sum::<usize>()
-        };
+        let logged = |s: &ValueStore<u8, u64>| s.logged();
         for key in 0..50u8 {
             s.update(4, key, &k(key), |v| *v = Some(1)).unwrap();
             s.update(4, key, &k(key), |v| *v = None).unwrap();
