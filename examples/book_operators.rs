@@ -1,5 +1,6 @@
 //! The book's "Stream operators" chapter: map, filter, flat_map, process
-//! under each failure policy, union, fan-out, names and blocking calls.
+//! under each failure policy and with side outputs, union, fan-out, names
+//! and blocking calls.
 //!
 //! Run it with `cargo run -p weibo-examples --example book_operators`.
 
@@ -19,6 +20,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     dead_letters(&dir.join("dead-letters.jsonl"))?;
     std::fs::remove_dir_all(&dir)?;
     fail_policy()?;
+    side_outputs()?;
     // The default panic hook would print the panic this example expects; keep the output clean.
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
@@ -110,6 +112,53 @@ fn fail_policy() -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 // ANCHOR_END: fail
+
+// ANCHOR: side_outputs
+/// Large orders go on; small ones and refunds each go to a side output of
+/// their own type, and lines that do not parse to the dead letters.
+fn side_outputs() -> weibo::Result<()> {
+    let small = OutputTag::<Order>::new("small");
+    let refunds = OutputTag::<(CustomerId, i64)>::new("refunds");
+    let (large_orders, small_orders, refunded) = (CollectSink::new(), CollectSink::new(), CollectSink::new());
+    let job = Job::new("order-sizes");
+    let (large, unreadable) = job
+        .source(IterSource::new(lines(&["1 2500", "2 300", "3 -700", "4 x", "5 9000"])))
+        .name("lines")
+        .process_with_outputs(
+            on_error::DeadLetter,
+            |outputs| (outputs.side_output(&small), outputs.side_output(&refunds)),
+            |ctx, (small, refunds), line| {
+                parse_order(line).map(|order| match order.amount_cents {
+                    ..0 => ctx.output(refunds, (order.customer, -order.amount_cents)),
+                    0..1_000 => ctx.output(small, order),
+                    _ => ctx.emit(order),
+                })
+            },
+        );
+    let large = large.name("sizes");
+    large.side_output(&small).sink(small_orders.clone());
+    large.side_output(&refunds).sink(refunded.clone());
+    large.sink(large_orders.clone());
+    unreadable.sink(Blackhole::new());
+    println!("{job}");
+    let report = job.run_blocking()?;
+
+    let customers = |orders: Vec<Order>| orders.iter().map(|o| o.customer.0).collect::<Vec<_>>();
+    assert_eq!(customers(large_orders.values()), [1, 5]);
+    assert_eq!(customers(small_orders.values()), [2]);
+    assert_eq!(refunded.values(), [(CustomerId(3), 700)]);
+    assert_eq!(report.metrics.operator("sizes").map(|m| m.dead_lettered), Some(1));
+    Ok(())
+}
+
+/// An order from a line `<customer> <cents>`.
+fn parse_order(line: &str) -> Result<Order, String> {
+    let (customer, cents) = line.split_once(' ').ok_or(format!("`{line}` has no amount"))?;
+    let customer = CustomerId(customer.parse().map_err(|e| format!("customer `{customer}`: {e}"))?);
+    let amount_cents = cents.parse().map_err(|e| format!("amount `{cents}`: {e}"))?;
+    Ok(Order { customer, amount_cents })
+}
+// ANCHOR_END: side_outputs
 
 // ANCHOR: panic
 fn panic_in_a_function() -> Result<(), Box<dyn Error>> {

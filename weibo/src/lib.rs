@@ -54,11 +54,14 @@ pub mod process {
     //! declares ([`States`]), their handles, what a function sees per
     //! record or timer ([`ProcessContext`]) and the views of one key's
     //! state it reads and writes through ([`Value`], [`List`], [`Map`],
-    //! [`Reducing`], [`Aggregating`]).
+    //! [`Reducing`], [`Aggregating`]); typed side outputs ([`OutputTag`]),
+    //! declared by a stateless `process` on [`Outputs`] and sent to
+    //! through its [`OutputContext`].
     pub use crate::operator::function::{
-        Aggregating, AggregatingState, KeyedProcessFunction, List, ListState, Map, MapState, OutputTag, ProcessContext,
+        Aggregating, AggregatingState, KeyedProcessFunction, List, ListState, Map, MapState, ProcessContext,
         ProcessOutcome, Reducing, ReducingState, States, TimeDomain, Timer, Value, ValueState,
     };
+    pub use crate::operator::outputs::{OutputContext, OutputTag, Outputs};
     pub use crate::state::StateTtl;
 }
 

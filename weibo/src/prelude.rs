@@ -30,10 +30,11 @@ pub use weibo_macros::Key;
 pub use crate::codec::Data;
 pub use crate::codec::key::Key;
 pub use crate::operator::function::{
-    AggregatingState, KeyedProcessFunction, ListState, MapState, OutputTag, ProcessContext, ProcessOutcome,
-    ReducingState, States, TimeDomain, Timer, ValueState,
+    AggregatingState, KeyedProcessFunction, ListState, MapState, ProcessContext, ProcessOutcome, ReducingState, States,
+    TimeDomain, Timer, ValueState,
 };
 pub use crate::operator::keyed::KeyedContext;
+pub use crate::operator::outputs::{OutputContext, OutputTag, Outputs};
 pub use crate::operator::windows::{Count, Session, Sliding, Tumbling, WindowResult};
 pub use crate::runtime::status::JobState;
 pub use crate::sinks::{Blackhole, CollectSink, FileSink, Stdout, TxnFileSink};

@@ -24,9 +24,9 @@ use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
 use crate::operator::factory::{KeyedFactory, keyed_factory, two};
 use crate::operator::keyed::{TIMERS, take_records};
+use crate::operator::outputs::{OutputTag, Outputs, Sides};
 use crate::operator::policy::{DeadLetter, Failures, Policy};
-use crate::operator::stateless::{PortType, TypedPort};
-use crate::operator::{Aggregate, AnyConsumer, Consumer, InputOperator, OpInfo, SnapshotAt, emit, typed};
+use crate::operator::{Aggregate, Consumer, InputOperator, OpInfo, SnapshotAt, emit, typed};
 use crate::operator::{restore_state, snapshot_state};
 use crate::record::CheckpointId;
 use crate::record::{Batch, Meta, RecordBatch, Timestamp};
@@ -99,102 +99,6 @@ handle!(
     AggregatingState<T, A>
 );
 
-/// A typed side output (Flink's `OutputTag`, Kafka Streams' branches):
-/// made with a name, declared by the process functions that send to it
-/// ([`States::side_output`]), sent to with [`ProcessContext::output`], and
-/// read as a `Stream<V>` with
-/// [`Stream::side_output`](crate::Stream::side_output) on a function's
-/// results. A side output nothing reads is discarded.
-pub struct OutputTag<V> {
-    id: u32,
-    name: Arc<str>,
-    _types: PhantomData<fn() -> V>,
-}
-
-impl<V> Clone for OutputTag<V> {
-    fn clone(&self) -> Self {
-        Self { id: self.id, name: self.name.clone(), _types: PhantomData }
-    }
-}
-
-/// Tells tags apart (two tags may share a name).
-static TAGS: AtomicU32 = AtomicU32::new(1);
-
-impl<V> fmt::Debug for OutputTag<V> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OutputTag").field("name", &self.name).finish_non_exhaustive()
-    }
-}
-
-impl<V: Clone + Send + 'static> OutputTag<V> {
-    /// A side output named `name` (its label in the plan).
-    pub fn new(name: &str) -> Self {
-        Self { id: TAGS.fetch_add(1, Ordering::Relaxed), name: name.into(), _types: PhantomData }
-    }
-}
-
-impl<V> OutputTag<V> {
-    /// The side output's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// What tells it apart from every other tag.
-    pub(crate) fn id(&self) -> u32 {
-        self.id
-    }
-}
-
-/// Makes an instance's side output from the consumer of its port.
-type OpenSide = Arc<dyn Fn(AnyConsumer, &str) -> Result<Box<dyn SideOutput>> + Send + Sync>;
-
-/// One declared side output: its name and type (its port in the graph),
-/// and how an instance gets its typed end.
-struct DeclaredSide {
-    id: u32,
-    name: String,
-    type_name: &'static str,
-    ty: Arc<dyn PortType>,
-    open: OpenSide,
-}
-
-/// An instance's end of a side output, typed underneath.
-trait SideOutput: Send {
-    fn as_any(&mut self) -> &mut dyn Any;
-    /// Sends what was output since the last call.
-    fn emit(&mut self, info: &OpInfo) -> Result<()>;
-    fn watermark(&mut self, wm: Timestamp) -> Result<()>;
-    fn barrier(&mut self, n: CheckpointId) -> Result<()>;
-    fn flush(&mut self) -> Result<()>;
-    fn finish(&mut self) -> Result<()>;
-}
-
-struct TypedSide<V> {
-    out: Batch<V>,
-    next: Box<dyn Consumer<V>>,
-}
-
-impl<V: Clone + Send + 'static> SideOutput for TypedSide<V> {
-    fn as_any(&mut self) -> &mut dyn Any {
-        self
-    }
-    fn emit(&mut self, info: &OpInfo) -> Result<()> {
-        emit(info, &mut *self.next, &mut self.out)
-    }
-    fn watermark(&mut self, wm: Timestamp) -> Result<()> {
-        self.next.watermark(wm)
-    }
-    fn barrier(&mut self, n: CheckpointId) -> Result<()> {
-        self.next.barrier(n)
-    }
-    fn flush(&mut self) -> Result<()> {
-        self.next.flush()
-    }
-    fn finish(&mut self) -> Result<()> {
-        self.next.finish()
-    }
-}
-
 /// Opens one declared state for an operator instance.
 type Open<K> = Arc<dyn Fn(&dyn StateBackend, &StateScope, &Clock) -> Result<Box<dyn NamedStore<K>>> + Send + Sync>;
 
@@ -245,7 +149,7 @@ impl<K> Clone for Declared<K> {
 pub struct States<K> {
     owner: u32,
     declared: Vec<Declared<K>>,
-    sides: Vec<DeclaredSide>,
+    outputs: Outputs,
     errors: Vec<String>,
     /// The time-to-live for the next state declared.
     ttl: Option<StateTtl>,
@@ -263,7 +167,7 @@ impl<K: Key> States<K> {
         Self {
             owner: DECLARATIONS.fetch_add(1, Ordering::Relaxed),
             declared: Vec::new(),
-            sides: Vec::new(),
+            outputs: Outputs::new(),
             errors: Vec::new(),
             ttl: None,
         }
@@ -455,32 +359,18 @@ impl<K: Key> States<K> {
     /// # Ok::<(), weibo::Error>(())
     /// ```
     pub fn side_output<V: Clone + Send + 'static>(&mut self, tag: &OutputTag<V>) -> OutputTag<V> {
-        let name = tag.name();
-        if self.sides.iter().any(|s| s.name == name || s.id == tag.id) || name == "output" || name == "dead letters" {
-            self.errors.push(format!("side output `{name}` is declared twice or takes the name of another output"));
-        }
-        let open: OpenSide = Arc::new(|consumer, operator| {
-            Ok(Box::new(TypedSide::<V> { out: Batch::with_capacity(16), next: typed::<V>(consumer, operator)? }))
-        });
-        self.sides.push(DeclaredSide {
-            id: tag.id,
-            name: name.to_string(),
-            type_name: std::any::type_name::<V>(),
-            ty: TypedPort::<V>::shared(),
-            open,
-        });
-        tag.clone()
+        self.outputs.side_output(tag)
     }
 
-    /// The declared side outputs, in order: name, type name, port type,
-    /// and their tag's id.
-    pub(crate) fn side_outputs(&self) -> impl Iterator<Item = (&str, &'static str, Arc<dyn PortType>, u32)> {
-        self.sides.iter().map(|s| (s.name.as_str(), s.type_name, s.ty.clone(), s.id))
+    /// The declared side outputs.
+    pub(crate) fn outputs(&self) -> &Outputs {
+        &self.outputs
     }
 
     /// The declared states' names (for the plan), and the wiring errors.
     pub(crate) fn finish(&self) -> (Vec<String>, Vec<String>) {
         let mut errors = self.errors.clone();
+        errors.extend(self.outputs.errors().iter().cloned());
         if self.ttl.is_some() {
             errors.push(
                 "`States::ttl` was not followed by the declaration of a value, list or map state: a time-to-live \
@@ -1031,7 +921,7 @@ pub struct ProcessContext<'a, K, U> {
     group: u16,
     owner: u32,
     stores: &'a mut [Box<dyn NamedStore<K>>],
-    sides: &'a mut [(u32, Box<dyn SideOutput>)],
+    sides: &'a mut Sides,
     timers: &'a mut TimerState<K>,
     processing: &'a mut TimerState<K>,
     /// The processing time when the call began.
@@ -1063,21 +953,8 @@ impl<K: Key, U> ProcessContext<'_, K, U> {
     /// Sends `value` to the side output `tag`, with the metadata `emit`
     /// gives its results.
     pub fn output<V: Clone + Send + 'static>(&mut self, tag: &OutputTag<V>, value: V) {
-        let side = self.sides.iter_mut().find(|(id, _)| *id == tag.id);
-        match side.and_then(|(_, s)| s.as_any().downcast_mut::<TypedSide<V>>()) {
-            Some(side) => side.out.push(value, self.meta),
-            None => {
-                let operator = self.operator;
-                self.error.get_or_insert_with(|| Error::State {
-                    operator: operator.to_string(),
-                    message: format!(
-                        "side output `{}` was used on an operator that did not declare it: each operator sends \
-                         only to the side outputs its own declaration returned",
-                        tag.name
-                    ),
-                    source: None,
-                });
-            }
+        if let Err(e) = self.sides.send(tag, value, self.meta, self.operator) {
+            self.error.get_or_insert(e);
         }
     }
 
@@ -1374,24 +1251,19 @@ where
     F: KeyedProcessFunction<K, T>,
 {
     let declared: Arc<[Declared<K>]> = states.declared.iter().cloned().collect();
-    let opens: Arc<[(u32, OpenSide)]> = states.sides.iter().map(|s| (s.id, s.open.clone())).collect();
+    let opener = states.outputs().opener();
     let owner = states.owner;
     keyed_factory(move |ctx, mut outs| {
         let info = ctx.info.clone();
-        if outs.len() != 2 + opens.len() {
+        if outs.len() != 2 + opener.len() {
             return Err(crate::error::internal_error!(
                 "`{}` has {} outputs, not {}",
                 info.name,
                 outs.len(),
-                2 + opens.len()
+                2 + opener.len()
             ));
         }
-        let side_outs = outs.split_off(2);
-        let sides = opens
-            .iter()
-            .zip(side_outs)
-            .map(|((id, open), consumer)| Ok((*id, open(consumer, &info.name)?)))
-            .collect::<Result<Vec<_>>>()?;
+        let sides = opener.open(outs.split_off(2), &info.name)?;
         let (ok, dead) = two(outs, &info.name)?;
         let next = typed::<F::Out>(ok, &info.name)?;
         let dead = match policy {
@@ -1442,8 +1314,8 @@ struct FunctionOp<K, T, F: KeyedProcessFunction<K, T>> {
     declared: Arc<[Declared<K>]>,
     owner: u32,
     stores: Vec<Box<dyn NamedStore<K>>>,
-    /// The side outputs, by tag id.
-    sides: Vec<(u32, Box<dyn SideOutput>)>,
+    /// The side outputs, by tag.
+    sides: Sides,
     timers: TimerState<K>,
     processing: TimerState<K>,
     clock: Clock,
@@ -1466,10 +1338,7 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> FunctionOp<K, T, F> {
     /// Sends the results and side outputs gathered since the last call.
     fn emit_all(&mut self) -> Result<()> {
         emit(&self.info, &mut *self.next, &mut self.out)?;
-        for (_, side) in &mut self.sides {
-            side.emit(&self.info)?;
-        }
-        Ok(())
+        self.sides.emit(&self.info)
     }
 
     /// Fires every event-time timer at or below `wm`, in time order.
@@ -1585,9 +1454,7 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionO
         self.advance(wm)?;
         self.emit_all()?;
         self.next.watermark(wm)?;
-        for (_, side) in &mut self.sides {
-            side.watermark(wm)?;
-        }
+        self.sides.watermark(wm)?;
         self.failures.watermark(wm)
     }
 
@@ -1606,9 +1473,7 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionO
         self.emit_all()?;
         self.failures.push()?;
         self.next.flush()?;
-        for (_, side) in &mut self.sides {
-            side.flush()?;
-        }
+        self.sides.flush()?;
         self.failures.flush()?;
         // Once what they emitted has been flushed: a test harness that
         // moved its clock then finds it in its outputs.
@@ -1620,17 +1485,13 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionO
 
     fn finish(&mut self) -> Result<()> {
         self.next.finish()?;
-        for (_, side) in &mut self.sides {
-            side.finish()?;
-        }
+        self.sides.finish()?;
         self.failures.finish()
     }
 
     fn barrier(&mut self, n: CheckpointId) -> Result<()> {
         self.next.barrier(n)?;
-        for (_, side) in &mut self.sides {
-            side.barrier(n)?;
-        }
+        self.sides.barrier(n)?;
         self.failures.barrier(n)
     }
 

@@ -9,6 +9,7 @@ pub(crate) mod exchange;
 pub(crate) mod factory;
 pub(crate) mod function;
 pub(crate) mod keyed;
+pub(crate) mod outputs;
 pub(crate) mod policy;
 pub(crate) mod sink;
 pub(crate) mod source;

@@ -21,8 +21,9 @@ use crate::graph::{EdgeKind, Graph, Input, Node, NodeId, Op, Port, TypedPort};
 use crate::operator::exchange::key_router;
 use crate::operator::factory::{ChainFactory, KeyedFactory};
 use crate::operator::function::{self, ClosureFunction, KeyedProcessFunction, ProcessContext, ProcessOutcome};
-use crate::operator::function::{OutputTag, States, Timer};
+use crate::operator::function::{States, Timer};
 use crate::operator::keyed::KeyedContext;
+use crate::operator::outputs::{self, OutputContext, OutputTag, Outputs};
 use crate::operator::policy::Policy;
 use crate::operator::{keyed, stateless, watermarks};
 use crate::record::Timestamp;
@@ -296,6 +297,28 @@ pub(crate) fn port<T: Clone + Send + 'static>(label: &'static str, must_consume:
     }
 }
 
+/// The ports of the side outputs `outputs` declares. Side outputs nothing
+/// reads are dropped, as in Flink: declaring one is not a promise to read
+/// it.
+fn side_ports(outputs: &Outputs) -> impl Iterator<Item = Port> + '_ {
+    outputs.side_outputs().map(|(name, type_name, ty, tag)| Port {
+        type_name,
+        ty,
+        must_consume: false,
+        label: name.to_string().into(),
+        tag: Some(tag),
+    })
+}
+
+/// The dead-letter port of a `process` under `policy`: read with
+/// [`OutputTag::dead_letters`] as well as from the pair `on_error::DeadLetter`
+/// returns (under another policy nothing is sent there, and the tag finds
+/// no port).
+fn dead_letters<T: Clone + Send + 'static>(policy: Policy) -> Port {
+    let dead = policy == Policy::DeadLetter;
+    Port { tag: dead.then_some(outputs::DEAD_LETTERS), ..port::<DeadLetter<T>>("dead letters", dead) }
+}
+
 impl<T> Stream<T> {
     pub(crate) fn new(graph: Arc<Mutex<Pipeline>>, node: NodeId, port: usize) -> Self {
         Self { graph, node, port, _t: PhantomData }
@@ -402,31 +425,42 @@ impl<T> Stream<T> {
 }
 
 impl<T> Stream<T> {
-    /// The side output `tag` of the keyed process function whose results
-    /// this stream is (which declared it with [`States::side_output`]), as
-    /// a stream of its own type.
+    /// The side output `tag` of the function whose results this stream is
+    /// (a keyed or stateless process function that declared it with
+    /// [`States::side_output`] or [`Outputs::side_output`]; the dead
+    /// letters of a `process` under `on_error::DeadLetter`, with
+    /// [`OutputTag::dead_letters`]), as a stream of its own type.
     ///
     /// # Panics
-    /// Never; a tag declared by another operator is a wiring error,
+    /// Never; a tag the operator does not send to is a wiring error,
     /// reported when the job is planned or run.
     pub fn side_output<V: Clone + Send + 'static>(&self, tag: &OutputTag<V>) -> Stream<V> {
         let mut pipeline = self.lock();
-        let port = pipeline.nodes.get(self.node).and_then(|n| n.outputs.iter().position(|p| p.tag == Some(tag.id())));
-        match port {
-            Some(port) => {
+        let ports = pipeline.nodes.get(self.node).map(|n| n.outputs.as_slice()).unwrap_or_default();
+        let found = ports.iter().position(|p| p.tag == Some(tag.id())).map(|i| (i, ports.get(i).map(|p| p.type_name)));
+        let error = match found {
+            Some((port, Some(type_name))) if type_name == std::any::type_name::<V>() => {
                 drop(pipeline);
-                Stream::new(self.graph.clone(), self.node, port)
+                return Stream::new(self.graph.clone(), self.node, port);
             }
-            None => {
-                pipeline.wiring_errors.push(format!(
-                    "side output `{}` is not an output of the operator this stream comes from: call \
-                     `side_output` on the stream the process function that declared it returned",
-                    tag.name()
-                ));
-                drop(pipeline);
-                Stream::new(self.graph.clone(), self.node, usize::MAX)
-            }
-        }
+            Some((_, type_name)) => format!(
+                "side output `{}` carries `{}`, not `{}`",
+                tag.name(),
+                type_name.unwrap_or_default(),
+                std::any::type_name::<V>()
+            ),
+            None if tag.id() == outputs::DEAD_LETTERS => "dead letters are a side output only of a `process` under \
+                 `on_error::DeadLetter`: call `side_output` on the results of one"
+                .to_string(),
+            None => format!(
+                "side output `{}` is not an output of the operator this stream comes from: call `side_output` on the \
+                 stream the function that declared it returned",
+                tag.name()
+            ),
+        };
+        pipeline.wiring_errors.push(error);
+        drop(pipeline);
+        Stream::new(self.graph.clone(), self.node, usize::MAX)
     }
 }
 
@@ -530,12 +564,53 @@ impl<T: Clone + Send + 'static> Stream<T> {
             stateful: false,
             detail: policy_detail(policy),
             inputs: vec![self.forward()],
-            outputs: vec![
-                port::<U>("output", true),
-                port::<DeadLetter<T>>("dead letters", policy == Policy::DeadLetter),
-            ],
+            outputs: vec![port::<U>("output", true), dead_letters::<T>(policy)],
             op: Op::Chain(factory),
         });
+        P::output(Stream::new(self.graph.clone(), node, 0), Stream::new(self.graph.clone(), node, 1))
+    }
+
+    /// A stateless `process` with typed side outputs: `declare` declares
+    /// them on the operator's [`Outputs`] (once, when the job is wired) and
+    /// returns the handles (the tags) `f` gets with the context and each
+    /// record; `f` emits results with [`OutputContext::emit`] and sends to
+    /// a side output with [`OutputContext::output`]. `f` returns nothing
+    /// when it cannot fail, or a `Result` whose error fails the record
+    /// under `policy`. Read a side output with
+    /// [`side_output`](Stream::side_output) on the results; see
+    /// [`Outputs`] for an example.
+    ///
+    /// # Panics
+    /// Never; a side output declared twice is a wiring error, reported
+    /// when the job is planned or run.
+    pub fn process_with_outputs<S, U, R, D, F, P>(&self, policy: P, declare: D, f: F) -> P::Output
+    where
+        S: Send + Sync + 'static,
+        U: Clone + Send + 'static,
+        R: ProcessOutcome + 'static,
+        D: FnOnce(&mut Outputs) -> S,
+        F: for<'c> Fn(&mut OutputContext<'c, U>, &S, &T) -> R + Send + Sync + 'static,
+        P: on_error::OnError<T, U>,
+    {
+        let policy = policy.policy();
+        let mut declared = Outputs::new();
+        let handles = declare(&mut declared);
+        let factory = outputs::process::<T, U, S, F, R>(policy, Arc::new(handles), Arc::new(f), declared.opener());
+        let mut ports = vec![port::<U>("output", true), dead_letters::<T>(policy)];
+        ports.extend(side_ports(&declared));
+        let node = self.add(Node {
+            kind: "process",
+            name: "process".into(),
+            uid: None,
+            state_version: 1,
+            named: false,
+            stateful: false,
+            detail: policy_detail(policy),
+            inputs: vec![self.forward()],
+            outputs: ports,
+            op: Op::Chain(factory),
+        });
+        self.lock().wiring_errors.extend(declared.errors().iter().map(|e| format!("process: {e}")));
         P::output(Stream::new(self.graph.clone(), node, 0), Stream::new(self.graph.clone(), node, 1))
     }
 
@@ -1121,11 +1196,8 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     {
         let policy = policy.policy();
         let factory = keyed::process::<K, T, S, U, R, F, G>(policy, Arc::new(f), Arc::new(on_timer));
-        let (graph, node) = self.keyed_node(
-            "keyed_process",
-            vec![port::<U>("output", true), port::<DeadLetter<T>>("dead letters", policy == Policy::DeadLetter)],
-            factory,
-        );
+        let (graph, node) =
+            self.keyed_node("keyed_process", vec![port::<U>("output", true), dead_letters::<T>(policy)], factory);
         if let Some(n) = graph.lock().unwrap_or_else(PoisonError::into_inner).nodes.get_mut(node) {
             n.detail = policy_detail(policy);
         }
@@ -1238,17 +1310,8 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     {
         let policy = policy.policy();
         let factory = function::factory::<K, T, F>(policy, function, states);
-        let mut outputs =
-            vec![port::<F::Out>("output", true), port::<DeadLetter<T>>("dead letters", policy == Policy::DeadLetter)];
-        // Side outputs nothing reads are dropped, as in Flink: declaring one
-        // is not a promise to read it.
-        outputs.extend(states.side_outputs().map(|(name, type_name, ty, tag)| Port {
-            type_name,
-            ty,
-            must_consume: false,
-            label: name.to_string().into(),
-            tag: Some(tag),
-        }));
+        let mut outputs = vec![port::<F::Out>("output", true), dead_letters::<T>(policy)];
+        outputs.extend(side_ports(states.outputs()));
         let (graph, node) = self.keyed_node("keyed_process", outputs, factory);
         let (names, errors) = states.finish();
         {

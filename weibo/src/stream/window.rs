@@ -104,6 +104,39 @@ impl<T, U> WindowedOutput<T, U> {
         self.late.clone()
     }
 
+    /// The side output `tag` of the window: its late records, with
+    /// [`OutputTag::late_records`](crate::process::OutputTag::late_records)
+    /// (as [`late_records`](Self::late_records)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use weibo::process::OutputTag;
+    /// use weibo::window::{Count, Tumbling};
+    /// let mut t = weibo::testing::TestJob::new("late");
+    /// let timed = t.input(vec![(5_000i64, 'a'), (10, 'b')])
+    ///     .with_timestamps(|r: &(i64, char)| r.0, weibo::time::WatermarkStrategy::monotonous());
+    /// let output = timed.key_by(|r: &(i64, char)| r.1).window(Tumbling::of(Duration::from_secs(1))).aggregate(Count);
+    /// let late = t.collect(&output.side_output(&OutputTag::<(i64, char)>::late_records()));
+    /// t.collect(&output);
+    /// t.run()?;
+    /// assert_eq!(late.values(), vec![(10, 'b')]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    ///
+    /// # Panics
+    /// Never; another tag, or late records of another type, is a wiring
+    /// error, reported when the job is planned or run.
+    pub fn side_output<V: Clone + Send + 'static>(&self, tag: &crate::operator::outputs::OutputTag<V>) -> Stream<V> {
+        if tag.id() == crate::operator::outputs::LATE_RECORDS {
+            self.late_enabled.store(true, Ordering::Relaxed);
+            let mut graph = self.late.lock();
+            if let Some(port) = graph.nodes.get_mut(self.late.node).and_then(|n| n.outputs.get_mut(1)) {
+                port.must_consume = true;
+            }
+        }
+        self.late.side_output(tag)
+    }
+
     /// The results as a plain stream.
     ///
     /// ```
@@ -286,7 +319,13 @@ impl<K: Key, T: Data> WindowedStream<K, T> {
         };
         let (graph, node) = self.keyed.keyed_node(
             kind,
-            vec![crate::stream::port::<W::Out>("output", true), crate::stream::port::<T>("late records", false)],
+            vec![
+                crate::stream::port::<W::Out>("output", true),
+                crate::graph::Port {
+                    tag: Some(crate::operator::outputs::LATE_RECORDS),
+                    ..crate::stream::port::<T>("late records", false)
+                },
+            ],
             factory,
         );
         if let Some(n) = graph.lock().unwrap_or_else(PoisonError::into_inner).nodes.get_mut(node) {
