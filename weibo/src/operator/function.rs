@@ -175,8 +175,10 @@ impl<K: Key> States<K> {
 
     /// Gives the next state declared a time-to-live: its values (a list's
     /// elements, a map's entries) expire as `ttl` says and are never
-    /// returned once expired (see [`StateTtl`]). Value, list and map state
-    /// take one.
+    /// returned once expired (see [`StateTtl`]). Every kind of state takes
+    /// one: a reducing or aggregating state's accumulator expires whole
+    /// (adding to it is a write; reading it, a read), and the next value
+    /// added starts a new one.
     ///
     /// A time-to-live is part of the state's layout: adding or removing
     /// one is a change of type, which a restore refuses.
@@ -285,26 +287,34 @@ impl<K: Key> States<K> {
         MapState { owner: self.owner, index, ttl, _types: PhantomData }
     }
 
-    /// A time-to-live set for a kind of state that takes none.
-    fn refuse_ttl(&mut self, name: &str, kind: &str) -> bool {
-        if self.ttl.take().is_some() {
-            self.errors.push(format!(
-                "state `{name}`: {kind} state takes no time-to-live (value, list and map state do); keep the \
-                 expiring values in one of those"
-            ));
+    /// The accumulators of a reducing or aggregating state named `name`,
+    /// with the time-to-live set for it if any: how to open them, their
+    /// type in checkpoints, and whether they expire.
+    fn accumulators<A: Data>(&mut self) -> (OpenAccumulators<K, A>, StateType, bool) {
+        match self.ttl.take() {
+            None => {
+                let open: OpenAccumulators<K, A> =
+                    Arc::new(|backend, scope, _| Ok(Accumulators::Plain(ValueStore::open(backend, scope)?)));
+                (open, StateType::of::<A>(), false)
+            }
+            Some(ttl) => {
+                let open: OpenAccumulators<K, A> = Arc::new(move |backend, scope, clock| {
+                    Ok(Accumulators::Expiring(TtlValueStore::open(backend, scope, ttl, clock.reading())?))
+                });
+                (open, StateType::of::<Expiring<A>>(), true)
+            }
         }
-        false
     }
 
     /// Declares a value per key named `name` that each added value is
     /// combined into with `f` (the first one added is kept as it is).
     pub fn reducing<T: Data>(&mut self, name: &str, f: impl Fn(T, T) -> T + Send + Sync + 'static) -> ReducingState<T> {
-        let ttl = self.refuse_ttl(name, "reducing");
+        let (accumulators, ty, ttl) = self.accumulators::<T>();
         let f: Arc<dyn Fn(T, T) -> T + Send + Sync> = Arc::new(f);
-        let open: Open<K> = Arc::new(move |backend, scope, _| {
-            Ok(Box::new(ReducingStore::<K, T> { values: ValueStore::open(backend, scope)?, f: f.clone() }))
+        let open: Open<K> = Arc::new(move |backend, scope, clock| {
+            Ok(Box::new(ReducingStore::<K, T> { values: accumulators(backend, scope, clock)?, f: f.clone() }))
         });
-        let index = self.declare(name, StateType::of::<T>(), open);
+        let index = self.declare(name, ty, open);
         ReducingState { owner: self.owner, index, ttl, _types: PhantomData }
     }
 
@@ -316,16 +326,16 @@ impl<K: Key> States<K> {
         T: 'static,
         A: Aggregate<T>,
     {
-        let ttl = self.refuse_ttl(name, "aggregating");
+        let (accumulators, ty, ttl) = self.accumulators::<A::Acc>();
         let aggregate = Arc::new(aggregate);
-        let open: Open<K> = Arc::new(move |backend, scope, _| {
+        let open: Open<K> = Arc::new(move |backend, scope, clock| {
             Ok(Box::new(AggregatingStore::<K, T, A> {
-                values: ValueStore::open(backend, scope)?,
+                values: accumulators(backend, scope, clock)?,
                 aggregate: aggregate.clone(),
                 _input: PhantomData,
             }))
         });
-        let index = self.declare(name, StateType::of::<A::Acc>(), open);
+        let index = self.declare(name, ty, open);
         AggregatingState { owner: self.owner, index, ttl, _types: PhantomData }
     }
 
@@ -373,8 +383,8 @@ impl<K: Key> States<K> {
         errors.extend(self.outputs.errors().iter().cloned());
         if self.ttl.is_some() {
             errors.push(
-                "`States::ttl` was not followed by the declaration of a value, list or map state: a time-to-live \
-                 applies to the next state declared"
+                "`States::ttl` was not followed by the declaration of a state: a time-to-live applies to the next \
+                 state declared"
                     .to_string(),
             );
         }
@@ -441,15 +451,59 @@ impl<K: Key, UK: Key, UV: Data> NamedStore<K> for MapStore<K, UK, UV> {
     }
 }
 
-/// Reducing state: a value and the function added values are reduced with.
-struct ReducingStore<K, T> {
-    values: ValueStore<K, T>,
-    f: Arc<dyn Fn(T, T) -> T + Send + Sync>,
+/// Opens the accumulators of a reducing or aggregating state.
+type OpenAccumulators<K, A> =
+    Arc<dyn Fn(&dyn StateBackend, &StateScope, &Clock) -> Result<Accumulators<K, A>> + Send + Sync>;
+
+/// The accumulators of a reducing or aggregating state, one per key:
+/// without a time-to-live, or with one (an expired accumulator reads as
+/// none, and the next value added starts a new one).
+enum Accumulators<K, A> {
+    Plain(ValueStore<K, A>),
+    Expiring(TtlValueStore<K, A>),
 }
 
-impl<K: Key, T: Data> KeyedState for ReducingStore<K, T> {
+impl<K: Key, A: Data> Accumulators<K, A> {
+    /// Changes the current key's accumulator in place.
+    fn update(&mut self, at: &At<'_, K>, f: impl FnOnce(&mut Option<A>)) -> Result<()> {
+        match self {
+            Self::Plain(s) => s.update(at.group, at.key.clone(), at.key_bytes, f),
+            Self::Expiring(s) => {
+                let now = s.now(at.now, at.watermark);
+                s.update(at.group, at.key, at.key_bytes, now, f)
+            }
+        }
+    }
+
+    /// The current key's accumulator, if any (and live).
+    fn get(&mut self, at: &At<'_, K>) -> Result<Option<A>> {
+        match self {
+            Self::Plain(s) => s.get(at.group, at.key, at.key_bytes),
+            Self::Expiring(s) => {
+                let now = s.now(at.now, at.watermark);
+                s.get(at.group, at.key, at.key_bytes, now)
+            }
+        }
+    }
+
+    fn expires(&self) -> bool {
+        matches!(self, Self::Expiring(_))
+    }
+
+    fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
+        match self {
+            Self::Plain(_) => Ok(()),
+            Self::Expiring(s) => s.sweep(group, now, watermark),
+        }
+    }
+}
+
+impl<K: Key, A: Data> KeyedState for Accumulators<K, A> {
     fn snapshot_at(&mut self, operator: &str, at: Option<crate::state::Barrier>) -> Result<crate::state::Snapshot> {
-        KeyedState::snapshot_at(&mut self.values, operator, at)
+        match self {
+            Self::Plain(s) => KeyedState::snapshot_at(s, operator, at),
+            Self::Expiring(s) => KeyedState::snapshot_at(s, operator, at),
+        }
     }
     fn import_part(
         &mut self,
@@ -457,48 +511,72 @@ impl<K: Key, T: Data> KeyedState for ReducingStore<K, T> {
         entries: &mut [crate::state::EntryRef<'_>],
         removed: &[crate::state::RemovedRef<'_>],
     ) -> Result<()> {
-        KeyedState::import_part(&mut self.values, operator, entries, removed)
+        match self {
+            Self::Plain(s) => KeyedState::import_part(s, operator, entries, removed),
+            Self::Expiring(s) => KeyedState::import_part(s, operator, entries, removed),
+        }
     }
     fn stats(&self) -> StateStats {
-        KeyedState::stats(&self.values)
+        match self {
+            Self::Plain(s) => KeyedState::stats(s),
+            Self::Expiring(s) => KeyedState::stats(s),
+        }
     }
 }
 
-impl<K: Key, T: Data> NamedStore<K> for ReducingStore<K, T> {
-    fn as_any(&mut self) -> &mut dyn Any {
-        self
-    }
+/// Reducing state: a value and the function added values are reduced with.
+struct ReducingStore<K, T> {
+    values: Accumulators<K, T>,
+    f: Arc<dyn Fn(T, T) -> T + Send + Sync>,
 }
 
 /// Aggregating state: an accumulator and the aggregate that keeps it.
 struct AggregatingStore<K, T, A: Aggregate<T>> {
-    values: ValueStore<K, A::Acc>,
+    values: Accumulators<K, A::Acc>,
     aggregate: Arc<A>,
     _input: PhantomData<fn(T)>,
 }
 
-impl<K: Key, T: 'static, A: Aggregate<T>> KeyedState for AggregatingStore<K, T, A> {
-    fn snapshot_at(&mut self, operator: &str, at: Option<crate::state::Barrier>) -> Result<crate::state::Snapshot> {
-        KeyedState::snapshot_at(&mut self.values, operator, at)
-    }
-    fn import_part(
-        &mut self,
-        operator: &str,
-        entries: &mut [crate::state::EntryRef<'_>],
-        removed: &[crate::state::RemovedRef<'_>],
-    ) -> Result<()> {
-        KeyedState::import_part(&mut self.values, operator, entries, removed)
-    }
-    fn stats(&self) -> StateStats {
-        KeyedState::stats(&self.values)
-    }
+/// The keyed-state and named-store plumbing of a store of accumulators.
+macro_rules! accumulating_store {
+    ($store:ident<$($t:ident),+> where $($bound:tt)*) => {
+        impl<K: Key, $($bound)*> KeyedState for $store<K, $($t),+> {
+            fn snapshot_at(
+                &mut self,
+                operator: &str,
+                at: Option<crate::state::Barrier>,
+            ) -> Result<crate::state::Snapshot> {
+                KeyedState::snapshot_at(&mut self.values, operator, at)
+            }
+            fn import_part(
+                &mut self,
+                operator: &str,
+                entries: &mut [crate::state::EntryRef<'_>],
+                removed: &[crate::state::RemovedRef<'_>],
+            ) -> Result<()> {
+                KeyedState::import_part(&mut self.values, operator, entries, removed)
+            }
+            fn stats(&self) -> StateStats {
+                KeyedState::stats(&self.values)
+            }
+        }
+
+        impl<K: Key, $($bound)*> NamedStore<K> for $store<K, $($t),+> {
+            fn as_any(&mut self) -> &mut dyn Any {
+                self
+            }
+            fn expires(&self) -> bool {
+                self.values.expires()
+            }
+            fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
+                self.values.sweep(group, now, watermark)
+            }
+        }
+    };
 }
 
-impl<K: Key, T: 'static, A: Aggregate<T>> NamedStore<K> for AggregatingStore<K, T, A> {
-    fn as_any(&mut self) -> &mut dyn Any {
-        self
-    }
-}
+accumulating_store!(ReducingStore<T> where T: Data);
+accumulating_store!(AggregatingStore<T, A> where T: 'static, A: Aggregate<T>);
 
 /// Where a state access goes: the current key, the times a time-to-live
 /// is measured in, and where a failure of the state backend is kept until
@@ -822,7 +900,7 @@ impl<K: Key, T: Data> Reducing<'_, K, T> {
     pub fn add(&mut self, value: T) {
         if let Some(store) = self.store.as_mut() {
             let f = &*store.f;
-            let r = store.values.update(self.at.group, self.at.key.clone(), self.at.key_bytes, |slot| {
+            let r = store.values.update(&self.at, |slot| {
                 *slot = Some(match slot.take() {
                     Some(acc) => f(acc, value),
                     None => value,
@@ -835,14 +913,14 @@ impl<K: Key, T: Data> Reducing<'_, K, T> {
     /// The reduced value, if anything was added.
     pub fn get(&mut self) -> Option<T> {
         let store = self.store.as_mut()?;
-        let r = store.values.get(self.at.group, self.at.key, self.at.key_bytes);
+        let r = store.values.get(&self.at);
         self.at.keep(r).flatten()
     }
 
     /// Forgets what was added.
     pub fn clear(&mut self) {
         if let Some(store) = self.store.as_mut() {
-            let r = store.values.update(self.at.group, self.at.key.clone(), self.at.key_bytes, |slot| *slot = None);
+            let r = store.values.update(&self.at, |slot| *slot = None);
             self.at.keep(r);
         }
     }
@@ -860,7 +938,7 @@ impl<K: Key, T: 'static, A: Aggregate<T>> Aggregating<'_, K, T, A> {
     pub fn add(&mut self, value: T) {
         if let Some(store) = self.store.as_mut() {
             let aggregate = &*store.aggregate;
-            let r = store.values.update(self.at.group, self.at.key.clone(), self.at.key_bytes, |slot| {
+            let r = store.values.update(&self.at, |slot| {
                 aggregate.add(slot.get_or_insert_with(|| aggregate.create()), value);
             });
             self.at.keep(r);
@@ -870,7 +948,7 @@ impl<K: Key, T: 'static, A: Aggregate<T>> Aggregating<'_, K, T, A> {
     /// The aggregate's result, if anything was added.
     pub fn get(&mut self) -> Option<A::Out> {
         let store = self.store.as_mut()?;
-        let r = store.values.get(self.at.group, self.at.key, self.at.key_bytes);
+        let r = store.values.get(&self.at);
         let acc = self.at.keep(r).flatten()?;
         Some(store.aggregate.result(&acc))
     }
@@ -878,7 +956,7 @@ impl<K: Key, T: 'static, A: Aggregate<T>> Aggregating<'_, K, T, A> {
     /// Forgets what was added.
     pub fn clear(&mut self) {
         if let Some(store) = self.store.as_mut() {
-            let r = store.values.update(self.at.group, self.at.key.clone(), self.at.key_bytes, |slot| *slot = None);
+            let r = store.values.update(&self.at, |slot| *slot = None);
             self.at.keep(r);
         }
     }
@@ -1073,7 +1151,12 @@ impl<K: Key, U> ProcessContext<'_, K, U> {
             state.ttl,
             "reducing state",
         );
-        Reducing { store: if let Slot::Plain(s) = store { Some(s) } else { None }, at }
+        // One store type with a time-to-live or without.
+        let store = match store {
+            Slot::Plain(s) | Slot::Expiring(s) => Some(s),
+            Slot::Missing => None,
+        };
+        Reducing { store, at }
     }
 
     /// The current key's accumulator in `state`.
@@ -1087,7 +1170,11 @@ impl<K: Key, U> ProcessContext<'_, K, U> {
             state.ttl,
             "aggregating state",
         );
-        Aggregating { store: if let Slot::Plain(s) = store { Some(s) } else { None }, at }
+        let store = match store {
+            Slot::Plain(s) | Slot::Expiring(s) => Some(s),
+            Slot::Missing => None,
+        };
+        Aggregating { store, at }
     }
 }
 
