@@ -481,6 +481,40 @@ fn reducing_and_aggregating_state_expire_whole() {
     assert_eq!(expired, 6, "key 1's sum at 20 s and count at 40 s, then both keys' by the sweep: {:?}", op.state);
 }
 
+/// With a zero buffer timeout (every step flushes, so no flush timer
+/// runs), a processing-time timer still fires on a job whose input has
+/// gone quiet without ending: one record, then nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processing_timers_fire_on_an_idle_job_with_a_zero_buffer_timeout() {
+    let job = Job::new("quiet").with_buffer_timeout(Duration::ZERO);
+    let one = job.source(IterSource::new(vec![7u32]));
+    // A source that stays open and sends nothing (its first event is due in
+    // a million seconds): the job does not end.
+    let quiet = job.source(Generator::new(u64::MAX, |i| i as u32).with_rate(1e-6));
+    let fired = CollectSink::new();
+    one.union(&quiet)
+        .key_by(|x: &u32| *x)
+        .process_with_state_and_timers(
+            on_error::Fail,
+            |_| (),
+            |ctx, (), _x| {
+                let at = ctx.processing_time() + 200;
+                ctx.register_processing_timer(at);
+            },
+            |ctx, (), timer: Timer| ctx.emit((*ctx.key(), timer.time)),
+        )
+        .sink(fired.clone());
+    let handle = job.spawn().unwrap();
+    let started = Instant::now();
+    while fired.values().is_empty() && started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    handle.abort();
+    let fired = fired.values();
+    assert_eq!(fired.len(), 1, "the timer of key 7 fires once, without any input after it: {fired:?}");
+    assert_eq!(fired.first().map(|f| f.0), Some(7));
+}
+
 /// Side outputs are streams of their own types, next to the results and
 /// the dead letters; a tag used on another operator's stream is a wiring
 /// error that names it; the plan shows each side output.

@@ -168,6 +168,11 @@ const YIELD_EVERY: u32 = 64;
 /// state's sizes (a keyed operator) for metrics.
 const POSITIONS_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a keyed task with a zero buffer timeout waits for input before
+/// it flushes anyway (firing processing-time timers, sweeping expiring
+/// state); with a buffer timeout, the timeout is the wait.
+const IDLE_TICK: Duration = Duration::from_millis(50);
+
 /// The task of one source partition.
 pub(crate) struct SourceHead {
     pub(crate) op: Box<dyn SourceOperator>,
@@ -434,7 +439,12 @@ impl HeadRunner for ChannelHead {
             // Slow alignments are warned of at most every ten seconds.
             let mut align_warned: Option<(Instant, u64)> = None;
             while open.iter().any(|o| *o) {
-                let deadline = tokio::time::Instant::from_std(last_flush + io.buffer_timeout);
+                // With a zero buffer timeout every step flushes, but a quiet
+                // input brings no step: wake now and then all the same, so
+                // that processing-time timers fire and expiring state is
+                // swept (both happen in `flush`).
+                let wait = if io.buffer_timeout.is_zero() { IDLE_TICK } else { io.buffer_timeout };
+                let deadline = tokio::time::Instant::from_std(last_flush + wait);
                 let inputs = &mut self.inputs;
                 let (open_now, aligning) = (&open, &aligner);
                 let receive = std::future::poll_fn(|cx| {
@@ -452,10 +462,8 @@ impl HeadRunner for ChannelHead {
                     }
                     Poll::Pending
                 });
-                // With a zero buffer timeout every step flushes, so there is
-                // nothing to wake up for: just wait for input. Once finished,
-                // nothing is buffered either.
-                let next = if io.buffer_timeout.is_zero() || finished {
+                // Once finished, nothing is buffered and no timer fires.
+                let next = if finished {
                     receive.await
                 } else {
                     tokio::select! {
