@@ -515,6 +515,98 @@ async fn processing_timers_fire_on_an_idle_job_with_a_zero_buffer_timeout() {
     assert_eq!(fired.first().map(|f| f.0), Some(7));
 }
 
+/// Per key, the words seen (a list) and how often each was seen (a map).
+fn words_job(
+    job: Job,
+    source: impl FnOnce(&Job) -> weibo::Stream<(u32, u32)>,
+    out: &CollectSink<(u32, u64, usize)>,
+) -> Job {
+    source(&job)
+        .key_by(|r: &(u32, u32)| r.0)
+        .process_with_state(
+            on_error::Fail,
+            |states| (states.list::<u32>("words"), states.map::<u32, u64>("counts")),
+            |ctx, (words, counts), r| {
+                ctx.list(words).add(r.1);
+                ctx.map(counts).update(r.1, |n| *n = Some(n.unwrap_or(0) + 1));
+                let count = ctx.map(counts).get(&r.1).unwrap_or(0);
+                let len = ctx.list(words).get().len();
+                let key = *ctx.key();
+                ctx.emit((key, count, len));
+            },
+        )
+        .uid("words")
+        .sink(out.clone());
+    job
+}
+
+/// The state processor reads a key's list and map from a savepoint (in
+/// the order added; in user-key order), and writes new ones that a job
+/// restores and goes on from.
+#[test]
+fn the_state_processor_reads_and_rewrites_list_and_map_state_by_key() {
+    use weibo::checkpoint::processor::{SavepointReader, SavepointWriter};
+    let dir = tempfile::tempdir().unwrap();
+    let out = CollectSink::new();
+    // Event `i`: key `i % 4`, word `(i / 4) % 5`, so key k's words are 0, 1, 2, 3, 4, 0, ...
+    let job = words_job(
+        Job::new("words").with_checkpoints(dir.path(), Duration::from_secs(3600)).with_max_key_groups(16),
+        |job| {
+            job.source(Generator::new(u64::MAX, |i| ((i % 4) as u32, ((i / 4) % 5) as u32)).with_rate(2_000.0))
+                .uid("events")
+        },
+        &out,
+    );
+    let savepoint = weibo_tests::savepoint_midway(job, Duration::from_millis(300));
+    let reader = SavepointReader::open(&savepoint).unwrap();
+    let mut lists = BTreeMap::new();
+    for key in 0u32..4 {
+        let words: Vec<u32> = reader.list("words", "words", &key).unwrap();
+        assert!(!words.is_empty(), "key {key}");
+        let want: Vec<u32> = (0..words.len() as u32).map(|j| j % 5).collect();
+        assert_eq!(words, want, "key {key}'s list, in the order added");
+        let counts: Vec<(u32, u64)> = reader.map("words", "counts", &key).unwrap();
+        let mut want = BTreeMap::new();
+        for w in &words {
+            *want.entry(*w).or_insert(0u64) += 1;
+        }
+        assert_eq!(counts, want.into_iter().collect::<Vec<_>>(), "key {key}'s map, in user-key order");
+        lists.insert(key, words);
+    }
+    assert!(reader.map::<u32, u32, u64>("words", "counts", &99).unwrap().is_empty(), "a key without a map");
+    assert!(reader.map::<u32, u32, String>("words", "counts", &0).is_err(), "the wrong value type");
+
+    // Rewritten: each list cut to its first two words, each map to one
+    // entry, word 0 seen 100 times.
+    let mut writer = SavepointWriter::from(&reader);
+    writer
+        .set_list_state("words", "words", lists.iter().map(|(k, w)| (*k, w.iter().take(2).copied().collect())))
+        .unwrap();
+    writer.set_map_state("words", "counts", (0u32..4).map(|k| (k, 0u32, 100u64))).unwrap();
+    let rewritten = writer.write(dir.path().join("rewritten")).unwrap();
+    let check = SavepointReader::open(&rewritten).unwrap();
+    assert_eq!(check.list::<u32, u32>("words", "words", &3).unwrap(), [0, 1]);
+    assert_eq!(check.map::<u32, u32, u64>("words", "counts", &3).unwrap(), [(0, 100)]);
+
+    // Restored: one more word 0 per key finds the map's 100 and the list's 2.
+    let out = CollectSink::new();
+    let restored = Job::new("words")
+        .with_checkpoints(dir.path().join("v2"), Duration::from_secs(3600))
+        .with_max_key_groups(16)
+        .restore_from(&rewritten)
+        .allow_unrestored_state();
+    words_job(
+        restored,
+        |job| job.source(IterSource::new((0u32..4).map(|k| (k, 0u32)).collect::<Vec<_>>())).uid("more"),
+        &out,
+    )
+    .run_blocking()
+    .unwrap();
+    let mut got = out.values();
+    got.sort_unstable();
+    assert_eq!(got, (0u32..4).map(|k| (k, 101, 3)).collect::<Vec<_>>());
+}
+
 /// Side outputs are streams of their own types, next to the results and
 /// the dead letters; a tag used on another operator's stream is a wiring
 /// error that names it; the plan shows each side output.

@@ -2,16 +2,23 @@
 //! job's own types (Flink's State Processor API is the model).
 //!
 //! [`SavepointReader`] opens a savepoint or checkpoint and reads an
-//! operator's value state typed, every entry or one key, after checking
+//! operator's value state typed, every entry or one key, and a key's map or
+//! list in a process function's named map or list state, after checking
 //! that the type's schema is the one the savepoint recorded.
 //! [`SavepointWriter`] starts from one and writes a new savepoint in which
-//! some operators' value states are replaced (transformed, or bootstrapped
-//! for an operator the savepoint did not have) or dropped; everything else
-//! is copied as it was. A job restores the new savepoint like any other.
+//! some operators' value, map or list states are replaced (transformed, or
+//! bootstrapped for an operator the savepoint did not have) or dropped;
+//! everything else is copied as it was. A job restores the new savepoint
+//! like any other.
 //!
 //! Value states are those whose values are the type itself: `reduce`
 //! (state `value`), `fold` and `aggregate` (`accumulator`), keyed `process`
-//! (`value`; its timers are a state of their own, `timers`).
+//! (`value`; its timers are a state of their own, `timers`), and a process
+//! function's value, reducing and aggregating states, by the names it
+//! declared them with. Its map and list states are read and written a
+//! key's map or list at a time ([`SavepointReader::map`],
+//! [`SavepointWriter::set_map_state`]): their entries are filed under the
+//! key's key group, which the value-state calls would get wrong.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -159,6 +166,57 @@ impl SavepointReader {
 }
 
 /// A state to write: its entries, encoded, by key group.
+impl SavepointReader {
+    /// `key`'s map in `operator`'s map state `state`: its entries in the
+    /// order of the user keys' encoding (for integers and strings, their
+    /// natural order). A map state with a time-to-live holds
+    /// [`Expiring<UV>`](crate::state::Expiring)s.
+    ///
+    /// # Errors
+    /// As [`SavepointReader::entries`].
+    pub fn map<K: Key, UK: Key, UV: Data>(&self, operator: &str, state: &str, key: &K) -> Result<Vec<(UK, UV)>> {
+        self.check::<UV>(operator, state)?;
+        let prefix = crate::codec::key::encode(key);
+        // A map's entries are filed under the key's group, not the
+        // composite key's.
+        let group = crate::codec::key::key_group(&prefix, self.manifest.max_key_groups);
+        let live = self.opened.restore().entries(operator, state, CodecCheck::any(), &(group..group + 1))?;
+        let mut found: Vec<(Vec<u8>, Vec<u8>)> =
+            live.into_iter().filter(|(_, k, _)| k.starts_with(&prefix)).map(|(_, k, v)| (k, v)).collect();
+        found.sort();
+        found
+            .into_iter()
+            .map(|(composite, value)| {
+                let (_, user_key) = crate::codec::key::decode::<(K, UK)>(&composite).map_err(|e| Error::State {
+                    operator: operator.to_string(),
+                    message: format!("an entry of map state `{state}` in the savepoint does not decode"),
+                    source: Some(e.into()),
+                })?;
+                let v = UV::decode(&value).map_err(|source| Error::Codec { operator: operator.to_string(), source })?;
+                Ok((user_key, v))
+            })
+            .collect()
+    }
+
+    /// `key`'s list in `operator`'s list state `state`, in the order the
+    /// elements were added. A list state with a time-to-live holds
+    /// [`Expiring<T>`](crate::state::Expiring)s.
+    ///
+    /// # Errors
+    /// As [`SavepointReader::entries`].
+    pub fn list<K: Key, T: Data>(&self, operator: &str, state: &str, key: &K) -> Result<Vec<T>> {
+        // A list is a map from a sequence number to the element.
+        Ok(self.map::<K, u64, T>(operator, state, key)?.into_iter().map(|(_, v)| v).collect())
+    }
+}
+
+/// `value` encoded, for `operator`'s state.
+fn encode_value<V: Data>(operator: &str, value: &V) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    value.encode(&mut out).map_err(|source| Error::Codec { operator: operator.to_string(), source })?;
+    Ok(out)
+}
+
 struct NewState {
     codec: String,
     schema: Schema,
@@ -225,11 +283,70 @@ impl SavepointWriter {
         let mut encoded = Vec::new();
         for (k, v) in entries {
             let key = crate::codec::key::encode(&k);
-            let mut value = Vec::new();
-            v.encode(&mut value).map_err(|source| Error::Codec { operator: operator.to_string(), source })?;
-            encoded.push((crate::codec::key::key_group(&key, max), key, value));
+            encoded.push((crate::codec::key::key_group(&key, max), key, encode_value(operator, &v)?));
         }
-        encoded.sort();
+        self.insert_state::<K, V>(operator, state, encoded);
+        Ok(self)
+    }
+
+    /// Replaces `operator`'s map state `state` with `entries` (key, user
+    /// key, value), or bootstraps it: each key's map holds its entries (a
+    /// user key given twice for a key keeps the first). A map state with a
+    /// time-to-live takes [`Expiring<UV>`](crate::state::Expiring)s.
+    ///
+    /// # Errors
+    /// [`Error::Codec`] when a value does not encode.
+    pub fn set_map_state<K: Key, UK: Key, UV: Data>(
+        &mut self,
+        operator: &str,
+        state: &str,
+        entries: impl IntoIterator<Item = (K, UK, UV)>,
+    ) -> Result<&mut Self> {
+        let max = self.manifest.max_key_groups;
+        let mut encoded = Vec::new();
+        for (k, uk, v) in entries {
+            // Filed under the key's group: the composite key's encoding
+            // starts with the key's.
+            let mut key = crate::codec::key::encode(&k);
+            let group = crate::codec::key::key_group(&key, max);
+            uk.encode_key(&mut key);
+            encoded.push((group, key, encode_value(operator, &v)?));
+        }
+        self.insert_state::<K, UV>(operator, state, encoded);
+        Ok(self)
+    }
+
+    /// Replaces `operator`'s list state `state` with `lists` (each key's
+    /// list, in order), or bootstraps it. A list state with a time-to-live
+    /// takes [`Expiring<T>`](crate::state::Expiring)s.
+    ///
+    /// # Errors
+    /// [`Error::Codec`] when an element does not encode.
+    pub fn set_list_state<K: Key, T: Data>(
+        &mut self,
+        operator: &str,
+        state: &str,
+        lists: impl IntoIterator<Item = (K, Vec<T>)>,
+    ) -> Result<&mut Self> {
+        // A list is a map from a sequence number to the element; a job that
+        // restores it numbers the elements it adds above these.
+        let entries = lists.into_iter().flat_map(|(k, list)| {
+            list.into_iter().zip(0u64..).map(move |(v, seq)| (k.clone(), seq, v)).collect::<Vec<_>>()
+        });
+        self.set_map_state::<K, u64, T>(operator, state, entries)
+    }
+
+    /// Files the encoded `entries` (key group, key, value) as `operator`'s
+    /// state `state`, of values `V` under keys `K`, in place of what the
+    /// savepoint holds.
+    fn insert_state<K: Key, V: Data>(
+        &mut self,
+        operator: &str,
+        state: &str,
+        mut encoded: Vec<(u16, Vec<u8>, Vec<u8>)>,
+    ) {
+        // Stable, so that of a key given twice the first stays (and is kept).
+        encoded.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         encoded.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
         self.states.insert(
             (operator.to_string(), state.to_string()),
@@ -241,7 +358,6 @@ impl SavepointWriter {
                 entries: encoded,
             },
         );
-        Ok(self)
     }
 
     /// Records version `version` of `operator`'s state (see
