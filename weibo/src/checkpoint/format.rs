@@ -150,6 +150,7 @@ pub(crate) fn write_task_state(
             base,
             bytes: Some(bytes),
             entries: Some(entries),
+            version: snap.ty.version,
         });
     }
     Ok((files, schemas))

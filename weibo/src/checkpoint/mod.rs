@@ -147,6 +147,11 @@ pub struct StateFileEntry {
     /// (checkpoints of earlier builds have none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entries: Option<u64>,
+    /// The state's own version, when it was declared with one
+    /// (`States::version`); otherwise its operator's `state_version` is
+    /// the state's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
 }
 
 /// What a complete checkpoint holds.
@@ -616,6 +621,7 @@ mod tests {
                 base: true,
                 bytes: None,
                 entries: None,
+                version: None,
             }],
             schemas: BTreeMap::new(),
             commits: vec![],

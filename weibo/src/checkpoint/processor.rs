@@ -245,6 +245,8 @@ pub struct SavepointWriter {
     states: BTreeMap<(String, String), NewState>,
     dropped: Vec<String>,
     versions: BTreeMap<String, u32>,
+    /// Versions of single states (`States::version`), by (operator, state).
+    named_versions: BTreeMap<(String, String), u32>,
 }
 
 impl std::fmt::Debug for SavepointWriter {
@@ -264,6 +266,7 @@ impl SavepointWriter {
             states: BTreeMap::new(),
             dropped: Vec::new(),
             versions: BTreeMap::new(),
+            named_versions: BTreeMap::new(),
         }
     }
 
@@ -376,6 +379,29 @@ impl SavepointWriter {
             return Err(bad(&self.from, format!("cannot set the state version of `{operator}` to {version}: {why}")));
         }
         self.versions.insert(operator.to_string(), version);
+        Ok(self)
+    }
+
+    /// Records version `version` of `operator`'s state `state` alone (a
+    /// state a process function declared with its own version,
+    /// `States::version`): for a state transformed into the meaning of a
+    /// job that declares that version.
+    ///
+    /// # Errors
+    /// [`Error::Checkpoint`] for version 0, or a state that neither the
+    /// savepoint nor a `set_*state` call names.
+    pub fn set_named_state_version(&mut self, operator: &str, state: &str, version: u32) -> Result<&mut Self> {
+        let key = (operator.to_string(), state.to_string());
+        let known = self.manifest.states.iter().any(|s| s.operator == operator && s.state == state)
+            || self.states.contains_key(&key);
+        if version == 0 || !known {
+            let why = if version == 0 { "versions start at 1" } else { "the savepoint has no such state" };
+            return Err(bad(
+                &self.from,
+                format!("cannot set the version of state `{state}` of `{operator}` to {version}: {why}"),
+            ));
+        }
+        self.named_versions.insert(key, version);
         Ok(self)
     }
 
@@ -498,11 +524,17 @@ impl SavepointWriter {
                 base: true,
                 bytes: Some(bytes),
                 entries: Some(entries),
+                version: None,
             });
         }
         for (operator, version) in &self.versions {
             if let Some(o) = manifest.operators.iter_mut().find(|o| o.id == *operator) {
                 o.state_version = *version;
+            }
+        }
+        for s in &mut manifest.states {
+            if let Some(version) = self.named_versions.get(&(s.operator.clone(), s.state.clone())) {
+                s.version = Some(*version);
             }
         }
         // Only the schemas its files still name.

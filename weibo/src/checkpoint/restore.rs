@@ -233,15 +233,29 @@ impl crate::state::RestoreSource for OperatorRestore<'_> {
         }
         // The user's version of the state: a changed one migrates even an
         // unchanged layout (its meaning changed).
-        let was_version = restore.operators.iter().find(|o| o.id == id).map_or(1, |o| o.state_version);
-        let bumped = ty.user && was_version != self.version;
+        // A state declared with its own version records it in its files;
+        // otherwise the operator's version is the state's.
+        let was_version = files
+            .iter()
+            .find_map(|f| f.version)
+            .unwrap_or_else(|| restore.operators.iter().find(|o| o.id == id).map_or(1, |o| o.state_version));
+        let version = ty.version.unwrap_or(self.version);
+        if ty.user && was_version > version && !files.is_empty() {
+            return Err(bad(
+                &restore.location(),
+                format!(
+                    "the state `{state}` of operator `{id}` is of version {was_version} in the checkpoint, the job \
+                     reads version {version}: a savepoint of a later version does not restore into an earlier one"
+                ),
+            ));
+        }
+        let bumped = ty.user && was_version != version;
         if bumped && recorded.is_empty() && !files.is_empty() {
             return Err(bad(
                 &restore.location(),
                 format!(
                     "the state `{state}` of operator `{id}` is of version {was_version} in the checkpoint, the job \
-                     reads version {}, and the checkpoint records no layout to migrate it from",
-                    self.version
+                     reads version {version}, and the checkpoint records no layout to migrate it from"
                 ),
             ));
         }
@@ -284,9 +298,8 @@ impl crate::state::RestoreSource for OperatorRestore<'_> {
                     let what = match difference {
                         Some(difference) => format!("was written with another layout than the job reads: {difference}"),
                         None => format!(
-                            "is of version {was_version} in the checkpoint and the job reads version {} (its layout \
-                             did not change, its meaning did)",
-                            self.version
+                            "is of version {was_version} in the checkpoint and the job reads version {version} (its \
+                             layout did not change, its meaning did)"
                         ),
                     };
                     return Err(bad(

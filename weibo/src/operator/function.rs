@@ -153,6 +153,8 @@ pub struct States<K> {
     errors: Vec<String>,
     /// The time-to-live for the next state declared.
     ttl: Option<StateTtl>,
+    /// The version of the next state declared.
+    version: Option<u32>,
 }
 
 impl<K> fmt::Debug for States<K> {
@@ -170,6 +172,7 @@ impl<K: Key> States<K> {
             outputs: Outputs::new(),
             errors: Vec::new(),
             ttl: None,
+            version: None,
         }
     }
 
@@ -210,8 +213,44 @@ impl<K: Key> States<K> {
         self
     }
 
+    /// Gives the next state declared a version of its own (from 1), in
+    /// place of the operator's (`.state_version(n)`, which versions all of
+    /// its states together). When the version in a checkpoint differs,
+    /// the restore migrates that state alone, through a migration of its
+    /// type (`Job::with_state_migration_for` the operator: its values'
+    /// meaning changed, even if their layout did not); a checkpoint of a
+    /// later version is refused.
+    ///
+    /// ```
+    /// use weibo::on_error;
+    ///
+    /// // `total` now counts cents (version 2); `count` is as it was.
+    /// let out = weibo::testing::run(vec![(1u32, 5u64)], |s| {
+    ///     s.key_by(|r: &(u32, u64)| r.0).process_with_state(
+    ///         on_error::Fail,
+    ///         |states| (states.value::<u64>("count"), states.version(2).value::<u64>("total")),
+    ///         |ctx, (count, total), r| {
+    ///             ctx.value(count).update(|n| *n = Some(n.unwrap_or(0) + 1));
+    ///             ctx.value(total).update(|t| *t = Some(t.unwrap_or(0) + r.1 * 100));
+    ///             let total = ctx.value(total).get();
+    ///             ctx.emit(total);
+    ///         },
+    ///     )
+    /// })?;
+    /// assert_eq!(out, vec![Some(500)]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn version(&mut self, version: u32) -> &mut Self {
+        if version == 0 {
+            self.errors.push("`States::version(0)`: state versions start at 1".to_string());
+        }
+        self.version = Some(version.max(1));
+        self
+    }
+
     /// Records a state; its index in the operator's stores.
-    fn declare(&mut self, name: &str, ty: StateType, open: Open<K>) -> usize {
+    fn declare(&mut self, name: &str, mut ty: StateType, open: Open<K>) -> usize {
+        ty.version = self.version.take();
         let valid = !name.is_empty()
             && name.len() <= 64
             && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
@@ -381,6 +420,13 @@ impl<K: Key> States<K> {
     pub(crate) fn finish(&self) -> (Vec<String>, Vec<String>) {
         let mut errors = self.errors.clone();
         errors.extend(self.outputs.errors().iter().cloned());
+        if self.version.is_some() {
+            errors.push(
+                "`States::version` was not followed by the declaration of a state: a version applies to the next \
+                 state declared"
+                    .to_string(),
+            );
+        }
         if self.ttl.is_some() {
             errors.push(
                 "`States::ttl` was not followed by the declaration of a state: a time-to-live applies to the next \

@@ -337,12 +337,15 @@ pub(crate) struct StateType {
     /// Whether the values are of a type the user defines (and versions,
     /// with `.state_version(..)`), not one Weibo keeps for itself.
     pub(crate) user: bool,
+    /// The state's own version (`States::version`), in place of its
+    /// operator's (`.state_version(..)`) when set.
+    pub(crate) version: Option<u32>,
 }
 
 impl StateType {
     /// The values are `V`s, a type of the user's.
     pub(crate) fn of<V: Data>() -> Self {
-        Self { codec: V::codec_id().to_string(), schema: V::schema(), user: true }
+        Self { codec: V::codec_id().to_string(), schema: V::schema(), user: true, version: None }
     }
 
     /// The values are `V`s, a type Weibo keeps for itself (not versioned
@@ -353,7 +356,12 @@ impl StateType {
 
     /// A layout Weibo defines itself, named by `codec` (timers).
     pub(crate) fn internal(codec: &str) -> Self {
-        Self { codec: codec.to_string(), schema: crate::codec::schema::Schema::internal(codec), user: false }
+        Self {
+            codec: codec.to_string(),
+            schema: crate::codec::schema::Schema::internal(codec),
+            user: false,
+            version: None,
+        }
     }
 }
 

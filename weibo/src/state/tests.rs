@@ -57,6 +57,7 @@ fn exercise(backend: &dyn StateBackend) {
 
 /// Every backend the shared suite runs on, with what keeps it alive.
 fn backends() -> Vec<(Box<dyn StateBackend>, Option<tempfile::TempDir>)> {
+    #[cfg_attr(not(feature = "fjall"), allow(unused_mut))]
     let mut all: Vec<(Box<dyn StateBackend>, Option<tempfile::TempDir>)> =
         vec![(Box::new(MemoryBackend), None), (Box::new(BytesOnly), None)];
     #[cfg(feature = "fjall")]
