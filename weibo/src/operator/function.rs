@@ -22,11 +22,11 @@ use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
-use crate::operator::factory::{KeyedFactory, keyed_factory, two};
+use crate::operator::factory::{KeyedFactory, keyed_factory};
 use crate::operator::keyed::{TIMERS, take_records};
-use crate::operator::outputs::{OutputTag, Outputs, Sides};
-use crate::operator::policy::{DeadLetter, Failures, Policy};
-use crate::operator::{Aggregate, Consumer, InputOperator, OpInfo, SnapshotAt, emit, typed};
+use crate::operator::outputs::{OutputTag, Outputs, Sides, open_process_outputs};
+use crate::operator::policy::{Failures, Policy};
+use crate::operator::{Aggregate, Consumer, InputOperator, OpInfo, SnapshotAt, emit};
 use crate::operator::{restore_state, snapshot_state};
 use crate::record::CheckpointId;
 use crate::record::{Batch, Meta, RecordBatch, Timestamp};
@@ -1386,23 +1386,9 @@ where
     let declared: Arc<[Declared<K>]> = states.declared.iter().cloned().collect();
     let opener = states.outputs().opener();
     let owner = states.owner;
-    keyed_factory(move |ctx, mut outs| {
+    keyed_factory(move |ctx, outs| {
         let info = ctx.info.clone();
-        if outs.len() != 2 + opener.len() {
-            return Err(crate::error::internal_error!(
-                "`{}` has {} outputs, not {}",
-                info.name,
-                outs.len(),
-                2 + opener.len()
-            ));
-        }
-        let sides = opener.open(outs.split_off(2), &info.name)?;
-        let (ok, dead) = two(outs, &info.name)?;
-        let next = typed::<F::Out>(ok, &info.name)?;
-        let dead = match policy {
-            Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
-            _ => None,
-        };
+        let (next, dead, sides) = open_process_outputs::<F::Out, T>(outs, policy, &opener, &info.name)?;
         let stores = declared
             .iter()
             .map(|d| (d.open)(ctx.state, &ctx.state_scope(&d.name), ctx.clock))

@@ -232,6 +232,32 @@ impl SidesOpener {
     }
 }
 
+/// An instance's outputs of a process function (keyed or not): its
+/// results, its dead letters (under `on_error::DeadLetter`), and its side
+/// outputs, opened from the consumers of its ports (`outs`: results, dead
+/// letters, then the side outputs `opener` opens, in order).
+pub(crate) type ProcessOutputs<U, I> = (Box<dyn Consumer<U>>, Option<Box<dyn Consumer<DeadLetter<I>>>>, Sides);
+
+/// See [`ProcessOutputs`].
+pub(crate) fn open_process_outputs<U: 'static, I: 'static>(
+    mut outs: Vec<AnyConsumer>,
+    policy: Policy,
+    opener: &SidesOpener,
+    operator: &str,
+) -> Result<ProcessOutputs<U, I>> {
+    if outs.len() != 2 + opener.len() {
+        return Err(crate::error::internal_error!("`{operator}` has {} outputs, not {}", outs.len(), 2 + opener.len()));
+    }
+    let sides = opener.open(outs.split_off(2), operator)?;
+    let (ok, dead) = two(outs, operator)?;
+    let next = typed::<U>(ok, operator)?;
+    let dead = match policy {
+        Policy::DeadLetter => Some(typed::<DeadLetter<I>>(dead, operator)?),
+        _ => None,
+    };
+    Ok((next, dead, sides))
+}
+
 /// An instance's end of a side output, typed underneath.
 trait SideOutput: Send {
     fn as_any(&mut self) -> &mut dyn Any;
@@ -380,23 +406,9 @@ where
     R: ProcessOutcome + 'static,
     F: for<'c> Fn(&mut OutputContext<'c, U>, &S, &I) -> R + Send + Sync + 'static,
 {
-    chain_factory(move |ctx, mut outs| {
+    chain_factory(move |ctx, outs| {
         let info = ctx.info.clone();
-        if outs.len() != 2 + opener.len() {
-            return Err(crate::error::internal_error!(
-                "`{}` has {} outputs, not {}",
-                info.name,
-                outs.len(),
-                2 + opener.len()
-            ));
-        }
-        let sides = opener.open(outs.split_off(2), &info.name)?;
-        let (ok, dead) = two(outs, &info.name)?;
-        let next = typed::<U>(ok, &info.name)?;
-        let dead = match policy {
-            Policy::DeadLetter => Some(typed::<DeadLetter<I>>(dead, &info.name)?),
-            _ => None,
-        };
+        let (next, dead, sides) = open_process_outputs::<U, I>(outs, policy, &opener, &info.name)?;
         Ok(erase::<I>(Box::new(OutputsOp {
             info,
             handles: handles.clone(),

@@ -555,6 +555,18 @@ impl<T: Clone + Send + 'static> Stream<T> {
     {
         let policy = policy.policy();
         let factory = stateless::process::<T, U, E, F>(policy, Arc::new(f));
+        self.process_node::<U, P>(policy, factory, Vec::new())
+    }
+
+    /// The node of a stateless `process` under `policy`: its results, dead
+    /// letters and `sides`.
+    fn process_node<U, P>(&self, policy: Policy, factory: Arc<dyn ChainFactory>, sides: Vec<Port>) -> P::Output
+    where
+        U: Clone + Send + 'static,
+        P: on_error::OnError<T, U>,
+    {
+        let mut outputs = vec![port::<U>("output", true), dead_letters::<T>(policy)];
+        outputs.extend(sides);
         let node = self.add(Node {
             kind: "process",
             name: "process".into(),
@@ -564,7 +576,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
             stateful: false,
             detail: policy_detail(policy),
             inputs: vec![self.forward()],
-            outputs: vec![port::<U>("output", true), dead_letters::<T>(policy)],
+            outputs,
             op: Op::Chain(factory),
         });
         P::output(Stream::new(self.graph.clone(), node, 0), Stream::new(self.graph.clone(), node, 1))
@@ -596,22 +608,8 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let mut declared = Outputs::new();
         let handles = declare(&mut declared);
         let factory = outputs::process::<T, U, S, F, R>(policy, Arc::new(handles), Arc::new(f), declared.opener());
-        let mut ports = vec![port::<U>("output", true), dead_letters::<T>(policy)];
-        ports.extend(side_ports(&declared));
-        let node = self.add(Node {
-            kind: "process",
-            name: "process".into(),
-            uid: None,
-            state_version: 1,
-            named: false,
-            stateful: false,
-            detail: policy_detail(policy),
-            inputs: vec![self.forward()],
-            outputs: ports,
-            op: Op::Chain(factory),
-        });
         self.lock().wiring_errors.extend(declared.errors().iter().map(|e| format!("process: {e}")));
-        P::output(Stream::new(self.graph.clone(), node, 0), Stream::new(self.graph.clone(), node, 1))
+        self.process_node::<U, P>(policy, factory, side_ports(&declared).collect())
     }
 
     /// Gives each record the event time `f` extracts, and generates
