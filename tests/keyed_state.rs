@@ -490,6 +490,80 @@ fn a_time_to_live_forgets_ids_after_it_and_sweeps_what_no_one_reads() {
     assert_eq!(seen.expired, 3, "`a` on access, then `a` and `b` by the sweep: {seen:?}");
 }
 
+/// A job keeping each key's last value for 1 s of event time: event `i`
+/// below 200 sets key `i` at time 0; later ones set key `1000 + i % 3` at
+/// time `10 * i`, so the watermark passes 1 000 and the first keys expire
+/// without anyone reading them. Restored, a source of one event per first
+/// key reads each key's value before any watermark.
+fn remembered_job(
+    job: Job,
+    source: impl FnOnce(&Job) -> weibo::Stream<(u64, i64)>,
+    out: &CollectSink<(u64, Option<i64>)>,
+) -> Job {
+    use weibo::process::StateTtl;
+    use weibo::time::WatermarkStrategy;
+    source(&job)
+        .with_timestamps(|r: &(u64, i64)| r.1, WatermarkStrategy::monotonous())
+        .key_by(|r: &(u64, i64)| r.0)
+        .process_with_state(
+            on_error::Fail,
+            |states| states.ttl(StateTtl::after_write(Duration::from_secs(1)).in_event_time()).value::<i64>("last"),
+            |ctx, last, r| {
+                let key = *ctx.key();
+                let before = ctx.value(last).get();
+                ctx.value(last).set(r.1);
+                ctx.emit((key, before));
+            },
+        )
+        .uid("remember")
+        .sink(out.clone());
+    job
+}
+
+/// In event time a checkpoint records the state's clock: the values that
+/// had expired when it was taken are not restored, even though the
+/// restored job has seen no watermark yet and no sweep reached them.
+#[test]
+fn values_expired_in_event_time_stay_expired_after_a_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = CollectSink::new();
+    let job = remembered_job(
+        Job::new("remember").with_checkpoints(dir.path(), Duration::from_secs(3600)).with_max_key_groups(128),
+        |job| {
+            job.source(
+                Generator::new(u64::MAX, |i| if i < 200 { (i, 0) } else { (1_000 + i % 3, 10 * i as i64) })
+                    .with_rate(4_000.0),
+            )
+            .uid("events")
+        },
+        &out,
+    );
+    let savepoint = weibo_tests::savepoint_midway(job, Duration::from_millis(600));
+    let seen = out.values();
+    assert!(
+        seen.iter().any(|r| r.0 >= 1_000 && r.1.is_some_and(|t| t > 3_000)),
+        "the watermark passed 1 000: {:?}",
+        seen.last()
+    );
+    let restored = Job::new("remember")
+        .with_checkpoints(dir.path().join("v2"), Duration::from_secs(3600))
+        .with_max_key_groups(128)
+        .restore_from(&savepoint);
+    let out = CollectSink::new();
+    remembered_job(
+        restored,
+        |job| job.source(IterSource::new((0u64..200).map(|k| (k, 5)).collect::<Vec<_>>())).uid("again"),
+        &out,
+    )
+    .allow_unrestored_state()
+    .run_blocking()
+    .unwrap();
+    let got = out.values();
+    assert_eq!(got.len(), 200);
+    let kept: Vec<_> = got.iter().filter(|r| r.1.is_some()).collect();
+    assert!(kept.is_empty(), "expired at time 1 000, checkpointed past it: {kept:?}");
+}
+
 /// A reducing and an aggregating state with a time-to-live, in processing
 /// time the test drives: each accumulator expires whole, and the next value
 /// added starts a new one; a read refreshes the one under `after_read` and

@@ -151,6 +151,7 @@ pub(crate) fn write_task_state(
             bytes: Some(bytes),
             entries: Some(entries),
             version: snap.ty.version,
+            expired_before: snap.expired_before,
         });
     }
     Ok((files, schemas))

@@ -188,7 +188,7 @@ fn live_size(
     ranges.dedup();
     let (mut entries, mut bytes) = (0u64, 0u64);
     if of.iter().all(|f| f.base) && ranges.len() == of.len() {
-        restore.load_entries_of(operator, state, CodecCheck::any(), all, &mut |part, _| {
+        restore.load_entries_of(operator, state, CodecCheck::any(), all, &mut |part, _, _| {
             entries += part.len() as u64;
             bytes += part.iter().map(|(_, k, v)| (k.len() + v.len()) as u64).sum::<u64>();
             Ok(())
@@ -202,7 +202,7 @@ fn live_size(
         h.digest128()
     };
     let mut live: std::collections::HashMap<u128, u64> = std::collections::HashMap::new();
-    restore.load_entries_of(operator, state, CodecCheck::any(), all, &mut |part, removed| {
+    restore.load_entries_of(operator, state, CodecCheck::any(), all, &mut |part, removed, _| {
         for (g, k) in removed {
             live.remove(&id(*g, k));
         }
@@ -242,7 +242,7 @@ impl Opened {
             state,
             CodecCheck::any(),
             &(group..group + 1),
-            &mut |entries, removed| {
+            &mut |entries, removed, _| {
                 // A part's removals come before its entries.
                 if removed.iter().any(|(_, k)| *k == key) {
                     found = None;

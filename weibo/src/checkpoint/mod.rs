@@ -152,6 +152,12 @@ pub struct StateFileEntry {
     /// the state's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<u32>,
+    /// For a state whose entries expire in event time: the time at or
+    /// before which they had expired when the file was written (the
+    /// highest watermark its state had seen). A restore drops the entries
+    /// of the file's chain that had expired by its newest file's time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired_before: Option<i64>,
 }
 
 /// What a complete checkpoint holds.
@@ -622,6 +628,7 @@ mod tests {
                 bytes: None,
                 entries: None,
                 version: None,
+                expired_before: None,
             }],
             schemas: BTreeMap::new(),
             commits: vec![],

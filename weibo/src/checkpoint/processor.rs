@@ -525,6 +525,7 @@ impl SavepointWriter {
                 bytes: Some(bytes),
                 entries: Some(entries),
                 version: None,
+                expired_before: None,
             });
         }
         for (operator, version) in &self.versions {

@@ -199,6 +199,12 @@ impl CodecCheck<'_> {
     }
 }
 
+/// The clock a chain of state files recorded (see
+/// [`StateFileEntry::expired_before`]): its newest file's, the highest.
+fn chain_clock(files: &[&StateFileEntry], key_groups: (u16, u16)) -> Option<i64> {
+    files.iter().filter(|f| f.key_groups == key_groups).filter_map(|f| f.expired_before).max()
+}
+
 impl crate::state::RestoreSource for OperatorRestore<'_> {
     /// `operator`, the name the operator knows itself by, is not used: the
     /// state is the one filed under the node's id. Before any file is
@@ -328,6 +334,7 @@ impl crate::state::RestoreSource for OperatorRestore<'_> {
         let location = restore.location();
         let merged = restore.entries(id, state, check, groups)?;
         restore.progress.read(merged.len(), restore.checkpoint);
+        let clock = restore.merged_clock(id, state, groups)?;
         let mut migrated = 0u64;
         for chunk in merged.chunks(MIGRATE_CHUNK) {
             let mut values = Vec::with_capacity(chunk.len());
@@ -341,7 +348,7 @@ impl crate::state::RestoreSource for OperatorRestore<'_> {
             let mut converted: Vec<crate::state::EntryRef<'_>> =
                 chunk.iter().zip(&values).map(|((g, k, _), v)| (*g, k.as_slice(), v.as_slice())).collect();
             migrated += converted.len() as u64;
-            f(&mut converted, &[])?;
+            f(&mut converted, &[], clock)?;
         }
         tracing::info!(operator = id, state, entries = migrated, from = %m.from.codec, to = %m.to.codec,
             "migrated state to the job's layout");
@@ -478,6 +485,16 @@ impl Restore {
         Ok(files)
     }
 
+    /// The clock recorded with the chains of `operator`'s `state` in key
+    /// groups `groups`, for their entries merged in one: the earliest of
+    /// the chains' (an entry expired in one chain's clock may have been
+    /// live in another's), if every chain recorded one.
+    fn merged_clock(&self, operator: &str, state: &str, groups: &std::ops::Range<u16>) -> Result<Option<i64>> {
+        let files = self.chain(operator, state, groups)?;
+        let clocks: Option<Vec<i64>> = files.iter().map(|f| chain_clock(&files, f.key_groups)).collect();
+        Ok(clocks.and_then(|c| c.into_iter().min()))
+    }
+
     /// Passes the entries of `operator`'s `state` in key groups `groups` to
     /// `f` a part at a time, as (entries to put, keys to remove first), so
     /// that the whole state is never in memory: each file of its chain in
@@ -500,9 +517,10 @@ impl Restore {
         if overlapping {
             let merged = self.entries(operator, state, check, groups)?;
             self.progress.read(merged.len(), self.checkpoint);
-            return f(&mut crate::state::entry_refs(&merged), &[]);
+            return f(&mut crate::state::entry_refs(&merged), &[], self.merged_clock(operator, state, groups)?);
         }
-        for s in files {
+        for s in &files {
+            let clock = chain_clock(&files, s.key_groups);
             let name = storage::join(&self.dir, &s.file);
             let path = self.storage.locate(&name);
             let mut first = true;
@@ -521,7 +539,7 @@ impl Restore {
                     return Ok(());
                 }
                 self.progress.read(entries.len(), self.checkpoint);
-                f(&mut entries, &removed)
+                f(&mut entries, &removed, clock)
             })?;
         }
         Ok(())

@@ -457,6 +457,13 @@ trait NamedStore<K>: KeyedState + Send {
         let _ = (group, now, watermark);
         Ok(())
     }
+
+    /// Moves its time-to-live's clock to processing time `now` and
+    /// watermark `watermark` (before a barrier: the clock a checkpoint
+    /// records).
+    fn observe(&mut self, now: Timestamp, watermark: Timestamp) {
+        let _ = (now, watermark);
+    }
 }
 
 macro_rules! expiring_store {
@@ -470,6 +477,9 @@ macro_rules! expiring_store {
             }
             fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
                 $store::sweep(self, group, now, watermark)
+            }
+            fn observe(&mut self, now: Timestamp, watermark: Timestamp) {
+                $store::observe(self, now, watermark);
             }
         }
     };
@@ -542,6 +552,12 @@ impl<K: Key, A: Data> Accumulators<K, A> {
             Self::Expiring(s) => s.sweep(group, now, watermark),
         }
     }
+
+    fn observe(&mut self, now: Timestamp, watermark: Timestamp) {
+        if let Self::Expiring(s) = self {
+            s.observe(now, watermark);
+        }
+    }
 }
 
 impl<K: Key, A: Data> KeyedState for Accumulators<K, A> {
@@ -566,6 +582,17 @@ impl<K: Key, A: Data> KeyedState for Accumulators<K, A> {
         match self {
             Self::Plain(s) => KeyedState::stats(s),
             Self::Expiring(s) => KeyedState::stats(s),
+        }
+    }
+    fn expired_before(&self) -> Option<Timestamp> {
+        match self {
+            Self::Plain(_) => None,
+            Self::Expiring(s) => s.expired_before(),
+        }
+    }
+    fn restoring(&mut self, clock: Option<Timestamp>) {
+        if let Self::Expiring(s) = self {
+            s.restoring(clock);
         }
     }
 }
@@ -605,6 +632,12 @@ macro_rules! accumulating_store {
             fn stats(&self) -> StateStats {
                 KeyedState::stats(&self.values)
             }
+            fn expired_before(&self) -> Option<Timestamp> {
+                self.values.expired_before()
+            }
+            fn restoring(&mut self, clock: Option<Timestamp>) {
+                self.values.restoring(clock);
+            }
         }
 
         impl<K: Key, $($bound)*> NamedStore<K> for $store<K, $($t),+> {
@@ -616,6 +649,9 @@ macro_rules! accumulating_store {
             }
             fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
                 self.values.sweep(group, now, watermark)
+            }
+            fn observe(&mut self, now: Timestamp, watermark: Timestamp) {
+                self.values.observe(now, watermark);
             }
         }
     };
@@ -1625,7 +1661,9 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionO
     fn snapshot(&mut self, at: SnapshotAt) -> Result<Vec<StateSnapshot>> {
         let name = &self.info.name;
         let mut out = Vec::with_capacity(self.stores.len() + 1);
+        let now = self.clock.now();
         for (d, store) in self.declared.iter().zip(&mut self.stores) {
+            store.observe(now, self.watermark);
             out.push(snapshot_state(&mut **store, name, d.name.clone(), d.ty.clone(), at)?);
         }
         out.push(snapshot_state(&mut self.timers, name, "timers", StateType::internal(TIMERS), at)?);

@@ -211,7 +211,7 @@ pub(crate) fn snapshot_state(
     at: SnapshotAt,
 ) -> Result<StateSnapshot> {
     let snapshot = state.snapshot_at(operator, Some(Barrier::new(at.n, at.since)))?;
-    Ok(StateSnapshot { state: name.into(), ty, snapshot })
+    Ok(StateSnapshot { state: name.into(), ty, snapshot, expired_before: state.expired_before() })
 }
 
 /// Loads keyed state `name` of `operator` (entries of type `ty`) for key
@@ -225,7 +225,10 @@ pub(crate) fn restore_state(
     ty: &StateType,
     groups: &std::ops::Range<u16>,
 ) -> Result<()> {
-    from.load_entries(operator, name, ty, groups, &mut |entries, removed| state.import_part(operator, entries, removed))
+    from.load_entries(operator, name, ty, groups, &mut |entries, removed, clock| {
+        state.restoring(clock);
+        state.import_part(operator, entries, removed)
+    })
 }
 
 /// Pushes a typed batch into a chain and counts it as the operator's output.

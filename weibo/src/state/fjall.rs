@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::state::{ObjectCache, StateBackend, StateScope, StateTable, Writes};
+use crate::state::{ExpiryClock, ObjectCache, StateBackend, StateScope, StateTable, Writes};
 
 /// Keyed state in fjall, an LSM tree on local disk: state larger than memory.
 ///
@@ -21,6 +21,11 @@ use crate::state::{ObjectCache, StateBackend, StateScope, StateTable, Writes};
 /// and sliding windows stay in memory, one map per window, within their
 /// share of the same budget, and move to fjall whole past it.
 /// [`FjallBackend::builder`] sets the memory it may use.
+///
+/// The entries of a state with a time-to-live are also dropped by a
+/// compaction filter once expired, as fjall compacts the tables that hold
+/// them: a state much larger than memory loses its expired entries without
+/// the sweep reading them back.
 ///
 /// Between checkpoints fjall's own journal is not synced: a checkpoint, not
 /// the database directory, is what a job restores from. When a job starts,
@@ -46,6 +51,50 @@ pub struct FjallBackend {
     cache: Arc<ObjectCache>,
     memtable: u64,
     timers_on_disk: bool,
+    expiring: ExpiringKeyspaces,
+}
+
+/// The clocks of the keyspaces whose entries expire, by keyspace name.
+type ExpiringKeyspaces = Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<ExpiryClock>>>>;
+
+/// Makes the compaction filter of one keyspace whose entries expire: it
+/// reads the keyspace's clock when a compaction starts.
+struct ExpiryFilters {
+    name: String,
+    expiring: ExpiringKeyspaces,
+}
+
+impl fjall::compaction::filter::Factory for ExpiryFilters {
+    fn name(&self) -> &str {
+        "weibo-ttl"
+    }
+
+    fn make_filter(
+        &self,
+        _: &fjall::compaction::filter::Context,
+    ) -> Box<dyn fjall::compaction::filter::CompactionFilter> {
+        let clock = self.expiring.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&self.name).cloned();
+        Box::new(ExpiryFilter { clock })
+    }
+}
+
+/// Drops the entries that have expired at its clock.
+struct ExpiryFilter {
+    clock: Option<Arc<ExpiryClock>>,
+}
+
+impl fjall::compaction::filter::CompactionFilter for ExpiryFilter {
+    fn filter_item(
+        &mut self,
+        item: fjall::compaction::filter::ItemAccessor<'_>,
+        _: &fjall::compaction::filter::Context,
+    ) -> fjall::compaction::filter::CompactionFilterResult {
+        use fjall::compaction::filter::Verdict;
+        let Some(clock) = &self.clock else { return Ok(Verdict::Keep) };
+        // A tombstone, not a silent drop: an older version of the entry in
+        // a lower level must not come back.
+        Ok(if clock.drops(&item.value()?) { Verdict::Remove } else { Verdict::Keep })
+    }
 }
 
 /// The memory budgets of a [`FjallBackend`], set before it opens.
@@ -152,7 +201,16 @@ impl FjallOptions {
     pub fn open(self) -> Result<FjallBackend> {
         let path = self.path;
         start_afresh_if_incomplete(&path)?;
+        let expiring = ExpiringKeyspaces::default();
+        let registered = expiring.clone();
         let db = fjall::Database::builder(&path)
+            .with_compaction_filter_factories(Arc::new(move |name: &str| {
+                let expires = registered.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains_key(name);
+                expires.then(|| {
+                    Arc::new(ExpiryFilters { name: name.to_string(), expiring: registered.clone() })
+                        as Arc<dyn fjall::compaction::filter::Factory>
+                })
+            }))
             .manual_journal_persist(true)
             .cache_size(self.block_cache)
             .worker_threads(self.background_threads)
@@ -168,6 +226,7 @@ impl FjallOptions {
             cache: Arc::new(ObjectCache::new(self.object_cache)),
             memtable: self.memtable,
             timers_on_disk: self.timers_on_disk,
+            expiring,
         })
     }
 }
@@ -319,6 +378,24 @@ impl FjallBackend {
         &self.path
     }
 
+    /// Writes every keyspace's memtable to a table and compacts all of
+    /// its tables into one (running the compaction filters).
+    ///
+    /// # Errors
+    /// [`Error::State`] when fjall fails.
+    #[cfg(test)]
+    pub(crate) fn compact_all(&self) -> Result<()> {
+        for name in self.db.list_keyspace_names() {
+            let keyspace = self
+                .db
+                .keyspace(&name, fjall::KeyspaceCreateOptions::default)
+                .map_err(|e| state_error("", "keyspace", e))?;
+            keyspace.rotate_memtable_and_wait().map_err(|e| state_error("", "flush", e))?;
+            keyspace.major_compact().map_err(|e| state_error("", "compaction", e))?;
+        }
+        Ok(())
+    }
+
     /// The keyspace name of a state: readable, and at most 255 bytes (a
     /// longer one keeps its start and gets a hash of the whole).
     fn keyspace_name(scope: &StateScope) -> String {
@@ -364,6 +441,13 @@ impl StateBackend for FjallBackend {
 
     fn timers_in_table(&self) -> bool {
         self.timers_on_disk
+    }
+
+    fn expire_entries(&self, scope: &StateScope, clock: Arc<ExpiryClock>) {
+        self.expiring
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(Self::keyspace_name(scope), clock);
     }
 
     fn open_table(&self, scope: &StateScope) -> Result<Box<dyn StateTable>> {

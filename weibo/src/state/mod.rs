@@ -42,7 +42,7 @@ pub use self::snapshot::{
     SnapshotFrame, SnapshotPart, SnapshotSink, entry_refs, gather,
 };
 pub use self::timer_state::{DueTimers, TimerState};
-pub use self::ttl::{Expiring, Now, StateTtl, TtlListStore, TtlMapStore, TtlValueStore};
+pub use self::ttl::{Expiring, ExpiryClock, Now, StateTtl, TtlListStore, TtlMapStore, TtlValueStore};
 pub use self::value::{FULL_CHECKPOINT_EVERY, ValueStore, Writes};
 pub use self::window_state::{WindowRun, WindowState};
 
@@ -158,6 +158,15 @@ pub trait StateBackend: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// Called before the table of a state whose entries expire (a state
+    /// with a time-to-live) is opened: a backend that can drop expired
+    /// entries by itself (fjall, as it compacts) drops those of which
+    /// [`ExpiryClock::drops`] says so. Others need do nothing: the state
+    /// sweeps its entries itself.
+    fn expire_entries(&self, scope: &StateScope, clock: Arc<ExpiryClock>) {
+        let _ = (scope, clock);
+    }
+
     /// Called once when job `job` starts, before any table is opened:
     /// a backend that keeps data between runs drops the job's old state
     /// here, since a job starts from a checkpoint or from nothing, never
@@ -201,6 +210,19 @@ pub(crate) trait KeyedState {
 
     /// How large the state is, for metrics.
     fn stats(&self) -> StateStats;
+
+    /// The time at or before which the state's entries had expired at
+    /// the barrier, for a state whose clock a restore cannot read
+    /// (a time-to-live in event time): recorded with the checkpoint.
+    fn expired_before(&self) -> Option<crate::record::Timestamp> {
+        None
+    }
+
+    /// The checkpoint part a restore passes next was recorded with
+    /// `clock` (see [`KeyedState::expired_before`]).
+    fn restoring(&mut self, clock: Option<crate::record::Timestamp>) {
+        let _ = clock;
+    }
 }
 
 /// Byte-level keyed state of one operator instance: values by (key group,

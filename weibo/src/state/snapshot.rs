@@ -28,7 +28,10 @@ pub type RemovedRef<'a> = (u16, &'a [u8]);
 
 /// What a restore passes a part of a state to: (entries to put, keys to
 /// remove first), borrowed.
-pub(crate) type LoadPart<'f> = dyn FnMut(&mut [EntryRef<'_>], &[RemovedRef<'_>]) -> Result<()> + 'f;
+/// The third is the clock the part's chain recorded (see
+/// [`KeyedState::expired_before`](super::KeyedState::expired_before)).
+pub(crate) type LoadPart<'f> =
+    dyn FnMut(&mut [EntryRef<'_>], &[RemovedRef<'_>], Option<crate::record::Timestamp>) -> Result<()> + 'f;
 
 /// Borrows owned entries as [`EntryRef`]s.
 pub fn entry_refs(entries: &Entries) -> Vec<EntryRef<'_>> {
@@ -327,6 +330,8 @@ pub(crate) struct StateSnapshot {
     pub(crate) ty: StateType,
     /// Encodes the state as of the barrier.
     pub(crate) snapshot: Snapshot,
+    /// See [`KeyedState::expired_before`](super::KeyedState::expired_before).
+    pub(crate) expired_before: Option<crate::record::Timestamp>,
 }
 
 /// What a state's values are: their codec's identity and their schema.

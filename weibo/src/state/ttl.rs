@@ -6,16 +6,19 @@
 //! access that finds it expired treats it as absent and removes it; a
 //! sweep removes the expired entries of one key group at a time (the
 //! operator sweeps its key groups in turn, a little at a time); a restore
-//! drops the entries that have expired by then. Every removal of an
-//! expired entry is counted.
+//! drops the entries that have expired by then; a backend that can drop
+//! them by itself (fjall, as it compacts) is given the state's clock
+//! ([`ExpiryClock`]). Every removal of an expired entry is counted.
 
 use std::ops::Bound;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::codec::key::Key;
 use crate::codec::{CodecError, CodecId, Data};
 use crate::error::Result;
-use crate::record::Timestamp;
+use crate::record::{NO_TIMESTAMP, Timestamp};
 use crate::state::map_state::ByteRange;
 use crate::state::{
     Barrier, EntryRef, KeyedState, ListStore, MapStore, RemovedRef, Snapshot, StateBackend, StateScope, StateStats,
@@ -33,10 +36,19 @@ use crate::state::{
 /// the operator sweeps their key group (it sweeps one key group of each
 /// state with a time-to-live every 100 ms), and when a restore meets them.
 ///
-/// Differences from Flink: reducing and aggregating state take no
-/// time-to-live; the visibility is always never-return-expired; in event
-/// time a restore keeps every value (the watermark is not known yet) and
-/// the next access or sweep removes the expired ones.
+/// On fjall a compaction filter also drops expired entries as fjall
+/// compacts its tables, without reading them on the record path.
+///
+/// In event time the clock never goes back: it is the highest watermark
+/// the state has seen, and a checkpoint records it, so that a restore
+/// drops the entries that had expired when the checkpoint was taken and
+/// the restored state's clock starts there (a restored job's watermark
+/// starts again from the records read again).
+///
+/// Differences from Flink: the visibility is always never-return-expired;
+/// time can be event time (Flink's is processing time only); a list or
+/// map expires entry by entry, a value, reducing or aggregating state
+/// whole.
 ///
 /// ```
 /// use std::time::Duration;
@@ -67,12 +79,6 @@ impl StateTtl {
     #[must_use]
     pub fn in_event_time(self) -> Self {
         Self { event_time: true, ..self }
-    }
-
-    /// The time-to-live's clock now: processing time `now`, or the
-    /// watermark.
-    pub(crate) fn now(&self, now: Timestamp, watermark: Timestamp) -> Timestamp {
-        if self.event_time { watermark } else { now }
     }
 
     fn expiry(&self, now: Timestamp) -> Timestamp {
@@ -151,23 +157,106 @@ fn live_entries<'a>(entries: &mut [EntryRef<'a>], now: Option<Timestamp>, expire
 /// operator keeps it.
 pub type Now = std::sync::Arc<dyn Fn() -> Timestamp + Send + Sync>;
 
+/// A state's time-to-live clock, shared with a backend that drops expired
+/// entries by itself (fjall's compaction filter): the time at or before
+/// which entries have expired, and how many the backend dropped.
+#[derive(Debug)]
+pub struct ExpiryClock {
+    now: AtomicI64,
+    dropped: AtomicU64,
+}
+
+impl ExpiryClock {
+    fn new() -> Self {
+        Self { now: AtomicI64::new(NO_TIMESTAMP), dropped: AtomicU64::new(0) }
+    }
+
+    /// Whether an entry whose encoding is `value` (an [`Expiring`]) has
+    /// expired; counts it if so, the caller then dropping it.
+    pub fn drops(&self, value: &[u8]) -> bool {
+        let expired = expires_at(value).is_some_and(|at| at <= self.now.load(Ordering::Relaxed));
+        if expired {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        expired
+    }
+
+    fn advance(&self, now: Timestamp) {
+        self.now.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
 /// What every state with a time-to-live keeps besides its store.
 struct Expiry {
     ttl: StateTtl,
-    /// Expired entries removed so far.
+    /// Expired entries removed so far (by the store; the backend counts
+    /// its own in `shared`).
     expired: u64,
-    /// Processing time, for restores (event time is not known then).
+    /// Processing time, for restores.
     clock: Now,
+    /// In event time, the highest watermark seen or restored: the clock.
+    floor: Timestamp,
+    /// In event time, the clock recorded with the checkpoint part being
+    /// restored (`None`: a checkpoint that recorded none).
+    restored: Option<Timestamp>,
+    /// The clock as the backend sees it.
+    shared: Arc<ExpiryClock>,
 }
 
 impl Expiry {
-    /// The time before which restored entries have expired, if known.
+    /// Opens the state `scope` names on `backend` with `open`, after
+    /// telling the backend its entries expire.
+    fn open<S>(
+        backend: &dyn StateBackend,
+        scope: &StateScope,
+        ttl: StateTtl,
+        clock: Now,
+        open: impl FnOnce(&dyn StateBackend, &StateScope) -> Result<S>,
+    ) -> Result<(S, Self)> {
+        let shared = Arc::new(ExpiryClock::new());
+        backend.expire_entries(scope, shared.clone());
+        let store = open(backend, scope)?;
+        Ok((store, Self { ttl, expired: 0, clock, floor: NO_TIMESTAMP, restored: None, shared }))
+    }
+
+    /// The clock at processing time `now` and watermark `watermark`: `now`,
+    /// or in event time the highest watermark seen (or restored).
+    fn now(&mut self, now: Timestamp, watermark: Timestamp) -> Timestamp {
+        if self.ttl.event_time {
+            self.floor = self.floor.max(watermark);
+            self.floor
+        } else {
+            now
+        }
+    }
+
+    /// The time at or before which restored entries have expired, if
+    /// known: processing time now, or the clock the checkpoint recorded.
     fn restore_now(&self) -> Option<Timestamp> {
-        (!self.ttl.event_time).then(|| (self.clock)())
+        if self.ttl.event_time { self.restored } else { Some((self.clock)()) }
+    }
+
+    /// The clock a checkpoint records: in event time, the highest
+    /// watermark seen (processing time needs none: a restore reads it).
+    fn recorded(&self) -> Option<Timestamp> {
+        (self.ttl.event_time && self.floor != NO_TIMESTAMP).then_some(self.floor)
+    }
+
+    /// The checkpoint part about to be restored recorded `clock`.
+    fn restoring(&mut self, clock: Option<Timestamp>) {
+        if self.ttl.event_time {
+            self.restored = clock;
+            if let Some(clock) = clock {
+                self.floor = self.floor.max(clock);
+                self.shared.advance(clock);
+            }
+        } else {
+            self.shared.advance((self.clock)());
+        }
     }
 
     fn stats(&self, mut stats: StateStats) -> StateStats {
-        stats.expired += self.expired;
+        stats.expired += self.expired + self.shared.dropped.load(Ordering::Relaxed);
         stats
     }
 
@@ -222,7 +311,8 @@ impl<K: Key, T: Data> TtlValueStore<K, T> {
     /// # Errors
     /// As [`ValueStore::open`].
     pub(crate) fn open(backend: &dyn StateBackend, scope: &StateScope, ttl: StateTtl, clock: Now) -> Result<Self> {
-        Ok(Self { store: ValueStore::open(backend, scope)?, expiry: Expiry { ttl, expired: 0, clock } })
+        let (store, expiry) = Expiry::open(backend, scope, ttl, clock, ValueStore::open)?;
+        Ok(Self { store, expiry })
     }
 
     /// The live value of `key` at time `now` (refreshed, if reads refresh).
@@ -265,7 +355,8 @@ impl<K: Key, T: Data> TtlValueStore<K, T> {
     /// # Errors
     /// As [`ValueStore::update`].
     pub(crate) fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
-        let now = self.expiry.ttl.now(now, watermark);
+        let now = self.expiry.now(now, watermark);
+        self.expiry.shared.advance(now);
         let mut gone = Vec::new();
         self.store.for_each_in_group(group, |k, e| {
             if !e.live(now) {
@@ -280,8 +371,15 @@ impl<K: Key, T: Data> TtlValueStore<K, T> {
     }
 
     /// The time-to-live's clock at processing time `now` and `watermark`.
-    pub(crate) fn now(&self, now: Timestamp, watermark: Timestamp) -> Timestamp {
-        self.expiry.ttl.now(now, watermark)
+    pub(crate) fn now(&mut self, now: Timestamp, watermark: Timestamp) -> Timestamp {
+        self.expiry.now(now, watermark)
+    }
+
+    /// Moves the clock the backend drops expired entries by to processing
+    /// time `now` and watermark `watermark`.
+    pub(crate) fn observe(&mut self, now: Timestamp, watermark: Timestamp) {
+        let now = self.expiry.now(now, watermark);
+        self.expiry.shared.advance(now);
     }
 }
 
@@ -293,6 +391,14 @@ impl<K: Key, T: Data> KeyedState for TtlValueStore<K, T> {
     fn import_part(&mut self, operator: &str, entries: &mut [EntryRef<'_>], removed: &[RemovedRef<'_>]) -> Result<()> {
         let mut live = live_entries(entries, self.expiry.restore_now(), &mut self.expiry.expired);
         KeyedState::import_part(&mut self.store, operator, &mut live, removed)
+    }
+
+    fn expired_before(&self) -> Option<Timestamp> {
+        self.expiry.recorded()
+    }
+
+    fn restoring(&mut self, clock: Option<Timestamp>) {
+        self.expiry.restoring(clock);
     }
 
     fn stats(&self) -> StateStats {
@@ -313,12 +419,20 @@ impl<K: Key, UK: Key, UV: Data> TtlMapStore<K, UK, UV> {
     /// # Errors
     /// As [`MapStore::open`].
     pub(crate) fn open(backend: &dyn StateBackend, scope: &StateScope, ttl: StateTtl, clock: Now) -> Result<Self> {
-        Ok(Self { store: MapStore::open(backend, scope)?, expiry: Expiry { ttl, expired: 0, clock } })
+        let (store, expiry) = Expiry::open(backend, scope, ttl, clock, MapStore::open)?;
+        Ok(Self { store, expiry })
     }
 
     /// The time-to-live's clock at processing time `now` and `watermark`.
-    pub(crate) fn now(&self, now: Timestamp, watermark: Timestamp) -> Timestamp {
-        self.expiry.ttl.now(now, watermark)
+    pub(crate) fn now(&mut self, now: Timestamp, watermark: Timestamp) -> Timestamp {
+        self.expiry.now(now, watermark)
+    }
+
+    /// Moves the clock the backend drops expired entries by to processing
+    /// time `now` and watermark `watermark`.
+    pub(crate) fn observe(&mut self, now: Timestamp, watermark: Timestamp) {
+        let now = self.expiry.now(now, watermark);
+        self.expiry.shared.advance(now);
     }
 
     /// The live value at `user_key` at time `now` (refreshed, if reads
@@ -444,7 +558,8 @@ impl<K: Key, UK: Key, UV: Data> TtlMapStore<K, UK, UV> {
     /// # Errors
     /// As [`MapStore::remove`].
     pub(crate) fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
-        let now = self.expiry.ttl.now(now, watermark);
+        let now = self.expiry.now(now, watermark);
+        self.expiry.shared.advance(now);
         self.expiry.expired += self.store.retain_group(group, |e| e.live(now))?;
         Ok(())
     }
@@ -458,6 +573,14 @@ impl<K: Key, UK: Key, UV: Data> KeyedState for TtlMapStore<K, UK, UV> {
     fn import_part(&mut self, operator: &str, entries: &mut [EntryRef<'_>], removed: &[RemovedRef<'_>]) -> Result<()> {
         let mut live = live_entries(entries, self.expiry.restore_now(), &mut self.expiry.expired);
         self.store.import_part(operator, &mut live, removed)
+    }
+
+    fn expired_before(&self) -> Option<Timestamp> {
+        self.expiry.recorded()
+    }
+
+    fn restoring(&mut self, clock: Option<Timestamp>) {
+        self.expiry.restoring(clock);
     }
 
     fn stats(&self) -> StateStats {
@@ -478,12 +601,20 @@ impl<K: Key, T: Data> TtlListStore<K, T> {
     /// # Errors
     /// As [`ListStore::open`].
     pub(crate) fn open(backend: &dyn StateBackend, scope: &StateScope, ttl: StateTtl, clock: Now) -> Result<Self> {
-        Ok(Self { store: ListStore::open(backend, scope)?, expiry: Expiry { ttl, expired: 0, clock } })
+        let (store, expiry) = Expiry::open(backend, scope, ttl, clock, ListStore::open)?;
+        Ok(Self { store, expiry })
     }
 
     /// The time-to-live's clock at processing time `now` and `watermark`.
-    pub(crate) fn now(&self, now: Timestamp, watermark: Timestamp) -> Timestamp {
-        self.expiry.ttl.now(now, watermark)
+    pub(crate) fn now(&mut self, now: Timestamp, watermark: Timestamp) -> Timestamp {
+        self.expiry.now(now, watermark)
+    }
+
+    /// Moves the clock the backend drops expired entries by to processing
+    /// time `now` and watermark `watermark`.
+    pub(crate) fn observe(&mut self, now: Timestamp, watermark: Timestamp) {
+        let now = self.expiry.now(now, watermark);
+        self.expiry.shared.advance(now);
     }
 
     /// Appends `value`, expiring `ttl` from `now`.
@@ -551,7 +682,8 @@ impl<K: Key, T: Data> TtlListStore<K, T> {
     /// # Errors
     /// As [`ListStore::clear`].
     pub(crate) fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
-        let now = self.expiry.ttl.now(now, watermark);
+        let now = self.expiry.now(now, watermark);
+        self.expiry.shared.advance(now);
         self.expiry.expired += self.store.entries_mut().retain_group(group, |e| e.live(now))?;
         Ok(())
     }
@@ -565,6 +697,14 @@ impl<K: Key, T: Data> KeyedState for TtlListStore<K, T> {
     fn import_part(&mut self, operator: &str, entries: &mut [EntryRef<'_>], removed: &[RemovedRef<'_>]) -> Result<()> {
         let mut live = live_entries(entries, self.expiry.restore_now(), &mut self.expiry.expired);
         self.store.import_part(operator, &mut live, removed)
+    }
+
+    fn expired_before(&self) -> Option<Timestamp> {
+        self.expiry.recorded()
+    }
+
+    fn restoring(&mut self, clock: Option<Timestamp>) {
+        self.expiry.restoring(clock);
     }
 
     fn stats(&self) -> StateStats {

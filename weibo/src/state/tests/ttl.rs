@@ -268,3 +268,80 @@ fn expired_entries_are_counted() {
     assert_eq!(restored.value.stats().expired, 6 - swept, "the rest were dropped on restore");
     assert_eq!(restored.value.stats().memory_entries, 0);
 }
+
+/// On fjall, entries that have expired are dropped as fjall compacts
+/// their tables, with no access or sweep reading them; each is counted,
+/// and the live ones stay.
+#[cfg(feature = "fjall")]
+#[test]
+fn fjall_drops_expired_entries_as_it_compacts() {
+    let dir = tempfile::tempdir().unwrap();
+    // No object cache: every entry is in fjall's tables.
+    let backend = crate::state::FjallBackend::builder(dir.path()).with_object_cache(0).open().unwrap();
+    let clock = Clock::manual(0);
+    let ttl = StateTtl::after_write(Duration::from_millis(10));
+    let mut s = open(&backend, "0", ttl, &clock);
+    for key in 0..200u8 {
+        // Keys below 150 written at 0 (expire at 10), the rest at 95.
+        let now = if key < 150 { 0 } else { 95 };
+        s.value.update(group(key), &key, &k(key), now, |v| *v = Some(1)).unwrap();
+        s.map.put(group(key), &key, &k(key), 7, 2, now).unwrap();
+        s.list.add(group(key), &key, &k(key), 3, now).unwrap();
+    }
+    clock.set(100);
+    s.value.observe(100, 0);
+    s.map.observe(100, 0);
+    s.list.observe(100, 0);
+    backend.compact_all().unwrap();
+    for (name, state) in [("value", &mut s.value as &mut dyn KeyedState), ("map", &mut s.map), ("list", &mut s.list)] {
+        assert_eq!(state.stats().expired, 150, "{name}: dropped by the compaction filter, and counted");
+        assert_eq!(export(state).len(), 50, "{name}: the live ones stay");
+    }
+    assert_eq!(s.value.get(group(199), &199, &k(199), 100).unwrap(), Some(1));
+    assert_eq!(s.value.get(group(0), &0, &k(0), 100).unwrap(), None);
+}
+
+fn k(key: u8) -> Vec<u8> {
+    encode(&key)
+}
+
+/// In event time the clock is the highest watermark seen: a snapshot
+/// records it, a restore drops what had expired by it and starts its clock
+/// there, so a value restored before any watermark is not returned after
+/// its time.
+#[test]
+fn an_event_time_clock_is_recorded_and_restored() {
+    for (backend, _dir) in backends() {
+        let clock = Clock::manual(0);
+        let ttl = StateTtl::after_write(Duration::from_millis(10)).in_event_time();
+        let mut s = open(&*backend, "e0", ttl, &clock);
+        let name = backend.name();
+        assert_eq!(s.value.expired_before(), None, "{name}: no watermark yet");
+        let now = s.value.now(0, 0);
+        s.value.update(group(1), &1, &k(1), now, |v| *v = Some(1)).unwrap();
+        let now = s.value.now(0, 45);
+        s.value.update(group(2), &2, &k(2), now, |v| *v = Some(2)).unwrap();
+        s.value.observe(0, 50);
+        assert_eq!(s.value.expired_before(), Some(50), "{name}");
+        s.value.observe(0, 20);
+        assert_eq!(s.value.expired_before(), Some(50), "{name}: the clock never goes back");
+        let entries = export(&mut s.value);
+        assert_eq!(entries.len(), 2, "{name}: nothing swept or read yet");
+
+        let mut restored = open(&*backend, "e1", ttl, &clock);
+        restored.value.restoring(Some(50));
+        import(&mut restored.value, &entries);
+        assert_eq!(restored.value.stats().expired, 1, "{name}: key 1 expired at 10");
+        let now = restored.value.now(0, crate::record::NO_TIMESTAMP);
+        assert_eq!(now, 50, "{name}: the restored clock, before any watermark");
+        assert_eq!(restored.value.get(group(2), &2, &k(2), now).unwrap(), Some(2), "{name}: live until 55");
+        let now = restored.value.now(0, 60);
+        assert_eq!(restored.value.get(group(2), &2, &k(2), now).unwrap(), None, "{name}");
+
+        // A checkpoint that recorded no clock (an older build's) keeps all.
+        let mut old = open(&*backend, "e2", ttl, &clock);
+        old.value.restoring(None);
+        import(&mut old.value, &entries);
+        assert_eq!(old.value.stats().expired, 0, "{name}");
+    }
+}
