@@ -15,8 +15,11 @@
 //! index per key of its user keys' encodings (in order) makes a key's
 //! entries iterable without visiting anyone else's. It is rebuilt from the
 //! entries on restore, never written to a checkpoint. On a byte backend
-//! the table is read directly (no object cache: a cache would have to sort
-//! its whole key group to answer a prefix scan), one entry per access.
+//! the entries sit behind the backend's object cache, if it has one, as
+//! value state's do; a key's entries in order are the table's prefix with
+//! the cache's entries of that key group laid over it (the cache sorts its
+//! entries at or after the key, as far as one chunk: work bounded by the
+//! cache's budget, not by the state).
 //!
 //! A list is a map from a sequence number to the element: `add` writes one
 //! entry and reads nothing. Numbers grow per operator instance, above any
@@ -34,18 +37,120 @@ use crate::state::{Barrier, EntryRef, KeyedState, ObjectMap, RemovedRef, Snapsho
 /// How many entries a map iterator reads from the store at a time.
 const CHUNK: usize = 256;
 
-/// A key's user keys, by their encoding (the in-memory index).
-type UserKeys<UK> = BTreeMap<Box<[u8]>, UK>;
+/// A key's user keys in the order of their encodings: the in-memory
+/// index that makes a key's entries iterable without visiting anyone
+/// else's.
+pub trait UserKeys<UK>: Default + Send + 'static {
+    /// Records `user_key`, encoded `bytes` (already there: nothing changes).
+    fn record(&mut self, bytes: &[u8], user_key: UK);
 
-/// The entries of map state: `UV`s by (key `K`, user key `UK`).
-pub struct MapStore<K, UK, UV> {
+    /// Forgets the user key encoded `bytes`.
+    fn forget(&mut self, bytes: &[u8]);
+
+    /// Whether it holds no user key.
+    fn is_empty(&self) -> bool;
+
+    /// Up to `limit` user keys from `from` and within `end`, in order, with
+    /// their encodings.
+    fn read(&self, from: Bound<&[u8]>, end: &Bound<Vec<u8>>, limit: usize) -> Vec<(Vec<u8>, UK)>;
+
+    /// Every user key.
+    fn into_keys(self) -> Vec<UK>;
+}
+
+/// A map's index: its user keys by their encodings.
+pub type OrderedKeys<UK> = BTreeMap<Box<[u8]>, UK>;
+
+impl<UK: Key> UserKeys<UK> for OrderedKeys<UK> {
+    fn record(&mut self, bytes: &[u8], user_key: UK) {
+        if !self.contains_key(bytes) {
+            BTreeMap::insert(self, bytes.into(), user_key);
+        }
+    }
+
+    fn forget(&mut self, bytes: &[u8]) {
+        BTreeMap::remove(self, bytes);
+    }
+
+    fn is_empty(&self) -> bool {
+        BTreeMap::is_empty(self)
+    }
+
+    fn read(&self, from: Bound<&[u8]>, end: &Bound<Vec<u8>>, limit: usize) -> Vec<(Vec<u8>, UK)> {
+        BTreeMap::range::<[u8], _>(self, (from, Bound::Unbounded))
+            .take_while(|(k, _)| below_end(k, end))
+            .take(limit)
+            .map(|(k, uk)| (k.to_vec(), uk.clone()))
+            .collect()
+    }
+
+    fn into_keys(self) -> Vec<UK> {
+        self.into_values().collect()
+    }
+}
+
+/// A list's index: its elements' sequence numbers, ascending (a `u64`'s
+/// encoding is its big-endian bytes, which sort as the numbers do). An
+/// element costs 8 bytes here, against about 60 in a map's index.
+#[derive(Debug, Default)]
+pub struct Sequence(Vec<u64>);
+
+impl UserKeys<u64> for Sequence {
+    fn record(&mut self, bytes: &[u8], seq: u64) {
+        let _ = bytes;
+        // Appends come in order; a restore's parts may not.
+        if self.0.last().is_none_or(|last| *last < seq) {
+            self.0.push(seq);
+        } else if let Err(at) = self.0.binary_search(&seq) {
+            self.0.insert(at, seq);
+        }
+    }
+
+    fn forget(&mut self, bytes: &[u8]) {
+        let Ok(seq) = crate::codec::key::decode::<u64>(bytes) else { return };
+        if let Ok(at) = self.0.binary_search(&seq) {
+            self.0.remove(at);
+        }
+        if self.0.capacity() > 2 * self.0.len() + 8 {
+            self.0.shrink_to_fit();
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn read(&self, from: Bound<&[u8]>, end: &Bound<Vec<u8>>, limit: usize) -> Vec<(Vec<u8>, u64)> {
+        let start = match from {
+            Bound::Included(b) => self.0.partition_point(|s| s.to_be_bytes().as_slice() < b),
+            Bound::Excluded(b) => self.0.partition_point(|s| s.to_be_bytes().as_slice() <= b),
+            Bound::Unbounded => 0,
+        };
+        self.0
+            .get(start..)
+            .unwrap_or_default()
+            .iter()
+            .map(|s| (s.to_be_bytes().to_vec(), *s))
+            .take_while(|(k, _)| below_end(k, end))
+            .take(limit)
+            .collect()
+    }
+
+    fn into_keys(self) -> Vec<u64> {
+        self.0
+    }
+}
+
+/// The entries of map state: `UV`s by (key `K`, user key `UK`), with an
+/// index `I` of each key's user keys when they are kept in memory.
+pub struct MapStore<K, UK, UV, I = OrderedKeys<UK>> {
     values: ValueStore<(K, UK), UV>,
     /// Objects store only: each key's user keys, in encoded order.
-    index: Option<ObjectMap<K, UserKeys<UK>>>,
+    index: Option<ObjectMap<K, I>>,
     operator: String,
 }
 
-impl<K, UK, UV> std::fmt::Debug for MapStore<K, UK, UV> {
+impl<K, UK, UV, I> std::fmt::Debug for MapStore<K, UK, UV, I> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MapStore").field("operator", &self.operator).finish_non_exhaustive()
     }
@@ -106,13 +211,13 @@ fn below_end(key: &[u8], end: &Bound<Vec<u8>>) -> bool {
     }
 }
 
-impl<K: Key, UK: Key, UV: Data> MapStore<K, UK, UV> {
+impl<K: Key, UK: Key, UV: Data, I: UserKeys<UK>> MapStore<K, UK, UV, I> {
     /// Opens the map state `scope` names on `backend`.
     ///
     /// # Errors
     /// As [`ValueStore::open`].
     pub fn open(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
-        let values = ValueStore::open_uncached(backend, scope)?;
+        let values = ValueStore::open_scannable(backend, scope)?;
         let index = values.keeps_objects().then(ObjectMap::default);
         Ok(Self { values, index, operator: scope.operator.clone() })
     }
@@ -206,12 +311,7 @@ impl<K: Key, UK: Key, UV: Data> MapStore<K, UK, UV> {
                 Bound::Excluded(b) => Bound::Excluded(b.as_slice()),
                 Bound::Unbounded => Bound::Unbounded,
             };
-            let wanted: Vec<(Vec<u8>, UK)> = keys
-                .range::<[u8], _>((start, Bound::Unbounded))
-                .take_while(|(k, _)| below_end(k, end))
-                .take(limit + 1)
-                .map(|(k, uk)| (k.to_vec(), uk.clone()))
-                .collect();
+            let wanted = keys.read(start, end, limit.saturating_add(1));
             let more = wanted.len() > limit;
             for (bytes, uk) in wanted.into_iter().take(limit) {
                 let composite = (key.clone(), uk.clone());
@@ -241,7 +341,9 @@ impl<K: Key, UK: Key, UV: Data> MapStore<K, UK, UV> {
         };
         let (mut failure, mut read, mut more) = (None, 0usize, false);
         let operator = &self.operator;
-        self.values.scan_from(group, &start, usize::MAX, &mut |k, v| {
+        // The entry excluded, `limit` entries, and one to tell whether there
+        // are more: a cache sorts no more than that.
+        self.values.scan_from(group, &start, limit.saturating_add(2), &mut |k, v| {
             let Some(user_bytes) = k.strip_prefix(prefix.as_slice()) else { return false };
             if exclude.as_deref() == Some(k) {
                 return true;
@@ -312,7 +414,7 @@ impl<K: Key, UK: Key, UV: Data> MapStore<K, UK, UV> {
     pub fn clear(&mut self, group: u16, key: &K, key_bytes: &[u8]) -> Result<()> {
         if let Some(index) = &mut self.index {
             let keys = index.remove(key).unwrap_or_default();
-            for uk in keys.into_values() {
+            for uk in keys.into_keys() {
                 self.values.update(group, (key.clone(), uk), &[], |slot| *slot = None)?;
             }
             return Ok(());
@@ -337,7 +439,7 @@ impl<K: Key, UK: Key, UV: Data> MapStore<K, UK, UV> {
     /// As [`MapStore::read_chunk`].
     pub fn is_empty(&mut self, group: u16, key: &K, key_bytes: &[u8]) -> Result<bool> {
         if let Some(index) = &self.index {
-            return Ok(index.get(key).is_none_or(BTreeMap::is_empty));
+            return Ok(index.get(key).is_none_or(UserKeys::is_empty));
         }
         let mut chunk = Vec::new();
         self.read_chunk(group, key, key_bytes, (&Bound::Unbounded, &Bound::Unbounded), 1, &mut chunk)?;
@@ -388,21 +490,24 @@ fn split<'b, K: Key, UK: Key>(operator: &str, bytes: &'b [u8]) -> Result<(K, UK,
 }
 
 /// Records (`Some`) or forgets (`None`) a user key in `key`'s index entry.
-fn index_entry<K: Key, UK>(index: &mut ObjectMap<K, UserKeys<UK>>, key: &K, user_bytes: &[u8], user_key: Option<UK>) {
+fn index_entry<K: Key, UK, I: UserKeys<UK>>(
+    index: &mut ObjectMap<K, I>,
+    key: &K,
+    user_bytes: &[u8],
+    user_key: Option<UK>,
+) {
     match user_key {
         Some(uk) => match index.get_mut(key) {
-            Some(keys) => {
-                if !keys.contains_key(user_bytes) {
-                    keys.insert(user_bytes.into(), uk);
-                }
-            }
+            Some(keys) => keys.record(user_bytes, uk),
             None => {
-                index.insert(key.clone(), BTreeMap::from([(Box::from(user_bytes), uk)]));
+                let mut keys = I::default();
+                keys.record(user_bytes, uk);
+                index.insert(key.clone(), keys);
             }
         },
         None => {
             if let Some(keys) = index.get_mut(key) {
-                keys.remove(user_bytes);
+                keys.forget(user_bytes);
                 if keys.is_empty() {
                     index.remove(key);
                 }
@@ -411,7 +516,7 @@ fn index_entry<K: Key, UK>(index: &mut ObjectMap<K, UserKeys<UK>>, key: &K, user
     }
 }
 
-impl<K: Key, UK: Key, UV: Data> KeyedState for MapStore<K, UK, UV> {
+impl<K: Key, UK: Key, UV: Data, I: UserKeys<UK>> KeyedState for MapStore<K, UK, UV, I> {
     fn snapshot_at(&mut self, operator: &str, at: Option<Barrier>) -> Result<Snapshot> {
         KeyedState::snapshot_at(&mut self.values, operator, at)
     }
@@ -428,7 +533,7 @@ impl<K: Key, UK: Key, UV: Data> KeyedState for MapStore<K, UK, UV> {
 
 /// The elements of list state: `T`s in the order they were added, per key.
 pub struct ListStore<K, T> {
-    entries: MapStore<K, u64, T>,
+    entries: MapStore<K, u64, T, Sequence>,
     /// The sequence number of the next element added (on this instance).
     next: u64,
 }
@@ -477,7 +582,7 @@ impl<K: Key, T: Data> ListStore<K, T> {
     }
 
     /// The list's entries, by sequence number.
-    pub(crate) fn entries_mut(&mut self) -> &mut MapStore<K, u64, T> {
+    pub(crate) fn entries_mut(&mut self) -> &mut MapStore<K, u64, T, Sequence> {
         &mut self.entries
     }
 

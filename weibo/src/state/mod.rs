@@ -31,7 +31,7 @@ pub use self::cache::ObjectCache;
 #[cfg(feature = "fjall")]
 pub use self::fjall::{FjallBackend, FjallOptions};
 pub(crate) use self::map_state::{ByteRange, encoded_range, prefix_range};
-pub use self::map_state::{ListStore, MapStore};
+pub use self::map_state::{ListStore, MapStore, OrderedKeys, Sequence, UserKeys};
 pub(crate) use self::memory::EncodedMemoryBackend;
 pub use self::memory::MemoryBackend;
 pub(crate) use self::snapshot::{

@@ -344,22 +344,19 @@ impl<K: Key, V: Data> ValueStore<K, V> {
         Ok(Self::with_store(store, scope))
     }
 
-    /// Opens the state `scope` names on `backend` without a cache in front
-    /// of a byte table: live objects on a backend that keeps them, the
-    /// table itself otherwise, so that a scan in key order
-    /// ([`ValueStore::scan_from`]) reads the table alone (map and list
-    /// state, whose keys are read a prefix at a time).
+    /// Opens the state `scope` names on `backend` for a state read a
+    /// prefix at a time ([`ValueStore::scan_from`]: map and list state):
+    /// live objects on a backend that keeps them, else the byte table
+    /// behind the backend's cache if it has one.
     ///
     /// # Errors
     /// As [`ValueStore::open`].
-    pub(super) fn open_uncached(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
+    pub(super) fn open_scannable(backend: &dyn StateBackend, scope: &StateScope) -> Result<Self> {
         scope.check_values::<V>()?;
-        let store = if backend.keeps_objects() {
-            Backing::Objects(objects::ObjectStore::new(scope))
-        } else {
-            Backing::Bytes(bytes::ByteStore::new(backend.open_table(scope)?, scope))
-        };
-        Ok(Self::with_store(store, scope))
+        if backend.keeps_objects() {
+            return Ok(Self::with_store(Backing::Objects(objects::ObjectStore::new(scope)), scope));
+        }
+        Self::open_ordered(backend, scope)
     }
 
     /// Whether this store keeps live objects (in memory, unordered).
