@@ -20,6 +20,7 @@ fn main() -> weibo::Result<()> {
     named_state()?;
     expiring_state()?;
     side_outputs()?;
+    connected()?;
     keyed_sink()?;
     Ok(())
 }
@@ -324,6 +325,42 @@ fn side_outputs() -> weibo::Result<()> {
     Ok(())
 }
 // ANCHOR_END: side_outputs
+
+// ANCHOR: connected
+/// Orders wait for their customer's name; a name releases the orders
+/// waiting for it and is remembered for later ones.
+fn connected() -> weibo::Result<()> {
+    let mut t = weibo::testing::TestJob::new("enrich");
+    let orders = t.input((0..100).map(order).collect()).key_by(|o: &Order| o.customer);
+    let names = t
+        .input((1..=5).map(|c| (CustomerId(c), format!("customer {c}"))).collect())
+        .key_by(|c: &(CustomerId, String)| c.0);
+    let named = orders.connect(&names).with_partitions(2).process_with_state(
+        on_error::Fail,
+        |states| (states.value::<String>("name"), states.list::<Order>("waiting")),
+        |ctx, (name, waiting), o| match ctx.value(name).get() {
+            Some(name) => ctx.emit((name, o.amount_cents)),
+            None => ctx.list(waiting).add(o.clone()),
+        },
+        |ctx, (name, waiting), customer| {
+            ctx.value(name).set(customer.1.clone());
+            for o in ctx.list(waiting).get() {
+                ctx.emit((customer.1.clone(), o.amount_cents));
+            }
+            ctx.list(waiting).clear();
+        },
+    );
+    let named = t.collect(&named);
+    t.run()?;
+    let mut got = named.values();
+    got.sort();
+    let mut want: Vec<(String, i64)> =
+        (0..100).map(order).map(|o| (format!("customer {}", o.customer.0), o.amount_cents)).collect();
+    want.sort();
+    assert_eq!(got, want, "every order, named, once");
+    Ok(())
+}
+// ANCHOR_END: connected
 
 // ANCHOR: keyed_sink
 fn keyed_sink() -> weibo::Result<()> {

@@ -57,12 +57,14 @@ pub mod process {
     //! [`Reducing`], [`Aggregating`]); typed side outputs ([`OutputTag`]),
     //! declared by a stateless `process` on [`Outputs`] and sent to
     //! through its [`OutputContext`].
+    pub use crate::operator::connect::{Either, KeyedCoProcessFunction};
     pub use crate::operator::function::{
         Aggregating, AggregatingState, KeyedProcessFunction, List, ListState, Map, MapState, ProcessContext,
         ProcessOutcome, Reducing, ReducingState, States, TimeDomain, Timer, Value, ValueState,
     };
     pub use crate::operator::outputs::{OutputContext, OutputTag, Outputs};
     pub use crate::state::StateTtl;
+    pub use crate::stream::connect::ConnectedStreams;
 }
 
 pub use codec::Data;

@@ -7,6 +7,7 @@
 
 #[cfg(feature = "admin")]
 pub(crate) mod admin;
+pub(crate) mod connect;
 pub(crate) mod job;
 pub(crate) mod window;
 
@@ -692,10 +693,16 @@ impl<T: Clone + Send + 'static> Stream<T> {
     /// # Ok::<(), weibo::Error>(())
     /// ```
     pub fn union(&self, other: &Stream<T>) -> Stream<T> {
+        self.merge(other, "union")
+    }
+
+    /// The union of this stream and `other`, for `what` (`union`, or what
+    /// is built on it, named in the wiring error).
+    pub(crate) fn merge(&self, other: &Stream<T>, what: &str) -> Stream<T> {
         if !Arc::ptr_eq(&self.graph, &other.graph) {
             self.lock()
                 .wiring_errors
-                .push("`union` of streams from two different jobs: both must come from the same `Job`".into());
+                .push(format!("`{what}` of streams from two different jobs: both must come from the same `Job`"));
         }
         let node = self.add(Node {
             kind: "union",
@@ -735,9 +742,11 @@ impl<T: Clone + Send + 'static> Stream<T> {
         T: Data,
         F: Fn(&T) -> K + Send + Sync + 'static,
     {
+        let f = Arc::new(f);
         KeyedStream {
             upstream: self.clone(),
-            router: key_router::<T, K, F>(Arc::new(f)),
+            key: f.clone(),
+            router: key_router::<T, K, F>(f),
             partitions: 1,
             _k: PhantomData,
         }
@@ -935,6 +944,8 @@ impl SinkRef {
 /// ```
 pub struct KeyedStream<K, T> {
     upstream: Stream<T>,
+    /// The key function (what `connect` keys each input by).
+    key: Arc<dyn Fn(&T) -> K + Send + Sync>,
     /// The router onto the keyed operator's instances, over the key function.
     router: Arc<dyn crate::operator::factory::RouterFactory>,
     partitions: usize,
@@ -945,6 +956,7 @@ impl<K, T> Clone for KeyedStream<K, T> {
     fn clone(&self) -> Self {
         Self {
             upstream: self.upstream.clone(),
+            key: self.key.clone(),
             router: self.router.clone(),
             partitions: self.partitions,
             _k: PhantomData,

@@ -1,0 +1,234 @@
+//! Connected streams: two keyed inputs of different types, one operator
+//! with shared keyed state and timers. Records of a key from either input
+//! meet at one instance, at any parallelism; the operator's watermark is
+//! the slower input's unless that one is idle; one input ending leaves the
+//! other flowing; the state both inputs share survives a savepoint.
+
+#![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use weibo::process::{Either, KeyedCoProcessFunction, ProcessContext, States, ValueState};
+use weibo::sinks::CollectSink;
+use weibo::sources::{Generator, IterSource};
+use weibo::time::WatermarkStrategy;
+use weibo::{Job, Stream, Timer, on_error};
+
+/// Orders `(customer, amount)` wait for their customer's name; a name
+/// releases the orders waiting for it and is remembered for later ones.
+fn enrich(orders: &Stream<(u32, u64)>, names: &Stream<(u32, String)>, partitions: usize) -> Stream<(String, u64)> {
+    orders
+        .key_by(|o: &(u32, u64)| o.0)
+        .connect(&names.key_by(|c: &(u32, String)| c.0))
+        .with_partitions(partitions)
+        .process_with_state(
+            on_error::Fail,
+            |states| (states.value::<String>("name"), states.list::<u64>("waiting")),
+            |ctx, (name, waiting), order| match ctx.value(name).get() {
+                Some(n) => ctx.emit((n, order.1)),
+                None => ctx.list(waiting).add(order.1),
+            },
+            |ctx, (name, waiting), customer| {
+                ctx.value(name).set(customer.1.clone());
+                for amount in ctx.list(waiting).get() {
+                    ctx.emit((customer.1.clone(), amount));
+                }
+                ctx.list(waiting).clear();
+            },
+        )
+        .uid("enrich")
+}
+
+/// Every order of a named customer comes out once with the name, whether
+/// its name came before or after it, at 1 and 4 instances; orders of a
+/// customer never named stay waiting.
+#[test]
+fn records_of_a_key_meet_from_both_inputs_at_any_parallelism() {
+    let orders: Vec<(u32, u64)> = (0..2_000u64).map(|i| ((i * 7 % 101) as u32, i)).collect();
+    // Customer 100 is never named.
+    let names: Vec<(u32, String)> = (0..100u32).rev().map(|c| (c, format!("c{c}"))).collect();
+    let mut want: Vec<(String, u64)> =
+        orders.iter().filter(|o| o.0 < 100).map(|o| (format!("c{}", o.0), o.1)).collect();
+    want.sort();
+    for partitions in [1, 4] {
+        let mut t = weibo::testing::TestJob::new("enrich");
+        let (o, n) = (t.input(orders.clone()), t.input(names.clone()));
+        let out = t.collect(&enrich(&o, &n, partitions));
+        let plan = t.job().plan().unwrap().to_string();
+        assert!(plan.contains("connect: first input") && plan.contains("connect: second input"), "{plan}");
+        t.run().unwrap();
+        let mut got = out.values();
+        got.sort();
+        assert_eq!(got, want, "at {partitions} instances");
+    }
+}
+
+/// Reports the watermark each record of the first input sees.
+struct Watching;
+
+impl KeyedCoProcessFunction<u32, (u32, i64), (u32, i64)> for Watching {
+    type Out = i64;
+    type Error = String;
+
+    fn process_element1(&self, ctx: &mut ProcessContext<'_, u32, i64>, _: &(u32, i64)) -> Result<(), String> {
+        let watermark = ctx.watermark();
+        ctx.emit(watermark);
+        Ok(())
+    }
+
+    fn process_element2(&self, _: &mut ProcessContext<'_, u32, i64>, _: &(u32, i64)) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A fast first input (event time `i`) and a second that stays at event
+/// time 0: slow (`idle`: none) or quiet after its first record with an
+/// idleness of 100 ms. Returns the watermarks the first input's records
+/// saw within about 1.5 s.
+fn watermarks_seen(idle: Option<Duration>) -> Vec<i64> {
+    let out = CollectSink::new();
+    let job = Job::new("watching");
+    let fast = job
+        .source(Generator::new(u64::MAX, |i| (0u32, i as i64)).with_rate(2_000.0))
+        .with_timestamps(|r: &(u32, i64)| r.1, WatermarkStrategy::monotonous());
+    let slow_strategy = match idle {
+        Some(d) => WatermarkStrategy::monotonous().with_idleness(d),
+        None => WatermarkStrategy::monotonous(),
+    };
+    let rate = if idle.is_some() { 0.01 } else { 500.0 };
+    let slow = job
+        .source(Generator::new(u64::MAX, |_| (0u32, 0i64)).with_rate(rate))
+        .with_timestamps(|r: &(u32, i64)| r.1, slow_strategy);
+    fast.key_by(|r: &(u32, i64)| r.0)
+        .connect(&slow.key_by(|r: &(u32, i64)| r.0))
+        .process_function(on_error::Fail, |_: &mut States<u32>| Watching)
+        .sink(out.clone());
+    weibo::testing::block_on(async {
+        let handle = job.spawn().unwrap();
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        handle.abort();
+    });
+    out.values()
+}
+
+/// The operator's watermark is the minimum of its inputs': a second input
+/// that stays at time 0 holds the first back, until it is idle.
+#[test]
+fn the_slower_input_holds_the_watermark_back_until_it_is_idle() {
+    let held = watermarks_seen(None);
+    assert!(held.len() > 100, "the first input flowed: {}", held.len());
+    assert!(held.iter().all(|w| *w <= 0), "held at the second input's time 0: {:?}", held.iter().max());
+    let freed = watermarks_seen(Some(Duration::from_millis(100)));
+    assert!(freed.iter().any(|w| *w > 500), "the idle input holds nothing back: {:?}", freed.iter().max());
+}
+
+/// Counts each key's records from both inputs; an event-time timer set by
+/// the first input reports the count when the watermark passes 10 000.
+struct Counting {
+    count: ValueState<u64>,
+}
+
+impl KeyedCoProcessFunction<u32, u32, u32> for Counting {
+    type Out = (u32, u64);
+    type Error = String;
+
+    fn process_element1(&self, ctx: &mut ProcessContext<'_, u32, (u32, u64)>, _: &u32) -> Result<(), String> {
+        ctx.value(&self.count).update(|n| *n = Some(n.unwrap_or(0) + 1));
+        ctx.register_timer(10_000);
+        Ok(())
+    }
+
+    fn process_element2(&self, ctx: &mut ProcessContext<'_, u32, (u32, u64)>, _: &u32) -> Result<(), String> {
+        ctx.value(&self.count).update(|n| *n = Some(n.unwrap_or(0) + 1));
+        Ok(())
+    }
+
+    fn on_timer(&self, ctx: &mut ProcessContext<'_, u32, (u32, u64)>, timer: Timer) -> Result<(), String> {
+        let key = *ctx.key();
+        let count = ctx.value(&self.count).get().unwrap_or(0);
+        assert_eq!(timer.time, 10_000);
+        ctx.emit((key, count));
+        Ok(())
+    }
+}
+
+/// The first input ends at once; the second goes on for 500 records, all
+/// processed; the operator ends when both have, and the timers the first
+/// input set fire then, having counted everything.
+#[test]
+fn one_input_ending_leaves_the_other_flowing() {
+    let out = CollectSink::new();
+    let job = Job::new("counting");
+    let short = job.source(IterSource::new(vec![0u32, 1, 2]));
+    let long = job.source(Generator::new(500, |i| (i % 3) as u32).with_rate(2_000.0));
+    short
+        .key_by(|k: &u32| *k)
+        .connect(&long.key_by(|k: &u32| *k))
+        .with_partitions(2)
+        .process_function(on_error::Fail, |states| Counting { count: states.value("count") })
+        .sink(out.clone());
+    job.run_blocking().unwrap();
+    let got: BTreeMap<u32, u64> = out.values().into_iter().collect();
+    let want: BTreeMap<u32, u64> =
+        (0..3u32).map(|k| (k, 1 + (0..500u64).filter(|i| i % 3 == u64::from(k)).count() as u64)).collect();
+    assert_eq!(got, want);
+}
+
+/// The state both inputs share is checkpointed: names seen before a
+/// savepoint enrich orders that come after the restore.
+#[test]
+fn state_shared_by_both_inputs_survives_a_savepoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = Job::new("enrich").with_checkpoints(dir.path(), Duration::from_secs(3600)).with_max_key_groups(32);
+    let orders = job.source(Generator::new(u64::MAX, |i| (1_000 + (i % 7) as u32, i)).with_rate(1_000.0)).uid("orders");
+    let names = job.source(IterSource::new((0..50u32).map(|c| (c, format!("c{c}"))).collect::<Vec<_>>())).uid("names");
+    enrich(&orders, &names, 2).sink(CollectSink::new());
+    let savepoint = weibo_tests::savepoint_midway(job, Duration::from_millis(400));
+
+    let out = CollectSink::new();
+    let job = Job::new("enrich")
+        .with_checkpoints(dir.path().join("v2"), Duration::from_secs(3600))
+        .with_max_key_groups(32)
+        .restore_from(&savepoint)
+        .allow_unrestored_state();
+    let orders =
+        job.source(IterSource::new((0..50u32).map(|c| (c, u64::from(c))).collect::<Vec<_>>())).uid("more-orders");
+    let names = job.source(IterSource::new(Vec::<(u32, String)>::new())).uid("names");
+    enrich(&orders, &names, 3).sink(out.clone());
+    job.run_blocking().unwrap();
+    let mut got = out.values();
+    got.sort();
+    let mut want: Vec<(String, u64)> = (0..50u32).map(|c| (format!("c{c}"), u64::from(c))).collect();
+    want.sort();
+    assert_eq!(got, want, "every order found its name in the restored state");
+}
+
+/// A failing record of either input goes to the dead letters as the side
+/// it came from.
+#[test]
+fn dead_letters_tell_the_side() {
+    let mut t = weibo::testing::TestJob::new("sides");
+    let a = t.input(vec![1u32, 2]).key_by(|k: &u32| *k);
+    let b = t.input(vec!["x".to_string()]).key_by(|_: &String| 1u32);
+    let (out, dead) = a.connect(&b).process_with_state(
+        on_error::DeadLetter,
+        |_| (),
+        |ctx, (), n| {
+            if *n == 2 {
+                Err(format!("no {n}"))
+            } else {
+                ctx.emit(*n);
+                Ok(())
+            }
+        },
+        |_, (), s| Err(format!("no {s}")),
+    );
+    let (out, dead) = (t.collect(&out), t.collect(&dead));
+    t.run().unwrap();
+    assert_eq!(out.values(), [1]);
+    let mut sides: Vec<(Either<u32, String>, String)> =
+        dead.values().into_iter().map(|d| (d.record, d.error)).collect();
+    sides.sort_by_key(|(_, e)| e.clone());
+    assert_eq!(sides, [(Either::Left(2), "no 2".to_string()), (Either::Right("x".into()), "no x".to_string())]);
+}
