@@ -39,8 +39,50 @@ fn main() -> Result<(), Box<dyn Error>> {
     timer_failures()?;
     harness()?;
     refused()?;
+    interval_join()?;
     Ok(())
 }
+
+// ANCHOR: interval_join
+/// An ad shown to a user, or a user's click.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct AdEvent {
+    user: u32,
+    /// `Some(ad)`: the ad was shown; `None`: a click.
+    shown: Option<String>,
+}
+
+/// Clicks attributed to the ad shown to the same user at most 10 s before:
+/// a left join, so an ad never clicked comes out too, with `None`, once no
+/// click could match it any more.
+fn interval_join() -> weibo::Result<()> {
+    let mut h = Harness::<AdEvent>::new("attribution");
+    let input = h.input();
+    let shown = input.filter(|e: &AdEvent| e.shown.is_some()).key_by(|e: &AdEvent| e.user);
+    let clicked = input.filter(|e: &AdEvent| e.shown.is_none()).key_by(|e: &AdEvent| e.user);
+    let attributed = shown
+        .interval_join(&clicked)
+        .between(0, 10_000)
+        .left_join(|ad: &AdEvent, click: Option<&AdEvent>| (ad.shown.clone().unwrap_or_default(), click.is_some()));
+    let late = attributed.side_output(&OutputTag::<Either<AdEvent, AdEvent>>::late_records());
+    let (rows, late) = (h.output(&attributed), h.output(&late));
+    let mut run = h.start()?;
+    let ad = |user, name: &str| AdEvent { user, shown: Some(name.to_string()) };
+    let click = |user| AdEvent { user, shown: None };
+    run.push(ad(1, "shoes"), 1_000)?; // user 1 sees the shoes ad at 1 s
+    run.push(ad(2, "socks"), 2_000)?; // user 2 sees the socks ad at 2 s
+    run.push(click(1), 4_000)?; // user 1 clicks at 4 s: a pair, at once
+    run.watermark(4_000)?;
+    assert_eq!(rows.take(), [("shoes".to_string(), true)]);
+    run.watermark(12_000)?; // no click of user 2 can come within 10 s of 2 s
+    assert_eq!(rows.take(), [("socks".to_string(), false)]);
+    run.push(click(2), 11_000)?; // behind the watermark: late
+    run.finish()?;
+    assert!(rows.take().is_empty(), "each ad once");
+    assert_eq!(late.take().len(), 1);
+    Ok(())
+}
+// ANCHOR_END: interval_join
 
 // ANCHOR: view
 /// A page view: who, which page, and when (event time, ms since the epoch).

@@ -102,6 +102,7 @@ fn watermarks_seen(idle: Option<Duration>) -> Vec<i64> {
         .with_timestamps(|r: &(u32, i64)| r.1, slow_strategy);
     fast.key_by(|r: &(u32, i64)| r.0)
         .connect(&slow.key_by(|r: &(u32, i64)| r.0))
+        .with_partitions(4)
         .process_function(on_error::Fail, |_: &mut States<u32>| Watching)
         .sink(out.clone());
     weibo::testing::block_on(async {

@@ -67,6 +67,13 @@ pub mod process {
     pub use crate::stream::connect::ConnectedStreams;
 }
 
+pub mod join {
+    //! Joins of two keyed streams: the interval join
+    //! ([`KeyedStream::interval_join`](crate::KeyedStream::interval_join)),
+    //! inner and outer.
+    pub use crate::stream::join::{IntervalJoinBetween, IntervalJoinBuilder};
+}
+
 pub use codec::Data;
 pub use codec::key::Key;
 pub use error::{Error, Result};

@@ -29,6 +29,7 @@ pub use weibo_macros::Key;
 
 pub use crate::codec::Data;
 pub use crate::codec::key::Key;
+pub use crate::operator::connect::Either;
 pub use crate::operator::function::{
     AggregatingState, KeyedProcessFunction, ListState, MapState, ProcessContext, ProcessOutcome, ReducingState, States,
     TimeDomain, Timer, ValueState,

@@ -411,6 +411,11 @@ impl<K: Key> States<K> {
         self.outputs.side_output(tag)
     }
 
+    /// Declares the operator's late records output (a join's).
+    pub(crate) fn late_records<V: Clone + Send + 'static>(&mut self) -> OutputTag<V> {
+        self.outputs.late_records()
+    }
+
     /// The declared side outputs.
     pub(crate) fn outputs(&self) -> &Outputs {
         &self.outputs
@@ -1108,6 +1113,13 @@ impl<K: Key, U> ProcessContext<'_, K, U> {
     /// timer: the timer's time as timestamp).
     pub fn emit(&mut self, value: U) {
         self.out.push(value, self.meta);
+    }
+
+    /// Emits a result with event time `timestamp` instead of the input
+    /// record's (a join's pair carries the later of its two records'
+    /// times).
+    pub fn emit_at(&mut self, value: U, timestamp: Timestamp) {
+        self.out.push(value, Meta { timestamp, ..self.meta });
     }
 
     /// Sends `value` to the side output `tag`, with the metadata `emit`

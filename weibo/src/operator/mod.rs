@@ -9,6 +9,7 @@ pub(crate) mod connect;
 pub(crate) mod exchange;
 pub(crate) mod factory;
 pub(crate) mod function;
+pub(crate) mod join;
 pub(crate) mod keyed;
 pub(crate) mod outputs;
 pub(crate) mod policy;

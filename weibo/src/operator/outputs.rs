@@ -160,8 +160,22 @@ impl Outputs {
     /// dead letters, is a wiring error, reported when the job is planned
     /// or run.
     pub fn side_output<V: Clone + Send + 'static>(&mut self, tag: &OutputTag<V>) -> OutputTag<V> {
+        if tag.id < TAGS_FIRST || is_taken(&tag.name) {
+            self.errors
+                .push(format!("side output `{}` is declared twice or takes the name of another output", tag.name));
+        }
+        self.declare(tag)
+    }
+
+    /// Declares the late records output of an operator that has one
+    /// (a join): [`OutputTag::late_records`], which users may not declare.
+    pub(crate) fn late_records<V: Clone + Send + 'static>(&mut self) -> OutputTag<V> {
+        self.declare(&OutputTag::late_records())
+    }
+
+    fn declare<V: Clone + Send + 'static>(&mut self, tag: &OutputTag<V>) -> OutputTag<V> {
         let name = tag.name();
-        if tag.id < TAGS_FIRST || self.sides.iter().any(|s| s.name == name || s.id == tag.id) || is_taken(name) {
+        if self.sides.iter().any(|s| s.name == name || s.id == tag.id) {
             self.errors.push(format!("side output `{name}` is declared twice or takes the name of another output"));
         }
         let open: OpenSide = Arc::new(|consumer, operator| {
@@ -263,6 +277,8 @@ trait SideOutput: Send {
     fn as_any(&mut self) -> &mut dyn Any;
     /// Sends what was output since the last call.
     fn emit(&mut self, info: &OpInfo) -> Result<()>;
+    /// How many records wait to be emitted.
+    fn pending(&self) -> usize;
     fn watermark(&mut self, wm: Timestamp) -> Result<()>;
     fn idle(&mut self) -> Result<()>;
     fn barrier(&mut self, n: CheckpointId) -> Result<()>;
@@ -281,6 +297,9 @@ impl<V: Clone + Send + 'static> SideOutput for TypedSide<V> {
     }
     fn emit(&mut self, info: &OpInfo) -> Result<()> {
         emit(info, &mut *self.next, &mut self.out)
+    }
+    fn pending(&self) -> usize {
+        self.out.len()
     }
     fn watermark(&mut self, wm: Timestamp) -> Result<()> {
         self.next.watermark(wm)
@@ -326,8 +345,15 @@ impl Sides {
     }
 
     /// Sends what was output since the last call.
+    /// Emits what each side output holds; the records sent to the late
+    /// records output count as the operator's late records.
     pub(crate) fn emit(&mut self, info: &OpInfo) -> Result<()> {
-        self.0.iter_mut().try_for_each(|(_, s)| s.emit(info))
+        self.0.iter_mut().try_for_each(|(id, s)| {
+            if *id == LATE_RECORDS {
+                crate::metrics::OperatorCounters::add(&info.counters.late, s.pending());
+            }
+            s.emit(info)
+        })
     }
 
     pub(crate) fn watermark(&mut self, wm: Timestamp) -> Result<()> {

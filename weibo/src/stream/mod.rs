@@ -9,6 +9,7 @@
 pub(crate) mod admin;
 pub(crate) mod connect;
 pub(crate) mod job;
+pub(crate) mod join;
 pub(crate) mod window;
 
 use std::fmt::Display;

@@ -1,0 +1,369 @@
+//! The interval join, pinned case by case against Flink's semantics (the
+//! table in the book's Time chapter), then against a naive join of the
+//! same finite input for random interleavings of the two sides, at 1 and
+//! 4 instances, in memory and on fjall.
+//!
+//! The two sides come from one test harness input of `Either`s, split in
+//! two, so that the test decides the order in which the join sees the
+//! records and the watermark after each one (the minimum of the sides'
+//! watermarks, as two sources would give).
+
+#![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use weibo::Stream;
+use weibo::on_error;
+use weibo::process::{Either, OutputTag};
+use weibo::record::Timestamp;
+use weibo::testing::{Harness, Probe, RunningHarness};
+
+/// A record: its key and an id.
+type Rec = (u8, u32);
+/// What the tests collect: the left id, the right id, the output's time.
+type Row = (Option<u32>, Option<u32>, Option<Timestamp>);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Inner,
+    Left,
+    Right,
+    Full,
+}
+
+struct Join {
+    run: RunningHarness<Either<Rec, Rec>>,
+    rows: Probe<Row>,
+    late: Probe<Either<Rec, Rec>>,
+}
+
+/// Rows with their output time, read after the join.
+fn timed(rows: &Stream<(Option<u32>, Option<u32>)>) -> Stream<Row> {
+    rows.process_with_outputs(
+        on_error::Fail,
+        |_| (),
+        |ctx, (), r: &(Option<u32>, Option<u32>)| {
+            let at = ctx.timestamp();
+            ctx.emit((r.0, r.1, at));
+        },
+    )
+}
+
+/// Starts a join of `kind` between `lower` and `upper` (made exclusive as
+/// asked) on `partitions` instances, on fjall if `fjall` is given.
+fn start(
+    kind: Kind,
+    (lower, upper): (i64, i64),
+    exclusive: (bool, bool),
+    partitions: usize,
+    fjall: Option<&std::path::Path>,
+) -> Join {
+    let mut h = Harness::<Either<Rec, Rec>>::new("join");
+    if let Some(dir) = fjall {
+        let backend = weibo::state::FjallBackend::open(dir).unwrap();
+        h = h.configure(|job| job.with_state_backend(backend));
+    }
+    let input = h.input();
+    let left = input.flat_map(|e: Either<Rec, Rec>| match e {
+        Either::Left(l) => vec![l],
+        Either::Right(_) => vec![],
+    });
+    let right = input.flat_map(|e: Either<Rec, Rec>| match e {
+        Either::Left(_) => vec![],
+        Either::Right(r) => vec![r],
+    });
+    let mut between = left
+        .key_by(|l: &Rec| l.0)
+        .interval_join(&right.key_by(|r: &Rec| r.0))
+        .between(lower, upper)
+        .with_partitions(partitions);
+    if exclusive.0 {
+        between = between.lower_bound_exclusive();
+    }
+    if exclusive.1 {
+        between = between.upper_bound_exclusive();
+    }
+    let rows = match kind {
+        Kind::Inner => between.join(|l: &Rec, r: &Rec| (Some(l.1), Some(r.1))),
+        Kind::Left => between.left_join(|l: &Rec, r: Option<&Rec>| (Some(l.1), r.map(|r| r.1))),
+        Kind::Right => between.right_join(|l: Option<&Rec>, r: &Rec| (l.map(|l| l.1), Some(r.1))),
+        Kind::Full => between.full_join(|l: Option<&Rec>, r: Option<&Rec>| (l.map(|l| l.1), r.map(|r| r.1))),
+    };
+    let late = rows.side_output(&OutputTag::<Either<Rec, Rec>>::late_records());
+    let (rows, late) = (h.output(&timed(&rows)), h.output(&late));
+    Join { run: h.start().unwrap(), rows, late }
+}
+
+fn inner(bounds: (i64, i64)) -> Join {
+    start(Kind::Inner, bounds, (false, false), 1, None)
+}
+
+fn sorted(mut rows: Vec<Row>) -> Vec<Row> {
+    rows.sort();
+    rows
+}
+
+/// Bounds are inclusive; each can be made exclusive.
+#[test]
+fn bounds_are_inclusive_unless_made_exclusive() {
+    for (exclusive, want) in [
+        ((false, false), vec![1, 2, 3]),
+        ((true, false), vec![2, 3]),
+        ((false, true), vec![1, 2]),
+        ((true, true), vec![2]),
+    ] {
+        let mut j = start(Kind::Inner, (-5, 5), exclusive, 1, None);
+        j.run.push(Either::Left((0, 0)), 100).unwrap();
+        for (id, at) in [(1, 95), (2, 100), (3, 105), (4, 94), (5, 106)] {
+            j.run.push(Either::Right((0, id)), at).unwrap();
+        }
+        j.run.finish().unwrap();
+        let got: Vec<u32> = sorted(j.rows.take()).iter().filter_map(|r| r.1).collect();
+        assert_eq!(got, want, "exclusive {exclusive:?}");
+    }
+}
+
+/// A pair comes out as soon as its second record arrives, once, at the
+/// later of the two times; keys do not meet.
+#[test]
+fn a_pair_comes_out_at_once_at_the_later_time() {
+    let mut j = inner((-10, 10));
+    j.run.push(Either::Right((0, 7)), 100).unwrap();
+    j.run.push(Either::Left((1, 8)), 100).unwrap();
+    j.run.push(Either::Left((0, 1)), 95).unwrap();
+    j.run.watermark(94).unwrap();
+    assert_eq!(j.rows.take(), [(Some(1), Some(7), Some(100))], "before any watermark reached it");
+    j.run.push(Either::Left((0, 2)), 104).unwrap();
+    j.run.watermark(95).unwrap();
+    assert_eq!(j.rows.take(), [(Some(2), Some(7), Some(104))]);
+    j.run.finish().unwrap();
+    assert!(j.rows.take().is_empty(), "each pair once; key 1 met no one");
+}
+
+/// A record behind the watermark is late: it joins nothing, goes to the
+/// late output and counts; one at the watermark is not late.
+#[test]
+fn a_record_behind_the_watermark_is_late() {
+    let mut j = inner((-10, 10));
+    j.run.push(Either::Left((0, 1)), 100).unwrap();
+    j.run.push(Either::Left((0, 2)), 105).unwrap();
+    j.run.watermark(100).unwrap();
+    j.run.push(Either::Right((0, 7)), 99).unwrap();
+    j.run.push(Either::Right((0, 8)), 100).unwrap();
+    j.run.watermark(101).unwrap();
+    assert_eq!(j.late.take(), [Either::Right((0, 7))]);
+    assert_eq!(sorted(j.rows.take()), [(Some(1), Some(8), Some(100)), (Some(2), Some(8), Some(105))]);
+    let report = j.run.finish().unwrap();
+    assert_eq!(report.metrics.operator("interval join").unwrap().late, 1);
+}
+
+/// Flink's cleanup: a left record is removed once the watermark reaches
+/// its time plus the upper bound, even though a right record at exactly
+/// that time is not late yet; a right record, once it reaches its time
+/// minus the lower bound.
+#[test]
+fn records_are_removed_when_the_watermark_reaches_their_last_partner_time() {
+    let mut j = inner((-3, 5));
+    j.run.push(Either::Left((0, 1)), 100).unwrap();
+    j.run.watermark(104).unwrap();
+    j.run.push(Either::Right((0, 7)), 104).unwrap();
+    j.run.watermark(105).unwrap();
+    j.run.push(Either::Right((0, 8)), 105).unwrap();
+    j.run.watermark(106).unwrap();
+    assert_eq!(j.rows.take(), [(Some(1), Some(7), Some(104))], "removed at watermark 105: 8 at 105 finds nothing");
+    // The right record at 105 stays until the watermark reaches 108.
+    j.run.watermark(107).unwrap();
+    j.run.push(Either::Left((0, 2)), 108).unwrap();
+    j.run.watermark(108).unwrap();
+    j.run.push(Either::Left((0, 3)), 108).unwrap();
+    j.run.finish().unwrap();
+    assert_eq!(j.rows.take(), [(Some(2), Some(8), Some(108))]);
+}
+
+/// An outer join emits a record never paired once, with its own time,
+/// when it is removed; a paired one never.
+#[test]
+fn outer_joins_emit_unpaired_records_once_when_removed() {
+    for kind in [Kind::Left, Kind::Right, Kind::Full] {
+        let mut j = start(kind, (0, 10), (false, false), 1, None);
+        j.run.push(Either::Left((0, 1)), 100).unwrap();
+        j.run.push(Either::Left((0, 2)), 200).unwrap();
+        j.run.push(Either::Right((0, 7)), 105).unwrap();
+        j.run.push(Either::Right((0, 8)), 300).unwrap();
+        j.run.watermark(209).unwrap();
+        let first = sorted(j.rows.take());
+        j.run.watermark(210).unwrap();
+        let second = j.rows.take();
+        j.run.finish().unwrap();
+        let rest = j.rows.take();
+        assert!(first.contains(&(Some(1), Some(7), Some(105))), "{kind:?}: {first:?}");
+        let left_row = (Some(2), None, Some(200));
+        let right_row = (None, Some(8), Some(300));
+        let outer_left = matches!(kind, Kind::Left | Kind::Full);
+        let outer_right = matches!(kind, Kind::Right | Kind::Full);
+        assert_eq!(second.contains(&left_row), outer_left, "{kind:?}: left 2 is removed at 210: {second:?}");
+        assert!(!first.contains(&left_row), "{kind:?}: not before");
+        assert_eq!(rest.contains(&right_row), outer_right, "{kind:?}: right 8, at the end of input: {rest:?}");
+        let all: Vec<Row> = first.iter().chain(&second).chain(&rest).copied().collect();
+        assert_eq!(all.len(), 1 + usize::from(outer_left) + usize::from(outer_right), "{kind:?}: {all:?}");
+    }
+}
+
+/// Bounds that could never match are a wiring error; a record without an
+/// event time fails the job, saying why.
+#[test]
+fn impossible_bounds_and_untimed_records_are_refused() {
+    let job = weibo::Job::new("bad");
+    let a = job.source(weibo::sources::IterSource::new(vec![1u32])).key_by(|x: &u32| *x);
+    let b = job.source(weibo::sources::IterSource::new(vec![1u32])).key_by(|x: &u32| *x);
+    a.interval_join(&b).between(5, 1).join(|x: &u32, y: &u32| x + y).sink(weibo::sinks::Blackhole::new());
+    let err = job.plan().unwrap_err().to_string();
+    assert!(err.contains("lower bound (5 ms) is above the upper bound (1 ms)"), "{err}");
+
+    let job = weibo::Job::new("untimed");
+    let a = job.source(weibo::sources::IterSource::new(vec![1u32])).key_by(|x: &u32| *x);
+    let b = job.source(weibo::sources::IterSource::new(vec![1u32])).key_by(|x: &u32| *x);
+    a.interval_join(&b).between(0, 1).join(|x: &u32, y: &u32| x + y).sink(weibo::sinks::Blackhole::new());
+    let err = job.run_blocking().unwrap_err().to_string();
+    assert!(err.contains("needs every record's event time"), "{err}");
+}
+
+/// The naive join of two sides (key, id, time), with the rows an outer
+/// join adds, at their times.
+fn naive(kind: Kind, lefts: &[(u8, u32, i64)], rights: &[(u8, u32, i64)], (lower, upper): (i64, i64)) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let mut paired_right = vec![false; rights.len()];
+    for l in lefts {
+        let mut paired = false;
+        for (i, r) in rights.iter().enumerate() {
+            if l.0 == r.0 && l.2 + lower <= r.2 && r.2 <= l.2 + upper {
+                rows.push((Some(l.1), Some(r.1), Some(l.2.max(r.2))));
+                paired = true;
+                paired_right[i] = true;
+            }
+        }
+        if !paired && matches!(kind, Kind::Left | Kind::Full) {
+            rows.push((Some(l.1), None, Some(l.2)));
+        }
+    }
+    for (i, r) in rights.iter().enumerate() {
+        if !paired_right[i] && matches!(kind, Kind::Right | Kind::Full) {
+            rows.push((None, Some(r.1), Some(r.2)));
+        }
+    }
+    sorted(rows)
+}
+
+/// A side: records in time order (steps of 0 to 30 ms from 1 000), keys 0
+/// to 3.
+fn side() -> impl Strategy<Value = Vec<(u8, i64)>> {
+    proptest::collection::vec((0u8..4, 0i64..30), 0..24).prop_map(|steps| {
+        let mut at = 1_000;
+        steps
+            .into_iter()
+            .map(|(key, step)| {
+                at += step;
+                (key, at)
+            })
+            .collect()
+    })
+}
+
+/// The same join as [`start`], in a job of two sources in time order
+/// (each side's watermark its latest time minus one) on `partitions`
+/// instances: the rows it gives.
+fn two_sources(
+    kind: Kind,
+    (lower, upper): (i64, i64),
+    lefts: &[(u8, u32, i64)],
+    rights: &[(u8, u32, i64)],
+    partitions: usize,
+    fjall: Option<&std::path::Path>,
+) -> Vec<Row> {
+    use weibo::time::WatermarkStrategy;
+    let mut t = weibo::testing::TestJob::new("join");
+    if let Some(dir) = fjall {
+        let backend = weibo::state::FjallBackend::open(dir).unwrap();
+        t = t.configure(|job| job.with_state_backend(backend));
+    }
+    let at = |r: &(u8, u32, i64)| r.2;
+    let left = t.input(lefts.to_vec()).with_timestamps(at, WatermarkStrategy::monotonous());
+    let right = t.input(rights.to_vec()).with_timestamps(at, WatermarkStrategy::monotonous());
+    type Side = (u8, u32, i64);
+    let between = left
+        .key_by(|l: &Side| l.0)
+        .interval_join(&right.key_by(|r: &Side| r.0))
+        .between(lower, upper)
+        .with_partitions(partitions);
+    let rows = match kind {
+        Kind::Inner => between.join(|l: &Side, r: &Side| (Some(l.1), Some(r.1))),
+        Kind::Left => between.left_join(|l: &Side, r: Option<&Side>| (Some(l.1), r.map(|r| r.1))),
+        Kind::Right => between.right_join(|l: Option<&Side>, r: &Side| (l.map(|l| l.1), Some(r.1))),
+        Kind::Full => between.full_join(|l: Option<&Side>, r: Option<&Side>| (l.map(|l| l.1), r.map(|r| r.1))),
+    };
+    let late = t.collect(&rows.side_output(&OutputTag::<Either<Side, Side>>::late_records()));
+    let rows = t.collect(&timed(&rows));
+    t.run().unwrap();
+    assert!(late.values().is_empty(), "nothing is late with each side in time order");
+    sorted(rows.values())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// With each side in time order and the watermark the minimum of the
+    /// sides' latest times minus one, nothing is late and the join gives
+    /// the naive join: for an interleaving the test chooses (one
+    /// instance), and for whatever interleaving two sources give (four
+    /// instances); in memory and on fjall.
+    #[test]
+    fn every_interleaving_gives_the_naive_join(
+        lefts in side(),
+        rights in side(),
+        order in proptest::collection::vec(any::<bool>(), 48),
+        lower in -40i64..20,
+        width in 0i64..40,
+        kind in prop_oneof![Just(Kind::Inner), Just(Kind::Left), Just(Kind::Right), Just(Kind::Full)],
+        fjall in any::<bool>(),
+    ) {
+        let bounds = (lower, lower + width);
+        let lefts: Vec<(u8, u32, i64)> = lefts.iter().enumerate().map(|(i, (k, t))| (*k, i as u32, *t)).collect();
+        let rights: Vec<(u8, u32, i64)> = rights.iter().enumerate().map(|(i, (k, t))| (*k, 100 + i as u32, *t)).collect();
+        let want = naive(kind, &lefts, &rights, bounds);
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = start(kind, bounds, (false, false), 1, fjall.then(|| dir.path()));
+        let (mut li, mut ri) = (0, 0);
+        let mut seen: BTreeMap<bool, i64> = BTreeMap::new();
+        let mut turns = order.iter().copied().cycle();
+        while li < lefts.len() || ri < rights.len() {
+            let take_left = ri >= rights.len() || (li < lefts.len() && turns.next().unwrap_or(true));
+            let (record, at) = if take_left {
+                let l = lefts[li];
+                li += 1;
+                (Either::Left((l.0, l.1)), l.2)
+            } else {
+                let r = rights[ri];
+                ri += 1;
+                (Either::Right((r.0, r.1)), r.2)
+            };
+            j.run.push(record, at).unwrap();
+            seen.insert(take_left, at);
+            // A side not seen yet holds the watermark back; one that has
+            // ended, nothing.
+            let left_wm = if li >= lefts.len() { i64::MAX } else { seen.get(&true).map_or(i64::MIN, |t| t - 1) };
+            let right_wm = if ri >= rights.len() { i64::MAX } else { seen.get(&false).map_or(i64::MIN, |t| t - 1) };
+            let wm = left_wm.min(right_wm);
+            if wm != i64::MIN && wm != i64::MAX {
+                j.run.watermark(wm).unwrap();
+            }
+        }
+        j.run.finish().unwrap();
+        prop_assert!(j.late.take().is_empty());
+        prop_assert_eq!(sorted(j.rows.take()), want.clone(), "{:?} {:?}, one instance", kind, bounds);
+
+        let dir = tempfile::tempdir().unwrap();
+        let got = two_sources(kind, bounds, &lefts, &rights, 4, fjall.then(|| dir.path()));
+        prop_assert_eq!(got, want, "{:?} {:?}, two sources, four instances", kind, bounds);
+    }
+}

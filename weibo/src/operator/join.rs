@@ -1,0 +1,263 @@
+//! The interval join: a keyed function of two inputs that pairs each
+//! record of the left input with the right input's records of the same key
+//! whose event time is within `[left + lower, left + upper]`, as Flink's
+//! `IntervalJoinOperator` does, and optionally emits the records that never
+//! found a partner (outer joins).
+//!
+//! Each side keeps its records in map state by event time (a bucket of the
+//! records of one time, each with whether it has been joined). A record:
+//! - without an event time fails (as in Flink);
+//! - behind the operator's watermark (`time < watermark`) is late: it goes
+//!   to the late records side output and the operator's late counter, and
+//!   joins nothing (Flink drops it silently);
+//! - otherwise is paired with every buffered record of the other side in
+//!   its interval (a range scan of the other side's map), each pair emitted
+//!   once, at the later of the two times; then it is buffered, and an
+//!   event-time timer is set at the time it can no longer be paired: its
+//!   time plus the upper bound for a left record (its time when the bound
+//!   is not positive), its time minus the lower bound for a right record
+//!   (its time when the bound is not negative).
+//!
+//! A timer at `t` removes the left bucket whose cleanup time is `t` and the
+//! right one's (with Flink's boundary behaviour: a record is removed once
+//! the watermark reaches its cleanup time, though a record of the other
+//! side at exactly that time is not late yet); in an outer join, the
+//! removed records that were never paired are emitted first, with their
+//! own time: since a partner would now be removed or late, such a row is
+//! never followed by a pair.
+
+use std::sync::Arc;
+
+use crate::codec::schema::{Schema, Shape};
+use crate::codec::{CodecError, CodecId, Data};
+use crate::operator::connect::{Either, KeyedCoProcessFunction};
+use crate::operator::function::{MapState, ProcessContext, States, Timer};
+use crate::operator::outputs::OutputTag;
+use crate::record::{NO_TIMESTAMP, Timestamp};
+
+/// The records of one side of one key at one event time, each with
+/// whether it has been paired.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Bucket<T>(Vec<(T, bool)>);
+
+impl<T> Default for Bucket<T> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<T: Data> Data for Bucket<T> {
+    fn codec_id() -> CodecId {
+        CodecId::new("weibo-join-bucket/1", std::any::type_name::<Self>())
+    }
+
+    /// Per record: its flag (1: paired), the length of its encoding (four
+    /// bytes, little-endian), the encoding.
+    fn encode(&self, out: &mut Vec<u8>) -> Result<(), CodecError> {
+        for (record, joined) in &self.0 {
+            out.push(u8::from(*joined));
+            let at = out.len();
+            out.extend_from_slice(&[0; 4]);
+            record.encode(out)?;
+            let len = u32::try_from(out.len() - at - 4).map_err(|_| CodecError {
+                codec: Self::codec_id(),
+                reason: "a record's encoding is over 4 GiB".into(),
+            })?;
+            if let Some(slot) = out.get_mut(at..at + 4) {
+                slot.copy_from_slice(&len.to_le_bytes());
+            }
+        }
+        Ok(())
+    }
+
+    fn decode(mut bytes: &[u8]) -> Result<Self, CodecError> {
+        let short = |what: &str| CodecError { codec: Self::codec_id(), reason: format!("cut short in {what}") };
+        let mut records = Vec::new();
+        while let Some((&flag, rest)) = bytes.split_first() {
+            let (len, rest) = rest.split_first_chunk::<4>().ok_or_else(|| short("a record's length"))?;
+            let len = u32::from_le_bytes(*len) as usize;
+            let (record, rest) = rest.split_at_checked(len).ok_or_else(|| short("a record"))?;
+            records.push((T::decode(record)?, flag != 0));
+            bytes = rest;
+        }
+        Ok(Self(records))
+    }
+
+    fn schema() -> Arc<Schema> {
+        Arc::new(Schema { shape: Shape::Seq(Box::new(Shape::Tuple(vec![T::schema().shape.clone(), Shape::Bool]))) })
+    }
+
+    fn check_round_trip() -> Result<(), String> {
+        T::check_round_trip()
+    }
+}
+
+/// What a join makes of a pair, or of a record without a partner (outer
+/// joins only; `None` for the kinds that emit none).
+pub(crate) type JoinFn<L, R, U> = Arc<dyn Fn(Option<&L>, Option<&R>) -> Option<U> + Send + Sync>;
+
+/// The bounds of an interval join, inclusive (exclusive ones moved in by
+/// a millisecond), and which sides' unpaired records are emitted.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Interval {
+    pub(crate) lower: i64,
+    pub(crate) upper: i64,
+    pub(crate) left_outer: bool,
+    pub(crate) right_outer: bool,
+}
+
+/// The interval join of a left input `L` and a right input `R`.
+pub(crate) struct IntervalJoin<L, R, U> {
+    interval: Interval,
+    left: MapState<i64, Bucket<L>>,
+    right: MapState<i64, Bucket<R>>,
+    late: OutputTag<Either<L, R>>,
+    f: JoinFn<L, R, U>,
+}
+
+impl<L: Data, R: Data, U> IntervalJoin<L, R, U> {
+    /// Declares the join's states (`left`, `right`) and late output on
+    /// `states`.
+    pub(crate) fn new<K: crate::codec::key::Key>(
+        states: &mut States<K>,
+        interval: Interval,
+        f: JoinFn<L, R, U>,
+    ) -> Self {
+        Self { interval, left: states.map("left"), right: states.map("right"), late: states.late_records(), f }
+    }
+}
+
+/// A record's event time, or why it cannot be joined.
+fn event_time(timestamp: Option<Timestamp>) -> Result<Timestamp, String> {
+    timestamp.ok_or_else(|| {
+        "an interval join needs every record's event time, and this one has none: assign timestamps \
+         (`with_timestamps`) on both inputs"
+            .to_string()
+    })
+}
+
+/// Whether a record at `time` is late at `watermark`.
+fn late(time: Timestamp, watermark: Timestamp) -> bool {
+    watermark != NO_TIMESTAMP && time < watermark
+}
+
+impl<K, L, R, U> KeyedCoProcessFunction<K, L, R> for IntervalJoin<L, R, U>
+where
+    K: crate::codec::key::Key,
+    L: Data,
+    R: Data,
+    U: Clone + Send + 'static,
+{
+    type Out = U;
+    type Error = String;
+
+    fn process_element1(&self, ctx: &mut ProcessContext<'_, K, U>, record: &L) -> Result<(), String> {
+        let time = event_time(ctx.timestamp())?;
+        if late(time, ctx.watermark()) {
+            ctx.output(&self.late, Either::Left(record.clone()));
+            return Ok(());
+        }
+        let (lower, upper) = (self.interval.lower, self.interval.upper);
+        let mut paired = false;
+        let mut found = Vec::new();
+        ctx.map(&self.right).range(time.saturating_add(lower)..=time.saturating_add(upper), |at, bucket| {
+            found.push((at, bucket));
+            true
+        });
+        for (at, mut bucket) in found {
+            let mut marked = false;
+            for (other, joined) in &mut bucket.0 {
+                if let Some(out) = (self.f)(Some(record), Some(other)) {
+                    ctx.emit_at(out, time.max(at));
+                }
+                paired = true;
+                if self.interval.right_outer && !*joined {
+                    *joined = true;
+                    marked = true;
+                }
+            }
+            if marked {
+                ctx.map(&self.right).put(at, bucket);
+            }
+        }
+        ctx.map(&self.left).update(time, |b| b.get_or_insert_with(Bucket::default).0.push((record.clone(), paired)));
+        ctx.register_timer(if upper > 0 { time.saturating_add(upper) } else { time });
+        Ok(())
+    }
+
+    fn process_element2(&self, ctx: &mut ProcessContext<'_, K, U>, record: &R) -> Result<(), String> {
+        let time = event_time(ctx.timestamp())?;
+        if late(time, ctx.watermark()) {
+            ctx.output(&self.late, Either::Right(record.clone()));
+            return Ok(());
+        }
+        let (lower, upper) = (self.interval.lower, self.interval.upper);
+        let mut paired = false;
+        let mut found = Vec::new();
+        ctx.map(&self.left).range(time.saturating_sub(upper)..=time.saturating_sub(lower), |at, bucket| {
+            found.push((at, bucket));
+            true
+        });
+        for (at, mut bucket) in found {
+            let mut marked = false;
+            for (other, joined) in &mut bucket.0 {
+                if let Some(out) = (self.f)(Some(other), Some(record)) {
+                    ctx.emit_at(out, time.max(at));
+                }
+                paired = true;
+                if self.interval.left_outer && !*joined {
+                    *joined = true;
+                    marked = true;
+                }
+            }
+            if marked {
+                ctx.map(&self.left).put(at, bucket);
+            }
+        }
+        ctx.map(&self.right).update(time, |b| b.get_or_insert_with(Bucket::default).0.push((record.clone(), paired)));
+        ctx.register_timer(if lower < 0 { time.saturating_sub(lower) } else { time });
+        Ok(())
+    }
+
+    fn on_timer(&self, ctx: &mut ProcessContext<'_, K, U>, timer: Timer) -> Result<(), String> {
+        let (lower, upper) = (self.interval.lower, self.interval.upper);
+        let left_at = if upper > 0 { timer.time.saturating_sub(upper) } else { timer.time };
+        if let Some(bucket) = ctx.map(&self.left).remove(&left_at)
+            && self.interval.left_outer
+        {
+            for (record, joined) in &bucket.0 {
+                if !joined && let Some(out) = (self.f)(Some(record), None) {
+                    ctx.emit_at(out, left_at);
+                }
+            }
+        }
+        let right_at = if lower < 0 { timer.time.saturating_add(lower) } else { timer.time };
+        if let Some(bucket) = ctx.map(&self.right).remove(&right_at)
+            && self.interval.right_outer
+        {
+            for (record, joined) in &bucket.0 {
+                if !joined && let Some(out) = (self.f)(None, Some(record)) {
+                    ctx.emit_at(out, right_at);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bucket_reads_back_its_records_and_flags_and_refuses_a_cut() {
+        let bucket = Bucket(vec![("a".to_string(), false), (String::new(), true), ("ccc".into(), false)]);
+        let mut bytes = Vec::new();
+        bucket.encode(&mut bytes).unwrap();
+        assert_eq!(Bucket::<String>::decode(&bytes).unwrap(), bucket);
+        assert_eq!(Bucket::<String>::decode(&[]).unwrap(), Bucket::default());
+        let cut = bytes.get(..bytes.len() - 1).unwrap();
+        assert!(Bucket::<String>::decode(cut).unwrap_err().reason.contains("cut short"));
+    }
+}
