@@ -367,3 +367,62 @@ proptest! {
         prop_assert_eq!(got, want, "{:?} {:?}, two sources, four instances", kind, bounds);
     }
 }
+
+/// The records a join keeps are checkpointed: restored from a savepoint
+/// onto three instances, the records buffered before it pair with those
+/// that come after, each with its own key's, and none is left unpaired.
+#[test]
+fn buffered_records_survive_a_savepoint_onto_more_instances() {
+    use std::time::Duration;
+    use weibo::Job;
+    use weibo::sinks::CollectSink;
+    use weibo::sources::{Generator, IterSource};
+    use weibo::time::WatermarkStrategy;
+    type Side = (u8, u32, i64);
+    fn wire(partitions: usize, left: Stream<Side>, right: Stream<Side>, out: &CollectSink<(Option<u32>, Option<u32>)>) {
+        let at = |r: &Side| r.2;
+        let left = left.with_timestamps(at, WatermarkStrategy::monotonous());
+        let right = right.with_timestamps(at, WatermarkStrategy::monotonous());
+        left.key_by(|l: &Side| l.0)
+            .interval_join(&right.key_by(|r: &Side| r.0))
+            .between(0, 1_000_000)
+            .with_partitions(partitions)
+            .full_join(|l: Option<&Side>, r: Option<&Side>| (l.map(|l| l.1), r.map(|r| r.1)))
+            .uid("join")
+            .sink(out.clone());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Left records of keys 0..4 at times 0, 1, 2, ...; the right input
+    // (key 9, which no left record has) holds the watermark back.
+    let job = Job::new("join").with_checkpoints(dir.path(), Duration::from_secs(3600)).with_max_key_groups(16);
+    let left =
+        job.source(Generator::new(u64::MAX, |i| ((i % 4) as u8, i as u32, i as i64)).with_rate(2_000.0)).uid("left");
+    let right = job.source(Generator::new(u64::MAX, |i| (9u8, 1_000_000 + i as u32, 0i64)).with_rate(1.0)).uid("right");
+    let before = CollectSink::new();
+    wire(1, left, right, &before);
+    let savepoint = weibo_tests::savepoint_midway(job, Duration::from_millis(400));
+    assert!(before.values().iter().all(|r| r.0.is_none() || r.1.is_none()), "no pairs before: {:?}", before.values());
+
+    // After: one right record per key at time 500 000 pairs with every
+    // left record of its key buffered before the savepoint.
+    let job = Job::new("join")
+        .with_checkpoints(dir.path().join("v2"), Duration::from_secs(3600))
+        .with_max_key_groups(16)
+        .restore_from(&savepoint)
+        .allow_unrestored_state();
+    let left = job.source(IterSource::new(Vec::<Side>::new())).uid("left-after");
+    let right = job
+        .source(IterSource::new((0..4u8).map(|k| (k, 2_000 + u32::from(k), 500_000)).collect::<Vec<_>>()))
+        .uid("right-after");
+    let after = CollectSink::new();
+    wire(3, left, right, &after);
+    job.run_blocking().unwrap();
+    let rows = after.values();
+    let pairs: Vec<_> = rows.iter().filter(|r| r.0.is_some() && r.1.is_some()).collect();
+    let unpaired_left: Vec<_> = rows.iter().filter(|r| r.1.is_none()).collect();
+    assert!(pairs.len() > 100, "the buffered left records paired: {}", pairs.len());
+    for (l, r) in pairs.iter().map(|p| (p.0.unwrap(), p.1.unwrap())) {
+        assert_eq!(l % 4, r - 2_000, "left {l} paired with its key's right record {r}");
+    }
+    assert!(unpaired_left.is_empty(), "every left record had a partner: {unpaired_left:?}");
+}
