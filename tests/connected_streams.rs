@@ -233,3 +233,31 @@ fn dead_letters_tell_the_side() {
     sides.sort_by_key(|(_, e)| e.clone());
     assert_eq!(sides, [(Either::Left(2), "no 2".to_string()), (Either::Right("x".into()), "no x".to_string())]);
 }
+
+/// A test harness whose input is split in two and connected again at four
+/// instances: every watermark reaches the probe (each probe instance
+/// opens on its own, and one opening must not forget what another saw).
+#[test]
+fn a_harness_input_split_and_connected_at_four_instances_passes_watermarks() {
+    for _ in 0..20 {
+        let mut h = weibo::testing::Harness::<(u8, u32)>::new("split");
+        let input = h.input();
+        let even = input.filter(|r: &(u8, u32)| r.1 % 2 == 0).key_by(|r: &(u8, u32)| r.0);
+        let odd = input.filter(|r: &(u8, u32)| r.1 % 2 == 1).key_by(|r: &(u8, u32)| r.0);
+        let out = even.connect(&odd).with_partitions(4).process_with_state(
+            on_error::Fail,
+            |_| (),
+            |ctx, (), r| ctx.emit(r.1),
+            |ctx, (), r| ctx.emit(r.1),
+        );
+        let probe = h.output(&out);
+        let mut run = h.start().unwrap();
+        run.push((0, 1), 10).unwrap();
+        run.push((1, 2), 11).unwrap();
+        run.watermark(20).unwrap();
+        let mut got = probe.take();
+        got.sort_unstable();
+        assert_eq!(got, [1, 2]);
+        run.finish().unwrap();
+    }
+}

@@ -96,7 +96,7 @@ fn start(
 }
 
 fn inner(bounds: (i64, i64)) -> Join {
-    start(Kind::Inner, bounds, (false, false), 1, None)
+    start(Kind::Inner, bounds, (false, false), 4, None)
 }
 
 fn sorted(mut rows: Vec<Row>) -> Vec<Row> {
@@ -314,9 +314,9 @@ proptest! {
 
     /// With each side in time order and the watermark the minimum of the
     /// sides' latest times minus one, nothing is late and the join gives
-    /// the naive join: for an interleaving the test chooses (one
-    /// instance), and for whatever interleaving two sources give (four
-    /// instances); in memory and on fjall.
+    /// the naive join: for an interleaving the test chooses (at one and
+    /// four instances), and for whatever interleaving two sources give
+    /// (four instances); in memory and on fjall.
     #[test]
     fn every_interleaving_gives_the_naive_join(
         lefts in side(),
@@ -331,8 +331,9 @@ proptest! {
         let lefts: Vec<(u8, u32, i64)> = lefts.iter().enumerate().map(|(i, (k, t))| (*k, i as u32, *t)).collect();
         let rights: Vec<(u8, u32, i64)> = rights.iter().enumerate().map(|(i, (k, t))| (*k, 100 + i as u32, *t)).collect();
         let want = naive(kind, &lefts, &rights, bounds);
+        for partitions in [1, 4] {
         let dir = tempfile::tempdir().unwrap();
-        let mut j = start(kind, bounds, (false, false), 1, fjall.then(|| dir.path()));
+        let mut j = start(kind, bounds, (false, false), partitions, fjall.then(|| dir.path()));
         let (mut li, mut ri) = (0, 0);
         let mut seen: BTreeMap<bool, i64> = BTreeMap::new();
         let mut turns = order.iter().copied().cycle();
@@ -360,7 +361,8 @@ proptest! {
         }
         j.run.finish().unwrap();
         prop_assert!(j.late.take().is_empty());
-        prop_assert_eq!(sorted(j.rows.take()), want.clone(), "{:?} {:?}, one instance", kind, bounds);
+        prop_assert_eq!(sorted(j.rows.take()), want.clone(), "{:?} {:?} at {} instances", kind, bounds, partitions);
+        }
 
         let dir = tempfile::tempdir().unwrap();
         let got = two_sources(kind, bounds, &lefts, &rights, 4, fjall.then(|| dir.path()));

@@ -822,7 +822,15 @@ impl<U: Clone + Send + 'static> crate::sinks::Sink<U> for ProbeSink<U> {
     }
 
     fn open(&self, instance: usize, parallelism: usize) -> Result<Box<dyn crate::sinks::SinkWriter<U>>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).watermarks = vec![NO_TIMESTAMP; parallelism];
+        // Instances open lazily (at their first flush, watermark or batch):
+        // one opening after another recorded a watermark must not wipe it,
+        // since each watermark is forwarded once.
+        {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if state.watermarks.len() < parallelism {
+                state.watermarks.resize(parallelism, NO_TIMESTAMP);
+            }
+        }
         Ok(Box::new(ProbeWriter {
             inner: crate::sinks::Sink::<U>::open(&self.sink, instance, parallelism)?,
             state: self.state.clone(),
