@@ -2,7 +2,7 @@
 //! the public DSL, printing one `RESULT` line in the peers' format.
 //!
 //! ```sh
-//! cargo run --release -p weibo-examples --example bench -- <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state> <events> <partitions> [threads]
+//! cargo run --release -p weibo-examples --example bench -- <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state|join-interval> <events> <partitions> [threads]
 //! ```
 //!
 //! Event `i`: `key = (i * 2654435761) mod K`, `value = i mod 1000`, `ts = i`.
@@ -162,6 +162,39 @@ fn dedup(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
                 o.count += 1;
                 o.sum = o.sum.wrapping_add(*id);
                 o.chk = o.chk.wrapping_add(id.wrapping_mul(*id));
+            },
+        });
+}
+
+/// Interval join: `n / 2` orders and `n / 2` payments over 1,000,000
+/// keys; order `i` is at event time `i` ms, its payment (same key) 0 to
+/// 3 s later; each order is joined with its key's payments within ±5 s,
+/// so every order pairs with exactly its own payment. Orders' watermarks
+/// are monotonous, payments' 3 s out of order (none is late).
+fn join_interval(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
+    use weibo::time::WatermarkStrategy;
+    let half = n / 2;
+    let key = |i: u64| i.wrapping_mul(MULT) % 1_000_000;
+    let orders = job
+        .source(Generator::new(half, move |i| (key(i), i)).with_partitions(partitions))
+        .with_timestamps(|o: &(u64, u64)| o.1 as i64, WatermarkStrategy::monotonous());
+    let payments =
+        job.source(Generator::new(half, move |i| (key(i), i + i % 3_000)).with_partitions(partitions)).with_timestamps(
+            |p: &(u64, u64)| p.1 as i64,
+            WatermarkStrategy::bounded_out_of_orderness(Duration::from_secs(3)),
+        );
+    orders
+        .key_by(|o: &(u64, u64)| o.0)
+        .interval_join(&payments.key_by(|p: &(u64, u64)| p.0))
+        .between(-5_000, 5_000)
+        .with_partitions(partitions)
+        .join(|o: &(u64, u64), p: &(u64, u64)| (o.1, p.1))
+        .sink(Checksum {
+            total,
+            f: |o: &mut Out, pair: &(u64, u64)| {
+                o.count += 1;
+                o.sum = o.sum.wrapping_add(pair.0);
+                o.chk = o.chk.wrapping_add(pair.1.wrapping_sub(pair.0));
             },
         });
 }
@@ -555,7 +588,7 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state> <events> <partitions> [threads] | bench ckpt <keys> 1"
+        "usage: bench <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state|join-interval> <events> <partitions> [threads] | bench ckpt <keys> 1"
     );
     std::process::exit(2)
 }
@@ -694,6 +727,7 @@ fn main() {
         "dedup" => dedup(&job, n, partitions, total.clone()),
         "list-append" => list_append(&job, n, partitions, total.clone()),
         "map-state" => map_state(&job, n, partitions, total.clone()),
+        "join-interval" => join_interval(&job, n, partitions, total.clone()),
         _ => usage(),
     }
     // `WEIBO_SCRAPE_MS=<ms>` serves the admin API and scrapes its
