@@ -242,7 +242,7 @@ fn a_harness_input_split_and_connected_at_four_instances_passes_watermarks() {
     for _ in 0..20 {
         let mut h = weibo::testing::Harness::<(u8, u32)>::new("split");
         let input = h.input();
-        let even = input.filter(|r: &(u8, u32)| r.1 % 2 == 0).key_by(|r: &(u8, u32)| r.0);
+        let even = input.filter(|r: &(u8, u32)| r.1.is_multiple_of(2)).key_by(|r: &(u8, u32)| r.0);
         let odd = input.filter(|r: &(u8, u32)| r.1 % 2 == 1).key_by(|r: &(u8, u32)| r.0);
         let out = even.connect(&odd).with_partitions(4).process_with_state(
             on_error::Fail,

@@ -25,7 +25,7 @@
 //! entry and reads nothing. Numbers grow per operator instance, above any
 //! restored one, so a key's elements keep the order they were added in.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 
 use crate::codec::Data;
@@ -91,16 +91,18 @@ impl<UK: Key> UserKeys<UK> for OrderedKeys<UK> {
 
 /// A list's index: its elements' sequence numbers, ascending (a `u64`'s
 /// encoding is its big-endian bytes, which sort as the numbers do). An
-/// element costs 8 bytes here, against about 60 in a map's index.
+/// element costs 8 bytes here, against about 60 in a map's index. A deque:
+/// elements are added at the back and, with a time-to-live, expire from
+/// the front, both in constant time.
 #[derive(Debug, Default)]
-pub struct Sequence(Vec<u64>);
+pub struct Sequence(VecDeque<u64>);
 
 impl UserKeys<u64> for Sequence {
     fn record(&mut self, bytes: &[u8], seq: u64) {
         let _ = bytes;
         // Appends come in order; a restore's parts may not.
-        if self.0.last().is_none_or(|last| *last < seq) {
-            self.0.push(seq);
+        if self.0.back().is_none_or(|last| *last < seq) {
+            self.0.push_back(seq);
         } else if let Err(at) = self.0.binary_search(&seq) {
             self.0.insert(at, seq);
         }
@@ -108,7 +110,9 @@ impl UserKeys<u64> for Sequence {
 
     fn forget(&mut self, bytes: &[u8]) {
         let Ok(seq) = crate::codec::key::decode::<u64>(bytes) else { return };
-        if let Ok(at) = self.0.binary_search(&seq) {
+        if self.0.front() == Some(&seq) {
+            self.0.pop_front();
+        } else if let Ok(at) = self.0.binary_search(&seq) {
             self.0.remove(at);
         }
         if self.0.capacity() > 2 * self.0.len() + 8 {
@@ -127,9 +131,7 @@ impl UserKeys<u64> for Sequence {
             Bound::Unbounded => 0,
         };
         self.0
-            .get(start..)
-            .unwrap_or_default()
-            .iter()
+            .range(start..)
             .map(|s| (s.to_be_bytes().to_vec(), *s))
             .take_while(|(k, _)| below_end(k, end))
             .take(limit)
@@ -137,7 +139,7 @@ impl UserKeys<u64> for Sequence {
     }
 
     fn into_keys(self) -> Vec<u64> {
-        self.0
+        self.0.into()
     }
 }
 
