@@ -62,9 +62,9 @@ impl<K, A, B> Clone for ConnectedStreams<K, A, B> {
 impl<K: Key, A: Data> KeyedStream<K, A> {
     /// Connects this keyed stream (the first input) with `other` (the
     /// second), keyed by the same key type, for one operator that reads
-    /// both: see [`ConnectedStreams`]. The operator runs on as many
-    /// instances as this stream's [`with_partitions`](Self::with_partitions)
-    /// (or the connected streams').
+    /// both: see [`ConnectedStreams`]. The operator runs on the larger of
+    /// the two streams' [`with_partitions`](Self::with_partitions), unless
+    /// [`ConnectedStreams::with_partitions`] sets it.
     pub fn connect<B: Data>(&self, other: &KeyedStream<K, B>) -> ConnectedStreams<K, A, B> {
         let (first, second) = (self.key.clone(), other.key.clone());
         let left = self.upstream().map(Either::<A, B>::Left);
