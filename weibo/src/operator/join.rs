@@ -106,11 +106,14 @@ pub(crate) struct Interval {
     pub(crate) right_outer: bool,
 }
 
+/// One side's records, by event time.
+type Buffer<T> = MapState<i64, Bucket<T>>;
+
 /// The interval join of a left input `L` and a right input `R`.
 pub(crate) struct IntervalJoin<L, R, U> {
     interval: Interval,
-    left: MapState<i64, Bucket<L>>,
-    right: MapState<i64, Bucket<R>>,
+    left: Buffer<L>,
+    right: Buffer<R>,
     late: OutputTag<Either<L, R>>,
     f: JoinFn<L, R, U>,
 }
@@ -141,6 +144,73 @@ fn late(time: Timestamp, watermark: Timestamp) -> bool {
     watermark != NO_TIMESTAMP && time < watermark
 }
 
+impl<L: Data, R: Data, U: Clone + Send + 'static> IntervalJoin<L, R, U> {
+    /// A record of one side (`ours`): late, or paired with the other
+    /// side's records at `[time + from, time + to]` (`pair` of ours and
+    /// theirs), marking them paired if the other side is outer, then
+    /// buffered with a timer at its removal time.
+    fn on_record<K: crate::codec::key::Key, Ours: Data, Other: Data>(
+        &self,
+        ctx: &mut ProcessContext<'_, K, U>,
+        record: &Ours,
+        (ours, other): (&Buffer<Ours>, &Buffer<Other>),
+        (from, to, other_outer): (i64, i64, bool),
+        late_record: impl FnOnce() -> Either<L, R>,
+        pair: impl Fn(&Ours, &Other) -> Option<U>,
+    ) -> Result<(), String> {
+        let time = event_time(ctx.timestamp())?;
+        if late(time, ctx.watermark()) {
+            ctx.output(&self.late, late_record());
+            return Ok(());
+        }
+        let mut paired = false;
+        let mut found = Vec::new();
+        ctx.map(other).range(time.saturating_add(from)..=time.saturating_add(to), |at, bucket| {
+            found.push((at, bucket));
+            true
+        });
+        for (at, mut bucket) in found {
+            let mut marked = false;
+            for (partner, joined) in &mut bucket.0 {
+                if let Some(out) = pair(record, partner) {
+                    ctx.emit_at(out, time.max(at));
+                }
+                paired = true;
+                if other_outer && !*joined {
+                    *joined = true;
+                    marked = true;
+                }
+            }
+            if marked {
+                ctx.map(other).put(at, bucket);
+            }
+        }
+        ctx.map(ours).update(time, |b| b.get_or_insert_with(Bucket::default).0.push((record.clone(), paired)));
+        ctx.register_timer(if to > 0 { time.saturating_add(to) } else { time });
+        Ok(())
+    }
+
+    /// Removes `state`'s bucket at `at`; if its side is outer, emits
+    /// `row` of each of its records never paired, at `at`.
+    fn remove<K: crate::codec::key::Key, T: Data>(
+        ctx: &mut ProcessContext<'_, K, U>,
+        state: &Buffer<T>,
+        at: i64,
+        outer: bool,
+        row: impl Fn(&T) -> Option<U>,
+    ) {
+        if let Some(bucket) = ctx.map(state).remove(&at)
+            && outer
+        {
+            for (record, joined) in &bucket.0 {
+                if !joined && let Some(out) = row(record) {
+                    ctx.emit_at(out, at);
+                }
+            }
+        }
+    }
+}
+
 impl<K, L, R, U> KeyedCoProcessFunction<K, L, R> for IntervalJoin<L, R, U>
 where
     K: crate::codec::key::Key,
@@ -152,95 +222,37 @@ where
     type Error = String;
 
     fn process_element1(&self, ctx: &mut ProcessContext<'_, K, U>, record: &L) -> Result<(), String> {
-        let time = event_time(ctx.timestamp())?;
-        if late(time, ctx.watermark()) {
-            ctx.output(&self.late, Either::Left(record.clone()));
-            return Ok(());
-        }
-        let (lower, upper) = (self.interval.lower, self.interval.upper);
-        let mut paired = false;
-        let mut found = Vec::new();
-        ctx.map(&self.right).range(time.saturating_add(lower)..=time.saturating_add(upper), |at, bucket| {
-            found.push((at, bucket));
-            true
-        });
-        for (at, mut bucket) in found {
-            let mut marked = false;
-            for (other, joined) in &mut bucket.0 {
-                if let Some(out) = (self.f)(Some(record), Some(other)) {
-                    ctx.emit_at(out, time.max(at));
-                }
-                paired = true;
-                if self.interval.right_outer && !*joined {
-                    *joined = true;
-                    marked = true;
-                }
-            }
-            if marked {
-                ctx.map(&self.right).put(at, bucket);
-            }
-        }
-        ctx.map(&self.left).update(time, |b| b.get_or_insert_with(Bucket::default).0.push((record.clone(), paired)));
-        ctx.register_timer(if upper > 0 { time.saturating_add(upper) } else { time });
-        Ok(())
+        let Interval { lower, upper, right_outer, .. } = self.interval;
+        self.on_record(
+            ctx,
+            record,
+            (&self.left, &self.right),
+            (lower, upper, right_outer),
+            || Either::Left(record.clone()),
+            |l, r| (self.f)(Some(l), Some(r)),
+        )
     }
 
     fn process_element2(&self, ctx: &mut ProcessContext<'_, K, U>, record: &R) -> Result<(), String> {
-        let time = event_time(ctx.timestamp())?;
-        if late(time, ctx.watermark()) {
-            ctx.output(&self.late, Either::Right(record.clone()));
-            return Ok(());
-        }
-        let (lower, upper) = (self.interval.lower, self.interval.upper);
-        let mut paired = false;
-        let mut found = Vec::new();
-        ctx.map(&self.left).range(time.saturating_sub(upper)..=time.saturating_sub(lower), |at, bucket| {
-            found.push((at, bucket));
-            true
-        });
-        for (at, mut bucket) in found {
-            let mut marked = false;
-            for (other, joined) in &mut bucket.0 {
-                if let Some(out) = (self.f)(Some(other), Some(record)) {
-                    ctx.emit_at(out, time.max(at));
-                }
-                paired = true;
-                if self.interval.left_outer && !*joined {
-                    *joined = true;
-                    marked = true;
-                }
-            }
-            if marked {
-                ctx.map(&self.left).put(at, bucket);
-            }
-        }
-        ctx.map(&self.right).update(time, |b| b.get_or_insert_with(Bucket::default).0.push((record.clone(), paired)));
-        ctx.register_timer(if lower < 0 { time.saturating_sub(lower) } else { time });
-        Ok(())
+        // A right record at `t` pairs with left records at
+        // `[t - upper, t - lower]`, and is removed at `t - lower`.
+        let Interval { lower, upper, left_outer, .. } = self.interval;
+        self.on_record(
+            ctx,
+            record,
+            (&self.right, &self.left),
+            (upper.saturating_neg(), lower.saturating_neg(), left_outer),
+            || Either::Right(record.clone()),
+            |r, l| (self.f)(Some(l), Some(r)),
+        )
     }
 
     fn on_timer(&self, ctx: &mut ProcessContext<'_, K, U>, timer: Timer) -> Result<(), String> {
-        let (lower, upper) = (self.interval.lower, self.interval.upper);
+        let Interval { lower, upper, left_outer, right_outer } = self.interval;
         let left_at = if upper > 0 { timer.time.saturating_sub(upper) } else { timer.time };
-        if let Some(bucket) = ctx.map(&self.left).remove(&left_at)
-            && self.interval.left_outer
-        {
-            for (record, joined) in &bucket.0 {
-                if !joined && let Some(out) = (self.f)(Some(record), None) {
-                    ctx.emit_at(out, left_at);
-                }
-            }
-        }
+        Self::remove(ctx, &self.left, left_at, left_outer, |l| (self.f)(Some(l), None));
         let right_at = if lower < 0 { timer.time.saturating_add(lower) } else { timer.time };
-        if let Some(bucket) = ctx.map(&self.right).remove(&right_at)
-            && self.interval.right_outer
-        {
-            for (record, joined) in &bucket.0 {
-                if !joined && let Some(out) = (self.f)(None, Some(record)) {
-                    ctx.emit_at(out, right_at);
-                }
-            }
-        }
+        Self::remove(ctx, &self.right, right_at, right_outer, |r| (self.f)(None, Some(r)));
         Ok(())
     }
 }
