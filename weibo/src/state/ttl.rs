@@ -230,6 +230,14 @@ impl Expiry {
         }
     }
 
+    /// [`Expiry::now`], shared with the backend (which drops what has
+    /// expired by it); returns the clock.
+    fn observe(&mut self, now: Timestamp, watermark: Timestamp) -> Timestamp {
+        let now = self.now(now, watermark);
+        self.shared.advance(now);
+        now
+    }
+
     /// The time at or before which restored entries have expired, if
     /// known: processing time now, or the clock the checkpoint recorded.
     fn restore_now(&self) -> Option<Timestamp> {
@@ -355,8 +363,7 @@ impl<K: Key, T: Data> TtlValueStore<K, T> {
     /// # Errors
     /// As [`ValueStore::update`].
     pub(crate) fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
-        let now = self.expiry.now(now, watermark);
-        self.expiry.shared.advance(now);
+        let now = self.expiry.observe(now, watermark);
         let mut gone = Vec::new();
         self.store.for_each_in_group(group, |k, e| {
             if !e.live(now) {
@@ -378,8 +385,7 @@ impl<K: Key, T: Data> TtlValueStore<K, T> {
     /// Moves the clock the backend drops expired entries by to processing
     /// time `now` and watermark `watermark`.
     pub(crate) fn observe(&mut self, now: Timestamp, watermark: Timestamp) {
-        let now = self.expiry.now(now, watermark);
-        self.expiry.shared.advance(now);
+        self.expiry.observe(now, watermark);
     }
 }
 
@@ -431,8 +437,7 @@ impl<K: Key, UK: Key, UV: Data> TtlMapStore<K, UK, UV> {
     /// Moves the clock the backend drops expired entries by to processing
     /// time `now` and watermark `watermark`.
     pub(crate) fn observe(&mut self, now: Timestamp, watermark: Timestamp) {
-        let now = self.expiry.now(now, watermark);
-        self.expiry.shared.advance(now);
+        self.expiry.observe(now, watermark);
     }
 
     /// The live value at `user_key` at time `now` (refreshed, if reads
@@ -558,8 +563,7 @@ impl<K: Key, UK: Key, UV: Data> TtlMapStore<K, UK, UV> {
     /// # Errors
     /// As [`MapStore::remove`].
     pub(crate) fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
-        let now = self.expiry.now(now, watermark);
-        self.expiry.shared.advance(now);
+        let now = self.expiry.observe(now, watermark);
         self.expiry.expired += self.store.retain_group(group, |e| e.live(now))?;
         Ok(())
     }
@@ -613,8 +617,7 @@ impl<K: Key, T: Data> TtlListStore<K, T> {
     /// Moves the clock the backend drops expired entries by to processing
     /// time `now` and watermark `watermark`.
     pub(crate) fn observe(&mut self, now: Timestamp, watermark: Timestamp) {
-        let now = self.expiry.now(now, watermark);
-        self.expiry.shared.advance(now);
+        self.expiry.observe(now, watermark);
     }
 
     /// Appends `value`, expiring `ttl` from `now`.
@@ -682,8 +685,7 @@ impl<K: Key, T: Data> TtlListStore<K, T> {
     /// # Errors
     /// As [`ListStore::clear`].
     pub(crate) fn sweep(&mut self, group: u16, now: Timestamp, watermark: Timestamp) -> Result<()> {
-        let now = self.expiry.now(now, watermark);
-        self.expiry.shared.advance(now);
+        let now = self.expiry.observe(now, watermark);
         self.expiry.expired += self.store.entries_mut().retain_group(group, |e| e.live(now))?;
         Ok(())
     }
