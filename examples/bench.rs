@@ -2,7 +2,7 @@
 //! the public DSL, printing one `RESULT` line in the peers' format.
 //!
 //! ```sh
-//! cargo run --release -p weibo-examples --example bench -- <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state|join-interval> <events> <partitions> [threads]
+//! cargo run --release -p weibo-examples --example bench -- <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state|join-interval|join-window|join-interval-loop|join-window-loop> <events> <partitions> [threads]
 //! ```
 //!
 //! Event `i`: `key = (i * 2654435761) mod K`, `value = i mod 1000`, `ts = i`.
@@ -172,31 +172,172 @@ fn dedup(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
 /// so every order pairs with exactly its own payment. Orders' watermarks
 /// are monotonous, payments' 3 s out of order (none is late).
 fn join_interval(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
-    use weibo::time::WatermarkStrategy;
-    let half = n / 2;
-    let key = |i: u64| i.wrapping_mul(MULT) % 1_000_000;
-    let orders = job
-        .source(Generator::new(half, move |i| (key(i), i)).with_partitions(partitions))
-        .with_timestamps(|o: &(u64, u64)| o.1 as i64, WatermarkStrategy::monotonous());
-    let payments =
-        job.source(Generator::new(half, move |i| (key(i), i + i % 3_000)).with_partitions(partitions)).with_timestamps(
-            |p: &(u64, u64)| p.1 as i64,
-            WatermarkStrategy::bounded_out_of_orderness(Duration::from_secs(3)),
-        );
+    let (orders, payments) = join_input(job, n, partitions);
     orders
         .key_by(|o: &(u64, u64)| o.0)
         .interval_join(&payments.key_by(|p: &(u64, u64)| p.0))
         .between(-5_000, 5_000)
         .with_partitions(partitions)
         .join(|o: &(u64, u64), p: &(u64, u64)| (o.1, p.1))
-        .sink(Checksum {
-            total,
-            f: |o: &mut Out, pair: &(u64, u64)| {
-                o.count += 1;
-                o.sum = o.sum.wrapping_add(pair.0);
-                o.chk = o.chk.wrapping_add(pair.1.wrapping_sub(pair.0));
-            },
-        });
+        .sink(Checksum { total, f: pair_checksum });
+}
+
+/// Window join: the input of `join-interval`; each order is joined with
+/// its key's payments in the same 10 s tumbling window (so with its own
+/// payment when both fall in one window).
+fn join_window(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
+    let (orders, payments) = join_input(job, n, partitions);
+    orders
+        .key_by(|o: &(u64, u64)| o.0)
+        .join(&payments.key_by(|p: &(u64, u64)| p.0))
+        .with_partitions(partitions)
+        .window(Tumbling::of(Duration::from_secs(10)))
+        .apply(|o: &(u64, u64), p: &(u64, u64)| (o.1, p.1))
+        .into_stream()
+        .sink(Checksum { total, f: pair_checksum });
+}
+
+/// A side of the join workloads: key and time.
+type Side = weibo::Stream<(u64, u64)>;
+
+/// The two inputs of the join workloads: `n / 2` orders and `n / 2`
+/// payments over 1,000,000 keys (see [`join_interval`]).
+fn join_input(job: &Job, n: u64, partitions: usize) -> (Side, Side) {
+    let half = n / 2;
+    let orders = job
+        .source(Generator::new(half, join_order).with_partitions(partitions))
+        .with_timestamps(|o: &(u64, u64)| o.1 as i64, WatermarkStrategy::monotonous());
+    let payments = job.source(Generator::new(half, join_payment).with_partitions(partitions)).with_timestamps(
+        |p: &(u64, u64)| p.1 as i64,
+        WatermarkStrategy::bounded_out_of_orderness(Duration::from_secs(3)),
+    );
+    (orders, payments)
+}
+
+/// Order `i` of the join workloads: its key and time.
+fn join_order(i: u64) -> (u64, u64) {
+    (i.wrapping_mul(MULT) % 1_000_000, i)
+}
+
+/// Payment `i` of the join workloads: its order's key, 0 to 3 s later.
+fn join_payment(i: u64) -> (u64, u64) {
+    (i.wrapping_mul(MULT) % 1_000_000, i + i % 3_000)
+}
+
+fn pair_checksum(o: &mut Out, pair: &(u64, u64)) {
+    o.count += 1;
+    o.sum = o.sum.wrapping_add(pair.0);
+    o.chk = o.chk.wrapping_add(pair.1.wrapping_sub(pair.0));
+}
+
+/// A multiplicative hasher for `u64` keys (the floor's maps).
+#[derive(Default, Clone, Copy)]
+struct MulHash(u64);
+
+impl std::hash::Hasher for MulHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type Fast<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<MulHash>>;
+
+/// The floor of the join workloads: one thread, no framework, over the
+/// same input in the order one instance would see it (an order, then a
+/// payment), with the same watermarks (orders' monotonous, payments' 3 s
+/// behind) and the same output. `window` picks the window join; otherwise
+/// the interval join (±5 s), whose records are removed when the
+/// watermark reaches their time plus 5 s.
+fn join_floor(n: u64, window: bool) -> Out {
+    let mut out = Out::default();
+    let half = n / 2;
+    let mut payment_max = 0u64;
+    let watermark = |order: u64, payment_max: u64| order.saturating_sub(1).min(payment_max.saturating_sub(3_001));
+    if window {
+        // Open windows by start: each key's orders and payments.
+        type Sides = (Vec<u64>, Vec<u64>);
+        let mut open: std::collections::BTreeMap<u64, Fast<Sides>> = std::collections::BTreeMap::new();
+        let fire = |open: &mut std::collections::BTreeMap<u64, Fast<Sides>>, wm: u64, out: &mut Out| {
+            while let Some(entry) = open.first_entry() {
+                if *entry.key() + 9_999 > wm {
+                    break;
+                }
+                for (_, (orders, payments)) in entry.remove() {
+                    for o in &orders {
+                        for p in &payments {
+                            pair_checksum(out, &(*o, *p));
+                        }
+                    }
+                }
+            }
+        };
+        for i in 0..half {
+            let (key, at) = join_order(i);
+            open.entry(at - at % 10_000).or_default().entry(key).or_default().0.push(at);
+            let (key, at) = join_payment(i);
+            payment_max = payment_max.max(at);
+            open.entry(at - at % 10_000).or_default().entry(key).or_default().1.push(at);
+            fire(&mut open, watermark(i, payment_max), &mut out);
+        }
+        fire(&mut open, u64::MAX, &mut out);
+    } else {
+        // Each side: its records per key, and a queue in time order for
+        // removal.
+        let mut orders: Fast<Vec<u64>> = Fast::default();
+        let mut payments: Fast<Vec<u64>> = Fast::default();
+        let mut order_queue = std::collections::VecDeque::new();
+        let mut payment_queue = std::collections::BinaryHeap::new();
+        for i in 0..half {
+            let (key, at) = join_order(i);
+            for p in payments.get(&key).into_iter().flatten() {
+                if p + 5_000 >= at && *p <= at + 5_000 {
+                    pair_checksum(&mut out, &(at, *p));
+                }
+            }
+            orders.entry(key).or_default().push(at);
+            order_queue.push_back((at, key));
+            let (key, at) = join_payment(i);
+            payment_max = payment_max.max(at);
+            for o in orders.get(&key).into_iter().flatten() {
+                if o + 5_000 >= at && *o <= at + 5_000 {
+                    pair_checksum(&mut out, &(*o, at));
+                }
+            }
+            payments.entry(key).or_default().push(at);
+            payment_queue.push(std::cmp::Reverse((at, key)));
+            let wm = watermark(i, payment_max);
+            while order_queue.front().is_some_and(|(t, _)| t + 5_000 <= wm) {
+                if let Some((t, key)) = order_queue.pop_front() {
+                    remove_time(&mut orders, key, t);
+                }
+            }
+            while payment_queue.peek().is_some_and(|std::cmp::Reverse((t, _))| t + 5_000 <= wm) {
+                if let Some(std::cmp::Reverse((t, key))) = payment_queue.pop() {
+                    remove_time(&mut payments, key, t);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn remove_time(side: &mut Fast<Vec<u64>>, key: u64, at: u64) {
+    if let Some(times) = side.get_mut(&key) {
+        if let Some(i) = times.iter().position(|t| *t == at) {
+            times.swap_remove(i);
+        }
+        if times.is_empty() {
+            side.remove(&key);
+        }
+    }
 }
 
 /// List-append: 100,000 keys, each event appends its value to its key's
@@ -588,7 +729,7 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state|join-interval> <events> <partitions> [threads] | bench ckpt <keys> 1"
+        "usage: bench <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state|join-interval|join-window|join-interval-loop|join-window-loop> <events> <partitions> [threads] | bench ckpt <keys> 1"
     );
     std::process::exit(2)
 }
@@ -674,6 +815,20 @@ fn main() {
         ckpt(&runtime, n, std::env::var("WEIBO_STATE").is_ok_and(|s| s == "fjall"));
         return;
     }
+    if let Some(join @ ("join-interval" | "join-window")) = workload.strip_suffix("-loop") {
+        let started = Instant::now();
+        let out = join_floor(n, join == "join-window");
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "RESULT engine=loop workload={join} n={n} par=1 secs={secs:.4} eps={:.0} out_count={} out_sum={} out_chk={} threads=1 heap_peak_kb={}",
+            n as f64 / secs,
+            out.count,
+            out.sum,
+            out.chk,
+            heap_kb().1
+        );
+        return;
+    }
     let mut job = Job::new(format!("bench-{workload}"));
     // `WEIBO_ALIGN_MS=<ms>` sets the sources' watermark alignment (the
     // largest drift between partitions; `off`: none).
@@ -728,6 +883,7 @@ fn main() {
         "list-append" => list_append(&job, n, partitions, total.clone()),
         "map-state" => map_state(&job, n, partitions, total.clone()),
         "join-interval" => join_interval(&job, n, partitions, total.clone()),
+        "join-window" => join_window(&job, n, partitions, total.clone()),
         _ => usage(),
     }
     // `WEIBO_SCRAPE_MS=<ms>` serves the admin API and scrapes its

@@ -40,6 +40,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     harness()?;
     refused()?;
     interval_join()?;
+    window_join()?;
     Ok(())
 }
 
@@ -83,6 +84,45 @@ fn interval_join() -> weibo::Result<()> {
     Ok(())
 }
 // ANCHOR_END: interval_join
+
+// ANCHOR: window_join
+/// Orders and payments per customer, met in 1-minute windows: a left join,
+/// so an order without a payment in its minute comes out too, with `None`,
+/// when the window fires.
+fn window_join() -> weibo::Result<()> {
+    let mut h = Harness::<Either<(u32, u64), (u32, u64)>>::new("paid");
+    let input = h.input();
+    let orders = input.flat_map(|e: Either<(u32, u64), (u32, u64)>| match e {
+        Either::Left(order) => vec![order],
+        Either::Right(_) => vec![],
+    });
+    let payments = input.flat_map(|e: Either<(u32, u64), (u32, u64)>| match e {
+        Either::Left(_) => vec![],
+        Either::Right(payment) => vec![payment],
+    });
+    let paid = orders
+        .key_by(|o: &(u32, u64)| o.0)
+        .join(&payments.key_by(|p: &(u32, u64)| p.0))
+        .window(Tumbling::of(Duration::from_secs(60)))
+        .left_join(|order: &(u32, u64), payment: Option<&(u32, u64)>| (order.0, order.1, payment.map(|p| p.1)));
+    let late = h.output(&paid.late_records());
+    let rows = h.output(&paid);
+    let mut run = h.start()?;
+    run.push(Either::Left((1, 250)), 10_000)?; // customer 1 orders at 10 s
+    run.push(Either::Left((2, 90)), 20_000)?; // customer 2 orders at 20 s
+    run.push(Either::Right((1, 250)), 50_000)?; // customer 1 pays at 50 s
+    run.watermark(59_998)?;
+    assert!(rows.take().is_empty(), "the minute [0, 60 s) has not fired");
+    run.watermark(59_999)?;
+    let mut fired = rows.take();
+    fired.sort_unstable();
+    assert_eq!(fired, [(1, 250, Some(250)), (2, 90, None)]);
+    run.push(Either::Right((2, 90)), 55_000)?; // behind the watermark: late
+    run.finish()?;
+    assert_eq!(late.take(), [Either::Right((2, 90))]);
+    Ok(())
+}
+// ANCHOR_END: window_join
 
 // ANCHOR: view
 /// A page view: who, which page, and when (event time, ms since the epoch).

@@ -68,10 +68,14 @@ pub mod process {
 }
 
 pub mod join {
-    //! Joins of two keyed streams: the interval join
+    //! Joins of two keyed streams, inner and outer: the interval join
     //! ([`KeyedStream::interval_join`](crate::KeyedStream::interval_join)),
-    //! inner and outer.
-    pub use crate::stream::join::{IntervalJoinBetween, IntervalJoinBuilder};
+    //! the window join ([`KeyedStream::join`](crate::KeyedStream::join))
+    //! and the window co-group
+    //! ([`KeyedStream::co_group`](crate::KeyedStream::co_group)).
+    pub use crate::stream::join::{
+        CoGroupWindows, CoGroupedStreams, IntervalJoinBetween, IntervalJoinBuilder, JoinWindows, JoinedStreams,
+    };
 }
 
 pub use codec::Data;

@@ -50,7 +50,7 @@ use crate::stream::{KeyedStream, on_error};
 /// # Ok::<(), weibo::Error>(())
 /// ```
 pub struct ConnectedStreams<K, A, B> {
-    keyed: KeyedStream<K, Either<A, B>>,
+    pub(crate) keyed: KeyedStream<K, Either<A, B>>,
 }
 
 impl<K, A, B> Clone for ConnectedStreams<K, A, B> {

@@ -309,7 +309,7 @@ impl<K: Key, T: Data> WindowedStream<K, T> {
         self.build("window_process", ProcessFn(f, PhantomData))
     }
 
-    fn build<W: WindowFn<K, T>>(&self, kind: &'static str, func: W) -> WindowedOutput<T, W::Out> {
+    pub(crate) fn build<W: WindowFn<K, T>>(&self, kind: &'static str, func: W) -> WindowedOutput<T, W::Out> {
         let late_enabled = Arc::new(AtomicBool::new(false));
         let lateness = self.lateness.max(0);
         let factory = windows::window::<K, T, W>(func, self.spec, lateness, late_enabled.clone());

@@ -136,3 +136,37 @@ where
         (self.0)(&WindowContext { key, window }, &acc.0, out);
     }
 }
+
+/// The window function of window joins and co-groups: a window keeps the
+/// records of both inputs, in arrival order, and on firing `F` sees each
+/// side's records apart.
+pub(crate) struct CoGroupFn<F, L, R, U>(pub(crate) F, pub(crate) PhantomData<fn(L, R) -> U>);
+
+impl<K, L, R, U, F> WindowFn<K, crate::operator::connect::Either<L, R>> for CoGroupFn<F, L, R, U>
+where
+    K: Key,
+    L: Data,
+    R: Data,
+    U: Clone + Send + 'static,
+    F: Fn(&WindowContext<'_, K>, &[&L], &[&R], &mut Vec<U>) + Send + Sync + 'static,
+{
+    type Acc = Elements<crate::operator::connect::Either<L, R>>;
+    type Out = U;
+    fn add(&self, acc: &mut Option<Self::Acc>, value: crate::operator::connect::Either<L, R>) {
+        acc.get_or_insert_with(|| Elements(Vec::new())).0.push(value);
+    }
+    fn merge(&self, into: &mut Self::Acc, other: Self::Acc) {
+        into.0.extend(other.0);
+    }
+    fn fire(&self, key: &K, window: Window, acc: &Self::Acc, out: &mut Vec<U>) {
+        use crate::operator::connect::Either;
+        let (mut left, mut right) = (Vec::new(), Vec::new());
+        for record in &acc.0 {
+            match record {
+                Either::Left(l) => left.push(l),
+                Either::Right(r) => right.push(r),
+            }
+        }
+        (self.0)(&WindowContext { key, window }, &left, &right, out);
+    }
+}

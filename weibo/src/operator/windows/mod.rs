@@ -228,7 +228,7 @@ use self::session::SessionWindowOp;
 
 pub use self::contents::Elements;
 pub(crate) use self::contents::Sessions;
-pub(crate) use self::functions::{AggregateFn, ProcessFn, ReduceFn, WindowFn};
+pub(crate) use self::functions::{AggregateFn, CoGroupFn, ProcessFn, ReduceFn, WindowFn};
 pub use self::functions::{Count, WindowContext};
 
 /// The factory of a window operator applying `func` to the windows of
