@@ -41,6 +41,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     refused()?;
     interval_join()?;
     window_join()?;
+    temporal_join()?;
     Ok(())
 }
 
@@ -123,6 +124,49 @@ fn window_join() -> weibo::Result<()> {
     Ok(())
 }
 // ANCHOR_END: window_join
+
+// ANCHOR: temporal_join
+/// A price change of a product, from its time on; `None` withdraws it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Price {
+    product: u32,
+    cents: Option<u64>,
+}
+
+/// Sales priced at the product's price when they were made, however late
+/// the price list's changes arrive compared to the sales.
+fn temporal_join() -> weibo::Result<()> {
+    let mut h = Harness::<Either<(u32, u32), Price>>::new("priced");
+    let input = h.input();
+    let sales = input.flat_map(|e: Either<(u32, u32), Price>| match e {
+        Either::Left(sale) => vec![sale], // (product, quantity)
+        Either::Right(_) => vec![],
+    });
+    let prices = input.flat_map(|e: Either<(u32, u32), Price>| match e {
+        Either::Left(_) => vec![],
+        Either::Right(price) => vec![price],
+    });
+    let priced = sales
+        .key_by(|s: &(u32, u32)| s.0)
+        .temporal_join(&prices.key_by(|p: &Price| p.product))
+        .with_deletes(|p: &Price| p.cents.is_none())
+        .left_join(|s: &(u32, u32), p: Option<&Price>| (s.0, p.and_then(|p| p.cents).map(|c| c * u64::from(s.1))));
+    let rows = h.output(&priced);
+    let mut run = h.start()?;
+    run.push(Either::Right(Price { product: 7, cents: Some(500) }), 0)?;
+    run.push(Either::Left((7, 2)), 1_000)?; // two at 1 s
+    run.push(Either::Right(Price { product: 7, cents: Some(450) }), 1_000)?; // a sale at 1 s pays this
+    run.watermark(1_000)?;
+    assert!(rows.take().is_empty(), "at watermark 1 000, a price at 1 s may still come");
+    run.watermark(1_001)?;
+    assert_eq!(rows.take(), [(7, Some(900))]);
+    run.push(Either::Right(Price { product: 7, cents: None }), 2_000)?; // withdrawn at 2 s
+    run.push(Either::Left((7, 1)), 3_000)?;
+    run.finish()?;
+    assert_eq!(rows.take(), [(7, None)]);
+    Ok(())
+}
+// ANCHOR_END: temporal_join
 
 // ANCHOR: view
 /// A page view: who, which page, and when (event time, ms since the epoch).

@@ -71,10 +71,15 @@ pub mod join {
     //! Joins of two keyed streams, inner and outer: the interval join
     //! ([`KeyedStream::interval_join`](crate::KeyedStream::interval_join)),
     //! the window join ([`KeyedStream::join`](crate::KeyedStream::join))
-    //! and the window co-group
-    //! ([`KeyedStream::co_group`](crate::KeyedStream::co_group)).
+    //! the window co-group
+    //! ([`KeyedStream::co_group`](crate::KeyedStream::co_group)), and a
+    //! stream's joins with a table: temporal
+    //! ([`KeyedStream::temporal_join`](crate::KeyedStream::temporal_join))
+    //! and latest-value
+    //! ([`KeyedStream::latest_join`](crate::KeyedStream::latest_join)).
     pub use crate::stream::join::{
         CoGroupWindows, CoGroupedStreams, IntervalJoinBetween, IntervalJoinBuilder, JoinWindows, JoinedStreams,
+        LatestJoinBuilder, TemporalJoinBuilder,
     };
 }
 

@@ -16,6 +16,7 @@ pub(crate) mod policy;
 pub(crate) mod sink;
 pub(crate) mod source;
 pub(crate) mod stateless;
+pub(crate) mod temporal;
 pub(crate) mod watermarks;
 pub(crate) mod windows;
 

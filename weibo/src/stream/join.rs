@@ -1,5 +1,6 @@
-//! Joins of two keyed streams: the interval join, and window joins and
-//! co-groups.
+//! Joins of two keyed streams: the interval join, window joins and
+//! co-groups, and a stream's joins with a table (temporal and
+//! latest-value).
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::operator::connect::Either;
 use crate::operator::join::{Interval, IntervalJoin, JoinFn};
+use crate::operator::temporal::{self, Deletes, TableJoin};
 use crate::operator::windows::{CoGroupFn, WindowAssigner, WindowContext};
 use crate::stream::connect::ConnectedStreams;
 use crate::stream::window::{WindowedOutput, WindowedStream};
@@ -422,4 +424,213 @@ fn named<T, U>(output: WindowedOutput<T, U>, name: &str) -> WindowedOutput<T, U>
         n.name = name.into();
     }
     output
+}
+
+/// A temporal join: each record of the stream is joined with the version
+/// of its key's table row valid at the record's event time (the newest
+/// row at or before it), as Flink SQL's `FOR SYSTEM_TIME AS OF` on a
+/// versioned table and Kafka Streams' versioned stores do. Made by
+/// [`KeyedStream::temporal_join`]; the table is a changelog stream: each
+/// of its records is the key's row from its event time on (a later one
+/// replaces it; [`with_deletes`](Self::with_deletes) marks rows that
+/// delete the key).
+///
+/// Semantics:
+/// - a stream record waits until the operator's watermark (the lower of
+///   both inputs') passes its time, so that every table row at or before
+///   it has arrived; then it is joined, once, and the row carries the
+///   record's time;
+/// - [`join`](Self::join) emits nothing for a record whose key has no row
+///   at its time (none yet, or deleted); [`left_join`](Self::left_join)
+///   emits it with `None`;
+/// - a record of either input behind the watermark by more than the
+///   [`retention`](Self::retention) (default 0: `time < watermark`) is
+///   late: it goes to the late records output
+///   (`side_output(&OutputTag::<Either<L, R>>::late_records())`) and the
+///   operator's late counter; within the retention, a stream record is
+///   joined at once with the rows kept, and a table row is kept (it
+///   changes no row already emitted);
+/// - a key's rows older than its newest row at or before
+///   `watermark - retention` are removed;
+/// - a record without an event time fails the job.
+///
+/// ```
+/// use weibo::time::WatermarkStrategy;
+///
+/// // Orders priced at the exchange rate of their currency at order time.
+/// type Order = (i64, char, u64); // time, currency, amount
+/// type Rate = (i64, char, u64); // time, currency, cents per unit
+/// let mut t = weibo::testing::TestJob::new("priced");
+/// let orders = t.input(vec![(1_000i64, '€', 100u64), (3_000, '€', 100)])
+///     .with_timestamps(|o: &Order| o.0, WatermarkStrategy::monotonous());
+/// let rates = t.input(vec![(0i64, '€', 110u64), (2_000, '€', 120)])
+///     .with_timestamps(|r: &Rate| r.0, WatermarkStrategy::monotonous());
+/// let priced = orders
+///     .key_by(|o: &Order| o.1)
+///     .temporal_join(&rates.key_by(|r: &Rate| r.1))
+///     .join(|o: &Order, rate: &Rate| (o.0, o.2 * rate.2 / 100));
+/// let out = t.collect(&priced);
+/// t.run()?;
+/// assert_eq!(out.values(), [(1_000, 110), (3_000, 120)]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
+pub struct TemporalJoinBuilder<K, L, R> {
+    connected: ConnectedStreams<K, L, R>,
+    retention: i64,
+    deletes: Option<Deletes<R>>,
+}
+
+/// A latest-value join: each record of the stream is joined with its
+/// key's newest table row at the moment the record arrives (Kafka
+/// Streams' `KStream`–`KTable` join), for pipelines that do not need event
+/// time. Made by [`KeyedStream::latest_join`].
+///
+/// Semantics:
+/// - a record is joined at once, with the row the operator has seen last
+///   for its key (none yet, or deleted by a row
+///   [`with_deletes`](Self::with_deletes) marks: [`join`](Self::join)
+///   emits nothing, [`left_join`](Self::left_join) emits `None`); the row
+///   carries the record's time, if it has one;
+/// - a table row only replaces the key's row: it emits nothing, and does
+///   not change rows already emitted;
+/// - so the result depends on the order in which the two inputs' records
+///   reach the operator, as in Kafka Streams; when it must not, use
+///   [`temporal_join`](KeyedStream::temporal_join).
+///
+/// ```
+/// // Clicks (user, page) with the user's current name.
+/// let mut t = weibo::testing::TestJob::new("named");
+/// let names = t.input(vec![(1u32, "ann".to_string())]).key_by(|n: &(u32, String)| n.0);
+/// let clicks = t.input(vec![(1u32, 10u32), (2, 20)]).key_by(|c: &(u32, u32)| c.0);
+/// let named = clicks
+///     .latest_join(&names)
+///     .left_join(|c: &(u32, u32), n: Option<&(u32, String)>| (c.1, n.map(|n| n.1.clone())));
+/// let out = t.collect(&named);
+/// t.run()?;
+/// let got = out.values();
+/// assert!(got.contains(&(20, None)), "user 2 has no name");
+/// # Ok::<(), weibo::Error>(())
+/// ```
+pub struct LatestJoinBuilder<K, L, R> {
+    connected: ConnectedStreams<K, L, R>,
+    deletes: Option<Deletes<R>>,
+}
+
+impl<K: Key, L: Data> KeyedStream<K, L> {
+    /// A temporal join of this stream with the versions of `table`, a
+    /// changelog stream of the same key type: see
+    /// [`TemporalJoinBuilder`].
+    pub fn temporal_join<R: Data>(&self, table: &KeyedStream<K, R>) -> TemporalJoinBuilder<K, L, R> {
+        TemporalJoinBuilder { connected: self.connect(table), retention: 0, deletes: None }
+    }
+
+    /// A latest-value join of this stream with `table`, a changelog stream
+    /// of the same key type: see [`LatestJoinBuilder`].
+    pub fn latest_join<R: Data>(&self, table: &KeyedStream<K, R>) -> LatestJoinBuilder<K, L, R> {
+        LatestJoinBuilder { connected: self.connect(table), deletes: None }
+    }
+}
+
+impl<K: Key, L: Data, R: Data> TemporalJoinBuilder<K, L, R> {
+    /// Keeps the table's old versions `retention` behind the watermark,
+    /// and takes records of either input that late (see
+    /// [`TemporalJoinBuilder`]).
+    #[must_use]
+    pub fn retention(self, retention: Duration) -> Self {
+        Self { retention: crate::time::millis(retention), ..self }
+    }
+
+    /// Table rows for which `is_delete` is true delete their key from
+    /// their time on (tombstones), instead of becoming its row.
+    #[must_use]
+    pub fn with_deletes(self, is_delete: impl Fn(&R) -> bool + Send + Sync + 'static) -> Self {
+        Self { deletes: Some(Arc::new(is_delete)), ..self }
+    }
+
+    /// Runs the join on `n` instances.
+    #[must_use]
+    pub fn with_partitions(self, n: usize) -> Self {
+        Self { connected: self.connected.with_partitions(n), ..self }
+    }
+
+    /// The inner join: `f` of each record and its key's row at its time;
+    /// nothing for a record without one.
+    pub fn join<U, F>(self, f: F) -> Stream<U>
+    where
+        U: Clone + Send + 'static,
+        F: Fn(&L, &R) -> U + Send + Sync + 'static,
+    {
+        let f: JoinFn<L, R, U> = Arc::new(move |l, r| Some(f(l?, r?)));
+        self.run(f, false, "temporal join")
+    }
+
+    /// The left join: `f` of each record and its key's row at its time, or
+    /// `None`.
+    pub fn left_join<U, F>(self, f: F) -> Stream<U>
+    where
+        U: Clone + Send + 'static,
+        F: Fn(&L, Option<&R>) -> U + Send + Sync + 'static,
+    {
+        let f: JoinFn<L, R, U> = Arc::new(move |l, r| Some(f(l?, r)));
+        self.run(f, true, "temporal left join")
+    }
+
+    fn run<U: Clone + Send + 'static>(self, f: JoinFn<L, R, U>, outer: bool, name: &str) -> Stream<U> {
+        let join = TableJoin { outer, deletes: self.deletes, f };
+        let retention = self.retention;
+        let joined = self
+            .connected
+            .process_function(on_error::Fail, |states| temporal::TemporalJoin::new(states, join, retention));
+        if let Some(n) = joined.lock().nodes.get_mut(joined.node) {
+            n.name = name.into();
+            n.detail = format!("retention {retention} ms; {}", n.detail);
+        }
+        joined
+    }
+}
+
+impl<K: Key, L: Data, R: Data> LatestJoinBuilder<K, L, R> {
+    /// Table rows for which `is_delete` is true delete their key (the
+    /// records after them find no row), instead of becoming its row.
+    #[must_use]
+    pub fn with_deletes(self, is_delete: impl Fn(&R) -> bool + Send + Sync + 'static) -> Self {
+        Self { deletes: Some(Arc::new(is_delete)), ..self }
+    }
+
+    /// Runs the join on `n` instances.
+    #[must_use]
+    pub fn with_partitions(self, n: usize) -> Self {
+        Self { connected: self.connected.with_partitions(n), ..self }
+    }
+
+    /// The inner join: `f` of each record and its key's latest row;
+    /// nothing for a record without one.
+    pub fn join<U, F>(self, f: F) -> Stream<U>
+    where
+        U: Clone + Send + 'static,
+        F: Fn(&L, &R) -> U + Send + Sync + 'static,
+    {
+        let f: JoinFn<L, R, U> = Arc::new(move |l, r| Some(f(l?, r?)));
+        self.run(f, false, "latest join")
+    }
+
+    /// The left join: `f` of each record and its key's latest row, or
+    /// `None`.
+    pub fn left_join<U, F>(self, f: F) -> Stream<U>
+    where
+        U: Clone + Send + 'static,
+        F: Fn(&L, Option<&R>) -> U + Send + Sync + 'static,
+    {
+        let f: JoinFn<L, R, U> = Arc::new(move |l, r| Some(f(l?, r)));
+        self.run(f, true, "latest left join")
+    }
+
+    fn run<U: Clone + Send + 'static>(self, f: JoinFn<L, R, U>, outer: bool, name: &str) -> Stream<U> {
+        let join = TableJoin { outer, deletes: self.deletes, f };
+        let joined = self.connected.process_function(on_error::Fail, |states| temporal::LatestJoin::new(states, join));
+        if let Some(n) = joined.lock().nodes.get_mut(joined.node) {
+            n.name = name.into();
+        }
+        joined
+    }
 }
