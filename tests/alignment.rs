@@ -1,6 +1,7 @@
-//! Watermark alignment between the partitions of one source: a partition
-//! reads no further than the drift ahead of the slowest, passes barriers
-//! while it waits, and does not wait for a partition that is idle.
+//! Watermark alignment between the partitions of one source, and of
+//! sources whose records meet: a partition reads no further than the drift
+//! ahead of the slowest, passes barriers while it waits, and does not wait
+//! for a partition that is idle, nor for a source its records never meet.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -245,4 +246,104 @@ async fn a_buffer_timeout_too_long_to_add_to_an_instant_still_aligns() {
     let (lead, records, _) = run(skewed(2_000, None), job).await;
     assert_eq!(records, 4_000, "every record arrived");
     assert!(lead <= 1_000 + 4 * 16 * STEP, "partition 0 led by {lead} ms");
+}
+
+/// One partition of [`Skewed`] as a source of its own (0: the fast one).
+#[derive(Clone)]
+struct Half {
+    source: Skewed,
+    partition: u8,
+}
+
+impl Source for Half {
+    type Item = (u8, i64);
+    fn default_name(&self) -> String {
+        format!("half-{}", self.partition)
+    }
+    fn describe(&self) -> String {
+        "one partition of a fast and a slow one".into()
+    }
+    fn partitions(&self) -> usize {
+        1
+    }
+    fn open(&self, _: usize) -> weibo::Result<Box<dyn SourceReader<(u8, i64)>>> {
+        Ok(Box::new(SkewedReader { partition: self.partition, next: 0, source: self.source.clone() }))
+    }
+}
+
+/// Two sources whose records meet (a keyed `connect` of both) read in
+/// step, as one source's partitions do: the state a two-input operator
+/// keeps for the faster one stays bounded by the drift.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sources_whose_records_meet_read_in_step() {
+    async fn lead(job: Job) -> i64 {
+        let source = skewed(2_000, None);
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let timed = |partition| {
+            job.source(Half { source: source.clone(), partition })
+                .with_timestamps(|r: &(u8, i64)| r.1, WatermarkStrategy::monotonous())
+                .key_by(|_: &(u8, i64)| 0u8)
+        };
+        let (fast, slow) = (timed(0), timed(1));
+        let (first, second) = (seen.clone(), seen.clone());
+        let observe = |seen: &Mutex<Seen>, r: &(u8, i64)| {
+            let mut s = seen.lock().unwrap();
+            s.latest[usize::from(r.0)] = Some(r.1);
+            if let [Some(fast), Some(slow)] = s.latest {
+                s.lead = s.lead.max(fast - slow);
+            }
+        };
+        let out = fast.connect(&slow).process_with_state(
+            weibo::on_error::Fail,
+            |_| (),
+            move |ctx, (), r: &(u8, i64)| {
+                observe(&first, r);
+                ctx.emit(r.0);
+            },
+            move |ctx, (), r: &(u8, i64)| {
+                observe(&second, r);
+                ctx.emit(r.0);
+            },
+        );
+        let sink = CollectSink::new();
+        out.sink(sink.clone());
+        tokio::time::timeout(Duration::from_secs(60), job.run()).await.expect("the job finishes").unwrap();
+        assert_eq!(sink.values().len(), 4_000);
+        let seen = seen.lock().unwrap();
+        seen.lead
+    }
+    let aligned = lead(small_batches("joined").with_watermark_alignment(Duration::from_secs(1))).await;
+    assert!(aligned <= 1_000 + 3 * 16 * STEP + 16 * STEP, "the fast source led by {aligned} ms");
+    let unaligned = lead(small_batches("joined").without_watermark_alignment()).await;
+    assert!(unaligned > 5_000, "without alignment, the fast source led by only {unaligned} ms");
+}
+
+/// Sources whose records never meet (two pipelines in one job) do not hold
+/// each other back: the fast one ends while the slow one is still at the
+/// start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sources_whose_records_never_meet_are_not_aligned() {
+    let source = skewed(2_000, None);
+    let job = small_batches("apart").with_watermark_alignment(Duration::from_secs(1));
+    let fast_done = source.fast_done.clone();
+    let done_early = Arc::new(Mutex::new(None));
+    let record = done_early.clone();
+    for partition in [0, 1] {
+        let (fast_done, record) = (fast_done.clone(), record.clone());
+        job.source(Half { source: source.clone(), partition })
+            .with_timestamps(|r: &(u8, i64)| r.1, WatermarkStrategy::monotonous())
+            .key_by(|r: &(u8, i64)| r.0)
+            .process(weibo::on_error::Fail, move |ctx: &mut KeyedContext<'_, u8, (), u8>, r: &(u8, i64)| {
+                // The slow source at 3 s of event time: has the fast one
+                // (20 s) ended?
+                if r.0 == 1 && r.1 == 3_000 {
+                    *record.lock().unwrap() = Some(fast_done.load(Ordering::Acquire));
+                }
+                ctx.emit(r.0);
+                Ok::<_, std::convert::Infallible>(())
+            })
+            .sink(weibo::sinks::Blackhole::new());
+    }
+    tokio::time::timeout(Duration::from_secs(60), job.run()).await.expect("the job finishes").unwrap();
+    assert_eq!(*done_early.lock().unwrap(), Some(true), "the fast source was held back by one it never meets");
 }

@@ -261,3 +261,34 @@ fn a_harness_input_split_and_connected_at_four_instances_passes_watermarks() {
         run.finish().unwrap();
     }
 }
+
+/// Several two-input operators in one job each get names (and so ids) of
+/// their own: two connects, two interval joins, two window joins.
+#[test]
+fn many_two_input_operators_share_a_job() {
+    use std::time::Duration;
+    use weibo::time::WatermarkStrategy;
+    use weibo::window::Tumbling;
+    let mut t = weibo::testing::TestJob::new("many");
+    let a = t.input(vec![(1u32, 10i64)]).with_timestamps(|r: &(u32, i64)| r.1, WatermarkStrategy::monotonous());
+    let b = t.input(vec![(1u32, 12i64)]).with_timestamps(|r: &(u32, i64)| r.1, WatermarkStrategy::monotonous());
+    let (a, b) = (a.key_by(|r: &(u32, i64)| r.0), b.key_by(|r: &(u32, i64)| r.0));
+    let mut outs = Vec::new();
+    for _ in 0..2 {
+        let pair = |x: &(u32, i64), y: &(u32, i64)| (x.1, y.1);
+        outs.push(t.collect(&a.interval_join(&b).between(0, 5).join(pair)));
+        outs.push(t.collect(&a.join(&b).window(Tumbling::of(Duration::from_secs(1))).apply(pair)));
+        outs.push(t.collect(&a.temporal_join(&b).join(pair)));
+        outs.push(t.collect(&a.connect(&b).process_with_state(
+            weibo::on_error::Fail,
+            |_| (),
+            |ctx, (), x: &(u32, i64)| ctx.emit((x.1, 0)),
+            |_, (), _: &(u32, i64)| {},
+        )));
+    }
+    t.run().unwrap();
+    let got: Vec<Vec<(i64, i64)>> = outs.iter().map(|o| o.values()).collect();
+    // The temporal join's record at 10 comes before the table's only row (12).
+    let once = vec![vec![(10, 12)], vec![(10, 12)], vec![], vec![(10, 0)]];
+    assert_eq!(got, [once.clone(), once].concat());
+}

@@ -172,6 +172,21 @@ impl Graph {
         (2..).map(|i| format!("{wanted}-{i}")).find(|c| !self.nodes.iter().any(|n| &n.name == c)).unwrap_or_default()
     }
 
+    /// Gives a node the name the library picks for it (`wanted`, or
+    /// `wanted-2`, ... if another node has it): not a name the user chose,
+    /// so a later `name(..)` or `uid(..)` may still replace it.
+    pub(crate) fn default_name(&mut self, node: NodeId, wanted: &str) {
+        let taken = |c: &str| self.nodes.iter().enumerate().any(|(i, n)| i != node && n.name == c);
+        let name = if taken(wanted) {
+            (2..).map(|i| format!("{wanted}-{i}")).find(|c| !taken(c)).unwrap_or_default()
+        } else {
+            wanted.to_string()
+        };
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.name = name;
+        }
+    }
+
     /// Renames a node; names are unique in a job.
     pub(crate) fn rename(&mut self, node: NodeId, name: &str) -> std::result::Result<(), String> {
         if self.nodes.iter().enumerate().any(|(i, n)| i != node && n.name == name) {

@@ -188,6 +188,59 @@ enum Built {
     Keyed(Box<dyn InputOperator>),
 }
 
+/// The watermark alignment groups of `graph`'s sources, with a drift of
+/// `drift` (none: no alignment): the sources of one connected part of the
+/// graph (whose records meet in some operator: one source's partitions,
+/// and sources joined, connected or unioned) read in step, each partition
+/// at its own place in its group. A source's entry is its group and the
+/// place of its first partition; a part with a single partition has none.
+/// Sources in parts that never meet are not held back by each other.
+fn alignment_groups(graph: &Graph, drift: Option<std::time::Duration>) -> HashMap<NodeId, (Arc<Alignment>, usize)> {
+    fn root(parent: &mut [usize], mut x: usize) -> usize {
+        while let Some(&p) = parent.get(x) {
+            if p == x {
+                break;
+            }
+            let grand = parent.get(p).copied().unwrap_or(p);
+            if let Some(slot) = parent.get_mut(x) {
+                *slot = grand;
+            }
+            x = p;
+        }
+        x
+    }
+    let mut groups = HashMap::new();
+    let Some(drift) = drift else { return groups };
+    let mut parent: Vec<usize> = (0..graph.nodes.len()).collect();
+    for (id, node) in graph.nodes.iter().enumerate() {
+        for input in &node.inputs {
+            let (a, b) = (root(&mut parent, id), root(&mut parent, input.from));
+            if let Some(slot) = parent.get_mut(a) {
+                *slot = b;
+            }
+        }
+    }
+    let mut parts: std::collections::BTreeMap<usize, Vec<(NodeId, usize)>> = std::collections::BTreeMap::new();
+    for (id, node) in graph.nodes.iter().enumerate() {
+        if matches!(node.op, Op::Source { .. }) {
+            parts.entry(root(&mut parent, id)).or_default().push((id, node.parallelism()));
+        }
+    }
+    for sources in parts.values() {
+        let total: usize = sources.iter().map(|(_, n)| n).sum();
+        if total < 2 {
+            continue;
+        }
+        let group = Arc::new(Alignment::new(total, crate::time::millis(drift)));
+        let mut first = 0;
+        for &(id, n) in sources {
+            groups.insert(id, (group.clone(), first));
+            first += n;
+        }
+    }
+    groups
+}
+
 /// Builds the tasks of `graph`, restoring from `restore` and taking part in
 /// checkpoints through `checkpoints` when given.
 pub(crate) fn build(
@@ -208,17 +261,14 @@ pub(crate) fn build(
     let sources = SourceNames(graph.source_names().into());
     let mut inboxes: HashMap<(NodeId, usize), Vec<Inbox>> = HashMap::new();
     let mut built: Vec<(String, NodeId, usize, Built, NodeIo)> = Vec::new();
+    let aligned = alignment_groups(graph, config.watermark_alignment);
     for (id, node) in graph.nodes.iter().enumerate() {
         if !node.is_head() {
             continue;
         }
-        // The partitions of a source read in step (see `Alignment`).
-        let alignment = match (&node.op, config.watermark_alignment) {
-            (Op::Source { .. }, Some(drift)) if node.parallelism() > 1 => {
-                Some(Arc::new(Alignment::new(node.parallelism(), crate::time::millis(drift))))
-            }
-            _ => None,
-        };
+        // The source partitions whose records meet read in step (see
+        // `Alignment`).
+        let alignment = aligned.get(&id).cloned();
         for instance in 0..node.parallelism() {
             let head = format!("{}[{instance}]", node.name);
             let groups = match node.op {
@@ -234,7 +284,9 @@ pub(crate) fn build(
                 outbox: Outbox::default(),
                 senders: Vec::new(),
                 head: head.clone(),
-                alignment: alignment.as_ref().map(|group| Aligned { group: group.clone(), index: instance }),
+                alignment: alignment
+                    .as_ref()
+                    .map(|(group, first)| Aligned { group: group.clone(), index: first + instance }),
                 inboxes: &mut inboxes,
                 chain_instances: &mut chain_instances,
                 keyed_senders: &keyed_senders,

@@ -70,9 +70,7 @@ impl<K: Key, A: Data> KeyedStream<K, A> {
         let left = self.upstream().map(Either::<A, B>::Left);
         let right = other.upstream().map(Either::<A, B>::Right);
         for (stream, name) in [(&left, "connect: first input"), (&right, "connect: second input")] {
-            if let Some(n) = stream.lock().nodes.get_mut(stream.node) {
-                n.name = name.into();
-            }
+            stream.lock().default_name(stream.node, name);
         }
         let keyed = left
             .merge(&right, "connect")

@@ -150,12 +150,15 @@ impl Job {
     }
 
     /// How far, in event time, a source partition may read ahead of the
-    /// slowest partition of the same source (default 10 s).
+    /// slowest partition of the same source, and of the sources whose
+    /// records meet it downstream (joined, connected or unioned; default
+    /// 10 s). Sources of pipelines that never meet do not hold each other
+    /// back.
     ///
     /// Operators downstream of a `key_by` keep the records of a partition
-    /// that reads ahead in windows and timers that cannot fire until the
-    /// slowest partition's watermark catches up, so the skew between
-    /// partitions is state. A partition more than `max_drift` ahead of the
+    /// that reads ahead in windows, join buffers and timers that cannot
+    /// fire until the slowest partition's watermark catches up, so the
+    /// skew between partitions is state. A partition more than `max_drift` ahead of the
     /// slowest waits (passing checkpoint barriers) until it is not. Only
     /// partitions with a watermark and records to read hold the others
     /// back: one its reader reports idle, or one that has ended, does not.

@@ -161,8 +161,8 @@ impl<K: Key, L: Data, R: Data> IntervalJoinBetween<K, L, R> {
         let joined = self.connected.process_function(on_error::Fail, |states| IntervalJoin::new(states, interval, f));
         {
             let mut pipeline = joined.lock();
+            pipeline.default_name(joined.node, name);
             if let Some(n) = pipeline.nodes.get_mut(joined.node) {
-                n.name = name.into();
                 n.detail = format!("between {} and {} ms; {}", self.lower, self.upper, n.detail);
             }
             if self.lower > self.upper {
@@ -420,9 +420,7 @@ impl<K: Key, L: Data, R: Data> CoGroupWindows<K, L, R> {
 /// Names a window join's node (the name is its id unless `uid` gives one).
 fn named<T, U>(output: WindowedOutput<T, U>, name: &str) -> WindowedOutput<T, U> {
     let results: &Stream<U> = &output;
-    if let Some(n) = results.lock().nodes.get_mut(results.node) {
-        n.name = name.into();
-    }
+    results.lock().default_name(results.node, name);
     output
 }
 
@@ -581,10 +579,12 @@ impl<K: Key, L: Data, R: Data> TemporalJoinBuilder<K, L, R> {
         let joined = self
             .connected
             .process_function(on_error::Fail, |states| temporal::TemporalJoin::new(states, join, retention));
-        if let Some(n) = joined.lock().nodes.get_mut(joined.node) {
-            n.name = name.into();
+        let mut pipeline = joined.lock();
+        pipeline.default_name(joined.node, name);
+        if let Some(n) = pipeline.nodes.get_mut(joined.node) {
             n.detail = format!("retention {retention} ms; {}", n.detail);
         }
+        drop(pipeline);
         joined
     }
 }
@@ -628,9 +628,7 @@ impl<K: Key, L: Data, R: Data> LatestJoinBuilder<K, L, R> {
     fn run<U: Clone + Send + 'static>(self, f: JoinFn<L, R, U>, outer: bool, name: &str) -> Stream<U> {
         let join = TableJoin { outer, deletes: self.deletes, f };
         let joined = self.connected.process_function(on_error::Fail, |states| temporal::LatestJoin::new(states, join));
-        if let Some(n) = joined.lock().nodes.get_mut(joined.node) {
-            n.name = name.into();
-        }
+        joined.lock().default_name(joined.node, name);
         joined
     }
 }

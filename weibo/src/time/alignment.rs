@@ -1,5 +1,7 @@
-//! Watermark alignment: the partitions of one source, in one process, read
-//! no further than a bounded drift ahead of the slowest of them.
+//! Watermark alignment: the partitions of one source, and of the sources
+//! whose records meet downstream (one group per connected part of the
+//! graph), in one process, read no further than a bounded drift ahead of
+//! the slowest of them.
 //!
 //! A keyed operator's watermark is the minimum of its inputs'. When one
 //! source partition reads ahead of the others (it was scheduled more, or
@@ -21,7 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use crate::record::{NO_TIMESTAMP, Timestamp};
 
-/// The watermarks of one source's partitions in this process.
+/// The watermarks of one alignment group's source partitions in this
+/// process.
 #[derive(Debug)]
 pub(crate) struct Alignment {
     /// Per partition, the watermark at the end of its chain.
