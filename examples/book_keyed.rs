@@ -21,6 +21,7 @@ fn main() -> weibo::Result<()> {
     expiring_state()?;
     side_outputs()?;
     connected()?;
+    broadcast()?;
     keyed_sink()?;
     Ok(())
 }
@@ -325,6 +326,61 @@ fn side_outputs() -> weibo::Result<()> {
     Ok(())
 }
 // ANCHOR_END: side_outputs
+
+// ANCHOR: broadcast
+/// A limit on one order's amount, by currency, sent to every instance.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Limit {
+    currency: String,
+    max_cents: i64,
+}
+
+/// Orders over their currency's limit are held for review; the limits
+/// come as a stream of their own and can change at any time.
+fn broadcast() -> weibo::Result<()> {
+    let mut h = weibo::testing::Harness::<Either<Order, Limit>>::new("review");
+    let input = h.input();
+    let orders = input.flat_map(|e: Either<Order, Limit>| match e {
+        Either::Left(order) => vec![order],
+        Either::Right(_) => vec![],
+    });
+    let limits = input.flat_map(|e: Either<Order, Limit>| match e {
+        Either::Left(_) => vec![],
+        Either::Right(limit) => vec![limit],
+    });
+    let held = orders.key_by(|o: &Order| o.customer).connect_broadcast(&limits).with_partitions(4).process_with_state(
+        weibo::on_error::Fail,
+        |states| states.broadcast::<String, i64>("limits"),
+        |ctx, limits, order: &Order| {
+            // Every order is in euros here.
+            if ctx.broadcast(limits).get(&"EUR".to_string()).is_some_and(|max| order.amount_cents > max) {
+                ctx.emit(order.clone());
+            }
+        },
+        |ctx, limits, limit: &Limit| ctx.broadcast(limits).put(limit.currency.clone(), limit.max_cents),
+    );
+    let held = h.output(&held);
+    let mut run = h.start()?;
+    // The harness sends each record on at the next watermark: one after
+    // each record orders them (two inputs' records are otherwise not).
+    let mut at = 0;
+    let mut send = |run: &mut weibo::testing::RunningHarness<_>, record| -> weibo::Result<()> {
+        at += 1;
+        run.push(record, at)?;
+        run.watermark(at)
+    };
+    send(&mut run, Either::Right(Limit { currency: "EUR".into(), max_cents: 10_000 }))?;
+    for (customer, amount_cents) in [(1, 2_500), (2, 12_000), (3, 9_000)] {
+        send(&mut run, Either::Left(Order { customer: CustomerId(customer), amount_cents }))?;
+    }
+    send(&mut run, Either::Right(Limit { currency: "EUR".into(), max_cents: 5_000 }))?;
+    send(&mut run, Either::Left(Order { customer: CustomerId(3), amount_cents: 9_000 }))?;
+    run.finish()?;
+    let held: Vec<(u32, i64)> = held.take().iter().map(|o| (o.customer.0, o.amount_cents)).collect();
+    assert_eq!(held, [(2, 12_000), (3, 9_000)], "the second 9 000 came after the limit fell to 5 000");
+    Ok(())
+}
+// ANCHOR_END: broadcast
 
 // ANCHOR: connected
 /// Orders wait for their customer's name; a name releases the orders

@@ -56,7 +56,10 @@ pub mod process {
     //! state it reads and writes through ([`Value`], [`List`], [`Map`],
     //! [`Reducing`], [`Aggregating`]); typed side outputs ([`OutputTag`]),
     //! declared by a stateless `process` on [`Outputs`] and sent to
-    //! through its [`OutputContext`].
+    //! through its [`OutputContext`]; broadcast state ([`BroadcastState`],
+    //! written through a [`BroadcastContext`], read through [`Broadcast`])
+    //! of an operator with a broadcast input ([`BroadcastConnectedStreams`]).
+    pub use crate::operator::broadcast::{Broadcast, BroadcastContext, BroadcastMut, BroadcastState};
     pub use crate::operator::connect::{Either, KeyedCoProcessFunction};
     pub use crate::operator::function::{
         Aggregating, AggregatingState, KeyedProcessFunction, List, ListState, Map, MapState, ProcessContext,
@@ -64,6 +67,7 @@ pub mod process {
     };
     pub use crate::operator::outputs::{OutputContext, OutputTag, Outputs};
     pub use crate::state::StateTtl;
+    pub use crate::stream::broadcast::BroadcastConnectedStreams;
     pub use crate::stream::connect::ConnectedStreams;
 }
 

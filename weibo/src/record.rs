@@ -149,6 +149,10 @@ pub(crate) struct RecordBatch {
     spans: Vec<Span>,
     /// The records' keys and values, typed (see above), in entry order.
     typed: Option<Box<dyn TypedRecords>>,
+    /// Whether the records are a broadcast input's, sent to every instance
+    /// of a keyed operator: values without keys (typed, the values alone;
+    /// encoded, an empty key), handled apart from the keyed records.
+    broadcast: bool,
     /// Where the batch's memory goes back once read, for its sender to reuse.
     pool: Option<BatchPool>,
 }
@@ -210,6 +214,7 @@ impl BatchPool {
             typed.clear();
         }
         batch.pool = None;
+        batch.broadcast = false;
         let mut kept = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if kept.len() < Self::KEEP {
             kept.push(batch);
@@ -235,6 +240,7 @@ impl RecordBatch {
             entries: Vec::with_capacity(records),
             spans: Vec::new(),
             typed: None,
+            broadcast: false,
             pool: None,
         }
     }
@@ -288,6 +294,16 @@ impl RecordBatch {
 
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Marks the batch as a broadcast input's (see [`RecordBatch`]'s field).
+    pub(crate) fn set_broadcast(&mut self) {
+        self.broadcast = true;
+    }
+
+    /// Whether the batch holds a broadcast input's records.
+    pub(crate) fn is_broadcast(&self) -> bool {
+        self.broadcast
     }
 
     pub(crate) fn is_empty(&self) -> bool {

@@ -10,6 +10,7 @@ use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
+use crate::operator::connect::Either;
 use crate::record::{Batch, CheckpointId, Message, RecordBatch, Timestamp};
 
 /// The router of a hash edge keyed by `key_fn`: made where the key
@@ -323,6 +324,225 @@ where
     fn finish(&mut self) -> Result<()> {
         self.send_all_and_watermark();
         self.broadcast(|| Message::EndOfInput);
+        Ok(())
+    }
+}
+
+/// The router of a keyed operator with a broadcast input (see
+/// [`BroadcastRouterOp`]): `key_fn` keys the first input's records.
+pub(crate) fn broadcast_router<A, B, K, F>(key_fn: Arc<F>) -> Arc<dyn RouterFactory>
+where
+    A: Data,
+    B: Data,
+    K: Key,
+    F: Fn(&A) -> K + Send + Sync + 'static,
+{
+    router_factory(move |ctx, senders| {
+        let limits = BatchLimits { records: ctx.batch_size, bytes: ctx.batch_bytes };
+        let pool = crate::record::BatchPool::default();
+        Ok(erase::<Either<A, B>>(Box::new(BroadcastRouterOp::<A, B, K, F> {
+            info: ctx.info.clone(),
+            key_fn: key_fn.clone(),
+            routes: KeyGroupRoutes::new(ctx.max_key_groups, senders.len()),
+            keyed: senders.iter().map(|_| pool.take(limits.records, 0)).collect(),
+            keyed_typed: senders.iter().map(|_| Vec::new()).collect(),
+            broadcast: senders.iter().map(|_| pool.take(limits.records, 0)).collect(),
+            broadcast_typed: senders.iter().map(|_| Vec::new()).collect(),
+            pool,
+            senders,
+            outbox: ctx.outbox.clone(),
+            limits,
+            key_buf: Vec::with_capacity(32),
+            encode: ctx.verify_codecs,
+            alignment: ctx.alignment.clone(),
+            watermark: crate::record::NO_TIMESTAMP,
+            sent_watermark: crate::record::NO_TIMESTAMP,
+        })))
+    })
+}
+
+/// The end of a chain at the edge into a keyed operator with a broadcast
+/// input: a record of the first input (`Left`) goes, keyed, to the
+/// instance that owns its key group, as [`RouterOp`] sends it; a record of
+/// the broadcast input (`Right`) goes to every instance, in a batch marked
+/// broadcast ([`RecordBatch::is_broadcast`]), without a key. Each kind has
+/// its batches: a chain's records of the two kinds (a chain carries one
+/// kind in any pipeline `connect_broadcast` builds) may reach an instance
+/// in another order than they were pushed, as two inputs' records may.
+struct BroadcastRouterOp<A, B, K, F> {
+    info: OpInfo,
+    key_fn: Arc<F>,
+    routes: KeyGroupRoutes,
+    keyed: Vec<RecordBatch>,
+    keyed_typed: Vec<Vec<(K, Either<A, B>)>>,
+    broadcast: Vec<RecordBatch>,
+    broadcast_typed: Vec<Vec<Either<A, B>>>,
+    pool: crate::record::BatchPool,
+    senders: Vec<usize>,
+    outbox: Outbox,
+    limits: BatchLimits,
+    key_buf: Vec<u8>,
+    /// As [`RouterOp::encode`].
+    encode: bool,
+    alignment: Option<crate::time::alignment::Aligned>,
+    watermark: Timestamp,
+    sent_watermark: Timestamp,
+}
+
+impl<A, B, K, F> BroadcastRouterOp<A, B, K, F>
+where
+    A: Data,
+    B: Data,
+    K: Key,
+    F: Fn(&A) -> K + Send + Sync + 'static,
+{
+    /// Sends target `target`'s batch of one kind, if it has records.
+    fn send(&mut self, target: usize, broadcast: bool) {
+        let Some(&sender) = self.senders.get(target) else { return };
+        let batches = if broadcast { &mut self.broadcast } else { &mut self.keyed };
+        let Some(batch) = batches.get_mut(target).filter(|b| !b.is_empty()) else { return };
+        let bytes = if self.encode { 16 * self.limits.records } else { 0 };
+        let mut full = std::mem::replace(batch, self.pool.take(self.limits.records, bytes));
+        if broadcast {
+            if let Some(typed) = self.broadcast_typed.get_mut(target).filter(|t| !t.is_empty()) {
+                full.swap_typed(typed);
+            }
+            full.set_broadcast();
+        } else if let Some(typed) = self.keyed_typed.get_mut(target).filter(|t| !t.is_empty()) {
+            full.swap_typed(typed);
+        }
+        self.outbox.push(sender, Message::Data(full));
+    }
+
+    fn send_all_and_watermark(&mut self) {
+        for t in 0..self.senders.len() {
+            self.send(t, false);
+            self.send(t, true);
+        }
+        if self.watermark > self.sent_watermark {
+            self.sent_watermark = self.watermark;
+            let wm = self.watermark;
+            self.send_to_every_instance(|| Message::Watermark(wm));
+        }
+    }
+
+    fn send_to_every_instance(&mut self, make: impl Fn() -> Message) {
+        for &sender in &self.senders {
+            self.outbox.push(sender, make());
+        }
+    }
+
+    /// A keyed record: to the instance of its key group.
+    fn keyed_record(&mut self, a: A, m: crate::record::Meta) -> Result<()> {
+        let key = (self.key_fn)(&a);
+        let record = Either::Left(a);
+        if self.encode {
+            self.key_buf.clear();
+            key.encode_key(&mut self.key_buf);
+            let (group, target) = self.routes.route_hash(crate::codec::key::key_hash(&self.key_buf));
+            let Some(out) = self.keyed.get_mut(target) else {
+                return Err(crate::error::internal_error!("key group {group} maps to missing worker {target}"));
+            };
+            let key_start = out.data_mut().len();
+            out.data_mut().extend_from_slice(&self.key_buf);
+            let value_start = out.data_mut().len();
+            if let Err(source) = record.encode(out.data_mut()) {
+                out.rollback(key_start);
+                return Err(Error::Codec { operator: self.info.name.to_string(), source });
+            }
+            out.commit(key_start, value_start, group, m);
+            if out.len() >= self.limits.records {
+                self.send(target, false);
+            }
+            return Ok(());
+        }
+        let (group, target) = self.routes.route_hash(key.routing_hash(&mut self.key_buf));
+        let (Some(out), Some(typed)) = (self.keyed.get_mut(target), self.keyed_typed.get_mut(target)) else {
+            return Err(crate::error::internal_error!("key group {group} maps to missing worker {target}"));
+        };
+        typed.push((key, record));
+        out.commit_typed(group, m);
+        if out.len() >= self.limits.records {
+            self.send(target, false);
+        }
+        Ok(())
+    }
+
+    /// A broadcast record: a copy to every instance.
+    fn broadcast_record(&mut self, b: B, m: crate::record::Meta) -> Result<()> {
+        let record = Either::<A, B>::Right(b);
+        for target in 0..self.senders.len() {
+            let (Some(out), Some(typed)) = (self.broadcast.get_mut(target), self.broadcast_typed.get_mut(target))
+            else {
+                return Err(crate::error::internal_error!("no broadcast batch for worker {target}"));
+            };
+            if self.encode {
+                let start = out.data_mut().len();
+                if let Err(source) = record.encode(out.data_mut()) {
+                    out.rollback(start);
+                    return Err(Error::Codec { operator: self.info.name.to_string(), source });
+                }
+                out.commit(start, start, 0, m);
+            } else {
+                typed.push(record.clone());
+                out.commit_typed(0, m);
+            }
+            if out.len() >= self.limits.records {
+                self.send(target, true);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<A, B, K, F> Consumer<Either<A, B>> for BroadcastRouterOp<A, B, K, F>
+where
+    A: Data,
+    B: Data,
+    K: Key,
+    F: Fn(&A) -> K + Send + Sync + 'static,
+{
+    fn push(&mut self, batch: &mut Batch<Either<A, B>>) -> Result<()> {
+        let n = batch.len();
+        OperatorCounters::add(&self.info.counters.records_in, n);
+        for (v, m) in batch.values.drain(..).zip(batch.meta.drain(..)) {
+            match v {
+                Either::Left(a) => self.keyed_record(a, m)?,
+                Either::Right(b) => self.broadcast_record(b, m)?,
+            }
+        }
+        OperatorCounters::add(&self.info.counters.records_out, n);
+        Ok(())
+    }
+
+    fn watermark(&mut self, wm: Timestamp) -> Result<()> {
+        self.watermark = self.watermark.max(wm);
+        if let Some(a) = &self.alignment {
+            a.group.publish(a.index, self.watermark);
+        }
+        Ok(())
+    }
+
+    fn idle(&mut self) -> Result<()> {
+        self.send_all_and_watermark();
+        self.send_to_every_instance(|| Message::Idle);
+        Ok(())
+    }
+
+    fn barrier(&mut self, n: CheckpointId) -> Result<()> {
+        self.send_all_and_watermark();
+        self.send_to_every_instance(|| Message::Barrier(n));
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.send_all_and_watermark();
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.send_all_and_watermark();
+        self.send_to_every_instance(|| Message::EndOfInput);
         Ok(())
     }
 }

@@ -22,6 +22,7 @@ use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
+use crate::operator::broadcast::{Broadcast, BroadcastContext, BroadcastState, BroadcastStore};
 use crate::operator::factory::{KeyedFactory, keyed_factory};
 use crate::operator::keyed::{TIMERS, take_records};
 use crate::operator::outputs::{OutputTag, Outputs, Sides, open_process_outputs};
@@ -107,11 +108,14 @@ struct Declared<K> {
     name: String,
     ty: StateType,
     open: Open<K>,
+    /// A broadcast state: one copy per instance, restored from every key
+    /// group (see [`crate::operator::broadcast`]).
+    broadcast: bool,
 }
 
 impl<K> Clone for Declared<K> {
     fn clone(&self) -> Self {
-        Self { name: self.name.clone(), ty: self.ty.clone(), open: self.open.clone() }
+        Self { name: self.name.clone(), ty: self.ty.clone(), open: self.open.clone(), broadcast: self.broadcast }
     }
 }
 
@@ -265,8 +269,25 @@ impl<K: Key> States<K> {
             // may not tell `a` from `A`.
             self.errors.push(format!("state `{name}` is declared twice: give each state its own name"));
         }
-        self.declared.push(Declared { name: name.to_string(), ty, open });
+        self.declared.push(Declared { name: name.to_string(), ty, open, broadcast: false });
         self.declared.len() - 1
+    }
+
+    /// Declares a broadcast map named `name`: one map per operator
+    /// instance, not per key, written by the records of the operator's
+    /// broadcast input and read by its keyed records (see
+    /// [`KeyedStream::connect_broadcast`](crate::KeyedStream::connect_broadcast)).
+    /// It takes no time-to-live.
+    pub fn broadcast<UK: Key, UV: Data>(&mut self, name: &str) -> BroadcastState<UK, UV> {
+        if self.ttl.take().is_some() {
+            self.errors.push(format!("broadcast state `{name}` cannot have a time-to-live"));
+        }
+        let open: Open<K> = Arc::new(|_, scope, _| Ok(Box::new(BroadcastStore::<UK, UV>::new(scope.key_groups.start))));
+        let index = self.declare(name, StateType::of::<UV>(), open);
+        if let Some(d) = self.declared.get_mut(index) {
+            d.broadcast = true;
+        }
+        BroadcastState { owner: self.owner, index, _types: PhantomData }
     }
 
     /// Declares a value per key named `name`.
@@ -445,7 +466,7 @@ impl<K: Key> States<K> {
 
 /// A declared state's store as the operator holds it: checkpointed,
 /// restored and measured like any keyed state, and reached by handle.
-trait NamedStore<K>: KeyedState + Send {
+pub(crate) trait NamedStore<K>: KeyedState + Send {
     fn as_any(&mut self) -> &mut dyn Any;
 
     /// Whether its values expire (and key groups are to be swept).
@@ -1219,6 +1240,13 @@ impl<K: Key, U> ProcessContext<'_, K, U> {
         (slot, at)
     }
 
+    /// This instance's copy of the broadcast map `state`, to read (the
+    /// broadcast input's function writes it).
+    pub fn broadcast<UK: Key, UV: Data>(&mut self, state: &BroadcastState<UK, UV>) -> Broadcast<'_, UK, UV> {
+        let store = crate::operator::broadcast::store(self.stores, self.owner, state, self.operator, self.error);
+        Broadcast { store: store.map(|s| &*s), error: &mut *self.error, operator: self.operator }
+    }
+
     /// The current key's value in `state`.
     pub fn value<T: Data>(&mut self, state: &ValueState<T>) -> Value<'_, K, T> {
         let (store, at) = self.slot(state.owner, state.index, state.ttl, "value state");
@@ -1425,7 +1453,12 @@ where
 /// The factory of the operator that runs `function` with the states
 /// `states` declared, under `policy`: outputs are the results and the dead
 /// letters.
-pub(crate) fn factory<K, T, F>(policy: Policy, function: Arc<F>, states: &States<K>) -> Arc<dyn KeyedFactory>
+pub(crate) fn factory<K, T, F>(
+    policy: Policy,
+    function: Arc<F>,
+    states: &States<K>,
+    on_broadcast: Option<BroadcastFn<K, T, F::Out>>,
+) -> Arc<dyn KeyedFactory>
 where
     K: Key,
     T: Data,
@@ -1453,6 +1486,7 @@ where
             fired: ctx.clock.reporter(),
             sweep: Sweep { groups: ctx.key_groups.clone(), next: ctx.key_groups.start, at: Instant::now() },
             function: function.clone(),
+            on_broadcast: on_broadcast.clone(),
             out: Batch::with_capacity(ctx.batch_size),
             next,
             failures: Failures::new(policy, dead)?,
@@ -1462,6 +1496,11 @@ where
         }))
     })
 }
+
+/// What an operator with a broadcast input runs for each of that input's
+/// records (on every instance), with the broadcast states to write.
+pub(crate) type BroadcastFn<K, T, U> =
+    Arc<dyn for<'c> Fn(&mut BroadcastContext<'c, K, U>, &T) -> std::result::Result<(), String> + Send + Sync>;
 
 /// The states with a time-to-live are swept a key group at a time, one
 /// group every [`SWEEP_EVERY`]: a restored or idle job's expired entries
@@ -1491,6 +1530,9 @@ struct FunctionOp<K, T, F: KeyedProcessFunction<K, T>> {
     /// Which key group the states with a time-to-live are swept in next.
     sweep: Sweep,
     function: Arc<F>,
+    /// The function of the broadcast input's records, if the operator has
+    /// one.
+    on_broadcast: Option<BroadcastFn<K, T, F::Out>>,
     out: Batch<F::Out>,
     next: Box<dyn Consumer<F::Out>>,
     failures: Failures<T>,
@@ -1573,9 +1615,58 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> FunctionOp<K, T, F> {
     }
 }
 
+impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> FunctionOp<K, T, F> {
+    /// A batch of the broadcast input: each record to the broadcast
+    /// function, without a key.
+    fn on_broadcast_batch(&mut self, batch: &mut RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
+        let Some(f) = self.on_broadcast.clone() else {
+            return Err(crate::error::internal_error!(
+                "`{}` got a broadcast input's records but has no broadcast function",
+                self.info.name
+            ));
+        };
+        let mut values: Vec<T> = Vec::new();
+        if !batch.take_typed(&mut values, &self.info.name).map_err(Error::Internal)? {
+            values =
+                batch.iter().map(|r| crate::operator::keyed::decode_value(&self.info, &r)).collect::<Result<_>>()?;
+        }
+        self.fire_processing()?;
+        let now = self.clock.now();
+        for (v, r) in values.into_iter().zip(batch.iter()) {
+            if let Some(wm) = time.observe(&r.meta) {
+                self.advance(wm)?;
+            }
+            let meta = Meta { watermark: self.watermark, ..r.meta };
+            let mut error = None;
+            let mut ctx = BroadcastContext {
+                operator: &self.info.name,
+                owner: self.owner,
+                stores: &mut self.stores,
+                sides: &mut self.sides,
+                error: &mut error,
+                out: &mut self.out,
+                meta,
+                now,
+            };
+            let result = f(&mut ctx, &v);
+            if let Some(e) = error {
+                return Err(e);
+            }
+            if let Err(message) = result {
+                self.failures.fail(&self.info, v, r.meta, &message)?;
+            }
+        }
+        self.emit_all()?;
+        self.failures.push()
+    }
+}
+
 impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionOp<K, T, F> {
     fn on_batch(&mut self, batch: &mut RecordBatch, time: &mut InputTime<'_>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
+        if batch.is_broadcast() {
+            return self.on_broadcast_batch(batch, time);
+        }
         let mut records = std::mem::take(&mut self.records);
         take_records(&self.info, batch, &mut records)?;
         self.fire_processing()?;
@@ -1685,7 +1776,11 @@ impl<K: Key, T: Data, F: KeyedProcessFunction<K, T>> InputOperator for FunctionO
 
     fn restore(&mut self, from: &dyn RestoreSource, groups: &std::ops::Range<u16>) -> Result<()> {
         let name = &self.info.name;
+        // A broadcast state's copies are in the key groups of the instances
+        // that wrote them: every instance reads them all.
+        let every_group = 0..u16::MAX;
         for (d, store) in self.declared.iter().zip(&mut self.stores) {
+            let groups = if d.broadcast { &every_group } else { groups };
             restore_state(&mut **store, from, name, &d.name, &d.ty, groups)?;
         }
         restore_state(&mut self.timers, from, name, "timers", &StateType::internal(TIMERS), groups)?;

@@ -74,6 +74,12 @@ pub(crate) fn take_records<K: Key, T: Data>(
     batch: &mut RecordBatch,
     pairs: &mut Vec<(K, T)>,
 ) -> Result<()> {
+    if batch.is_broadcast() {
+        return Err(crate::error::internal_error!(
+            "`{}` got a broadcast input's records, which it cannot key",
+            info.name
+        ));
+    }
     if batch.take_typed(pairs, &info.name).map_err(Error::Internal)? {
         return Ok(());
     }

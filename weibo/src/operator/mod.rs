@@ -5,6 +5,7 @@
 //! keyed ones, windows (in their own folder), timestamps and watermarks,
 //! sinks, and the router at a shuffle edge.
 
+pub(crate) mod broadcast;
 pub(crate) mod connect;
 pub(crate) mod exchange;
 pub(crate) mod factory;

@@ -7,6 +7,7 @@
 
 #[cfg(feature = "admin")]
 pub(crate) mod admin;
+pub(crate) mod broadcast;
 pub(crate) mod connect;
 pub(crate) mod job;
 pub(crate) mod join;
@@ -1005,28 +1006,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         outputs: Vec<Port>,
         factory: Arc<dyn KeyedFactory>,
     ) -> (Arc<Mutex<Pipeline>>, NodeId) {
-        let router = self.router.clone();
-        let node = self.upstream.add(Node {
-            kind,
-            name: kind.to_string(),
-            uid: None,
-            state_version: 1,
-            named: false,
-            stateful: kind != "partition",
-            detail: String::new(),
-            inputs: vec![Input {
-                from: self.upstream.node,
-                port: self.upstream.port,
-                kind: EdgeKind::Hash {
-                    key_type: std::any::type_name::<K>(),
-                    key_schema: K::key_schema,
-                    codec: T::codec_id(),
-                },
-            }],
-            outputs,
-            op: Op::Keyed { parallelism: self.partitions, router, factory },
-        });
-        (self.upstream.graph.clone(), node)
+        keyed_node_on::<K, T>(&self.upstream, self.router.clone(), self.partitions, kind, outputs, factory)
     }
 
     /// Combines each record with the key's running value and emits the new
@@ -1320,23 +1300,13 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         P: on_error::OnError<T, F::Out>,
     {
         let policy = policy.policy();
-        let factory = function::factory::<K, T, F>(policy, function, states);
-        let mut outputs = vec![port::<F::Out>("output", true), dead_letters::<T>(policy)];
-        outputs.extend(side_ports(states.outputs()));
-        let (graph, node) = self.keyed_node("keyed_process", outputs, factory);
-        let (names, errors) = states.finish();
-        {
-            let mut pipeline = graph.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(n) = pipeline.nodes.get_mut(node) {
-                n.detail = if names.is_empty() {
-                    policy_detail(policy)
-                } else {
-                    format!("{}; states: {}", policy_detail(policy), names.join(", "))
-                };
-            }
-            pipeline.wiring_errors.extend(errors.into_iter().map(|e| format!("keyed process: {e}")));
-        }
-        P::output(Stream::new(graph.clone(), node, 0), Stream::new(graph, node, 1))
+        let factory = function::factory::<K, T, F>(policy, function, states, None);
+        function_node_on::<K, T, F::Out, P>(
+            (&self.upstream, self.router.clone(), self.partitions),
+            policy,
+            factory,
+            states,
+        )
     }
 
     /// Sends every record to `sink`, partitioned by key: each sink instance
@@ -1358,4 +1328,70 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         let (graph, node) = self.keyed_node("partition", vec![port::<T>("output", true)], factory);
         Stream::<T>::new(graph, node, 0).sink(sink)
     }
+}
+
+/// A keyed operator node fed by `upstream` through `router`, on
+/// `partitions` instances.
+pub(crate) fn keyed_node_on<K: Key, T: Data>(
+    upstream: &Stream<T>,
+    router: Arc<dyn crate::operator::factory::RouterFactory>,
+    partitions: usize,
+    kind: &'static str,
+    outputs: Vec<Port>,
+    factory: Arc<dyn KeyedFactory>,
+) -> (Arc<Mutex<Pipeline>>, NodeId) {
+    let node = upstream.add(Node {
+        kind,
+        name: kind.to_string(),
+        uid: None,
+        state_version: 1,
+        named: false,
+        stateful: kind != "partition",
+        detail: String::new(),
+        inputs: vec![Input {
+            from: upstream.node,
+            port: upstream.port,
+            kind: EdgeKind::Hash {
+                key_type: std::any::type_name::<K>(),
+                key_schema: K::key_schema,
+                codec: T::codec_id(),
+            },
+        }],
+        outputs,
+        op: Op::Keyed { parallelism: partitions, router, factory },
+    });
+    (upstream.graph.clone(), node)
+}
+
+/// The node of a keyed process function made by `factory` (its outputs:
+/// results, dead letters, the side outputs `states` declared), fed by
+/// `upstream` through `router` on `partitions` instances.
+pub(crate) fn function_node_on<K, T, U, P>(
+    (upstream, router, partitions): (&Stream<T>, Arc<dyn crate::operator::factory::RouterFactory>, usize),
+    policy: Policy,
+    factory: Arc<dyn KeyedFactory>,
+    states: &States<K>,
+) -> P::Output
+where
+    K: Key,
+    T: Data,
+    U: Clone + Send + 'static,
+    P: on_error::OnError<T, U>,
+{
+    let mut outputs = vec![port::<U>("output", true), dead_letters::<T>(policy)];
+    outputs.extend(side_ports(states.outputs()));
+    let (graph, node) = keyed_node_on::<K, T>(upstream, router, partitions, "keyed_process", outputs, factory);
+    let (names, errors) = states.finish();
+    {
+        let mut pipeline = graph.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = pipeline.nodes.get_mut(node) {
+            n.detail = if names.is_empty() {
+                policy_detail(policy)
+            } else {
+                format!("{}; states: {}", policy_detail(policy), names.join(", "))
+            };
+        }
+        pipeline.wiring_errors.extend(errors.into_iter().map(|e| format!("keyed process: {e}")));
+    }
+    P::output(Stream::new(graph.clone(), node, 0), Stream::new(graph, node, 1))
 }

@@ -1,0 +1,196 @@
+//! A keyed stream connected with a broadcast stream: rules, configuration
+//! or reference data sent to every instance of one keyed operator and kept
+//! in its broadcast state.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::codec::Data;
+use crate::codec::key::Key;
+use crate::operator::broadcast::BroadcastContext;
+use crate::operator::connect::Either;
+use crate::operator::function::{self, BroadcastFn, ClosureFunction, ProcessContext, ProcessOutcome, States, Timer};
+use crate::stream::{KeyedStream, Stream, function_node_on, on_error};
+
+/// A keyed stream and a broadcast stream connected for one operator:
+/// made by [`KeyedStream::connect_broadcast`] (Flink's `connect` of a
+/// keyed stream with a `BroadcastStream`, run by a
+/// `KeyedBroadcastProcessFunction`).
+///
+/// Every record of the broadcast stream reaches every instance of the
+/// operator, where a function with no key writes the instance's copy of
+/// the broadcast states (declared with
+/// [`States::broadcast`](crate::process::States::broadcast)); each record
+/// of the keyed stream reaches the instance of its key, where a function
+/// reads the broadcast states and reads and writes its key's states. The
+/// broadcast states are checkpointed with the operator, and a restore
+/// gives every instance (however many there are now) the copies the
+/// instances wrote before.
+///
+/// - The operator's watermark is the lower of both inputs' (an idle or
+///   ended input holds nothing back); checkpoint barriers are aligned
+///   across both.
+/// - Nothing orders a broadcast record before or after the keyed records
+///   around it: a rule applies to the keyed records that reach the
+///   instance after it. To apply rules by event time, keep the keyed
+///   records in state and act on them in a timer.
+/// - Every instance applies the broadcast records to its copy: a
+///   broadcast function must update the broadcast states the same way on
+///   every instance, from the record alone (as in Flink). A result it
+///   emits comes out once per instance.
+///
+/// ```
+/// use weibo::on_error;
+///
+/// // Readings above their sensor kind's threshold; the thresholds come as
+/// // a stream of (kind, threshold) rules.
+/// let mut t = weibo::testing::TestJob::new("alerts");
+/// let thresholds = t.input(vec![("temp".to_string(), 30u32)]);
+/// let readings = t
+///     .input(vec![(1u32, "temp".to_string(), 25u32), (2, "temp".to_string(), 35)])
+///     .key_by(|r: &(u32, String, u32)| r.0)
+///     .with_partitions(2);
+/// let alerts = readings.connect_broadcast(&thresholds).process_with_state(
+///     on_error::Fail,
+///     |states| states.broadcast::<String, u32>("thresholds"),
+///     |ctx, thresholds, reading| {
+///         if ctx.broadcast(thresholds).get(&reading.1).is_some_and(|limit| reading.2 > limit) {
+///             ctx.emit(reading.0);
+///         }
+///     },
+///     |ctx, thresholds, rule| ctx.broadcast(thresholds).put(rule.0.clone(), rule.1),
+/// );
+/// let out = t.collect(&alerts);
+/// t.run()?;
+/// // The rule may reach an instance after the readings it should judge:
+/// // the readings come after it here only if the rules input runs first.
+/// assert!(out.values().iter().all(|sensor| *sensor == 2));
+/// # Ok::<(), weibo::Error>(())
+/// ```
+pub struct BroadcastConnectedStreams<K, A, B> {
+    /// Both inputs' records, tagged.
+    upstream: Stream<Either<A, B>>,
+    /// Keys the first input's records to their instance, sends the second
+    /// input's to every instance.
+    router: Arc<dyn crate::operator::factory::RouterFactory>,
+    partitions: usize,
+    _types: PhantomData<fn() -> K>,
+}
+
+impl<K, A, B> Clone for BroadcastConnectedStreams<K, A, B> {
+    fn clone(&self) -> Self {
+        Self {
+            upstream: self.upstream.clone(),
+            router: self.router.clone(),
+            partitions: self.partitions,
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<K: Key, A: Data> KeyedStream<K, A> {
+    /// Connects this keyed stream with `broadcast`, whose records reach
+    /// every instance of the operator: see [`BroadcastConnectedStreams`].
+    /// The operator runs on this stream's
+    /// [`with_partitions`](Self::with_partitions), unless
+    /// [`BroadcastConnectedStreams::with_partitions`] sets it.
+    pub fn connect_broadcast<B: Data>(&self, broadcast: &Stream<B>) -> BroadcastConnectedStreams<K, A, B> {
+        let left = self.upstream().map(Either::<A, B>::Left);
+        let right = broadcast.map(Either::<A, B>::Right);
+        for (stream, name) in [(&left, "connect: keyed input"), (&right, "connect: broadcast input")] {
+            stream.lock().default_name(stream.node, name);
+        }
+        let key = self.key.clone();
+        BroadcastConnectedStreams {
+            upstream: left.merge(&right, "connect_broadcast"),
+            router: crate::operator::exchange::broadcast_router::<A, B, K, _>(Arc::new(move |a: &A| key(a))),
+            partitions: self.partitions,
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<K: Key, A: Data, B: Data> BroadcastConnectedStreams<K, A, B> {
+    /// Runs the operator on `n` instances (each owning a range of key
+    /// groups, each with its copy of the broadcast states).
+    #[must_use]
+    pub fn with_partitions(self, n: usize) -> Self {
+        Self { partitions: n, ..self }
+    }
+
+    /// The operator, as closures: `declare` declares the states (broadcast
+    /// and keyed) and returns their handles; `keyed` runs per record of the
+    /// keyed input, with its key's context; `on_broadcast` per record of
+    /// the broadcast input, on every instance, with a context that writes
+    /// the broadcast states. Dead letters, under `policy`, are [`Either`]s.
+    pub fn process_with_state<S, U, R, D, F1, F2, P>(
+        &self,
+        policy: P,
+        declare: D,
+        keyed: F1,
+        on_broadcast: F2,
+    ) -> P::Output
+    where
+        S: Send + Sync + 'static,
+        U: Clone + Send + 'static,
+        R: ProcessOutcome + 'static,
+        D: FnOnce(&mut States<K>) -> S,
+        F1: for<'c> Fn(&mut ProcessContext<'c, K, U>, &S, &A) -> R + Send + Sync + 'static,
+        F2: for<'c> Fn(&mut BroadcastContext<'c, K, U>, &S, &B) -> R + Send + Sync + 'static,
+        P: on_error::OnError<Either<A, B>, U>,
+    {
+        self.process_with_state_and_timers(
+            policy,
+            declare,
+            keyed,
+            on_broadcast,
+            |_: &mut ProcessContext<'_, K, U>, _: &S, _| R::nothing(),
+        )
+    }
+
+    /// Like [`process_with_state`](Self::process_with_state), with timers:
+    /// `on_timer` runs, with the key's context and the handles, for each
+    /// timer the keyed function (or `on_timer`) set, when it fires.
+    pub fn process_with_state_and_timers<S, U, R, D, F1, F2, G, P>(
+        &self,
+        policy: P,
+        declare: D,
+        keyed: F1,
+        on_broadcast: F2,
+        on_timer: G,
+    ) -> P::Output
+    where
+        S: Send + Sync + 'static,
+        U: Clone + Send + 'static,
+        R: ProcessOutcome + 'static,
+        D: FnOnce(&mut States<K>) -> S,
+        F1: for<'c> Fn(&mut ProcessContext<'c, K, U>, &S, &A) -> R + Send + Sync + 'static,
+        F2: for<'c> Fn(&mut BroadcastContext<'c, K, U>, &S, &B) -> R + Send + Sync + 'static,
+        G: for<'c> Fn(&mut ProcessContext<'c, K, U>, &S, Timer) -> R + Send + Sync + 'static,
+        P: on_error::OnError<Either<A, B>, U>,
+    {
+        let mut states = States::new();
+        let handles = Arc::new(declare(&mut states));
+        let for_broadcast = handles.clone();
+        let on_broadcast: BroadcastFn<K, Either<A, B>, U> = Arc::new(move |ctx, record| match record {
+            Either::Right(b) => on_broadcast(ctx, &for_broadcast, b).failure().map_or(Ok(()), Err),
+            Either::Left(_) => Err("a keyed record came as a broadcast one (a bug in the routing)".to_string()),
+        });
+        let function = ClosureFunction::new(
+            handles,
+            move |ctx: &mut ProcessContext<'_, K, U>, states: &Arc<S>, record: &Either<A, B>| match record {
+                Either::Left(a) => keyed(ctx, states, a),
+                Either::Right(_) => R::nothing(),
+            },
+            move |ctx: &mut ProcessContext<'_, K, U>, states: &Arc<S>, timer: Timer| on_timer(ctx, states, timer),
+        );
+        let policy = policy.policy();
+        let factory = function::factory::<K, Either<A, B>, _>(policy, Arc::new(function), &states, Some(on_broadcast));
+        function_node_on::<K, Either<A, B>, U, P>(
+            (&self.upstream, self.router.clone(), self.partitions),
+            policy,
+            factory,
+            &states,
+        )
+    }
+}
