@@ -2,7 +2,7 @@
 //! the public DSL, printing one `RESULT` line in the peers' format.
 //!
 //! ```sh
-//! cargo run --release -p weibo-examples --example bench -- <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state|join-interval|join-window|join-interval-loop|join-window-loop> <events> <partitions> [threads]
+//! cargo run --release -p weibo-examples --example bench -- <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state|join-interval|join-window|join-interval-loop|join-window-loop|async|async-loop> <events> <partitions> [threads]
 //! ```
 //!
 //! Event `i`: `key = (i * 2654435761) mod K`, `value = i mod 1000`, `ts = i`.
@@ -338,6 +338,64 @@ fn remove_time(side: &mut Fast<Vec<u64>>, key: u64, at: u64) {
             side.remove(&key);
         }
     }
+}
+
+/// Asynchronous enrichment: `n` records over 1,000,000 keys, each looked
+/// up by an HTTP GET to a local server that answers after
+/// `WEIBO_LATENCY_MS` (default 5) ms, `WEIBO_IN_FLIGHT` (default 100)
+/// calls in flight per instance, results in input order. The floor is
+/// `in-flight × instances / latency` records per second.
+fn async_lookup(job: &Job, n: u64, partitions: usize, server: std::net::SocketAddr, total: Arc<Mutex<Out>>) {
+    let in_flight = std::env::var("WEIBO_IN_FLIGHT").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+    let client = reqwest::Client::builder().pool_max_idle_per_host(4 * in_flight).build().unwrap_or_default();
+    job.source(Generator::new(n, |i| i).with_partitions(partitions))
+        .key_by(|i: &u64| i.wrapping_mul(MULT) % 1_000_000)
+        .with_partitions(partitions)
+        .map_async(weibo::on_error::Fail, weibo::AsyncOptions::new().in_flight(in_flight), move |_: &u64, i: &u64| {
+            let request = client.get(format!("http://{server}/{i}"));
+            async move {
+                let body = request.send().await.map_err(|e| e.to_string())?.text().await.map_err(|e| e.to_string())?;
+                body.trim().parse::<u64>().map_err(|e| format!("`{body}`: {e}"))
+            }
+        })
+        .sink(Checksum {
+            total,
+            f: |o: &mut Out, v: &u64| {
+                o.count += 1;
+                o.sum = o.sum.wrapping_add(*v);
+                o.chk = o.chk.wrapping_add(v.wrapping_mul(*v));
+            },
+        });
+}
+
+/// A local HTTP/1.1 server (keep-alive) that answers `GET /<n>` with
+/// `n + 1` after `latency`.
+async fn slow_server(latency: Duration) -> std::io::Result<std::net::SocketAddr> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut lines = BufReader::new(read).lines();
+                let mut number = None;
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(path) = line.strip_prefix("GET /") {
+                        number = path.split(' ').next().and_then(|n| n.parse::<u64>().ok());
+                    } else if line.is_empty() {
+                        tokio::time::sleep(latency).await;
+                        let body = number.take().map_or(0, |n| n + 1).to_string();
+                        let response = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+                        if write.write_all(response.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    Ok(addr)
 }
 
 /// List-append: 100,000 keys, each event appends its value to its key's
@@ -729,7 +787,7 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state|join-interval|join-window|join-interval-loop|join-window-loop> <events> <partitions> [threads] | bench ckpt <keys> 1"
+        "usage: bench <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state|join-interval|join-window|join-interval-loop|join-window-loop|async|async-loop> <events> <partitions> [threads] | bench ckpt <keys> 1"
     );
     std::process::exit(2)
 }
@@ -815,6 +873,49 @@ fn main() {
         ckpt(&runtime, n, std::env::var("WEIBO_STATE").is_ok_and(|s| s == "fjall"));
         return;
     }
+    if workload == "async-loop" {
+        // The floor of `async`: the same calls from a plain loop, as many
+        // in flight, no framework.
+        let latency = std::env::var("WEIBO_LATENCY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+        let in_flight = std::env::var("WEIBO_IN_FLIGHT").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+        let started = Instant::now();
+        let out = runtime.block_on(async move {
+            let Ok(server) = slow_server(Duration::from_millis(latency)).await else { return Out::default() };
+            let client = reqwest::Client::builder().pool_max_idle_per_host(4 * in_flight).build().unwrap_or_default();
+            let permits = Arc::new(tokio::sync::Semaphore::new(in_flight));
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            for i in 0..n {
+                let Ok(permit) = permits.clone().acquire_owned().await else { break };
+                let (request, tx) = (client.get(format!("http://{server}/{i}")), tx.clone());
+                tokio::spawn(async move {
+                    let body = match request.send().await {
+                        Ok(response) => response.text().await.unwrap_or_default(),
+                        Err(_) => String::new(),
+                    };
+                    let _ = tx.send(body.trim().parse::<u64>().unwrap_or(0));
+                    drop(permit);
+                });
+            }
+            drop(tx);
+            let mut out = Out::default();
+            while let Some(v) = rx.recv().await {
+                out.count += 1;
+                out.sum = out.sum.wrapping_add(v);
+                out.chk = out.chk.wrapping_add(v.wrapping_mul(v));
+            }
+            out
+        });
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "RESULT engine=loop workload=async n={n} par=1 secs={secs:.4} eps={:.0} out_count={} out_sum={} out_chk={} threads={threads} heap_peak_kb={}",
+            n as f64 / secs,
+            out.count,
+            out.sum,
+            out.chk,
+            heap_kb().1
+        );
+        return;
+    }
     if let Some(join @ ("join-interval" | "join-window")) = workload.strip_suffix("-loop") {
         let started = Instant::now();
         let out = join_floor(n, join == "join-window");
@@ -884,6 +985,16 @@ fn main() {
         "map-state" => map_state(&job, n, partitions, total.clone()),
         "join-interval" => join_interval(&job, n, partitions, total.clone()),
         "join-window" => join_window(&job, n, partitions, total.clone()),
+        "async" => {
+            let latency = std::env::var("WEIBO_LATENCY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+            match runtime.block_on(slow_server(Duration::from_millis(latency))) {
+                Ok(server) => async_lookup(&job, n, partitions, server, total.clone()),
+                Err(e) => {
+                    eprintln!("cannot start the local HTTP server: {e}");
+                    std::process::exit(1)
+                }
+            }
+        }
         _ => usage(),
     }
     // `WEIBO_SCRAPE_MS=<ms>` serves the admin API and scrapes its

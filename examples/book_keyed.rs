@@ -22,6 +22,7 @@ fn main() -> weibo::Result<()> {
     side_outputs()?;
     connected()?;
     broadcast()?;
+    enrichment()?;
     keyed_sink()?;
     Ok(())
 }
@@ -326,6 +327,52 @@ fn side_outputs() -> weibo::Result<()> {
     Ok(())
 }
 // ANCHOR_END: side_outputs
+
+// ANCHOR: enrichment
+/// A customer's record in another service, looked up by id.
+#[derive(Clone, Debug, PartialEq)]
+struct Customer {
+    id: u32,
+    tier: &'static str,
+}
+
+/// The other service: an asynchronous lookup that takes a few
+/// milliseconds (an HTTP or database client in a real pipeline).
+async fn look_up(id: CustomerId) -> Result<Customer, String> {
+    tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    match id.0 {
+        0 => Err("customer 0 is not in the directory".to_string()),
+        id => Ok(Customer { id, tier: if id % 2 == 0 { "gold" } else { "basic" } }),
+    }
+}
+
+/// Orders with their customer's tier, 16 lookups in flight, each tried
+/// three times, each result kept a minute; an order whose customer cannot
+/// be found goes to the dead letters.
+fn enrichment() -> weibo::Result<()> {
+    let mut t = weibo::testing::TestJob::new("tiers");
+    let orders = t.input((0..50).map(|i| Order { customer: CustomerId(i % 5), amount_cents: 100 }).collect());
+    let options = weibo::AsyncOptions::new()
+        .in_flight(16)
+        .timeout(std::time::Duration::from_secs(1))
+        .retries(2, std::time::Duration::from_millis(10))
+        .cache(std::time::Duration::from_secs(60), 10_000);
+    let (tiers, dead) = orders.key_by(|o: &Order| o.customer).map_async(
+        weibo::on_error::DeadLetter,
+        options,
+        |customer: &CustomerId, order: &Order| {
+            let (customer, cents) = (*customer, order.amount_cents);
+            async move { look_up(customer).await.map(|c| (c.id, c.tier, cents)) }
+        },
+    );
+    let (tiers, dead) = (t.collect(&tiers), t.collect(&dead));
+    t.run()?;
+    assert_eq!(tiers.values().len(), 40);
+    assert_eq!(dead.values().len(), 10, "the ten orders of customer 0");
+    assert!(tiers.values().iter().all(|(id, tier, _)| (*tier == "gold") == (id % 2 == 0)));
+    Ok(())
+}
+// ANCHOR_END: enrichment
 
 // ANCHOR: broadcast
 /// A limit on one order's amount, by currency, sent to every instance.

@@ -1,6 +1,8 @@
-//! Crash test of joins: a child process reads orders and payments from two
-//! files and joins them three ways, an interval full outer join, a window
-//! left join and a temporal left join, into the exactly-once file sink with
+//! Crash test of joins and enrichment: a child process reads orders and
+//! payments from two files and joins them three ways, an interval full
+//! outer join, a window left join and a temporal left join, and enriches
+//! the orders by asynchronous calls (`map_async`), into the exactly-once
+//! file sink with
 //! checkpoints every 150 ms; it is killed with SIGKILL at random moments
 //! and started again until it finishes. Its committed output, outer rows
 //! included, must equal that of a run that never crashed: every line once,
@@ -13,11 +15,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use weibo::Job;
 use weibo::sinks::TxnFileSink;
 use weibo::sources::FileSource;
 use weibo::time::WatermarkStrategy;
 use weibo::window::Tumbling;
+use weibo::{AsyncOptions, Job};
 use weibo_tests::crash;
 
 const LINES: u64 = 6_000;
@@ -96,7 +98,18 @@ fn pipeline(orders: &Path, payments: &Path, out: &Path, checkpoints: &Path, slow
         .with_partitions(2)
         .left_join(move |o: &Rec, p: Option<&Rec>| format!("t,{},{}", o.1, show(p)))
         .uid("temporal");
-    interval.union(&window).union(&temporal).sink_exactly_once(TxnFileSink::json_lines(out));
+    // An enrichment by a call that takes a few milliseconds, many in
+    // flight: those in flight at a kill are called for again.
+    let enriched = orders
+        .map_async(weibo::on_error::Fail, AsyncOptions::new().in_flight(32).unordered(), |_: &u32, o: &Rec| {
+            let id = o.1;
+            async move {
+                tokio::time::sleep(Duration::from_millis(id % 4)).await;
+                Ok::<_, String>(format!("a,{id},{}", id * 7))
+            }
+        })
+        .uid("enrich");
+    interval.union(&window).union(&temporal).union(&enriched).sink_exactly_once(TxnFileSink::json_lines(out));
     job
 }
 
@@ -135,6 +148,7 @@ fn reference() -> BTreeMap<String, usize> {
     let out = crash::committed_lines(&d.out);
     let count = |prefix: &str| out.keys().filter(|l| l.starts_with(prefix)).count();
     assert!(count("\"i,") > 5_000 && count("\"w,") > 5_000 && count("\"t,") == LINES as usize, "{out:?}");
+    assert_eq!(count("\"a,"), LINES as usize, "every order enriched once");
     assert!(count("\"i,-,") > 0 && out.keys().any(|l| l.starts_with("\"i,") && l.ends_with(",-\"")), "outer rows");
     assert!(out.values().all(|n| *n == 1), "every line is unique in a run");
     out

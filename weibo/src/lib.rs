@@ -90,6 +90,7 @@ pub mod join {
 pub use codec::Data;
 pub use codec::key::Key;
 pub use error::{Error, Result};
+pub use operator::async_io::AsyncOptions;
 pub use operator::function::{
     AggregatingState, KeyedProcessFunction, ListState, MapState, ProcessContext, ProcessOutcome, ReducingState, States,
     TimeDomain, Timer, ValueState,

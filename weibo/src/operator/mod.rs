@@ -5,6 +5,7 @@
 //! keyed ones, windows (in their own folder), timestamps and watermarks,
 //! sinks, and the router at a shuffle edge.
 
+pub(crate) mod async_io;
 pub(crate) mod broadcast;
 pub(crate) mod connect;
 pub(crate) mod exchange;
@@ -194,6 +195,25 @@ pub(crate) trait InputOperator: Send {
     /// second).
     fn state_stats(&self) -> Vec<(crate::state::StateName, crate::state::StateStats)> {
         Vec::new()
+    }
+    /// For an operator with work outside its inputs (asynchronous calls in
+    /// flight): polls it, registering `cx` to be woken when it can make
+    /// progress; `Ready` once it did (it emitted, failed, or forwarded
+    /// something). Polled by its task beside its inputs.
+    fn poll_work(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<()>> {
+        let _ = cx;
+        std::task::Poll::Pending
+    }
+    /// Whether it takes input now: an operator whose calls in flight are
+    /// at their bound says no, and its task reads no input (which
+    /// backpressures upstream) until `poll_work` made room.
+    fn accepts_input(&self) -> bool {
+        true
+    }
+    /// Whether it has work outside its inputs: its task does not finish it
+    /// (nor end) until it has none.
+    fn has_work(&self) -> bool {
+        false
     }
 }
 

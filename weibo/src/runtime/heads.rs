@@ -410,6 +410,8 @@ pub(crate) struct ChannelHead {
 
 enum Next {
     Message(usize, Option<Message>),
+    /// The operator's own work made progress (or failed).
+    Work(Result<()>),
     Timeout,
 }
 
@@ -438,16 +440,26 @@ impl HeadRunner for ChannelHead {
             let mut aligner = Aligner::new(n);
             // Slow alignments are warned of at most every ten seconds.
             let mut align_warned: Option<(Instant, u64)> = None;
-            while open.iter().any(|o| *o) {
+            // Inputs open, or the operator's own work (asynchronous calls)
+            // still to finish before it can.
+            while open.iter().any(|o| *o) || (!finished && self.op.has_work()) {
                 // With a zero buffer timeout every step flushes, but a quiet
                 // input brings no step: wake now and then all the same, so
                 // that processing-time timers fire and expiring state is
                 // swept (both happen in `flush`).
                 let wait = if io.buffer_timeout.is_zero() { IDLE_TICK } else { io.buffer_timeout };
                 let deadline = tokio::time::Instant::from_std(last_flush + wait);
-                let inputs = &mut self.inputs;
+                let (inputs, op) = (&mut self.inputs, &mut self.op);
                 let (open_now, aligning) = (&open, &aligner);
                 let receive = std::future::poll_fn(|cx| {
+                    // The operator's own work first (results of calls in
+                    // flight); no input while it takes none.
+                    if let Poll::Ready(done) = op.poll_work(cx) {
+                        return Poll::Ready(Next::Work(done));
+                    }
+                    if !op.accepts_input() {
+                        return Poll::Pending;
+                    }
                     for k in 0..n {
                         let i = (start + k) % n;
                         if !open_now.get(i).copied().unwrap_or(false) || aligning.holds(i) {
@@ -462,8 +474,13 @@ impl HeadRunner for ChannelHead {
                     }
                     Poll::Pending
                 });
+                // A barrier aligned but held until the operator finished
+                // (see below) goes on now, without waiting for a message.
+                let released = finished && aligner.aligned().is_some();
                 // Once finished, nothing is buffered and no timer fires.
-                let next = if finished {
+                let next = if released {
+                    Next::Timeout
+                } else if finished {
                     receive.await
                 } else {
                     tokio::select! {
@@ -474,6 +491,11 @@ impl HeadRunner for ChannelHead {
                 };
                 match next {
                     Next::Timeout => {}
+                    Next::Work(done) => {
+                        let started = Instant::now();
+                        done?;
+                        io.task.busy(started.elapsed());
+                    }
                     Next::Message(i, None) => {
                         if !ended.get(i).copied().unwrap_or(false) {
                             let from = self.inputs.get(i).map(|b| b.from.clone()).unwrap_or_default();
@@ -524,7 +546,12 @@ impl HeadRunner for ChannelHead {
                     idle_inputs = tracker.idle_inputs();
                     io.task.idle_inputs.store(idle_inputs, std::sync::atomic::Ordering::Relaxed);
                 }
-                if let Some(b) = aligner.aligned() {
+                // A barrier that follows the end of every input waits until
+                // the operator has finished (its own work, such as calls in
+                // flight, done): the final checkpoint must cover all it
+                // emits.
+                let hold = !finished && ended.iter().all(|e| *e);
+                if let Some(b) = aligner.aligned().filter(|_| !hold) {
                     // Every input has delivered barrier `b`: snapshot, pass
                     // the barrier on, read everything again.
                     if let Some(cp) = io.checkpoint.as_ref()
@@ -564,7 +591,7 @@ impl HeadRunner for ChannelHead {
                     self.op.on_watermark(forwarded)?;
                     io.task.busy(started.elapsed());
                 }
-                if !finished && ended.iter().all(|e| *e) {
+                if !finished && ended.iter().all(|e| *e) && !self.op.has_work() {
                     // Every input has ended: fire what is left, flush, and
                     // tell everything downstream; barriers may still come.
                     if forwarded < END_OF_TIME {

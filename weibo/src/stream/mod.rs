@@ -7,6 +7,7 @@
 
 #[cfg(feature = "admin")]
 pub(crate) mod admin;
+pub(crate) mod async_io;
 pub(crate) mod broadcast;
 pub(crate) mod connect;
 pub(crate) mod job;
@@ -317,7 +318,7 @@ fn side_ports(outputs: &Outputs) -> impl Iterator<Item = Port> + '_ {
 /// [`OutputTag::dead_letters`] as well as from the pair `on_error::DeadLetter`
 /// returns (under another policy nothing is sent there, and the tag finds
 /// no port).
-fn dead_letters<T: Clone + Send + 'static>(policy: Policy) -> Port {
+pub(crate) fn dead_letters<T: Clone + Send + 'static>(policy: Policy) -> Port {
     let dead = policy == Policy::DeadLetter;
     Port { tag: dead.then_some(outputs::DEAD_LETTERS), ..port::<DeadLetter<T>>("dead letters", dead) }
 }
@@ -866,7 +867,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
     }
 }
 
-fn policy_detail(policy: Policy) -> String {
+pub(crate) fn policy_detail(policy: Policy) -> String {
     match policy {
         Policy::Drop => "on error: drop".into(),
         Policy::DeadLetter => "on error: dead letter".into(),
