@@ -438,8 +438,9 @@ impl<K: Key, T: Data, U: Clone + Send + Sync + 'static> InputOperator for AsyncO
 }
 
 /// The records in flight at a barrier, as a keyed state: each an entry of
-/// its key's group, keyed by its key's encoding and its sequence number,
-/// its value the record's timestamp (8 bytes) and its encoding.
+/// its key's group, keyed by its key's encoding, its sequence number and
+/// its timestamp (8 bytes each, big-endian), its value the record's
+/// encoding (what the state's recorded type says, for the inspector).
 struct InFlight<K, T> {
     records: Vec<(K, u16, u64, Timestamp, T)>,
 }
@@ -450,7 +451,7 @@ impl<K: Key, T: Data> KeyedState for InFlight<K, T> {
         for (key, group, seq, timestamp, value) in &self.records {
             key.encode_key(&mut part.part.keys);
             part.part.keys.extend_from_slice(&seq.to_be_bytes());
-            part.part.values.extend_from_slice(&timestamp.to_le_bytes());
+            part.part.keys.extend_from_slice(&timestamp.to_be_bytes());
             value
                 .encode(&mut part.part.values)
                 .map_err(|source| Error::Codec { operator: operator.to_string(), source })?;
@@ -470,15 +471,13 @@ impl<K: Key, T: Data> KeyedState for InFlight<K, T> {
             let mut rest = *key_bytes;
             let key = K::decode_key(&mut rest)
                 .map_err(|e| bad(format!("a record in flight has a key that does not decode: {e}")))?;
-            let seq = rest
-                .try_into()
-                .map(u64::from_be_bytes)
-                .map_err(|_| bad("a record in flight has no sequence number".into()))?;
-            let (timestamp, encoded) =
-                value.split_first_chunk::<8>().ok_or_else(|| bad("a record in flight is cut short".into()))?;
-            let record =
-                T::decode(encoded).map_err(|source| Error::Codec { operator: operator.to_string(), source })?;
-            self.records.push((key, *group, seq, i64::from_le_bytes(*timestamp), record));
+            let (seq, timestamp) = rest
+                .split_first_chunk::<8>()
+                .and_then(|(seq, rest)| Some((u64::from_be_bytes(*seq), i64::from_be_bytes(*rest.first_chunk::<8>()?))))
+                .filter(|_| rest.len() == 16)
+                .ok_or_else(|| bad("a record in flight lacks its sequence number or timestamp".into()))?;
+            let record = T::decode(value).map_err(|source| Error::Codec { operator: operator.to_string(), source })?;
+            self.records.push((key, *group, seq, timestamp, record));
         }
         Ok(())
     }
