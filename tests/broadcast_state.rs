@@ -16,6 +16,7 @@ use weibo::on_error;
 use weibo::process::{BroadcastContext, Either};
 use weibo::testing::{Harness, Probe, RunningHarness};
 use weibo::{Job, Stream};
+use weibo_tests::two_inputs::split;
 
 /// A reading: sensor, kind, value.
 type Reading = (u32, String, u32);
@@ -24,18 +25,6 @@ type Rule = (String, Option<u32>);
 /// What the operator emits: the sensor, its value, the threshold it was
 /// judged by, and how many readings its sensor had.
 type Judged = (u32, u32, Option<u32>, u64);
-
-fn split(input: &Stream<Either<Reading, Rule>>) -> (Stream<Reading>, Stream<Rule>) {
-    let readings = input.flat_map(|e: Either<Reading, Rule>| match e {
-        Either::Left(r) => vec![r],
-        Either::Right(_) => vec![],
-    });
-    let rules = input.flat_map(|e: Either<Reading, Rule>| match e {
-        Either::Left(_) => vec![],
-        Either::Right(r) => vec![r],
-    });
-    (readings, rules)
-}
 
 /// Judges each reading by its kind's threshold in the broadcast state,
 /// counting the sensor's readings in keyed state; every instance emits a

@@ -11,7 +11,6 @@
 
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -20,6 +19,7 @@ use weibo::on_error;
 use weibo::process::{Either, OutputTag};
 use weibo::record::Timestamp;
 use weibo::testing::{Harness, Probe, RunningHarness};
+use weibo_tests::two_inputs::{interleave, side, split};
 
 /// A stream record: its key and an id.
 type Rec = (u8, u32);
@@ -46,19 +46,6 @@ fn timed(rows: &Stream<(u32, Option<u32>)>) -> Stream<Out> {
     )
 }
 
-/// The split of one input of `Either`s into the stream and the table.
-fn sides(input: &Stream<Either<Rec, Row>>) -> (Stream<Rec>, Stream<Row>) {
-    let left = input.flat_map(|e: Either<Rec, Row>| match e {
-        Either::Left(l) => vec![l],
-        Either::Right(_) => vec![],
-    });
-    let right = input.flat_map(|e: Either<Rec, Row>| match e {
-        Either::Left(_) => vec![],
-        Either::Right(r) => vec![r],
-    });
-    (left, right)
-}
-
 /// A temporal join (left if `outer`) with `retention` ms, on `partitions`
 /// instances, on fjall if `fjall` is given; rows with version 0 delete.
 fn start(outer: bool, retention: u64, partitions: usize, fjall: Option<&std::path::Path>) -> Join {
@@ -67,7 +54,7 @@ fn start(outer: bool, retention: u64, partitions: usize, fjall: Option<&std::pat
         let backend = weibo::state::FjallBackend::open(dir).unwrap();
         h = h.configure(|job| job.with_state_backend(backend));
     }
-    let (left, right) = sides(&h.input());
+    let (left, right) = split(&h.input());
     let builder = left
         .key_by(|l: &Rec| l.0)
         .temporal_join(&right.key_by(|r: &Row| r.0))
@@ -197,21 +184,6 @@ fn naive(outer: bool, records: &[(u8, u32, i64)], rows: &[(u8, u32, i64)]) -> Ve
     sorted(out)
 }
 
-/// An input: records in time order (steps of 0 to 30 ms from 1 000), keys
-/// 0 to 3.
-fn side() -> impl Strategy<Value = Vec<(u8, i64)>> {
-    proptest::collection::vec((0u8..4, 0i64..30), 0..24).prop_map(|steps| {
-        let mut at = 1_000;
-        steps
-            .into_iter()
-            .map(|(key, step)| {
-                at += step;
-                (key, at)
-            })
-            .collect()
-    })
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
@@ -238,29 +210,9 @@ proptest! {
         for partitions in [1, 4] {
         let dir = tempfile::tempdir().unwrap();
         let mut j = start(outer, 0, partitions, fjall.then(|| dir.path()));
-        let (mut li, mut ri) = (0, 0);
-        let mut seen: BTreeMap<bool, i64> = BTreeMap::new();
-        let mut turns = order.iter().copied().cycle();
-        while li < records.len() || ri < rows.len() {
-            let take_left = ri >= rows.len() || (li < records.len() && turns.next().unwrap_or(true));
-            let (record, at) = if take_left {
-                let l = records[li];
-                li += 1;
-                (Either::Left((l.0, l.1)), l.2)
-            } else {
-                let r = rows[ri];
-                ri += 1;
-                (Either::Right((r.0, r.1)), r.2)
-            };
-            j.run.push(record, at).unwrap();
-            seen.insert(take_left, at);
-            let left_wm = if li >= records.len() { i64::MAX } else { seen.get(&true).map_or(i64::MIN, |t| t - 1) };
-            let right_wm = if ri >= rows.len() { i64::MAX } else { seen.get(&false).map_or(i64::MIN, |t| t - 1) };
-            let wm = left_wm.min(right_wm);
-            if wm != i64::MIN && wm != i64::MAX {
-                j.run.watermark(wm).unwrap();
-            }
-        }
+        let left: Vec<_> = records.iter().map(|l| ((l.0, l.1), l.2)).collect();
+        let right: Vec<_> = rows.iter().map(|r| ((r.0, r.1), r.2)).collect();
+        interleave(&mut j.run, &left, &right, &order);
         j.run.finish().unwrap();
         prop_assert!(j.late.take().is_empty());
         prop_assert_eq!(sorted(j.rows.take()), want.clone(), "outer {} at {} instances", outer, partitions);
@@ -309,7 +261,7 @@ fn old_versions_are_removed_as_the_watermark_passes() {
 #[test]
 fn the_latest_join_meets_the_row_seen_last() {
     let mut h = Harness::<Either<Rec, Row>>::new("latest");
-    let (left, right) = sides(&h.input());
+    let (left, right) = split(&h.input());
     let joined = left
         .key_by(|l: &Rec| l.0)
         .latest_join(&right.key_by(|r: &Row| r.0))

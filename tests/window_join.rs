@@ -20,6 +20,7 @@ use weibo::process::Either;
 use weibo::record::Timestamp;
 use weibo::testing::{Harness, Probe, RunningHarness};
 use weibo::window::{Session, Sliding, Tumbling, WindowContext};
+use weibo_tests::two_inputs::{interleave, side, split};
 
 /// A record: its key and an id.
 type Rec = (u8, u32);
@@ -113,14 +114,7 @@ fn start(kind: Kind, windows: Windows, lateness: u64, partitions: usize, fjall: 
         h = h.configure(|job| job.with_state_backend(backend));
     }
     let input = h.input();
-    let left = input.flat_map(|e: Either<Rec, Rec>| match e {
-        Either::Left(l) => vec![l],
-        Either::Right(_) => vec![],
-    });
-    let right = input.flat_map(|e: Either<Rec, Rec>| match e {
-        Either::Left(_) => vec![],
-        Either::Right(r) => vec![r],
-    });
+    let (left, right) = split(&input);
     let (rows, late) = wire(kind, windows, lateness, partitions, &left, &right);
     let (rows, late) = (h.output(&timed(&rows)), h.output(&late));
     Join { run: h.start().unwrap(), rows, late }
@@ -299,21 +293,6 @@ fn naive(kind: Kind, windows: Windows, lefts: &[(u8, u32, i64)], rights: &[(u8, 
     sorted(rows)
 }
 
-/// A side: records in time order (steps of 0 to 30 ms from 1 000), keys 0
-/// to 3.
-fn side() -> impl Strategy<Value = Vec<(u8, i64)>> {
-    proptest::collection::vec((0u8..4, 0i64..30), 0..24).prop_map(|steps| {
-        let mut at = 1_000;
-        steps
-            .into_iter()
-            .map(|(key, step)| {
-                at += step;
-                (key, at)
-            })
-            .collect()
-    })
-}
-
 /// The same join in a job of two sources in time order on `partitions`
 /// instances: the rows it gives.
 fn two_sources(
@@ -369,29 +348,9 @@ proptest! {
         for partitions in [1, 4] {
         let dir = tempfile::tempdir().unwrap();
         let mut j = start(kind, windows, 0, partitions, fjall.then(|| dir.path()));
-        let (mut li, mut ri) = (0, 0);
-        let mut seen: BTreeMap<bool, i64> = BTreeMap::new();
-        let mut turns = order.iter().copied().cycle();
-        while li < lefts.len() || ri < rights.len() {
-            let take_left = ri >= rights.len() || (li < lefts.len() && turns.next().unwrap_or(true));
-            let (record, at) = if take_left {
-                let l = lefts[li];
-                li += 1;
-                (Either::Left((l.0, l.1)), l.2)
-            } else {
-                let r = rights[ri];
-                ri += 1;
-                (Either::Right((r.0, r.1)), r.2)
-            };
-            j.run.push(record, at).unwrap();
-            seen.insert(take_left, at);
-            let left_wm = if li >= lefts.len() { i64::MAX } else { seen.get(&true).map_or(i64::MIN, |t| t - 1) };
-            let right_wm = if ri >= rights.len() { i64::MAX } else { seen.get(&false).map_or(i64::MIN, |t| t - 1) };
-            let wm = left_wm.min(right_wm);
-            if wm != i64::MIN && wm != i64::MAX {
-                j.run.watermark(wm).unwrap();
-            }
-        }
+        let left: Vec<_> = lefts.iter().map(|l| ((l.0, l.1), l.2)).collect();
+        let right: Vec<_> = rights.iter().map(|r| ((r.0, r.1), r.2)).collect();
+        interleave(&mut j.run, &left, &right, &order);
         j.run.finish().unwrap();
         prop_assert!(j.late.take().is_empty());
         prop_assert_eq!(sorted(j.rows.take()), want.clone(), "{:?} {:?} at {} instances", kind, windows, partitions);

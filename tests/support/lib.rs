@@ -7,7 +7,8 @@
 //! ([`schedule`]), the servers the connector tests run against
 //! ([`kafka_broker`], [`postgres_server`], [`s3_server`]), and what one
 //! family of targets shares ([`kafka_common`], [`restore`],
-//! [`flaky_storage`], [`upgrade_pipeline`], [`window_model`]); and the
+//! [`flaky_storage`], [`upgrade_pipeline`], [`window_model`],
+//! [`two_inputs`]); and the
 //! examples' pipelines that tests run ([`kafka_orders`], [`totals`]).
 //!
 //! A helper goes here, never into a target by `#[path]`: the `layout` test
@@ -22,6 +23,7 @@ pub mod postgres_server;
 pub mod restore;
 pub mod s3_server;
 pub mod schedule;
+pub mod two_inputs;
 pub mod upgrade_pipeline;
 pub mod window_model;
 
