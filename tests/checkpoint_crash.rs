@@ -139,32 +139,10 @@ fn live(d: &Dirs, partitions: usize, after: Duration) -> bool {
     crash::run_child(crash::child_command("child", "WEIBO_CRASH_CHILD", spec), after, None)
 }
 
-/// Runs the child again and again, each life on `partitions(life)` and
-/// killed at a pseudo-random moment (`seed`) `least` to `least` + 500 ms
-/// after its start, until a life finishes; returns the number of lives.
-///
-/// A life moves the job on only if it outlasts the child's start, its
-/// restore and a checkpoint; how long those take depends on the machine
-/// (on fjall, the start replays fjall's journal and drops the previous
-/// life's state first). Every life that commits nothing makes the lives
-/// after it 100 ms longer, so a slow machine gets lives long enough to
-/// finish, with kill moments as random within them.
-fn lives_until_done(d: &Dirs, seed: u64, mut least: u64, partitions: impl Fn(usize) -> usize) -> usize {
-    let mut offsets = crash::kill_times(seed, 0..500);
-    let mut lives = 0;
-    loop {
-        let after = Duration::from_millis(least) + offsets.next().unwrap_or_default();
-        let before = committed(&d.out).len();
-        let done = live(d, partitions(lives), after);
-        lives += 1;
-        if done {
-            return lives;
-        }
-        if committed(&d.out).len() == before {
-            least += 100;
-        }
-        assert!(lives < 60, "the job never finished (lives of {least} ms and more at the end)");
-    }
+/// Lives of `partitions(life)` partitions until one finishes (see
+/// [`crash::lives_until_done`]); returns the number of lives.
+fn lives_until_done(d: &Dirs, seed: u64, least: u64, partitions: impl Fn(usize) -> usize) -> usize {
+    crash::lives_until_done(&d.out, seed, least, |life, after| live(d, partitions(life), after))
 }
 
 fn reference() -> BTreeMap<String, usize> {
@@ -206,10 +184,7 @@ fn killed_again_and_again(d: Dirs, seed: u64) {
     let kills = lives_until_done(&d, seed, least, |_| 2) - 1;
     assert!(kills >= 3, "the child was killed mid-run several times ({kills})");
     let got = committed(&d.out);
-    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).take(5).collect();
-    assert!(twice.is_empty(), "results committed twice: {twice:?}");
-    assert_eq!(got.len(), want.len(), "every result committed");
-    assert_eq!(got, want);
+    crash::assert_committed_once(&got, &want);
 }
 
 #[test]

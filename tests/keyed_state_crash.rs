@@ -220,33 +220,15 @@ fn reference() -> BTreeMap<String, usize> {
 /// then compares its committed output with a run that never crashed.
 fn killed_again_and_again(d: Dirs, seed: u64) {
     let want = reference();
-    let mut offsets = crash::kill_times(seed, 0..500);
-    let mut least = if d.state.is_some() { 500 } else { 250 };
-    let mut lives = 0;
-    loop {
-        let after = Duration::from_millis(least) + offsets.next().unwrap_or_default();
-        let before = committed(&d.out).len();
+    let least = if d.state.is_some() { 500 } else { 250 };
+    let lives = crash::lives_until_done(&d.out, seed, least, |_, after| {
         let state = d.state.as_ref().map(|s| s.display().to_string()).unwrap_or_default();
         let spec = format!("{}|{}|{}|{state}", d.input.display(), d.out.display(), d.checkpoints.display());
-        let done = crash::run_child(crash::child_command("child", "WEIBO_STATE_CRASH_CHILD", spec), after, None);
-        lives += 1;
-        if done {
-            break;
-        }
-        // A life that commits nothing makes the next ones longer (a slow
-        // machine still gets lives long enough to finish).
-        if committed(&d.out).len() == before {
-            least += 100;
-        }
-        assert!(lives < 60, "the job never finished (lives of {least} ms and more at the end)");
-    }
+        crash::run_child(crash::child_command("child", "WEIBO_STATE_CRASH_CHILD", spec), after, None)
+    });
     assert!(lives > 3, "the child was killed mid-run several times ({lives} lives)");
     let got = committed(&d.out);
-    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).take(5).collect();
-    assert!(twice.is_empty(), "lines committed twice: {twice:?}");
-    let missing: Vec<_> = want.keys().filter(|l| !got.contains_key(*l)).take(5).collect();
-    assert!(missing.is_empty(), "lines never committed: {missing:?}");
-    assert_eq!(got, want);
+    crash::assert_committed_once(&got, &want);
 }
 
 #[test]

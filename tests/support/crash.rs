@@ -238,3 +238,59 @@ pub fn committed_lines(out: &std::path::Path) -> std::collections::BTreeMap<Stri
     }
     lines
 }
+
+/// Runs a crash test's child life after life until one finishes, each
+/// killed `least` milliseconds plus a pseudo-random offset (from `seed`,
+/// up to 500 ms) after its start; `life(i, after)` runs life `i` and says
+/// whether it finished. Returns the number of lives.
+///
+/// A life moves the job on only if it outlasts the child's start, its
+/// restore and a checkpoint; how long those take depends on the machine
+/// (on fjall, the start replays fjall's journal and drops the previous
+/// life's state first). Every life that commits nothing to `out` (the
+/// exactly-once file sink's directory) makes the lives after it 100 ms
+/// longer, so a slow machine gets lives long enough to finish, with kill
+/// moments as random within them.
+///
+/// # Panics
+/// When 60 lives did not finish the job (a test's failure).
+pub fn lives_until_done(
+    out: &std::path::Path,
+    seed: u64,
+    mut least: u64,
+    mut life: impl FnMut(usize, std::time::Duration) -> bool,
+) -> usize {
+    let mut offsets = kill_times(seed, 0..500);
+    let mut lives = 0;
+    loop {
+        let after = std::time::Duration::from_millis(least) + offsets.next().unwrap_or_default();
+        let before = committed_lines(out).len();
+        let done = life(lives, after);
+        lives += 1;
+        if done {
+            return lives;
+        }
+        if committed_lines(out).len() == before {
+            least += 100;
+        }
+        assert!(lives < 60, "the job never finished (lives of {least} ms and more at the end)");
+    }
+}
+
+/// Checks a crash test's committed output against a run that never
+/// crashed: every line once, none missing, none twice.
+///
+/// # Panics
+/// When they differ (a test's failure), naming a few lines that differ.
+pub fn assert_committed_once(
+    got: &std::collections::BTreeMap<String, usize>,
+    want: &std::collections::BTreeMap<String, usize>,
+) {
+    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).take(5).collect();
+    assert!(twice.is_empty(), "lines committed twice: {twice:?}");
+    let missing: Vec<_> = want.keys().filter(|l| !got.contains_key(*l)).take(5).collect();
+    assert!(missing.is_empty(), "lines never committed: {missing:?}");
+    let extra: Vec<_> = got.keys().filter(|l| !want.contains_key(*l)).take(5).collect();
+    assert!(extra.is_empty(), "lines a crash-free run does not write: {extra:?}");
+    assert_eq!(got, want);
+}
