@@ -21,7 +21,9 @@ fn main() -> weibo::Result<()> {
     expiring_state()?;
     side_outputs()?;
     connected()?;
+    connected_unkeyed()?;
     broadcast()?;
+    broadcast_unkeyed()?;
     enrichment()?;
     keyed_sink()?;
     Ok(())
@@ -429,6 +431,32 @@ fn broadcast() -> weibo::Result<()> {
 }
 // ANCHOR_END: broadcast
 
+// ANCHOR: broadcast_unkeyed
+/// The same review without a key: orders spread over three instances,
+/// each with its copy of the limits.
+fn broadcast_unkeyed() -> weibo::Result<()> {
+    let mut t = weibo::testing::TestJob::new("review");
+    let limits = t.input(vec![Limit { currency: "EUR".into(), max_cents: 10_000 }]);
+    let orders = t.input((0..1_000).map(order).collect());
+    let checked = orders.connect_broadcast(&limits).with_partitions(3).process_with_state(
+        on_error::Fail,
+        |states| states.broadcast::<String, i64>("limits"),
+        |ctx, limits, order: &Order| {
+            let max = ctx.broadcast(limits).get(&"EUR".to_string());
+            // `None`: the limits had not reached this instance yet.
+            ctx.emit((order.amount_cents, max));
+        },
+        |ctx, limits, limit: &Limit| ctx.broadcast(limits).put(limit.currency.clone(), limit.max_cents),
+    );
+    let checked = t.collect(&checked);
+    t.run()?;
+    let checked = checked.values();
+    assert_eq!(checked.len(), 1_000, "each order, once, on one of the instances");
+    assert!(checked.iter().all(|(_, max)| max.is_none() || *max == Some(10_000)));
+    Ok(())
+}
+// ANCHOR_END: broadcast_unkeyed
+
 // ANCHOR: connected
 /// Orders wait for their customer's name; a name releases the orders
 /// waiting for it and is remembered for later ones.
@@ -464,6 +492,28 @@ fn connected() -> weibo::Result<()> {
     Ok(())
 }
 // ANCHOR_END: connected
+
+// ANCHOR: connected_unkeyed
+/// Amounts from two feeds, one in cents, one in euros as text: one stream
+/// of cents, and the text that does not parse in the dead letters.
+fn connected_unkeyed() -> weibo::Result<()> {
+    let mut t = weibo::testing::TestJob::new("amounts");
+    let cents = t.input(vec![250i64, 1_999]);
+    let euros = t.input(vec!["3.50".to_string(), "three".to_string()]);
+    let (amounts, dead) = cents.connect(&euros).process(
+        on_error::DeadLetter,
+        |c: &i64| Ok(*c),
+        |e: &String| e.parse::<f64>().map(|e| (e * 100.0).round() as i64).map_err(|err| format!("`{e}`: {err}")),
+    );
+    let (amounts, dead) = (t.collect(&amounts), t.collect(&dead));
+    t.run()?;
+    let mut got = amounts.values();
+    got.sort();
+    assert_eq!(got, [250, 350, 1_999]);
+    assert_eq!(dead.values()[0].record, Either::Right("three".to_string()));
+    Ok(())
+}
+// ANCHOR_END: connected_unkeyed
 
 // ANCHOR: keyed_sink
 fn keyed_sink() -> weibo::Result<()> {

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use weibo::on_error;
-use weibo::process::{BroadcastContext, Either};
+use weibo::process::{BroadcastContext, BroadcastReadContext, Either};
 use weibo::testing::{Harness, Probe, RunningHarness};
 use weibo::{Job, Stream};
 use weibo_tests::two_inputs::split;
@@ -194,4 +194,101 @@ fn broadcast_state_survives_a_savepoint_onto_more_instances() {
         let want = if j.0 % 2 == 0 { Some(30) } else { Some(80) };
         assert_eq!(j.2, want, "sensor {} was judged by its kind's rule after the restore", j.0);
     }
+}
+
+/// Judges each reading by its kind's threshold, with no key: every
+/// instance emits `(0, 0, threshold, rules it has)` per rule it applied,
+/// and `(sensor, value, threshold, 0)` per reading.
+fn judge_unkeyed(readings: &Stream<Reading>, rules: &Stream<Rule>, partitions: usize) -> Stream<Judged> {
+    readings.connect_broadcast(rules).with_partitions(partitions).process_with_state(
+        on_error::Fail,
+        |states| states.broadcast::<String, u32>("thresholds"),
+        |ctx: &mut BroadcastReadContext<'_, Judged>, thresholds, reading: &Reading| {
+            let limit = ctx.broadcast(thresholds).get(&reading.1);
+            ctx.emit((reading.0, reading.2, limit, 0));
+        },
+        |ctx, thresholds, rule: &Rule| {
+            let mut map = ctx.broadcast(thresholds);
+            match rule.1 {
+                Some(limit) => map.put(rule.0.clone(), limit),
+                None => {
+                    map.remove(&rule.0);
+                }
+            }
+            let len = map.len() as u64;
+            ctx.emit((0, 0, rule.1, len));
+        },
+    )
+}
+
+/// A main input without a key is spread over every instance; every
+/// instance applies every rule, so that each reading, wherever it goes,
+/// is judged by the rules sent before it; a reading is judged once.
+#[test]
+fn a_main_input_without_a_key_reads_every_instances_rules() {
+    let mut h = Harness::<Either<Reading, Rule>>::new("unkeyed");
+    let (readings, rules) = split(&h.input());
+    let out = h.output(&judge_unkeyed(&readings, &rules, 4));
+    let mut r = Run { run: h.start().unwrap(), out, step: 0 };
+    r.send(rule("temp", Some(30)));
+    r.send(rule("wind", Some(80)));
+    for sensor in 1..=40 {
+        r.send(reading(sensor, if sensor % 2 == 0 { "temp" } else { "wind" }, sensor));
+    }
+    r.send(rule("temp", None));
+    for sensor in 41..=48 {
+        r.send(reading(sensor, "temp", sensor));
+    }
+    r.run.finish().unwrap();
+    let out = r.out.take();
+    let applied: Vec<&Judged> = out.iter().filter(|j| j.0 == 0).collect();
+    assert_eq!(applied.len(), 3 * 4, "three rules, each applied by four instances: {applied:?}");
+    let mut judged: Vec<(u32, Option<u32>)> = out.iter().filter(|j| j.0 != 0).map(|j| (j.0, j.2)).collect();
+    judged.sort_unstable();
+    let want: Vec<(u32, Option<u32>)> = (1..=48)
+        .map(|s| match s {
+            41.. => (s, None),
+            s if s % 2 == 0 => (s, Some(30)),
+            s => (s, Some(80)),
+        })
+        .collect();
+    assert_eq!(judged, want);
+}
+
+/// Without a key too, the broadcast states are checkpointed: restored from
+/// two instances onto three, each judges readings by the rules sent before
+/// the savepoint.
+#[test]
+fn unkeyed_broadcast_state_survives_a_savepoint_onto_more_instances() {
+    use weibo::sinks::CollectSink;
+    use weibo::sources::{Generator, IterSource};
+    let dir = tempfile::tempdir().unwrap();
+    let job = Job::new("rules").with_checkpoints(dir.path(), Duration::from_secs(3600)).with_max_key_groups(16);
+    let rules = job.source(IterSource::new(vec![("temp".to_string(), Some(30u32)), ("wind".to_string(), Some(80))]));
+    let readings =
+        job.source(Generator::new(u64::MAX, |i| ((i % 50) as u32 + 1, "none".to_string(), 0u32)).with_rate(500.0));
+    let before = CollectSink::new();
+    judge_unkeyed(&readings.uid("readings"), &rules.uid("rules"), 2).uid("judge").sink(before.clone());
+    let savepoint = weibo_tests::savepoint_midway(job, Duration::from_millis(600));
+    assert_eq!(before.values().iter().filter(|j| j.0 == 0).count(), 4, "both rules, both instances");
+
+    let job = Job::new("rules")
+        .with_checkpoints(dir.path().join("v2"), Duration::from_secs(3600))
+        .with_max_key_groups(16)
+        .restore_from(&savepoint)
+        .allow_unrestored_state();
+    let rules = job.source(IterSource::new(Vec::<Rule>::new())).uid("rules-after");
+    let sensors: Vec<Reading> =
+        (100..160).map(|s| (s, if s % 2 == 0 { "temp".to_string() } else { "wind".to_string() }, 1)).collect();
+    let readings = job.source(IterSource::new(sensors)).uid("readings-after");
+    let after = CollectSink::new();
+    judge_unkeyed(&readings, &rules, 3).name("judge").uid("judge").sink(after.clone());
+    let report = job.run_blocking().unwrap();
+    let judged = after.values();
+    assert_eq!(judged.len(), 60);
+    for j in judged {
+        assert_eq!(j.2, Some(if j.0 % 2 == 0 { 30 } else { 80 }), "sensor {} after the restore", j.0);
+    }
+    let judge = report.metrics.operator("judge").unwrap();
+    assert_eq!(judge.records_in, 60, "{judge:?}");
 }

@@ -292,3 +292,76 @@ fn many_two_input_operators_share_a_job() {
     let once = vec![vec![(10, 12)], vec![(10, 12)], vec![], vec![(10, 0)]];
     assert_eq!(got, [once.clone(), once].concat());
 }
+
+/// Two streams connected without a key: each record goes through its
+/// input's case, once, in its input's order; `flat_map` and `process`
+/// likewise, a failure going to the dead letters as its side.
+#[test]
+fn streams_connected_without_a_key_map_each_record_by_its_input() {
+    let mut t = weibo::testing::TestJob::new("co");
+    let numbers = t.input((0..500u32).collect::<Vec<_>>());
+    let words = t.input((0..300u32).map(|i| format!("w{i}")).collect::<Vec<_>>());
+    let both = numbers.connect(&words);
+    let mapped = t.collect(&both.map(|n| (0u8, n.to_string()), |w| (1u8, w)));
+    let flat = t.collect(&both.flat_map(|n| vec![n; (n % 3) as usize], |w| w.len().checked_sub(3).map(|l| l as u32)));
+    let (parsed, dead) = both.process(
+        on_error::DeadLetter,
+        |n: &u32| if n % 100 == 7 { Err(format!("{n} is unlucky")) } else { Ok(u64::from(*n)) },
+        |w: &String| w[1..].parse::<u64>().map_err(|e| e.to_string()),
+    );
+    let (parsed, dead) = (t.collect(&parsed), t.collect(&dead));
+    t.run().unwrap();
+
+    let got = mapped.values();
+    let firsts: Vec<String> = got.iter().filter(|r| r.0 == 0).map(|r| r.1.clone()).collect();
+    let seconds: Vec<String> = got.iter().filter(|r| r.0 == 1).map(|r| r.1.clone()).collect();
+    assert_eq!(firsts, (0..500u32).map(|n| n.to_string()).collect::<Vec<_>>(), "the first input, in order");
+    assert_eq!(seconds, (0..300u32).map(|i| format!("w{i}")).collect::<Vec<_>>(), "the second, in order");
+
+    let mut flat = flat.values();
+    flat.sort_unstable();
+    let mut want: Vec<u32> = (0..500u32).flat_map(|n| vec![n; (n % 3) as usize]).collect();
+    want.extend((0..300u32).filter_map(|i| format!("w{i}").len().checked_sub(3).map(|l| l as u32)));
+    want.sort_unstable();
+    assert_eq!(flat, want);
+
+    let mut parsed = parsed.values();
+    parsed.sort_unstable();
+    let mut want: Vec<u64> = (0..500u64).filter(|n| n % 100 != 7).chain(0..300).collect();
+    want.sort_unstable();
+    assert_eq!(parsed, want);
+    let dead: Vec<Either<u32, String>> = dead.values().into_iter().map(|d| d.record).collect();
+    assert_eq!(dead, [7, 107, 207, 307, 407].map(Either::Left));
+}
+
+/// `key_by` on connected streams is the keyed connect: a key's records of
+/// both inputs meet, with their state, as `KeyedStream::connect` has them.
+#[test]
+fn connected_streams_keyed_afterwards_share_a_keys_state() {
+    let orders: Vec<(u32, u64)> = (0..300u64).map(|i| ((i % 13) as u32, i)).collect();
+    let names: Vec<(u32, String)> = (0..13u32).map(|c| (c, format!("c{c}"))).collect();
+    let mut want: Vec<(String, u64)> = orders.iter().map(|o| (format!("c{}", o.0), o.1)).collect();
+    want.sort();
+    let mut t = weibo::testing::TestJob::new("keyed-later");
+    let (o, n) = (t.input(orders), t.input(names));
+    let enriched = o.connect(&n).key_by(|o: &(u32, u64)| o.0, |c: &(u32, String)| c.0).with_partitions(3).process_with_state(
+        on_error::Fail,
+        |states| (states.value::<String>("name"), states.list::<u64>("waiting")),
+        |ctx, (name, waiting), order| match ctx.value(name).get() {
+            Some(n) => ctx.emit((n, order.1)),
+            None => ctx.list(waiting).add(order.1),
+        },
+        |ctx, (name, waiting), customer| {
+            ctx.value(name).set(customer.1.clone());
+            for amount in ctx.list(waiting).get() {
+                ctx.emit((customer.1.clone(), amount));
+            }
+            ctx.list(waiting).clear();
+        },
+    );
+    let out = t.collect(&enriched);
+    t.run().unwrap();
+    let mut got = out.values();
+    got.sort();
+    assert_eq!(got, want);
+}

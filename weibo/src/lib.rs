@@ -59,7 +59,9 @@ pub mod process {
     //! through its [`OutputContext`]; broadcast state ([`BroadcastState`],
     //! written through a [`BroadcastContext`], read through [`Broadcast`])
     //! of an operator with a broadcast input ([`BroadcastConnectedStreams`]).
-    pub use crate::operator::broadcast::{Broadcast, BroadcastContext, BroadcastMut, BroadcastState};
+    pub use crate::operator::broadcast::{
+        Broadcast, BroadcastContext, BroadcastMut, BroadcastReadContext, BroadcastState, BroadcastStates,
+    };
     pub use crate::operator::connect::{Either, KeyedCoProcessFunction};
     pub use crate::operator::function::{
         Aggregating, AggregatingState, KeyedProcessFunction, List, ListState, Map, MapState, ProcessContext,
@@ -67,8 +69,8 @@ pub mod process {
     };
     pub use crate::operator::outputs::{OutputContext, OutputTag, Outputs};
     pub use crate::state::StateTtl;
-    pub use crate::stream::broadcast::BroadcastConnectedStreams;
-    pub use crate::stream::connect::ConnectedStreams;
+    pub use crate::stream::broadcast::{BroadcastConnectedStreams, BroadcastStreams};
+    pub use crate::stream::connect::{CoStreams, ConnectedStreams};
 }
 
 pub mod join {

@@ -347,3 +347,85 @@ impl<K, U> BroadcastContext<'_, K, U> {
         self.now
     }
 }
+
+/// What the function of an operator's main input sees for one record when
+/// that input is not keyed ([`Stream::connect_broadcast`](crate::Stream::connect_broadcast)):
+/// the broadcast states (to read), where results and side outputs go, the
+/// record's time and the operator's watermark. It has no key, so no keyed
+/// state and no timers (as Flink's `BroadcastProcessFunction`).
+pub struct BroadcastReadContext<'a, U>(pub(crate) BroadcastContext<'a, (), U>);
+
+impl<U> fmt::Debug for BroadcastReadContext<'_, U> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BroadcastReadContext").field("meta", &self.0.meta).finish_non_exhaustive()
+    }
+}
+
+impl<U> BroadcastReadContext<'_, U> {
+    /// This instance's copy of the broadcast map `state`, to read (the
+    /// broadcast input's function writes it).
+    pub fn broadcast<UK: Key, UV: Data>(&mut self, state: &BroadcastState<UK, UV>) -> Broadcast<'_, UK, UV> {
+        let c = &mut self.0;
+        let store = store(c.stores, c.owner, state, c.operator, c.error).map(|s| &*s);
+        Broadcast { store, error: &mut *c.error, operator: c.operator }
+    }
+
+    /// Emits a result; it carries the input record's metadata.
+    pub fn emit(&mut self, value: U) {
+        self.0.emit(value);
+    }
+
+    /// Emits a result with event time `timestamp` instead of the input
+    /// record's.
+    pub fn emit_at(&mut self, value: U, timestamp: Timestamp) {
+        self.0.out.push(value, Meta { timestamp, ..self.0.meta });
+    }
+
+    /// Sends `value` to the side output `tag`, with the metadata `emit`
+    /// gives its results.
+    pub fn output<V: Clone + Send + 'static>(&mut self, tag: &OutputTag<V>, value: V) {
+        self.0.output(tag, value);
+    }
+
+    /// The record's event time, if it has one.
+    pub fn timestamp(&self) -> Option<Timestamp> {
+        self.0.timestamp()
+    }
+
+    /// The operator's watermark.
+    pub fn watermark(&self) -> Timestamp {
+        self.0.watermark()
+    }
+
+    /// The processing time when the call began.
+    pub fn processing_time(&self) -> Timestamp {
+        self.0.processing_time()
+    }
+}
+
+/// What an operator with a broadcast input that is not keyed declares:
+/// its broadcast states and side outputs (no keyed state: its main input
+/// has no key).
+pub struct BroadcastStates {
+    pub(crate) states: crate::operator::function::States<()>,
+}
+
+impl fmt::Debug for BroadcastStates {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BroadcastStates").finish_non_exhaustive()
+    }
+}
+
+impl BroadcastStates {
+    /// Declares a broadcast map named `name`, as
+    /// [`States::broadcast`](crate::process::States::broadcast) does.
+    pub fn broadcast<UK: Key, UV: Data>(&mut self, name: &str) -> BroadcastState<UK, UV> {
+        self.states.broadcast(name)
+    }
+
+    /// Declares the side output `tag`, as
+    /// [`States::side_output`](crate::process::States::side_output) does.
+    pub fn side_output<V: Clone + Send + 'static>(&mut self, tag: &OutputTag<V>) -> OutputTag<V> {
+        self.states.side_output(tag)
+    }
+}

@@ -337,12 +337,36 @@ where
     K: Key,
     F: Fn(&A) -> K + Send + Sync + 'static,
 {
+    broadcast_router_of::<A, B, K, F>(key_fn, false)
+}
+
+/// The router of an operator with a broadcast input whose first input is
+/// not keyed: its records go to the operator's instances in turn, each as
+/// if of key `()` in the first key group of its instance (whose states
+/// are the broadcast ones alone, per instance).
+pub(crate) fn spread_broadcast_router<A: Data, B: Data>() -> Arc<dyn RouterFactory> {
+    broadcast_router_of::<A, B, (), _>(Arc::new(|_: &A| ()), true)
+}
+
+fn broadcast_router_of<A, B, K, F>(key_fn: Arc<F>, spread: bool) -> Arc<dyn RouterFactory>
+where
+    A: Data,
+    B: Data,
+    K: Key,
+    F: Fn(&A) -> K + Send + Sync + 'static,
+{
     router_factory(move |ctx, senders| {
         let limits = BatchLimits { records: ctx.batch_size, bytes: ctx.batch_bytes };
         let pool = crate::record::BatchPool::default();
+        let n = senders.len();
+        let spread = spread.then(|| Spread {
+            groups: (0..n).map(|i| key_group_range(i, n, ctx.max_key_groups).start).collect(),
+            next: 0,
+        });
         Ok(erase::<Either<A, B>>(Box::new(BroadcastRouterOp::<A, B, K, F> {
             info: ctx.info.clone(),
             key_fn: key_fn.clone(),
+            spread,
             routes: KeyGroupRoutes::new(ctx.max_key_groups, senders.len()),
             keyed: senders.iter().map(|_| pool.take(limits.records, 0)).collect(),
             keyed_typed: senders.iter().map(|_| Vec::new()).collect(),
@@ -361,6 +385,22 @@ where
     })
 }
 
+/// The instances a first input that is not keyed is spread over: the
+/// first key group of each, and the one the next record goes to.
+struct Spread {
+    groups: Vec<u16>,
+    next: usize,
+}
+
+impl Spread {
+    /// The key group and instance of the next record.
+    fn next(&mut self) -> (u16, usize) {
+        let target = self.next;
+        self.next = if target + 1 >= self.groups.len() { 0 } else { target + 1 };
+        (self.groups.get(target).copied().unwrap_or(0), target)
+    }
+}
+
 /// The end of a chain at the edge into a keyed operator with a broadcast
 /// input: a record of the first input (`Left`) goes, keyed, to the
 /// instance that owns its key group, as [`RouterOp`] sends it; a record of
@@ -372,6 +412,8 @@ where
 struct BroadcastRouterOp<A, B, K, F> {
     info: OpInfo,
     key_fn: Arc<F>,
+    /// When the first input is not keyed: where its records go.
+    spread: Option<Spread>,
     routes: KeyGroupRoutes,
     keyed: Vec<RecordBatch>,
     keyed_typed: Vec<Vec<(K, Either<A, B>)>>,
@@ -436,10 +478,12 @@ where
     fn keyed_record(&mut self, a: A, m: crate::record::Meta) -> Result<()> {
         let key = (self.key_fn)(&a);
         let record = Either::Left(a);
+        let spread = self.spread.as_mut().map(Spread::next);
         if self.encode {
             self.key_buf.clear();
             key.encode_key(&mut self.key_buf);
-            let (group, target) = self.routes.route_hash(crate::codec::key::key_hash(&self.key_buf));
+            let (group, target) =
+                spread.unwrap_or_else(|| self.routes.route_hash(crate::codec::key::key_hash(&self.key_buf)));
             let Some(out) = self.keyed.get_mut(target) else {
                 return Err(crate::error::internal_error!("key group {group} maps to missing worker {target}"));
             };
@@ -456,7 +500,10 @@ where
             }
             return Ok(());
         }
-        let (group, target) = self.routes.route_hash(key.routing_hash(&mut self.key_buf));
+        let (group, target) = match spread {
+            Some(to) => to,
+            None => self.routes.route_hash(key.routing_hash(&mut self.key_buf)),
+        };
         let (Some(out), Some(typed)) = (self.keyed.get_mut(target), self.keyed_typed.get_mut(target)) else {
             return Err(crate::error::internal_error!("key group {group} maps to missing worker {target}"));
         };

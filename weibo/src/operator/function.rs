@@ -22,7 +22,7 @@ use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
-use crate::operator::broadcast::{Broadcast, BroadcastContext, BroadcastState, BroadcastStore};
+use crate::operator::broadcast::{Broadcast, BroadcastContext, BroadcastReadContext, BroadcastState, BroadcastStore};
 use crate::operator::factory::{KeyedFactory, keyed_factory};
 use crate::operator::keyed::{TIMERS, take_records};
 use crate::operator::outputs::{OutputTag, Outputs, Sides, open_process_outputs};
@@ -1121,6 +1121,23 @@ pub struct ProcessContext<'a, K, U> {
 impl<K, U> fmt::Debug for ProcessContext<'_, K, U> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProcessContext").field("meta", &self.meta).finish_non_exhaustive()
+    }
+}
+
+impl<U> ProcessContext<'_, (), U> {
+    /// The context of an operator whose main input is not keyed (of key
+    /// `()`): what [`BroadcastReadContext`] lets its function reach.
+    pub(crate) fn unkeyed(&mut self) -> BroadcastReadContext<'_, U> {
+        BroadcastReadContext(BroadcastContext {
+            operator: self.operator,
+            owner: self.owner,
+            stores: &mut *self.stores,
+            sides: &mut *self.sides,
+            error: &mut *self.error,
+            out: &mut *self.out,
+            meta: Meta { watermark: self.watermark, ..self.meta },
+            now: self.now,
+        })
     }
 }
 

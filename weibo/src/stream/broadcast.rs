@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::codec::Data;
 use crate::codec::key::Key;
-use crate::operator::broadcast::BroadcastContext;
+use crate::operator::broadcast::{BroadcastContext, BroadcastReadContext, BroadcastStates};
 use crate::operator::connect::Either;
 use crate::operator::function::{self, BroadcastFn, ClosureFunction, ProcessContext, ProcessOutcome, States, Timer};
 use crate::stream::{KeyedStream, Stream, function_node_on, on_error};
@@ -188,6 +188,121 @@ impl<K: Key, A: Data, B: Data> BroadcastConnectedStreams<K, A, B> {
         let factory = function::factory::<K, Either<A, B>, _>(policy, Arc::new(function), &states, Some(on_broadcast));
         function_node_on::<K, Either<A, B>, U, P>(
             (&self.upstream, self.router.clone(), self.partitions),
+            policy,
+            factory,
+            &states,
+        )
+    }
+}
+
+/// A stream that is not keyed and a broadcast stream connected for one
+/// operator: made by [`Stream::connect_broadcast`] (Flink's `connect` of a
+/// non-keyed stream with a `BroadcastStream`, run by a
+/// `BroadcastProcessFunction`).
+///
+/// As for [`BroadcastConnectedStreams`], every record of the broadcast
+/// stream reaches every instance, where a function writes the instance's
+/// copy of the broadcast states; each record of the main stream reaches
+/// one instance (in turn: the main input is spread evenly over the
+/// instances, so records of one partition may change order), where a
+/// function reads the broadcast states. There is no key, so no keyed state
+/// and no timers; the broadcast states are checkpointed and restored onto
+/// any number of instances, and the operator's watermark and barriers are
+/// those of any two-input operator.
+///
+/// ```
+/// use weibo::on_error;
+///
+/// // Words, masked when they are on a block list that comes as a stream.
+/// let mut t = weibo::testing::TestJob::new("mask");
+/// let blocked = t.input(vec!["darn".to_string()]);
+/// let words = t.input(vec!["well".to_string(), "darn".to_string()]);
+/// let masked = words.connect_broadcast(&blocked).with_partitions(2).process_with_state(
+///     on_error::Fail,
+///     |states| states.broadcast::<String, ()>("blocked"),
+///     |ctx, blocked, word| {
+///         let shown = if ctx.broadcast(blocked).contains(word) { "****".to_string() } else { word.clone() };
+///         ctx.emit(shown);
+///     },
+///     |ctx, blocked, word| ctx.broadcast(blocked).put(word.clone(), ()),
+/// );
+/// let out = t.collect(&masked);
+/// t.run()?;
+/// // The block list may reach an instance after the words it should mask.
+/// assert!(out.values().iter().any(|w| w == "well"));
+/// # Ok::<(), weibo::Error>(())
+/// ```
+pub struct BroadcastStreams<A, B> {
+    /// Both inputs' records, tagged.
+    upstream: Stream<Either<A, B>>,
+    partitions: usize,
+}
+
+impl<A, B> Clone for BroadcastStreams<A, B> {
+    fn clone(&self) -> Self {
+        Self { upstream: self.upstream.clone(), partitions: self.partitions }
+    }
+}
+
+impl<A: Data> Stream<A> {
+    /// Connects this stream with `broadcast`, whose records reach every
+    /// instance of the operator: see [`BroadcastStreams`]. The operator
+    /// runs on one instance unless [`BroadcastStreams::with_partitions`]
+    /// says otherwise.
+    pub fn connect_broadcast<B: Data>(&self, broadcast: &Stream<B>) -> BroadcastStreams<A, B> {
+        let left = self.map(Either::<A, B>::Left);
+        let right = broadcast.map(Either::<A, B>::Right);
+        for (stream, name) in [(&left, "connect: main input"), (&right, "connect: broadcast input")] {
+            stream.lock().default_name(stream.node, name);
+        }
+        BroadcastStreams { upstream: left.merge(&right, "connect_broadcast"), partitions: 1 }
+    }
+}
+
+impl<A: Data, B: Data> BroadcastStreams<A, B> {
+    /// Runs the operator on `n` instances, each with its copy of the
+    /// broadcast states.
+    #[must_use]
+    pub fn with_partitions(self, n: usize) -> Self {
+        Self { partitions: n, ..self }
+    }
+
+    /// The operator, as closures: `declare` declares the broadcast states
+    /// (and side outputs) and returns their handles; `main` runs per
+    /// record of the main input, with a context that reads the broadcast
+    /// states; `on_broadcast` per record of the broadcast input, on every
+    /// instance, with a context that writes them. Dead letters, under
+    /// `policy`, are [`Either`]s.
+    pub fn process_with_state<S, U, R, D, F1, F2, P>(&self, policy: P, declare: D, main: F1, on_broadcast: F2) -> P::Output
+    where
+        S: Send + Sync + 'static,
+        U: Clone + Send + 'static,
+        R: ProcessOutcome + 'static,
+        D: FnOnce(&mut BroadcastStates) -> S,
+        F1: for<'c> Fn(&mut BroadcastReadContext<'c, U>, &S, &A) -> R + Send + Sync + 'static,
+        F2: for<'c> Fn(&mut BroadcastContext<'c, (), U>, &S, &B) -> R + Send + Sync + 'static,
+        P: on_error::OnError<Either<A, B>, U>,
+    {
+        let mut declared = BroadcastStates { states: States::new() };
+        let handles = Arc::new(declare(&mut declared));
+        let states = declared.states;
+        let for_broadcast = handles.clone();
+        let on_broadcast: BroadcastFn<(), Either<A, B>, U> = Arc::new(move |ctx, record| match record {
+            Either::Right(b) => on_broadcast(ctx, &for_broadcast, b).failure().map_or(Ok(()), Err),
+            Either::Left(_) => Err("a main input's record came as a broadcast one (a bug in the routing)".to_string()),
+        });
+        let function = ClosureFunction::new(
+            handles,
+            move |ctx: &mut ProcessContext<'_, (), U>, states: &Arc<S>, record: &Either<A, B>| match record {
+                Either::Left(a) => main(&mut ctx.unkeyed(), states, a),
+                Either::Right(_) => R::nothing(),
+            },
+            |_: &mut ProcessContext<'_, (), U>, _: &Arc<S>, _: Timer| R::nothing(),
+        );
+        let policy = policy.policy();
+        let factory = function::factory::<(), Either<A, B>, _>(policy, Arc::new(function), &states, Some(on_broadcast));
+        function_node_on::<(), Either<A, B>, U, P>(
+            (&self.upstream, crate::operator::exchange::spread_broadcast_router::<A, B>(), self.partitions),
             policy,
             factory,
             &states,

@@ -1,13 +1,157 @@
-//! Connected streams: two keyed streams of different types, one operator
-//! that reads both with shared keyed state.
+//! Connected streams: two streams of different types, one operator that
+//! reads both. Keyed, with shared keyed state ([`ConnectedStreams`]); or
+//! not, as a stateless function with a case per input ([`CoStreams`]).
 
+use std::fmt::Display;
 use std::sync::Arc;
 
 use crate::codec::Data;
 use crate::codec::key::Key;
 use crate::operator::connect::{CoProcess, Either, KeyedCoProcessFunction};
 use crate::operator::function::{ProcessContext, ProcessOutcome, States, Timer};
-use crate::stream::{KeyedStream, on_error};
+use crate::stream::{KeyedStream, Stream, on_error};
+
+/// Two streams of different types connected, not keyed (Flink's
+/// `ConnectedStreams` of two non-keyed streams, run by a `CoMapFunction`,
+/// `CoFlatMapFunction` or a stateless `CoProcessFunction`): made by
+/// [`Stream::connect`].
+///
+/// The operator is stateless and runs where each input's records are, in
+/// that input's chain: a record of either input goes through the case for
+/// its input as soon as it arrives, in its input's order, with no shuffle
+/// (so neither type needs a codec). Its watermark is the minimum of both
+/// inputs' (an idle or ended input holds nothing back), as for a
+/// [`union`](Stream::union); it ends when both inputs have. State shared
+/// by both inputs is keyed: [`key_by`](Self::key_by) both sides.
+///
+/// ```
+/// // Temperatures in Celsius from one feed, in Fahrenheit from another.
+/// let mut t = weibo::testing::TestJob::new("readings");
+/// let celsius = t.input(vec![21.5f64, 19.0]);
+/// let fahrenheit = t.input(vec![("kitchen".to_string(), 68.0f64)]);
+/// let readings = celsius.connect(&fahrenheit).map(|c| c, |(_, f)| (f - 32.0) * 5.0 / 9.0);
+/// let out = t.collect(&readings);
+/// t.run()?;
+/// let mut got = out.values();
+/// got.sort_by(f64::total_cmp);
+/// assert_eq!(got, [19.0, 20.0, 21.5]);
+/// # Ok::<(), weibo::Error>(())
+/// ```
+pub struct CoStreams<A, B> {
+    first: Stream<A>,
+    second: Stream<B>,
+}
+
+impl<A, B> Clone for CoStreams<A, B> {
+    fn clone(&self) -> Self {
+        Self { first: self.first.clone(), second: self.second.clone() }
+    }
+}
+
+impl<A: Clone + Send + 'static> Stream<A> {
+    /// Connects this stream (the first input) with `other` (the second),
+    /// of another type, for one stateless operator with a case per input:
+    /// see [`CoStreams`]. To share state between the two, key both
+    /// ([`CoStreams::key_by`], or [`KeyedStream::connect`]).
+    pub fn connect<B: Clone + Send + 'static>(&self, other: &Stream<B>) -> CoStreams<A, B> {
+        CoStreams { first: self.clone(), second: other.clone() }
+    }
+}
+
+impl<A: Clone + Send + 'static, B: Clone + Send + 'static> CoStreams<A, B> {
+    /// Both inputs' records, tagged by the input they came from.
+    fn tagged(&self) -> Stream<Either<A, B>> {
+        let left = self.first.map(Either::<A, B>::Left);
+        let right = self.second.map(Either::<A, B>::Right);
+        for (stream, name) in [(&left, "connect: first input"), (&right, "connect: second input")] {
+            stream.lock().default_name(stream.node, name);
+        }
+        left.merge(&right, "connect")
+    }
+
+    /// Maps each record of the first input with `first`, each of the
+    /// second with `second`, to one stream of their common result.
+    pub fn map<U, F1, F2>(&self, first: F1, second: F2) -> Stream<U>
+    where
+        U: Clone + Send + 'static,
+        F1: Fn(A) -> U + Send + Sync + 'static,
+        F2: Fn(B) -> U + Send + Sync + 'static,
+    {
+        self.tagged().map(move |r| match r {
+            Either::Left(a) => first(a),
+            Either::Right(b) => second(b),
+        })
+    }
+
+    /// Turns each record of the first input into zero or more results with
+    /// `first`, each of the second with `second`.
+    pub fn flat_map<U, I1, I2, F1, F2>(&self, first: F1, second: F2) -> Stream<U>
+    where
+        U: Clone + Send + 'static,
+        I1: IntoIterator<Item = U>,
+        I2: IntoIterator<Item = U>,
+        F1: Fn(A) -> I1 + Send + Sync + 'static,
+        F2: Fn(B) -> I2 + Send + Sync + 'static,
+    {
+        self.tagged().flat_map(move |r| -> Vec<U> {
+            match r {
+                Either::Left(a) => first(a).into_iter().collect(),
+                Either::Right(b) => second(b).into_iter().collect(),
+            }
+        })
+    }
+
+    /// A fallible function per input: `policy` says what happens to a
+    /// record either fails on (its dead letters are [`Either`]s, as
+    /// [`Stream::process`] says).
+    ///
+    /// ```
+    /// use weibo::{on_error, process::Either};
+    /// let mut t = weibo::testing::TestJob::new("parse");
+    /// let text = t.input(vec!["7".to_string(), "x".to_string()]);
+    /// let numbers = t.input(vec![3u64]);
+    /// let (parsed, dead) = text.connect(&numbers).process(
+    ///     on_error::DeadLetter,
+    ///     |s: &String| s.parse::<u64>(),
+    ///     |n: &u64| Ok(*n),
+    /// );
+    /// let parsed = t.collect(&parsed);
+    /// let dead = t.collect(&dead);
+    /// t.run()?;
+    /// let mut got = parsed.values();
+    /// got.sort();
+    /// assert_eq!(got, [3, 7]);
+    /// assert_eq!(dead.values()[0].record, Either::Left("x".to_string()));
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn process<U, E, F1, F2, P>(&self, policy: P, first: F1, second: F2) -> P::Output
+    where
+        U: Clone + Send + 'static,
+        E: Display,
+        F1: Fn(&A) -> Result<U, E> + Send + Sync + 'static,
+        F2: Fn(&B) -> Result<U, E> + Send + Sync + 'static,
+        P: on_error::OnError<Either<A, B>, U>,
+    {
+        self.tagged().process(policy, move |r: &Either<A, B>| match r {
+            Either::Left(a) => first(a),
+            Either::Right(b) => second(b),
+        })
+    }
+
+    /// Keys both inputs, the first by `first`, the second by `second`, to
+    /// the same key type: the keyed [`ConnectedStreams`], whose operator
+    /// shares its key's states and timers between the two inputs.
+    pub fn key_by<K, F1, F2>(&self, first: F1, second: F2) -> ConnectedStreams<K, A, B>
+    where
+        K: Key,
+        A: Data,
+        B: Data,
+        F1: Fn(&A) -> K + Send + Sync + 'static,
+        F2: Fn(&B) -> K + Send + Sync + 'static,
+    {
+        self.first.key_by(first).connect(&self.second.key_by(second))
+    }
+}
 
 /// Two keyed streams connected for one operator of two inputs (Flink's
 /// `ConnectedStreams` of two keyed streams): made by
