@@ -510,7 +510,8 @@ fn connected_unkeyed() -> weibo::Result<()> {
     let mut got = amounts.values();
     got.sort();
     assert_eq!(got, [250, 350, 1_999]);
-    assert_eq!(dead.values()[0].record, Either::Right("three".to_string()));
+    let dead: Vec<Either<i64, String>> = dead.values().into_iter().map(|d| d.record).collect();
+    assert_eq!(dead, [Either::Right("three".to_string())]);
     Ok(())
 }
 // ANCHOR_END: connected_unkeyed

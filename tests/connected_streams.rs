@@ -344,21 +344,22 @@ fn connected_streams_keyed_afterwards_share_a_keys_state() {
     want.sort();
     let mut t = weibo::testing::TestJob::new("keyed-later");
     let (o, n) = (t.input(orders), t.input(names));
-    let enriched = o.connect(&n).key_by(|o: &(u32, u64)| o.0, |c: &(u32, String)| c.0).with_partitions(3).process_with_state(
-        on_error::Fail,
-        |states| (states.value::<String>("name"), states.list::<u64>("waiting")),
-        |ctx, (name, waiting), order| match ctx.value(name).get() {
-            Some(n) => ctx.emit((n, order.1)),
-            None => ctx.list(waiting).add(order.1),
-        },
-        |ctx, (name, waiting), customer| {
-            ctx.value(name).set(customer.1.clone());
-            for amount in ctx.list(waiting).get() {
-                ctx.emit((customer.1.clone(), amount));
-            }
-            ctx.list(waiting).clear();
-        },
-    );
+    let enriched =
+        o.connect(&n).key_by(|o: &(u32, u64)| o.0, |c: &(u32, String)| c.0).with_partitions(3).process_with_state(
+            on_error::Fail,
+            |states| (states.value::<String>("name"), states.list::<u64>("waiting")),
+            |ctx, (name, waiting), order| match ctx.value(name).get() {
+                Some(n) => ctx.emit((n, order.1)),
+                None => ctx.list(waiting).add(order.1),
+            },
+            |ctx, (name, waiting), customer| {
+                ctx.value(name).set(customer.1.clone());
+                for amount in ctx.list(waiting).get() {
+                    ctx.emit((customer.1.clone(), amount));
+                }
+                ctx.list(waiting).clear();
+            },
+        );
     let out = t.collect(&enriched);
     t.run().unwrap();
     let mut got = out.values();

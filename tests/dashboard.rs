@@ -339,3 +339,70 @@ async fn the_dashboard_shows_a_running_job_and_takes_a_savepoint() {
     slow.store(false, Ordering::Relaxed);
     handle.cancel().await.unwrap();
 }
+
+/// An operator of two inputs is drawn with its two input edges, each from
+/// what feeds it and labelled with its side (the steps that tag the sides
+/// and their union are not drawn), and the operators table has a line per
+/// input under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_draws_a_join_with_both_input_edges() {
+    let job = Job::new("joined-dashboard").with_admin("127.0.0.1:0").with_admin_token(TOKEN);
+    let strategy = WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(200));
+    let orders =
+        job.source(Feed { partitions: 2, rate: 1_000.0 }).name("orders").with_timestamps(|o: &Order| o.2, strategy);
+    let payments =
+        job.source(Feed { partitions: 1, rate: 500.0 }).name("payments").with_timestamps(|o: &Order| o.2, strategy);
+    orders
+        .name("order times")
+        .key_by(|o: &Order| o.0)
+        .interval_join(&payments.name("payment times").key_by(|p: &Order| p.0))
+        .between(-1_000, 1_000)
+        .with_partitions(2)
+        .join(|o: &Order, p: &Order| (o.0, o.1, p.1))
+        .name("paid orders")
+        .sink(Blackhole::new())
+        .name("paid");
+    let handle = job.spawn().unwrap();
+    let addr = handle.admin_addr().unwrap();
+    let browser = Browser::start(1440, 900).await;
+    let mut page = browser.page().await;
+    page.navigate(&format!("http://{addr}/dashboard#token={TOKEN}")).await;
+
+    until(&mut page, "the join", "!!document.querySelector('#graph g.node[data-operator=\"paid orders\"]')").await;
+    let drawn = page.eval("[...document.querySelectorAll('#graph g.node')].map(g => g.dataset.operator)").await;
+    let drawn: Vec<&str> = drawn.as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert_eq!(drawn, ["orders", "order times", "payments", "payment times", "paid orders", "paid"]);
+    let into = page
+        .eval(
+            "[...document.querySelectorAll('#graph path.edge[data-to=\"paid orders\"]')]\
+             .map(p => `${p.dataset.from} ${p.dataset.input}`).sort()",
+        )
+        .await;
+    assert_eq!(into, serde_json::json!(["order times first input", "payment times second input"]));
+    // Each side's label: its side and its rate.
+    until(
+        &mut page,
+        "the sides' rates",
+        "[...document.querySelectorAll('#graph text.edge-label')].filter(t => /^(first|second)\\d/.test(t.textContent.replace(/\\s/g, ''))).length === 2",
+    )
+    .await;
+    let hidden = page.eval(LABELS_HIDDEN).await;
+    assert_eq!(hidden, Value::Array(Vec::new()), "edge labels hidden or cut off");
+    // A line per input under the join in the operators table.
+    until(
+        &mut page,
+        "the join's inputs",
+        "[...document.querySelectorAll('#operators tr.input[data-operator=\"paid orders\"]')].map(r => r.dataset.input).join() === 'first input,second input'",
+    )
+    .await;
+    until(
+        &mut page,
+        "the pairs and what waits",
+        "/pairs out/.test(document.querySelector('#operators tr.input[data-input=\"first input\"]').textContent) && \
+         /waiting in `left`/.test(document.querySelector('#operators tr.input[data-input=\"first input\"]').textContent)",
+    )
+    .await;
+    let errors = page.errors();
+    assert!(errors.is_empty(), "the page reported errors: {errors:#?}");
+    handle.abort();
+}

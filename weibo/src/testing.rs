@@ -710,6 +710,13 @@ impl<T: Send + 'static> RunningHarness<T> {
         }
     }
 
+    /// The running job's metrics now (empty once it has finished: the
+    /// report of [`finish`](Self::finish) has its last ones). A state's
+    /// figures are read from the instances about once a second.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.handle.as_ref().map(crate::stream::job::JobHandle::metrics).unwrap_or_default()
+    }
+
     /// Ends the input (watermark +∞: every window fires) and waits for the
     /// job to finish.
     ///

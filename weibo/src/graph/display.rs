@@ -56,8 +56,31 @@ impl Graph {
     /// name, parallelism (`null` for an operator fused into the task of
     /// what feeds it), whether it keeps state, and its inputs (the edge's
     /// kind, and for a hash edge the key type and the records' codec).
+    ///
+    /// An operator of two inputs also lists them (`two_inputs`: each
+    /// input's label, the node that feeds it, and the node that tags its
+    /// records with their side); those tagging nodes and their union say
+    /// which operator they are `part_of`, so that a drawing can show the
+    /// operator with its two input edges.
     #[cfg(feature = "admin")]
     pub(crate) fn describe(&self) -> serde_json::Value {
+        let mut two_inputs: std::collections::HashMap<usize, serde_json::Value> = std::collections::HashMap::new();
+        let mut part_of: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
+        for (id, two) in self.two_input_operators() {
+            let sides: Vec<serde_json::Value> = two
+                .tags
+                .iter()
+                .zip(two.labels)
+                .map(|(&tag, label)| {
+                    let from = self.nodes.get(tag).and_then(|n| n.inputs.first()).map(|i| i.from);
+                    serde_json::json!({ "input": label, "from": from, "tag": tag })
+                })
+                .collect();
+            two_inputs.insert(id, serde_json::Value::Array(sides));
+            for part in [two.union, two.tags[0], two.tags[1]] {
+                part_of.entry(part).or_insert(id);
+            }
+        }
         let nodes: Vec<serde_json::Value> = self
             .nodes
             .iter()
@@ -98,6 +121,8 @@ impl Graph {
                     "state_version": node.state_version,
                     "inputs": inputs,
                     "outputs": outputs,
+                    "two_inputs": two_inputs.get(&index),
+                    "part_of": part_of.get(&index),
                 })
             })
             .collect();

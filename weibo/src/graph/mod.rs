@@ -131,6 +131,20 @@ pub(crate) struct Graph {
     /// Wiring mistakes found while building (reported with the graph's own).
     pub(crate) wiring_errors: Vec<String>,
     pub(crate) nodes: Vec<Node>,
+    /// The operators of two inputs, by the union of their tagged inputs.
+    pub(crate) two_inputs: Vec<TwoInputNodes>,
+}
+
+/// The nodes an operator of two inputs is built from: each input tagged
+/// with its side (`tags`), the union of both, and what its metrics say of
+/// each input (labels, the states their waiting records are in, the
+/// counters its functions add to).
+pub(crate) struct TwoInputNodes {
+    pub(crate) union: NodeId,
+    pub(crate) tags: [NodeId; 2],
+    pub(crate) labels: [&'static str; 2],
+    pub(crate) states: [Option<&'static str>; 2],
+    pub(crate) counters: Arc<crate::metrics::TwoInputCounters>,
 }
 
 /// Strips module paths from a type name: `alloc::string::String` → `String`.
@@ -156,7 +170,7 @@ pub(crate) fn short_type_name(name: &str) -> String {
 
 impl Graph {
     pub(crate) fn new(name: String, max_key_groups: u16, state: String) -> Self {
-        Self { name, max_key_groups, state, wiring_errors: Vec::new(), nodes: Vec::new() }
+        Self { name, max_key_groups, state, wiring_errors: Vec::new(), nodes: Vec::new(), two_inputs: Vec::new() }
     }
 
     pub(crate) fn add(&mut self, mut node: Node) -> NodeId {
@@ -254,6 +268,17 @@ impl Graph {
         self.nodes.iter().enumerate().flat_map(move |(id, n)| {
             n.inputs.iter().filter(move |i| i.from == node && i.port == port).map(move |i| (id, i))
         })
+    }
+
+    /// The operators of two inputs: each with the nodes it is built from.
+    pub(crate) fn two_input_operators(&self) -> impl Iterator<Item = (NodeId, &TwoInputNodes)> + '_ {
+        self.two_inputs.iter().flat_map(move |t| self.consumers(t.union, 0).map(move |(id, _)| (id, t)))
+    }
+
+    /// The operator that feeds `node`'s first input, and its name.
+    pub(crate) fn feeder(&self, node: NodeId) -> Option<&Node> {
+        let input = self.nodes.get(node)?.inputs.first()?;
+        self.nodes.get(input.from)
     }
 
     pub(crate) fn node(&self, id: NodeId) -> Result<&Node> {

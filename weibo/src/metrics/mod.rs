@@ -38,6 +38,43 @@ impl OperatorCounters {
     }
 }
 
+/// What a two-input operator (a join, a connected or broadcast operator)
+/// counts of its inputs, shared by its instances: records of each input
+/// too late, rows emitted for records of each input that found no
+/// partner (outer joins), and pairs emitted (joins). Each input's records
+/// are counted by the step that tags them with their side, and what each
+/// buffers is read from the state that holds it.
+#[derive(Debug, Default)]
+pub(crate) struct TwoInputCounters {
+    pub(crate) late: [AtomicU64; 2],
+    pub(crate) unmatched: [AtomicU64; 2],
+    pub(crate) matched: AtomicU64,
+}
+
+impl TwoInputCounters {
+    /// Adds `n` to `counters[side]` (side 0: the first input, 1: the
+    /// second).
+    #[inline]
+    pub(crate) fn add(counters: &[AtomicU64; 2], side: usize, n: usize) {
+        if let Some(c) = counters.get(side) {
+            OperatorCounters::add(c, n);
+        }
+    }
+}
+
+/// How a two-input operator's inputs are described in its metrics: the
+/// operators that tag each input's records (whose output counts them),
+/// what feeds those, each input's label, the state that holds each
+/// input's waiting records (if one does), and the operator's counters.
+#[derive(Clone, Debug)]
+pub(crate) struct TwoInputs {
+    pub(crate) labels: [String; 2],
+    pub(crate) tags: [String; 2],
+    pub(crate) from: [String; 2],
+    pub(crate) states: [Option<String>; 2],
+    pub(crate) counters: Arc<TwoInputCounters>,
+}
+
 /// Counters of one edge (one sender instance to one receiver instance).
 #[derive(Debug, Default)]
 pub(crate) struct EdgeCounters {
@@ -221,6 +258,8 @@ pub(crate) struct Registry {
     edges: Arc<Mutex<Vec<NamedEdge>>>,
     sinks: Arc<Mutex<Vec<Named<SinkCounters>>>>,
     tasks: Arc<Mutex<Vec<NamedTask>>>,
+    /// Two-input operators, by name, and how their inputs are described.
+    two_inputs: Arc<Mutex<Vec<(String, TwoInputs)>>>,
 }
 
 impl Registry {
@@ -248,6 +287,14 @@ impl Registry {
             op.instances.push(Arc::default());
         }
         op.instances.get(instance).cloned().unwrap_or_default()
+    }
+
+    /// Describes the inputs of two-input operator `name`.
+    pub(crate) fn two_inputs(&self, name: &str, inputs: TwoInputs) {
+        let mut all = self.two_inputs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !all.iter().any(|(n, _)| n == name) {
+            all.push((name.to_string(), inputs));
+        }
     }
 
     /// The counters of exactly-once sink `id`.
@@ -365,6 +412,8 @@ impl Registry {
                     watermark: None,
                     idle_inputs: 0,
                     state: Vec::new(),
+                    matched: 0,
+                    inputs: Vec::new(),
                     instances,
                 }
             })
@@ -387,6 +436,35 @@ impl Registry {
                         }
                     }
                 }
+            }
+        }
+        for (name, two) in self.two_inputs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
+            let inputs: Vec<InputMetrics> = (0..2)
+                .map(|side| {
+                    let at = |a: &[String; 2]| a.get(side).cloned().unwrap_or_default();
+                    let tag = at(&two.tags);
+                    let records_in = operators.iter().find(|o| o.name == tag).map_or(0, |o| o.records_out);
+                    let state = two.states.get(side).cloned().flatten();
+                    let buffered = state.as_ref().and_then(|s| {
+                        let o = operators.iter().find(|o| &o.name == name)?;
+                        let m = o.state.iter().find(|m| &m.state == s)?;
+                        Some(m.table_entries.unwrap_or(m.memory_entries))
+                    });
+                    let count = |c: &[AtomicU64; 2]| c.get(side).map_or(0, |c| c.load(Ordering::Relaxed));
+                    InputMetrics {
+                        input: at(&two.labels),
+                        from: at(&two.from),
+                        records_in,
+                        late: count(&two.counters.late),
+                        unmatched: count(&two.counters.unmatched),
+                        state,
+                        buffered,
+                    }
+                })
+                .collect();
+            if let Some(o) = operators.iter_mut().find(|o| &o.name == name) {
+                o.matched = two.counters.matched.load(Ordering::Relaxed);
+                o.inputs = inputs;
             }
         }
         let edges = self
@@ -469,9 +547,44 @@ pub struct OperatorMetrics {
     /// from them about once a second); empty for an operator without
     /// keyed state.
     pub state: Vec<StateMetrics>,
+    /// For a join: the pairs it emitted (rows with a record of each
+    /// input). 0 for other operators.
+    pub matched: u64,
+    /// For an operator of two inputs (a join, `connect`,
+    /// `connect_broadcast`): what each input brought and what waits of it
+    /// (first input first); empty for others.
+    pub inputs: Vec<InputMetrics>,
     /// The counters above per instance (an operator fused after a `union`
     /// runs once per head instance that feeds it).
     pub instances: Vec<InstanceMetrics>,
+}
+
+/// One input of an operator of two inputs.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct InputMetrics {
+    /// Which input: `first input` or `second input` (the stream the
+    /// operator was called on, and the other), or for a broadcast
+    /// operator `keyed input` / `main input` and `broadcast input`.
+    pub input: String,
+    /// The operator that feeds it.
+    pub from: String,
+    /// Its records sent to the operator.
+    pub records_in: u64,
+    /// Its records the operator got too late (in its late output when that
+    /// is used; counted in the operator's `late` too).
+    pub late: u64,
+    /// Rows an outer join emitted for its records that found no partner.
+    pub unmatched: u64,
+    /// The state its records wait in, for an operator that keeps them
+    /// (an interval join's `left` and `right`, a temporal join's `waiting`
+    /// records and table `versions`); none for others.
+    pub state: Option<String>,
+    /// The entries of that state now, over the instances (on fjall, its
+    /// table's approximate count). An entry holds a key's records of one
+    /// event time (an interval join's, a temporal join's waiting ones) or
+    /// one version of a key's row.
+    pub buffered: Option<u64>,
 }
 
 /// What one keyed state of an operator holds.

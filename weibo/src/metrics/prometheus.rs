@@ -169,6 +169,25 @@ pub(crate) fn families(
             })
             .collect()
     };
+    let inputs = |value: &dyn Fn(&super::InputMetrics) -> Option<f64>| -> Vec<Sample> {
+        snapshot
+            .operators
+            .iter()
+            .flat_map(|o| {
+                o.inputs.iter().filter_map(move |i| {
+                    Some(Sample {
+                        attributes: vec![
+                            ("job", job.to_string()),
+                            ("operator", o.name.clone()),
+                            ("input", i.input.clone()),
+                            ("from", i.from.clone()),
+                        ],
+                        value: value(i)?,
+                    })
+                })
+            })
+            .collect()
+    };
     let partitions = |value: &dyn Fn(&super::SourceTaskMetrics) -> Option<f64>| -> Vec<Sample> {
         snapshot
             .tasks
@@ -228,6 +247,49 @@ pub(crate) fn families(
             kind: Kind::Counter,
             help: "Records each instance of the operator emitted.",
             samples: instances(&|i| n(i.records_out)),
+        },
+        Family {
+            name: "weibo.operator.matched",
+            unit: "{pair}",
+            kind: Kind::Counter,
+            help: "Pairs a join emitted (operators of two inputs only).",
+            samples: snapshot
+                .operators
+                .iter()
+                .filter(|o| !o.inputs.is_empty())
+                .map(|o| Sample {
+                    attributes: vec![("job", job.to_string()), ("operator", o.name.clone())],
+                    value: n(o.matched),
+                })
+                .collect(),
+        },
+        Family {
+            name: "weibo.operator.input.records_in",
+            unit: "{record}",
+            kind: Kind::Counter,
+            help: "Records each input of an operator of two inputs sent it.",
+            samples: inputs(&|i| Some(n(i.records_in))),
+        },
+        Family {
+            name: "weibo.operator.input.late",
+            unit: "{record}",
+            kind: Kind::Counter,
+            help: "Records of each input of an operator of two inputs it got too late.",
+            samples: inputs(&|i| Some(n(i.late))),
+        },
+        Family {
+            name: "weibo.operator.input.unmatched",
+            unit: "{record}",
+            kind: Kind::Counter,
+            help: "Rows an outer join emitted for records of each input that found no partner.",
+            samples: inputs(&|i| Some(n(i.unmatched))),
+        },
+        Family {
+            name: "weibo.operator.input.buffered",
+            unit: "{entry}",
+            kind: Kind::Gauge,
+            help: "Entries of the state the records of each input of a join wait in.",
+            samples: inputs(&|i| i.buffered.map(n)),
         },
         op(
             "weibo.operator.checkpoint_pause.max",

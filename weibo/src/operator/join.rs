@@ -30,6 +30,7 @@ use std::sync::Arc;
 
 use crate::codec::schema::{Schema, Shape};
 use crate::codec::{CodecError, CodecId, Data};
+use crate::metrics::{OperatorCounters, TwoInputCounters};
 use crate::operator::connect::{Either, KeyedCoProcessFunction};
 use crate::operator::function::{MapState, ProcessContext, States, Timer};
 use crate::operator::outputs::OutputTag;
@@ -116,17 +117,21 @@ pub(crate) struct IntervalJoin<L, R, U> {
     right: Buffer<R>,
     late: OutputTag<Either<L, R>>,
     f: JoinFn<L, R, U>,
+    counters: Arc<TwoInputCounters>,
 }
 
 impl<L: Data, R: Data, U> IntervalJoin<L, R, U> {
     /// Declares the join's states (`left`, `right`) and late output on
     /// `states`.
+    /// `counters`: what its metrics count of each input.
     pub(crate) fn new<K: crate::codec::key::Key>(
         states: &mut States<K>,
         interval: Interval,
         f: JoinFn<L, R, U>,
+        counters: Arc<TwoInputCounters>,
     ) -> Self {
-        Self { interval, left: states.map("left"), right: states.map("right"), late: states.late_records(), f }
+        let (left, right) = (states.map("left"), states.map("right"));
+        Self { interval, left, right, late: states.late_records(), f, counters }
     }
 }
 
@@ -145,14 +150,16 @@ fn late(time: Timestamp, watermark: Timestamp) -> bool {
 }
 
 impl<L: Data, R: Data, U: Clone + Send + 'static> IntervalJoin<L, R, U> {
-    /// A record of one side (`ours`): late, or paired with the other
-    /// side's records at `[time + from, time + to]` (`pair` of ours and
-    /// theirs), marking them paired if the other side is outer, then
-    /// buffered with a timer at its removal time.
+    /// A record of one side (`ours`, input `side`): late, or paired with
+    /// the other side's records at `[time + from, time + to]` (`pair` of
+    /// ours and theirs), marking them paired if the other side is outer,
+    /// then buffered with a timer at its removal time.
+    #[expect(clippy::too_many_arguments, reason = "each side passes its own view of the same steps")]
     fn on_record<K: crate::codec::key::Key, Ours: Data, Other: Data>(
         &self,
         ctx: &mut ProcessContext<'_, K, U>,
         record: &Ours,
+        side: usize,
         (ours, other): (&Buffer<Ours>, &Buffer<Other>),
         (from, to, other_outer): (i64, i64, bool),
         late_record: impl FnOnce() -> Either<L, R>,
@@ -160,10 +167,12 @@ impl<L: Data, R: Data, U: Clone + Send + 'static> IntervalJoin<L, R, U> {
     ) -> Result<(), String> {
         let time = event_time(ctx.timestamp())?;
         if late(time, ctx.watermark()) {
+            TwoInputCounters::add(&self.counters.late, side, 1);
             ctx.output(&self.late, late_record());
             return Ok(());
         }
         let mut paired = false;
+        let mut pairs = 0;
         let mut found = Vec::new();
         ctx.map(other).range(time.saturating_add(from)..=time.saturating_add(to), |at, bucket| {
             found.push((at, bucket));
@@ -174,6 +183,7 @@ impl<L: Data, R: Data, U: Clone + Send + 'static> IntervalJoin<L, R, U> {
             for (partner, joined) in &mut bucket.0 {
                 if let Some(out) = pair(record, partner) {
                     ctx.emit_at(out, time.max(at));
+                    pairs += 1;
                 }
                 paired = true;
                 if other_outer && !*joined {
@@ -185,16 +195,18 @@ impl<L: Data, R: Data, U: Clone + Send + 'static> IntervalJoin<L, R, U> {
                 ctx.map(other).put(at, bucket);
             }
         }
+        OperatorCounters::add(&self.counters.matched, pairs);
         ctx.map(ours).update(time, |b| b.get_or_insert_with(Bucket::default).0.push((record.clone(), paired)));
         ctx.register_timer(if to > 0 { time.saturating_add(to) } else { time });
         Ok(())
     }
 
-    /// Removes `state`'s bucket at `at`; if its side is outer, emits
-    /// `row` of each of its records never paired, at `at`.
+    /// Removes `state`'s bucket at `at` (of input `side`); if its side is
+    /// outer, emits `row` of each of its records never paired, at `at`.
     fn remove<K: crate::codec::key::Key, T: Data>(
+        &self,
         ctx: &mut ProcessContext<'_, K, U>,
-        state: &Buffer<T>,
+        (state, side): (&Buffer<T>, usize),
         at: i64,
         outer: bool,
         row: impl Fn(&T) -> Option<U>,
@@ -202,11 +214,14 @@ impl<L: Data, R: Data, U: Clone + Send + 'static> IntervalJoin<L, R, U> {
         if let Some(bucket) = ctx.map(state).remove(&at)
             && outer
         {
+            let mut unmatched = 0;
             for (record, joined) in &bucket.0 {
                 if !joined && let Some(out) = row(record) {
                     ctx.emit_at(out, at);
+                    unmatched += 1;
                 }
             }
+            TwoInputCounters::add(&self.counters.unmatched, side, unmatched);
         }
     }
 }
@@ -226,6 +241,7 @@ where
         self.on_record(
             ctx,
             record,
+            0,
             (&self.left, &self.right),
             (lower, upper, right_outer),
             || Either::Left(record.clone()),
@@ -240,6 +256,7 @@ where
         self.on_record(
             ctx,
             record,
+            1,
             (&self.right, &self.left),
             (upper.saturating_neg(), lower.saturating_neg(), left_outer),
             || Either::Right(record.clone()),
@@ -250,9 +267,9 @@ where
     fn on_timer(&self, ctx: &mut ProcessContext<'_, K, U>, timer: Timer) -> Result<(), String> {
         let Interval { lower, upper, left_outer, right_outer } = self.interval;
         let left_at = if upper > 0 { timer.time.saturating_sub(upper) } else { timer.time };
-        Self::remove(ctx, &self.left, left_at, left_outer, |l| (self.f)(Some(l), None));
+        self.remove(ctx, (&self.left, 0), left_at, left_outer, |l| (self.f)(Some(l), None));
         let right_at = if lower < 0 { timer.time.saturating_add(lower) } else { timer.time };
-        Self::remove(ctx, &self.right, right_at, right_outer, |r| (self.f)(None, Some(r)));
+        self.remove(ctx, (&self.right, 1), right_at, right_outer, |r| (self.f)(None, Some(r)));
         Ok(())
     }
 }

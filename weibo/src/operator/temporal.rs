@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use crate::codec::Data;
 use crate::codec::key::Key;
+use crate::metrics::{OperatorCounters, TwoInputCounters};
 use crate::operator::connect::{Either, KeyedCoProcessFunction};
 use crate::operator::function::{MapState, ProcessContext, States, Timer, ValueState};
 use crate::operator::join::JoinFn;
@@ -44,6 +45,8 @@ pub(crate) struct TableJoin<L, R, U> {
     pub(crate) outer: bool,
     pub(crate) deletes: Option<Deletes<R>>,
     pub(crate) f: JoinFn<L, R, U>,
+    /// What its metrics count of each input.
+    pub(crate) counters: Arc<TwoInputCounters>,
 }
 
 impl<L, R, U> TableJoin<L, R, U> {
@@ -54,7 +57,17 @@ impl<L, R, U> TableJoin<L, R, U> {
         if version.is_none() && !self.outer {
             return None;
         }
-        (self.f)(Some(record), version)
+        let row = (self.f)(Some(record), version)?;
+        match version {
+            Some(_) => OperatorCounters::add(&self.counters.matched, 1),
+            None => TwoInputCounters::add(&self.counters.unmatched, 0, 1),
+        }
+        Some(row)
+    }
+
+    /// Counts a late record of input `side`.
+    fn late(&self, side: usize) {
+        TwoInputCounters::add(&self.counters.late, side, 1);
     }
 }
 
@@ -120,6 +133,7 @@ where
         let time = event_time(ctx.timestamp())?;
         let watermark = ctx.watermark();
         if self.late(time, watermark) {
+            self.join.late(0);
             ctx.output(&self.late, Either::Left(record.clone()));
         } else if watermark != NO_TIMESTAMP && time < watermark {
             // Within the retention: joined now, with the versions kept.
@@ -138,6 +152,7 @@ where
     fn process_element2(&self, ctx: &mut ProcessContext<'_, K, U>, row: &R) -> Result<(), String> {
         let time = event_time(ctx.timestamp())?;
         if self.late(time, ctx.watermark()) {
+            self.join.late(1);
             ctx.output(&self.late, Either::Right(row.clone()));
             return Ok(());
         }

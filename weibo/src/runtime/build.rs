@@ -255,6 +255,20 @@ pub(crate) fn build(
     for node in graph.nodes.iter().filter(|n| !matches!(n.op, Op::Union)) {
         registry.operator(&node.name);
     }
+    for (id, two) in graph.two_input_operators() {
+        let name = |n: Option<&crate::graph::Node>| n.map(|n| n.name.clone()).unwrap_or_default();
+        let [first, second] = two.tags;
+        registry.two_inputs(
+            &graph.node(id)?.name,
+            crate::metrics::TwoInputs {
+                labels: two.labels.map(str::to_string),
+                tags: [name(graph.nodes.get(first)), name(graph.nodes.get(second))],
+                from: [name(graph.feeder(first)), name(graph.feeder(second))],
+                states: two.states.map(|s| s.map(str::to_string)),
+                counters: two.counters.clone(),
+            },
+        );
+    }
     let mut chain_instances: HashMap<NodeId, (usize, usize)> =
         graph.chain_instances().into_iter().map(|(id, total)| (id, (0, total))).collect();
     let keyed_senders = graph.keyed_senders();

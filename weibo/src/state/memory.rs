@@ -55,6 +55,10 @@ pub(super) struct MemoryTable {
 }
 
 impl StateTable for MemoryTable {
+    fn entries_in_memory(&self) -> Option<u64> {
+        Some(self.groups.values().map(|g| g.len() as u64).sum())
+    }
+
     fn get(&mut self, group: u16, key: &[u8]) -> Result<Option<Vec<u8>>> {
         Ok(self.groups.get(&group).and_then(|g| g.get(key)).cloned())
     }

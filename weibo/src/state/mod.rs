@@ -287,6 +287,12 @@ pub trait StateTable: Send {
         None
     }
 
+    /// For a table that lives in memory: its entries (for metrics). The
+    /// default: it does not.
+    fn entries_in_memory(&self) -> Option<u64> {
+        None
+    }
+
     /// Calls `f` with the (key, value) entries of `group` from key `from`
     /// on, in key order, until `f` returns `false`. The default filters
     /// [`StateTable::scan_group`]; ordered backends seek.

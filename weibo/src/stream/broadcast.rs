@@ -10,6 +10,7 @@ use crate::codec::key::Key;
 use crate::operator::broadcast::{BroadcastContext, BroadcastReadContext, BroadcastStates};
 use crate::operator::connect::Either;
 use crate::operator::function::{self, BroadcastFn, ClosureFunction, ProcessContext, ProcessOutcome, States, Timer};
+use crate::stream::connect::tag_and_merge;
 use crate::stream::{KeyedStream, Stream, function_node_on, on_error};
 
 /// A keyed stream and a broadcast stream connected for one operator:
@@ -95,14 +96,11 @@ impl<K: Key, A: Data> KeyedStream<K, A> {
     /// [`with_partitions`](Self::with_partitions), unless
     /// [`BroadcastConnectedStreams::with_partitions`] sets it.
     pub fn connect_broadcast<B: Data>(&self, broadcast: &Stream<B>) -> BroadcastConnectedStreams<K, A, B> {
-        let left = self.upstream().map(Either::<A, B>::Left);
-        let right = broadcast.map(Either::<A, B>::Right);
-        for (stream, name) in [(&left, "connect: keyed input"), (&right, "connect: broadcast input")] {
-            stream.lock().default_name(stream.node, name);
-        }
+        let (upstream, _) =
+            tag_and_merge(self.upstream(), broadcast, ["keyed input", "broadcast input"], "connect_broadcast");
         let key = self.key.clone();
         BroadcastConnectedStreams {
-            upstream: left.merge(&right, "connect_broadcast"),
+            upstream,
             router: crate::operator::exchange::broadcast_router::<A, B, K, _>(Arc::new(move |a: &A| key(a))),
             partitions: self.partitions,
             _types: PhantomData,
@@ -250,12 +248,8 @@ impl<A: Data> Stream<A> {
     /// runs on one instance unless [`BroadcastStreams::with_partitions`]
     /// says otherwise.
     pub fn connect_broadcast<B: Data>(&self, broadcast: &Stream<B>) -> BroadcastStreams<A, B> {
-        let left = self.map(Either::<A, B>::Left);
-        let right = broadcast.map(Either::<A, B>::Right);
-        for (stream, name) in [(&left, "connect: main input"), (&right, "connect: broadcast input")] {
-            stream.lock().default_name(stream.node, name);
-        }
-        BroadcastStreams { upstream: left.merge(&right, "connect_broadcast"), partitions: 1 }
+        let (upstream, _) = tag_and_merge(self, broadcast, ["main input", "broadcast input"], "connect_broadcast");
+        BroadcastStreams { upstream, partitions: 1 }
     }
 }
 
@@ -273,7 +267,13 @@ impl<A: Data, B: Data> BroadcastStreams<A, B> {
     /// states; `on_broadcast` per record of the broadcast input, on every
     /// instance, with a context that writes them. Dead letters, under
     /// `policy`, are [`Either`]s.
-    pub fn process_with_state<S, U, R, D, F1, F2, P>(&self, policy: P, declare: D, main: F1, on_broadcast: F2) -> P::Output
+    pub fn process_with_state<S, U, R, D, F1, F2, P>(
+        &self,
+        policy: P,
+        declare: D,
+        main: F1,
+        on_broadcast: F2,
+    ) -> P::Output
     where
         S: Send + Sync + 'static,
         U: Clone + Send + 'static,

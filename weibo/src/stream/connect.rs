@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use crate::codec::Data;
 use crate::codec::key::Key;
+use crate::graph::TwoInputNodes;
+use crate::metrics::TwoInputCounters;
 use crate::operator::connect::{CoProcess, Either, KeyedCoProcessFunction};
 use crate::operator::function::{ProcessContext, ProcessOutcome, States, Timer};
 use crate::stream::{KeyedStream, Stream, on_error};
@@ -66,6 +68,8 @@ impl<A: Clone + Send + 'static, B: Clone + Send + 'static> CoStreams<A, B> {
         for (stream, name) in [(&left, "connect: first input"), (&right, "connect: second input")] {
             stream.lock().default_name(stream.node, name);
         }
+        // Not a two-input operator's metrics: the case of each input runs
+        // in that input's chain, counted there.
         left.merge(&right, "connect")
     }
 
@@ -195,11 +199,53 @@ impl<A: Clone + Send + 'static, B: Clone + Send + 'static> CoStreams<A, B> {
 /// ```
 pub struct ConnectedStreams<K, A, B> {
     pub(crate) keyed: KeyedStream<K, Either<A, B>>,
+    /// What the operator counts of its inputs (see [`TwoInputCounters`]).
+    pub(crate) counters: Arc<TwoInputCounters>,
 }
 
 impl<K, A, B> Clone for ConnectedStreams<K, A, B> {
     fn clone(&self) -> Self {
-        Self { keyed: self.keyed.clone() }
+        Self { keyed: self.keyed.clone(), counters: self.counters.clone() }
+    }
+}
+
+/// Tags `first`'s records `Left` and `second`'s `Right`, named by
+/// `labels` (`connect: <label>` in the plan), and merges them for one
+/// operator of two inputs (`what`, named in wiring errors); the graph
+/// remembers the three nodes, for the operator's metrics. Returns the
+/// union and the operator's counters.
+pub(crate) fn tag_and_merge<A, B>(
+    first: &Stream<A>,
+    second: &Stream<B>,
+    labels: [&'static str; 2],
+    what: &str,
+) -> (Stream<Either<A, B>>, Arc<TwoInputCounters>)
+where
+    A: Clone + Send + 'static,
+    B: Clone + Send + 'static,
+{
+    let left = first.map(Either::<A, B>::Left);
+    let right = second.map(Either::<A, B>::Right);
+    for (stream, label) in [(&left, labels[0]), (&right, labels[1])] {
+        stream.lock().default_name(stream.node, &format!("connect: {label}"));
+    }
+    let union = left.merge(&right, what);
+    let counters = Arc::new(TwoInputCounters::default());
+    union.lock().two_inputs.push(TwoInputNodes {
+        union: union.node,
+        tags: [left.node, right.node],
+        labels,
+        states: [None, None],
+        counters: counters.clone(),
+    });
+    (union, counters)
+}
+
+/// Names the states the records of each input of the operator over
+/// `union` wait in, for its metrics.
+pub(crate) fn waiting_in<T>(union: &Stream<T>, states: [Option<&'static str>; 2]) {
+    if let Some(t) = union.lock().two_inputs.iter_mut().find(|t| t.union == union.node) {
+        t.states = states;
     }
 }
 
@@ -211,19 +257,15 @@ impl<K: Key, A: Data> KeyedStream<K, A> {
     /// [`ConnectedStreams::with_partitions`] sets it.
     pub fn connect<B: Data>(&self, other: &KeyedStream<K, B>) -> ConnectedStreams<K, A, B> {
         let (first, second) = (self.key.clone(), other.key.clone());
-        let left = self.upstream().map(Either::<A, B>::Left);
-        let right = other.upstream().map(Either::<A, B>::Right);
-        for (stream, name) in [(&left, "connect: first input"), (&right, "connect: second input")] {
-            stream.lock().default_name(stream.node, name);
-        }
-        let keyed = left
-            .merge(&right, "connect")
+        let (union, counters) =
+            tag_and_merge(self.upstream(), other.upstream(), ["first input", "second input"], "connect");
+        let keyed = union
             .key_by(move |r: &Either<A, B>| match r {
                 Either::Left(a) => first(a),
                 Either::Right(b) => second(b),
             })
             .with_partitions(self.partitions.max(other.partitions));
-        ConnectedStreams { keyed }
+        ConnectedStreams { keyed, counters }
     }
 }
 
@@ -232,7 +274,7 @@ impl<K: Key, A: Data, B: Data> ConnectedStreams<K, A, B> {
     /// groups).
     #[must_use]
     pub fn with_partitions(self, n: usize) -> Self {
-        Self { keyed: self.keyed.with_partitions(n) }
+        Self { keyed: self.keyed.with_partitions(n), counters: self.counters }
     }
 
     /// A two-input function with named state as a type: `declare` gets the

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::codec::Data;
 use crate::codec::key::Key;
+use crate::metrics::{OperatorCounters, TwoInputCounters};
 use crate::operator::connect::Either;
 use crate::operator::join::{Interval, IntervalJoin, JoinFn};
 use crate::operator::temporal::{self, Deletes, TableJoin};
@@ -158,7 +159,10 @@ impl<K: Key, L: Data, R: Data> IntervalJoinBetween<K, L, R> {
         name: &str,
     ) -> Stream<U> {
         let interval = Interval { lower: self.lower, upper: self.upper, left_outer, right_outer };
-        let joined = self.connected.process_function(on_error::Fail, |states| IntervalJoin::new(states, interval, f));
+        let counters = self.connected.counters.clone();
+        crate::stream::connect::waiting_in(self.connected.keyed.upstream(), [Some("left"), Some("right")]);
+        let joined =
+            self.connected.process_function(on_error::Fail, |states| IntervalJoin::new(states, interval, f, counters));
         {
             let mut pipeline = joined.lock();
             pipeline.default_name(joined.node, name);
@@ -235,6 +239,7 @@ pub struct CoGroupedStreams<K, L, R> {
 /// ```
 pub struct JoinWindows<K, L, R> {
     windowed: WindowedStream<K, Either<L, R>>,
+    counters: Arc<TwoInputCounters>,
 }
 
 /// A window co-group: the records of both inputs are assigned to the same
@@ -271,6 +276,7 @@ pub struct JoinWindows<K, L, R> {
 /// ```
 pub struct CoGroupWindows<K, L, R> {
     windowed: WindowedStream<K, Either<L, R>>,
+    counters: Arc<TwoInputCounters>,
 }
 
 impl<K: Key, L: Data> KeyedStream<K, L> {
@@ -299,7 +305,7 @@ impl<K: Key, L: Data, R: Data> JoinedStreams<K, L, R> {
 
     /// Joins in the windows of `assigner`.
     pub fn window<W: WindowAssigner>(self, assigner: W) -> JoinWindows<K, L, R> {
-        JoinWindows { windowed: self.connected.keyed.window(assigner) }
+        JoinWindows { windowed: self.connected.keyed.window(assigner), counters: self.connected.counters }
     }
 }
 
@@ -312,7 +318,7 @@ impl<K: Key, L: Data, R: Data> CoGroupedStreams<K, L, R> {
 
     /// Groups in the windows of `assigner`.
     pub fn window<W: WindowAssigner>(self, assigner: W) -> CoGroupWindows<K, L, R> {
-        CoGroupWindows { windowed: self.connected.keyed.window(assigner) }
+        CoGroupWindows { windowed: self.connected.keyed.window(assigner), counters: self.connected.counters }
     }
 }
 
@@ -320,7 +326,7 @@ impl<K: Key, L: Data, R: Data> JoinWindows<K, L, R> {
     /// Keeps windows for `lateness` after they fire (see [`JoinWindows`]).
     #[must_use]
     pub fn allowed_lateness(self, lateness: Duration) -> Self {
-        Self { windowed: self.windowed.allowed_lateness(lateness) }
+        Self { windowed: self.windowed.allowed_lateness(lateness), ..self }
     }
 
     /// The inner join: `f` of every pair of a window.
@@ -381,20 +387,24 @@ impl<K: Key, L: Data, R: Data> JoinWindows<K, L, R> {
         U: Clone + Send + 'static,
         F: Fn(Option<&L>, Option<&R>, &mut Vec<U>) + Send + Sync + 'static,
     {
+        let counters = self.counters.clone();
         let group = move |_: &WindowContext<'_, K>, left: &[&L], right: &[&R], out: &mut Vec<U>| {
             for l in left {
                 for r in right {
                     f(Some(l), Some(r), out);
                 }
             }
+            OperatorCounters::add(&counters.matched, left.len() * right.len());
             if left_outer && right.is_empty() {
                 left.iter().for_each(|l| f(Some(l), None, out));
+                TwoInputCounters::add(&counters.unmatched, 0, left.len());
             }
             if right_outer && left.is_empty() {
                 right.iter().for_each(|r| f(None, Some(r), out));
+                TwoInputCounters::add(&counters.unmatched, 1, right.len());
             }
         };
-        named(self.windowed.build("window_join", CoGroupFn(group, PhantomData)), name)
+        named(self.windowed.build("window_join", CoGroupFn(group, self.counters, PhantomData)), name)
     }
 }
 
@@ -402,7 +412,7 @@ impl<K: Key, L: Data, R: Data> CoGroupWindows<K, L, R> {
     /// Keeps windows for `lateness` after they fire (see [`JoinWindows`]).
     #[must_use]
     pub fn allowed_lateness(self, lateness: Duration) -> Self {
-        Self { windowed: self.windowed.allowed_lateness(lateness) }
+        Self { windowed: self.windowed.allowed_lateness(lateness), ..self }
     }
 
     /// Calls `f` when a window fires, with the window and key, all of the
@@ -413,7 +423,7 @@ impl<K: Key, L: Data, R: Data> CoGroupWindows<K, L, R> {
         U: Clone + Send + 'static,
         F: Fn(&WindowContext<'_, K>, &[&L], &[&R], &mut Vec<U>) + Send + Sync + 'static,
     {
-        named(self.windowed.build("window_co_group", CoGroupFn(f, PhantomData)), "window co-group")
+        named(self.windowed.build("window_co_group", CoGroupFn(f, self.counters, PhantomData)), "window co-group")
     }
 }
 
@@ -574,7 +584,8 @@ impl<K: Key, L: Data, R: Data> TemporalJoinBuilder<K, L, R> {
     }
 
     fn run<U: Clone + Send + 'static>(self, f: JoinFn<L, R, U>, outer: bool, name: &str) -> Stream<U> {
-        let join = TableJoin { outer, deletes: self.deletes, f };
+        let join = TableJoin { outer, deletes: self.deletes, f, counters: self.connected.counters.clone() };
+        crate::stream::connect::waiting_in(self.connected.keyed.upstream(), [Some("waiting"), Some("versions")]);
         let retention = self.retention;
         let joined = self
             .connected
@@ -626,7 +637,8 @@ impl<K: Key, L: Data, R: Data> LatestJoinBuilder<K, L, R> {
     }
 
     fn run<U: Clone + Send + 'static>(self, f: JoinFn<L, R, U>, outer: bool, name: &str) -> Stream<U> {
-        let join = TableJoin { outer, deletes: self.deletes, f };
+        let join = TableJoin { outer, deletes: self.deletes, f, counters: self.connected.counters.clone() };
+        crate::stream::connect::waiting_in(self.connected.keyed.upstream(), [None, Some("latest")]);
         let joined = self.connected.process_function(on_error::Fail, |states| temporal::LatestJoin::new(states, join));
         joined.lock().default_name(joined.node, name);
         joined

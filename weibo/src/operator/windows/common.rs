@@ -71,6 +71,7 @@ impl<K: Key, T: Data, W: WindowFn<K, T>> Common<K, T, W> {
     /// A record no window took.
     pub(super) fn late(&mut self, value: T, meta: Meta) {
         OperatorCounters::add(&self.info.counters.late, 1);
+        self.func.late(&value);
         if self.late_enabled {
             self.late.push(value, meta);
         }

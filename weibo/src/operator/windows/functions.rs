@@ -72,6 +72,11 @@ pub(crate) trait WindowFn<K, T>: Send + Sync + 'static {
     fn add(&self, acc: &mut Option<Self::Acc>, value: T);
     fn merge(&self, into: &mut Self::Acc, other: Self::Acc);
     fn fire(&self, key: &K, window: Window, acc: &Self::Acc, out: &mut Vec<Self::Out>);
+    /// Told of each record too late for any window (a join counts it per
+    /// input).
+    fn late(&self, value: &T) {
+        let _ = value;
+    }
 }
 
 pub(crate) struct ReduceFn<F>(pub(crate) F);
@@ -140,7 +145,12 @@ where
 /// The window function of window joins and co-groups: a window keeps the
 /// records of both inputs, in arrival order, and on firing `F` sees each
 /// side's records apart.
-pub(crate) struct CoGroupFn<F, L, R, U>(pub(crate) F, pub(crate) PhantomData<fn(L, R) -> U>);
+pub(crate) struct CoGroupFn<F, L, R, U>(
+    pub(crate) F,
+    /// What the operator's metrics count of each input.
+    pub(crate) std::sync::Arc<crate::metrics::TwoInputCounters>,
+    pub(crate) PhantomData<fn(L, R) -> U>,
+);
 
 impl<K, L, R, U, F> WindowFn<K, crate::operator::connect::Either<L, R>> for CoGroupFn<F, L, R, U>
 where
@@ -168,5 +178,12 @@ where
             }
         }
         (self.0)(&WindowContext { key, window }, &left, &right, out);
+    }
+    fn late(&self, value: &crate::operator::connect::Either<L, R>) {
+        let side = match value {
+            crate::operator::connect::Either::Left(_) => 0,
+            crate::operator::connect::Either::Right(_) => 1,
+        };
+        crate::metrics::TwoInputCounters::add(&self.1.late, side, 1);
     }
 }

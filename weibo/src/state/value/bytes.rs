@@ -162,7 +162,11 @@ impl<K: Key, V: Data> Store<K, V> for ByteStore<K, V> {
     }
 
     fn stats(&self) -> StateStats {
-        StateStats { table: self.table.size(), ..StateStats::default() }
+        match self.table.entries_in_memory() {
+            // Each entry: its key's and value's bytes, in two vectors.
+            Some(n) => StateStats::in_memory(usize::try_from(n).unwrap_or(usize::MAX), size_of::<(Vec<u8>, Vec<u8>)>()),
+            None => StateStats { table: self.table.size(), ..StateStats::default() },
+        }
     }
 
     #[cfg(test)]

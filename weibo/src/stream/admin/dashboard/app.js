@@ -205,16 +205,36 @@ const NODE_H = 58;
 const GAP_X = 104;
 const GAP_Y = 26;
 
+// Whether a node is drawn: the steps that tag a two-input operator's
+// inputs with their side, and their union, are drawn as that operator's
+// two input edges instead.
+const drawn = (n) => n.part_of === null || n.part_of === undefined;
+
+// The edges drawn into node `n`: one per input, or for an operator of two
+// inputs one per side, from what feeds that side (`tag`: the node whose
+// metrics and channels are the side's).
+function edgesInto(n) {
+  if (n.two_inputs) {
+    return n.two_inputs.filter((s) => s.from !== null).map((s) => {
+      const hash = n.inputs.find((i) => i.edge === 'hash') || {};
+      return Object.assign({}, hash, { from: s.from, tag: s.tag, side: s.input, edge: hash.edge || 'forward' });
+    });
+  }
+  return n.inputs;
+}
+
 function layout(plan) {
   const nodes = plan.nodes;
   const rank = new Array(nodes.length).fill(0);
   for (const n of nodes) {
-    for (const i of n.inputs) rank[n.index] = Math.max(rank[n.index], rank[i.from] + 1);
+    for (const i of edgesInto(n)) rank[n.index] = Math.max(rank[n.index], rank[i.from] + 1);
   }
   const columns = [];
-  for (const n of nodes) {
+  for (const n of nodes.filter(drawn)) {
     (columns[rank[n.index]] = columns[rank[n.index]] || []).push(n.index);
   }
+  // A rank whose only nodes are hidden leaves no empty column.
+  for (let c = columns.length - 1; c >= 0; c--) if (!columns[c]) columns.splice(c, 1);
   const tallest = Math.max(...columns.map((c) => c.length));
   const height = tallest * NODE_H + (tallest - 1) * GAP_Y + 40;
   const at = new Array(nodes.length);
@@ -251,8 +271,16 @@ function channelEdges(metrics, from, to) {
   return metrics.edges.filter((e) => senders.has(e.from) && instanceOf(e.to) === to);
 }
 
-// `from` is a node index, `to` a name.
-function edgeNumbers(from, to, kind) {
+// `from` is a node index, `to` a name; `tag`, for a side of a two-input
+// operator, the index of the node that tags the side (whose output is
+// the side's records).
+function edgeNumbers(from, to, kind, tag) {
+  if (tag !== undefined) {
+    const numbers = edgeNumbers(tag, to, kind);
+    const name = view.plan.nodes[tag].name;
+    numbers.records = rate((m) => (operatorOf(m, name) || {}).records_out, baseline(), view.samples[view.samples.length - 1]);
+    return numbers;
+  }
   const newer = view.samples[view.samples.length - 1];
   const older = baseline();
   if (!newer) return {};
@@ -295,17 +323,18 @@ function drawGraph() {
   box.append(defs);
   const older = baseline();
   const labels = [];
-  for (const n of plan.nodes) {
-    n.inputs.forEach((input) => {
+  for (const n of plan.nodes.filter(drawn)) {
+    edgesInto(n).forEach((input) => {
       const from = plan.nodes[input.from];
       const a = at[from.index];
       const b = at[n.index];
       const x1 = a.x + NODE_W;
       const y1 = a.y + NODE_H / 2;
       const x2 = b.x;
-      const y2 = b.y + NODE_H / 2;
+      // The two sides of an operator of two inputs arrive apart.
+      const y2 = b.y + NODE_H / 2 + (input.side ? (input.tag === n.two_inputs[0].tag ? -10 : 10) : 0);
       const mid = (x1 + x2) / 2;
-      const numbers = edgeNumbers(from.index, n.name, input.edge);
+      const numbers = edgeNumbers(from.index, n.name, input.edge, input.tag);
       const colour = input.edge === 'hash' ? pressureColour(numbers.blocked) : '#9aa3b2';
       const path = svg('path', {
         d: `M ${x1} ${y1} C ${mid} ${y1}, ${mid} ${y2}, ${x2 - 2} ${y2}`,
@@ -318,7 +347,8 @@ function drawGraph() {
         'data-from': from.name,
         'data-to': n.name,
       });
-      const tip = [`${from.name} → ${n.name}`, input.edge === 'hash' ? `hash(${input.key_type}) [${input.codec}]` : 'fused (no channel)'];
+      if (input.side) path.setAttribute('data-input', input.side);
+      const tip = [`${from.name} → ${n.name}${input.side ? ` (${input.side})` : ''}`, input.edge === 'hash' ? `hash(${input.key_type}) [${input.codec}]` : 'fused (no channel)'];
       if (numbers.records !== null && numbers.records !== undefined) tip.push(`${count(numbers.records)} records/s`);
       if (numbers.blocked !== null && numbers.blocked !== undefined) tip.push(`sender blocked ${(numbers.blocked * 100).toFixed(0)} % of the time`);
       if (numbers.fill !== null && numbers.fill !== undefined) tip.push(`channels ${(numbers.fill * 100).toFixed(0)} % full`);
@@ -327,6 +357,7 @@ function drawGraph() {
       // The rate above the edge, the blocked share below it, both in the
       // gap between the columns; drawn after the nodes, so on top.
       const lines = [];
+      if (input.side) lines.push(input.side.replace(' input', ''));
       if (numbers.records !== null && numbers.records !== undefined) lines.push(count(numbers.records) + '/s');
       if (input.edge === 'hash' && numbers.blocked >= 0.01) lines.push(`${(numbers.blocked * 100).toFixed(0)}% blocked`);
       if (lines.length) {
@@ -336,7 +367,7 @@ function drawGraph() {
       }
     });
   }
-  for (const n of plan.nodes) {
+  for (const n of plan.nodes.filter(drawn)) {
     const p = at[n.index];
     const g = svg('g', { class: 'node' + (n.stateful ? ' stateful' : '') + (n.kind === 'source' ? ' source' : ''), 'data-operator': n.name, transform: `translate(${p.x}, ${p.y})` });
     g.append(svg('rect', { width: NODE_W, height: NODE_H, rx: 7 }));
@@ -387,7 +418,9 @@ function drawOperators() {
   const sizes = new Map(((view.checkpoints && view.checkpoints.state) || []).map((s) => [s.operator, s]));
   const now = Date.now();
   const rows = [];
-  for (const n of view.plan.nodes) {
+  // The steps that tag a two-input operator's sides show as its lines
+  // per input instead.
+  for (const n of view.plan.nodes.filter(drawn)) {
     const o = operatorOf(newer.metrics, n.name);
     if (!o) continue; // a union counts nothing
     const get = (field) => (m) => (operatorOf(m, n.name) || {})[field];
@@ -420,6 +453,20 @@ function drawOperators() {
       cell(size ? bytes(size.bytes) : (n.stateful ? '–' : ''), { class: 'n', 'data-field': 'state' }),
     );
     rows.push(row);
+    // An operator of two inputs: a line per input under its own.
+    (o.inputs || []).forEach((input, side) => {
+      const tag = n.two_inputs && n.two_inputs[side] ? view.plan.nodes[n.two_inputs[side].tag].name : null;
+      const inRate = tag === null ? null : rate((m) => (operatorOf(m, tag) || {}).records_out, older, newer);
+      const parts = [`${count(inRate)}/s`, `${count(input.records_in)} in all`];
+      if (side === 0 && o.matched) parts.push(`${count(o.matched)} pairs out`);
+      if (input.late) parts.push(`${count(input.late)} late`);
+      if (input.unmatched) parts.push(`${count(input.unmatched)} unmatched`);
+      if (input.buffered !== null && input.buffered !== undefined) parts.push(`${count(input.buffered)} waiting in \`${input.state}\``);
+      rows.push(el('tr', { class: 'input', 'data-operator': n.name, 'data-input': input.input },
+        cell(`↳ ${input.input} ← ${input.from}`, { class: 'name' }),
+        el('td', { colspan: '15', text: parts.join(' · '), 'data-field': 'input' }),
+      ));
+    });
   }
   document.querySelector('#operators tbody').replaceChildren(...rows);
 }
