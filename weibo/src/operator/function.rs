@@ -743,6 +743,47 @@ impl<K: Key, T: Data> Value<'_, K, T> {
         at.keep(r).flatten()
     }
 
+    /// Calls `f` with the value, if set (and not expired), and returns what
+    /// it returns: a read, as [`get`](Self::get), that copies nothing in
+    /// memory (a large value, such as a list kept whole, is read in place).
+    ///
+    /// ```
+    /// use weibo::on_error;
+    ///
+    /// // Each key's words kept whole; a record says how many it has.
+    /// let out = weibo::testing::run(vec![(1u32, "a"), (1, "b"), (2, "c")], |s| {
+    ///     s.map(|(k, w): (u32, &str)| (k, w.to_string())).key_by(|r: &(u32, String)| r.0).process_with_state(
+    ///         on_error::Fail,
+    ///         |states| states.value::<Vec<String>>("words"),
+    ///         |ctx, words, r| {
+    ///             ctx.value(words).update(|w| w.get_or_insert_with(Vec::new).push(r.1.clone()));
+    ///             let n = ctx.value(words).read(|w| w.map_or(0, Vec::len));
+    ///             ctx.emit((r.0, n));
+    ///         },
+    ///     )
+    /// })?;
+    /// assert_eq!(out, vec![(1, 1), (1, 2), (2, 1)]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn read<R>(&mut self, f: impl FnOnce(Option<&T>) -> R) -> R {
+        let at = &mut self.at;
+        let mut f = Some(f);
+        let r = match &mut self.store {
+            Slot::Plain(s) => s.read(at.group, at.key, at.key_bytes, |v| f.take().map(|f| f(v))),
+            Slot::Expiring(s) => {
+                let now = s.now(at.now, at.watermark);
+                s.get(at.group, at.key, at.key_bytes, now).map(|v| f.take().map(|f| f(v.as_ref())))
+            }
+            Slot::Missing => Ok(None),
+        };
+        match (at.keep(r).flatten(), f) {
+            (Some(r), _) => r,
+            // Not called (the state failed, as `get` does): called with none.
+            (None, Some(f)) => f(None),
+            (None, None) => unreachable!("`f` is called once, and its result kept"),
+        }
+    }
+
     /// Sets the value.
     pub fn set(&mut self, value: T) {
         self.update(|slot| *slot = Some(value));

@@ -4,27 +4,30 @@
 //! `IntervalJoinOperator` does, and optionally emits the records that never
 //! found a partner (outer joins).
 //!
-//! Each side keeps its records in map state by event time (a bucket of the
-//! records of one time, each with whether it has been joined). A record:
+//! Each side keeps a key's records in one value, in time order (each
+//! with whether it has been paired): a key holds few records at a time
+//! (those of one interval), so one read and one write of the key's value
+//! per record cost less than a map of buckets by time, which costs an
+//! index per key. A record:
 //! - without an event time fails (as in Flink);
 //! - behind the operator's watermark (`time < watermark`) is late: it goes
 //!   to the late records side output and the operator's late counter, and
 //!   joins nothing (Flink drops it silently);
 //! - otherwise is paired with every buffered record of the other side in
-//!   its interval (a range scan of the other side's map), each pair emitted
-//!   once, at the later of the two times; then it is buffered, and an
-//!   event-time timer is set at the time it can no longer be paired: its
-//!   time plus the upper bound for a left record (its time when the bound
-//!   is not positive), its time minus the lower bound for a right record
-//!   (its time when the bound is not negative).
+//!   its interval (a binary search and a scan of the other side's records),
+//!   each pair emitted once, at the later of the two times; then it is
+//!   buffered, and an event-time timer is set at the time it can no longer
+//!   be paired: its time plus the upper bound for a left record (its time
+//!   when the bound is not positive), its time minus the lower bound for a
+//!   right record (its time when the bound is not negative).
 //!
-//! A timer at `t` removes the left bucket whose cleanup time is `t` and the
-//! right one's (with Flink's boundary behaviour: a record is removed once
-//! the watermark reaches its cleanup time, though a record of the other
-//! side at exactly that time is not late yet); in an outer join, the
-//! removed records that were never paired are emitted first, with their
-//! own time: since a partner would now be removed or late, such a row is
-//! never followed by a pair.
+//! A timer at `t` removes the left records whose cleanup time is `t` or
+//! earlier and the right ones' (with Flink's boundary behaviour: a record
+//! is removed once the watermark reaches its cleanup time, though a record
+//! of the other side at exactly that time is not late yet); in an outer
+//! join, the removed records that were never paired are emitted first,
+//! with their own time: since a partner would now be removed or late, such
+//! a row is never followed by a pair.
 
 use std::sync::Arc;
 
@@ -32,31 +35,61 @@ use crate::codec::schema::{Schema, Shape};
 use crate::codec::{CodecError, CodecId, Data};
 use crate::metrics::{OperatorCounters, TwoInputCounters};
 use crate::operator::connect::{Either, KeyedCoProcessFunction};
-use crate::operator::function::{MapState, ProcessContext, States, Timer};
+use crate::operator::function::{ProcessContext, States, Timer, ValueState};
 use crate::operator::outputs::OutputTag;
 use crate::record::{NO_TIMESTAMP, Timestamp};
 
-/// The records of one side of one key at one event time, each with
+/// One side's records of one key, in time order: each with its time and
 /// whether it has been paired.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Bucket<T>(Vec<(T, bool)>);
+pub(crate) struct Buffer<T>(Vec<(i64, T, bool)>);
 
-impl<T> Default for Bucket<T> {
+impl<T> Default for Buffer<T> {
     fn default() -> Self {
         Self(Vec::new())
     }
 }
 
-impl<T: Data> Data for Bucket<T> {
-    fn codec_id() -> CodecId {
-        CodecId::new("weibo-join-bucket/1", std::any::type_name::<Self>())
+impl<T> Buffer<T> {
+    /// Adds `record` at `time`, after the records at that time or earlier.
+    fn insert(&mut self, time: i64, record: T, paired: bool) {
+        let at = match self.0.last() {
+            Some(last) if last.0 > time => self.0.partition_point(|e| e.0 <= time),
+            _ => self.0.len(),
+        };
+        self.0.insert(at, (time, record, paired));
     }
 
-    /// Per record: its flag (1: paired), the length of its encoding (four
-    /// bytes, little-endian), the encoding.
+    /// Where the records at `[from, to]` are.
+    fn range(&self, from: i64, to: i64) -> std::ops::Range<usize> {
+        let start = self.0.partition_point(|e| e.0 < from);
+        start..self.0.partition_point(|e| e.0 <= to).max(start)
+    }
+
+    /// The records at `[from, to]`.
+    fn within(&mut self, from: i64, to: i64) -> &mut [(i64, T, bool)] {
+        let range = self.range(from, to);
+        self.0.get_mut(range).unwrap_or_default()
+    }
+
+    /// The records at `[from, to]`, to read.
+    fn within_ref(&self, from: i64, to: i64) -> &[(i64, T, bool)] {
+        self.0.get(self.range(from, to)).unwrap_or_default()
+    }
+}
+
+impl<T: Data> Data for Buffer<T> {
+    fn codec_id() -> CodecId {
+        CodecId::new("weibo-join-buffer/1", std::any::type_name::<Self>())
+    }
+
+    /// Per record: its time (eight bytes, little-endian), its flag (1:
+    /// paired), the length of its encoding (four bytes, little-endian),
+    /// the encoding.
     fn encode(&self, out: &mut Vec<u8>) -> Result<(), CodecError> {
-        for (record, joined) in &self.0 {
-            out.push(u8::from(*joined));
+        for (time, record, paired) in &self.0 {
+            out.extend_from_slice(&time.to_le_bytes());
+            out.push(u8::from(*paired));
             let at = out.len();
             out.extend_from_slice(&[0; 4]);
             record.encode(out)?;
@@ -74,18 +107,22 @@ impl<T: Data> Data for Bucket<T> {
     fn decode(mut bytes: &[u8]) -> Result<Self, CodecError> {
         let short = |what: &str| CodecError { codec: Self::codec_id(), reason: format!("cut short in {what}") };
         let mut records = Vec::new();
-        while let Some((&flag, rest)) = bytes.split_first() {
+        while !bytes.is_empty() {
+            let (time, rest) = bytes.split_first_chunk::<8>().ok_or_else(|| short("a record's time"))?;
+            let (&flag, rest) = rest.split_first().ok_or_else(|| short("a record's flag"))?;
             let (len, rest) = rest.split_first_chunk::<4>().ok_or_else(|| short("a record's length"))?;
             let len = u32::from_le_bytes(*len) as usize;
             let (record, rest) = rest.split_at_checked(len).ok_or_else(|| short("a record"))?;
-            records.push((T::decode(record)?, flag != 0));
+            records.push((i64::from_le_bytes(*time), T::decode(record)?, flag != 0));
             bytes = rest;
         }
         Ok(Self(records))
     }
 
     fn schema() -> Arc<Schema> {
-        Arc::new(Schema { shape: Shape::Seq(Box::new(Shape::Tuple(vec![T::schema().shape.clone(), Shape::Bool]))) })
+        Arc::new(Schema {
+            shape: Shape::Seq(Box::new(Shape::Tuple(vec![Shape::I64, T::schema().shape.clone(), Shape::Bool]))),
+        })
     }
 
     fn check_round_trip() -> Result<(), String> {
@@ -107,14 +144,14 @@ pub(crate) struct Interval {
     pub(crate) right_outer: bool,
 }
 
-/// One side's records, by event time.
-type Buffer<T> = MapState<i64, Bucket<T>>;
+/// One side's state: a key's records, in time order.
+type Side<T> = ValueState<Buffer<T>>;
 
 /// The interval join of a left input `L` and a right input `R`.
 pub(crate) struct IntervalJoin<L, R, U> {
     interval: Interval,
-    left: Buffer<L>,
-    right: Buffer<R>,
+    left: Side<L>,
+    right: Side<R>,
     late: OutputTag<Either<L, R>>,
     f: JoinFn<L, R, U>,
     counters: Arc<TwoInputCounters>,
@@ -122,15 +159,14 @@ pub(crate) struct IntervalJoin<L, R, U> {
 
 impl<L: Data, R: Data, U> IntervalJoin<L, R, U> {
     /// Declares the join's states (`left`, `right`) and late output on
-    /// `states`.
-    /// `counters`: what its metrics count of each input.
+    /// `states`; `counters`: what its metrics count of each input.
     pub(crate) fn new<K: crate::codec::key::Key>(
         states: &mut States<K>,
         interval: Interval,
         f: JoinFn<L, R, U>,
         counters: Arc<TwoInputCounters>,
     ) -> Self {
-        let (left, right) = (states.map("left"), states.map("right"));
+        let (left, right) = (states.value("left"), states.value("right"));
         Self { interval, left, right, late: states.late_records(), f, counters }
     }
 }
@@ -160,7 +196,7 @@ impl<L: Data, R: Data, U: Clone + Send + 'static> IntervalJoin<L, R, U> {
         ctx: &mut ProcessContext<'_, K, U>,
         record: &Ours,
         side: usize,
-        (ours, other): (&Buffer<Ours>, &Buffer<Other>),
+        (ours, other): (&Side<Ours>, &Side<Other>),
         (from, to, other_outer): (i64, i64, bool),
         late_record: impl FnOnce() -> Either<L, R>,
         pair: impl Fn(&Ours, &Other) -> Option<U>,
@@ -171,58 +207,92 @@ impl<L: Data, R: Data, U: Clone + Send + 'static> IntervalJoin<L, R, U> {
             ctx.output(&self.late, late_record());
             return Ok(());
         }
-        let mut paired = false;
-        let mut pairs = 0;
-        let mut found = Vec::new();
-        ctx.map(other).range(time.saturating_add(from)..=time.saturating_add(to), |at, bucket| {
-            found.push((at, bucket));
-            true
+        let (lo, hi) = (time.saturating_add(from), time.saturating_add(to));
+        let mut rows = Vec::new();
+        let mut partners = 0;
+        let mut pairs = |(at, partner): (i64, &Other)| {
+            if let Some(row) = pair(record, partner) {
+                rows.push((row, time.max(at)));
+            }
+            partners += 1;
+        };
+        let other_first = ctx.value(other).read(|b| {
+            let b = b?;
+            for (at, partner, _) in b.within_ref(lo, hi) {
+                pairs((*at, partner));
+            }
+            b.0.first().map(|e| e.0)
         });
-        for (at, mut bucket) in found {
-            let mut marked = false;
-            for (partner, joined) in &mut bucket.0 {
-                if let Some(out) = pair(record, partner) {
-                    ctx.emit_at(out, time.max(at));
-                    pairs += 1;
+        if other_outer && partners > 0 {
+            // The partners are marked paired: a write.
+            ctx.value(other).update(|b| {
+                for (_, _, paired) in b.as_mut().map_or(&mut [][..], |b| b.within(lo, hi)) {
+                    *paired = true;
                 }
-                paired = true;
-                if other_outer && !*joined {
-                    *joined = true;
-                    marked = true;
-                }
-            }
-            if marked {
-                ctx.map(other).put(at, bucket);
-            }
+            });
         }
-        OperatorCounters::add(&self.counters.matched, pairs);
-        ctx.map(ours).update(time, |b| b.get_or_insert_with(Bucket::default).0.push((record.clone(), paired)));
-        ctx.register_timer(if to > 0 { time.saturating_add(to) } else { time });
+        OperatorCounters::add(&self.counters.matched, rows.len());
+        for (row, at) in rows {
+            ctx.emit_at(row, at);
+        }
+        let record = record.clone();
+        let mut own_first = None;
+        ctx.value(ours).update(|b| {
+            let b = b.get_or_insert_with(Buffer::default);
+            own_first = b.0.first().map(|e| e.0);
+            b.insert(time, record, partners > 0);
+        });
+        // The key keeps one timer, at the earliest time one of its records
+        // can no longer be paired: set when this record is that one.
+        let cleanup = time.saturating_add(to.max(0));
+        let earliest = [
+            own_first.map(|t| t.saturating_add(to.max(0))),
+            other_first.map(|t| t.saturating_add(from.saturating_neg().max(0))),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        if earliest.is_none_or(|e| cleanup < e) {
+            ctx.register_timer(cleanup);
+        }
         Ok(())
     }
 
-    /// Removes `state`'s bucket at `at` (of input `side`); if its side is
-    /// outer, emits `row` of each of its records never paired, at `at`.
+    /// Removes `state`'s records at `at` and before (of input `side`); if
+    /// its side is outer, emits `row` of each of those never paired, at its
+    /// time. Returns the time of the first record left, if any.
     fn remove<K: crate::codec::key::Key, T: Data>(
         &self,
         ctx: &mut ProcessContext<'_, K, U>,
-        (state, side): (&Buffer<T>, usize),
+        (state, side): (&Side<T>, usize),
         at: i64,
         outer: bool,
         row: impl Fn(&T) -> Option<U>,
-    ) {
-        if let Some(bucket) = ctx.map(state).remove(&at)
-            && outer
-        {
-            let mut unmatched = 0;
-            for (record, joined) in &bucket.0 {
-                if !joined && let Some(out) = row(record) {
-                    ctx.emit_at(out, at);
-                    unmatched += 1;
-                }
+    ) -> Option<i64> {
+        let mut removed = Vec::new();
+        let mut left = None;
+        ctx.value(state).update(|slot| {
+            let Some(b) = slot else { return };
+            let due = b.0.partition_point(|e| e.0 <= at);
+            if outer {
+                removed.extend(b.0.drain(..due).filter(|e| !e.2).map(|e| (e.0, e.1)));
+            } else {
+                b.0.drain(..due);
             }
-            TwoInputCounters::add(&self.counters.unmatched, side, unmatched);
+            left = b.0.first().map(|e| e.0);
+            if b.0.is_empty() {
+                *slot = None;
+            }
+        });
+        let mut unmatched = 0;
+        for (time, record) in removed {
+            if let Some(out) = row(&record) {
+                ctx.emit_at(out, time);
+                unmatched += 1;
+            }
         }
+        TwoInputCounters::add(&self.counters.unmatched, side, unmatched);
+        left
     }
 }
 
@@ -265,11 +335,19 @@ where
     }
 
     fn on_timer(&self, ctx: &mut ProcessContext<'_, K, U>, timer: Timer) -> Result<(), String> {
+        // A left record at `t` can no longer be paired from `t + upper` (or
+        // `t`), a right one from `t - lower` (or `t`).
         let Interval { lower, upper, left_outer, right_outer } = self.interval;
-        let left_at = if upper > 0 { timer.time.saturating_sub(upper) } else { timer.time };
-        self.remove(ctx, (&self.left, 0), left_at, left_outer, |l| (self.f)(Some(l), None));
-        let right_at = if lower < 0 { timer.time.saturating_add(lower) } else { timer.time };
-        self.remove(ctx, (&self.right, 1), right_at, right_outer, |r| (self.f)(None, Some(r)));
+        let (left_after, right_after) = (upper.max(0), lower.saturating_neg().max(0));
+        let left_at = timer.time.saturating_sub(left_after);
+        let left = self.remove(ctx, (&self.left, 0), left_at, left_outer, |l| (self.f)(Some(l), None));
+        let right_at = timer.time.saturating_sub(right_after);
+        let right = self.remove(ctx, (&self.right, 1), right_at, right_outer, |r| (self.f)(None, Some(r)));
+        // The next of the key's records to go.
+        let next = [left.map(|t| t.saturating_add(left_after)), right.map(|t| t.saturating_add(right_after))];
+        if let Some(next) = next.into_iter().flatten().min() {
+            ctx.register_timer(next);
+        }
         Ok(())
     }
 }
@@ -280,13 +358,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_bucket_reads_back_its_records_and_flags_and_refuses_a_cut() {
-        let bucket = Bucket(vec![("a".to_string(), false), (String::new(), true), ("ccc".into(), false)]);
+    fn a_buffer_reads_back_its_records_times_and_flags_and_refuses_a_cut() {
+        let buffer = Buffer(vec![(-5, "a".to_string(), false), (0, String::new(), true), (9, "ccc".into(), false)]);
         let mut bytes = Vec::new();
-        bucket.encode(&mut bytes).unwrap();
-        assert_eq!(Bucket::<String>::decode(&bytes).unwrap(), bucket);
-        assert_eq!(Bucket::<String>::decode(&[]).unwrap(), Bucket::default());
+        buffer.encode(&mut bytes).unwrap();
+        assert_eq!(Buffer::<String>::decode(&bytes).unwrap(), buffer);
+        assert_eq!(Buffer::<String>::decode(&[]).unwrap(), Buffer::default());
         let cut = bytes.get(..bytes.len() - 1).unwrap();
-        assert!(Bucket::<String>::decode(cut).unwrap_err().reason.contains("cut short"));
+        assert!(Buffer::<String>::decode(cut).unwrap_err().reason.contains("cut short"));
+    }
+
+    #[test]
+    fn a_buffer_keeps_time_order_and_finds_an_interval() {
+        let mut b = Buffer::default();
+        for (t, r) in [(10, 'a'), (5, 'b'), (10, 'c'), (7, 'd'), (20, 'e')] {
+            b.insert(t, r, false);
+        }
+        let order: Vec<(i64, char)> = b.0.iter().map(|e| (e.0, e.1)).collect();
+        assert_eq!(order, [(5, 'b'), (7, 'd'), (10, 'a'), (10, 'c'), (20, 'e')], "equal times in arrival order");
+        let within: Vec<char> = b.within(7, 10).iter().map(|e| e.1).collect();
+        assert_eq!(within, ['d', 'a', 'c']);
+        assert!(b.within(11, 19).is_empty());
+        assert!(b.within(30, 10).is_empty());
     }
 }

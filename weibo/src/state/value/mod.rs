@@ -148,6 +148,18 @@ pub(super) trait Store<K: Key, V: Data> {
     /// See [`ValueStore::get`].
     fn get(&mut self, at: &Shared, group: Group, key: &K, key_bytes: &[u8]) -> Result<Option<V>>;
 
+    /// See [`ValueStore::read`]. The default reads a copy.
+    fn read<R>(
+        &mut self,
+        at: &Shared,
+        group: Group,
+        key: &K,
+        key_bytes: &[u8],
+        f: impl FnOnce(Option<&V>) -> R,
+    ) -> Result<R> {
+        Ok(f(self.get(at, group, key, key_bytes)?.as_ref()))
+    }
+
     /// See [`ValueStore::for_each_in_group`].
     fn for_each_in_group(&mut self, at: &Shared, group: Group, f: impl FnMut(&K, &V)) -> Result<()>;
 
@@ -505,6 +517,16 @@ impl<K: Key, V: Data> ValueStore<K, V> {
         let group = self.at.owned(group)?;
         // A read neither copies a shared map nor writes, nor counts as a change.
         dispatch!(&mut self.store, s => s.get(&self.at, group, key, key_bytes))
+    }
+
+    /// Calls `f` with the value of `key` in `group`, if any: in memory,
+    /// without copying it. A read, as [`ValueStore::get`].
+    ///
+    /// # Errors
+    /// As [`ValueStore::update`].
+    pub fn read<R>(&mut self, group: u16, key: &K, key_bytes: &[u8], f: impl FnOnce(Option<&V>) -> R) -> Result<R> {
+        let group = self.at.owned(group)?;
+        dispatch!(&mut self.store, s => s.read(&self.at, group, key, key_bytes, f))
     }
 
     /// Calls `f` with every key and value of `group` (for byte backends, in

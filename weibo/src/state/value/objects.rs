@@ -271,6 +271,20 @@ impl<K: Key, V: Data> Store<K, V> for ObjectStore<K, V> {
         Ok(self.maps.get(group.index).and_then(|m| m.get(key)).map(|(v, _)| v.clone()))
     }
 
+    fn read<R>(
+        &mut self,
+        _at: &Shared,
+        group: Group,
+        key: &K,
+        _key_bytes: &[u8],
+        f: impl FnOnce(Option<&V>) -> R,
+    ) -> Result<R> {
+        if let Some((slot, _)) = self.overlays.get(group.index).and_then(|o| o.get(key)) {
+            return Ok(f(slot.as_ref()));
+        }
+        Ok(f(self.maps.get(group.index).and_then(|m| m.get(key)).map(|(v, _)| v)))
+    }
+
     fn for_each_in_group(&mut self, _at: &Shared, group: Group, mut f: impl FnMut(&K, &V)) -> Result<()> {
         let overlay = self.overlays.get(group.index).filter(|o| !o.is_empty());
         for (k, (v, _)) in self.maps.get(group.index).into_iter().flat_map(|m| m.iter()) {
