@@ -1,21 +1,44 @@
-//! `weibo`: tools for Weibo's checkpoints and savepoints, without the
+//! `weibo`: tools for Weibo's jobs, checkpoints and savepoints, without the
 //! job's code. A binary of the `weibo` crate (feature `cli`), outside
 //! `src/`: it uses the library's public API only, like any user.
 //!
 //! ```text
-//! weibo savepoint inspect <dir> [--json]
-//! weibo savepoint inspect <dir> --operator <id> [--state <name>] --key <key>
+//! weibo status <url> [--token <token>] [--json]
+//! weibo savepoint <url> <name> [--token <token>]
+//! weibo stop <url> [--savepoint <name>] [--token <token>]
+//! weibo checkpoint list <dir> [--json]
+//! weibo checkpoint inspect <dir> [--json]
+//! weibo checkpoint inspect <dir> --operator <id> [--state <name>] --key <key>
+//! weibo checkpoint verify <dir>
+//! weibo savepoint inspect <dir> ...      (as `checkpoint inspect`)
 //! ```
+//!
+//! Exit codes: 0 when the command did what it says; 1 when it could not
+//! (the job's admin API refused or could not be reached, a checkpoint is
+//! missing or damaged); 2 for a command line it does not understand.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use serde_json::{Value, json};
 use weibo::checkpoint::inspect::{Inspection, encode_key_text};
 
-/// Tools for Weibo's checkpoints and savepoints.
+/// Tools for Weibo's jobs (through their admin API), checkpoints and
+/// savepoints.
 #[derive(Parser, Debug)]
-#[command(name = "weibo", version)]
+#[command(
+    name = "weibo",
+    version,
+    after_help = "Examples:\n  \
+        weibo status http://127.0.0.1:9090\n  \
+        WEIBO_ADMIN_TOKEN=secret weibo savepoint http://127.0.0.1:9090 before-upgrade\n  \
+        weibo stop http://127.0.0.1:9090 --savepoint v2\n  \
+        weibo checkpoint list ./checkpoints\n  \
+        weibo checkpoint verify ./checkpoints/savepoints/v2\n  \
+        weibo checkpoint inspect ./checkpoints/chk-00000000000000000007 --operator totals --key 42"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -23,35 +46,114 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Savepoints and checkpoints.
+    /// A running job's state, from its admin API (`GET /api/job`).
+    Status {
+        /// The job's admin API: `http://host:port` (or `https://`).
+        url: String,
+        #[command(flatten)]
+        auth: Auth,
+        /// Print the API's JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Takes a savepoint of a running job (`weibo savepoint <url> <name>`,
+    /// through its admin API), or prints what one holds (`weibo savepoint
+    /// inspect <dir>`).
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Savepoint {
         #[command(subcommand)]
-        command: SavepointCommand,
+        command: Option<SavepointCommand>,
+        /// The job's admin API: `http://host:port` (or `https://`).
+        #[arg(required = true)]
+        url: Option<String>,
+        /// The savepoint's name (letters, digits, `-`, `_`, `.`).
+        #[arg(required = true)]
+        name: Option<String>,
+        #[command(flatten)]
+        auth: Auth,
     },
+    /// Stops a running job with a last checkpoint (or savepoint `--savepoint
+    /// <name>`), through its admin API, and waits for it to end.
+    Stop {
+        /// The job's admin API: `http://host:port` (or `https://`).
+        url: String,
+        /// Make the last checkpoint savepoint `<name>` (the stop is refused
+        /// when it cannot be taken).
+        #[arg(long)]
+        savepoint: Option<String>,
+        #[command(flatten)]
+        auth: Auth,
+    },
+    /// A job's checkpoints and savepoints on disk.
+    Checkpoint {
+        #[command(subcommand)]
+        command: CheckpointCommand,
+    },
+}
+
+/// The admin API's token.
+#[derive(Args, Debug)]
+struct Auth {
+    /// The admin API's bearer token (default: the `WEIBO_ADMIN_TOKEN`
+    /// environment variable; never printed).
+    #[arg(long)]
+    token: Option<String>,
+}
+
+impl Auth {
+    fn token(&self) -> Option<String> {
+        self.token.clone().or_else(|| std::env::var("WEIBO_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()))
+    }
 }
 
 #[derive(Subcommand, Debug)]
 enum SavepointCommand {
-    /// What a savepoint (or checkpoint) holds: operators, ids, states, key
-    /// types, schemas, key groups, entry counts and sizes, source positions.
-    Inspect {
-        /// The savepoint's or checkpoint's directory (the one with a MANIFEST).
+    /// What a savepoint (or checkpoint) holds: as `weibo checkpoint inspect`.
+    Inspect(InspectArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum CheckpointCommand {
+    /// The complete checkpoints and the savepoints in a job's checkpoint
+    /// directory, oldest first.
+    List {
+        /// The job's checkpoint directory (`Job::with_checkpoints`).
         dir: PathBuf,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
-        /// Print one key's state instead: the key as text (integers, bool,
-        /// char, String keys) or its encoding in hex (`0x...`).
-        #[arg(long, requires = "operator")]
-        key: Option<String>,
-        /// The operator whose state `--key` looks in, by id.
-        #[arg(long)]
-        operator: Option<String>,
-        /// The state `--key` looks in (default: the operator's only one,
-        /// or `value`).
-        #[arg(long)]
-        state: Option<String>,
     },
+    /// What a checkpoint (or savepoint) holds: operators, ids, states, key
+    /// types, schemas, key groups, entry counts and sizes, source positions;
+    /// or one key's state.
+    Inspect(InspectArgs),
+    /// Reads every file of a checkpoint (or savepoint) and checks it: its
+    /// manifest, each state file's checksum and entries. Exit code 0 when
+    /// it is whole, 1 (with the file that is not) otherwise.
+    Verify {
+        /// The checkpoint's or savepoint's directory (the one with a MANIFEST).
+        dir: PathBuf,
+    },
+}
+
+#[derive(Args, Debug)]
+struct InspectArgs {
+    /// The checkpoint's or savepoint's directory (the one with a MANIFEST).
+    dir: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Print one key's state instead: the key as text (integers, bool,
+    /// char, String keys) or its encoding in hex (`0x...`).
+    #[arg(long, requires = "operator")]
+    key: Option<String>,
+    /// The operator whose state `--key` looks in, by id.
+    #[arg(long)]
+    operator: Option<String>,
+    /// The state `--key` looks in (default: the operator's only one, or
+    /// `value`).
+    #[arg(long)]
+    state: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -75,9 +177,149 @@ fn main() -> ExitCode {
     }
 }
 
+type Failure = Box<dyn std::error::Error>;
+
 /// Runs a command; what it prints, or the error.
-fn run(cli: Cli) -> Result<String, Box<dyn std::error::Error>> {
-    let Command::Savepoint { command: SavepointCommand::Inspect { dir, json, key, operator, state } } = cli.command;
+fn run(cli: Cli) -> Result<String, Failure> {
+    match cli.command {
+        Command::Status { url, auth, json } => {
+            let job = call(&url, "GET", "/api/job", auth.token().as_deref(), None)?;
+            Ok(if json { serde_json::to_string_pretty(&job)? } else { status_text(&job) })
+        }
+        Command::Savepoint { command: Some(SavepointCommand::Inspect(args)), .. } => inspect(args),
+        Command::Savepoint { command: None, url: Some(url), name: Some(name), auth } => {
+            let taken = call(&url, "POST", "/api/savepoints", auth.token().as_deref(), Some(json!({ "name": name })))?;
+            Ok(format!("savepoint `{name}` written to {}", text(field(&taken, "path"))))
+        }
+        Command::Savepoint { .. } => {
+            Err("`weibo savepoint` takes a job's admin API and a name, or `inspect <dir>`".into())
+        }
+        Command::Stop { url, savepoint, auth } => {
+            let body = savepoint.map_or_else(|| json!({}), |name| json!({ "savepoint": name }));
+            let stopped = call(&url, "POST", "/api/stop", auth.token().as_deref(), Some(body))?;
+            Ok(match field(&stopped, "checkpoint").as_str() {
+                Some(path) => {
+                    format!("job stopped ({}), its last checkpoint at {path}", state_text(field(&stopped, "status")))
+                }
+                None => format!("job stopped ({}), without a last checkpoint", state_text(field(&stopped, "status"))),
+            })
+        }
+        Command::Checkpoint { command: CheckpointCommand::List { dir, json } } => list(&dir, json),
+        Command::Checkpoint { command: CheckpointCommand::Inspect(args) } => inspect(args),
+        Command::Checkpoint { command: CheckpointCommand::Verify { dir } } => {
+            let (inspection, _) = Inspection::open(&dir)?;
+            let states: usize = inspection.operators.iter().map(|o| o.states.len()).sum();
+            let entries: u64 = inspection.operators.iter().flat_map(|o| &o.states).map(|s| s.entries).sum();
+            Ok(format!(
+                "{}: checkpoint {} of job `{}` is whole: {} operators, {states} states, {entries} entries, {} source positions",
+                inspection.path.display(),
+                inspection.checkpoint,
+                inspection.job,
+                inspection.operators.len(),
+                inspection.sources.len()
+            ))
+        }
+    }
+}
+
+/// Field `name` of `v` (null when it has none).
+fn field<'a>(v: &'a Value, name: &str) -> &'a Value {
+    v.get(name).unwrap_or(&Value::Null)
+}
+
+/// A value as text: a string as it is, anything else as JSON.
+fn text(v: &Value) -> String {
+    v.as_str().map_or_else(|| v.to_string(), str::to_string)
+}
+
+/// A job's state (`{"state": "failed", "error": ...}`) as text.
+fn state_text(status: &Value) -> String {
+    let state = text(field(status, "state"));
+    match (status.get("error"), status.get("checkpoint")) {
+        (Some(e), _) => format!("{state}: {}", text(e)),
+        (None, Some(c)) => format!("{state} checkpoint {c}"),
+        (None, None) => state,
+    }
+}
+
+/// `GET /api/job` as a line.
+fn status_text(job: &Value) -> String {
+    let uptime =
+        field(job, "uptime_ms").as_u64().map_or_else(String::new, |ms| format!(", up {:.1} s", ms as f64 / 1000.0));
+    let checkpoint = match (field(job, "checkpoints").as_bool(), field(job, "last_checkpoint").as_u64()) {
+        (Some(false), _) => ", no checkpoints".to_string(),
+        (_, Some(n)) => format!(", last checkpoint {n}"),
+        (_, None) => ", no checkpoint yet".to_string(),
+    };
+    format!("job `{}`: {}{uptime}{checkpoint}", text(field(job, "job")), state_text(field(job, "status")))
+}
+
+/// Asks the admin API at `url`: `method` on `path`, with `token` and a JSON
+/// `body`. Its answer, or an error with the API's own message.
+fn call(url: &str, method: &str, path: &str, token: Option<&str>, body: Option<Value>) -> Result<Value, Failure> {
+    let base = url.trim_end_matches('/');
+    if !(base.starts_with("http://") || base.starts_with("https://")) {
+        return Err(format!("`{url}` is not a job's admin API: give its address as http://host:port").into());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (status, text) = runtime.block_on(async {
+        // A stop or a savepoint waits for a checkpoint: no short timeout.
+        let client = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).build()?;
+        let method = reqwest::Method::from_bytes(method.as_bytes())?;
+        let mut request = client.request(method, format!("{base}{path}"));
+        if let Some(t) = token {
+            request = request.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            request = request.header("content-type", "application/json").body(b.to_string());
+        }
+        let response = request.send().await.map_err(|e| format!("cannot reach the job's admin API at {base}: {e}"))?;
+        let status = response.status();
+        Ok::<_, Failure>((status, response.text().await?))
+    })?;
+    let answer: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    if status.is_success() {
+        return Ok(answer);
+    }
+    let why = answer.get("error").map_or_else(|| self::text(&answer), self::text);
+    let hint = if status == reqwest::StatusCode::UNAUTHORIZED {
+        " (give the API's token with --token or WEIBO_ADMIN_TOKEN)"
+    } else {
+        ""
+    };
+    Err(format!("{base}{path} answered {status}: {why}{hint}").into())
+}
+
+/// The complete checkpoints and the savepoints under `dir`.
+fn list(dir: &Path, json: bool) -> Result<String, Failure> {
+    if !dir.is_dir() {
+        return Err(format!("{}: no such checkpoint directory", dir.display()).into());
+    }
+    let checkpoints = weibo::checkpoint::complete_checkpoints(dir);
+    let storage = weibo::checkpoint::LocalDir::new(dir.to_path_buf());
+    let savepoints = weibo::checkpoint::savepoints_in(&storage)?;
+    if json {
+        let checkpoints: Vec<Value> =
+            checkpoints.iter().map(|(n, p)| json!({ "checkpoint": n.get(), "path": p })).collect();
+        let savepoints: Vec<Value> =
+            savepoints.iter().map(|s| json!({ "name": s, "path": dir.join("savepoints").join(s) })).collect();
+        return Ok(serde_json::to_string_pretty(&json!({ "checkpoints": checkpoints, "savepoints": savepoints }))?);
+    }
+    let mut out = Vec::new();
+    for (n, path) in &checkpoints {
+        out.push(format!("checkpoint {:>6}  {}", n.get(), path.display()));
+    }
+    for name in &savepoints {
+        out.push(format!("savepoint  {name}  {}", dir.join("savepoints").join(name).display()));
+    }
+    if out.is_empty() {
+        out.push(format!("{}: no complete checkpoint and no savepoint", dir.display()));
+    }
+    Ok(out.join("\n"))
+}
+
+/// `checkpoint inspect` and `savepoint inspect`.
+fn inspect(InspectArgs { dir, json, key, operator, state }: InspectArgs) -> Result<String, Failure> {
     let (inspection, opened) = Inspection::open(&dir)?;
     let Some(key) = key else {
         return Ok(if json { serde_json::to_string_pretty(&inspection)? } else { inspection.to_string() });
@@ -102,7 +344,6 @@ fn run(cli: Cli) -> Result<String, Box<dyn std::error::Error>> {
         None => Err(format!("operator `{operator}` has no `{state}` for key {key}").into()),
     }
 }
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
@@ -143,5 +384,104 @@ mod tests {
         assert!(err.to_string().contains("`x` is not a key of type `u64`"), "{err}");
         let err = run(cli(&["savepoint", "inspect", "/nonexistent/weibo"])).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/weibo"), "{err}");
+    }
+
+    /// A job that runs until stopped, its admin API on a loopback port
+    /// with a token, checkpointing into `dir`: its handle, the runtime it
+    /// runs on (apart from the command's own) and the API's address.
+    #[cfg(feature = "admin")]
+    fn running(dir: &std::path::Path) -> (weibo::JobHandle, tokio::runtime::Runtime, String) {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let job = weibo::Job::new("counting")
+            .with_checkpoints(dir, Duration::from_millis(200))
+            .with_admin("127.0.0.1:0")
+            .with_admin_token("cli-secret");
+        job.source(weibo::sources::Generator::new(u64::MAX, |i| i).with_rate(1_000.0))
+            .key_by(|x: &u64| x % 5)
+            .reduce(|a, b| a + b)
+            .uid("sums")
+            .sink(weibo::sinks::Blackhole::new());
+        let handle = runtime.block_on(async { job.spawn() }).unwrap();
+        let addr = format!("http://{}", handle.admin_addr().unwrap());
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while handle.checkpoint_history().is_empty() {
+            assert!(std::time::Instant::now() < deadline, "the job never checkpointed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (handle, runtime, addr)
+    }
+
+    /// Against a real job: its status, a savepoint, the checkpoints and
+    /// savepoints on disk (listed, verified whole, a damaged one refused
+    /// naming its file), and a stop with a last savepoint; without the
+    /// token, or at an address where nothing listens, each command fails
+    /// with what to do.
+    #[cfg(feature = "admin")]
+    #[test]
+    fn status_savepoint_stop_list_and_verify_against_a_running_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, _runtime, url) = running(dir.path());
+        let token = ["--token", "cli-secret"];
+        let with = |args: &[&str]| cli(&[args, &token[..]].concat());
+
+        let status = run(with(&["status", &url])).unwrap();
+        assert!(status.starts_with("job `counting`: running, up "), "{status}");
+        assert!(status.contains("last checkpoint "), "{status}");
+        let json: serde_json::Value = serde_json::from_str(&run(with(&["status", &url, "--json"])).unwrap()).unwrap();
+        assert_eq!(json["status"]["state"], "running");
+        let refused = run(cli(&["status", &url])).unwrap_err().to_string();
+        assert!(refused.contains("401") && refused.contains("--token or WEIBO_ADMIN_TOKEN"), "{refused}");
+        let unreachable = run(with(&["status", "http://127.0.0.1:9"])).unwrap_err().to_string();
+        assert!(unreachable.contains("cannot reach the job's admin API at http://127.0.0.1:9"), "{unreachable}");
+        let not_a_url = run(with(&["status", "127.0.0.1:9090"])).unwrap_err().to_string();
+        assert!(not_a_url.contains("give its address as http://host:port"), "{not_a_url}");
+
+        let taken = run(with(&["savepoint", &url, "before-upgrade"])).unwrap();
+        assert!(taken.starts_with("savepoint `before-upgrade` written to "), "{taken}");
+        let savepoint = dir.path().join("savepoints/before-upgrade");
+        assert!(savepoint.join("MANIFEST").is_file(), "{taken}");
+        let bad_name = run(with(&["savepoint", &url, "../elsewhere"])).unwrap_err().to_string();
+        assert!(bad_name.contains("400"), "{bad_name}");
+
+        let listed = run(cli(&["checkpoint", "list", dir.path().to_str().unwrap()])).unwrap();
+        assert!(listed.lines().any(|l| l.starts_with("checkpoint ")), "{listed}");
+        assert!(listed.lines().any(|l| l.starts_with("savepoint  before-upgrade  ")), "{listed}");
+        let verified = run(cli(&["checkpoint", "verify", savepoint.to_str().unwrap()])).unwrap();
+        assert!(verified.contains("of job `counting` is whole"), "{verified}");
+
+        let stopped = run(with(&["stop", &url, "--savepoint", "last"])).unwrap();
+        assert!(stopped.starts_with("job stopped (stopped), its last checkpoint at "), "{stopped}");
+        assert!(stopped.ends_with("savepoints/last"), "{stopped}");
+        assert!(handle.status().has_ended());
+
+        // A damaged state file: the checkpoint is not whole, and the error
+        // names the file.
+        let state_file = std::fs::read_dir(&savepoint)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.file_name().is_some_and(|n| n != "MANIFEST"))
+            .unwrap();
+        let mut bytes = std::fs::read(&state_file).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xff;
+        std::fs::write(&state_file, bytes).unwrap();
+        let damaged = run(cli(&["checkpoint", "verify", savepoint.to_str().unwrap()])).unwrap_err().to_string();
+        let name = state_file.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(damaged.contains(&name), "{damaged}");
+    }
+
+    #[test]
+    fn the_command_line_says_what_it_takes() {
+        let usage = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("weibo").chain(args.iter().copied())).unwrap_err().to_string()
+        };
+        assert!(usage(&["savepoint", "http://127.0.0.1:1"]).contains("<NAME>"));
+        assert!(usage(&["stop"]).contains("<URL>"));
+        assert!(usage(&["checkpoint", "frobnicate"]).contains("unrecognized subcommand"));
+        let help = usage(&["--help"]);
+        assert!(help.contains("weibo checkpoint verify"), "{help}");
+        let list = run(cli(&["checkpoint", "list", "/nonexistent/weibo"])).unwrap_err().to_string();
+        assert!(list.contains("/nonexistent/weibo: no such checkpoint directory"), "{list}");
     }
 }
