@@ -399,7 +399,7 @@ async fn the_dashboard_draws_a_join_with_both_input_edges() {
         &mut page,
         "the pairs and what waits",
         "/pairs out/.test(document.querySelector('#operators tr.input[data-input=\"first input\"]').textContent) && \
-         /waiting in `left`/.test(document.querySelector('#operators tr.input[data-input=\"first input\"]').textContent)",
+         /entries in `left`/.test(document.querySelector('#operators tr.input[data-input=\"first input\"]').textContent)",
     )
     .await;
     let errors = page.errors();

@@ -286,6 +286,19 @@ fn two_sources(
     sorted(rows.values())
 }
 
+/// A record whose interval reaches past the end of time (within the upper
+/// bound of `i64::MAX`) goes at the end of the input: the job finishes
+/// (its key's timer does not come back at the end of time), and an outer
+/// join emits it, with a record of the other side that did not pair.
+#[test]
+fn records_at_the_end_of_time_go_with_the_end_of_the_input() {
+    let mut j = start(Kind::Full, (0, 100), (false, false), 1, None);
+    j.run.push(Either::Left((1, 7)), i64::MAX - 10).unwrap();
+    j.run.push(Either::Right((2, 8)), i64::MAX - 5).unwrap();
+    j.run.finish().unwrap();
+    assert_eq!(sorted(j.rows.take()), [(None, Some(8), Some(i64::MAX - 5)), (Some(7), None, Some(i64::MAX - 10))]);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
 

@@ -114,8 +114,8 @@ enum SavepointCommand {
 
 #[derive(Subcommand, Debug)]
 enum CheckpointCommand {
-    /// The complete checkpoints and the savepoints in a job's checkpoint
-    /// directory, oldest first.
+    /// The complete checkpoints in a job's checkpoint directory, oldest
+    /// first, then its savepoints by name.
     List {
         /// The job's checkpoint directory (`Job::with_checkpoints`).
         dir: PathBuf,
@@ -184,6 +184,9 @@ fn run(cli: Cli) -> Result<String, Failure> {
     match cli.command {
         Command::Status { url, auth, json } => {
             let job = call(&url, "GET", "/api/job", auth.token().as_deref(), None)?;
+            if !field(&job, "job").is_string() || !field(&job, "status").is_object() {
+                return Err(format!("{url} does not answer as a Weibo job's admin API: {job}").into());
+            }
             Ok(if json { serde_json::to_string_pretty(&job)? } else { status_text(&job) })
         }
         Command::Savepoint { command: Some(SavepointCommand::Inspect(args)), .. } => inspect(args),
@@ -295,7 +298,8 @@ fn list(dir: &Path, json: bool) -> Result<String, Failure> {
     if !dir.is_dir() {
         return Err(format!("{}: no such checkpoint directory", dir.display()).into());
     }
-    let checkpoints = weibo::checkpoint::complete_checkpoints(dir);
+    let mut checkpoints = weibo::checkpoint::complete_checkpoints(dir);
+    checkpoints.sort_by_key(|(n, _)| n.get());
     let storage = weibo::checkpoint::LocalDir::new(dir.to_path_buf());
     let savepoints = weibo::checkpoint::savepoints_in(&storage)?;
     if json {

@@ -550,7 +550,7 @@ pub struct OperatorMetrics {
     /// For a join: the pairs it emitted (rows with a record of each
     /// input). 0 for other operators.
     pub matched: u64,
-    /// For an operator of two inputs (a join, `connect`,
+    /// For an operator of two inputs (a join, `connect` of keyed streams,
     /// `connect_broadcast`): what each input brought and what waits of it
     /// (first input first); empty for others.
     pub inputs: Vec<InputMetrics>,
@@ -581,9 +581,10 @@ pub struct InputMetrics {
     /// records and table `versions`); none for others.
     pub state: Option<String>,
     /// The entries of that state now, over the instances (on fjall, its
-    /// table's approximate count). An entry holds a key's records of one
-    /// event time (an interval join's, a temporal join's waiting ones) or
-    /// one version of a key's row.
+    /// table's approximate count): an interval join has one per key with
+    /// records of the input waiting (all of them, in time order), a
+    /// temporal join one per key and event time with records waiting, and
+    /// one per version of a key's row.
     pub buffered: Option<u64>,
 }
 

@@ -744,8 +744,10 @@ impl<K: Key, T: Data> Value<'_, K, T> {
     }
 
     /// Calls `f` with the value, if set (and not expired), and returns what
-    /// it returns: a read, as [`get`](Self::get), that copies nothing in
-    /// memory (a large value, such as a list kept whole, is read in place).
+    /// it returns: a read, as [`get`](Self::get). On the in-memory backend,
+    /// for a state without a time-to-live, it copies nothing (a large value,
+    /// such as a list kept whole, is read in place); elsewhere `f` reads a
+    /// copy.
     ///
     /// ```
     /// use weibo::on_error;

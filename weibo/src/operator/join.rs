@@ -339,13 +339,14 @@ where
         // `t`), a right one from `t - lower` (or `t`).
         let Interval { lower, upper, left_outer, right_outer } = self.interval;
         let (left_after, right_after) = (upper.max(0), lower.saturating_neg().max(0));
-        let left_at = timer.time.saturating_sub(left_after);
-        let left = self.remove(ctx, (&self.left, 0), left_at, left_outer, |l| (self.f)(Some(l), None));
-        let right_at = timer.time.saturating_sub(right_after);
-        let right = self.remove(ctx, (&self.right, 1), right_at, right_outer, |r| (self.f)(None, Some(r)));
+        // At the end of time every record goes (a record within a bound of
+        // it would otherwise have a cleanup time past it).
+        let at = |after: i64| if timer.time == i64::MAX { i64::MAX } else { timer.time.saturating_sub(after) };
+        let left = self.remove(ctx, (&self.left, 0), at(left_after), left_outer, |l| (self.f)(Some(l), None));
+        let right = self.remove(ctx, (&self.right, 1), at(right_after), right_outer, |r| (self.f)(None, Some(r)));
         // The next of the key's records to go.
         let next = [left.map(|t| t.saturating_add(left_after)), right.map(|t| t.saturating_add(right_after))];
-        if let Some(next) = next.into_iter().flatten().min() {
+        if let Some(next) = next.into_iter().flatten().min().filter(|n| *n > timer.time) {
             ctx.register_timer(next);
         }
         Ok(())

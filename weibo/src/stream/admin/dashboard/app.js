@@ -461,7 +461,7 @@ function drawOperators() {
       if (side === 0 && o.matched) parts.push(`${count(o.matched)} pairs out`);
       if (input.late) parts.push(`${count(input.late)} late`);
       if (input.unmatched) parts.push(`${count(input.unmatched)} unmatched`);
-      if (input.buffered !== null && input.buffered !== undefined) parts.push(`${count(input.buffered)} waiting in \`${input.state}\``);
+      if (input.buffered !== null && input.buffered !== undefined) parts.push(`${count(input.buffered)} entries in \`${input.state}\``);
       rows.push(el('tr', { class: 'input', 'data-operator': n.name, 'data-input': input.input },
         cell(`↳ ${input.input} ← ${input.from}`, { class: 'name' }),
         el('td', { colspan: '15', text: parts.join(' · '), 'data-field': 'input' }),
