@@ -177,8 +177,6 @@ fn one_run_owns_the_storage_and_a_run_whose_lease_was_taken_over_publishes_nothi
     let job = Job::new("counts").with_checkpoint_storage(s.clone(), Duration::from_millis(100));
     counting(&job, &CollectSink::new(), Some(15_000.0));
     let _ = weibo_tests::savepoint_midway(job, Duration::from_millis(600));
-    let before = weibo::checkpoint::complete_checkpoints_in(&s, "").unwrap();
-    assert!(!before.is_empty());
     let start = |out: &CollectSink<(u64, u64)>| {
         let job = Job::new("counts").with_checkpoint_storage(s.clone(), Duration::from_secs(3600));
         counting(&job, out, Some(1_000.0));
@@ -187,7 +185,7 @@ fn one_run_owns_the_storage_and_a_run_whose_lease_was_taken_over_publishes_nothi
     let (a_out, b_out) = (CollectSink::new(), CollectSink::new());
     let (a, b) = (start(&a_out), start(&b_out));
     let s2 = s.clone();
-    weibo::testing::block_on(async move {
+    let before = weibo::testing::block_on(async move {
         let a = a.spawn().unwrap();
         // A second run is refused at once, naming the holder.
         let refused = b.spawn().expect_err("the storage is held").to_string();
@@ -197,6 +195,11 @@ fn one_run_owns_the_storage_and_a_run_whose_lease_was_taken_over_publishes_nothi
                 && refused.contains("s3://"),
             "{refused}"
         );
+        // The first life has let go of the storage (`a` holds it): what it
+        // left is final only now (an abort returns before the run has
+        // stopped, and a checkpoint it had in flight may still complete).
+        let before = weibo::checkpoint::complete_checkpoints_in(&s2, "").unwrap();
+        assert!(!before.is_empty());
         tokio::time::sleep(Duration::from_millis(300)).await;
         a.checkpoint().await.expect("the owner checkpoints");
         // Another process takes the lease over (as one would that found it
@@ -211,6 +214,7 @@ fn one_run_owns_the_storage_and_a_run_whose_lease_was_taken_over_publishes_nothi
         assert!(fenced.contains("no longer holds its checkpoint storage") && fenced.contains("taken over"), "{fenced}");
         let ended = a.wait().await.expect_err("and stops").to_string();
         assert!(ended.contains("no longer holds its checkpoint storage"), "{ended}");
+        before
     });
     // The fenced run published nothing after it lost the lease: the newest
     // checkpoint is the one it took while it held it.
