@@ -160,6 +160,14 @@ fn a_failing_broadcast_function_sends_its_record_to_the_dead_letters() {
 /// again.
 #[test]
 fn broadcast_state_survives_a_savepoint_onto_more_instances() {
+    restored_onto_three_instances(judge);
+}
+
+/// Runs `judge` (as operator `judge`) on two instances over the rules and
+/// endless readings, takes a savepoint once both rules were applied by
+/// both instances, restores it onto three with no rule sent again, and
+/// checks that each of 60 new sensors is judged by its kind's rule, once.
+fn restored_onto_three_instances(judge: fn(&Stream<Reading>, &Stream<Rule>, usize) -> Stream<Judged>) {
     use weibo::sinks::CollectSink;
     use weibo::sources::{Generator, IterSource};
     let dir = tempfile::tempdir().unwrap();
@@ -186,14 +194,16 @@ fn broadcast_state_survives_a_savepoint_onto_more_instances() {
         (100..160).map(|s| (s, if s % 2 == 0 { "temp".to_string() } else { "wind".to_string() }, 1)).collect();
     let readings = job.source(IterSource::new(sensors)).uid("readings-after");
     let after = CollectSink::new();
-    judge(&readings, &rules, 3).uid("judge").sink(after.clone());
-    job.run_blocking().unwrap();
+    judge(&readings, &rules, 3).name("judge").uid("judge").sink(after.clone());
+    let report = job.run_blocking().unwrap();
     let judged = after.values();
     assert_eq!(judged.len(), 60);
     for j in judged {
         let want = if j.0 % 2 == 0 { Some(30) } else { Some(80) };
         assert_eq!(j.2, want, "sensor {} was judged by its kind's rule after the restore", j.0);
     }
+    let judge = report.metrics.operator("judge").unwrap();
+    assert_eq!(judge.records_in, 60, "the 60 readings, no rule: {judge:?}");
 }
 
 /// Judges each reading by its kind's threshold, with no key: every
@@ -260,35 +270,5 @@ fn a_main_input_without_a_key_reads_every_instances_rules() {
 /// the savepoint.
 #[test]
 fn unkeyed_broadcast_state_survives_a_savepoint_onto_more_instances() {
-    use weibo::sinks::CollectSink;
-    use weibo::sources::{Generator, IterSource};
-    let dir = tempfile::tempdir().unwrap();
-    let job = Job::new("rules").with_checkpoints(dir.path(), Duration::from_secs(3600)).with_max_key_groups(16);
-    let rules = job.source(IterSource::new(vec![("temp".to_string(), Some(30u32)), ("wind".to_string(), Some(80))]));
-    let readings =
-        job.source(Generator::new(u64::MAX, |i| ((i % 50) as u32 + 1, "none".to_string(), 0u32)).with_rate(500.0));
-    let before = CollectSink::new();
-    judge_unkeyed(&readings.uid("readings"), &rules.uid("rules"), 2).uid("judge").sink(before.clone());
-    let savepoint = weibo_tests::savepoint_midway(job, Duration::from_millis(600));
-    assert_eq!(before.values().iter().filter(|j| j.0 == 0).count(), 4, "both rules, both instances");
-
-    let job = Job::new("rules")
-        .with_checkpoints(dir.path().join("v2"), Duration::from_secs(3600))
-        .with_max_key_groups(16)
-        .restore_from(&savepoint)
-        .allow_unrestored_state();
-    let rules = job.source(IterSource::new(Vec::<Rule>::new())).uid("rules-after");
-    let sensors: Vec<Reading> =
-        (100..160).map(|s| (s, if s % 2 == 0 { "temp".to_string() } else { "wind".to_string() }, 1)).collect();
-    let readings = job.source(IterSource::new(sensors)).uid("readings-after");
-    let after = CollectSink::new();
-    judge_unkeyed(&readings, &rules, 3).name("judge").uid("judge").sink(after.clone());
-    let report = job.run_blocking().unwrap();
-    let judged = after.values();
-    assert_eq!(judged.len(), 60);
-    for j in judged {
-        assert_eq!(j.2, Some(if j.0 % 2 == 0 { 30 } else { 80 }), "sensor {} after the restore", j.0);
-    }
-    let judge = report.metrics.operator("judge").unwrap();
-    assert_eq!(judge.records_in, 60, "{judge:?}");
+    restored_onto_three_instances(judge_unkeyed);
 }

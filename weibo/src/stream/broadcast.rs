@@ -169,28 +169,56 @@ impl<K: Key, A: Data, B: Data> BroadcastConnectedStreams<K, A, B> {
     {
         let mut states = States::new();
         let handles = Arc::new(declare(&mut states));
-        let for_broadcast = handles.clone();
-        let on_broadcast: BroadcastFn<K, Either<A, B>, U> = Arc::new(move |ctx, record| match record {
-            Either::Right(b) => on_broadcast(ctx, &for_broadcast, b).failure().map_or(Ok(()), Err),
-            Either::Left(_) => Err("a keyed record came as a broadcast one (a bug in the routing)".to_string()),
-        });
-        let function = ClosureFunction::new(
-            handles,
-            move |ctx: &mut ProcessContext<'_, K, U>, states: &Arc<S>, record: &Either<A, B>| match record {
-                Either::Left(a) => keyed(ctx, states, a),
-                Either::Right(_) => R::nothing(),
-            },
-            move |ctx: &mut ProcessContext<'_, K, U>, states: &Arc<S>, timer: Timer| on_timer(ctx, states, timer),
-        );
-        let policy = policy.policy();
-        let factory = function::factory::<K, Either<A, B>, _>(policy, Arc::new(function), &states, Some(on_broadcast));
-        function_node_on::<K, Either<A, B>, U, P>(
+        broadcast_node(
             (&self.upstream, self.router.clone(), self.partitions),
             policy,
-            factory,
-            &states,
+            (states, handles),
+            (keyed, on_broadcast, on_timer),
         )
     }
+}
+
+/// The node of an operator with a broadcast input, fed by `upstream`
+/// through `router` on `partitions` instances: `main` runs per record of
+/// the first input (with its key's context; of key `()` when it has no
+/// key), `on_broadcast` per record of the broadcast input on every
+/// instance, `on_timer` per timer, each with the `handles` to `states`.
+fn broadcast_node<K, A, B, S, U, R, F1, F2, G, P>(
+    (upstream, router, partitions): (&Stream<Either<A, B>>, Arc<dyn crate::operator::factory::RouterFactory>, usize),
+    policy: P,
+    (states, handles): (States<K>, Arc<S>),
+    (main, on_broadcast, on_timer): (F1, F2, G),
+) -> P::Output
+where
+    K: Key,
+    A: Data,
+    B: Data,
+    S: Send + Sync + 'static,
+    U: Clone + Send + 'static,
+    R: ProcessOutcome + 'static,
+    F1: for<'c> Fn(&mut ProcessContext<'c, K, U>, &S, &A) -> R + Send + Sync + 'static,
+    F2: for<'c> Fn(&mut BroadcastContext<'c, K, U>, &S, &B) -> R + Send + Sync + 'static,
+    G: for<'c> Fn(&mut ProcessContext<'c, K, U>, &S, Timer) -> R + Send + Sync + 'static,
+    P: on_error::OnError<Either<A, B>, U>,
+{
+    let for_broadcast = handles.clone();
+    let on_broadcast: BroadcastFn<K, Either<A, B>, U> = Arc::new(move |ctx, record| match record {
+        Either::Right(b) => on_broadcast(ctx, &for_broadcast, b).failure().map_or(Ok(()), Err),
+        Either::Left(_) => {
+            Err("a record of the first input came as a broadcast one (a bug in the routing)".to_string())
+        }
+    });
+    let function = ClosureFunction::new(
+        handles,
+        move |ctx: &mut ProcessContext<'_, K, U>, states: &Arc<S>, record: &Either<A, B>| match record {
+            Either::Left(a) => main(ctx, states, a),
+            Either::Right(_) => R::nothing(),
+        },
+        move |ctx: &mut ProcessContext<'_, K, U>, states: &Arc<S>, timer: Timer| on_timer(ctx, states, timer),
+    );
+    let policy = policy.policy();
+    let factory = function::factory::<K, Either<A, B>, _>(policy, Arc::new(function), &states, Some(on_broadcast));
+    function_node_on::<K, Either<A, B>, U, P>((upstream, router, partitions), policy, factory, &states)
 }
 
 /// A stream that is not keyed and a broadcast stream connected for one
@@ -285,27 +313,15 @@ impl<A: Data, B: Data> BroadcastStreams<A, B> {
     {
         let mut declared = BroadcastStates { states: States::new() };
         let handles = Arc::new(declare(&mut declared));
-        let states = declared.states;
-        let for_broadcast = handles.clone();
-        let on_broadcast: BroadcastFn<(), Either<A, B>, U> = Arc::new(move |ctx, record| match record {
-            Either::Right(b) => on_broadcast(ctx, &for_broadcast, b).failure().map_or(Ok(()), Err),
-            Either::Left(_) => Err("a main input's record came as a broadcast one (a bug in the routing)".to_string()),
-        });
-        let function = ClosureFunction::new(
-            handles,
-            move |ctx: &mut ProcessContext<'_, (), U>, states: &Arc<S>, record: &Either<A, B>| match record {
-                Either::Left(a) => main(&mut ctx.unkeyed(), states, a),
-                Either::Right(_) => R::nothing(),
-            },
-            |_: &mut ProcessContext<'_, (), U>, _: &Arc<S>, _: Timer| R::nothing(),
-        );
-        let policy = policy.policy();
-        let factory = function::factory::<(), Either<A, B>, _>(policy, Arc::new(function), &states, Some(on_broadcast));
-        function_node_on::<(), Either<A, B>, U, P>(
+        broadcast_node(
             (&self.upstream, crate::operator::exchange::spread_broadcast_router::<A, B>(), self.partitions),
             policy,
-            factory,
-            &states,
+            (declared.states, handles),
+            (
+                move |ctx: &mut ProcessContext<'_, (), U>, states: &S, a: &A| main(&mut ctx.unkeyed(), states, a),
+                on_broadcast,
+                |_: &mut ProcessContext<'_, (), U>, _: &S, _: Timer| R::nothing(),
+            ),
         )
     }
 }
