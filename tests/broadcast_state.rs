@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use weibo::on_error;
-use weibo::process::{BroadcastContext, BroadcastReadContext, Either};
+use weibo::process::{BroadcastContext, BroadcastMut, BroadcastReadContext, Either};
 use weibo::testing::{Harness, Probe, RunningHarness};
 use weibo::{Job, Stream};
 use weibo_tests::two_inputs::split;
@@ -40,17 +40,22 @@ fn judge(readings: &Stream<Reading>, rules: &Stream<Rule>, partitions: usize) ->
             ctx.emit((reading.0, reading.2, limit, n));
         },
         |ctx, (thresholds, _), rule: &Rule| {
-            let mut map = ctx.broadcast(thresholds);
-            match rule.1 {
-                Some(limit) => map.put(rule.0.clone(), limit),
-                None => {
-                    map.remove(&rule.0);
-                }
-            }
-            let len = map.len() as u64;
+            let len = apply(&mut ctx.broadcast(thresholds), rule);
             ctx.emit((0, 0, rule.1, len));
         },
     )
+}
+
+/// Applies `rule` to an instance's thresholds (a threshold, or none to
+/// remove the kind's); returns how many rules the instance has.
+fn apply(thresholds: &mut BroadcastMut<'_, String, u32>, rule: &Rule) -> u64 {
+    match rule.1 {
+        Some(limit) => thresholds.put(rule.0.clone(), limit),
+        None => {
+            thresholds.remove(&rule.0);
+        }
+    }
+    thresholds.len() as u64
 }
 
 struct Run {
@@ -218,14 +223,7 @@ fn judge_unkeyed(readings: &Stream<Reading>, rules: &Stream<Rule>, partitions: u
             ctx.emit((reading.0, reading.2, limit, 0));
         },
         |ctx, thresholds, rule: &Rule| {
-            let mut map = ctx.broadcast(thresholds);
-            match rule.1 {
-                Some(limit) => map.put(rule.0.clone(), limit),
-                None => {
-                    map.remove(&rule.0);
-                }
-            }
-            let len = map.len() as u64;
+            let len = apply(&mut ctx.broadcast(thresholds), rule);
             ctx.emit((0, 0, rule.1, len));
         },
     )

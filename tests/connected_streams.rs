@@ -18,26 +18,30 @@ use weibo::{Job, Stream, Timer, on_error};
 /// Orders `(customer, amount)` wait for their customer's name; a name
 /// releases the orders waiting for it and is remembered for later ones.
 fn enrich(orders: &Stream<(u32, u64)>, names: &Stream<(u32, String)>, partitions: usize) -> Stream<(String, u64)> {
-    orders
-        .key_by(|o: &(u32, u64)| o.0)
-        .connect(&names.key_by(|c: &(u32, String)| c.0))
-        .with_partitions(partitions)
-        .process_with_state(
-            on_error::Fail,
-            |states| (states.value::<String>("name"), states.list::<u64>("waiting")),
-            |ctx, (name, waiting), order| match ctx.value(name).get() {
-                Some(n) => ctx.emit((n, order.1)),
-                None => ctx.list(waiting).add(order.1),
-            },
-            |ctx, (name, waiting), customer| {
-                ctx.value(name).set(customer.1.clone());
-                for amount in ctx.list(waiting).get() {
-                    ctx.emit((customer.1.clone(), amount));
-                }
-                ctx.list(waiting).clear();
-            },
-        )
+    name_orders(orders.key_by(|o: &(u32, u64)| o.0).connect(&names.key_by(|c: &(u32, String)| c.0)), partitions)
         .uid("enrich")
+}
+
+/// The operator of [`enrich`] on connected streams keyed by customer.
+fn name_orders(
+    connected: weibo::process::ConnectedStreams<u32, (u32, u64), (u32, String)>,
+    partitions: usize,
+) -> Stream<(String, u64)> {
+    connected.with_partitions(partitions).process_with_state(
+        on_error::Fail,
+        |states| (states.value::<String>("name"), states.list::<u64>("waiting")),
+        |ctx, (name, waiting), order| match ctx.value(name).get() {
+            Some(n) => ctx.emit((n, order.1)),
+            None => ctx.list(waiting).add(order.1),
+        },
+        |ctx, (name, waiting), customer| {
+            ctx.value(name).set(customer.1.clone());
+            for amount in ctx.list(waiting).get() {
+                ctx.emit((customer.1.clone(), amount));
+            }
+            ctx.list(waiting).clear();
+        },
+    )
 }
 
 /// Every order of a named customer comes out once with the name, whether
@@ -344,22 +348,7 @@ fn connected_streams_keyed_afterwards_share_a_keys_state() {
     want.sort();
     let mut t = weibo::testing::TestJob::new("keyed-later");
     let (o, n) = (t.input(orders), t.input(names));
-    let enriched =
-        o.connect(&n).key_by(|o: &(u32, u64)| o.0, |c: &(u32, String)| c.0).with_partitions(3).process_with_state(
-            on_error::Fail,
-            |states| (states.value::<String>("name"), states.list::<u64>("waiting")),
-            |ctx, (name, waiting), order| match ctx.value(name).get() {
-                Some(n) => ctx.emit((n, order.1)),
-                None => ctx.list(waiting).add(order.1),
-            },
-            |ctx, (name, waiting), customer| {
-                ctx.value(name).set(customer.1.clone());
-                for amount in ctx.list(waiting).get() {
-                    ctx.emit((customer.1.clone(), amount));
-                }
-                ctx.list(waiting).clear();
-            },
-        );
+    let enriched = name_orders(o.connect(&n).key_by(|o: &(u32, u64)| o.0, |c: &(u32, String)| c.0), 3);
     let out = t.collect(&enriched);
     t.run().unwrap();
     let mut got = out.values();
