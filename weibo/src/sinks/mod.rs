@@ -366,19 +366,22 @@ impl<T: Send> SinkWriter<T> for CollectWriter<T> {
 /// Writes each record as one line of JSON to a file, created (or
 /// truncated) when a job opens the sink. All parallel instances write to the
 /// same file; the lines of one batch stay together. The file is closed when
-/// the last instance of the job is done with it, so the same `FileSink` can
-/// serve a later job, which starts the file anew.
+/// every instance of the job has opened it and is done with it (an
+/// instance that ends before another has started does not close it), so
+/// the same `FileSink` can serve a later job, which starts the file anew.
 #[derive(Clone, Debug)]
 pub struct FileSink {
     path: PathBuf,
     file: Arc<Mutex<OpenFile>>,
 }
 
-/// The shared file and how many writers use it.
+/// The shared file, how many writers use it, and how many of the job's
+/// instances are still to open it.
 #[derive(Debug, Default)]
 struct OpenFile {
     writer: Option<BufWriter<File>>,
     writers: usize,
+    to_open: usize,
 }
 
 impl FileSink {
@@ -401,13 +404,15 @@ impl<T: Serialize + Send + 'static> Sink<T> for FileSink {
         self.path.display().to_string()
     }
 
-    fn open(&self, _instance: usize, _parallelism: usize) -> Result<Box<dyn SinkWriter<T>>> {
+    fn open(&self, _instance: usize, parallelism: usize) -> Result<Box<dyn SinkWriter<T>>> {
         let mut file = self.lock();
         if file.writer.is_none() {
             let f = File::create(&self.path).map_err(self.io("cannot create output file"))?;
             file.writer = Some(BufWriter::new(f));
+            file.to_open = parallelism;
         }
         file.writers += 1;
+        file.to_open = file.to_open.saturating_sub(1);
         Ok(Box::new(FileWriter { sink: self.clone(), buf: Vec::new(), _t: PhantomData }))
     }
 }
@@ -449,10 +454,41 @@ impl<T> Drop for FileWriter<T> {
     fn drop(&mut self) {
         let mut file = self.sink.lock();
         file.writers = file.writers.saturating_sub(1);
-        if file.writers == 0 {
+        if file.writers == 0 && file.to_open == 0 {
             // Dropping the writer flushes it; errors here were already
             // reported by `finish` when the job ended normally.
             file.writer = None;
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn meta() -> Meta {
+        Meta { timestamp: crate::record::NO_TIMESTAMP, watermark: crate::record::NO_TIMESTAMP, offset: 0, partition: 0, source: 0 }
+    }
+
+    /// An instance of a job that ends before another has opened the file
+    /// does not let the later one start the file anew.
+    #[test]
+    fn a_file_sink_keeps_the_lines_of_an_instance_done_before_another_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        let sink = FileSink::json_lines(&path);
+        let sources: Arc<[String]> = Arc::from(vec!["s".to_string()]);
+        for (instance, value) in [(0, 1u32), (1, 2)] {
+            let mut writer = Sink::<u32>::open(&sink, instance, 2).unwrap();
+            write_batch(writer.as_mut(), vec![value], vec![meta()], &sources).unwrap();
+            writer.flush().unwrap();
+        }
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "1\n2\n");
+        // A later run of the job starts the file anew.
+        let mut writer = Sink::<u32>::open(&sink, 0, 1).unwrap();
+        write_batch(writer.as_mut(), vec![3], vec![meta()], &sources).unwrap();
+        drop(writer);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "3\n");
     }
 }
