@@ -10,6 +10,10 @@
 //!   once with idempotency keys), on reqwest.
 //! - `s3`: [`s3::S3Storage`], checkpoints in S3 or a service that speaks
 //!   its API, on object_store.
+//! - `yaml`: [`yaml::Pipeline`], pipelines declared in YAML with CEL
+//!   expressions, run on every connector compiled in.
+//! - `cli`: the `weibo` command (every connector, YAML pipelines, the admin
+//!   API's client, the checkpoint inspector).
 //!
 //! The built-in connectors that need no service (in-memory values,
 //! generator, files, stdout, blackhole) are in `weibo::sources` and
@@ -31,6 +35,9 @@ pub mod s3;
 
 #[cfg(feature = "s3")]
 pub mod s3_sink;
+
+#[cfg(feature = "yaml")]
+pub mod yaml;
 
 #[cfg(any(feature = "postgres", feature = "http", feature = "s3"))]
 mod runtime;

@@ -468,7 +468,13 @@ mod tests {
     use super::*;
 
     fn meta() -> Meta {
-        Meta { timestamp: crate::record::NO_TIMESTAMP, watermark: crate::record::NO_TIMESTAMP, offset: 0, partition: 0, source: 0 }
+        Meta {
+            timestamp: crate::record::NO_TIMESTAMP,
+            watermark: crate::record::NO_TIMESTAMP,
+            offset: 0,
+            partition: 0,
+            source: 0,
+        }
     }
 
     /// An instance of a job that ends before another has opened the file

@@ -1,8 +1,12 @@
-//! `weibo`: tools for Weibo's jobs, checkpoints and savepoints, without the
-//! job's code. A binary of the `weibo` crate (feature `cli`), outside
-//! `src/`: it uses the library's public API only, like any user.
+//! `weibo`: pipelines in YAML, and tools for Weibo's jobs, checkpoints and
+//! savepoints, without the job's code. A binary of the `weibo-connectors`
+//! crate (feature `cli`, with every connector), outside `src/`: it uses
+//! the library's public API only, like any user.
 //!
 //! ```text
+//! weibo validate <file>...
+//! weibo plan <file>
+//! weibo run <file> [--admin <addr>] [--restore-from <dir>]
 //! weibo status <url> [--token <token>] [--json]
 //! weibo savepoint <url> <name> [--token <token>]
 //! weibo stop <url> [--savepoint <name>] [--token <token>]
@@ -14,8 +18,9 @@
 //! ```
 //!
 //! Exit codes: 0 when the command did what it says; 1 when it could not
-//! (the job's admin API refused or could not be reached, a checkpoint is
-//! missing or damaged); 2 for a command line it does not understand.
+//! (a pipeline file with errors, a job that failed, the job's admin API
+//! refused or could not be reached, a checkpoint is missing or damaged);
+//! 2 for a command line it does not understand.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -24,6 +29,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Value, json};
 use weibo::checkpoint::inspect::{Inspection, encode_key_text};
+use weibo_connectors::yaml::Pipeline;
 
 /// Tools for Weibo's jobs (through their admin API), checkpoints and
 /// savepoints.
@@ -32,6 +38,9 @@ use weibo::checkpoint::inspect::{Inspection, encode_key_text};
     name = "weibo",
     version,
     after_help = "Examples:\n  \
+        weibo validate pipelines/*.yaml\n  \
+        weibo plan clicks.yaml\n  \
+        weibo run clicks.yaml --admin 127.0.0.1:9090\n  \
         weibo status http://127.0.0.1:9090\n  \
         WEIBO_ADMIN_TOKEN=secret weibo savepoint http://127.0.0.1:9090 before-upgrade\n  \
         weibo stop http://127.0.0.1:9090 --savepoint v2\n  \
@@ -46,6 +55,32 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Checks pipeline files without running them: every problem, each at
+    /// its line and column. Exit code 0 when all are valid, 1 otherwise.
+    Validate {
+        /// The pipeline files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// A pipeline file's graph and execution plan (operators, chains,
+    /// edges, partitions), without running it.
+    Plan {
+        /// The pipeline file.
+        file: PathBuf,
+    },
+    /// Runs a pipeline file until its sources end (or the job is stopped
+    /// through its admin API), then prints its metrics.
+    Run {
+        /// The pipeline file.
+        file: PathBuf,
+        /// Serve the job's admin API and dashboard at this address
+        /// (`host:port`); its token from `WEIBO_ADMIN_TOKEN`.
+        #[arg(long)]
+        admin: Option<String>,
+        /// Start from this checkpoint or savepoint.
+        #[arg(long)]
+        restore_from: Option<PathBuf>,
+    },
     /// A running job's state, from its admin API (`GET /api/job`).
     Status {
         /// The job's admin API: `http://host:port` (or `https://`).
@@ -182,6 +217,52 @@ type Failure = Box<dyn std::error::Error>;
 /// Runs a command; what it prints, or the error.
 fn run(cli: Cli) -> Result<String, Failure> {
     match cli.command {
+        Command::Validate { files } => {
+            let mut bad = 0;
+            let mut out = Vec::new();
+            for file in &files {
+                match Pipeline::from_file(file) {
+                    Ok(p) => out.push(format!(
+                        "{}: valid (job `{}`, {} steps)",
+                        file.display(),
+                        p.spec().job,
+                        p.spec().steps.len() + 1
+                    )),
+                    Err(errors) => {
+                        bad += 1;
+                        eprintln!("{errors}");
+                        out.push(format!("{}: {} error(s)", file.display(), errors.diagnostics.len()));
+                    }
+                }
+            }
+            if bad > 0 {
+                return Err(
+                    format!("{bad} of {} pipeline file(s) are not valid:\n{}", files.len(), out.join("\n")).into()
+                );
+            }
+            Ok(out.join("\n"))
+        }
+        Command::Plan { file } => {
+            let job = pipeline(&file)?.job()?;
+            Ok(format!("{job}\n{}", job.plan()?))
+        }
+        Command::Run { file, admin, restore_from } => {
+            let mut job = pipeline(&file)?.job()?;
+            if let Some(addr) = admin {
+                job = job.with_admin(addr);
+                if let Ok(token) = std::env::var("WEIBO_ADMIN_TOKEN")
+                    && !token.is_empty()
+                {
+                    job = job.with_admin_token(token);
+                }
+            }
+            if let Some(dir) = restore_from {
+                job = job.restore_from(dir);
+            }
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let report = runtime.block_on(job.run())?;
+            Ok(format!("{}", report.metrics))
+        }
         Command::Status { url, auth, json } => {
             let job = call(&url, "GET", "/api/job", auth.token().as_deref(), None)?;
             if !field(&job, "job").is_string() || !field(&job, "status").is_object() {
@@ -223,6 +304,11 @@ fn run(cli: Cli) -> Result<String, Failure> {
             ))
         }
     }
+}
+
+/// The checked pipeline in `file`; its errors, one per line, otherwise.
+fn pipeline(file: &Path) -> Result<Pipeline, Failure> {
+    Pipeline::from_file(file).map_err(|errors| format!("{} is not a valid pipeline:\n{errors}", file.display()).into())
 }
 
 /// Field `name` of `v` (null when it has none).

@@ -1,0 +1,350 @@
+//! Pipelines in YAML: a YAML pipeline and its typed twin give the same
+//! output on the same input (event-time windows with allowed lateness and
+//! late records, running aggregates) at 1 and 4 partitions; every problem
+//! of a file is reported at once, each at its line and column, with the
+//! exact message; no file, however malformed, makes the loader panic or
+//! hang.
+
+#![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use serde::Deserialize;
+use weibo::prelude::*;
+use weibo::time::WatermarkStrategy;
+use weibo_connectors::yaml::Pipeline;
+
+#[derive(Clone, Debug, Deserialize, serde::Serialize)]
+struct Click {
+    user: String,
+    kind: String,
+    amount: i64,
+    ts: i64,
+}
+
+/// 2 000 clicks of 7 users over about 20 minutes, out of order by up to 5 s,
+/// and every 37th far behind (80 s: past the allowed lateness) or a little
+/// (30 s: within it once the window has fired).
+fn clicks() -> Vec<Click> {
+    (0..2_000i64)
+        .map(|i| {
+            let h = (i * 2_654_435_761) % 1_000_003;
+            let mut ts = i * 600 + (h % 10_000) - 5_000;
+            if i % 37 == 0 {
+                ts -= if i % 74 == 0 { 80_000 } else { 30_000 };
+            }
+            Click {
+                user: format!("u{}", h % 7),
+                kind: if h % 5 == 0 { "view".into() } else { "click".into() },
+                amount: h % 23 - 2,
+                ts: ts.max(0),
+            }
+        })
+        .collect()
+}
+
+fn write_lines(path: &Path, clicks: &[Click]) {
+    let text: String = clicks.iter().map(|c| serde_json::to_string(c).unwrap() + "\n").collect();
+    std::fs::write(path, text).unwrap();
+}
+
+fn read_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// What the window aggregate gives, as both pipelines write it.
+type WindowRow = (String, i64, i64, i64, i64, i64, i64, String, i64, i64, i64);
+
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Acc {
+    n: i64,
+    total: i64,
+    low: Option<i64>,
+    high: Option<i64>,
+    first: Option<i64>,
+    last: Option<i64>,
+    kinds: BTreeSet<i64>,
+}
+
+/// The typed twin of the YAML's aggregate.
+struct Typed;
+
+impl Aggregate<Click> for Typed {
+    type Acc = Acc;
+    type Out = Acc;
+
+    fn create(&self) -> Acc {
+        Acc::default()
+    }
+
+    fn add(&self, acc: &mut Acc, c: Click) {
+        acc.n += 1;
+        acc.total += c.amount;
+        acc.low = Some(acc.low.map_or(c.amount, |l| l.min(c.amount)));
+        acc.high = Some(acc.high.map_or(c.amount, |h| h.max(c.amount)));
+        acc.first.get_or_insert(c.ts);
+        acc.last = Some(c.ts);
+        acc.kinds.insert(c.amount % 3);
+    }
+
+    fn merge(&self, _acc: &mut Acc, _other: Acc) {}
+
+    fn result(&self, acc: &Acc) -> Acc {
+        acc.clone()
+    }
+}
+
+fn yaml_windows(input: &Path, out: &Path, late: &Path, partitions: usize) -> String {
+    format!(
+        r#"
+job: twin
+sources:
+  clicks:
+    file: {{ path: {input}, format: json }}
+    schema: [user, kind, amount, ts]
+    event_time: {{ field: ts, max_out_of_orderness: 2s }}
+pipeline:
+  - from: clicks
+  - filter: "event.kind == 'click' && event.amount > 0"
+  - key_by: "event.user"
+    partitions: {partitions}
+  - window: {{ tumbling: 1m, allowed_lateness: 10s, late: late }}
+    aggregate:
+      n: "count()"
+      total: "sum(event.amount)"
+      low: "min(event.amount)"
+      high: "max(event.amount)"
+      mean: "avg(event.amount)"
+      first: "first(event.ts)"
+      last: "last(event.ts)"
+      kinds: "count_distinct(event.amount % 3)"
+  - to: out
+sinks:
+  out: {{ file: {{ path: {out} }} }}
+  late: {{ file: {{ path: {late} }} }}
+"#,
+        input = input.display(),
+        out = out.display(),
+        late = late.display()
+    )
+}
+
+fn run(job: Job) -> weibo::JobReport {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(job.run()).unwrap()
+}
+
+#[test]
+fn windows_with_lateness_match_the_typed_twin_at_1_and_4_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("clicks.jsonl");
+    write_lines(&input, &clicks());
+    for partitions in [1, 4] {
+        let (out, late) = (dir.path().join(format!("out-{partitions}")), dir.path().join(format!("late-{partitions}")));
+        let pipeline = Pipeline::parse("twin.yaml", yaml_windows(&input, &out, &late, partitions).as_bytes()).unwrap();
+        let report = run(pipeline.job().unwrap());
+        let mut from_yaml: Vec<WindowRow> = read_lines(&out)
+            .iter()
+            .map(|v| {
+                (
+                    v["key"].as_str().unwrap().to_string(),
+                    v["window_start"].as_i64().unwrap(),
+                    v["window_end"].as_i64().unwrap(),
+                    v["n"].as_i64().unwrap(),
+                    v["total"].as_i64().unwrap(),
+                    v["low"].as_i64().unwrap(),
+                    v["high"].as_i64().unwrap(),
+                    format!("{:.6}", v["mean"].as_f64().unwrap()),
+                    v["first"].as_i64().unwrap(),
+                    v["last"].as_i64().unwrap(),
+                    v["kinds"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        let mut late_yaml: Vec<(String, i64)> = read_lines(&late)
+            .iter()
+            .map(|v| (v["user"].as_str().unwrap().to_string(), v["ts"].as_i64().unwrap()))
+            .collect();
+
+        let job = Job::new("twin");
+        let windows = job
+            .source(FileSource::json_lines(&input))
+            .with_timestamps(|c: &Click| c.ts, WatermarkStrategy::bounded_out_of_orderness(Duration::from_secs(2)))
+            .filter(|c: &Click| c.kind == "click" && c.amount > 0)
+            .key_by(|c: &Click| c.user.clone())
+            .with_partitions(partitions)
+            .window(Tumbling::of(Duration::from_secs(60)))
+            .allowed_lateness(Duration::from_secs(10))
+            .aggregate(Typed);
+        let (results, late_records) = (CollectSink::new(), CollectSink::new());
+        windows.late_records().sink(late_records.clone());
+        windows.into_stream().sink(results.clone());
+        run(job);
+        let mut typed: Vec<WindowRow> = results
+            .values()
+            .into_iter()
+            .map(|w: WindowResult<String, Acc>| {
+                let a = w.value;
+                (
+                    w.key,
+                    w.window.start,
+                    w.window.end,
+                    a.n,
+                    a.total,
+                    a.low.unwrap(),
+                    a.high.unwrap(),
+                    format!("{:.6}", a.total as f64 / a.n as f64),
+                    a.first.unwrap(),
+                    a.last.unwrap(),
+                    a.kinds.len() as i64,
+                )
+            })
+            .collect();
+        let mut late_typed: Vec<(String, i64)> =
+            late_records.values().into_iter().map(|c: Click| (c.user, c.ts)).collect();
+        from_yaml.sort();
+        typed.sort();
+        late_yaml.sort();
+        late_typed.sort();
+        assert!(typed.len() > 100, "{} windows", typed.len());
+        // Late records within the allowed lateness fired some windows again.
+        let distinct: BTreeSet<(&String, i64)> = typed.iter().map(|w| (&w.0, w.1)).collect();
+        assert!(distinct.len() < typed.len(), "no window fired twice");
+        assert!(!late_typed.is_empty());
+        assert_eq!(from_yaml, typed, "windows at {partitions} partitions");
+        assert_eq!(late_yaml, late_typed, "late records at {partitions} partitions");
+        let window = report.metrics.operator("window").unwrap();
+        assert_eq!(window.late as usize, late_typed.len());
+    }
+}
+
+#[test]
+fn a_running_aggregate_matches_the_typed_twin() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("clicks.jsonl");
+    write_lines(&input, &clicks());
+    for partitions in [1, 4] {
+        let out = dir.path().join(format!("out-{partitions}"));
+        let file = format!(
+            r#"
+job: totals
+sources:
+  clicks: {{ file: {{ path: {} }}, schema: [user, kind, amount, ts] }}
+pipeline:
+  - from: clicks
+  - map: {{ user: "event.user", cents: "event.amount * 100" }}
+  - key_by: "event.user"
+    partitions: {partitions}
+  - aggregate: {{ n: "count()", cents: "sum(event.cents)" }}
+  - to: {{ file: {{ path: {} }} }}
+"#,
+            input.display(),
+            out.display()
+        );
+        run(Pipeline::parse("totals.yaml", file.as_bytes()).unwrap().job().unwrap());
+        let mut from_yaml: Vec<(String, i64, i64)> = read_lines(&out)
+            .iter()
+            .map(|v| (v["key"].as_str().unwrap().to_string(), v["n"].as_i64().unwrap(), v["cents"].as_i64().unwrap()))
+            .collect();
+        let job = Job::new("totals");
+        let totals = CollectSink::new();
+        job.source(FileSource::json_lines(&input))
+            .map(|c: Click| (c.user, c.amount * 100))
+            .key_by(|c: &(String, i64)| c.0.clone())
+            .with_partitions(partitions)
+            .fold(
+                || (0i64, 0i64),
+                |acc: &mut (i64, i64), c: (String, i64)| {
+                    acc.0 += 1;
+                    acc.1 += c.1;
+                },
+            )
+            .sink(totals.clone());
+        run(job);
+        let mut typed: Vec<(String, i64, i64)> = totals.values().into_iter().map(|(k, (n, c))| (k, n, c)).collect();
+        from_yaml.sort();
+        typed.sort();
+        assert_eq!(from_yaml.len(), 2_000);
+        assert_eq!(from_yaml, typed);
+    }
+}
+
+#[test]
+fn every_problem_is_reported_at_once_with_its_position() {
+    let file = r#"job: broken
+checkpoints: { storage: ./cp, interval: 5 parsecs }
+sources:
+  clicks:
+    kafka: { brokers: "${NO_SUCH_BROKERS}", topic: clicks, grup: g1 }
+    schema: [user, amount, ts]
+    event_time: { field: tss }
+  numbers:
+    generator: { count: ten, fields: { n: "i * 2" } }
+pipeline:
+  - from: clicks
+  - filtre: "event.amount > 0"
+  - filter: "event.amout > 0 && sise(event.user) > 1"
+    on_error: dead_letter
+  - map: { user: "event.user", amount: "event.amount +" }
+  - window: { tumbling: 1m }
+    aggregate: { n: "count()", total: "summ(event.amount)" }
+  - to: nowhere
+sinks:
+  out: { stdout: {}, blackhole: {} }
+"#;
+    let errors = Pipeline::parse_with_env("broken.yaml", file.as_bytes(), &|_| None).unwrap_err();
+    let expected = "\
+broken.yaml:2:41: checkpoints.interval is `5 parsecs`, not a duration
+  help: write a number and a unit: 500ms, 10s, 1m, 2h, 1d
+broken.yaml:5:23: brokers: the environment variable `NO_SUCH_BROKERS` is not set
+  help: set NO_SUCH_BROKERS before running the pipeline
+broken.yaml:5:60: unknown key `grup` in a Kafka source
+  help: did you mean `group`? The keys of a Kafka source are: brokers, topic, topics, group, format, bounded, start
+broken.yaml:7:26: no field `tss` in source `clicks`
+  help: did you mean `ts`? The fields are: user, amount, ts
+broken.yaml:9:25: count is `ten`, not a whole number of at least 0
+broken.yaml:12:5: step 2 does nothing: no `from`, `filter`, `map`, `key_by`, `window`, `aggregate`, `to`
+  help: did you mean `filter`? A step is one of: from, filter, map, key_by, window, aggregate, to
+broken.yaml:13:14: no field `amout` in the records of this step
+  help: did you mean `event.amount`? The records here have: user, amount, ts
+broken.yaml:13:33: unknown function `sise`
+  help: did you mean `size`? The functions are: size, int, double, string, bool, contains, startsWith, endsWith, lowerAscii, upperAscii, has
+broken.yaml:14:15: no sink named `dead_letters`
+  help: declare it under `sinks:` (declared: out)
+broken.yaml:15:55: the expression `event.amount +` does not parse: Syntax error: mismatched input '<EOF>' expecting {'[', '{', '(', '.', '-', '!', 'true', 'false', 'null', NUM_FLOAT, NUM_INT, NUM_UINT, STRING, BYTES, IDENTIFIER}
+broken.yaml:16:5: a window on records without a key
+  help: put a `key_by` step before it (key_by: \"event.user\")
+broken.yaml:17:40: `summ` is not an aggregate
+  help: did you mean `sum`? The aggregates are: count, sum, min, max, avg, first, last, count_distinct
+broken.yaml:18:9: no sink named `nowhere`
+  help: declare it under `sinks:` (declared: out)
+broken.yaml:20:22: sink `out` has several kinds; a sink has one";
+    assert_eq!(errors.to_string(), expected);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Random bytes, and a valid file with random bytes cut out or put in,
+    /// are refused or accepted; never a panic.
+    #[test]
+    fn no_file_makes_the_loader_panic(
+        noise in proptest::collection::vec(any::<u8>(), 0..400),
+        cut in 0usize..600,
+        len in 0usize..40,
+        insert in proptest::collection::vec(prop_oneof![Just(b'{'), Just(b'['), Just(b':'), Just(b'"'), Just(b'*'), Just(b'&'), Just(b'\n'), Just(b' '), Just(b'-'), any::<u8>()], 0..20),
+    ) {
+        let _ = Pipeline::parse_with_env("noise.yaml", &noise, &|_| None);
+        let mut file = yaml_windows(Path::new("/in"), Path::new("/out"), Path::new("/late"), 2).into_bytes();
+        let at = cut.min(file.len());
+        let end = (at + len).min(file.len());
+        file.splice(at..end, insert);
+        match Pipeline::parse_with_env("mutated.yaml", &file, &|_| None) {
+            Ok(p) => prop_assert!(!p.spec().steps.is_empty()),
+            Err(e) => prop_assert!(!e.diagnostics.is_empty() && e.diagnostics.iter().all(|d| d.pos.line >= 1)),
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! Aggregates of YAML pipelines: `count()`, `sum(x)`, `min(x)`, `max(x)`,
+//! `avg(x)`, `first(x)`, `last(x)`, `count_distinct(x)`, each over an
+//! expression of the records. Their accumulators are a [`Row`] (one or two
+//! values per aggregate), kept in state with the row codec.
+
+use std::sync::Arc;
+
+use weibo::prelude::Aggregate;
+
+use super::doc::{Diagnostic, Pos};
+use super::expr::{self, EvalError, Expr, Origin, Schema, closest};
+use super::value::{Row, Value};
+
+/// What an aggregate computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AggKind {
+    /// The number of records.
+    Count,
+    /// The sum (ints stay ints; a double makes it a double).
+    Sum,
+    /// The smallest value.
+    Min,
+    /// The largest value.
+    Max,
+    /// The mean, a double.
+    Avg,
+    /// The first record's value (in arrival order).
+    First,
+    /// The last record's value.
+    Last,
+    /// The number of distinct values.
+    CountDistinct,
+}
+
+/// One named aggregate.
+#[derive(Clone, Debug)]
+pub struct AggSpec {
+    /// The result's field name.
+    pub name: String,
+    /// What it computes.
+    pub kind: AggKind,
+    /// Over what (none for `count()`).
+    pub arg: Option<Expr>,
+}
+
+/// Reads `text` as an aggregate call.
+///
+/// # Errors
+/// A call of no aggregate, or with the wrong arguments, or an argument
+/// that does not compile.
+pub fn parse(text: &str, schema: &Schema, origin: Origin) -> Result<(AggKind, Option<Expr>), Vec<Diagnostic>> {
+    let trimmed = text.trim();
+    let lead = text.len() - text.trim_start().len();
+    let at = |offset: usize| origin.pos_of(text, offset);
+    let Some(open) = trimmed.find('(') else {
+        return Err(vec![unknown(at(lead), trimmed)]);
+    };
+    let name = trimmed.get(..open).unwrap_or_default().trim();
+    let Some(inner) = trimmed.get(open + 1..).and_then(|r| r.strip_suffix(')')) else {
+        return Err(vec![
+            Diagnostic::new(at(lead), format!("`{trimmed}` is not an aggregate call"))
+                .help("write name(expression), e.g. sum(event.amount)"),
+        ]);
+    };
+    let kind = match name {
+        "count" => AggKind::Count,
+        "sum" => AggKind::Sum,
+        "min" => AggKind::Min,
+        "max" => AggKind::Max,
+        "avg" => AggKind::Avg,
+        "first" => AggKind::First,
+        "last" => AggKind::Last,
+        "count_distinct" => AggKind::CountDistinct,
+        _ => return Err(vec![unknown(at(lead), name)]),
+    };
+    if kind == AggKind::Count {
+        if !inner.trim().is_empty() {
+            return Err(vec![
+                Diagnostic::new(at(lead), "count() takes no argument")
+                    .help("count the records with count(); count_distinct(x) counts distinct values"),
+            ]);
+        }
+        return Ok((kind, None));
+    }
+    if inner.trim().is_empty() {
+        return Err(vec![
+            Diagnostic::new(at(lead), format!("{name}() needs what to aggregate"))
+                .help(format!("write {name}(event.<field>)")),
+        ]);
+    }
+    // The argument's positions are relative to the call's text.
+    let offset = lead + open + 1;
+    let arg_origin = Origin { pos: at(offset), quoted: false };
+    let arg = expr::compile(inner, schema, arg_origin)?;
+    Ok((kind, Some(arg)))
+}
+
+fn unknown(pos: Pos, name: &str) -> Diagnostic {
+    let help = match closest(name, AggKind::NAMES.iter().copied()) {
+        Some(near) => format!("did you mean `{near}`? The aggregates are: {}", AggKind::NAMES.join(", ")),
+        None => format!("the aggregates are: {}", AggKind::NAMES.join(", ")),
+    };
+    Diagnostic::new(pos, format!("`{name}` is not an aggregate")).help(help)
+}
+
+/// The aggregates of a step, as one [`Aggregate`] over rows. A record
+/// whose argument does not evaluate leaves the accumulators as they were,
+/// and is counted in [`Aggregates::errors`].
+#[derive(Clone, Debug)]
+pub struct Aggregates {
+    specs: Arc<[AggSpec]>,
+    /// Where each aggregate's slots start in the accumulator.
+    slots: Arc<[usize]>,
+    width: usize,
+    errors: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Aggregates {
+    /// The aggregates of `specs`.
+    pub fn new(specs: Vec<AggSpec>) -> Aggregates {
+        let mut slots = Vec::with_capacity(specs.len());
+        let mut width = 0;
+        for s in &specs {
+            slots.push(width);
+            width += if s.kind == AggKind::Avg { 2 } else { 1 };
+        }
+        Aggregates { specs: specs.into(), slots: slots.into(), width, errors: Arc::default() }
+    }
+
+    /// How many records' arguments did not evaluate.
+    pub fn errors(&self) -> u64 {
+        self.errors.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn add_one(&self, acc: &mut Row, value: &Row) -> Result<(), EvalError> {
+        let mut args: smallvec::SmallVec<[Value; 4]> = smallvec::SmallVec::new();
+        for s in self.specs.iter() {
+            args.push(match &s.arg {
+                Some(e) => e.eval(value)?,
+                None => Value::Null,
+            });
+        }
+        for ((s, &slot), arg) in self.specs.iter().zip(self.slots.iter()).zip(args) {
+            let Some(cur) = acc.0.get_mut(slot) else { continue };
+            match s.kind {
+                AggKind::Count => *cur = Value::Int(int(cur) + 1),
+                AggKind::Sum => *cur = sum(cur, &arg)?,
+                AggKind::Min | AggKind::Max => {
+                    if !matches!(arg, Value::Null) {
+                        let replace = match &*cur {
+                            Value::Null => true,
+                            c => {
+                                let o = expr::order(&arg, c, if s.kind == AggKind::Min { "min" } else { "max" })?;
+                                if s.kind == AggKind::Min { o.is_lt() } else { o.is_gt() }
+                            }
+                        };
+                        if replace {
+                            *cur = arg;
+                        }
+                    }
+                }
+                AggKind::Avg => {
+                    *cur = sum(cur, &arg)?;
+                    if let Some(n) = acc.0.get_mut(slot + 1) {
+                        *n = Value::Int(int(n) + 1);
+                    }
+                }
+                AggKind::First => {
+                    if matches!(cur, Value::Null) {
+                        *cur = arg;
+                    }
+                }
+                AggKind::Last => *cur = arg,
+                AggKind::CountDistinct => {
+                    let mut set: Vec<Value> = match cur {
+                        Value::List(items) => items.to_vec(),
+                        _ => Vec::new(),
+                    };
+                    if let Err(at) = set.binary_search_by(|x| total_order(x, &arg)) {
+                        set.insert(at, arg);
+                    }
+                    *cur = Value::List(set.into());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(i) => *i,
+        _ => 0,
+    }
+}
+
+fn sum(cur: &Value, arg: &Value) -> Result<Value, EvalError> {
+    Ok(match (cur, arg) {
+        (c, Value::Null) => c.clone(),
+        (Value::Null, Value::Int(x)) => Value::Int(*x),
+        (Value::Null, Value::Float(x)) => Value::Float(*x),
+        (Value::Int(a), Value::Int(b)) => {
+            Value::Int(a.checked_add(*b).ok_or_else(|| EvalError("int overflow in sum".into()))?)
+        }
+        (Value::Int(a), Value::Float(b)) => Value::Float(*a as f64 + b),
+        (Value::Float(a), Value::Int(b)) => Value::Float(a + *b as f64),
+        (Value::Float(a), Value::Float(b)) => Value::Float(a + b),
+        (_, other) => return Err(EvalError(format!("sum of {} ({}), not a number", other, other.type_name()).into())),
+    })
+}
+
+/// An order over all values (for the distinct set): by type, then value.
+fn total_order(a: &Value, b: &Value) -> std::cmp::Ordering {
+    let rank = |v: &Value| match v {
+        Value::Null => 0,
+        Value::Bool(_) => 1,
+        Value::Int(_) => 2,
+        Value::Float(_) => 3,
+        Value::Str(_) => 4,
+        Value::List(_) => 5,
+        Value::Map(_) => 6,
+    };
+    match (a, b) {
+        (Value::Bool(x), Value::Bool(y)) => x.cmp(y),
+        (Value::Int(x), Value::Int(y)) => x.cmp(y),
+        (Value::Float(x), Value::Float(y)) => x.total_cmp(y),
+        (Value::Str(x), Value::Str(y)) => x.cmp(y),
+        _ if rank(a) != rank(b) => rank(a).cmp(&rank(b)),
+        _ => a.to_string().cmp(&b.to_string()),
+    }
+}
+
+impl Aggregate<Row> for Aggregates {
+    type Acc = Row;
+    type Out = Row;
+
+    fn create(&self) -> Row {
+        Row::new((0..self.width).map(|_| Value::Null))
+    }
+
+    fn add(&self, acc: &mut Row, value: Row) {
+        // Into a copy: a record that fails any aggregate changes none.
+        let mut next = acc.clone();
+        match self.add_one(&mut next, &value) {
+            Ok(()) => *acc = next,
+            Err(_) => {
+                self.errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn merge(&self, acc: &mut Row, other: Row) {
+        for (s, &slot) in self.specs.iter().zip(self.slots.iter()) {
+            let theirs = other.field(slot).clone();
+            let Some(cur) = acc.0.get_mut(slot) else { continue };
+            match s.kind {
+                AggKind::Count => *cur = Value::Int(int(cur) + int(&theirs)),
+                AggKind::Sum => *cur = sum(cur, &theirs).unwrap_or(Value::Null),
+                AggKind::Avg => {
+                    *cur = sum(cur, &theirs).unwrap_or(Value::Null);
+                    let n = int(other.field(slot + 1));
+                    if let Some(c) = acc.0.get_mut(slot + 1) {
+                        *c = Value::Int(int(c) + n);
+                    }
+                }
+                AggKind::Min | AggKind::Max => {
+                    let better = match (&*cur, &theirs) {
+                        (_, Value::Null) => false,
+                        (Value::Null, _) => true,
+                        (c, t) => expr::order(t, c, "min")
+                            .is_ok_and(|o| if s.kind == AggKind::Min { o.is_lt() } else { o.is_gt() }),
+                    };
+                    if better {
+                        *cur = theirs;
+                    }
+                }
+                // Merged sessions: `acc` is the earlier one.
+                AggKind::First => {
+                    if matches!(cur, Value::Null) {
+                        *cur = theirs;
+                    }
+                }
+                AggKind::Last => {
+                    if !matches!(theirs, Value::Null) {
+                        *cur = theirs;
+                    }
+                }
+                AggKind::CountDistinct => {
+                    let mut set: Vec<Value> = match cur {
+                        Value::List(items) => items.to_vec(),
+                        _ => Vec::new(),
+                    };
+                    if let Value::List(items) = theirs {
+                        for v in items.iter() {
+                            if let Err(at) = set.binary_search_by(|x| total_order(x, v)) {
+                                set.insert(at, v.clone());
+                            }
+                        }
+                    }
+                    *cur = Value::List(set.into());
+                }
+            }
+        }
+    }
+
+    fn result(&self, acc: &Row) -> Row {
+        Row::new(self.specs.iter().zip(self.slots.iter()).map(|(s, &slot)| match s.kind {
+            AggKind::Count => Value::Int(int(acc.field(slot))),
+            AggKind::Avg => match (acc.field(slot), int(acc.field(slot + 1))) {
+                (_, 0) => Value::Null,
+                (Value::Int(total), n) => Value::Float(*total as f64 / n as f64),
+                (Value::Float(total), n) => Value::Float(total / n as f64),
+                _ => Value::Null,
+            },
+            AggKind::CountDistinct => match acc.field(slot) {
+                Value::List(items) => Value::Int(items.len() as i64),
+                _ => Value::Int(0),
+            },
+            _ => acc.field(slot).clone(),
+        }))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+mod tests {
+    use super::*;
+
+    const AT: Origin = Origin { pos: Pos { line: 5, column: 20 }, quoted: true };
+
+    fn aggs(list: &[(&str, &str)]) -> Aggregates {
+        let schema = Schema::of(["user", "amount"]);
+        Aggregates::new(
+            list.iter()
+                .map(|(name, text)| {
+                    let (kind, arg) = parse(text, &schema, AT).unwrap_or_else(|e| panic!("{e:?}"));
+                    AggSpec { name: name.to_string(), kind, arg }
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn every_aggregate() {
+        let a = aggs(&[
+            ("n", "count()"),
+            ("total", "sum(event.amount)"),
+            ("low", "min(event.amount)"),
+            ("high", "max(event.amount)"),
+            ("mean", "avg(event.amount)"),
+            ("first", "first(event.user)"),
+            ("last", "last(event.user)"),
+            ("users", "count_distinct(event.user)"),
+        ]);
+        let mut acc = a.create();
+        for (user, amount) in [("a", 5), ("b", 1), ("a", 9)] {
+            a.add(&mut acc, Row::new([Value::str(user), Value::Int(amount)]));
+        }
+        a.add(&mut acc, Row::new([Value::str("c"), Value::str("x")]));
+        assert_eq!(a.errors(), 1);
+        let out = a.result(&acc);
+        assert_eq!(
+            out.0.to_vec(),
+            vec![
+                Value::Int(3),
+                Value::Int(15),
+                Value::Int(1),
+                Value::Int(9),
+                Value::Float(5.0),
+                Value::str("a"),
+                Value::str("a"),
+                Value::Int(2)
+            ]
+        );
+        let mut other = a.create();
+        a.add(&mut other, Row::new([Value::str("z"), Value::Int(0)]));
+        a.merge(&mut acc, other);
+        let out = a.result(&acc);
+        assert_eq!(
+            out.0.to_vec()[..5].to_vec(),
+            vec![Value::Int(4), Value::Int(15), Value::Int(0), Value::Int(9), Value::Float(3.75)]
+        );
+        assert_eq!(out.0[7], Value::Int(3));
+    }
+
+    #[test]
+    fn errors_have_positions() {
+        let schema = Schema::of(["user", "amount"]);
+        let e = parse("summ(event.amount)", &schema, AT).err().unwrap_or_default();
+        assert_eq!((e[0].pos, e[0].message.as_str()), (Pos { line: 5, column: 21 }, "`summ` is not an aggregate"));
+        assert_eq!(
+            e[0].help.as_deref(),
+            Some("did you mean `sum`? The aggregates are: count, sum, min, max, avg, first, last, count_distinct")
+        );
+        let e = parse("sum(event.amont)", &schema, AT).err().unwrap_or_default();
+        assert_eq!(
+            (e[0].pos, e[0].message.as_str()),
+            (Pos { line: 5, column: 25 }, "no field `amont` in the records of this step")
+        );
+        let e = parse("count(event.user)", &schema, AT).err().unwrap_or_default();
+        assert_eq!(e[0].message, "count() takes no argument");
+    }
+}

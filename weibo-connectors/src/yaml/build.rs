@@ -1,0 +1,488 @@
+//! A checked pipeline wired into a [`Job`]: the same graph, operators,
+//! state, checkpoints and connectors as a typed pipeline, over [`Row`]s.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use weibo::prelude::*;
+use weibo::record::Timestamp;
+
+use super::agg::Aggregates;
+use super::expr::{self, EvalError, Expr, Schema};
+use super::spec::{
+    EventTime, OnError, SinkKind, SinkSpec, SourceKind, SourceSpec, Spec, StepKind, WindowSpec, dead_letter_schema,
+};
+use super::value::{Row, Value};
+
+/// A record on its way to a sink: a map of its fields, in its step's
+/// order (written as a JSON object), and its Kafka key.
+#[derive(Clone, PartialEq)]
+pub struct Out {
+    /// The record.
+    pub record: Value,
+    /// The key's bytes, for a Kafka sink with a `key`.
+    pub key: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for Out {
+    /// The record's JSON, on one line (what `stdout` prints).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.record)
+    }
+}
+
+impl serde::Serialize for Out {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.record.serialize(s)
+    }
+}
+
+/// A problem found while wiring a checked pipeline (a connector that
+/// could not be set up).
+#[derive(Debug)]
+pub struct BuildError(pub String);
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// The streams of records each sink gets, by sink name.
+type SinkInputs = BTreeMap<String, Vec<Stream<Out>>>;
+
+/// The stream at a step: keyed or not.
+enum Cur {
+    Plain(Stream<Row>),
+    Keyed(KeyedStream<Value, Row>),
+}
+
+/// Wires `spec` into a new job.
+///
+/// # Errors
+/// A source that cannot be set up (a Kafka cluster that does not answer).
+pub fn build(spec: &Spec) -> Result<Job, BuildError> {
+    let mut job = Job::new(&spec.job);
+    if let Some((dir, interval)) = &spec.checkpoints {
+        job = job.with_checkpoints(dir.clone(), *interval);
+    }
+    let mut sinks: SinkInputs = BTreeMap::new();
+    let source = spec.sources.get(&spec.from).ok_or_else(|| BuildError(format!("no source `{}`", spec.from)))?;
+    let mut schema = source.schema.clone();
+    let mut cur = Cur::Plain(build_source(&job, &spec.from, source, &mut sinks)?);
+    for step in &spec.steps {
+        cur = match (&step.kind, cur) {
+            (StepKind::Filter(e, policy), Cur::Plain(s)) => {
+                let e = e.clone();
+                Cur::Plain(apply(
+                    &s,
+                    policy,
+                    &step.name,
+                    &schema,
+                    &mut sinks,
+                    move |ctx: &mut OutputContext<'_, Row>, r: &Row| {
+                        if e.test(r)? {
+                            ctx.emit(r.clone());
+                        }
+                        Ok(())
+                    },
+                ))
+            }
+            (StepKind::Map(exprs, policy), Cur::Plain(s)) => {
+                let exprs = exprs.clone();
+                Cur::Plain(apply(
+                    &s,
+                    policy,
+                    &step.name,
+                    &schema,
+                    &mut sinks,
+                    one(move |r: &Row| {
+                        let mut out = smallvec::SmallVec::with_capacity(exprs.len());
+                        for e in &exprs {
+                            out.push(e.eval(r)?);
+                        }
+                        Ok(Row(out))
+                    }),
+                ))
+            }
+            (StepKind::KeyBy(e, partitions, policy), Cur::Plain(s)) => {
+                // The key is computed under the failure policy and kept as a
+                // last, hidden field: `key_by`'s own function cannot fail.
+                let e = e.clone();
+                let with_key = apply(
+                    &s,
+                    policy,
+                    &step.name,
+                    &schema,
+                    &mut sinks,
+                    one(move |r: &Row| {
+                        let key = e.eval(r)?;
+                        let mut r = r.clone();
+                        r.0.push(key);
+                        Ok(r)
+                    }),
+                );
+                let mut keyed = with_key.key_by(|r: &Row| r.0.last().cloned().unwrap_or_default());
+                if let Some(n) = partitions {
+                    keyed = keyed.with_partitions(*n);
+                }
+                Cur::Keyed(keyed)
+            }
+            (StepKind::Window { window, aggregates, allowed_lateness, late }, Cur::Keyed(k)) => {
+                let windowed = match window {
+                    WindowSpec::Tumbling(size) => k.window(Tumbling::of(*size)),
+                    WindowSpec::Sliding(size, every) => k.window(Sliding::of(*size, *every)),
+                    WindowSpec::Session(gap) => k.window(Session::with_gap(*gap)),
+                };
+                let out = windowed
+                    .allowed_lateness(*allowed_lateness)
+                    .aggregate(Aggregates::new(aggregates.clone()))
+                    .name(&step.name)
+                    .uid(&step.name);
+                if let Some(late) = late {
+                    let late_records = out.late_records();
+                    to_sink(&late_records, &schema, late, &format!("{}:late", step.name), spec, &mut sinks)?;
+                }
+                let rows = out.into_stream().map(|w: WindowResult<Value, Row>| {
+                    let mut row = Row::new([w.key, Value::Int(w.window.start), Value::Int(w.window.end)]);
+                    row.0.extend(w.value.0);
+                    row
+                });
+                Cur::Plain(rows.name(&format!("{}:results", step.name)))
+            }
+            (StepKind::Aggregate(aggregates), Cur::Keyed(k)) => {
+                let out = k.aggregate(Aggregates::new(aggregates.clone())).name(&step.name).uid(&step.name);
+                let rows = out.map(|(key, value): (Value, Row)| {
+                    let mut row = Row::new([key]);
+                    row.0.extend(value.0);
+                    row
+                });
+                Cur::Plain(rows.name(&format!("{}:results", step.name)))
+            }
+            (StepKind::To(sink), Cur::Plain(s)) => {
+                to_sink(&s, &schema, sink, &step.name, spec, &mut sinks)?;
+                Cur::Plain(s)
+            }
+            (kind, _) => {
+                return Err(BuildError(format!("step `{}` ({kind:?}) does not fit the records before it", step.name)));
+            }
+        };
+        schema = step.schema.clone();
+    }
+    for (name, inputs) in sinks {
+        let Some(first) = inputs.first() else { continue };
+        let all = inputs.iter().skip(1).fold(first.clone(), |acc, s| acc.union(s));
+        let sink = spec.sinks.get(&name).ok_or_else(|| BuildError(format!("no sink `{name}`")))?;
+        attach(&all, &name, sink, spec)?;
+    }
+    Ok(job)
+}
+
+/// `f` over `stream` under `policy`, emitting what it gives through its
+/// context: records it fails go to the failure policy (the job fails, they
+/// are skipped and counted, or they go to a dead-letter sink). The node is
+/// named `step`.
+fn apply<T, U, F>(
+    stream: &Stream<T>,
+    policy: &OnError,
+    step: &str,
+    schema: &Schema,
+    sinks: &mut SinkInputs,
+    f: F,
+) -> Stream<U>
+where
+    T: Clone + Send + fmt::Debug + 'static,
+    U: Clone + Send + 'static,
+    F: for<'c> Fn(&mut OutputContext<'c, U>, &T) -> Result<(), EvalError> + Send + Sync + 'static,
+{
+    let f = move |ctx: &mut OutputContext<'_, U>, _: &(), t: &T| f(ctx, t);
+    match policy {
+        OnError::Fail => stream.process_with_outputs(weibo::on_error::Fail, |_| (), f).name(step),
+        OnError::Skip => stream.process_with_outputs(weibo::on_error::Drop, |_| (), f).name(step),
+        OnError::DeadLetter(sink) => {
+            let (ok, dead) = stream.process_with_outputs(weibo::on_error::DeadLetter, |_| (), f);
+            let record_schema = schema.clone();
+            let name = step.to_string();
+            let fields = dead_letter_schema(schema);
+            let letters = dead
+                .map(move |d: weibo::DeadLetter<T>| Out {
+                    record: fields.to_value(&Row::new([
+                        describe(&d.record, &record_schema),
+                        Value::str(&d.error),
+                        Value::str(&name),
+                        Value::str(&d.position.source),
+                        Value::Int(i64::from(d.position.partition)),
+                        Value::Int(i64::try_from(d.position.offset).unwrap_or(i64::MAX)),
+                    ])),
+                    key: None,
+                })
+                .name(&format!("{step}:dead-letters"));
+            sinks.entry(sink.clone()).or_default().push(letters);
+            ok.name(step)
+        }
+    }
+}
+
+/// One value out of a record, or a failure.
+fn one<T, U: Clone + Send + 'static>(
+    f: impl Fn(&T) -> Result<U, EvalError> + Send + Sync + 'static,
+) -> impl for<'c> Fn(&mut OutputContext<'c, U>, &T) -> Result<(), EvalError> + Send + Sync + 'static {
+    move |ctx, t| {
+        ctx.emit(f(t)?);
+        Ok(())
+    }
+}
+
+/// A failed record: a row as the map of its fields, a line as its text,
+/// a Kafka record as its payload's text.
+fn describe<T: fmt::Debug + 'static>(record: &T, schema: &Schema) -> Value {
+    let any = record as &dyn std::any::Any;
+    if let Some(row) = any.downcast_ref::<Row>() {
+        return schema.to_value(row);
+    }
+    if let Some(text) = any.downcast_ref::<String>() {
+        return Value::str(text);
+    }
+    #[cfg(feature = "kafka")]
+    if let Some(r) = any.downcast_ref::<crate::kafka::KafkaRecord<Vec<u8>>>() {
+        return Value::str(&String::from_utf8_lossy(&r.value));
+    }
+    Value::str(&format!("{record:?}"))
+}
+
+fn build_source(job: &Job, name: &str, source: &SourceSpec, sinks: &mut SinkInputs) -> Result<Stream<Row>, BuildError> {
+    let schema = source.schema.clone();
+    let time = source.event_time.clone();
+    let raw = Schema::of(["text"]);
+    let stream = match &source.kind {
+        SourceKind::Generator { count, rate, partitions, fields } => {
+            let mut g = Generator::new(count.unwrap_or(u64::MAX), |i| i).with_partitions(*partitions);
+            if let Some(rate) = rate {
+                g = g.with_rate(*rate);
+            }
+            let fields = fields.clone();
+            let index = job.source(g).name(name);
+            apply(
+                &index,
+                &source.on_error,
+                &format!("{name}:fields"),
+                &Schema::of(["i"]),
+                sinks,
+                one(move |i: &u64| {
+                    let at = Row::new([Value::Int(i64::try_from(*i).unwrap_or(i64::MAX))]);
+                    let mut row = smallvec::SmallVec::with_capacity(fields.len());
+                    for f in &fields {
+                        row.push(f.eval(&at)?);
+                    }
+                    let row = Row(row);
+                    check_time(&row, time.as_ref())?;
+                    Ok(row)
+                }),
+            )
+        }
+        SourceKind::File { path } => {
+            let lines = job.source(FileSource::lines(path)).name(name);
+            apply(
+                &lines,
+                &source.on_error,
+                &format!("{name}:decode"),
+                &raw,
+                sinks,
+                one(move |line: &String| {
+                    let row = decode(line.as_bytes(), &schema)?;
+                    check_time(&row, time.as_ref())?;
+                    Ok(row)
+                }),
+            )
+        }
+        #[cfg(not(feature = "kafka"))]
+        SourceKind::Kafka { .. } => {
+            return Err(BuildError(format!("source `{name}` reads Kafka: build with the feature `kafka`")));
+        }
+        #[cfg(feature = "kafka")]
+        SourceKind::Kafka { brokers, topics, group, bounded, start_latest } => {
+            use crate::kafka::{Bytes, KafkaRecord, KafkaSource, StartAt};
+            let mut b = KafkaSource::builder(brokers.clone(), topics.clone(), Bytes);
+            if let Some(g) = group {
+                b = b.with_group(g.clone());
+            }
+            if *bounded {
+                b = b.until_end();
+            }
+            if *start_latest {
+                b = b.with_start_at(StartAt::Latest);
+            }
+            let kafka = b.build::<Vec<u8>>().map_err(|e| BuildError(format!("source `{name}`: {e}")))?;
+            let records = job.source(kafka).name(name);
+            apply(
+                &records,
+                &source.on_error,
+                &format!("{name}:decode"),
+                &raw,
+                sinks,
+                one(move |r: &KafkaRecord<Vec<u8>>| {
+                    let row = decode(&r.value, &schema)?;
+                    check_time(&row, time.as_ref())?;
+                    Ok(row)
+                }),
+            )
+        }
+    };
+    Ok(match &source.event_time {
+        Some(t) => {
+            let mut strategy = if t.max_out_of_orderness.is_zero() {
+                WatermarkStrategy::monotonous()
+            } else {
+                WatermarkStrategy::bounded_out_of_orderness(t.max_out_of_orderness)
+            };
+            if let Some(idle) = t.idle_after {
+                strategy = strategy.with_idleness(idle);
+            }
+            let field = t.field;
+            stream.with_timestamps(move |r: &Row| time_of(r.field(field)), strategy)
+        }
+        None => stream,
+    })
+}
+
+/// A record's event time from its field: milliseconds since the epoch.
+fn time_of(v: &Value) -> Timestamp {
+    match v {
+        Value::Int(ms) => *ms,
+        Value::Float(ms) => *ms as i64,
+        _ => weibo::record::NO_TIMESTAMP,
+    }
+}
+
+fn check_time(row: &Row, time: Option<&EventTime>) -> Result<(), EvalError> {
+    let Some(t) = time else { return Ok(()) };
+    match row.field(t.field) {
+        Value::Int(_) => Ok(()),
+        Value::Float(f) if f.is_finite() => Ok(()),
+        other => Err(EvalError(
+            format!(
+                "the event time `{}` is {} ({}), not milliseconds since the epoch",
+                t.name,
+                other,
+                other.type_name()
+            )
+            .into(),
+        )),
+    }
+}
+
+/// A JSON record as a row of `schema` (fields it lacks are null).
+fn decode(bytes: &[u8], schema: &Schema) -> Result<Row, EvalError> {
+    let json: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| EvalError(format!("not JSON: {e}").into()))?;
+    if schema.open {
+        return Ok(Row::new([Value::from_json(&json)]));
+    }
+    let serde_json::Value::Object(object) = json else {
+        return Err(EvalError(format!("a JSON {} where a record (an object) was expected", json_kind(&json)).into()));
+    };
+    Ok(Row(schema.fields.iter().map(|f| object.get(&**f).map_or(Value::Null, Value::from_json)).collect()))
+}
+
+fn json_kind(json: &serde_json::Value) -> &'static str {
+    match json {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "bool",
+        serde_json::Value::Number(_) => "number",
+        serde_json::Value::String(_) => "string",
+        serde_json::Value::Array(_) => "array",
+        serde_json::Value::Object(_) => "object",
+    }
+}
+
+/// Records of `schema` to the sink `name`: as JSON, with their Kafka key.
+fn to_sink(
+    stream: &Stream<Row>,
+    schema: &Schema,
+    name: &str,
+    step: &str,
+    spec: &Spec,
+    sinks: &mut SinkInputs,
+) -> Result<(), BuildError> {
+    let key: Option<Expr> = match spec.sinks.get(name) {
+        Some(SinkSpec { kind: SinkKind::Kafka { key: Some((text, origin)), .. }, .. }) => Some(
+            expr::compile(text, schema, *origin).map_err(|e| BuildError(format!("sink `{name}`: the key: {e:?}")))?,
+        ),
+        _ => None,
+    };
+    let schema = schema.clone();
+    let sink = name.to_string();
+    let out = stream.process(weibo::on_error::Fail, move |r: &Row| {
+        let key = match &key {
+            Some(k) => Some(match k.eval(r)? {
+                Value::Str(s) => s.as_bytes().to_vec(),
+                other => other.to_string().into_bytes(),
+            }),
+            None => None,
+        };
+        Ok::<_, EvalError>(Out { record: schema.to_value(r), key })
+    });
+    let out = out.name(step);
+    sinks.entry(sink).or_default().push(out);
+    Ok(())
+}
+
+/// JSON payloads for Kafka.
+#[cfg(feature = "kafka")]
+struct OutJson;
+
+#[cfg(feature = "kafka")]
+impl crate::kafka::Format<Out> for OutJson {
+    fn name(&self) -> &'static str {
+        "JSON"
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<Out, String> {
+        serde_json::from_slice(bytes)
+            .map(|json| Out { record: Value::from_json(&json), key: None })
+            .map_err(|e| e.to_string())
+    }
+
+    fn encode(&self, value: &Out, out: &mut Vec<u8>) -> Result<(), String> {
+        serde_json::to_writer(out, &value.record).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
+fn attach(stream: &Stream<Out>, name: &str, sink: &SinkSpec, spec: &Spec) -> Result<(), BuildError> {
+    match &sink.kind {
+        SinkKind::Stdout => stream.sink(Stdout).name(name),
+        SinkKind::Blackhole => stream.sink(Blackhole::new()).name(name),
+        SinkKind::File { path } => stream.sink(FileSink::json_lines(path)).name(name),
+        #[cfg(not(feature = "kafka"))]
+        SinkKind::Kafka { .. } => {
+            return Err(BuildError(format!("sink `{name}` writes to Kafka: build with the feature `kafka`")));
+        }
+        #[cfg(feature = "kafka")]
+        SinkKind::Kafka { brokers, topic, exactly_once, .. } => {
+            let out =
+                crate::kafka::KafkaSink::new(brokers.clone(), topic.clone(), OutJson).with_key(|o: &Out| o.key.clone());
+            if *exactly_once {
+                let Some((dir, _)) = &spec.checkpoints else {
+                    return Err(BuildError(format!("sink `{name}` writes exactly once, which needs `checkpoints`")));
+                };
+                let redo = redo_dir(dir, name);
+                stream.sink_exactly_once(out.with_transactions(format!("{}-{name}", spec.job), redo)).name(name)
+            } else {
+                stream.sink(out).name(name)
+            }
+        }
+    };
+    Ok(())
+}
+
+#[cfg(feature = "kafka")]
+/// Where an exactly-once Kafka sink keeps its transactions' redo log:
+/// beside the checkpoint storage, per sink.
+fn redo_dir(checkpoints: &std::path::Path, sink: &str) -> std::path::PathBuf {
+    let mut dir = checkpoints.as_os_str().to_owned();
+    dir.push(".kafka-redo");
+    std::path::PathBuf::from(dir).join(sink)
+}

@@ -1,0 +1,138 @@
+//! Pipelines declared in YAML and run without compiling anything.
+//!
+//! A pipeline file names its sources, its steps (`filter`, `map`,
+//! `key_by`, `window` with `aggregate`, a running `aggregate`, `to`) and
+//! its sinks; expressions are CEL over `event`, the record. The file is
+//! checked whole before anything runs, each problem reported at its line
+//! and column ([`Errors`]); then it is wired into a [`weibo::Job`] like
+//! any typed pipeline, over [`Row`]s: the same operators, state,
+//! checkpoints, metrics and admin API.
+//!
+//! ```
+//! use weibo_connectors::yaml::Pipeline;
+//!
+//! let file = br#"
+//! job: evens
+//! sources:
+//!   numbers: { generator: { count: 10, fields: { n: "i" } } }
+//! pipeline:
+//!   - from: numbers
+//!   - filter: "event.n % 2 == 0"
+//!   - to: { blackhole: {} }
+//! "#;
+//! let pipeline = Pipeline::parse("evens.yaml", file)?;
+//! let job = pipeline.job()?;
+//! let report = weibo::testing::block_on(job.run())?;
+//! assert_eq!(report.metrics.operator("filter").map(|o| o.records_out), Some(5));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod agg;
+pub mod build;
+pub mod doc;
+pub mod expr;
+pub mod spec;
+pub mod value;
+
+use std::fmt;
+use std::path::Path;
+
+pub use build::{BuildError, Out};
+pub use doc::{Diagnostic, Pos};
+pub use expr::{Expr, Schema};
+pub use spec::Spec;
+pub use value::{Row, Value};
+
+/// A checked pipeline file.
+#[derive(Debug)]
+pub struct Pipeline {
+    file: String,
+    spec: Spec,
+}
+
+/// Everything wrong with a pipeline file, each at its position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Errors {
+    /// The file, as named to [`Pipeline::parse`].
+    pub file: String,
+    /// The problems, in the file's order.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl fmt::Display for Errors {
+    /// One problem per line, `file:line:column: message`, with what to
+    /// write instead on the next line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, d) in self.diagnostics.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{}:{}: {}", self.file, d.pos, d.message)?;
+            if let Some(help) = &d.help {
+                write!(f, "\n  help: {help}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Errors {}
+
+impl Pipeline {
+    /// Reads and checks the pipeline file at `path`; `${NAME}` in its
+    /// strings is the environment variable NAME.
+    ///
+    /// # Errors
+    /// The file cannot be read, or [`Errors`] with everything wrong in it.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Pipeline, Errors> {
+        let path = path.as_ref();
+        let file = path.display().to_string();
+        match std::fs::read(path) {
+            Ok(bytes) => Pipeline::parse(&file, &bytes),
+            Err(e) => Err(Errors {
+                file,
+                diagnostics: vec![Diagnostic::new(Pos { line: 1, column: 1 }, format!("cannot read the file: {e}"))],
+            }),
+        }
+    }
+
+    /// Checks the pipeline file `bytes`, named `file` in messages, with
+    /// the process's environment variables.
+    ///
+    /// # Errors
+    /// [`Errors`] with everything wrong in it.
+    pub fn parse(file: &str, bytes: &[u8]) -> Result<Pipeline, Errors> {
+        Pipeline::parse_with_env(file, bytes, &|name| std::env::var(name).ok())
+    }
+
+    /// Checks the pipeline file `bytes` with `env` for `${NAME}`.
+    ///
+    /// # Errors
+    /// [`Errors`] with everything wrong in it.
+    pub fn parse_with_env(file: &str, bytes: &[u8], env: &dyn Fn(&str) -> Option<String>) -> Result<Pipeline, Errors> {
+        let errors = |diagnostics| Errors { file: file.to_string(), diagnostics };
+        let root = doc::parse(bytes).map_err(|d| errors(vec![d]))?;
+        let spec = spec::check(&root, env).map_err(errors)?;
+        Ok(Pipeline { file: file.to_string(), spec })
+    }
+
+    /// The file's name.
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// The checked pipeline.
+    pub fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    /// The pipeline wired into a new job, ready to run (or to be given an
+    /// admin API, a restore, a state backend first).
+    ///
+    /// # Errors
+    /// A connector that cannot be set up (a Kafka cluster that does not
+    /// answer).
+    pub fn job(&self) -> Result<weibo::Job, BuildError> {
+        build::build(&self.spec)
+    }
+}

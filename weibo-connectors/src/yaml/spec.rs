@@ -1,0 +1,1073 @@
+//! A pipeline file read into a checked description: every key known,
+//! every value of its type, every expression compiled against the fields
+//! of the records at its step, every name declared. All the problems are
+//! collected, each at its line and column; nothing runs or connects here.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::agg::{AggKind, AggSpec};
+use super::doc::{Diagnostic, Node, Pos, Spanned};
+use super::expr::{self, Expr, Origin, Schema, closest};
+
+/// A checked pipeline.
+#[derive(Debug)]
+pub struct Spec {
+    /// The job's name.
+    pub job: String,
+    /// Checkpoint storage and interval.
+    pub checkpoints: Option<(PathBuf, Duration)>,
+    /// The admin API's address.
+    pub admin: Option<String>,
+    /// The sources, by name.
+    pub sources: BTreeMap<String, SourceSpec>,
+    /// The sinks, by name (declared and inline).
+    pub sinks: BTreeMap<String, SinkSpec>,
+    /// The steps of the pipeline, after its `from`.
+    pub from: String,
+    /// The steps.
+    pub steps: Vec<Step>,
+}
+
+/// A source.
+#[derive(Debug)]
+pub struct SourceSpec {
+    /// What it reads.
+    pub kind: SourceKind,
+    /// The fields of its records (open when not declared).
+    pub schema: Schema,
+    /// Event time from a field.
+    pub event_time: Option<EventTime>,
+    /// What happens to a record that does not decode.
+    pub on_error: OnError,
+}
+
+/// Where records come from.
+#[derive(Debug)]
+pub enum SourceKind {
+    /// Records computed from their index `i`.
+    Generator {
+        /// How many (`None`: without end).
+        count: Option<u64>,
+        /// Records per second (`None`: as fast as possible).
+        rate: Option<f64>,
+        /// Partitions.
+        partitions: usize,
+        /// Each field's expression over `i`.
+        fields: Vec<Expr>,
+    },
+    /// JSON lines of a file.
+    File {
+        /// The file.
+        path: PathBuf,
+    },
+    /// JSON records of Kafka topics.
+    Kafka {
+        /// The brokers.
+        brokers: String,
+        /// The topics.
+        topics: Vec<String>,
+        /// The consumer group.
+        group: Option<String>,
+        /// Read to the end of the topics as they were at the start, then stop.
+        bounded: bool,
+        /// Where to start without a checkpoint: `earliest` or `latest`.
+        start_latest: bool,
+    },
+}
+
+/// Event time from a field of the records.
+#[derive(Debug, Clone)]
+pub struct EventTime {
+    /// The field's index.
+    pub field: usize,
+    /// The field's name.
+    pub name: String,
+    /// The bound on out-of-orderness (0: monotonous).
+    pub max_out_of_orderness: Duration,
+    /// A partition idle this long stops holding the watermark back.
+    pub idle_after: Option<Duration>,
+}
+
+/// What a step does with a record that fails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnError {
+    /// The job fails, naming the record.
+    Fail,
+    /// The record is dropped (and counted).
+    Skip,
+    /// The record goes to the named sink, with the error.
+    DeadLetter(String),
+}
+
+/// A sink.
+#[derive(Debug)]
+pub struct SinkSpec {
+    /// Where it writes.
+    pub kind: SinkKind,
+    /// Where it is declared.
+    pub pos: Pos,
+}
+
+/// Where records go.
+#[derive(Debug)]
+pub enum SinkKind {
+    /// Lines of JSON on standard output.
+    Stdout,
+    /// Nowhere (counted).
+    Blackhole,
+    /// JSON lines in a file.
+    File {
+        /// The file.
+        path: PathBuf,
+    },
+    /// JSON records to a Kafka topic, at least once, or exactly once in
+    /// transactions committed with the checkpoints.
+    Kafka {
+        /// The brokers.
+        brokers: String,
+        /// The topic.
+        topic: String,
+        /// The records' key: an expression over the records where the
+        /// sink is used (compiled there).
+        key: Option<(String, Origin)>,
+        /// Exactly once.
+        exactly_once: bool,
+    },
+}
+
+/// A step of the pipeline, with the schema of the records it gives.
+#[derive(Debug)]
+pub struct Step {
+    /// What it does.
+    pub kind: StepKind,
+    /// Its name (the operator's name and id): `name:`, or the step's kind
+    /// and position.
+    pub name: String,
+    /// Where it is.
+    pub pos: Pos,
+    /// The fields of the records it gives.
+    pub schema: Schema,
+}
+
+/// What a step does.
+#[derive(Debug)]
+pub enum StepKind {
+    /// Keeps the records the expression holds for.
+    Filter(Expr, OnError),
+    /// New fields, each an expression.
+    Map(Vec<Expr>, OnError),
+    /// Keys the records (on so many partitions), under a failure policy
+    /// for a key that does not evaluate.
+    KeyBy(Expr, Option<usize>, OnError),
+    /// Windows of keyed records, aggregated.
+    Window {
+        /// The windows.
+        window: WindowSpec,
+        /// The aggregates.
+        aggregates: Vec<AggSpec>,
+        /// How long after a window's end records still update it.
+        allowed_lateness: Duration,
+        /// Late records to this sink.
+        late: Option<String>,
+    },
+    /// A running aggregate per key, emitted on every record.
+    Aggregate(Vec<AggSpec>),
+    /// To a sink (records go on to the next step too).
+    To(String),
+}
+
+/// A window assigner.
+#[derive(Debug, Clone, Copy)]
+pub enum WindowSpec {
+    /// Fixed windows.
+    Tumbling(Duration),
+    /// Overlapping windows.
+    Sliding(Duration, Duration),
+    /// Windows of activity separated by a gap.
+    Session(Duration),
+}
+
+/// A use of a sink: by name, where, with the fields of its records.
+struct Use {
+    sink: String,
+    pos: Pos,
+    schema: Schema,
+}
+
+/// The fields of a dead letter: the record (as a map), the error, the
+/// failing step, and where the record came from.
+pub fn dead_letter_schema(_record: &Schema) -> Schema {
+    Schema::of(["record", "error", "step", "source", "partition", "offset"])
+}
+
+/// The fields of a record that failed to decode: its text.
+fn raw_schema() -> Schema {
+    Schema::of(["text"])
+}
+
+/// The keys a pipeline file's top level may have.
+const TOP: &[&str] = &["job", "checkpoints", "admin", "sources", "pipeline", "sinks"];
+const SOURCE_KINDS: &[&str] = &["generator", "file", "kafka"];
+const SOURCE_KEYS: &[&str] = &["generator", "file", "kafka", "schema", "event_time", "on_error"];
+const SINK_KINDS: &[&str] = &["stdout", "blackhole", "file", "kafka", "kafka_exactly_once"];
+const STEP_KINDS: &[&str] = &["from", "filter", "map", "key_by", "window", "aggregate", "to"];
+
+/// Reads and checks a parsed pipeline file. `env` gives environment
+/// variables for `${NAME}` in strings.
+///
+/// # Errors
+/// Every problem found, in the file's order.
+pub fn check(root: &Spanned, env: &dyn Fn(&str) -> Option<String>) -> Result<Spec, Vec<Diagnostic>> {
+    let mut cx = Cx { errors: Vec::new(), env };
+    let spec = cx.top(root);
+    if cx.errors.is_empty()
+        && let Some(spec) = spec
+    {
+        return Ok(spec);
+    }
+    let mut errors = cx.errors;
+    errors.sort_by_key(|d| d.pos);
+    errors.dedup();
+    Err(errors)
+}
+
+struct Cx<'e> {
+    errors: Vec<Diagnostic>,
+    env: &'e dyn Fn(&str) -> Option<String>,
+}
+
+/// A mapping whose keys were checked against the known ones.
+struct Fields<'a> {
+    node: &'a Spanned,
+    entries: &'a [(Spanned<String>, Spanned)],
+}
+
+impl<'a> Fields<'a> {
+    fn get(&self, key: &str) -> Option<&'a Spanned> {
+        self.entries.iter().find(|(k, _)| k.node == key).map(|(_, v)| v)
+    }
+
+    fn key_pos(&self, key: &str) -> Pos {
+        self.entries.iter().find(|(k, _)| k.node == key).map_or(self.node.pos, |(k, _)| k.pos)
+    }
+}
+
+impl Cx<'_> {
+    fn err(&mut self, pos: Pos, message: impl Into<String>) {
+        self.errors.push(Diagnostic::new(pos, message));
+    }
+
+    fn err_help(&mut self, pos: Pos, message: impl Into<String>, help: impl Into<String>) {
+        self.errors.push(Diagnostic::new(pos, message).help(help));
+    }
+
+    /// `node` as a mapping of `known` keys; an unknown key is an error
+    /// with the nearest known one.
+    fn map<'a>(&mut self, node: &'a Spanned, what: &str, known: &[&str]) -> Option<Fields<'a>> {
+        let Some(entries) = node.as_map() else {
+            self.err_help(
+                node.pos,
+                format!("{what} is {}, not a mapping", node.kind()),
+                format!("write its keys: {}", known.join(", ")),
+            );
+            return None;
+        };
+        for (k, _) in entries {
+            if !known.contains(&k.node.as_str()) {
+                let help = match closest(&k.node, known.iter().copied()) {
+                    Some(near) => format!("did you mean `{near}`? The keys of {what} are: {}", known.join(", ")),
+                    None => format!("the keys of {what} are: {}", known.join(", ")),
+                };
+                self.err_help(k.pos, format!("unknown key `{}` in {what}", k.node), help);
+            }
+        }
+        Some(Fields { node, entries })
+    }
+
+    fn required<'a>(&mut self, fields: &Fields<'a>, key: &str, what: &str) -> Option<&'a Spanned> {
+        let value = fields.get(key);
+        if value.is_none() {
+            self.err_help(fields.node.pos, format!("{what} has no `{key}`"), format!("add `{key}:`"));
+        }
+        value
+    }
+
+    /// A string, with `${NAME}` replaced by the environment variable.
+    fn string(&mut self, node: &Spanned, what: &str) -> Option<String> {
+        let Some(text) = node.as_str() else {
+            self.err(node.pos, format!("{what} is {}, not a string", node.kind()));
+            return None;
+        };
+        let mut out = String::new();
+        let mut rest = text;
+        while let Some(start) = rest.find("${") {
+            out.push_str(rest.get(..start).unwrap_or_default());
+            let after = rest.get(start + 2..).unwrap_or_default();
+            let Some(end) = after.find('}') else {
+                self.err_help(
+                    node.pos,
+                    format!("{what}: `${{` without its `}}`"),
+                    "write `${NAME}` for the environment variable NAME",
+                );
+                return None;
+            };
+            let name = after.get(..end).unwrap_or_default();
+            match (self.env)(name) {
+                Some(value) => out.push_str(&value),
+                None => {
+                    self.err_help(
+                        node.pos,
+                        format!("{what}: the environment variable `{name}` is not set"),
+                        format!("set {name} before running the pipeline"),
+                    );
+                    return None;
+                }
+            }
+            rest = after.get(end + 1..).unwrap_or_default();
+        }
+        out.push_str(rest);
+        Some(out)
+    }
+
+    fn integer(&mut self, node: &Spanned, what: &str, min: u64) -> Option<u64> {
+        let text = node.as_str().unwrap_or_default().replace('_', "");
+        match text.parse::<u64>() {
+            Ok(n) if n >= min => Some(n),
+            _ => {
+                self.err(
+                    node.pos,
+                    format!(
+                        "{what} is `{}`, not a whole number of at least {min}",
+                        node.as_str().unwrap_or(node.kind())
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, node: &Spanned, what: &str) -> Option<bool> {
+        match node.as_str() {
+            Some("true") => Some(true),
+            Some("false") => Some(false),
+            _ => {
+                self.err(node.pos, format!("{what} is `{}`, not true or false", node.as_str().unwrap_or(node.kind())));
+                None
+            }
+        }
+    }
+
+    fn duration(&mut self, node: &Spanned, what: &str) -> Option<Duration> {
+        let text = node.as_str().unwrap_or_default();
+        match parse_duration(text) {
+            Some(d) => Some(d),
+            None => {
+                self.err_help(
+                    node.pos,
+                    format!("{what} is `{}`, not a duration", node.as_str().unwrap_or(node.kind())),
+                    "write a number and a unit: 500ms, 10s, 1m, 2h, 1d",
+                );
+                None
+            }
+        }
+    }
+
+    fn expr(&mut self, node: &Spanned, schema: &Schema, what: &str) -> Option<Expr> {
+        let Some(text) = node.as_str() else {
+            self.err_help(
+                node.pos,
+                format!("{what} is {}, not an expression", node.kind()),
+                "write a CEL expression, quoted: \"event.amount > 0\"",
+            );
+            return None;
+        };
+        let quoted = matches!(node.node, Node::Scalar { plain: false, .. });
+        match expr::compile(text, schema, Origin { pos: node.pos, quoted }) {
+            Ok(e) => Some(e),
+            Err(errors) => {
+                self.errors.extend(errors);
+                None
+            }
+        }
+    }
+
+    fn on_error(&mut self, node: Option<&Spanned>, schema: &Schema, used: &mut Vec<Use>) -> OnError {
+        let Some(node) = node else {
+            return OnError::Fail;
+        };
+        match node.as_str() {
+            Some("fail") => OnError::Fail,
+            Some("skip") => OnError::Skip,
+            Some("dead_letter") => {
+                used.push(Use { sink: "dead_letters".into(), pos: node.pos, schema: dead_letter_schema(schema) });
+                OnError::DeadLetter("dead_letters".into())
+            }
+            Some(other) if other.starts_with("dead_letter:") => {
+                let sink = other.trim_start_matches("dead_letter:").trim().to_string();
+                used.push(Use { sink: sink.clone(), pos: node.pos, schema: dead_letter_schema(schema) });
+                OnError::DeadLetter(sink)
+            }
+            _ => {
+                self.err_help(
+                    node.pos,
+                    format!("on_error is `{}`", node.as_str().unwrap_or(node.kind())),
+                    "write fail (the default), skip, dead_letter (to the sink `dead_letters`) or dead_letter: <sink>",
+                );
+                OnError::Fail
+            }
+        }
+    }
+
+    fn top(&mut self, root: &Spanned) -> Option<Spec> {
+        let top = self.map(root, "a pipeline file", TOP)?;
+        let job = self.required(&top, "job", "the pipeline file").and_then(|n| self.string(n, "job"));
+        let checkpoints = top.get("checkpoints").and_then(|node| {
+            let f = self.map(node, "checkpoints", &["storage", "interval"])?;
+            let storage =
+                self.required(&f, "storage", "checkpoints").and_then(|n| self.string(n, "checkpoints.storage"));
+            let interval = match f.get("interval") {
+                Some(n) => self.duration(n, "checkpoints.interval"),
+                None => Some(Duration::from_secs(10)),
+            };
+            Some((PathBuf::from(storage?), interval?))
+        });
+        let admin = top.get("admin").and_then(|n| self.string(n, "admin"));
+        let mut sinks = BTreeMap::new();
+        if let Some(node) = top.get("sinks") {
+            match node.as_map() {
+                Some(entries) => {
+                    for (name, def) in entries {
+                        if let Some(sink) = self.sink(def, &format!("sink `{}`", name.node)) {
+                            sinks.insert(name.node.clone(), sink);
+                        }
+                    }
+                }
+                None => self.err(node.pos, format!("sinks is {}, not a mapping of names to sinks", node.kind())),
+            }
+        }
+        let mut sources = BTreeMap::new();
+        // Every source's fields, that of a source with errors too: the
+        // steps after it are checked against them.
+        let mut declared_sources: BTreeMap<String, Schema> = BTreeMap::new();
+        let mut used = Vec::new();
+        match top.get("sources") {
+            Some(node) => {
+                if let Some(entries) = node.as_map() {
+                    for (name, def) in entries {
+                        declared_sources.insert(name.node.clone(), declared_schema(def));
+                        if let Some(source) = self.source(def, &name.node, &mut used) {
+                            sources.insert(name.node.clone(), source);
+                        }
+                    }
+                } else {
+                    self.err(node.pos, format!("sources is {}, not a mapping of names to sources", node.kind()));
+                }
+            }
+            None => self.err_help(
+                root.pos,
+                "the pipeline has no `sources`",
+                "declare at least one: sources: { name: { generator: {...} } }",
+            ),
+        }
+        let pipeline = self.required(&top, "pipeline", "the pipeline file")?;
+        let (from, steps) = self.steps(pipeline, &declared_sources, &mut sinks, &mut used)?;
+        for Use { sink, pos, schema } in &used {
+            match sinks.get(sink) {
+                Some(SinkSpec { kind: SinkKind::Kafka { key: Some((text, origin)), .. }, .. }) => {
+                    if let Err(errors) = expr::compile(text, schema, *origin) {
+                        self.errors.extend(errors);
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    let names: Vec<&str> = sinks.keys().map(String::as_str).collect();
+                    let help = match closest(sink, names.iter().copied()) {
+                        Some(near) => format!("did you mean `{near}`?"),
+                        None => format!(
+                            "declare it under `sinks:` (declared: {})",
+                            if names.is_empty() { "none".into() } else { names.join(", ") }
+                        ),
+                    };
+                    self.err_help(*pos, format!("no sink named `{sink}`"), help);
+                }
+            }
+        }
+        Some(Spec { job: job?, checkpoints, admin, sources, sinks, from: from?, steps })
+    }
+
+    fn source(&mut self, node: &Spanned, name: &str, used: &mut Vec<Use>) -> Option<SourceSpec> {
+        let what = format!("source `{name}`");
+        let f = self.map(node, &what, SOURCE_KEYS)?;
+        let kinds: Vec<&str> = SOURCE_KINDS.iter().copied().filter(|k| f.get(k).is_some()).collect();
+        let declared = match f.get("schema") {
+            Some(n) => match n.as_seq() {
+                Some(items) => {
+                    let names: Vec<String> = items.iter().filter_map(|i| self.string(i, "a schema field")).collect();
+                    Some(Schema::of(names))
+                }
+                None => {
+                    self.err_help(
+                        n.pos,
+                        format!("the schema of {what} is {}", n.kind()),
+                        "list the records' fields: schema: [user, amount, ts]",
+                    );
+                    None
+                }
+            },
+            None => None,
+        };
+        let (kind, schema) = match kinds.as_slice() {
+            ["generator"] => {
+                let g = self.map(f.get("generator")?, "a generator", &["count", "rate", "partitions", "fields"])?;
+                let count = g.get("count").and_then(|n| self.integer(n, "count", 0));
+                let rate = g.get("rate").and_then(|n| match n.as_str().and_then(|t| t.parse::<f64>().ok()) {
+                    Some(r) if r > 0.0 && r.is_finite() => Some(r),
+                    _ => {
+                        self.err(n.pos, "rate is not a positive number of records per second");
+                        None
+                    }
+                });
+                let partitions =
+                    g.get("partitions").and_then(|n| self.integer(n, "partitions", 1)).unwrap_or(1) as usize;
+                let index = Schema { fields: vec![Arc::from("i")], open: false, bare: true };
+                let mut names = Vec::new();
+                let mut exprs = Vec::new();
+                match self.required(&g, "fields", "a generator").and_then(Spanned::as_map) {
+                    Some(entries) => {
+                        for (field, e) in entries {
+                            names.push(field.node.clone());
+                            if let Some(e) = self.expr(e, &index, &format!("field `{}`", field.node)) {
+                                exprs.push(e);
+                            }
+                        }
+                    }
+                    None => self.err(g.node.pos, "a generator's fields are a mapping of names to expressions over `i`"),
+                }
+                (Some(SourceKind::Generator { count, rate, partitions, fields: exprs }), Schema::of(names))
+            }
+            ["file"] => {
+                let fl = self.map(f.get("file")?, "a file source", &["path", "format"])?;
+                let path = self.required(&fl, "path", "a file source").and_then(|n| self.string(n, "path"));
+                self.format(fl.get("format"));
+                (
+                    path.map(|p| SourceKind::File { path: PathBuf::from(p) }),
+                    declared.clone().unwrap_or_else(Schema::open),
+                )
+            }
+            ["kafka"] => {
+                let k = self.map(
+                    f.get("kafka")?,
+                    "a Kafka source",
+                    &["brokers", "topic", "topics", "group", "format", "bounded", "start"],
+                )?;
+                let brokers = self.required(&k, "brokers", "a Kafka source").and_then(|n| self.string(n, "brokers"));
+                let mut topics = Vec::new();
+                if let Some(t) = k.get("topic").and_then(|n| self.string(n, "topic")) {
+                    topics.push(t);
+                }
+                if let Some(list) = k.get("topics").and_then(Spanned::as_seq) {
+                    topics.extend(list.iter().filter_map(|n| self.string(n, "a topic")));
+                }
+                if topics.is_empty() {
+                    self.err_help(k.node.pos, "a Kafka source has no `topic`", "add topic: <name> (or topics: [a, b])");
+                }
+                let group = k.get("group").and_then(|n| self.string(n, "group"));
+                let bounded = k.get("bounded").and_then(|n| self.boolean(n, "bounded")).unwrap_or(false);
+                let start_latest = match k.get("start").map(|n| (n.as_str(), n.pos)) {
+                    None | Some((Some("earliest"), _)) => false,
+                    Some((Some("latest"), _)) => true,
+                    Some((other, pos)) => {
+                        self.err_help(pos, format!("start is `{}`", other.unwrap_or("?")), "write earliest or latest");
+                        false
+                    }
+                };
+                self.format(k.get("format"));
+                (
+                    brokers.map(|brokers| SourceKind::Kafka { brokers, topics, group, bounded, start_latest }),
+                    declared.clone().unwrap_or_else(Schema::open),
+                )
+            }
+            [] => {
+                self.err_help(
+                    node.pos,
+                    format!("{what} says nothing to read"),
+                    format!("give it one of: {}", SOURCE_KINDS.join(", ")),
+                );
+                return None;
+            }
+            many => {
+                self.err(
+                    f.key_pos(many.get(1).copied().unwrap_or_default()),
+                    format!("{what} has several kinds: {}; a source has one", many.join(", ")),
+                );
+                return None;
+            }
+        };
+        let schema = match (&kind, declared) {
+            (Some(SourceKind::Generator { .. }), Some(_)) => {
+                self.err(f.key_pos("schema"), "a generator's schema is its fields; remove `schema`");
+                schema
+            }
+            _ => schema,
+        };
+        let event_time = f.get("event_time").and_then(|n| {
+            let t = self.map(n, "event_time", &["field", "max_out_of_orderness", "idle_after"])?;
+            let field_node = self.required(&t, "field", "event_time")?;
+            let field = self.string(field_node, "event_time.field")?;
+            let index = if schema.open {
+                self.err_help(
+                    field_node.pos,
+                    "event time from a field needs the source's fields",
+                    format!("declare them: schema: [..., {field}]"),
+                );
+                return None;
+            } else {
+                match schema.index(&field) {
+                    Some(i) => i,
+                    None => {
+                        let help = match closest(&field, schema.fields.iter().map(|f| &**f)) {
+                            Some(near) => format!("did you mean `{near}`? The fields are: {schema}"),
+                            None => format!("the fields are: {schema}"),
+                        };
+                        self.err_help(field_node.pos, format!("no field `{field}` in source `{name}`"), help);
+                        return None;
+                    }
+                }
+            };
+            let bound = match t.get("max_out_of_orderness") {
+                Some(n) => self.duration(n, "max_out_of_orderness")?,
+                None => Duration::ZERO,
+            };
+            let idle = match t.get("idle_after") {
+                Some(n) => Some(self.duration(n, "idle_after")?),
+                None => None,
+            };
+            Some(EventTime { field: index, name: field, max_out_of_orderness: bound, idle_after: idle })
+        });
+        let on_error = self.on_error(f.get("on_error"), &raw_schema(), used);
+        Some(SourceSpec { kind: kind?, schema, event_time, on_error })
+    }
+
+    fn format(&mut self, node: Option<&Spanned>) {
+        if let Some(n) = node
+            && n.as_str() != Some("json")
+        {
+            self.err_help(
+                n.pos,
+                format!("format `{}` is not known", n.as_str().unwrap_or(n.kind())),
+                "write json (the only format yet)",
+            );
+        }
+    }
+
+    fn sink(&mut self, node: &Spanned, what: &str) -> Option<SinkSpec> {
+        let f = self.map(node, what, SINK_KINDS)?;
+        let Some((kind_key, body)) = f.entries.first().map(|(k, v)| (k.node.as_str(), v)) else {
+            self.err_help(
+                node.pos,
+                format!("{what} says nowhere to write"),
+                format!("give it one of: {}", SINK_KINDS.join(", ")),
+            );
+            return None;
+        };
+        if f.entries.len() > 1 {
+            self.err(
+                f.entries.get(1).map_or(node.pos, |(k, _)| k.pos),
+                format!("{what} has several kinds; a sink has one"),
+            );
+        }
+        let kind = match kind_key {
+            "stdout" => {
+                self.empty(body, "stdout");
+                SinkKind::Stdout
+            }
+            "blackhole" => {
+                self.empty(body, "blackhole");
+                SinkKind::Blackhole
+            }
+            "file" => {
+                let fl = self.map(body, "a file sink", &["path", "format"])?;
+                let path = self.required(&fl, "path", "a file sink").and_then(|n| self.string(n, "path"));
+                self.format(fl.get("format"));
+                SinkKind::File { path: PathBuf::from(path?) }
+            }
+            "kafka" | "kafka_exactly_once" => {
+                let k = self.map(body, "a Kafka sink", &["brokers", "topic", "key", "format"])?;
+                let brokers = self.required(&k, "brokers", "a Kafka sink").and_then(|n| self.string(n, "brokers"));
+                let topic = self.required(&k, "topic", "a Kafka sink").and_then(|n| self.string(n, "topic"));
+                self.format(k.get("format"));
+                // The key's expression is compiled where the sink is used
+                // (its fields are those of the step before it).
+                let key = k.get("key").and_then(|n| match n.as_str() {
+                    Some(text) => Some((
+                        text.to_string(),
+                        Origin { pos: n.pos, quoted: matches!(n.node, Node::Scalar { plain: false, .. }) },
+                    )),
+                    None => {
+                        self.err(n.pos, format!("key is {}, not an expression", n.kind()));
+                        None
+                    }
+                });
+                SinkKind::Kafka {
+                    brokers: brokers?,
+                    topic: topic?,
+                    key,
+                    exactly_once: kind_key == "kafka_exactly_once",
+                }
+            }
+            _ => return None,
+        };
+        Some(SinkSpec { kind, pos: node.pos })
+    }
+
+    fn empty(&mut self, node: &Spanned, what: &str) {
+        if !(node.is_null() || node.as_map().is_some_and(<[_]>::is_empty)) {
+            self.err(node.pos, format!("{what} takes no options; write {what}: {{}}"));
+        }
+    }
+
+    fn steps(
+        &mut self,
+        node: &Spanned,
+        sources: &BTreeMap<String, Schema>,
+        sinks: &mut BTreeMap<String, SinkSpec>,
+        used: &mut Vec<Use>,
+    ) -> Option<(Option<String>, Vec<Step>)> {
+        let Some(items) = node.as_seq() else {
+            self.err_help(
+                node.pos,
+                format!("pipeline is {}, not a list of steps", node.kind()),
+                "write one step per line, starting with `- from: <source>`",
+            );
+            return None;
+        };
+        let mut from = None;
+        let mut schema = Schema::open();
+        let mut keyed = false;
+        let mut steps = Vec::new();
+        let mut has_to = false;
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        let mut names = std::collections::BTreeSet::new();
+        for (index, item) in items.iter().enumerate() {
+            let Some(entries) = item.as_map() else {
+                self.err_help(
+                    item.pos,
+                    format!("step {} is {}, not a mapping", index + 1, item.kind()),
+                    format!("a step starts with one of: {}", STEP_KINDS.join(", ")),
+                );
+                continue;
+            };
+            let kinds: Vec<&(Spanned<String>, Spanned)> =
+                entries.iter().filter(|(k, _)| STEP_KINDS.contains(&k.node.as_str())).collect();
+            // `window` and `aggregate` go together in one step.
+            let window_step = kinds.iter().any(|(k, _)| k.node == "window");
+            let chosen = if window_step { kinds.iter().find(|(k, _)| k.node == "window") } else { kinds.first() };
+            let Some((kind, body)) = chosen.map(|(k, v)| (k, v)) else {
+                let first = entries.first().map_or(item.pos, |(k, _)| k.pos);
+                let written = entries.first().map_or("", |(k, _)| k.node.as_str());
+                let help = match closest(written, STEP_KINDS.iter().copied()) {
+                    Some(near) => format!("did you mean `{near}`? A step is one of: {}", STEP_KINDS.join(", ")),
+                    None => format!("a step is one of: {}", STEP_KINDS.join(", ")),
+                };
+                self.err_help(
+                    first,
+                    format!("step {} does nothing: no `{}`", index + 1, STEP_KINDS.join("`, `")),
+                    help,
+                );
+                continue;
+            };
+            let extra: &[&str] = match kind.node.as_str() {
+                "filter" | "map" => &["on_error", "name"],
+                "key_by" => &["partitions", "on_error", "name"],
+                "window" => &["aggregate", "name"],
+                "aggregate" => &["name"],
+                _ => &["name"],
+            };
+            let mut known: Vec<&str> = vec![kind.node.as_str()];
+            known.extend_from_slice(extra);
+            let what = format!("the `{}` step", kind.node);
+            let Some(f) = self.map(item, &what, &known) else {
+                continue;
+            };
+            // A step's name is its operator's name and, for a step with
+            // state, the id its state is restored by: by default its kind,
+            // numbered from the second step of the kind on, so that moving
+            // steps around in the file keeps their state.
+            let name = match f.get("name") {
+                Some(n) => self.string(n, "name").unwrap_or_default(),
+                None => {
+                    let count = counts.entry(kind.node.clone()).or_insert(0usize);
+                    *count += 1;
+                    if *count == 1 { kind.node.clone() } else { format!("{}-{count}", kind.node) }
+                }
+            };
+            if !names.insert(name.clone()) {
+                self.err_help(
+                    f.key_pos("name"),
+                    format!("two steps are named `{name}`"),
+                    "give each step its own name",
+                );
+            }
+            if index == 0 && kind.node != "from" {
+                self.err_help(kind.pos, "a pipeline starts with `from`", "write `- from: <source>` as its first step");
+            }
+            let out = match (kind.node.as_str(), window_step) {
+                ("from", _) => {
+                    if index > 0 {
+                        self.err(kind.pos, "`from` is the first step only");
+                        continue;
+                    }
+                    let Some(source) = self.string(body, "from") else { continue };
+                    match sources.get(&source) {
+                        Some(s) => schema = s.clone(),
+                        None => {
+                            let names: Vec<&str> = sources.keys().map(String::as_str).collect();
+                            let help = match closest(&source, names.iter().copied()) {
+                                Some(near) => format!("did you mean `{near}`?"),
+                                None => format!("the sources are: {}", names.join(", ")),
+                            };
+                            self.err_help(body.pos, format!("no source named `{source}`"), help);
+                        }
+                    }
+                    from = Some(source);
+                    continue;
+                }
+                ("filter", _) => {
+                    let e = self.expr(body, &schema, "filter");
+                    let policy = self.on_error(f.get("on_error"), &schema, used);
+                    e.map(|e| (StepKind::Filter(e, policy), schema.clone()))
+                }
+                ("map", _) => {
+                    let Some(entries) = body.as_map() else {
+                        self.err_help(
+                            body.pos,
+                            format!("map is {}", body.kind()),
+                            "write the new fields: map: { user: \"event.user\", cents: \"event.amount * 100\" }",
+                        );
+                        continue;
+                    };
+                    let mut exprs = Vec::new();
+                    let mut names = Vec::new();
+                    for (field, e) in entries {
+                        names.push(field.node.clone());
+                        if let Some(e) = self.expr(e, &schema, &format!("field `{}`", field.node)) {
+                            exprs.push(e);
+                        }
+                    }
+                    let policy = self.on_error(f.get("on_error"), &schema, used);
+                    (exprs.len() == names.len()).then(|| (StepKind::Map(exprs, policy), Schema::of(names)))
+                }
+                ("key_by", _) => {
+                    let e = self.expr(body, &schema, "key_by");
+                    let partitions =
+                        f.get("partitions").and_then(|n| self.integer(n, "partitions", 1)).map(|n| n as usize);
+                    let policy = self.on_error(f.get("on_error"), &schema, used);
+                    keyed = true;
+                    e.map(|e| (StepKind::KeyBy(e, partitions, policy), schema.clone()))
+                }
+                ("window", _) => {
+                    if !keyed {
+                        self.err_help(
+                            kind.pos,
+                            "a window on records without a key",
+                            "put a `key_by` step before it (key_by: \"event.user\")",
+                        );
+                    }
+                    let window = self.window(body);
+                    let late = body
+                        .as_map()
+                        .and_then(|m| m.iter().find(|(k, _)| k.node == "late"))
+                        .and_then(|(_, v)| self.string(v, "late"));
+                    if let Some(late) = &late {
+                        used.push(Use { sink: late.clone(), pos: body.pos, schema: schema.clone() });
+                    }
+                    let aggregates = match f.get("aggregate") {
+                        Some(a) => self.aggregates(a, &schema),
+                        None => {
+                            self.err_help(
+                                kind.pos,
+                                "a window without `aggregate`",
+                                "add aggregate: { n: \"count()\" } to the step",
+                            );
+                            None
+                        }
+                    };
+                    keyed = false;
+                    let mut names = vec!["key".to_string(), "window_start".into(), "window_end".into()];
+                    names.extend(aggregates.iter().flatten().map(|a| a.name.clone()));
+                    match (window, aggregates) {
+                        (Some((window, allowed_lateness)), Some(aggregates)) => {
+                            Some((StepKind::Window { window, aggregates, allowed_lateness, late }, Schema::of(names)))
+                        }
+                        _ => None,
+                    }
+                }
+                ("aggregate", _) => {
+                    if !keyed {
+                        self.err_help(
+                            kind.pos,
+                            "a running aggregate on records without a key",
+                            "put a `key_by` step before it",
+                        );
+                    }
+                    keyed = false;
+                    self.aggregates(body, &schema).map(|aggregates| {
+                        let mut names = vec!["key".to_string()];
+                        names.extend(aggregates.iter().map(|a| a.name.clone()));
+                        (StepKind::Aggregate(aggregates), Schema::of(names))
+                    })
+                }
+                ("to", _) => {
+                    has_to = true;
+                    let sink = if let Some(sink) = body.as_str() {
+                        Some(sink.to_string())
+                    } else {
+                        // An inline sink is named by its step and kind (`to:stdout`).
+                        let kind = body.as_map().and_then(|m| m.first()).map_or("sink", |(k, _)| k.node.as_str());
+                        let sink = format!("{name}:{kind}");
+                        self.sink(body, "the `to` step").map(|spec| {
+                            sinks.insert(sink.clone(), spec);
+                            sink
+                        })
+                    };
+                    if let Some(sink) = &sink {
+                        used.push(Use { sink: sink.clone(), pos: body.pos, schema: schema.clone() });
+                    }
+                    sink.map(|s| (StepKind::To(s), schema.clone()))
+                }
+                _ => None,
+            };
+            if let Some((kind_out, out_schema)) = out {
+                schema = out_schema.clone();
+                steps.push(Step { kind: kind_out, name, pos: kind.pos, schema: out_schema });
+            }
+        }
+        if !has_to && !items.is_empty() {
+            self.err_help(node.pos, "the pipeline's records go nowhere", "end it with a `to` step: - to: <sink>");
+        }
+        if from.is_none() && items.is_empty() {
+            self.err_help(node.pos, "the pipeline has no steps", "start it with `- from: <source>`");
+        }
+        Some((from, steps))
+    }
+
+    fn window(&mut self, node: &Spanned) -> Option<(WindowSpec, Duration)> {
+        let w = self.map(node, "a window", &["tumbling", "sliding", "every", "session", "allowed_lateness", "late"])?;
+        let lateness = match w.get("allowed_lateness") {
+            Some(n) => self.duration(n, "allowed_lateness")?,
+            None => Duration::ZERO,
+        };
+        let spec = match (w.get("tumbling"), w.get("sliding"), w.get("session")) {
+            (Some(t), None, None) => self.duration(t, "tumbling").map(WindowSpec::Tumbling),
+            (None, Some(s), None) => {
+                let size = self.duration(s, "sliding");
+                let every = match w.get("every") {
+                    Some(e) => self.duration(e, "every"),
+                    None => {
+                        self.err_help(
+                            s.pos,
+                            "a sliding window without `every`",
+                            "add every: <how often a window starts>",
+                        );
+                        None
+                    }
+                };
+                Some(WindowSpec::Sliding(size?, every?))
+            }
+            (None, None, Some(g)) => self.duration(g, "session").map(WindowSpec::Session),
+            _ => {
+                self.err_help(
+                    node.pos,
+                    "a window is one of tumbling, sliding or session",
+                    "write tumbling: 1m, sliding: 10m with every: 1m, or session: 30s",
+                );
+                None
+            }
+        };
+        Some((spec?, lateness))
+    }
+
+    fn aggregates(&mut self, node: &Spanned, schema: &Schema) -> Option<Vec<AggSpec>> {
+        let Some(entries) = node.as_map() else {
+            self.err_help(
+                node.pos,
+                format!("aggregate is {}", node.kind()),
+                "write the results' names and aggregates: aggregate: { n: \"count()\", total: \"sum(event.amount)\" }",
+            );
+            return None;
+        };
+        let mut out = Vec::new();
+        let before = self.errors.len();
+        for (name, e) in entries {
+            let Some(text) = e.as_str() else {
+                self.err(e.pos, format!("aggregate `{}` is {}, not an aggregate", name.node, e.kind()));
+                continue;
+            };
+            let quoted = matches!(e.node, Node::Scalar { plain: false, .. });
+            match super::agg::parse(text, schema, Origin { pos: e.pos, quoted }) {
+                Ok((kind, arg)) => out.push(AggSpec { name: name.node.clone(), kind, arg }),
+                Err(errors) => self.errors.extend(errors),
+            }
+        }
+        (self.errors.len() == before && !out.is_empty()).then_some(out).or_else(|| {
+            if entries.is_empty() {
+                self.err(node.pos, "aggregate has no results");
+            }
+            None
+        })
+    }
+}
+
+/// The fields of a source's records as its definition declares them
+/// (a generator's, or `schema:`), without checking anything.
+fn declared_schema(def: &Spanned) -> Schema {
+    let entries = def.as_map().unwrap_or_default();
+    let get = |key: &str| entries.iter().find(|(k, _)| k.node == key).map(|(_, v)| v);
+    if let Some(fields) = get("generator")
+        .and_then(Spanned::as_map)
+        .and_then(|g| g.iter().find(|(k, _)| k.node == "fields"))
+        .and_then(|(_, f)| f.as_map())
+    {
+        return Schema::of(fields.iter().map(|(k, _)| k.node.as_str()));
+    }
+    match get("schema").and_then(Spanned::as_seq) {
+        Some(items) => Schema::of(items.iter().map(|i| i.as_str().unwrap_or_default())),
+        None => Schema::open(),
+    }
+}
+
+/// A duration: a number and a unit (ms, s, m, h, d), or several (`1m30s`).
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let n: u64 = rest.get(..digits)?.parse().ok()?;
+        rest = rest.get(digits..)?;
+        let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let ms = match rest.get(..unit)? {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => return None,
+        };
+        total = total.checked_add(Duration::from_millis(n.checked_mul(ms)?))?;
+        rest = rest.get(unit..)?;
+    }
+    Some(total)
+}
+
+impl AggKind {
+    /// The names of the aggregates, for messages.
+    pub const NAMES: &'static [&'static str] =
+        &["count", "sum", "min", "max", "avg", "first", "last", "count_distinct"];
+}
