@@ -193,14 +193,128 @@ where
     fn push(&mut self, batch: &mut Batch<I>) -> Result<()> {
         OperatorCounters::add(&self.info.counters.records_in, batch.len());
         let f = &*self.f;
-        for (v, m) in batch.values.drain(..).zip(batch.meta.drain(..)) {
-            match f(&v) {
-                Ok(o) => self.out.push(o, m),
-                Err(e) => self.failures.fail(&self.info, v, m, &e)?,
+        // Until a record fails, results go out with the batch's metadata
+        // as it is (as `map`'s do), not copied record by record.
+        let mut first_failure = None;
+        for (i, v) in batch.values.iter().enumerate() {
+            match f(v) {
+                Ok(o) => self.out.values.push(o),
+                Err(e) => {
+                    first_failure = Some((i, e));
+                    break;
+                }
+            }
+        }
+        match first_failure {
+            None => {
+                std::mem::swap(&mut self.out.meta, &mut batch.meta);
+                batch.clear();
+            }
+            Some((at, error)) => {
+                self.out.meta.extend(batch.meta.drain(..at));
+                let mut rest = batch.values.drain(at..).zip(batch.meta.drain(..));
+                if let Some((v, m)) = rest.next() {
+                    self.failures.fail(&self.info, v, m, &error)?;
+                }
+                for (v, m) in rest {
+                    match f(&v) {
+                        Ok(o) => self.out.push(o, m),
+                        Err(e) => self.failures.fail(&self.info, v, m, &e)?,
+                    }
+                }
+                batch.clear();
             }
         }
         OperatorCounters::add(&self.info.counters.records_out, self.out.len());
         self.next.push(&mut self.out)?;
+        self.failures.push()
+    }
+    forward_control!(consumer, failures);
+}
+
+/// The factory of `try_filter` by `f` under `policy`: outputs are the kept
+/// records and the dead letters.
+pub(crate) fn try_filter<T, E, F>(policy: Policy, f: Arc<F>) -> Arc<dyn ChainFactory>
+where
+    T: Clone + Send + 'static,
+    E: Display,
+    F: Fn(&T) -> std::result::Result<bool, E> + Send + Sync + 'static,
+{
+    chain_factory(move |ctx, outs| {
+        let info = ctx.info.clone();
+        let (ok, dead) = two(outs, &info.name)?;
+        let next = typed::<T>(ok, &info.name)?;
+        let dead = match policy {
+            Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
+            _ => None,
+        };
+        let keep = Vec::with_capacity(ctx.batch_size);
+        Ok(erase::<T>(Box::new(TryFilterOp {
+            info,
+            f: f.clone(),
+            keep,
+            errors: Vec::new(),
+            next,
+            failures: Failures::new(policy, dead)?,
+        })))
+    })
+}
+
+/// `try_filter`: keeps the records the predicate accepts, in place; a
+/// record whose predicate fails goes to the failure policy.
+pub(crate) struct TryFilterOp<T, F> {
+    pub(crate) info: OpInfo,
+    pub(crate) f: Arc<F>,
+    /// Per record of a batch: 0 dropped, 1 kept, 2 failed.
+    pub(crate) keep: Vec<u8>,
+    /// The errors of the failed records, in order.
+    pub(crate) errors: Vec<String>,
+    pub(crate) next: Box<dyn Consumer<T>>,
+    pub(crate) failures: Failures<T>,
+}
+
+impl<T, E, F> Consumer<T> for TryFilterOp<T, F>
+where
+    T: Clone + Send + 'static,
+    E: Display,
+    F: Fn(&T) -> std::result::Result<bool, E> + Send + Sync + 'static,
+{
+    fn push(&mut self, batch: &mut Batch<T>) -> Result<()> {
+        let n = batch.len();
+        OperatorCounters::add(&self.info.counters.records_in, n);
+        let f = &*self.f;
+        self.keep.clear();
+        let mut kept = 0;
+        for v in &batch.values {
+            let k = match f(v) {
+                Ok(k) => u8::from(k),
+                Err(e) => {
+                    self.errors.push(e.to_string());
+                    2
+                }
+            };
+            kept += usize::from(k == 1);
+            self.keep.push(k);
+        }
+        if !self.errors.is_empty() {
+            let values = std::mem::take(&mut batch.values);
+            let meta = std::mem::take(&mut batch.meta);
+            let mut errors = std::mem::take(&mut self.errors).into_iter();
+            for ((v, m), &k) in values.into_iter().zip(meta).zip(&self.keep) {
+                match k {
+                    1 => batch.push(v, m),
+                    2 => self.failures.fail(&self.info, v, m, &errors.next().unwrap_or_default())?,
+                    _ => {}
+                }
+            }
+        } else if kept != n {
+            let mut flags = self.keep.iter();
+            batch.values.retain(|_| flags.next() == Some(&1));
+            let mut flags = self.keep.iter();
+            batch.meta.retain(|_| flags.next() == Some(&1));
+        }
+        OperatorCounters::add(&self.info.counters.records_out, batch.len());
+        self.next.push(batch)?;
         self.failures.push()
     }
     forward_control!(consumer, failures);
@@ -289,5 +403,39 @@ impl<T: Clone + Send + 'static> PortType for TypedPort<T> {
     }
     fn discard(&self) -> AnyConsumer {
         erase::<T>(Box::new(DiscardOp))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use crate::on_error;
+    use crate::testing::TestJob;
+
+    /// Records failing in the middle of a batch: those before and after
+    /// keep their order and their metadata, the failed ones become dead
+    /// letters naming their offsets.
+    #[test]
+    fn process_and_try_filter_keep_order_and_positions_around_failures() {
+        let mut t = TestJob::new("failures");
+        let input = t.input((0..20u32).collect::<Vec<_>>());
+        let fails = |x: u32| x % 7 == 3;
+        let (halves, dead) =
+            input.process(on_error::DeadLetter, move |x: &u32| if fails(*x) { Err("seven") } else { Ok(x / 2) });
+        let (evens, dead_evens) =
+            input.try_filter(
+                on_error::DeadLetter,
+                move |x: &u32| if fails(*x) { Err("seven") } else { Ok(x.is_multiple_of(2)) },
+            );
+        let (halves, dead, evens, dead_evens) =
+            (t.collect(&halves), t.collect(&dead), t.collect(&evens), t.collect(&dead_evens));
+        t.run().unwrap();
+        let ok: Vec<u32> = (0..20).filter(|x| !fails(*x)).collect();
+        assert_eq!(halves.values(), ok.iter().map(|x| x / 2).collect::<Vec<_>>());
+        assert_eq!(evens.values(), ok.iter().copied().filter(|x| x.is_multiple_of(2)).collect::<Vec<_>>());
+        for letters in [dead.values(), dead_evens.values()] {
+            let failed: Vec<(u32, u64)> = letters.iter().map(|d| (d.record, d.position.offset)).collect();
+            assert_eq!(failed, vec![(3, 3), (10, 10), (17, 17)]);
+        }
     }
 }

@@ -514,6 +514,35 @@ impl<T: Clone + Send + 'static> Stream<T> {
         self.stateless::<T>("filter", stateless::filter::<T, F>(Arc::new(f)))
     }
 
+    /// Keeps the records `f` accepts, where `f` can fail: a record whose
+    /// predicate returns an error goes to the failure `policy` (the job
+    /// fails naming it, it is dropped and counted, or it becomes a dead
+    /// letter), like a failing [`process`](Self::process). The records
+    /// stay where they are in their batch: no copy per record.
+    ///
+    /// ```
+    /// use weibo::on_error;
+    /// let mut t = weibo::testing::TestJob::new("limits");
+    /// let lines = t.input(vec!["5".to_string(), "x".to_string(), "50".to_string()]);
+    /// let (small, dead) = lines.try_filter(on_error::DeadLetter, |l: &String| l.parse::<u32>().map(|n| n < 10));
+    /// let small = t.collect(&small);
+    /// let dead = t.collect(&dead);
+    /// t.run()?;
+    /// assert_eq!(small.values(), vec!["5".to_string()]);
+    /// assert_eq!(dead.values()[0].record, "x");
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn try_filter<E, F, P>(&self, policy: P, f: F) -> P::Output
+    where
+        E: Display,
+        F: Fn(&T) -> std::result::Result<bool, E> + Send + Sync + 'static,
+        P: on_error::OnError<T, T>,
+    {
+        let policy = policy.policy();
+        let factory = stateless::try_filter::<T, E, F>(policy, Arc::new(f));
+        self.process_node::<T, P>("filter", policy, factory, Vec::new())
+    }
+
     /// Turns each record into zero or more records.
     ///
     /// ```
@@ -559,12 +588,18 @@ impl<T: Clone + Send + 'static> Stream<T> {
     {
         let policy = policy.policy();
         let factory = stateless::process::<T, U, E, F>(policy, Arc::new(f));
-        self.process_node::<U, P>(policy, factory, Vec::new())
+        self.process_node::<U, P>("process", policy, factory, Vec::new())
     }
 
     /// The node of a stateless `process` under `policy`: its results, dead
     /// letters and `sides`.
-    fn process_node<U, P>(&self, policy: Policy, factory: Arc<dyn ChainFactory>, sides: Vec<Port>) -> P::Output
+    fn process_node<U, P>(
+        &self,
+        kind: &'static str,
+        policy: Policy,
+        factory: Arc<dyn ChainFactory>,
+        sides: Vec<Port>,
+    ) -> P::Output
     where
         U: Clone + Send + 'static,
         P: on_error::OnError<T, U>,
@@ -572,8 +607,8 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let mut outputs = vec![port::<U>("output", true), dead_letters::<T>(policy)];
         outputs.extend(sides);
         let node = self.add(Node {
-            kind: "process",
-            name: "process".into(),
+            kind,
+            name: kind.into(),
             uid: None,
             state_version: 1,
             named: false,
@@ -613,7 +648,7 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let handles = declare(&mut declared);
         let factory = outputs::process::<T, U, S, F, R>(policy, Arc::new(handles), Arc::new(f), declared.opener());
         self.lock().wiring_errors.extend(declared.errors().iter().map(|e| format!("process: {e}")));
-        self.process_node::<U, P>(policy, factory, side_ports(&declared).collect())
+        self.process_node::<U, P>("process", policy, factory, side_ports(&declared).collect())
     }
 
     /// Gives each record the event time `f` extracts, and generates
