@@ -785,9 +785,97 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
     }
 }
 
+/// W1, W2 and W3 declared in YAML (`yaml-w1`, `yaml-w2`, `yaml-w3`): the
+/// same events from a generator whose fields are CEL expressions over the
+/// index `i`, the same operators, and the results handed to the same
+/// checksum sinks (through `Pipeline::job_with_sinks`).
+fn yaml_job(workload: &str, n: u64, partitions: usize, total: Arc<Mutex<Out>>) -> Job {
+    use weibo_connectors::yaml::{Pipeline, Row, SinkUse, Value};
+    let source = |keys: u64, time: &str| {
+        format!(
+            "job: bench-yaml-{workload}\n\
+             sources:\n  events:\n    generator: {{ count: {n}, partitions: {partitions}, \
+             fields: {{ key: \"(i * {MULT}) % {keys}\", value: \"i % 1000\", ts: \"i\" }} }}\n{time}\
+             sinks:\n  out: {{ blackhole: {{}} }}\n"
+        )
+    };
+    let text = match workload {
+        "w1" => {
+            source(100_000, "    event_time: { field: ts }\n")
+                + &format!(
+                    "pipeline:\n  - from: events\n  - key_by: \"event.key\"\n    partitions: {partitions}\n  \
+                 - window: {{ tumbling: 1s }}\n    aggregate: {{ sum: \"sum(event.value)\" }}\n  - to: out\n"
+                )
+        }
+        "w2" => {
+            source(100_000, "")
+                + "pipeline:\n  - from: events\n  - map: { v: \"event.value * 3 + 1\" }\n  \
+               - filter: \"event.v % 2 == 0\"\n  - to: out\n"
+        }
+        "w3" => {
+            source(5_000_000, "")
+                + &format!(
+                    "pipeline:\n  - from: events\n  - key_by: \"event.key\"\n    partitions: {partitions}\n  \
+                 - aggregate: {{ n: \"count()\", sum: \"sum(event.value)\", delta: \"last(event.value)\" }}\n  - to: out\n"
+                )
+        }
+        _ => usage(),
+    };
+    let pipeline = match Pipeline::parse(&format!("{workload}.yaml"), text.as_bytes()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1)
+        }
+    };
+    let int = |v: &Value| match v {
+        Value::Int(i) => *i as u64,
+        _ => 0,
+    };
+    let workload = workload.to_string();
+    let job = pipeline.job_with_sinks(move |_, out: &SinkUse| {
+        let total = total.clone();
+        match workload.as_str() {
+            "w1" => out.stream.sink(Checksum {
+                total,
+                f: move |o: &mut Out, r: &Row| {
+                    let (key, window, sum) = (int(r.field(0)), int(r.field(1)) / 1000, int(r.field(3)));
+                    o.count += 1;
+                    o.sum = o.sum.wrapping_add(sum);
+                    o.chk = o.chk.wrapping_add(
+                        key.wrapping_mul(1_000_003).wrapping_add(window).wrapping_mul(sum.wrapping_add(1)),
+                    );
+                },
+            }),
+            "w2" => out.stream.sink(Checksum {
+                total,
+                f: move |o: &mut Out, r: &Row| {
+                    o.count += 1;
+                    o.sum = o.sum.wrapping_add(int(r.field(0)));
+                    o.chk = o.sum;
+                },
+            }),
+            _ => out.stream.sink(Checksum {
+                total,
+                f: move |o: &mut Out, r: &Row| {
+                    let (key, count, delta) = (int(r.field(0)), int(r.field(1)), int(r.field(3)));
+                    o.count += u64::from(count == 1);
+                    o.sum = o.sum.wrapping_add(delta);
+                    o.chk = o.chk.wrapping_add(key.wrapping_mul(delta));
+                },
+            }),
+        };
+        true
+    });
+    job.unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(1)
+    })
+}
+
 fn usage() -> ! {
     eprintln!(
-        "usage: bench <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|sessions|sessions-100keys|dedup|list-append|map-state|join-interval|join-window|join-interval-loop|join-window-loop|async|async-loop> <events> <partitions> [threads] | bench ckpt <keys> 1"
+        "usage: bench <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|yaml-w1|yaml-w2|yaml-w3|sessions|sessions-100keys|dedup|list-append|map-state|join-interval|join-window|join-interval-loop|join-window-loop|async|async-loop> <events> <partitions> [threads] | bench ckpt <keys> 1"
     );
     std::process::exit(2)
 }
@@ -930,7 +1018,10 @@ fn main() {
         );
         return;
     }
-    let mut job = Job::new(format!("bench-{workload}"));
+    let mut job = match workload.strip_prefix("yaml-") {
+        Some(w) => yaml_job(w, n, partitions, total.clone()),
+        None => Job::new(format!("bench-{workload}")),
+    };
     // `WEIBO_ALIGN_MS=<ms>` sets the sources' watermark alignment (the
     // largest drift between partitions; `off`: none).
     match std::env::var("WEIBO_ALIGN_MS").as_deref() {
@@ -975,6 +1066,7 @@ fn main() {
         "w1-100keys" => w1(&job, n, partitions, 100, total.clone()),
         "w1-sum" => w1_sum(&job, n, partitions, total.clone()),
         "w2" => w2(&job, n, partitions, total.clone()),
+        w if w.starts_with("yaml-") => {}
         "w3" => w3(&job, n, partitions, 5_000_000, total.clone()),
         "w3-100keys" => w3(&job, n, partitions, 100, total.clone()),
         "w3-sum" => w3_sum(&job, n, partitions, total.clone()),
@@ -1057,13 +1149,15 @@ fn main() {
         ("w1-sum", true) => "weibo-fjall-sum",
         ("w3-100keys", _) => "weibo-100keys",
         ("w3-sum", true) => "weibo-fjall-sum",
+        (w, false) if w.starts_with("yaml-") => "weibo-yaml",
+        (w, true) if w.starts_with("yaml-") => "weibo-yaml-fjall",
         (_, true) => "weibo-fjall",
         _ => "weibo",
     };
     let workload = match workload.as_str() {
         "w1-100keys" | "w1-sum" => "w1",
         "w3-sum" | "w3-100keys" => "w3",
-        w => w,
+        w => w.strip_prefix("yaml-").unwrap_or(w),
     };
     println!(
         "RESULT engine={engine} workload={workload} n={n} par={partitions} secs={secs:.4} eps={:.0} out_count={} out_sum={} out_chk={} threads={threads} heap_peak_kb={}",

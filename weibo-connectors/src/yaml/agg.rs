@@ -179,7 +179,7 @@ impl Aggregates {
                     if let Err(at) = set.binary_search_by(|x| total_order(x, &arg)) {
                         set.insert(at, arg);
                     }
-                    *cur = Value::List(set.into());
+                    *cur = Value::List(Arc::new(set));
                 }
             }
         }
@@ -200,12 +200,12 @@ fn sum(cur: &Value, arg: &Value) -> Result<Value, EvalError> {
         (Value::Null, Value::Int(x)) => Value::Int(*x),
         (Value::Null, Value::Float(x)) => Value::Float(*x),
         (Value::Int(a), Value::Int(b)) => {
-            Value::Int(a.checked_add(*b).ok_or_else(|| EvalError("int overflow in sum".into()))?)
+            Value::Int(a.checked_add(*b).ok_or_else(|| EvalError::new("int overflow in sum"))?)
         }
         (Value::Int(a), Value::Float(b)) => Value::Float(*a as f64 + b),
         (Value::Float(a), Value::Int(b)) => Value::Float(a + *b as f64),
         (Value::Float(a), Value::Float(b)) => Value::Float(a + b),
-        (_, other) => return Err(EvalError(format!("sum of {} ({}), not a number", other, other.type_name()).into())),
+        (_, other) => return Err(EvalError::new(format!("sum of {} ({}), not a number", other, other.type_name()))),
     })
 }
 
@@ -297,7 +297,7 @@ impl Aggregate<Row> for Aggregates {
                             }
                         }
                     }
-                    *cur = Value::List(set.into());
+                    *cur = Value::List(Arc::new(set));
                 }
             }
         }

@@ -14,6 +14,31 @@ use super::spec::{
 };
 use super::value::{Row, Value};
 
+/// `$call` (a `process` or `try_filter` of `$stream` with the failure
+/// policy bound to `$p`) under `policy`: records it fails go to the
+/// failure policy (the job fails, they are skipped and counted, or they go
+/// to a dead-letter sink). The node is named `step`.
+macro_rules! under {
+    ($policy:expr, $step:expr, $schema:expr, $sinks:expr, |$p:ident| $call:expr) => {{
+        match $policy {
+            OnError::Fail => {
+                let $p = weibo::on_error::Fail;
+                $call.name($step)
+            }
+            OnError::Skip => {
+                let $p = weibo::on_error::Drop;
+                $call.name($step)
+            }
+            OnError::DeadLetter(sink) => {
+                let $p = weibo::on_error::DeadLetter;
+                let (ok, dead) = $call;
+                dead_letters(&dead, sink, $step, $schema, $sinks);
+                ok.name($step)
+            }
+        }
+    }};
+}
+
 /// A record on its way to a sink: a map of its fields, in its step's
 /// order (written as a JSON object), and its Kafka key.
 #[derive(Clone, PartialEq)]
@@ -50,8 +75,20 @@ impl fmt::Display for BuildError {
 
 impl std::error::Error for BuildError {}
 
+/// One stream of records to a sink: the records, their fields, and the
+/// name of the step that sends them.
+#[derive(Clone, Debug)]
+pub struct SinkUse {
+    /// The records.
+    pub stream: Stream<Row>,
+    /// Their fields.
+    pub schema: Schema,
+    /// The step that sends them (`to`, `window:late`, `map:dead-letters`).
+    pub step: String,
+}
+
 /// The streams of records each sink gets, by sink name.
-type SinkInputs = BTreeMap<String, Vec<Stream<Out>>>;
+type SinkInputs = BTreeMap<String, Vec<SinkUse>>;
 
 /// The stream at a step: keyed or not.
 enum Cur {
@@ -64,6 +101,16 @@ enum Cur {
 /// # Errors
 /// A source that cannot be set up (a Kafka cluster that does not answer).
 pub fn build(spec: &Spec) -> Result<Job, BuildError> {
+    build_with(spec, &mut |_, _| false)
+}
+
+/// Wires `spec` into a new job, offering each use of a sink to `take`
+/// first: when it returns `true`, it has wired the records itself (to a
+/// sink of its own), and the sink the file declares does not get them.
+///
+/// # Errors
+/// As [`build`].
+pub fn build_with(spec: &Spec, take: &mut dyn FnMut(&str, &SinkUse) -> bool) -> Result<Job, BuildError> {
     let mut job = Job::new(&spec.job);
     if let Some((dir, interval)) = &spec.checkpoints {
         job = job.with_checkpoints(dir.clone(), *interval);
@@ -76,54 +123,32 @@ pub fn build(spec: &Spec) -> Result<Job, BuildError> {
         cur = match (&step.kind, cur) {
             (StepKind::Filter(e, policy), Cur::Plain(s)) => {
                 let e = e.clone();
-                Cur::Plain(apply(
-                    &s,
-                    policy,
-                    &step.name,
-                    &schema,
-                    &mut sinks,
-                    move |ctx: &mut OutputContext<'_, Row>, r: &Row| {
-                        if e.test(r)? {
-                            ctx.emit(r.clone());
-                        }
-                        Ok(())
-                    },
-                ))
+                Cur::Plain(
+                    under!(policy, &step.name, &schema, &mut sinks, |p| s.try_filter(p, move |r: &Row| e.test(r)))
+                )
             }
             (StepKind::Map(exprs, policy), Cur::Plain(s)) => {
                 let exprs = exprs.clone();
-                Cur::Plain(apply(
-                    &s,
-                    policy,
-                    &step.name,
-                    &schema,
-                    &mut sinks,
-                    one(move |r: &Row| {
-                        let mut out = smallvec::SmallVec::with_capacity(exprs.len());
-                        for e in &exprs {
-                            out.push(e.eval(r)?);
-                        }
-                        Ok(Row(out))
-                    }),
-                ))
+                let f = move |r: &Row| {
+                    let mut out = smallvec::SmallVec::with_capacity(exprs.len());
+                    for e in &exprs {
+                        out.push(e.eval(r)?);
+                    }
+                    Ok::<_, EvalError>(Row(out))
+                };
+                Cur::Plain(under!(policy, &step.name, &schema, &mut sinks, |p| s.process(p, f)))
             }
             (StepKind::KeyBy(e, partitions, policy), Cur::Plain(s)) => {
                 // The key is computed under the failure policy and kept as a
                 // last, hidden field: `key_by`'s own function cannot fail.
                 let e = e.clone();
-                let with_key = apply(
-                    &s,
-                    policy,
-                    &step.name,
-                    &schema,
-                    &mut sinks,
-                    one(move |r: &Row| {
-                        let key = e.eval(r)?;
-                        let mut r = r.clone();
-                        r.0.push(key);
-                        Ok(r)
-                    }),
-                );
+                let f = move |r: &Row| {
+                    let key = e.eval(r)?;
+                    let mut r = r.clone();
+                    r.0.push(key);
+                    Ok::<_, EvalError>(r)
+                };
+                let with_key = under!(policy, &step.name, &schema, &mut sinks, |p| s.process(p, f));
                 let mut keyed = with_key.key_by(|r: &Row| r.0.last().cloned().unwrap_or_default());
                 if let Some(n) = partitions {
                     keyed = keyed.with_partitions(*n);
@@ -143,7 +168,7 @@ pub fn build(spec: &Spec) -> Result<Job, BuildError> {
                     .uid(&step.name);
                 if let Some(late) = late {
                     let late_records = out.late_records();
-                    to_sink(&late_records, &schema, late, &format!("{}:late", step.name), spec, &mut sinks)?;
+                    to_sink(&late_records, &schema, late, &format!("{}:late", step.name), &mut sinks);
                 }
                 let rows = out.into_stream().map(|w: WindowResult<Value, Row>| {
                     let mut row = Row::new([w.key, Value::Int(w.window.start), Value::Int(w.window.end)]);
@@ -162,7 +187,7 @@ pub fn build(spec: &Spec) -> Result<Job, BuildError> {
                 Cur::Plain(rows.name(&format!("{}:results", step.name)))
             }
             (StepKind::To(sink), Cur::Plain(s)) => {
-                to_sink(&s, &schema, sink, &step.name, spec, &mut sinks)?;
+                to_sink(&s, &schema, sink, &step.name, &mut sinks);
                 Cur::Plain(s)
             }
             (kind, _) => {
@@ -171,68 +196,48 @@ pub fn build(spec: &Spec) -> Result<Job, BuildError> {
         };
         schema = step.schema.clone();
     }
-    for (name, inputs) in sinks {
-        let Some(first) = inputs.first() else { continue };
-        let all = inputs.iter().skip(1).fold(first.clone(), |acc, s| acc.union(s));
+    for (name, uses) in sinks {
+        let mut outs = Vec::new();
+        for u in uses.iter().filter(|u| !take(&name, u)) {
+            outs.push(to_out(u, &name, spec)?);
+        }
+        let Some(first) = outs.first() else { continue };
+        let all = outs.iter().skip(1).fold(first.clone(), |acc, s| acc.union(s));
         let sink = spec.sinks.get(&name).ok_or_else(|| BuildError(format!("no sink `{name}`")))?;
         attach(&all, &name, sink, spec)?;
     }
     Ok(job)
 }
 
-/// `f` over `stream` under `policy`, emitting what it gives through its
-/// context: records it fails go to the failure policy (the job fails, they
-/// are skipped and counted, or they go to a dead-letter sink). The node is
-/// named `step`.
-fn apply<T, U, F>(
-    stream: &Stream<T>,
-    policy: &OnError,
+/// The dead letters of `step` (whose records have `schema`) to `sink`, as
+/// rows: the record, the error, the step, where the record came from.
+fn dead_letters<T: Clone + Send + fmt::Debug + 'static>(
+    dead: &Stream<weibo::DeadLetter<T>>,
+    sink: &str,
     step: &str,
     schema: &Schema,
     sinks: &mut SinkInputs,
-    f: F,
-) -> Stream<U>
-where
-    T: Clone + Send + fmt::Debug + 'static,
-    U: Clone + Send + 'static,
-    F: for<'c> Fn(&mut OutputContext<'c, U>, &T) -> Result<(), EvalError> + Send + Sync + 'static,
-{
-    let f = move |ctx: &mut OutputContext<'_, U>, _: &(), t: &T| f(ctx, t);
-    match policy {
-        OnError::Fail => stream.process_with_outputs(weibo::on_error::Fail, |_| (), f).name(step),
-        OnError::Skip => stream.process_with_outputs(weibo::on_error::Drop, |_| (), f).name(step),
-        OnError::DeadLetter(sink) => {
-            let (ok, dead) = stream.process_with_outputs(weibo::on_error::DeadLetter, |_| (), f);
-            let record_schema = schema.clone();
-            let name = step.to_string();
-            let fields = dead_letter_schema(schema);
-            let letters = dead
-                .map(move |d: weibo::DeadLetter<T>| Out {
-                    record: fields.to_value(&Row::new([
-                        describe(&d.record, &record_schema),
-                        Value::str(&d.error),
-                        Value::str(&name),
-                        Value::str(&d.position.source),
-                        Value::Int(i64::from(d.position.partition)),
-                        Value::Int(i64::try_from(d.position.offset).unwrap_or(i64::MAX)),
-                    ])),
-                    key: None,
-                })
-                .name(&format!("{step}:dead-letters"));
-            sinks.entry(sink.clone()).or_default().push(letters);
-            ok.name(step)
-        }
-    }
-}
-
-/// One value out of a record, or a failure.
-fn one<T, U: Clone + Send + 'static>(
-    f: impl Fn(&T) -> Result<U, EvalError> + Send + Sync + 'static,
-) -> impl for<'c> Fn(&mut OutputContext<'c, U>, &T) -> Result<(), EvalError> + Send + Sync + 'static {
-    move |ctx, t| {
-        ctx.emit(f(t)?);
-        Ok(())
-    }
+) {
+    let record_schema = schema.clone();
+    let name = step.to_string();
+    let letters = dead
+        .map(move |d: weibo::DeadLetter<T>| {
+            Row::new([
+                describe(&d.record, &record_schema),
+                Value::str(&d.error),
+                Value::str(&name),
+                Value::str(&d.position.source),
+                Value::Int(i64::from(d.position.partition)),
+                Value::Int(i64::try_from(d.position.offset).unwrap_or(i64::MAX)),
+            ])
+        })
+        .name(&format!("{step}:dead-letters"));
+    let schema = dead_letter_schema(schema);
+    sinks.entry(sink.to_string()).or_default().push(SinkUse {
+        stream: letters,
+        schema,
+        step: format!("{step}:dead-letters"),
+    });
 }
 
 /// A failed record: a row as the map of its fields, a line as its text,
@@ -264,13 +269,8 @@ fn build_source(job: &Job, name: &str, source: &SourceSpec, sinks: &mut SinkInpu
             }
             let fields = fields.clone();
             let index = job.source(g).name(name);
-            apply(
-                &index,
-                &source.on_error,
-                &format!("{name}:fields"),
-                &Schema::of(["i"]),
-                sinks,
-                one(move |i: &u64| {
+            {
+                let f = move |i: &u64| {
                     let at = Row::new([Value::Int(i64::try_from(*i).unwrap_or(i64::MAX))]);
                     let mut row = smallvec::SmallVec::with_capacity(fields.len());
                     for f in &fields {
@@ -278,24 +278,23 @@ fn build_source(job: &Job, name: &str, source: &SourceSpec, sinks: &mut SinkInpu
                     }
                     let row = Row(row);
                     check_time(&row, time.as_ref())?;
-                    Ok(row)
-                }),
-            )
+                    Ok::<_, EvalError>(row)
+                };
+                let step = format!("{name}:fields");
+                under!(&source.on_error, &step, &Schema::of(["i"]), sinks, |p| index.process(p, f))
+            }
         }
         SourceKind::File { path } => {
             let lines = job.source(FileSource::lines(path)).name(name);
-            apply(
-                &lines,
-                &source.on_error,
-                &format!("{name}:decode"),
-                &raw,
-                sinks,
-                one(move |line: &String| {
+            {
+                let f = move |line: &String| {
                     let row = decode(line.as_bytes(), &schema)?;
                     check_time(&row, time.as_ref())?;
-                    Ok(row)
-                }),
-            )
+                    Ok::<_, EvalError>(row)
+                };
+                let step = format!("{name}:decode");
+                under!(&source.on_error, &step, &raw, sinks, |p| lines.process(p, f))
+            }
         }
         #[cfg(not(feature = "kafka"))]
         SourceKind::Kafka { .. } => {
@@ -316,18 +315,15 @@ fn build_source(job: &Job, name: &str, source: &SourceSpec, sinks: &mut SinkInpu
             }
             let kafka = b.build::<Vec<u8>>().map_err(|e| BuildError(format!("source `{name}`: {e}")))?;
             let records = job.source(kafka).name(name);
-            apply(
-                &records,
-                &source.on_error,
-                &format!("{name}:decode"),
-                &raw,
-                sinks,
-                one(move |r: &KafkaRecord<Vec<u8>>| {
+            {
+                let f = move |r: &KafkaRecord<Vec<u8>>| {
                     let row = decode(&r.value, &schema)?;
                     check_time(&row, time.as_ref())?;
-                    Ok(row)
-                }),
-            )
+                    Ok::<_, EvalError>(row)
+                };
+                let step = format!("{name}:decode");
+                under!(&source.on_error, &step, &raw, sinks, |p| records.process(p, f))
+            }
         }
     };
     Ok(match &source.event_time {
@@ -361,27 +357,24 @@ fn check_time(row: &Row, time: Option<&EventTime>) -> Result<(), EvalError> {
     match row.field(t.field) {
         Value::Int(_) => Ok(()),
         Value::Float(f) if f.is_finite() => Ok(()),
-        other => Err(EvalError(
-            format!(
-                "the event time `{}` is {} ({}), not milliseconds since the epoch",
-                t.name,
-                other,
-                other.type_name()
-            )
-            .into(),
-        )),
+        other => Err(EvalError::new(format!(
+            "the event time `{}` is {} ({}), not milliseconds since the epoch",
+            t.name,
+            other,
+            other.type_name()
+        ))),
     }
 }
 
 /// A JSON record as a row of `schema` (fields it lacks are null).
 fn decode(bytes: &[u8], schema: &Schema) -> Result<Row, EvalError> {
     let json: serde_json::Value =
-        serde_json::from_slice(bytes).map_err(|e| EvalError(format!("not JSON: {e}").into()))?;
+        serde_json::from_slice(bytes).map_err(|e| EvalError::new(format!("not JSON: {e}")))?;
     if schema.open {
         return Ok(Row::new([Value::from_json(&json)]));
     }
     let serde_json::Value::Object(object) = json else {
-        return Err(EvalError(format!("a JSON {} where a record (an object) was expected", json_kind(&json)).into()));
+        return Err(EvalError::new(format!("a JSON {} where a record (an object) was expected", json_kind(&json))));
     };
     Ok(Row(schema.fields.iter().map(|f| object.get(&**f).map_or(Value::Null, Value::from_json)).collect()))
 }
@@ -397,24 +390,27 @@ fn json_kind(json: &serde_json::Value) -> &'static str {
     }
 }
 
-/// Records of `schema` to the sink `name`: as JSON, with their Kafka key.
-fn to_sink(
-    stream: &Stream<Row>,
-    schema: &Schema,
-    name: &str,
-    step: &str,
-    spec: &Spec,
-    sinks: &mut SinkInputs,
-) -> Result<(), BuildError> {
+/// Records of `schema` to the sink `name`, from `step`.
+fn to_sink(stream: &Stream<Row>, schema: &Schema, name: &str, step: &str, sinks: &mut SinkInputs) {
+    sinks.entry(name.to_string()).or_default().push(SinkUse {
+        stream: stream.clone(),
+        schema: schema.clone(),
+        step: step.to_string(),
+    });
+}
+
+/// A use of the sink `name` as the records it writes: JSON maps, with
+/// their Kafka key.
+fn to_out(u: &SinkUse, name: &str, spec: &Spec) -> Result<Stream<Out>, BuildError> {
     let key: Option<Expr> = match spec.sinks.get(name) {
         Some(SinkSpec { kind: SinkKind::Kafka { key: Some((text, origin)), .. }, .. }) => Some(
-            expr::compile(text, schema, *origin).map_err(|e| BuildError(format!("sink `{name}`: the key: {e:?}")))?,
+            expr::compile(text, &u.schema, *origin)
+                .map_err(|e| BuildError(format!("sink `{name}`: the key: {e:?}")))?,
         ),
         _ => None,
     };
-    let schema = schema.clone();
-    let sink = name.to_string();
-    let out = stream.process(weibo::on_error::Fail, move |r: &Row| {
+    let schema = u.schema.clone();
+    let out = u.stream.process(weibo::on_error::Fail, move |r: &Row| {
         let key = match &key {
             Some(k) => Some(match k.eval(r)? {
                 Value::Str(s) => s.as_bytes().to_vec(),
@@ -424,9 +420,9 @@ fn to_sink(
         };
         Ok::<_, EvalError>(Out { record: schema.to_value(r), key })
     });
-    let out = out.name(step);
-    sinks.entry(sink).or_default().push(out);
-    Ok(())
+    // The step's own name when it only sends (`to`); with a suffix when
+    // its records go on too.
+    Ok(if u.step.contains(':') { out.name(&format!("{}:json", u.step)) } else { out.name(&u.step) })
 }
 
 /// JSON payloads for Kafka.

@@ -53,7 +53,7 @@ impl Schema {
         if self.open {
             return row.field(0).clone();
         }
-        Value::Map(self.fields.iter().cloned().zip(row.0.iter().cloned()).collect())
+        Value::Map(Arc::new(self.fields.iter().cloned().zip(row.0.iter().cloned()).collect()))
     }
 }
 
@@ -67,9 +67,18 @@ impl fmt::Display for Schema {
     }
 }
 
-/// Why an expression gave no value for a record.
+/// Why an expression gave no value for a record. (One pointer wide, so
+/// that a result of an evaluation fits two registers.)
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EvalError(pub Box<str>);
+#[allow(clippy::box_collection)]
+pub struct EvalError(Box<String>);
+
+impl EvalError {
+    /// An error saying `message`.
+    pub fn new(message: impl Into<String>) -> EvalError {
+        EvalError(Box::new(message.into()))
+    }
+}
 
 impl fmt::Display for EvalError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -80,7 +89,7 @@ impl fmt::Display for EvalError {
 impl std::error::Error for EvalError {}
 
 fn fail<T>(message: impl Into<String>) -> Result<T, EvalError> {
-    Err(EvalError(message.into().into_boxed_str()))
+    Err(EvalError::new(message))
 }
 
 /// An evaluation of an expression on a row.
@@ -323,7 +332,7 @@ impl Compiler<'_> {
             Ast::List(list) => {
                 let items: Vec<Eval> = list.elements.iter().map(|x| self.node(x).into_eval()).collect();
                 C::Dyn(Arc::new(move |row| {
-                    Ok(Value::List(items.iter().map(|x| x(row)).collect::<Result<Vec<_>, _>>()?.into()))
+                    Ok(Value::List(Arc::new(items.iter().map(|x| x(row)).collect::<Result<Vec<_>, _>>()?)))
                 }))
             }
             Ast::Map(map) => {
@@ -331,7 +340,9 @@ impl Compiler<'_> {
                 for entry in &map.entries {
                     match &entry.expr {
                         cel::common::ast::EntryExpr::MapEntry(m) => match self.node(&m.key) {
-                            C::Const(Value::Str(k)) => entries.push((k, self.node(&m.value).into_eval())),
+                            C::Const(Value::Str(k)) => {
+                                entries.push((Arc::<str>::from(k.as_str()), self.node(&m.value).into_eval()))
+                            }
                             _ => {
                                 self.error(entry.id, "a map's keys are string literals here".into(), None);
                             }
@@ -346,7 +357,7 @@ impl Compiler<'_> {
                     for (k, v) in &entries {
                         out.push((k.clone(), v(row)?));
                     }
-                    Ok(Value::Map(out.into()))
+                    Ok(Value::Map(Arc::new(out)))
                 }))
             }
             Ast::Comprehension(_) => {
@@ -420,33 +431,39 @@ impl Compiler<'_> {
                 let (c, b, a) = (pop(&mut all).into_eval(), pop(&mut all).into_eval(), pop(&mut all).into_eval());
                 C::Dyn(Arc::new(move |row| if truth(a(row)?, "?:")? { b(row) } else { c(row) }))
             }
-            (op::ADD | op::SUBSTRACT | op::MULTIPLY | op::DIVIDE | op::MODULO, 2) => {
+            (
+                op::ADD
+                | op::SUBSTRACT
+                | op::MULTIPLY
+                | op::DIVIDE
+                | op::MODULO
+                | op::EQUALS
+                | op::NOT_EQUALS
+                | op::LESS
+                | op::LESS_EQUALS
+                | op::GREATER
+                | op::GREATER_EQUALS,
+                2,
+            ) => {
                 let (b, a) = (pop(&mut all), pop(&mut all));
-                let f: fn(Value, Value) -> Result<Value, EvalError> = match name {
-                    op::ADD => add,
-                    op::SUBSTRACT => sub,
-                    op::MULTIPLY => mul,
-                    op::DIVIDE => div,
-                    _ => rem,
-                };
-                binary(a, b, f)
-            }
-            (op::EQUALS | op::NOT_EQUALS | op::LESS | op::LESS_EQUALS | op::GREATER | op::GREATER_EQUALS, 2) => {
-                let (b, a) = (pop(&mut all), pop(&mut all));
-                let f: fn(Value, Value) -> Result<Value, EvalError> = match name {
-                    op::EQUALS => |a, b| Ok(Value::Bool(equal(&a, &b))),
-                    op::NOT_EQUALS => |a, b| Ok(Value::Bool(!equal(&a, &b))),
-                    op::LESS => |a, b| order(&a, &b, "<").map(|o| Value::Bool(o.is_lt())),
-                    op::LESS_EQUALS => |a, b| order(&a, &b, "<=").map(|o| Value::Bool(o.is_le())),
-                    op::GREATER => |a, b| order(&a, &b, ">").map(|o| Value::Bool(o.is_gt())),
-                    _ => |a, b| order(&a, &b, ">=").map(|o| Value::Bool(o.is_ge())),
-                };
-                binary(a, b, f)
+                match name {
+                    op::ADD => arith::<Add>(a, b),
+                    op::SUBSTRACT => arith::<Sub>(a, b),
+                    op::MULTIPLY => arith::<Mul>(a, b),
+                    op::DIVIDE => arith::<Div>(a, b),
+                    op::MODULO => arith::<Rem>(a, b),
+                    op::EQUALS => arith::<Eq>(a, b),
+                    op::NOT_EQUALS => arith::<Ne>(a, b),
+                    op::LESS => arith::<Lt>(a, b),
+                    op::LESS_EQUALS => arith::<Le>(a, b),
+                    op::GREATER => arith::<Gt>(a, b),
+                    _ => arith::<Ge>(a, b),
+                }
             }
             (op::INDEX, 2) => binary(pop_first(&mut all), pop(&mut all), index),
             (op::IN, 2) => binary(pop_first(&mut all), pop(&mut all), |a, b| match b {
-                Value::List(items) => Ok(Value::Bool(items.iter().any(|x| equal(x, &a)))),
-                Value::Map(m) => Ok(Value::Bool(matches!(&a, Value::Str(k) if m.iter().any(|(key, _)| key == k)))),
+                Value::List(items) => Ok(Value::Bool(items.iter().any(|x| equal(x, a)))),
+                Value::Map(m) => Ok(Value::Bool(matches!(a, Value::Str(k) if m.iter().any(|(key, _)| **key == ***k)))),
                 other => fail(format!("`in` {} ({}), not a list or map", other, other.type_name())),
             }),
             ("size", 1) => unary(pop(&mut all), |v| match v {
@@ -469,7 +486,7 @@ impl Compiler<'_> {
             ("string", 1) => unary(pop(&mut all), |v| {
                 Ok(match v {
                     Value::Str(s) => Value::Str(s),
-                    other => Value::Str(Arc::from(other.to_string())),
+                    other => Value::string(other.to_string()),
                 })
             }),
             ("bool", 1) => unary(pop(&mut all), |v| match v {
@@ -495,7 +512,7 @@ impl Compiler<'_> {
                 let lower = name == "lowerAscii";
                 unary_with(pop(&mut all), move |v| match v {
                     Value::Str(s) => {
-                        Ok(Value::Str(Arc::from(if lower { s.to_ascii_lowercase() } else { s.to_ascii_uppercase() })))
+                        Ok(Value::string(if lower { s.to_ascii_lowercase() } else { s.to_ascii_uppercase() }))
                     }
                     other => fail(format!(
                         "{} of {}: strings only",
@@ -562,23 +579,81 @@ fn unary_with(a: C, f: impl Fn(Value) -> Result<Value, EvalError> + Send + Sync 
 
 /// A binary operator, specialised for a field and a constant (the common
 /// `event.x > 0`, `event.v * 3`) so that neither side is a call.
-fn binary(a: C, b: C, f: fn(Value, Value) -> Result<Value, EvalError>) -> C {
+fn binary(a: C, b: C, f: fn(&Value, &Value) -> Result<Value, EvalError>) -> C {
     match (a, b) {
-        (C::Const(x), C::Const(y)) => match f(x.clone(), y.clone()) {
+        (C::Const(x), C::Const(y)) => match f(&x, &y) {
             Ok(v) => C::Const(v),
-            Err(_) => C::Dyn(Arc::new(move |_| f(x.clone(), y.clone()))),
+            Err(_) => C::Dyn(Arc::new(move |_| f(&x, &y))),
         },
-        (C::Field(i), C::Const(k)) => C::Dyn(Arc::new(move |row| f(row.field(i).clone(), k.clone()))),
-        (C::Const(k), C::Field(i)) => C::Dyn(Arc::new(move |row| f(k.clone(), row.field(i).clone()))),
-        (C::Field(i), C::Field(j)) => C::Dyn(Arc::new(move |row| f(row.field(i).clone(), row.field(j).clone()))),
+        (C::Field(i), C::Const(k)) => C::Dyn(Arc::new(move |row| f(row.field(i), &k))),
+        (C::Const(k), C::Field(i)) => C::Dyn(Arc::new(move |row| f(&k, row.field(i)))),
+        (C::Field(i), C::Field(j)) => C::Dyn(Arc::new(move |row| f(row.field(i), row.field(j)))),
         (a, C::Const(k)) => {
             let a = a.into_eval();
-            C::Dyn(Arc::new(move |row| f(a(row)?, k.clone())))
+            C::Dyn(Arc::new(move |row| f(&a(row)?, &k)))
         }
         (a, b) => {
             let (a, b) = (a.into_eval(), b.into_eval());
-            C::Dyn(Arc::new(move |row| f(a(row)?, b(row)?)))
+            C::Dyn(Arc::new(move |row| f(&a(row)?, &b(row)?)))
         }
+    }
+}
+
+/// An arithmetic or comparison operator: what it does to two ints (the
+/// common case, inlined) and to any two values.
+trait BinOp: Send + Sync + 'static {
+    fn ints(a: i64, b: i64) -> Result<Value, EvalError>;
+    fn any(a: &Value, b: &Value) -> Result<Value, EvalError>;
+}
+
+macro_rules! bin_op {
+    ($name:ident, |$a:ident, $b:ident| $ints:expr, $any:expr) => {
+        struct $name;
+        impl BinOp for $name {
+            #[inline(always)]
+            fn ints($a: i64, $b: i64) -> Result<Value, EvalError> {
+                $ints
+            }
+            fn any(a: &Value, b: &Value) -> Result<Value, EvalError> {
+                $any(a, b)
+            }
+        }
+    };
+}
+
+bin_op!(Add, |a, b| a.checked_add(b).map(Value::Int).ok_or_else(|| overflow("+")), add);
+bin_op!(Sub, |a, b| a.checked_sub(b).map(Value::Int).ok_or_else(|| overflow("-")), sub);
+bin_op!(Mul, |a, b| a.checked_mul(b).map(Value::Int).ok_or_else(|| overflow("*")), mul);
+bin_op!(Div, |a, b| div(&Value::Int(a), &Value::Int(b)), div);
+bin_op!(Rem, |a, b| rem(&Value::Int(a), &Value::Int(b)), rem);
+bin_op!(Eq, |a, b| Ok(Value::Bool(a == b)), |a: &Value, b: &Value| Ok(Value::Bool(equal(a, b))));
+bin_op!(Ne, |a, b| Ok(Value::Bool(a != b)), |a: &Value, b: &Value| Ok(Value::Bool(!equal(a, b))));
+bin_op!(Lt, |a, b| Ok(Value::Bool(a < b)), |a: &Value, b: &Value| order(a, b, "<").map(|o| Value::Bool(o.is_lt())));
+bin_op!(Le, |a, b| Ok(Value::Bool(a <= b)), |a: &Value, b: &Value| order(a, b, "<=").map(|o| Value::Bool(o.is_le())));
+bin_op!(Gt, |a, b| Ok(Value::Bool(a > b)), |a: &Value, b: &Value| order(a, b, ">").map(|o| Value::Bool(o.is_gt())));
+bin_op!(Ge, |a, b| Ok(Value::Bool(a >= b)), |a: &Value, b: &Value| order(a, b, ">=").map(|o| Value::Bool(o.is_ge())));
+
+/// Operator `O` over `a` and `b`, with the int case of each shape (a field
+/// or an expression, and a constant) inlined in its closure.
+fn arith<O: BinOp>(a: C, b: C) -> C {
+    match (a, b) {
+        (C::Field(i), C::Const(Value::Int(k))) => C::Dyn(Arc::new(move |row| match row.field(i) {
+            Value::Int(x) => O::ints(*x, k),
+            other => O::any(other, &Value::Int(k)),
+        })),
+        (C::Const(Value::Int(k)), C::Field(i)) => C::Dyn(Arc::new(move |row| match row.field(i) {
+            Value::Int(x) => O::ints(k, *x),
+            other => O::any(&Value::Int(k), other),
+        })),
+        (C::Field(i), C::Field(j)) => C::Dyn(Arc::new(move |row| match (row.field(i), row.field(j)) {
+            (Value::Int(x), Value::Int(y)) => O::ints(*x, *y),
+            (x, y) => O::any(x, y),
+        })),
+        (C::Dyn(a), C::Const(Value::Int(k))) => C::Dyn(Arc::new(move |row| match a(row)? {
+            Value::Int(x) => O::ints(x, k),
+            other => O::any(&other, &Value::Int(k)),
+        })),
+        (a, b) => binary(a, b, O::any),
     }
 }
 
@@ -590,59 +665,59 @@ fn truth(v: Value, op: &str) -> Result<bool, EvalError> {
 }
 
 fn no_overload(op: &str, a: &Value, b: &Value) -> EvalError {
-    EvalError(format!("no `{op}` for {} and {} ({a} {op} {b})", a.type_name(), b.type_name()).into_boxed_str())
+    EvalError::new(format!("no `{op}` for {} and {} ({a} {op} {b})", a.type_name(), b.type_name()))
 }
 
 #[inline]
-fn add(a: Value, b: Value) -> Result<Value, EvalError> {
-    match (&a, &b) {
+fn add(a: &Value, b: &Value) -> Result<Value, EvalError> {
+    match (a, b) {
         (Value::Int(x), Value::Int(y)) => x.checked_add(*y).map(Value::Int).ok_or_else(|| overflow("+")),
         (Value::Float(x), Value::Float(y)) => Ok(Value::Float(x + y)),
-        (Value::Str(x), Value::Str(y)) => Ok(Value::Str(Arc::from(format!("{x}{y}")))),
-        (Value::List(x), Value::List(y)) => Ok(Value::List(x.iter().chain(y.iter()).cloned().collect())),
-        _ => Err(no_overload("+", &a, &b)),
+        (Value::Str(x), Value::Str(y)) => Ok(Value::string(format!("{x}{y}"))),
+        (Value::List(x), Value::List(y)) => Ok(Value::List(Arc::new(x.iter().chain(y.iter()).cloned().collect()))),
+        _ => Err(no_overload("+", a, b)),
     }
 }
 
 #[inline]
-fn sub(a: Value, b: Value) -> Result<Value, EvalError> {
-    match (&a, &b) {
+fn sub(a: &Value, b: &Value) -> Result<Value, EvalError> {
+    match (a, b) {
         (Value::Int(x), Value::Int(y)) => x.checked_sub(*y).map(Value::Int).ok_or_else(|| overflow("-")),
         (Value::Float(x), Value::Float(y)) => Ok(Value::Float(x - y)),
-        _ => Err(no_overload("-", &a, &b)),
+        _ => Err(no_overload("-", a, b)),
     }
 }
 
 #[inline]
-fn mul(a: Value, b: Value) -> Result<Value, EvalError> {
-    match (&a, &b) {
+fn mul(a: &Value, b: &Value) -> Result<Value, EvalError> {
+    match (a, b) {
         (Value::Int(x), Value::Int(y)) => x.checked_mul(*y).map(Value::Int).ok_or_else(|| overflow("*")),
         (Value::Float(x), Value::Float(y)) => Ok(Value::Float(x * y)),
-        _ => Err(no_overload("*", &a, &b)),
+        _ => Err(no_overload("*", a, b)),
     }
 }
 
 #[inline]
-fn div(a: Value, b: Value) -> Result<Value, EvalError> {
-    match (&a, &b) {
+fn div(a: &Value, b: &Value) -> Result<Value, EvalError> {
+    match (a, b) {
         (Value::Int(_), Value::Int(0)) => fail("division by zero"),
         (Value::Int(x), Value::Int(y)) => x.checked_div(*y).map(Value::Int).ok_or_else(|| overflow("/")),
         (Value::Float(x), Value::Float(y)) => Ok(Value::Float(x / y)),
-        _ => Err(no_overload("/", &a, &b)),
+        _ => Err(no_overload("/", a, b)),
     }
 }
 
 #[inline]
-fn rem(a: Value, b: Value) -> Result<Value, EvalError> {
-    match (&a, &b) {
+fn rem(a: &Value, b: &Value) -> Result<Value, EvalError> {
+    match (a, b) {
         (Value::Int(_), Value::Int(0)) => fail("modulus by zero"),
         (Value::Int(x), Value::Int(y)) => x.checked_rem(*y).map(Value::Int).ok_or_else(|| overflow("%")),
-        _ => Err(no_overload("%", &a, &b)),
+        _ => Err(no_overload("%", a, b)),
     }
 }
 
 fn overflow(op: &str) -> EvalError {
-    EvalError(format!("int overflow in `{op}`").into_boxed_str())
+    EvalError::new(format!("int overflow in `{op}`"))
 }
 
 /// Equality as CEL has it: numbers compare across int and double; values
@@ -670,18 +745,18 @@ pub fn order(a: &Value, b: &Value, op: &str) -> Result<std::cmp::Ordering, EvalE
     ord.ok_or_else(|| no_overload(op, a, b))
 }
 
-fn index(a: Value, b: Value) -> Result<Value, EvalError> {
-    match (&a, &b) {
+fn index(a: &Value, b: &Value) -> Result<Value, EvalError> {
+    match (a, b) {
         (Value::List(items), Value::Int(i)) => usize::try_from(*i)
             .ok()
             .and_then(|i| items.get(i))
             .cloned()
             .map_or_else(|| fail(format!("index {i} out of a list of {}", items.len())), Ok),
-        (Value::Map(m), Value::Str(k)) => match m.iter().find(|(key, _)| key == k) {
+        (Value::Map(m), Value::Str(k)) => match m.iter().find(|(key, _)| **key == ***k) {
             Some((_, v)) => Ok(v.clone()),
             None => fail(format!("no key \"{k}\" in {a}")),
         },
-        _ => Err(no_overload("[]", &a, &b)),
+        _ => Err(no_overload("[]", a, b)),
     }
 }
 
@@ -778,8 +853,8 @@ mod tests {
         assert_eq!(eval("9223372036854775807 + event.amount"), Err("int overflow in `+`".into()));
         assert_eq!(eval("event.user && true"), Err("`&&` on ann (string), not a bool".into()));
         let open = compile("event.missing > 1", &Schema::open(), AT).map_err(|d| format!("{d:?}"));
-        let map = Row::new([Value::Map(vec![(Arc::from("x"), Value::Int(1))].into())]);
-        assert_eq!(open.map(|e| e.eval(&map)).ok(), Some(Err(EvalError("no field `missing` in {\"x\":1}".into()))));
+        let map = Row::new([Value::Map(Arc::new(vec![(Arc::from("x"), Value::Int(1))]))]);
+        assert_eq!(open.map(|e| e.eval(&map)).ok(), Some(Err(EvalError::new("no field `missing` in {\"x\":1}"))));
     }
 
     #[test]

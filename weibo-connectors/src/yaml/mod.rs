@@ -37,7 +37,7 @@ pub mod value;
 use std::fmt;
 use std::path::Path;
 
-pub use build::{BuildError, Out};
+pub use build::{BuildError, Out, SinkUse};
 pub use doc::{Diagnostic, Pos};
 pub use expr::{Expr, Schema};
 pub use spec::Spec;
@@ -134,5 +134,42 @@ impl Pipeline {
     /// answer).
     pub fn job(&self) -> Result<weibo::Job, BuildError> {
         build::build(&self.spec)
+    }
+
+    /// The pipeline wired into a new job, with some of its sinks replaced:
+    /// each stream of records to a sink is offered to `take` (with the
+    /// sink's name), which returns `true` when it has wired the records to
+    /// a sink of its own. For tests, and for a Rust program that runs a
+    /// YAML pipeline into its own sinks.
+    ///
+    /// ```
+    /// use weibo::prelude::*;
+    /// use weibo_connectors::yaml::{Pipeline, Row, Value};
+    ///
+    /// let file = br#"
+    /// job: squares
+    /// sources: { n: { generator: { count: 4, fields: { i: "i", square: "i * i" } } } }
+    /// pipeline: [ { from: n }, { to: out } ]
+    /// sinks: { out: { stdout: {} } }
+    /// "#;
+    /// let collected = CollectSink::new();
+    /// let job = Pipeline::parse("squares.yaml", file)?.job_with_sinks(|sink, records| {
+    ///     if sink != "out" {
+    ///         return false;
+    ///     }
+    ///     records.stream.map(|r: Row| r.field(1).clone()).sink(collected.clone());
+    ///     true
+    /// })?;
+    /// weibo::testing::block_on(job.run())?;
+    /// let mut squares = collected.values();
+    /// squares.sort_by_key(|v| v.to_string());
+    /// assert_eq!(squares, [0, 1, 4, 9].map(Value::Int));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Pipeline::job`].
+    pub fn job_with_sinks(&self, mut take: impl FnMut(&str, &SinkUse) -> bool) -> Result<weibo::Job, BuildError> {
+        build::build_with(&self.spec, &mut take)
     }
 }

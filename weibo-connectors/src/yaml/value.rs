@@ -24,7 +24,12 @@ pub const ROW_FORMAT: &str = "weibo-yaml-row/1";
 const MAX_DEPTH: usize = 128;
 
 /// A dynamic value: JSON's, with integers and floats apart.
+///
+/// Its tag is a whole word, so that a value is copied as two aligned words
+/// (with a byte tag, copies of a value are stitched from overlapping
+/// unaligned moves, which stall the loads that read it back).
 #[derive(Clone, Debug, Default)]
+#[repr(u64)]
 pub enum Value {
     /// No value.
     #[default]
@@ -36,11 +41,11 @@ pub enum Value {
     /// A 64-bit float.
     Float(f64),
     /// A string.
-    Str(Arc<str>),
+    Str(Arc<String>),
     /// A list.
-    List(Arc<[Value]>),
+    List(Arc<Vec<Value>>),
     /// A map from strings, in insertion order.
-    Map(Arc<[(Arc<str>, Value)]>),
+    Map(Arc<Vec<(Arc<str>, Value)>>),
 }
 
 impl Value {
@@ -67,7 +72,12 @@ impl Value {
 
     /// A string value.
     pub fn str(s: &str) -> Value {
-        Value::Str(Arc::from(s))
+        Value::Str(Arc::new(s.to_string()))
+    }
+
+    /// A string value, without a copy.
+    pub fn string(s: String) -> Value {
+        Value::Str(Arc::new(s))
     }
 
     /// The value as JSON.
@@ -96,11 +106,11 @@ impl Value {
                 Some(i) => Value::Int(i),
                 None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
             },
-            serde_json::Value::String(s) => Value::str(s),
-            serde_json::Value::Array(items) => Value::List(items.iter().map(Value::from_json).collect()),
-            serde_json::Value::Object(entries) => {
-                Value::Map(entries.iter().map(|(k, v)| (Arc::from(k.as_str()), Value::from_json(v))).collect())
-            }
+            serde_json::Value::String(s) => Value::string(s.clone()),
+            serde_json::Value::Array(items) => Value::List(Arc::new(items.iter().map(Value::from_json).collect())),
+            serde_json::Value::Object(entries) => Value::Map(Arc::new(
+                entries.iter().map(|(k, v)| (Arc::from(k.as_str()), Value::from_json(v))).collect(),
+            )),
         }
     }
 
@@ -158,7 +168,7 @@ impl Value {
                 *input = rest;
                 Value::Float(f64::from_bits(u64::from_le_bytes(*eight)))
             }
-            5 => Value::Str(Arc::from(read_str(input)?)),
+            5 => Value::str(read_str(input)?),
             6 => {
                 let n = read_len(input)?;
                 let mut items = Vec::with_capacity(n.min(1024));
@@ -398,6 +408,14 @@ mod tests {
         let mut deep = vec![1u8];
         deep.extend(std::iter::repeat_n([6u8, 1], 10_000).flatten());
         assert!(Row::decode(&deep).is_err());
+    }
+
+    /// A value is two words, and so is the result of an evaluation: both
+    /// travel in registers, not through memory.
+    #[test]
+    fn values_are_two_words() {
+        assert_eq!(std::mem::size_of::<Value>(), 16);
+        assert_eq!(std::mem::size_of::<Result<Value, crate::yaml::expr::EvalError>>(), 16);
     }
 
     #[test]
