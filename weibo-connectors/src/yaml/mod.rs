@@ -80,7 +80,8 @@ impl std::error::Error for Errors {}
 
 impl Pipeline {
     /// Reads and checks the pipeline file at `path`; `${NAME}` in its
-    /// strings is the environment variable NAME.
+    /// strings is the environment variable NAME, and the relative paths it
+    /// names (files, checkpoint storage) are relative to its folder.
     ///
     /// # Errors
     /// The file cannot be read, or [`Errors`] with everything wrong in it.
@@ -88,7 +89,10 @@ impl Pipeline {
         let path = path.as_ref();
         let file = path.display().to_string();
         match std::fs::read(path) {
-            Ok(bytes) => Pipeline::parse(&file, &bytes),
+            Ok(bytes) => {
+                let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+                Pipeline::parse_in(&file, &bytes, &|name| std::env::var(name).ok(), Some(&base))
+            }
             Err(e) => Err(Errors {
                 file,
                 diagnostics: vec![Diagnostic::new(Pos { line: 1, column: 1 }, format!("cannot read the file: {e}"))],
@@ -110,9 +114,13 @@ impl Pipeline {
     /// # Errors
     /// [`Errors`] with everything wrong in it.
     pub fn parse_with_env(file: &str, bytes: &[u8], env: &dyn Fn(&str) -> Option<String>) -> Result<Pipeline, Errors> {
+        Pipeline::parse_in(file, bytes, env, None)
+    }
+
+    fn parse_in(file: &str, bytes: &[u8], env: &dyn Fn(&str) -> Option<String>, base: Option<&Path>) -> Result<Pipeline, Errors> {
         let errors = |diagnostics| Errors { file: file.to_string(), diagnostics };
         let root = doc::parse(bytes).map_err(|d| errors(vec![d]))?;
-        let spec = spec::check(&root, env).map_err(errors)?;
+        let spec = spec::check(&root, env, base).map_err(errors)?;
         Ok(Pipeline { file: file.to_string(), spec })
     }
 

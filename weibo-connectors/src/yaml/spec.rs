@@ -216,12 +216,13 @@ const SINK_KINDS: &[&str] = &["stdout", "blackhole", "file", "kafka", "kafka_exa
 const STEP_KINDS: &[&str] = &["from", "filter", "map", "key_by", "window", "aggregate", "to"];
 
 /// Reads and checks a parsed pipeline file. `env` gives environment
-/// variables for `${NAME}` in strings.
+/// variables for `${NAME}` in strings; relative paths are taken from
+/// `base` (the file's folder) when there is one.
 ///
 /// # Errors
 /// Every problem found, in the file's order.
-pub fn check(root: &Spanned, env: &dyn Fn(&str) -> Option<String>) -> Result<Spec, Vec<Diagnostic>> {
-    let mut cx = Cx { errors: Vec::new(), env };
+pub fn check(root: &Spanned, env: &dyn Fn(&str) -> Option<String>, base: Option<&std::path::Path>) -> Result<Spec, Vec<Diagnostic>> {
+    let mut cx = Cx { errors: Vec::new(), env, base };
     let spec = cx.top(root);
     if cx.errors.is_empty()
         && let Some(spec) = spec
@@ -237,6 +238,7 @@ pub fn check(root: &Spanned, env: &dyn Fn(&str) -> Option<String>) -> Result<Spe
 struct Cx<'e> {
     errors: Vec<Diagnostic>,
     env: &'e dyn Fn(&str) -> Option<String>,
+    base: Option<&'e std::path::Path>,
 }
 
 /// A mapping whose keys were checked against the known ones.
@@ -330,6 +332,15 @@ impl Cx<'_> {
         }
         out.push_str(rest);
         Some(out)
+    }
+
+    /// A path of the file: relative ones from the file's folder.
+    fn path(&self, text: String) -> PathBuf {
+        let path = PathBuf::from(text);
+        match self.base {
+            Some(base) if path.is_relative() => base.join(path),
+            _ => path,
+        }
     }
 
     fn integer(&mut self, node: &Spanned, what: &str, min: u64) -> Option<u64> {
@@ -432,7 +443,7 @@ impl Cx<'_> {
                 Some(n) => self.duration(n, "checkpoints.interval"),
                 None => Some(Duration::from_secs(10)),
             };
-            Some((PathBuf::from(storage?), interval?))
+            Some((self.path(storage?), interval?))
         });
         let admin = top.get("admin").and_then(|n| self.string(n, "admin"));
         let mut sinks = BTreeMap::new();
@@ -553,7 +564,7 @@ impl Cx<'_> {
                 let path = self.required(&fl, "path", "a file source").and_then(|n| self.string(n, "path"));
                 self.format(fl.get("format"));
                 (
-                    path.map(|p| SourceKind::File { path: PathBuf::from(p) }),
+                    path.map(|p| SourceKind::File { path: self.path(p) }),
                     declared.clone().unwrap_or_else(Schema::open),
                 )
             }
@@ -692,7 +703,7 @@ impl Cx<'_> {
                 let fl = self.map(body, "a file sink", &["path", "format"])?;
                 let path = self.required(&fl, "path", "a file sink").and_then(|n| self.string(n, "path"));
                 self.format(fl.get("format"));
-                SinkKind::File { path: PathBuf::from(path?) }
+                SinkKind::File { path: self.path(path?) }
             }
             "kafka" | "kafka_exactly_once" => {
                 let k = self.map(body, "a Kafka sink", &["brokers", "topic", "key", "format"])?;
