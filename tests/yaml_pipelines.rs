@@ -306,8 +306,8 @@ broken.yaml:5:60: unknown key `grup` in a Kafka source
 broken.yaml:7:26: no field `tss` in source `clicks`
   help: did you mean `ts`? The fields are: user, amount, ts
 broken.yaml:9:25: count is `ten`, not a whole number of at least 0
-broken.yaml:12:5: step 2 does nothing: no `from`, `filter`, `map`, `key_by`, `window`, `aggregate`, `to`
-  help: did you mean `filter`? A step is one of: from, filter, map, key_by, window, aggregate, to
+broken.yaml:12:5: step 2 does nothing: no `from`, `filter`, `map`, `key_by`, `window`, `aggregate`, `dedup`, `route`, `to`
+  help: did you mean `filter`? A step is one of: from, filter, map, key_by, window, aggregate, dedup, route, to
 broken.yaml:13:14: no field `amout` in the records of this step
   help: did you mean `event.amount`? The records here have: user, amount, ts
 broken.yaml:13:33: unknown function `sise`
@@ -347,4 +347,109 @@ proptest! {
             Err(e) => prop_assert!(!e.diagnostics.is_empty() && e.diagnostics.iter().all(|d| d.pos.line >= 1)),
         }
     }
+}
+
+#[test]
+fn dedup_matches_the_typed_twin_at_1_and_4_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("clicks.jsonl");
+    write_lines(&input, &clicks());
+    for partitions in [1, 4] {
+        let out = dir.path().join(format!("out-{partitions}"));
+        let file = format!(
+            r#"
+job: firsts
+sources:
+  clicks:
+    file: {{ path: {} }}
+    schema: [user, kind, amount, ts]
+    event_time: {{ field: ts, max_out_of_orderness: 2s }}
+pipeline:
+  - from: clicks
+  - dedup: {{ key: "event.user + '/' + event.kind", within: 1m, partitions: {partitions} }}
+  - to: {{ file: {{ path: {} }} }}
+"#,
+            input.display(),
+            out.display()
+        );
+        run(Pipeline::parse("firsts.yaml", file.as_bytes()).unwrap().job().unwrap());
+        let mut from_yaml: Vec<(String, String, i64)> = read_lines(&out)
+            .iter()
+            .map(|v| {
+                (v["user"].as_str().unwrap().into(), v["kind"].as_str().unwrap().into(), v["ts"].as_i64().unwrap())
+            })
+            .collect();
+        let job = Job::new("firsts");
+        let firsts = CollectSink::new();
+        job.source(FileSource::json_lines(&input))
+            .with_timestamps(|c: &Click| c.ts, WatermarkStrategy::bounded_out_of_orderness(Duration::from_secs(2)))
+            .key_by(|c: &Click| format!("{}/{}", c.user, c.kind))
+            .with_partitions(partitions)
+            .process_with_state(
+                weibo::on_error::Fail,
+                |states| {
+                    states
+                        .ttl(weibo::process::StateTtl::after_write(Duration::from_secs(60)).in_event_time())
+                        .value::<bool>("seen")
+                },
+                |ctx, seen, c: &Click| {
+                    if ctx.value(seen).get().is_none() {
+                        ctx.value(seen).set(true);
+                        ctx.emit((c.user.clone(), c.kind.clone(), c.ts));
+                    }
+                },
+            )
+            .sink(firsts.clone());
+        run(job);
+        let mut typed = firsts.values();
+        from_yaml.sort();
+        typed.sort();
+        // Each user and kind comes back once its key was forgotten.
+        assert!(typed.len() > 14 && typed.len() < 2_000, "{} firsts", typed.len());
+        assert_eq!(from_yaml, typed);
+    }
+}
+
+#[test]
+fn route_sends_each_record_to_its_first_case_and_the_rest_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("clicks.jsonl");
+    let clicks = clicks();
+    write_lines(&input, &clicks);
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let file = format!(
+        r#"
+job: routed
+sources:
+  clicks: {{ file: {{ path: {} }}, schema: [user, kind, amount, ts] }}
+pipeline:
+  - from: clicks
+  - route:
+      - {{ when: "event.amount > 15", to: big }}
+      - {{ when: "event.amount > 5 || event.kind == 'view'", to: medium }}
+  - to: {{ file: {{ path: {} }} }}
+sinks:
+  big: {{ file: {{ path: {} }} }}
+  medium: {{ file: {{ path: {} }} }}
+"#,
+        input.display(),
+        path("small"),
+        path("big"),
+        path("medium")
+    );
+    run(Pipeline::parse("routed.yaml", file.as_bytes()).unwrap().job().unwrap());
+    let ts = |name: &str| {
+        let mut v: Vec<i64> = read_lines(Path::new(&path(name))).iter().map(|v| v["ts"].as_i64().unwrap()).collect();
+        v.sort_unstable();
+        v
+    };
+    let expect = |f: &dyn Fn(&Click) -> bool| {
+        let mut v: Vec<i64> = clicks.iter().filter(|c| f(c)).map(|c| c.ts).collect();
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(ts("big"), expect(&|c| c.amount > 15));
+    assert_eq!(ts("medium"), expect(&|c| c.amount <= 15 && (c.amount > 5 || c.kind == "view")));
+    assert_eq!(ts("small"), expect(&|c| c.amount <= 5 && c.kind != "view"));
+    assert!(!ts("big").is_empty() && !ts("medium").is_empty() && !ts("small").is_empty());
 }

@@ -120,7 +120,8 @@ pipeline:
     let url = format!("http://{addr}");
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
-        let out = Command::new(env!("CARGO_BIN_EXE_weibo")).args(["status", &url, "--token", "secret"]).output().unwrap();
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_weibo")).args(["status", &url, "--token", "secret"]).output().unwrap();
         let line = text(&out.stdout);
         if out.status.success() && line.contains("last checkpoint") {
             break line;

@@ -186,6 +186,66 @@ pub fn build_with(spec: &Spec, take: &mut dyn FnMut(&str, &SinkUse) -> bool) -> 
                 });
                 Cur::Plain(rows.name(&format!("{}:results", step.name)))
             }
+            (StepKind::Route(cases, policy), Cur::Plain(s)) => {
+                // The index of the first case that takes each record (or
+                // none), computed once; then one stream per case.
+                let conditions: Vec<Expr> = cases.iter().map(|(e, _)| e.clone()).collect();
+                let f = move |r: &Row| {
+                    for (i, c) in conditions.iter().enumerate() {
+                        if c.test(r)? {
+                            return Ok::<_, EvalError>((i, r.clone()));
+                        }
+                    }
+                    Ok((usize::MAX, r.clone()))
+                };
+                let tagged = under!(policy, &step.name, &schema, &mut sinks, |p| s.process(p, f));
+                for (i, (_, sink)) in cases.iter().enumerate() {
+                    let taken = tagged
+                        .filter(move |t: &(usize, Row)| t.0 == i)
+                        .name(&format!("{}:{sink}", step.name))
+                        .map(|t: (usize, Row)| t.1)
+                        .name(&format!("{}:{sink}:rows", step.name));
+                    to_sink(&taken, &schema, sink, &format!("{}:{sink}:json", step.name), &mut sinks);
+                }
+                let rest = tagged
+                    .filter(|t: &(usize, Row)| t.0 == usize::MAX)
+                    .name(&format!("{}:rest", step.name))
+                    .map(|t: (usize, Row)| t.1)
+                    .name(&format!("{}:rest:rows", step.name));
+                Cur::Plain(rest)
+            }
+            (StepKind::Dedup { key, within, event_time, partitions }, Cur::Plain(s)) => {
+                let e = key.clone();
+                let f = move |r: &Row| {
+                    let key = e.eval(r)?;
+                    let mut r = r.clone();
+                    r.0.push(key);
+                    Ok::<_, EvalError>(r)
+                };
+                let step_key = format!("{}:key", step.name);
+                let with_key = under!(&OnError::Fail, &step_key, &schema, &mut sinks, |p| s.process(p, f));
+                let mut ttl = weibo::process::StateTtl::after_write(*within);
+                if *event_time {
+                    ttl = ttl.in_event_time();
+                }
+                let mut keyed = with_key.key_by(|r: &Row| r.0.last().cloned().unwrap_or_default());
+                if let Some(n) = partitions {
+                    keyed = keyed.with_partitions(*n);
+                }
+                let firsts = keyed.process_with_state(
+                    weibo::on_error::Fail,
+                    move |states| states.ttl(ttl).value::<bool>("seen"),
+                    |ctx, seen, r: &Row| {
+                        if ctx.value(seen).get().is_none() {
+                            ctx.value(seen).set(true);
+                            let mut r = r.clone();
+                            r.0.pop();
+                            ctx.emit(r);
+                        }
+                    },
+                );
+                Cur::Plain(firsts.name(&step.name).uid(&step.name))
+            }
             (StepKind::To(sink), Cur::Plain(s)) => {
                 to_sink(&s, &schema, sink, &step.name, &mut sinks);
                 Cur::Plain(s)

@@ -117,7 +117,12 @@ impl Pipeline {
         Pipeline::parse_in(file, bytes, env, None)
     }
 
-    fn parse_in(file: &str, bytes: &[u8], env: &dyn Fn(&str) -> Option<String>, base: Option<&Path>) -> Result<Pipeline, Errors> {
+    fn parse_in(
+        file: &str,
+        bytes: &[u8],
+        env: &dyn Fn(&str) -> Option<String>,
+        base: Option<&Path>,
+    ) -> Result<Pipeline, Errors> {
         let errors = |diagnostics| Errors { file: file.to_string(), diagnostics };
         let root = doc::parse(bytes).map_err(|d| errors(vec![d]))?;
         let spec = spec::check(&root, env, base).map_err(errors)?;

@@ -177,6 +177,21 @@ pub enum StepKind {
     Aggregate(Vec<AggSpec>),
     /// To a sink (records go on to the next step too).
     To(String),
+    /// Each record to the sink of the first case whose condition holds;
+    /// the records no case takes go on.
+    Route(Vec<(Expr, String)>, OnError),
+    /// Drops a record whose key was seen within a time bound (event time
+    /// when the source has it).
+    Dedup {
+        /// The key.
+        key: Expr,
+        /// How long a key is remembered after its first record.
+        within: Duration,
+        /// Whether the bound is in event time.
+        event_time: bool,
+        /// Partitions of the keyed state.
+        partitions: Option<usize>,
+    },
 }
 
 /// A window assigner.
@@ -213,7 +228,7 @@ const TOP: &[&str] = &["job", "checkpoints", "admin", "sources", "pipeline", "si
 const SOURCE_KINDS: &[&str] = &["generator", "file", "kafka"];
 const SOURCE_KEYS: &[&str] = &["generator", "file", "kafka", "schema", "event_time", "on_error"];
 const SINK_KINDS: &[&str] = &["stdout", "blackhole", "file", "kafka", "kafka_exactly_once"];
-const STEP_KINDS: &[&str] = &["from", "filter", "map", "key_by", "window", "aggregate", "to"];
+const STEP_KINDS: &[&str] = &["from", "filter", "map", "key_by", "window", "aggregate", "dedup", "route", "to"];
 
 /// Reads and checks a parsed pipeline file. `env` gives environment
 /// variables for `${NAME}` in strings; relative paths are taken from
@@ -221,7 +236,11 @@ const STEP_KINDS: &[&str] = &["from", "filter", "map", "key_by", "window", "aggr
 ///
 /// # Errors
 /// Every problem found, in the file's order.
-pub fn check(root: &Spanned, env: &dyn Fn(&str) -> Option<String>, base: Option<&std::path::Path>) -> Result<Spec, Vec<Diagnostic>> {
+pub fn check(
+    root: &Spanned,
+    env: &dyn Fn(&str) -> Option<String>,
+    base: Option<&std::path::Path>,
+) -> Result<Spec, Vec<Diagnostic>> {
     let mut cx = Cx { errors: Vec::new(), env, base };
     let spec = cx.top(root);
     if cx.errors.is_empty()
@@ -462,13 +481,14 @@ impl Cx<'_> {
         let mut sources = BTreeMap::new();
         // Every source's fields, that of a source with errors too: the
         // steps after it are checked against them.
-        let mut declared_sources: BTreeMap<String, Schema> = BTreeMap::new();
+        let mut declared_sources: BTreeMap<String, (Schema, bool)> = BTreeMap::new();
         let mut used = Vec::new();
         match top.get("sources") {
             Some(node) => {
                 if let Some(entries) = node.as_map() {
                     for (name, def) in entries {
-                        declared_sources.insert(name.node.clone(), declared_schema(def));
+                        let timed = def.as_map().is_some_and(|m| m.iter().any(|(k, _)| k.node == "event_time"));
+                        declared_sources.insert(name.node.clone(), (declared_schema(def), timed));
                         if let Some(source) = self.source(def, &name.node, &mut used) {
                             sources.insert(name.node.clone(), source);
                         }
@@ -563,10 +583,7 @@ impl Cx<'_> {
                 let fl = self.map(f.get("file")?, "a file source", &["path", "format"])?;
                 let path = self.required(&fl, "path", "a file source").and_then(|n| self.string(n, "path"));
                 self.format(fl.get("format"));
-                (
-                    path.map(|p| SourceKind::File { path: self.path(p) }),
-                    declared.clone().unwrap_or_else(Schema::open),
-                )
+                (path.map(|p| SourceKind::File { path: self.path(p) }), declared.clone().unwrap_or_else(Schema::open))
             }
             ["kafka"] => {
                 let k = self.map(
@@ -743,7 +760,7 @@ impl Cx<'_> {
     fn steps(
         &mut self,
         node: &Spanned,
-        sources: &BTreeMap<String, Schema>,
+        sources: &BTreeMap<String, (Schema, bool)>,
         sinks: &mut BTreeMap<String, SinkSpec>,
         used: &mut Vec<Use>,
     ) -> Option<(Option<String>, Vec<Step>)> {
@@ -761,6 +778,7 @@ impl Cx<'_> {
         let mut steps = Vec::new();
         let mut has_to = false;
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        let mut event_time = false;
         let mut names = std::collections::BTreeSet::new();
         for (index, item) in items.iter().enumerate() {
             let Some(entries) = item.as_map() else {
@@ -791,7 +809,7 @@ impl Cx<'_> {
                 continue;
             };
             let extra: &[&str] = match kind.node.as_str() {
-                "filter" | "map" => &["on_error", "name"],
+                "filter" | "map" | "route" => &["on_error", "name"],
                 "key_by" => &["partitions", "on_error", "name"],
                 "window" => &["aggregate", "name"],
                 "aggregate" => &["name"],
@@ -822,6 +840,13 @@ impl Cx<'_> {
                     "give each step its own name",
                 );
             }
+            if keyed && !matches!(kind.node.as_str(), "window" | "aggregate") {
+                self.err_help(
+                    kind.pos,
+                    format!("`{}` after `key_by`", kind.node),
+                    "a `key_by` step is followed by `window` (with `aggregate`) or `aggregate`",
+                );
+            }
             if index == 0 && kind.node != "from" {
                 self.err_help(kind.pos, "a pipeline starts with `from`", "write `- from: <source>` as its first step");
             }
@@ -833,7 +858,10 @@ impl Cx<'_> {
                     }
                     let Some(source) = self.string(body, "from") else { continue };
                     match sources.get(&source) {
-                        Some(s) => schema = s.clone(),
+                        Some((s, timed)) => {
+                            schema = s.clone();
+                            event_time = *timed;
+                        }
                         None => {
                             let names: Vec<&str> = sources.keys().map(String::as_str).collect();
                             let help = match closest(&source, names.iter().copied()) {
@@ -930,6 +958,54 @@ impl Cx<'_> {
                         names.extend(aggregates.iter().map(|a| a.name.clone()));
                         (StepKind::Aggregate(aggregates), Schema::of(names))
                     })
+                }
+                ("route", _) => {
+                    let policy = self.on_error(f.get("on_error"), &schema, used);
+                    let Some(cases) = body.as_seq() else {
+                        self.err_help(
+                            body.pos,
+                            format!("route is {}, not a list of cases", body.kind()),
+                            "write route: [ { when: \"event.amount > 100\", to: big }, { when: ..., to: ... } ]",
+                        );
+                        continue;
+                    };
+                    let mut out = Vec::new();
+                    for case in cases {
+                        let Some(c) = self.map(case, "a route's case", &["when", "to"]) else { continue };
+                        let when =
+                            self.required(&c, "when", "a route's case").and_then(|n| self.expr(n, &schema, "when"));
+                        let to = self.required(&c, "to", "a route's case").and_then(|n| self.string(n, "to"));
+                        if let Some(to) = &to {
+                            used.push(Use {
+                                sink: to.clone(),
+                                pos: c.get("to").map_or(case.pos, |n| n.pos),
+                                schema: schema.clone(),
+                            });
+                        }
+                        if let (Some(when), Some(to)) = (when, to) {
+                            out.push((when, to));
+                        }
+                    }
+                    if cases.is_empty() {
+                        self.err(body.pos, "route has no cases");
+                    }
+                    has_to = true;
+                    (out.len() == cases.len() && !cases.is_empty())
+                        .then(|| (StepKind::Route(out, policy), schema.clone()))
+                }
+                ("dedup", _) => {
+                    let Some(d) = self.map(body, "dedup", &["key", "within", "partitions"]) else { continue };
+                    let partitions =
+                        d.get("partitions").and_then(|n| self.integer(n, "partitions", 1)).map(|n| n as usize);
+                    let key = self.required(&d, "key", "dedup").and_then(|n| self.expr(n, &schema, "the dedup key"));
+                    let within = self.required(&d, "within", "dedup").and_then(|n| self.duration(n, "within"));
+                    keyed = false;
+                    match (key, within) {
+                        (Some(key), Some(within)) => {
+                            Some((StepKind::Dedup { key, within, event_time, partitions }, schema.clone()))
+                        }
+                        _ => None,
+                    }
                 }
                 ("to", _) => {
                     has_to = true;
@@ -1035,6 +1111,7 @@ impl Cx<'_> {
 /// The fields of a source's records as its definition declares them
 /// (a generator's, or `schema:`), without checking anything.
 fn declared_schema(def: &Spanned) -> Schema {
+    // Its records' fields, as declared (checked where the source is read).
     let entries = def.as_map().unwrap_or_default();
     let get = |key: &str| entries.iter().find(|(k, _)| k.node == key).map(|(_, v)| v);
     if let Some(fields) = get("generator")
