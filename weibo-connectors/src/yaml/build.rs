@@ -115,6 +115,12 @@ pub fn build_with(spec: &Spec, take: &mut dyn FnMut(&str, &SinkUse) -> bool) -> 
     if let Some((dir, interval)) = &spec.checkpoints {
         job = job.with_checkpoints(dir.clone(), *interval);
     }
+    if let Some(n) = spec.batch_size {
+        job = job.with_batch_size(n);
+    }
+    if let Some(addr) = &spec.admin {
+        job = with_admin(job, addr);
+    }
     let mut sinks: SinkInputs = BTreeMap::new();
     let source = spec.sources.get(&spec.from).ok_or_else(|| BuildError(format!("no source `{}`", spec.from)))?;
     let mut schema = source.schema.clone();
@@ -424,6 +430,23 @@ fn check_time(row: &Row, time: Option<&EventTime>) -> Result<(), EvalError> {
             other.type_name()
         ))),
     }
+}
+
+/// The admin API at `addr`, with the token in `WEIBO_ADMIN_TOKEN` (a
+/// pipeline file holds no secret).
+#[cfg(feature = "admin")]
+fn with_admin(job: Job, addr: &str) -> Job {
+    let job = job.with_admin(addr);
+    match std::env::var("WEIBO_ADMIN_TOKEN") {
+        Ok(token) if !token.is_empty() => job.with_admin_token(token),
+        _ => job,
+    }
+}
+
+#[cfg(not(feature = "admin"))]
+fn with_admin(job: Job, addr: &str) -> Job {
+    tracing::warn!("the pipeline asks for an admin API at {addr}, and this build has none (feature `admin`)");
+    job
 }
 
 /// A JSON record as a row of `schema` (fields it lacks are null).

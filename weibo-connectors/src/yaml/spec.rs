@@ -21,6 +21,8 @@ pub struct Spec {
     pub checkpoints: Option<(PathBuf, Duration)>,
     /// The admin API's address.
     pub admin: Option<String>,
+    /// Records per batch on the job's edges.
+    pub batch_size: Option<usize>,
     /// The sources, by name.
     pub sources: BTreeMap<String, SourceSpec>,
     /// The sinks, by name (declared and inline).
@@ -224,7 +226,7 @@ fn raw_schema() -> Schema {
 }
 
 /// The keys a pipeline file's top level may have.
-const TOP: &[&str] = &["job", "checkpoints", "admin", "sources", "pipeline", "sinks"];
+const TOP: &[&str] = &["job", "checkpoints", "admin", "batch_size", "sources", "pipeline", "sinks"];
 const SOURCE_KINDS: &[&str] = &["generator", "file", "kafka"];
 const SOURCE_KEYS: &[&str] = &["generator", "file", "kafka", "schema", "event_time", "on_error"];
 const SINK_KINDS: &[&str] = &["stdout", "blackhole", "file", "kafka", "kafka_exactly_once"];
@@ -465,6 +467,7 @@ impl Cx<'_> {
             Some((self.path(storage?), interval?))
         });
         let admin = top.get("admin").and_then(|n| self.string(n, "admin"));
+        let batch_size = top.get("batch_size").and_then(|n| self.integer(n, "batch_size", 1)).map(|n| n as usize);
         let mut sinks = BTreeMap::new();
         if let Some(node) = top.get("sinks") {
             match node.as_map() {
@@ -526,7 +529,7 @@ impl Cx<'_> {
                 }
             }
         }
-        Some(Spec { job: job?, checkpoints, admin, sources, sinks, from: from?, steps })
+        Some(Spec { job: job?, checkpoints, admin, batch_size, sources, sinks, from: from?, steps })
     }
 
     fn source(&mut self, node: &Spanned, name: &str, used: &mut Vec<Use>) -> Option<SourceSpec> {
