@@ -453,3 +453,73 @@ sinks:
     assert_eq!(ts("small"), expect(&|c| c.amount <= 5 && c.kind != "view"));
     assert!(!ts("big").is_empty() && !ts("medium").is_empty() && !ts("small").is_empty());
 }
+
+fn counting_file(aggregates: &str, dir: &Path) -> String {
+    format!(
+        r#"
+job: upgrade
+checkpoints: {{ storage: {}, interval: 10m }}
+sources:
+  numbers: {{ generator: {{ count: 60000, rate: 30000, fields: {{ i: "i", key: "i % 10" }} }} }}
+pipeline:
+  - from: numbers
+  - key_by: "event.key"
+    partitions: 2
+  - aggregate: {aggregates}
+    name: totals
+  - to: out
+sinks:
+  out: {{ blackhole: {{}} }}
+"#,
+        dir.display()
+    )
+}
+
+/// The last result per key of `file` restored from `savepoint`.
+fn restored_totals(file: &str, savepoint: &Path) -> weibo::Result<std::collections::BTreeMap<i64, (i64, i64)>> {
+    use weibo_connectors::yaml::{Row, SinkUse, Value};
+    let results = CollectSink::new();
+    let job = Pipeline::parse("upgrade.yaml", file.as_bytes())
+        .unwrap()
+        .job_with_sinks(|_, out: &SinkUse| {
+            out.stream.sink(results.clone());
+            true
+        })
+        .unwrap()
+        .restore_from(savepoint);
+    tokio::runtime::Runtime::new().unwrap().block_on(job.run())?;
+    let int = |v: &Value| if let Value::Int(i) = v { *i } else { -1 };
+    let mut last = std::collections::BTreeMap::new();
+    for r in results.values().into_iter().map(|r: Row| (int(r.field(0)), int(r.field(1)), int(r.field(2)))) {
+        let e = last.entry(r.0).or_insert((0, 0));
+        if r.1 > e.0 {
+            *e = (r.1, r.2);
+        }
+    }
+    Ok(last)
+}
+
+/// A savepoint of a YAML job restores into the same file, and its restore
+/// is refused, not misread, when the aggregates' layout changed.
+#[test]
+fn a_savepoint_restores_into_the_same_pipeline_and_is_refused_when_its_aggregates_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = counting_file(r#"{ n: "count()", total: "sum(event.i)" }"#, &dir.path().join("v1"));
+    let savepoint = weibo_tests::savepoint_midway(
+        Pipeline::parse("upgrade.yaml", first.as_bytes()).unwrap().job().unwrap(),
+        Duration::from_millis(600),
+    );
+    // Renaming a result keeps the layout.
+    let renamed = counting_file(r#"{ count: "count()", total: "sum( event.i )" }"#, &dir.path().join("v2"));
+    let totals = restored_totals(&renamed, &savepoint).unwrap();
+    assert_eq!(totals.len(), 10);
+    for (key, (n, total)) in totals {
+        assert_eq!(n, 6_000, "key {key}");
+        assert_eq!(total, (0..60_000i64).filter(|i| i % 10 == key).sum::<i64>(), "key {key}");
+    }
+    // The same aggregates in another order would read each other's
+    // accumulators: refused.
+    let swapped = counting_file(r#"{ total: "sum(event.i)", n: "count()" }"#, &dir.path().join("v3"));
+    let err = restored_totals(&swapped, &savepoint).unwrap_err().to_string();
+    assert!(err.contains("totals") && err.contains("version"), "{err}");
+}

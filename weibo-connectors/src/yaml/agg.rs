@@ -103,6 +103,22 @@ fn unknown(pos: Pos, name: &str) -> Diagnostic {
     Diagnostic::new(pos, format!("`{name}` is not an aggregate")).help(help)
 }
 
+/// The version of the state of a step that keeps `specs`' accumulators:
+/// a digest of their layout (each aggregate's kind and argument, in
+/// order; not the results' names). A savepoint of the step written with
+/// other aggregates has another version, and its restore is refused
+/// instead of reading one aggregate's accumulator as another's.
+pub fn state_version(specs: &[AggSpec]) -> u32 {
+    let mut layout = String::new();
+    for s in specs {
+        let arg: String =
+            s.arg.as_ref().map(|e| e.text.chars().filter(|c| !c.is_whitespace()).collect()).unwrap_or_default();
+        layout.push_str(&format!("{:?}({arg});", s.kind));
+    }
+    // 1 ..= u32::MAX - 1: a version is at least 1.
+    (xxhash_rust::xxh3::xxh3_64(layout.as_bytes()) % u64::from(u32::MAX - 1)) as u32 + 1
+}
+
 /// The aggregates of a step, as one [`Aggregate`] over rows. A record
 /// whose argument does not evaluate leaves the accumulators as they were,
 /// and is counted in [`Aggregates::errors`].

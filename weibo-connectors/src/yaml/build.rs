@@ -171,7 +171,8 @@ pub fn build_with(spec: &Spec, take: &mut dyn FnMut(&str, &SinkUse) -> bool) -> 
                     .allowed_lateness(*allowed_lateness)
                     .aggregate(Aggregates::new(aggregates.clone()))
                     .name(&step.name)
-                    .uid(&step.name);
+                    .uid(&step.name)
+                    .state_version(super::agg::state_version(aggregates));
                 if let Some(late) = late {
                     let late_records = out.late_records();
                     to_sink(&late_records, &schema, late, &format!("{}:late", step.name), &mut sinks);
@@ -184,7 +185,11 @@ pub fn build_with(spec: &Spec, take: &mut dyn FnMut(&str, &SinkUse) -> bool) -> 
                 Cur::Plain(rows.name(&format!("{}:results", step.name)))
             }
             (StepKind::Aggregate(aggregates), Cur::Keyed(k)) => {
-                let out = k.aggregate(Aggregates::new(aggregates.clone())).name(&step.name).uid(&step.name);
+                let out = k
+                    .aggregate(Aggregates::new(aggregates.clone()))
+                    .name(&step.name)
+                    .uid(&step.name)
+                    .state_version(super::agg::state_version(aggregates));
                 let rows = out.map(|(key, value): (Value, Row)| {
                     let mut row = Row::new([key]);
                     row.0.extend(value.0);
