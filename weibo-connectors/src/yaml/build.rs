@@ -275,7 +275,11 @@ pub fn build_with(spec: &Spec, take: &mut dyn FnMut(&str, &SinkUse) -> bool) -> 
         let Some(first) = outs.first() else { continue };
         let all = outs.iter().skip(1).fold(first.clone(), |acc, s| acc.union(s));
         let sink = spec.sinks.get(&name).ok_or_else(|| BuildError(format!("no sink `{name}`")))?;
-        attach(&all, &name, sink, spec)?;
+        // A table's columns, unless listed: the fields of the records of
+        // the sink's first use.
+        let fields: Vec<String> =
+            uses.first().map(|u| u.schema.fields.iter().map(|f| f.to_string()).collect()).unwrap_or_default();
+        attach(&all, &name, sink, spec, &fields)?;
     }
     Ok(job)
 }
@@ -534,12 +538,74 @@ impl crate::kafka::Format<Out> for OutJson {
     }
 }
 
-#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
-fn attach(stream: &Stream<Out>, name: &str, sink: &SinkSpec, spec: &Spec) -> Result<(), BuildError> {
+#[cfg_attr(not(all(feature = "kafka", feature = "postgres")), allow(unused_variables))]
+fn attach(stream: &Stream<Out>, name: &str, sink: &SinkSpec, spec: &Spec, fields: &[String]) -> Result<(), BuildError> {
     match &sink.kind {
         SinkKind::Stdout => stream.sink(Stdout).name(name),
         SinkKind::Blackhole => stream.sink(Blackhole::new()).name(name),
         SinkKind::File { path } => stream.sink(FileSink::json_lines(path)).name(name),
+        #[cfg(not(feature = "postgres"))]
+        SinkKind::Postgres { .. } => {
+            return Err(BuildError(format!("sink `{name}` writes to Postgres: build with the feature `postgres`")));
+        }
+        #[cfg(feature = "postgres")]
+        SinkKind::Postgres { url, table, columns, upsert_keys, id, exactly_once } => {
+            let mut b = crate::postgres::PostgresSink::<Out>::builder(url.clone(), table.clone());
+            for column in columns.as_deref().unwrap_or(fields) {
+                let field = column.clone();
+                b = b.with_column(column.clone(), move |o: &Out| {
+                    super::sql::SqlValue(o.record.get(&field).cloned().unwrap_or_default())
+                });
+            }
+            if !upsert_keys.is_empty() {
+                b = b.with_upsert_keys(upsert_keys.clone());
+            }
+            if let Some(id) = id {
+                b = b.with_id(id.clone());
+            }
+            let sink = b.build().map_err(|e| BuildError(format!("sink `{name}`: {e}")))?;
+            if *exactly_once { stream.sink_exactly_once(sink).name(name) } else { stream.sink(sink).name(name) }
+        }
+        #[cfg(not(feature = "http"))]
+        SinkKind::Http { .. } => {
+            return Err(BuildError(format!("sink `{name}` writes to HTTP: build with the feature `http`")));
+        }
+        #[cfg(feature = "http")]
+        SinkKind::Http { url, put, json_lines, headers, batch_records } => {
+            use crate::http::{BodyFormat, HttpSink, Method};
+            let mut b = HttpSink::<Out>::builder(url.clone())
+                .with_method(if *put { Method::Put } else { Method::Post })
+                .with_format(if *json_lines { BodyFormat::JsonLines } else { BodyFormat::JsonArray });
+            for (k, v) in headers {
+                b = b.with_header(k.clone(), v.clone());
+            }
+            if let Some(n) = batch_records {
+                b = b.with_batch_records(*n);
+            }
+            stream.sink(b.build().map_err(|e| BuildError(format!("sink `{name}`: {e}")))?).name(name)
+        }
+        #[cfg(not(feature = "s3"))]
+        SinkKind::S3 { .. } => {
+            return Err(BuildError(format!("sink `{name}` writes to S3: build with the feature `s3`")));
+        }
+        #[cfg(feature = "s3")]
+        SinkKind::S3 { bucket, prefix, endpoint, region, credentials, local } => {
+            let mut b = crate::s3::S3Storage::builder(bucket.clone(), prefix.clone()).from_env();
+            if let Some(e) = endpoint {
+                b = b.with_endpoint(e.clone());
+            }
+            if let Some(r) = region {
+                b = b.with_region(r.clone());
+            }
+            if let Some((key, secret)) = credentials {
+                b = b.with_credentials(key.clone(), secret.clone());
+            }
+            if *local {
+                b = b.allow_http().path_style();
+            }
+            let storage = b.build().map_err(|e| BuildError(format!("sink `{name}`: {e}")))?;
+            stream.sink_exactly_once(crate::s3_sink::S3Sink::json_lines(storage)).name(name)
+        }
         #[cfg(not(feature = "kafka"))]
         SinkKind::Kafka { .. } => {
             return Err(BuildError(format!("sink `{name}` writes to Kafka: build with the feature `kafka`")));

@@ -32,6 +32,8 @@ pub mod build;
 pub mod doc;
 pub mod expr;
 pub mod spec;
+#[cfg(feature = "postgres")]
+pub mod sql;
 pub mod value;
 
 use std::fmt;

@@ -138,6 +138,51 @@ pub enum SinkKind {
         /// Exactly once.
         exactly_once: bool,
     },
+    /// Rows of a PostgreSQL table, appended or upserted, at least once or
+    /// exactly once.
+    Postgres {
+        /// The connection string.
+        url: String,
+        /// The table.
+        table: String,
+        /// The columns, each the record's field of its name (default: the
+        /// fields of the records at the sink's first use).
+        columns: Option<Vec<String>>,
+        /// Upsert by these columns instead of appending.
+        upsert_keys: Vec<String>,
+        /// The sink's id in the database (default: the table's name).
+        id: Option<String>,
+        /// In transactions committed with the checkpoints.
+        exactly_once: bool,
+    },
+    /// Batches of JSON to an HTTP endpoint, at least once.
+    Http {
+        /// The endpoint.
+        url: String,
+        /// `PUT` instead of `POST`.
+        put: bool,
+        /// One JSON record per line instead of a JSON array.
+        json_lines: bool,
+        /// Headers of every request.
+        headers: Vec<(String, String)>,
+        /// Records per request.
+        batch_records: Option<usize>,
+    },
+    /// JSON-lines part files in S3, exactly once.
+    S3 {
+        /// The bucket.
+        bucket: String,
+        /// The prefix of the parts.
+        prefix: String,
+        /// The endpoint of an S3-compatible service.
+        endpoint: Option<String>,
+        /// The region.
+        region: Option<String>,
+        /// Access key id and secret (default: the `AWS_*` variables).
+        credentials: Option<(String, String)>,
+        /// Plain HTTP and path-style URLs (a local server).
+        local: bool,
+    },
 }
 
 /// A step of the pipeline, with the schema of the records it gives.
@@ -229,7 +274,7 @@ fn raw_schema() -> Schema {
 const TOP: &[&str] = &["job", "checkpoints", "admin", "batch_size", "sources", "pipeline", "sinks"];
 const SOURCE_KINDS: &[&str] = &["generator", "file", "kafka"];
 const SOURCE_KEYS: &[&str] = &["generator", "file", "kafka", "schema", "event_time", "on_error"];
-const SINK_KINDS: &[&str] = &["stdout", "blackhole", "file", "kafka", "kafka_exactly_once"];
+const SINK_KINDS: &[&str] = &["stdout", "blackhole", "file", "kafka", "kafka_exactly_once", "postgres", "http", "s3"];
 const STEP_KINDS: &[&str] = &["from", "filter", "map", "key_by", "window", "aggregate", "dedup", "route", "to"];
 
 /// Reads and checks a parsed pipeline file. `env` gives environment
@@ -529,6 +574,21 @@ impl Cx<'_> {
                 }
             }
         }
+        for (name, sink) in &sinks {
+            let exactly_once = matches!(
+                sink.kind,
+                SinkKind::Kafka { exactly_once: true, .. }
+                    | SinkKind::Postgres { exactly_once: true, .. }
+                    | SinkKind::S3 { .. }
+            );
+            if exactly_once && checkpoints.is_none() && top.get("checkpoints").is_none() {
+                self.err_help(
+                    sink.pos,
+                    format!("sink `{name}` writes exactly once, which needs checkpoints"),
+                    "add checkpoints: { storage: <dir>, interval: 1s }",
+                );
+            }
+        }
         Some(Spec { job: job?, checkpoints, admin, batch_size, sources, sinks, from: from?, steps })
     }
 
@@ -749,9 +809,96 @@ impl Cx<'_> {
                     exactly_once: kind_key == "kafka_exactly_once",
                 }
             }
+            "postgres" => {
+                let known = ["url", "table", "columns", "upsert_keys", "id", "exactly_once"];
+                let p = self.map(body, "a Postgres sink", &known)?;
+                let url = self.required(&p, "url", "a Postgres sink").and_then(|n| self.string(n, "url"));
+                let table = self.required(&p, "table", "a Postgres sink").and_then(|n| self.string(n, "table"));
+                let columns = p.get("columns").map(|n| self.names(n, "columns"));
+                let upsert_keys = p.get("upsert_keys").map(|n| self.names(n, "upsert_keys")).unwrap_or_default();
+                let id = p.get("id").and_then(|n| self.string(n, "id"));
+                let exactly_once = p.get("exactly_once").and_then(|n| self.boolean(n, "exactly_once")).unwrap_or(false);
+                SinkKind::Postgres { url: url?, table: table?, columns, upsert_keys, id, exactly_once }
+            }
+            "http" => {
+                let h = self.map(body, "an HTTP sink", &["url", "method", "format", "headers", "batch_records"])?;
+                let url = self.required(&h, "url", "an HTTP sink").and_then(|n| self.string(n, "url"));
+                let put = match h.get("method").map(|n| (n.as_str(), n.pos)) {
+                    None | Some((Some("POST"), _)) => false,
+                    Some((Some("PUT"), _)) => true,
+                    Some((other, pos)) => {
+                        self.err_help(pos, format!("method `{}`", other.unwrap_or("?")), "write POST or PUT");
+                        false
+                    }
+                };
+                let json_lines = match h.get("format").map(|n| (n.as_str(), n.pos)) {
+                    None | Some((Some("json"), _)) => false,
+                    Some((Some("json_lines"), _)) => true,
+                    Some((other, pos)) => {
+                        self.err_help(
+                            pos,
+                            format!("format `{}` is not known", other.unwrap_or("?")),
+                            "write json (an array per request) or json_lines",
+                        );
+                        false
+                    }
+                };
+                let mut headers = Vec::new();
+                if let Some(n) = h.get("headers") {
+                    match n.as_map() {
+                        Some(entries) => {
+                            for (k, v) in entries {
+                                if let Some(v) = self.string(v, &format!("header `{}`", k.node)) {
+                                    headers.push((k.node.clone(), v));
+                                }
+                            }
+                        }
+                        None => self.err(n.pos, format!("headers is {}, not a mapping of names to values", n.kind())),
+                    }
+                }
+                let batch_records =
+                    h.get("batch_records").and_then(|n| self.integer(n, "batch_records", 1)).map(|n| n as usize);
+                SinkKind::Http { url: url?, put, json_lines, headers, batch_records }
+            }
+            "s3" => {
+                let known =
+                    ["bucket", "prefix", "endpoint", "region", "access_key_id", "secret_access_key", "local", "format"];
+                let o = self.map(body, "an S3 sink", &known)?;
+                let bucket = self.required(&o, "bucket", "an S3 sink").and_then(|n| self.string(n, "bucket"));
+                let prefix = self.required(&o, "prefix", "an S3 sink").and_then(|n| self.string(n, "prefix"));
+                let endpoint = o.get("endpoint").and_then(|n| self.string(n, "endpoint"));
+                let region = o.get("region").and_then(|n| self.string(n, "region"));
+                let key = o.get("access_key_id").and_then(|n| self.string(n, "access_key_id"));
+                let secret = o.get("secret_access_key").and_then(|n| self.string(n, "secret_access_key"));
+                if key.is_some() != secret.is_some() {
+                    self.err_help(
+                        o.node.pos,
+                        "an S3 sink with one of access_key_id and secret_access_key",
+                        "give both, or neither (the AWS_* variables)",
+                    );
+                }
+                let local = o.get("local").and_then(|n| self.boolean(n, "local")).unwrap_or(false);
+                self.format(o.get("format"));
+                SinkKind::S3 { bucket: bucket?, prefix: prefix?, endpoint, region, credentials: key.zip(secret), local }
+            }
             _ => return None,
         };
         Some(SinkSpec { kind, pos: node.pos })
+    }
+
+    /// A list of names.
+    fn names(&mut self, node: &Spanned, what: &str) -> Vec<String> {
+        match node.as_seq() {
+            Some(items) => items.iter().filter_map(|i| self.string(i, what)).collect(),
+            None => {
+                self.err_help(
+                    node.pos,
+                    format!("{what} is {}, not a list", node.kind()),
+                    format!("write {what}: [a, b]"),
+                );
+                Vec::new()
+            }
+        }
     }
 
     fn empty(&mut self, node: &Spanned, what: &str) {
