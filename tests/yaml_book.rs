@@ -43,6 +43,7 @@ fn every_example_is_valid() {
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .filter(|p| !p.to_string_lossy().ends_with("_test.yaml"))
         .collect();
     files.sort();
     assert!(files.len() >= 3);
@@ -98,4 +99,52 @@ fn running_totals_per_customer() {
         assert_eq!(totals["cents"], paid.iter().sum::<i64>(), "{totals}");
         assert_eq!(totals["largest"], *paid.iter().max().unwrap(), "{totals}");
     }
+}
+
+#[test]
+fn the_examples_tests_pass() {
+    let report =
+        weibo_connectors::yaml::TestFile::from_file(examples().join("clicks_test.yaml")).unwrap().run().unwrap();
+    assert!(report.passed(), "{report}");
+    assert_eq!(report.cases.len(), 2);
+}
+
+/// A test whose expectation is wrong fails, saying what differs; a test
+/// file naming what the pipeline lacks is refused at its positions.
+#[test]
+fn a_wrong_expectation_fails_and_a_wrong_test_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(examples().join("clicks.yaml"), dir.path().join("clicks.yaml")).unwrap();
+    let wrong = dir.path().join("wrong_test.yaml");
+    std::fs::write(
+        &wrong,
+        "pipeline: clicks.yaml\ntests:\n  - name: off by one\n    input:\n      - { user: ann, kind: click, amount: 3, ts: 1000 }\n      - watermark: 59999\n    expect:\n      per_minute:\n        - { key: ann, window_start: 0, window_end: 60000, clicks: 2, cents: 300, first: 1000, last: 1000 }\n",
+    )
+    .unwrap();
+    let report = weibo_connectors::yaml::TestFile::from_file(&wrong).unwrap().run().unwrap();
+    assert!(!report.passed());
+    assert_eq!(
+        report.to_string(),
+        format!(
+            "{}: test `off by one`: FAILED\n  \
+             sink `per_minute` did not get {{\"key\":\"ann\",\"window_start\":0,\"window_end\":60000,\"clicks\":2,\"cents\":300,\"first\":1000,\"last\":1000}}\n  \
+             sink `per_minute` got {{\"key\":\"ann\",\"window_start\":0,\"window_end\":60000,\"clicks\":1,\"cents\":300,\"first\":1000,\"last\":1000}}, which the test does not expect",
+            wrong.display()
+        )
+    );
+    let bad = dir.path().join("bad_test.yaml");
+    std::fs::write(
+        &bad,
+        "pipeline: clicks.yaml\ntests:\n  - name: typos\n    input:\n      - { usr: ann, kind: click }\n    expect:\n      per_minut: []\n",
+    )
+    .unwrap();
+    let errors = weibo_connectors::yaml::TestFile::from_file(&bad).unwrap_err();
+    assert_eq!(
+        errors.to_string(),
+        format!(
+            "{f}:5:11: the source has no field `usr`\n  help: did you mean `user`? The source's fields are: user, kind, amount, ts\n\
+             {f}:7:7: the pipeline has no sink `per_minut`\n  help: did you mean `per_minute`?",
+            f = bad.display()
+        )
+    );
 }

@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! weibo validate <file>...
+//! weibo test <file-or-dir>...
 //! weibo plan <file>
 //! weibo run <file> [--admin <addr>] [--restore-from <dir>]
 //! weibo status <url> [--token <token>] [--json]
@@ -29,7 +30,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Value, json};
 use weibo::checkpoint::inspect::{Inspection, encode_key_text};
-use weibo_connectors::yaml::Pipeline;
+use weibo_connectors::yaml::{Pipeline, TestFile};
 
 /// Tools for Weibo's jobs (through their admin API), checkpoints and
 /// savepoints.
@@ -39,6 +40,7 @@ use weibo_connectors::yaml::Pipeline;
     version,
     after_help = "Examples:\n  \
         weibo validate pipelines/*.yaml\n  \
+        weibo test pipelines/\n  \
         weibo plan clicks.yaml\n  \
         weibo run clicks.yaml --admin 127.0.0.1:9090\n  \
         weibo status http://127.0.0.1:9090\n  \
@@ -61,6 +63,14 @@ enum Command {
         /// The pipeline files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+    },
+    /// Runs the tests of pipeline files (`*_test.yaml`: input records
+    /// and watermarks, the records each sink must get) without any
+    /// service. Exit code 0 when every case passes, 1 otherwise.
+    Test {
+        /// Test files, or folders to find `*_test.yaml` files in.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
     },
     /// A pipeline file's graph and execution plan (operators, chains,
     /// edges, partitions), without running it.
@@ -242,6 +252,43 @@ fn run(cli: Cli) -> Result<String, Failure> {
             }
             Ok(out.join("\n"))
         }
+        Command::Test { paths } => {
+            let mut files = Vec::new();
+            for p in &paths {
+                if p.is_dir() {
+                    test_files_in(p, &mut files)?;
+                } else {
+                    files.push(p.clone());
+                }
+            }
+            files.sort();
+            if files.is_empty() {
+                return Err(format!(
+                    "no *_test.yaml file in {}",
+                    paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+                )
+                .into());
+            }
+            let (mut passed, mut failed) = (0, 0);
+            for file in &files {
+                let report = match TestFile::from_file(file) {
+                    Ok(tests) => tests.run()?,
+                    Err(errors) => {
+                        eprintln!("{errors}");
+                        failed += 1;
+                        continue;
+                    }
+                };
+                println!("{report}");
+                let bad = report.cases.iter().filter(|(_, p)| !p.is_empty()).count();
+                failed += bad;
+                passed += report.cases.len() - bad;
+            }
+            if failed > 0 {
+                return Err(format!("{failed} test(s) failed, {passed} passed").into());
+            }
+            Ok(format!("{passed} test(s) passed"))
+        }
         Command::Plan { file } => {
             let job = pipeline(&file)?.job()?;
             Ok(format!("{job}\n{}", job.plan()?))
@@ -304,6 +351,19 @@ fn run(cli: Cli) -> Result<String, Failure> {
             ))
         }
     }
+}
+
+/// The `*_test.yaml` files under `dir`, at any depth.
+fn test_files_in(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), Failure> {
+    for entry in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            test_files_in(&path, out)?;
+        } else if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with("_test.yaml")) {
+            out.push(path);
+        }
+    }
+    Ok(())
 }
 
 /// The checked pipeline in `file`; its errors, one per line, otherwise.

@@ -148,3 +148,31 @@ pipeline:
     assert_eq!(verify.status.code(), Some(0), "{}", text(&verify.stderr));
     assert!(text(&verify.stdout).contains("of job `endless` is whole"), "{}", text(&verify.stdout));
 }
+
+#[test]
+fn test_runs_the_test_files_of_a_folder_and_fails_on_a_wrong_expectation() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/yaml");
+    let ok = weibo(&["test", &examples.display().to_string()]);
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stderr));
+    assert!(text(&ok.stdout).contains("test(s) passed"), "{}", text(&ok.stdout));
+    assert!(
+        text(&ok.stdout)
+            .contains("clicks_test.yaml: test `a click after the allowed lateness goes to late_clicks`: ok")
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "evens.yaml", GOOD);
+    std::fs::write(
+        dir.path().join("evens_test.yaml"),
+        "pipeline: evens.yaml\ntests:\n  - name: odd numbers pass\n    input: [ { n: 1, square: 1 }, { n: 2, square: 4 } ]\n    expect: { out: [ { n: 1, square: 1 } ] }\n",
+    )
+    .unwrap();
+    let failed = weibo(&["test", &dir.path().display().to_string()]);
+    assert_eq!(failed.status.code(), Some(1));
+    let stdout = text(&failed.stdout);
+    assert!(stdout.contains("test `odd numbers pass`: FAILED"), "{stdout}");
+    assert!(stdout.contains("sink `out` did not get {\"n\":1,\"square\":1}"), "{stdout}");
+    assert!(stdout.contains("sink `out` got {\"n\":2,\"square\":4}, which the test does not expect"), "{stdout}");
+    assert!(text(&failed.stderr).contains("1 test(s) failed, 0 passed"), "{}", text(&failed.stderr));
+    assert_eq!(weibo(&["test", &dir.path().join("none").display().to_string()]).status.code(), Some(1));
+}

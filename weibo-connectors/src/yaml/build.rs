@@ -123,8 +123,34 @@ pub fn build_with(spec: &Spec, take: &mut dyn FnMut(&str, &SinkUse) -> bool) -> 
     }
     let mut sinks: SinkInputs = BTreeMap::new();
     let source = spec.sources.get(&spec.from).ok_or_else(|| BuildError(format!("no source `{}`", spec.from)))?;
+    let input = build_source(&job, &spec.from, source, &mut sinks)?;
+    wire(spec, input, sinks, take)?;
+    Ok(job)
+}
+
+/// Wires the steps of `spec` after `input`, the records of its source
+/// (decoded, with their event time), and the sinks: each use offered to
+/// `take` first. A test harness wires its input this way.
+///
+/// # Errors
+/// A sink that cannot be set up.
+pub fn wire_after(
+    spec: &Spec,
+    input: Stream<Row>,
+    take: &mut dyn FnMut(&str, &SinkUse) -> bool,
+) -> Result<(), BuildError> {
+    wire(spec, input, BTreeMap::new(), take)
+}
+
+fn wire(
+    spec: &Spec,
+    input: Stream<Row>,
+    mut sinks: SinkInputs,
+    take: &mut dyn FnMut(&str, &SinkUse) -> bool,
+) -> Result<(), BuildError> {
+    let source = spec.sources.get(&spec.from).ok_or_else(|| BuildError(format!("no source `{}`", spec.from)))?;
     let mut schema = source.schema.clone();
-    let mut cur = Cur::Plain(build_source(&job, &spec.from, source, &mut sinks)?);
+    let mut cur = Cur::Plain(input);
     for step in &spec.steps {
         cur = match (&step.kind, cur) {
             (StepKind::Filter(e, policy), Cur::Plain(s)) => {
@@ -281,7 +307,7 @@ pub fn build_with(spec: &Spec, take: &mut dyn FnMut(&str, &SinkUse) -> bool) -> 
             uses.first().map(|u| u.schema.fields.iter().map(|f| f.to_string()).collect()).unwrap_or_default();
         attach(&all, &name, sink, spec, &fields)?;
     }
-    Ok(job)
+    Ok(())
 }
 
 /// The dead letters of `step` (whose records have `schema`) to `sink`, as

@@ -34,6 +34,7 @@ pub mod expr;
 pub mod spec;
 #[cfg(feature = "postgres")]
 pub mod sql;
+pub mod testfile;
 pub mod value;
 
 use std::fmt;
@@ -43,6 +44,7 @@ pub use build::{BuildError, Out, SinkUse};
 pub use doc::{Diagnostic, Pos};
 pub use expr::{Expr, Schema};
 pub use spec::Spec;
+pub use testfile::{TestFile, TestReport};
 pub use value::{Row, Value};
 
 /// A checked pipeline file.
