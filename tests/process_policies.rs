@@ -1,4 +1,5 @@
-//! The three failure policies of `process`, each counting every record.
+//! The three failure policies of `process`, each counting every record;
+//! `process` and `try_filter` around records failing mid-batch.
 
 use weibo::testing::TestJob;
 use weibo::{Error, KeyedContext, on_error};
@@ -131,4 +132,32 @@ fn keyed_process_policies_count_every_record() {
     let _ = t.collect(&out);
     let err = t.run().unwrap_err();
     assert!(matches!(&err, Error::RecordFailed { operator, .. } if operator == "sum"), "{err}");
+}
+
+/// Records failing in the middle of a batch: those before and after
+/// keep their order and their metadata, the failed ones become dead
+/// letters naming their offsets (for `process`, whose results go out with
+/// the batch's metadata until a record fails, and for `try_filter`).
+#[test]
+fn process_and_try_filter_keep_order_and_positions_around_failures() {
+    let mut t = TestJob::new("failures");
+    let input = t.input((0..20u32).collect::<Vec<_>>());
+    let fails = |x: u32| x % 7 == 3;
+    let (halves, dead) =
+        input.process(on_error::DeadLetter, move |x: &u32| if fails(*x) { Err("seven") } else { Ok(x / 2) });
+    let (evens, dead_evens) =
+        input.try_filter(
+            on_error::DeadLetter,
+            move |x: &u32| if fails(*x) { Err("seven") } else { Ok(x.is_multiple_of(2)) },
+        );
+    let (halves, dead, evens, dead_evens) =
+        (t.collect(&halves), t.collect(&dead), t.collect(&evens), t.collect(&dead_evens));
+    t.run().unwrap();
+    let ok: Vec<u32> = (0..20).filter(|x| !fails(*x)).collect();
+    assert_eq!(halves.values(), ok.iter().map(|x| x / 2).collect::<Vec<_>>());
+    assert_eq!(evens.values(), ok.iter().copied().filter(|x| x.is_multiple_of(2)).collect::<Vec<_>>());
+    for letters in [dead.values(), dead_evens.values()] {
+        let failed: Vec<(u32, u64)> = letters.iter().map(|d| (d.record, d.position.offset)).collect();
+        assert_eq!(failed, vec![(3, 3), (10, 10), (17, 17)]);
+    }
 }
