@@ -103,10 +103,24 @@ fn running_totals_per_customer() {
 
 #[test]
 fn the_examples_tests_pass() {
-    let report =
-        weibo_connectors::yaml::TestFile::from_file(examples().join("clicks_test.yaml")).unwrap().run().unwrap();
-    assert!(report.passed(), "{report}");
-    assert_eq!(report.cases.len(), 2);
+    for (file, cases) in [("clicks_test.yaml", 2), ("payments_test.yaml", 1)] {
+        let report = weibo_connectors::yaml::TestFile::from_file(examples().join(file)).unwrap().run().unwrap();
+        assert!(report.passed(), "{report}");
+        assert_eq!(report.cases.len(), cases);
+    }
+}
+
+#[test]
+fn orders_joined_with_their_payments() {
+    let out = run("payments.yaml");
+    assert_eq!(
+        out["out"],
+        [
+            r#"{"id":1,"customer":"ann","amount":30,"paid":true}"#,
+            r#"{"id":2,"customer":"bob","amount":50,"paid":false}"#,
+            r#"{"id":3,"customer":"ann","amount":20,"paid":false}"#,
+        ]
+    );
 }
 
 /// A test whose expectation is wrong fails, saying what differs; a test

@@ -306,8 +306,8 @@ broken.yaml:5:60: unknown key `grup` in a Kafka source
 broken.yaml:7:26: no field `tss` in source `clicks`
   help: did you mean `ts`? The fields are: user, amount, ts
 broken.yaml:9:25: count is `ten`, not a whole number of at least 0
-broken.yaml:12:5: step 2 does nothing: no `from`, `filter`, `map`, `key_by`, `window`, `aggregate`, `dedup`, `route`, `to`
-  help: did you mean `filter`? A step is one of: from, filter, map, key_by, window, aggregate, dedup, route, to
+broken.yaml:12:5: step 2 does nothing: no `from`, `filter`, `map`, `key_by`, `window`, `aggregate`, `dedup`, `route`, `join`, `to`
+  help: did you mean `filter`? A step is one of: from, filter, map, key_by, window, aggregate, dedup, route, join, to
 broken.yaml:13:14: no field `amout` in the records of this step
   help: did you mean `event.amount`? The records here have: user, amount, ts
 broken.yaml:13:33: unknown function `sise`
@@ -522,4 +522,128 @@ fn a_savepoint_restores_into_the_same_pipeline_and_is_refused_when_its_aggregate
     let swapped = counting_file(r#"{ total: "sum(event.i)", n: "count()" }"#, &dir.path().join("v3"));
     let err = restored_totals(&swapped, &savepoint).unwrap_err().to_string();
     assert!(err.contains("totals") && err.contains("version"), "{err}");
+}
+
+#[derive(Clone, Debug, Deserialize, serde::Serialize)]
+struct Order {
+    id: i64,
+    customer: String,
+    amount: i64,
+    ts: i64,
+}
+
+#[derive(Clone, Debug, Deserialize, serde::Serialize)]
+struct Payment {
+    order_id: i64,
+    paid: i64,
+    ts: i64,
+}
+
+/// 300 orders, 100 ms apart; a payment for two orders of three, 1.5 s
+/// before to 4.5 s after its order (those 1.5 s before are outside the
+/// join's interval), in time order; and payments of 20 unknown orders.
+fn orders_and_payments(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let orders: Vec<Order> =
+        (0..300).map(|id| Order { id, customer: format!("c{}", id % 9), amount: id * 10 % 97, ts: id * 100 }).collect();
+    let mut payments: Vec<Payment> = (0..320)
+        .filter(|id| id % 3 != 0)
+        .map(|id| Payment { order_id: id, paid: id * 10 % 97, ts: (id * 100 + (id % 7) * 1000 - 1500).max(0) })
+        .collect();
+    payments.sort_by_key(|p| p.ts);
+    let (o, p) = (dir.join("orders.jsonl"), dir.join("payments.jsonl"));
+    std::fs::write(&o, orders.iter().map(|x| serde_json::to_string(x).unwrap() + "\n").collect::<String>()).unwrap();
+    std::fs::write(&p, payments.iter().map(|x| serde_json::to_string(x).unwrap() + "\n").collect::<String>()).unwrap();
+    (o, p)
+}
+
+#[test]
+fn a_full_interval_join_matches_the_typed_twin_at_1_and_4_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let (orders, payments) = orders_and_payments(dir.path());
+    for partitions in [1, 4] {
+        let out = dir.path().join(format!("joined-{partitions}"));
+        let file = format!(
+            r#"
+job: paid
+sources:
+  orders:
+    file: {{ path: {} }}
+    schema: [id, customer, amount, ts]
+    event_time: {{ field: ts, max_out_of_orderness: 1s }}
+  payments:
+    file: {{ path: {} }}
+    schema: [order_id, paid, ts]
+    event_time: {{ field: ts, max_out_of_orderness: 1s }}
+pipeline:
+  - from: orders
+  - join: {{ with: payments, key: "event.id", with_key: "event.order_id", interval: {{ from: -1s, to: 5s }}, type: full, partitions: {partitions} }}
+    select:
+      id: "has(left.id) ? left.id : right.order_id"
+      amount: "left.amount"
+      paid: "right.paid"
+  - to: {{ file: {{ path: {} }} }}
+"#,
+            orders.display(),
+            payments.display(),
+            out.display()
+        );
+        run(Pipeline::parse("paid.yaml", file.as_bytes()).unwrap_or_else(|e| panic!("{e}")).job().unwrap());
+        let opt = |v: &serde_json::Value| v.as_i64();
+        let mut from_yaml: Vec<(i64, Option<i64>, Option<i64>)> =
+            read_lines(&out).iter().map(|v| (v["id"].as_i64().unwrap(), opt(&v["amount"]), opt(&v["paid"]))).collect();
+
+        let job = Job::new("paid");
+        let bounded = || WatermarkStrategy::bounded_out_of_orderness(Duration::from_secs(1));
+        let left = job
+            .source(FileSource::json_lines(&orders))
+            .with_timestamps(|o: &Order| o.ts, bounded())
+            .key_by(|o: &Order| o.id);
+        let right = job
+            .source(FileSource::json_lines(&payments))
+            .with_timestamps(|p: &Payment| p.ts, bounded())
+            .key_by(|p: &Payment| p.order_id);
+        let joined = CollectSink::new();
+        left.interval_join(&right)
+            .between(-1_000, 5_000)
+            .with_partitions(partitions)
+            .full_join(|o: Option<&Order>, p: Option<&Payment>| {
+                (o.map_or_else(|| p.map_or(-1, |p| p.order_id), |o| o.id), o.map(|o| o.amount), p.map(|p| p.paid))
+            })
+            .sink(joined.clone());
+        run(job);
+        let mut typed = joined.values();
+        from_yaml.sort();
+        typed.sort();
+        let pairs = typed.iter().filter(|r| r.1.is_some() && r.2.is_some()).count();
+        let alone = typed.len() - pairs;
+        assert!(pairs > 100 && alone > 50, "{pairs} pairs, {alone} alone");
+        assert_eq!(from_yaml, typed, "at {partitions} partitions");
+    }
+}
+
+#[test]
+fn a_join_is_checked_like_any_step() {
+    let file = r#"job: paid
+sources:
+  orders: { file: { path: o }, schema: [id, amount, ts], event_time: { field: ts } }
+  payments: { file: { path: p }, schema: [order_id, paid, ts] }
+pipeline:
+  - from: orders
+  - join: { with: payments, key: "event.id", with_key: "event.id", interval: { from: 5s, to: -1s } }
+    select: { id: "left.id", paid: "right.payd", all: "event" }
+  - to: { stdout: {} }
+"#;
+    let errors = Pipeline::parse_with_env("join.yaml", file.as_bytes(), &|_| None).unwrap_err();
+    assert_eq!(
+        errors.to_string(),
+        "join.yaml:7:11: a join pairs records by event time, and a side has none
+  help: give both sources an event_time
+join.yaml:7:57: no field `id` in the records of this step
+  help: the records here have: order_id, paid, ts
+join.yaml:7:78: an interval whose `from` is after its `to`
+join.yaml:8:37: no field `payd` in the records of `right`
+  help: did you mean `right.paid`? The records of `right` have: order_id, paid, ts
+join.yaml:8:56: unknown name `event`
+  help: the records here are read through left and right: write `left.<field>`"
+    );
 }

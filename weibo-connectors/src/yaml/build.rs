@@ -10,7 +10,8 @@ use weibo::record::Timestamp;
 use super::agg::Aggregates;
 use super::expr::{self, EvalError, Expr, Schema};
 use super::spec::{
-    EventTime, OnError, SinkKind, SinkSpec, SourceKind, SourceSpec, Spec, StepKind, WindowSpec, dead_letter_schema,
+    EventTime, JoinKind, JoinSpec, OnError, SinkKind, SinkSpec, SourceKind, SourceSpec, Spec, StepKind, WindowSpec,
+    dead_letter_schema,
 };
 use super::value::{Row, Value};
 
@@ -122,34 +123,46 @@ pub fn build_with(spec: &Spec, take: &mut dyn FnMut(&str, &SinkUse) -> bool) -> 
         job = with_admin(job, addr);
     }
     let mut sinks: SinkInputs = BTreeMap::new();
-    let source = spec.sources.get(&spec.from).ok_or_else(|| BuildError(format!("no source `{}`", spec.from)))?;
-    let input = build_source(&job, &spec.from, source, &mut sinks)?;
-    wire(spec, input, sinks, take)?;
+    let mut inputs = BTreeMap::new();
+    for name in std::iter::once(&spec.from).chain(spec.steps.iter().filter_map(|s| match &s.kind {
+        StepKind::Join(j) => Some(&j.with),
+        _ => None,
+    })) {
+        if inputs.contains_key(name) {
+            continue;
+        }
+        let source = spec.sources.get(name).ok_or_else(|| BuildError(format!("no source `{name}`")))?;
+        inputs.insert(name.clone(), build_source(&job, name, source, &mut sinks)?);
+    }
+    wire(spec, inputs, sinks, take)?;
     Ok(job)
 }
 
-/// Wires the steps of `spec` after `input`, the records of its source
-/// (decoded, with their event time), and the sinks: each use offered to
-/// `take` first. A test harness wires its input this way.
+/// Wires the steps of `spec` after `inputs`, the records of its sources
+/// by name (decoded, with their event time: the pipeline's `from` and the
+/// sources it joins with), and the sinks: each use offered to `take`
+/// first. A test harness wires its inputs this way.
 ///
 /// # Errors
-/// A sink that cannot be set up.
+/// A source missing from `inputs`, a sink that cannot be set up.
 pub fn wire_after(
     spec: &Spec,
-    input: Stream<Row>,
+    inputs: BTreeMap<String, Stream<Row>>,
     take: &mut dyn FnMut(&str, &SinkUse) -> bool,
 ) -> Result<(), BuildError> {
-    wire(spec, input, BTreeMap::new(), take)
+    wire(spec, inputs, BTreeMap::new(), take)
 }
 
 fn wire(
     spec: &Spec,
-    input: Stream<Row>,
+    inputs: BTreeMap<String, Stream<Row>>,
     mut sinks: SinkInputs,
     take: &mut dyn FnMut(&str, &SinkUse) -> bool,
 ) -> Result<(), BuildError> {
     let source = spec.sources.get(&spec.from).ok_or_else(|| BuildError(format!("no source `{}`", spec.from)))?;
     let mut schema = source.schema.clone();
+    let input =
+        inputs.get(&spec.from).cloned().ok_or_else(|| BuildError(format!("no input for source `{}`", spec.from)))?;
     let mut cur = Cur::Plain(input);
     for step in &spec.steps {
         cur = match (&step.kind, cur) {
@@ -251,6 +264,25 @@ fn wire(
                     .name(&format!("{}:rest:rows", step.name));
                 Cur::Plain(rest)
             }
+            (StepKind::Join(j), Cur::Plain(s)) => {
+                let right =
+                    inputs.get(&j.with).ok_or_else(|| BuildError(format!("no input for source `{}`", j.with)))?;
+                let left = keyed_by(&s, &j.key, &format!("{}:key", step.name), &schema, &mut sinks);
+                let right =
+                    keyed_by(right, &j.with_key, &format!("{}:with_key", step.name), &j.with_schema, &mut sinks);
+                let joined = join(j, left, right, schema.fields.len()).name(&step.name).uid(&step.name);
+                let joined_schema = Schema::joined(&schema, &j.with_schema);
+                let exprs = j.select.clone();
+                let f = move |r: &Row| {
+                    let mut out = smallvec::SmallVec::with_capacity(exprs.len());
+                    for e in &exprs {
+                        out.push(e.eval(r)?);
+                    }
+                    Ok::<_, EvalError>(Row(out))
+                };
+                let select = format!("{}:select", step.name);
+                Cur::Plain(under!(&j.on_error, &select, &joined_schema, &mut sinks, |p| joined.process(p, f)))
+            }
             (StepKind::Dedup { key, within, event_time, partitions }, Cur::Plain(s)) => {
                 let e = key.clone();
                 let f = move |r: &Row| {
@@ -308,6 +340,94 @@ fn wire(
         attach(&all, &name, sink, spec, &fields)?;
     }
     Ok(())
+}
+
+/// `stream` keyed by `key`, computed under the job's failure (a key that
+/// does not evaluate fails the job) and kept as a last, hidden field.
+fn keyed_by(
+    stream: &Stream<Row>,
+    key: &Expr,
+    step: &str,
+    schema: &Schema,
+    sinks: &mut SinkInputs,
+) -> KeyedStream<Value, Row> {
+    let e = key.clone();
+    let f = move |r: &Row| {
+        let key = e.eval(r)?;
+        let mut r = r.clone();
+        r.0.push(key);
+        Ok::<_, EvalError>(r)
+    };
+    let with_key = under!(&OnError::Fail, step, schema, sinks, |p| stream.process(p, f));
+    with_key.key_by(|r: &Row| r.0.last().cloned().unwrap_or_default())
+}
+
+/// The join `j` of `left` (whose records have `nl` fields) and `right`:
+/// rows of the left's fields then the right's, nulls for a side without a
+/// partner.
+fn join(j: &JoinSpec, left: KeyedStream<Value, Row>, right: KeyedStream<Value, Row>, nl: usize) -> Stream<Row> {
+    let nr = j.with_schema.fields.len();
+    let pair = move |l: Option<&Row>, r: Option<&Row>| {
+        let mut row = smallvec::SmallVec::with_capacity(nl + nr);
+        row.extend((0..nl).map(|i| l.map_or(Value::Null, |l| l.field(i).clone())));
+        row.extend((0..nr).map(|i| r.map_or(Value::Null, |r| r.field(i).clone())));
+        Row(row)
+    };
+    match j.kind {
+        JoinKind::Interval { lower, upper } => {
+            let mut b = left.interval_join(&right).between(lower, upper);
+            if let Some(n) = j.partitions {
+                b = b.with_partitions(n);
+            }
+            match (j.left_outer, j.right_outer) {
+                (false, false) => b.join(move |l: &Row, r: &Row| pair(Some(l), Some(r))),
+                (true, false) => b.left_join(move |l: &Row, r: Option<&Row>| pair(Some(l), r)),
+                (false, true) => b.right_join(move |l: Option<&Row>, r: &Row| pair(l, Some(r))),
+                (true, true) => b.full_join(pair),
+            }
+        }
+        JoinKind::Window(w, lateness) => {
+            let mut b = left.join(&right);
+            if let Some(n) = j.partitions {
+                b = b.with_partitions(n);
+            }
+            match w {
+                WindowSpec::Tumbling(size) => window_join(b.window(Tumbling::of(size)), lateness, j, pair),
+                WindowSpec::Sliding(size, every) => window_join(b.window(Sliding::of(size, every)), lateness, j, pair),
+                WindowSpec::Session(gap) => window_join(b.window(Session::with_gap(gap)), lateness, j, pair),
+            }
+        }
+        JoinKind::Temporal { retention } => {
+            let mut b = left.temporal_join(&right);
+            if let Some(r) = retention {
+                b = b.retention(r);
+            }
+            if let Some(n) = j.partitions {
+                b = b.with_partitions(n);
+            }
+            if j.left_outer {
+                b.left_join(move |l: &Row, r: Option<&Row>| pair(Some(l), r))
+            } else {
+                b.join(move |l: &Row, r: &Row| pair(Some(l), Some(r)))
+            }
+        }
+    }
+}
+
+fn window_join(
+    w: weibo::join::JoinWindows<Value, Row, Row>,
+    lateness: std::time::Duration,
+    j: &JoinSpec,
+    pair: impl Fn(Option<&Row>, Option<&Row>) -> Row + Send + Sync + 'static,
+) -> Stream<Row> {
+    let w = w.allowed_lateness(lateness);
+    let out = match (j.left_outer, j.right_outer) {
+        (false, false) => w.apply(move |l: &Row, r: &Row| pair(Some(l), Some(r))),
+        (true, false) => w.left_join(move |l: &Row, r: Option<&Row>| pair(Some(l), r)),
+        (false, true) => w.right_join(move |l: Option<&Row>, r: &Row| pair(l, Some(r))),
+        (true, true) => w.full_join(pair),
+    };
+    out.into_stream()
 }
 
 /// The dead letters of `step` (whose records have `schema`) to `sink`, as

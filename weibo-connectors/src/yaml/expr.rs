@@ -30,17 +30,33 @@ pub struct Schema {
     /// Whether fields are read by their bare names (`i`, in a
     /// generator's expressions), not through `event`.
     pub bare: bool,
+    /// The names records are read through instead of `event` (`left` and
+    /// `right` after a join), each naming the fields `<root>.<field>`.
+    pub roots: Vec<Arc<str>>,
 }
 
 impl Schema {
     /// The schema of records whose fields are not declared.
     pub fn open() -> Schema {
-        Schema { fields: vec![Arc::from("event")], open: true, bare: false }
+        Schema { fields: vec![Arc::from("event")], open: true, bare: false, roots: Vec::new() }
     }
 
     /// A schema of `fields`.
     pub fn of<S: AsRef<str>>(fields: impl IntoIterator<Item = S>) -> Schema {
-        Schema { fields: fields.into_iter().map(|f| Arc::from(f.as_ref())).collect(), open: false, bare: false }
+        Schema {
+            fields: fields.into_iter().map(|f| Arc::from(f.as_ref())).collect(),
+            open: false,
+            bare: false,
+            roots: Vec::new(),
+        }
+    }
+
+    /// The fields of a join's results: `left`'s then `right`'s, read as
+    /// `left.<field>` and `right.<field>`.
+    pub fn joined(left: &Schema, right: &Schema) -> Schema {
+        let mut fields: Vec<Arc<str>> = left.fields.iter().map(|f| Arc::from(format!("left.{f}"))).collect();
+        fields.extend(right.fields.iter().map(|f| Arc::from(format!("right.{f}"))));
+        Schema { fields, open: false, bare: false, roots: vec![Arc::from("left"), Arc::from("right")] }
     }
 
     /// The index of `field`.
@@ -310,7 +326,7 @@ impl Compiler<'_> {
                 LiteralValue::Null => Value::Null,
                 LiteralValue::Bytes(_) => return self.error(e.id, "bytes literals are not supported".into(), None),
             }),
-            Ast::Ident(name) if name == "event" => {
+            Ast::Ident(name) if name == "event" && self.schema.roots.is_empty() => {
                 if self.schema.open {
                     return C::Field(0);
                 }
@@ -319,6 +335,15 @@ impl Compiler<'_> {
             }
             Ast::Ident(name) if self.schema.bare && self.schema.index(name).is_some() => {
                 C::Field(self.schema.index(name).unwrap_or(0))
+            }
+            Ast::Ident(name) if !self.schema.roots.is_empty() => {
+                let roots: Vec<&str> = self.schema.roots.iter().map(|r| &**r).collect();
+                let help = format!(
+                    "the records here are read through {}: write `{}.<field>`",
+                    roots.join(" and "),
+                    roots.first().copied().unwrap_or("left")
+                );
+                self.error(e.id, format!("unknown name `{name}`"), Some(help))
             }
             Ast::Ident(name) => {
                 let help = match self.schema.index(name) {
@@ -369,6 +394,27 @@ impl Compiler<'_> {
     }
 
     fn select(&mut self, _id: u64, operand: &IdedExpr, field: &str, test: bool) -> C {
+        if let Ast::Ident(root) = &operand.expr
+            && self.schema.roots.iter().any(|r| **r == **root)
+        {
+            let name = format!("{root}.{field}");
+            return match self.schema.index(&name) {
+                Some(i) if test => C::Dyn(Arc::new(move |row| Ok(Value::Bool(!matches!(row.field(i), Value::Null))))),
+                Some(i) => C::Field(i),
+                None => {
+                    let prefix = format!("{root}.");
+                    let theirs: Vec<&str> =
+                        self.schema.fields.iter().filter_map(|f| f.strip_prefix(prefix.as_str())).collect();
+                    let help = match closest(field, theirs.iter().copied()) {
+                        Some(near) => {
+                            format!("did you mean `{root}.{near}`? The records of `{root}` have: {}", theirs.join(", "))
+                        }
+                        None => format!("the records of `{root}` have: {}", theirs.join(", ")),
+                    };
+                    self.error(operand.id, format!("no field `{field}` in the records of `{root}`"), Some(help))
+                }
+            };
+        }
         if matches!(&operand.expr, Ast::Ident(name) if name == "event") && !self.schema.open {
             return match self.schema.index(field) {
                 Some(i) if test => C::Dyn(Arc::new(move |row| Ok(Value::Bool(!matches!(row.field(i), Value::Null))))),

@@ -227,6 +227,8 @@ pub enum StepKind {
     /// Each record to the sink of the first case whose condition holds;
     /// the records no case takes go on.
     Route(Vec<(Expr, String)>, OnError),
+    /// Joins the records with another source's, by key.
+    Join(Box<JoinSpec>),
     /// Drops a record whose key was seen within a time bound (event time
     /// when the source has it).
     Dedup {
@@ -238,6 +240,51 @@ pub enum StepKind {
         event_time: bool,
         /// Partitions of the keyed state.
         partitions: Option<usize>,
+    },
+}
+
+/// A join of the stream (left) with another source's records (right).
+#[derive(Debug)]
+pub struct JoinSpec {
+    /// The other source.
+    pub with: String,
+    /// The fields of its records.
+    pub with_schema: Schema,
+    /// This side's key.
+    pub key: Expr,
+    /// The other side's key.
+    pub with_key: Expr,
+    /// Which join.
+    pub kind: JoinKind,
+    /// Whether left records without a partner are emitted.
+    pub left_outer: bool,
+    /// Whether right records without a partner are emitted.
+    pub right_outer: bool,
+    /// Partitions of the join.
+    pub partitions: Option<usize>,
+    /// The fields of the results, over `left` and `right`.
+    pub select: Vec<Expr>,
+    /// What happens to a result whose `select` does not evaluate.
+    pub on_error: OnError,
+}
+
+/// The kinds of join.
+#[derive(Debug, Clone, Copy)]
+pub enum JoinKind {
+    /// Pairs whose right time is within `[lower, upper]` ms of the left's.
+    Interval {
+        /// Lower bound, ms (may be negative).
+        lower: i64,
+        /// Upper bound, ms.
+        upper: i64,
+    },
+    /// Pairs within the same window.
+    Window(WindowSpec, Duration),
+    /// Each left record with its key's right row at its time (the right
+    /// source is the table's changelog).
+    Temporal {
+        /// How long old versions are kept behind the watermark.
+        retention: Option<Duration>,
     },
 }
 
@@ -275,7 +322,7 @@ const TOP: &[&str] = &["job", "checkpoints", "admin", "batch_size", "sources", "
 const SOURCE_KINDS: &[&str] = &["generator", "file", "kafka"];
 const SOURCE_KEYS: &[&str] = &["generator", "file", "kafka", "schema", "event_time", "on_error"];
 const SINK_KINDS: &[&str] = &["stdout", "blackhole", "file", "kafka", "kafka_exactly_once", "postgres", "http", "s3"];
-const STEP_KINDS: &[&str] = &["from", "filter", "map", "key_by", "window", "aggregate", "dedup", "route", "to"];
+const STEP_KINDS: &[&str] = &["from", "filter", "map", "key_by", "window", "aggregate", "dedup", "route", "join", "to"];
 
 /// Reads and checks a parsed pipeline file. `env` gives environment
 /// variables for `${NAME}` in strings; relative paths are taken from
@@ -626,7 +673,7 @@ impl Cx<'_> {
                 });
                 let partitions =
                     g.get("partitions").and_then(|n| self.integer(n, "partitions", 1)).unwrap_or(1) as usize;
-                let index = Schema { fields: vec![Arc::from("i")], open: false, bare: true };
+                let index = Schema { fields: vec![Arc::from("i")], open: false, bare: true, roots: Vec::new() };
                 let mut names = Vec::new();
                 let mut exprs = Vec::new();
                 match self.required(&g, "fields", "a generator").and_then(Spanned::as_map) {
@@ -960,6 +1007,7 @@ impl Cx<'_> {
             };
             let extra: &[&str] = match kind.node.as_str() {
                 "filter" | "map" | "route" => &["on_error", "name"],
+                "join" => &["select", "on_error", "name"],
                 "key_by" => &["partitions", "on_error", "name"],
                 "window" => &["aggregate", "name"],
                 "aggregate" => &["name"],
@@ -1143,6 +1191,12 @@ impl Cx<'_> {
                     (out.len() == cases.len() && !cases.is_empty())
                         .then(|| (StepKind::Route(out, policy), schema.clone()))
                 }
+                ("join", _) => {
+                    let select = f.get("select");
+                    let policy = self.on_error(f.get("on_error"), &schema, used);
+                    self.join(body, select, &schema, event_time, sources, policy)
+                        .map(|(join, out)| (StepKind::Join(Box::new(join)), out))
+                }
                 ("dedup", _) => {
                     let Some(d) = self.map(body, "dedup", &["key", "within", "partitions"]) else { continue };
                     let partitions =
@@ -1189,6 +1243,157 @@ impl Cx<'_> {
             self.err_help(node.pos, "the pipeline has no steps", "start it with `- from: <source>`");
         }
         Some((from, steps))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn join(
+        &mut self,
+        body: &Spanned,
+        select: Option<&Spanned>,
+        schema: &Schema,
+        timed: bool,
+        sources: &BTreeMap<String, (Schema, bool)>,
+        on_error: OnError,
+    ) -> Option<(JoinSpec, Schema)> {
+        let known = ["with", "key", "with_key", "interval", "window", "temporal", "type", "partitions"];
+        let j = self.map(body, "a join", &known)?;
+        let with = self.required(&j, "with", "a join").and_then(|n| self.string(n, "with"));
+        let (with_schema, with_timed) = match with.as_ref().map(|w| (w, sources.get(w))) {
+            Some((_, Some((s, t)))) => (s.clone(), *t),
+            Some((w, None)) => {
+                let names: Vec<&str> = sources.keys().map(String::as_str).collect();
+                let help = match closest(w, names.iter().copied()) {
+                    Some(near) => format!("did you mean `{near}`?"),
+                    None => format!("a join is with a source; the sources are: {}", names.join(", ")),
+                };
+                self.err_help(j.get("with").map_or(body.pos, |n| n.pos), format!("no source named `{w}`"), help);
+                (Schema::open(), false)
+            }
+            None => (Schema::open(), false),
+        };
+        let key = self.required(&j, "key", "a join").and_then(|n| self.expr(n, schema, "the join's key"));
+        let with_key =
+            self.required(&j, "with_key", "a join").and_then(|n| self.expr(n, &with_schema, "the join's `with_key`"));
+        let (left_outer, right_outer) = match j.get("type").map(|n| (n.as_str(), n.pos)) {
+            None | Some((Some("inner"), _)) => (false, false),
+            Some((Some("left"), _)) => (true, false),
+            Some((Some("right"), _)) => (false, true),
+            Some((Some("full"), _)) => (true, true),
+            Some((other, pos)) => {
+                self.err_help(
+                    pos,
+                    format!("type `{}`", other.unwrap_or("?")),
+                    "write inner (the default), left, right or full",
+                );
+                (false, false)
+            }
+        };
+        let kinds: Vec<&str> = ["interval", "window", "temporal"].into_iter().filter(|k| j.get(k).is_some()).collect();
+        let kind = match kinds.as_slice() {
+            ["interval"] => {
+                let i = self.map(j.get("interval")?, "an interval", &["from", "to"])?;
+                let lower = self.required(&i, "from", "an interval").and_then(|n| self.signed_millis(n, "from"));
+                let upper = self.required(&i, "to", "an interval").and_then(|n| self.signed_millis(n, "to"));
+                match (lower, upper) {
+                    (Some(l), Some(u)) if l <= u => Some(JoinKind::Interval { lower: l, upper: u }),
+                    (Some(_), Some(_)) => {
+                        self.err(i.node.pos, "an interval whose `from` is after its `to`");
+                        None
+                    }
+                    _ => None,
+                }
+            }
+            ["window"] => {
+                let w = j.get("window")?;
+                if let Some((k, _)) = w.as_map().and_then(|m| m.iter().find(|(k, _)| k.node == "late")) {
+                    self.err_help(k.pos, "a window join sends no late records to a sink", "remove `late`");
+                }
+                self.window(w).map(|(w, lateness)| JoinKind::Window(w, lateness))
+            }
+            ["temporal"] => {
+                let t = self.map(j.get("temporal")?, "a temporal join", &["retention"])?;
+                let retention = match t.get("retention") {
+                    Some(n) => Some(self.duration(n, "retention")?),
+                    None => None,
+                };
+                if right_outer {
+                    self.err_help(
+                        j.key_pos("type"),
+                        "a temporal join is inner or left",
+                        "write type: inner or type: left",
+                    );
+                }
+                Some(JoinKind::Temporal { retention })
+            }
+            _ => {
+                self.err_help(
+                    body.pos,
+                    "a join needs one of interval, window or temporal",
+                    "write interval: { from: -5s, to: 5s }, window: { tumbling: 1m } or temporal: {}",
+                );
+                None
+            }
+        };
+        let one_side_untimed = !(timed && with_timed);
+        if !kinds.is_empty() && one_side_untimed {
+            self.err_help(
+                body.pos,
+                "a join pairs records by event time, and a side has none",
+                "give both sources an event_time",
+            );
+        }
+        let partitions = j.get("partitions").and_then(|n| self.integer(n, "partitions", 1)).map(|n| n as usize);
+        let joined = Schema::joined(schema, &with_schema);
+        let mut names = Vec::new();
+        let mut exprs = Vec::new();
+        match select.and_then(Spanned::as_map) {
+            Some(entries) => {
+                for (field, e) in entries {
+                    names.push(field.node.clone());
+                    if let Some(e) = self.expr(e, &joined, &format!("field `{}`", field.node)) {
+                        exprs.push(e);
+                    }
+                }
+            }
+            None => self.err_help(
+                select.map_or(body.pos, |n| n.pos),
+                "a join without `select`",
+                "name the results' fields: select: { id: \"left.id\", paid: \"right.amount\" }",
+            ),
+        }
+        let spec = JoinSpec {
+            with: with?,
+            with_schema,
+            key: key?,
+            with_key: with_key?,
+            kind: kind?,
+            left_outer,
+            right_outer,
+            partitions,
+            select: exprs,
+            on_error,
+        };
+        (spec.select.len() == names.len() && !names.is_empty()).then(|| (spec, Schema::of(names)))
+    }
+
+    /// Milliseconds, possibly negative: `-5s`, `2m`.
+    fn signed_millis(&mut self, node: &Spanned, what: &str) -> Option<i64> {
+        let text = node.as_str().unwrap_or_default().trim();
+        let (sign, rest) = match text.strip_prefix('-') {
+            Some(rest) => (-1, rest),
+            None => (1, text),
+        };
+        match parse_duration(rest).and_then(|d| i64::try_from(d.as_millis()).ok()) {
+            Some(ms) => Some(sign * ms),
+            None => {
+                self.err_help(
+                    node.pos,
+                    format!("{what} is `{text}`, not a duration"),
+                    "write a number and a unit, with a minus sign before: -5s, 10s, 1m",
+                );
+                None
+            }
+        }
     }
 
     fn window(&mut self, node: &Spanned) -> Option<(WindowSpec, Duration)> {

@@ -44,11 +44,25 @@ struct Case {
     expect: Vec<(String, Pos, Vec<Value>)>,
 }
 
-/// What the source gives, in order.
+/// What the sources give, in order: records (by the index of their
+/// source in the pipeline's inputs) and watermarks.
 #[derive(Debug)]
 enum Input {
-    Record(Value),
+    Record(usize, Value),
     Watermark(i64),
+}
+
+/// The sources a pipeline reads: its `from`, then those it joins with.
+fn inputs_of(spec: &super::Spec) -> Vec<String> {
+    let mut names = vec![spec.from.clone()];
+    for step in &spec.steps {
+        if let super::spec::StepKind::Join(j) = &step.kind
+            && !names.contains(&j.with)
+        {
+            names.push(j.with.clone());
+        }
+    }
+    names
 }
 
 /// How each case of a test file went.
@@ -113,13 +127,11 @@ impl TestFile {
         };
         let pipeline_path = path.parent().unwrap_or(Path::new(".")).join(pipeline_node.as_str().unwrap_or_default());
         let pipeline = Pipeline::from_file(&pipeline_path)?;
-        let source = pipeline.spec().sources.get(&pipeline.spec().from);
-        let schema = source.map_or_else(Schema::open, |s| s.schema.clone());
         let mut cases = Vec::new();
         match get("tests").and_then(Spanned::as_seq) {
             Some(items) => {
                 for item in items {
-                    if let Some(case) = read_case(item, &pipeline, &schema, &mut problems) {
+                    if let Some(case) = read_case(item, &pipeline, &mut problems) {
                         cases.push(case);
                     }
                 }
@@ -143,15 +155,44 @@ impl TestFile {
     /// that is in the report).
     pub fn run(&self) -> weibo::Result<TestReport> {
         let spec = self.pipeline.spec();
-        let source = spec.sources.get(&spec.from);
-        let schema = source.map_or_else(Schema::open, |s| s.schema.clone());
-        let time = source.and_then(|s| s.event_time.as_ref()).map(|t| t.field);
+        let names = inputs_of(spec);
+        // Per source: its fields and its event time's field.
+        let sources: Vec<(Schema, Option<usize>)> = names
+            .iter()
+            .map(|n| {
+                let s = spec.sources.get(n);
+                (
+                    s.map_or_else(Schema::open, |s| s.schema.clone()),
+                    s.and_then(|s| s.event_time.as_ref()).map(|t| t.field),
+                )
+            })
+            .collect();
         let mut report = TestReport { file: self.file.clone(), cases: Vec::new() };
         for case in &self.cases {
             let mut h = Harness::<Row>::new(&spec.job);
+            // One input for all sources: with several, each record carries
+            // its source's index as a last field, which its source's
+            // stream drops.
             let input = h.input();
+            let mut inputs = BTreeMap::new();
+            if names.len() == 1 {
+                inputs.insert(spec_from(&names), input);
+            } else {
+                for (i, name) in names.iter().enumerate() {
+                    let tag = Value::Int(i as i64);
+                    let own = input
+                        .filter(move |r: &Row| r.0.last() == Some(&tag))
+                        .name(name)
+                        .map(|mut r: Row| {
+                            r.0.pop();
+                            r
+                        })
+                        .name(&format!("{name}:records"));
+                    inputs.insert(name.clone(), own);
+                }
+            }
             let mut probes: Vec<(String, Schema, Probe<Row>)> = Vec::new();
-            super::build::wire_after(spec, input, &mut |sink, u: &SinkUse| {
+            super::build::wire_after(spec, inputs, &mut |sink, u: &SinkUse| {
                 probes.push((sink.to_string(), u.schema.clone(), h.output(&u.stream)));
                 true
             })
@@ -163,13 +204,17 @@ impl TestFile {
             let mut running = h.start()?;
             for i in &case.input {
                 match i {
-                    Input::Record(v) => {
-                        let row = to_row(v, &schema);
+                    Input::Record(source, v) => {
+                        let Some((schema, time)) = sources.get(*source) else { continue };
+                        let mut row = to_row(v, schema);
                         let at = match time.map(|f| row.field(f)) {
                             Some(Value::Int(ms)) => *ms,
                             Some(Value::Float(ms)) => *ms as i64,
                             _ => 0,
                         };
+                        if names.len() > 1 {
+                            row.0.push(Value::Int(*source as i64));
+                        }
                         running.push(row, at)?;
                     }
                     Input::Watermark(wm) => running.watermark(*wm)?,
@@ -233,7 +278,9 @@ fn to_row(v: &Value, schema: &Schema) -> Row {
     Row(schema.fields.iter().map(|f| v.get(f).cloned().unwrap_or_default()).collect())
 }
 
-fn read_case(item: &Spanned, pipeline: &Pipeline, schema: &Schema, problems: &mut Vec<Diagnostic>) -> Option<Case> {
+fn read_case(item: &Spanned, pipeline: &Pipeline, problems: &mut Vec<Diagnostic>) -> Option<Case> {
+    let names = inputs_of(pipeline.spec());
+    let schema_of = |name: &str| pipeline.spec().sources.get(name).map_or_else(Schema::open, |s| s.schema.clone());
     let Some(entries) = item.as_map() else {
         problems.push(
             Diagnostic::new(item.pos, format!("a test is {}, not a mapping", item.kind()))
@@ -254,24 +301,27 @@ fn read_case(item: &Spanned, pipeline: &Pipeline, schema: &Schema, problems: &mu
                     None => problems.push(Diagnostic::new(wm.pos, "a watermark is a time in milliseconds")),
                 }
             }
-            Some(fields) => {
-                if !schema.open {
-                    for (k, _) in fields {
-                        if schema.index(&k.node).is_none() {
-                            let help = match closest(&k.node, schema.fields.iter().map(|f| &**f)) {
-                                Some(near) => format!("did you mean `{near}`? The source's fields are: {schema}"),
-                                None => format!("the source's fields are: {schema}"),
-                            };
-                            problems.push(
-                                Diagnostic::new(k.pos, format!("the source has no field `{}`", k.node)).help(help),
-                            );
-                        }
+            Some([(k1, source), (k2, record)]) if k1.node == "from" && k2.node == "record" => {
+                let from = source.as_str().unwrap_or_default();
+                match names.iter().position(|n| n == from) {
+                    Some(index) => {
+                        check_fields(record, &schema_of(from), problems);
+                        input.push(Input::Record(index, value_of(record)));
                     }
+                    None => problems.push(
+                        Diagnostic::new(source.pos, format!("the pipeline reads no source `{from}`"))
+                            .help(format!("its sources are: {}", names.join(", "))),
+                    ),
                 }
-                input.push(Input::Record(value_of(i)));
             }
-            None => problems
-                .push(Diagnostic::new(i.pos, "an input is a record (a mapping of its fields) or `watermark: <ms>`")),
+            Some(_) => {
+                check_fields(i, &schema_of(&spec_from(&names)), problems);
+                input.push(Input::Record(0, value_of(i)));
+            }
+            None => problems.push(Diagnostic::new(
+                i.pos,
+                "an input is a record (a mapping of its fields), `{ from: <source>, record: {...} }` or `watermark: <ms>`",
+            )),
         }
     }
     let mut expect = Vec::new();
@@ -298,6 +348,27 @@ fn read_case(item: &Spanned, pipeline: &Pipeline, schema: &Schema, problems: &mu
         ),
     }
     Some(Case { name, input, expect })
+}
+
+/// The pipeline's own source: the first of its inputs.
+fn spec_from(names: &[String]) -> String {
+    names.first().cloned().unwrap_or_default()
+}
+
+/// Errors for the fields of `record` its source does not have.
+fn check_fields(record: &Spanned, schema: &Schema, problems: &mut Vec<Diagnostic>) {
+    if schema.open {
+        return;
+    }
+    for (k, _) in record.as_map().unwrap_or_default() {
+        if schema.index(&k.node).is_none() {
+            let help = match closest(&k.node, schema.fields.iter().map(|f| &**f)) {
+                Some(near) => format!("did you mean `{near}`? The source's fields are: {schema}"),
+                None => format!("the source's fields are: {schema}"),
+            };
+            problems.push(Diagnostic::new(k.pos, format!("the source has no field `{}`", k.node)).help(help));
+        }
+    }
 }
 
 fn unknown_keys(entries: &[(Spanned<String>, Spanned)], known: &[&str], what: &str, problems: &mut Vec<Diagnostic>) {
