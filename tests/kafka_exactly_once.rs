@@ -82,38 +82,10 @@ fn killed_again_and_again_kafka_to_kafka_commits_every_event_exactly_once() {
         return;
     }
     let (output, dir, spec) = counting_setup("crash");
-    // Each life is killed at a pseudo-random moment after it completed a
-    // checkpoint of its own (so every life makes progress, however fast
-    // the machine), up to 6 times; the last life runs to the end.
-    let mut kills = 0;
-    let mut delay = crash::kill_times(5, 0..800);
-    loop {
-        let before = newest_checkpoint(&dir.path().join("checkpoints"));
-        let mut child = kafka_child(&spec).stderr(Stdio::inherit()).spawn().unwrap();
-        let started = Instant::now();
-        let mut kill_at = None;
-        let finished = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(status.success(), "the child failed: {status}");
-                break true;
-            }
-            if kills < 6 && kill_at.is_none() && newest_checkpoint(&dir.path().join("checkpoints")) > before {
-                kill_at = Some(Instant::now() + delay.next().unwrap());
-            }
-            if kill_at.is_some_and(|t| Instant::now() >= t) {
-                child.kill().unwrap();
-                child.wait().unwrap();
-                break false;
-            }
-            assert!(started.elapsed() < Duration::from_secs(120), "a life of the job ran for two minutes");
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        eprintln!("life {}: {:?}, {}", kills + 1, started.elapsed(), if finished { "finished" } else { "killed" });
-        if finished {
-            break;
-        }
-        kills += 1;
-    }
+    // Up to 6 lives are killed; the last runs to the end.
+    let kills = kill_after_checkpoints(&dir.path().join("checkpoints"), 5, 0..800, 6, || {
+        kafka_child(&spec).stderr(Stdio::inherit()).spawn().unwrap()
+    });
     assert!(kills >= 3, "the child was killed mid-run several times ({kills})");
     let committed = assert_exactly_once(&output);
     // Aborted transactions were written and are hidden from read_committed.

@@ -52,40 +52,13 @@ pipeline:
         ),
     )
     .unwrap();
-    let checkpoints = dir.path().join("checkpoints");
-    let mut kills = 0;
-    let mut delay = crash::kill_times(11, 0..400);
-    loop {
-        let before = newest_checkpoint(&checkpoints);
-        let mut child = crash::child_command("child", "WEIBO_YAML_CHILD", &file)
+    let kills = kill_after_checkpoints(&dir.path().join("checkpoints"), 11, 0..400, 6, || {
+        crash::child_command("child", "WEIBO_YAML_CHILD", &file)
             .env("WEIBO_KAFKA_BOOTSTRAP", bootstrap())
             .stderr(Stdio::inherit())
             .spawn()
-            .unwrap();
-        let started = Instant::now();
-        let mut kill_at = None;
-        let finished = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(status.success(), "the child failed: {status}");
-                break true;
-            }
-            if kills < 6 && kill_at.is_none() && newest_checkpoint(&checkpoints) > before {
-                kill_at = Some(Instant::now() + delay.next().unwrap());
-            }
-            if kill_at.is_some_and(|t| Instant::now() >= t) {
-                child.kill().unwrap();
-                child.wait().unwrap();
-                break false;
-            }
-            assert!(started.elapsed() < Duration::from_secs(120), "a life of the job ran for two minutes");
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        eprintln!("life {}: {:?}, {}", kills + 1, started.elapsed(), if finished { "finished" } else { "killed" });
-        if finished {
-            break;
-        }
-        kills += 1;
-    }
+            .unwrap()
+    });
     let committed = assert_exactly_once(&output);
     let all = consume_all(&output, "read_uncommitted").len();
     eprintln!("{kills} kills; read_uncommitted sees {all} records, read_committed {committed}");

@@ -51,6 +51,19 @@ fn write_lines(path: &Path, clicks: &[Click]) {
     std::fs::write(path, text).unwrap();
 }
 
+/// A folder with the clicks as JSON lines, and that file.
+fn clicks_input() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("clicks.jsonl");
+    write_lines(&input, &clicks());
+    (dir, input)
+}
+
+/// Runs the pipeline file `text`.
+fn run_yaml(name: &str, text: &str) -> weibo::JobReport {
+    run(Pipeline::parse(name, text.as_bytes()).unwrap_or_else(|e| panic!("{e}")).job().unwrap())
+}
+
 fn read_lines(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
@@ -139,9 +152,7 @@ fn run(job: Job) -> weibo::JobReport {
 
 #[test]
 fn windows_with_lateness_match_the_typed_twin_at_1_and_4_partitions() {
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("clicks.jsonl");
-    write_lines(&input, &clicks());
+    let (dir, input) = clicks_input();
     for partitions in [1, 4] {
         let (out, late) = (dir.path().join(format!("out-{partitions}")), dir.path().join(format!("late-{partitions}")));
         let pipeline = Pipeline::parse("twin.yaml", yaml_windows(&input, &out, &late, partitions).as_bytes()).unwrap();
@@ -223,9 +234,7 @@ fn windows_with_lateness_match_the_typed_twin_at_1_and_4_partitions() {
 
 #[test]
 fn a_running_aggregate_matches_the_typed_twin() {
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("clicks.jsonl");
-    write_lines(&input, &clicks());
+    let (dir, input) = clicks_input();
     for partitions in [1, 4] {
         let out = dir.path().join(format!("out-{partitions}"));
         let file = format!(
@@ -244,7 +253,7 @@ pipeline:
             input.display(),
             out.display()
         );
-        run(Pipeline::parse("totals.yaml", file.as_bytes()).unwrap().job().unwrap());
+        run_yaml("totals.yaml", &file);
         let mut from_yaml: Vec<(String, i64, i64)> = read_lines(&out)
             .iter()
             .map(|v| (v["key"].as_str().unwrap().to_string(), v["n"].as_i64().unwrap(), v["cents"].as_i64().unwrap()))
@@ -351,9 +360,7 @@ proptest! {
 
 #[test]
 fn dedup_matches_the_typed_twin_at_1_and_4_partitions() {
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("clicks.jsonl");
-    write_lines(&input, &clicks());
+    let (dir, input) = clicks_input();
     for partitions in [1, 4] {
         let out = dir.path().join(format!("out-{partitions}"));
         let file = format!(
@@ -372,7 +379,7 @@ pipeline:
             input.display(),
             out.display()
         );
-        run(Pipeline::parse("firsts.yaml", file.as_bytes()).unwrap().job().unwrap());
+        run_yaml("firsts.yaml", &file);
         let mut from_yaml: Vec<(String, String, i64)> = read_lines(&out)
             .iter()
             .map(|v| {
@@ -437,7 +444,7 @@ sinks:
         path("big"),
         path("medium")
     );
-    run(Pipeline::parse("routed.yaml", file.as_bytes()).unwrap().job().unwrap());
+    run_yaml("routed.yaml", &file);
     let ts = |name: &str| {
         let mut v: Vec<i64> = read_lines(Path::new(&path(name))).iter().map(|v| v["ts"].as_i64().unwrap()).collect();
         v.sort_unstable();
@@ -587,7 +594,7 @@ pipeline:
             payments.display(),
             out.display()
         );
-        run(Pipeline::parse("paid.yaml", file.as_bytes()).unwrap_or_else(|e| panic!("{e}")).job().unwrap());
+        run_yaml("paid.yaml", &file);
         let opt = |v: &serde_json::Value| v.as_i64();
         let mut from_yaml: Vec<(i64, Option<i64>, Option<i64>)> =
             read_lines(&out).iter().map(|v| (v["id"].as_i64().unwrap(), opt(&v["amount"]), opt(&v["paid"]))).collect();

@@ -300,6 +300,52 @@ pub fn kafka_child(spec: &str) -> Command {
     cmd
 }
 
+/// Runs the process `spawn` starts until one finishes, killing each life
+/// at a pseudo-random moment (`seed`, within `delays` ms) after it
+/// completed a checkpoint of its own in `checkpoints`, so that every life
+/// makes progress however fast the machine; at most `max_kills` lives are
+/// killed, and the last runs to its end. Returns the kills.
+///
+/// # Panics
+/// When a life fails or runs for two minutes (a test's failure).
+pub fn kill_after_checkpoints(
+    checkpoints: &Path,
+    seed: u64,
+    delays: std::ops::Range<u64>,
+    max_kills: usize,
+    mut spawn: impl FnMut() -> std::process::Child,
+) -> usize {
+    let mut kills = 0;
+    let mut delay = crash::kill_times(seed, delays);
+    loop {
+        let before = newest_checkpoint(checkpoints);
+        let mut child = spawn();
+        let started = Instant::now();
+        let mut kill_at = None;
+        let finished = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "the child failed: {status}");
+                break true;
+            }
+            if kills < max_kills && kill_at.is_none() && newest_checkpoint(checkpoints) > before {
+                kill_at = Some(Instant::now() + delay.next().unwrap());
+            }
+            if kill_at.is_some_and(|t| Instant::now() >= t) {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                break false;
+            }
+            assert!(started.elapsed() < Duration::from_secs(120), "a life of the job ran for two minutes");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        eprintln!("life {}: {:?}, {}", kills + 1, started.elapsed(), if finished { "finished" } else { "killed" });
+        if finished {
+            return kills;
+        }
+        kills += 1;
+    }
+}
+
 /// The newest complete checkpoint in `dir`.
 pub fn newest_checkpoint(dir: &Path) -> u64 {
     weibo::checkpoint::complete_checkpoints(dir).iter().map(|(n, _)| n.get()).max().unwrap_or(0)

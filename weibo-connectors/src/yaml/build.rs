@@ -173,28 +173,11 @@ fn wire(
                 )
             }
             (StepKind::Map(exprs, policy), Cur::Plain(s)) => {
-                let exprs = exprs.clone();
-                let f = move |r: &Row| {
-                    let mut out = smallvec::SmallVec::with_capacity(exprs.len());
-                    for e in &exprs {
-                        out.push(e.eval(r)?);
-                    }
-                    Ok::<_, EvalError>(Row(out))
-                };
+                let f = project(exprs);
                 Cur::Plain(under!(policy, &step.name, &schema, &mut sinks, |p| s.process(p, f)))
             }
             (StepKind::KeyBy(e, partitions, policy), Cur::Plain(s)) => {
-                // The key is computed under the failure policy and kept as a
-                // last, hidden field: `key_by`'s own function cannot fail.
-                let e = e.clone();
-                let f = move |r: &Row| {
-                    let key = e.eval(r)?;
-                    let mut r = r.clone();
-                    r.0.push(key);
-                    Ok::<_, EvalError>(r)
-                };
-                let with_key = under!(policy, &step.name, &schema, &mut sinks, |p| s.process(p, f));
-                let mut keyed = with_key.key_by(|r: &Row| r.0.last().cloned().unwrap_or_default());
+                let mut keyed = keyed_by(&s, e, policy, &step.name, &schema, &mut sinks);
                 if let Some(n) = partitions {
                     keyed = keyed.with_partitions(*n);
                 }
@@ -267,37 +250,28 @@ fn wire(
             (StepKind::Join(j), Cur::Plain(s)) => {
                 let right =
                     inputs.get(&j.with).ok_or_else(|| BuildError(format!("no input for source `{}`", j.with)))?;
-                let left = keyed_by(&s, &j.key, &format!("{}:key", step.name), &schema, &mut sinks);
-                let right =
-                    keyed_by(right, &j.with_key, &format!("{}:with_key", step.name), &j.with_schema, &mut sinks);
+                let left = keyed_by(&s, &j.key, &OnError::Fail, &format!("{}:key", step.name), &schema, &mut sinks);
+                let right = keyed_by(
+                    right,
+                    &j.with_key,
+                    &OnError::Fail,
+                    &format!("{}:with_key", step.name),
+                    &j.with_schema,
+                    &mut sinks,
+                );
                 let joined = join(j, left, right, schema.fields.len()).name(&step.name).uid(&step.name);
                 let joined_schema = Schema::joined(&schema, &j.with_schema);
-                let exprs = j.select.clone();
-                let f = move |r: &Row| {
-                    let mut out = smallvec::SmallVec::with_capacity(exprs.len());
-                    for e in &exprs {
-                        out.push(e.eval(r)?);
-                    }
-                    Ok::<_, EvalError>(Row(out))
-                };
+                let f = project(&j.select);
                 let select = format!("{}:select", step.name);
                 Cur::Plain(under!(&j.on_error, &select, &joined_schema, &mut sinks, |p| joined.process(p, f)))
             }
             (StepKind::Dedup { key, within, event_time, partitions }, Cur::Plain(s)) => {
-                let e = key.clone();
-                let f = move |r: &Row| {
-                    let key = e.eval(r)?;
-                    let mut r = r.clone();
-                    r.0.push(key);
-                    Ok::<_, EvalError>(r)
-                };
                 let step_key = format!("{}:key", step.name);
-                let with_key = under!(&OnError::Fail, &step_key, &schema, &mut sinks, |p| s.process(p, f));
+                let mut keyed = keyed_by(&s, key, &OnError::Fail, &step_key, &schema, &mut sinks);
                 let mut ttl = weibo::process::StateTtl::after_write(*within);
                 if *event_time {
                     ttl = ttl.in_event_time();
                 }
-                let mut keyed = with_key.key_by(|r: &Row| r.0.last().cloned().unwrap_or_default());
                 if let Some(n) = partitions {
                     keyed = keyed.with_partitions(*n);
                 }
@@ -342,11 +316,13 @@ fn wire(
     Ok(())
 }
 
-/// `stream` keyed by `key`, computed under the job's failure (a key that
-/// does not evaluate fails the job) and kept as a last, hidden field.
+/// `stream` keyed by `key`, computed under `policy` and kept as a last,
+/// hidden field (`key_by`'s own function cannot fail); the node computing
+/// it is named `step`.
 fn keyed_by(
     stream: &Stream<Row>,
     key: &Expr,
+    policy: &OnError,
     step: &str,
     schema: &Schema,
     sinks: &mut SinkInputs,
@@ -358,8 +334,21 @@ fn keyed_by(
         r.0.push(key);
         Ok::<_, EvalError>(r)
     };
-    let with_key = under!(&OnError::Fail, step, schema, sinks, |p| stream.process(p, f));
+    let with_key = under!(policy, step, schema, sinks, |p| stream.process(p, f));
     with_key.key_by(|r: &Row| r.0.last().cloned().unwrap_or_default())
+}
+
+/// A record of `exprs`' values for each record (a `map`, a join's
+/// `select`).
+fn project(exprs: &[Expr]) -> impl Fn(&Row) -> Result<Row, EvalError> + Send + Sync + 'static {
+    let exprs = exprs.to_vec();
+    move |r: &Row| {
+        let mut out = smallvec::SmallVec::with_capacity(exprs.len());
+        for e in &exprs {
+            out.push(e.eval(r)?);
+        }
+        Ok(Row(out))
+    }
 }
 
 /// The join `j` of `left` (whose records have `nl` fields) and `right`:

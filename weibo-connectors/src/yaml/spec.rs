@@ -678,12 +678,7 @@ impl Cx<'_> {
                 let mut exprs = Vec::new();
                 match self.required(&g, "fields", "a generator").and_then(Spanned::as_map) {
                     Some(entries) => {
-                        for (field, e) in entries {
-                            names.push(field.node.clone());
-                            if let Some(e) = self.expr(e, &index, &format!("field `{}`", field.node)) {
-                                exprs.push(e);
-                            }
-                        }
+                        (names, exprs) = self.fields(entries, &index);
                     }
                     None => self.err(g.node.pos, "a generator's fields are a mapping of names to expressions over `i`"),
                 }
@@ -933,6 +928,20 @@ impl Cx<'_> {
         Some(SinkSpec { kind, pos: node.pos })
     }
 
+    /// The names of a mapping of fields to expressions over the records
+    /// of `schema`, and the expressions that compiled.
+    fn fields(&mut self, entries: &[(Spanned<String>, Spanned)], schema: &Schema) -> (Vec<String>, Vec<Expr>) {
+        let mut names = Vec::new();
+        let mut exprs = Vec::new();
+        for (field, e) in entries {
+            names.push(field.node.clone());
+            if let Some(e) = self.expr(e, schema, &format!("field `{}`", field.node)) {
+                exprs.push(e);
+            }
+        }
+        (names, exprs)
+    }
+
     /// A list of names.
     fn names(&mut self, node: &Spanned, what: &str) -> Vec<String> {
         match node.as_seq() {
@@ -1086,14 +1095,7 @@ impl Cx<'_> {
                         );
                         continue;
                     };
-                    let mut exprs = Vec::new();
-                    let mut names = Vec::new();
-                    for (field, e) in entries {
-                        names.push(field.node.clone());
-                        if let Some(e) = self.expr(e, &schema, &format!("field `{}`", field.node)) {
-                            exprs.push(e);
-                        }
-                    }
+                    let (names, exprs) = self.fields(entries, &schema);
                     let policy = self.on_error(f.get("on_error"), &schema, used);
                     (exprs.len() == names.len()).then(|| (StepKind::Map(exprs, policy), Schema::of(names)))
                 }
@@ -1348,12 +1350,7 @@ impl Cx<'_> {
         let mut exprs = Vec::new();
         match select.and_then(Spanned::as_map) {
             Some(entries) => {
-                for (field, e) in entries {
-                    names.push(field.node.clone());
-                    if let Some(e) = self.expr(e, &joined, &format!("field `{}`", field.node)) {
-                        exprs.push(e);
-                    }
-                }
+                (names, exprs) = self.fields(entries, &joined);
             }
             None => self.err_help(
                 select.map_or(body.pos, |n| n.pos),
