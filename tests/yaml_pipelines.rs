@@ -529,6 +529,10 @@ fn a_savepoint_restores_into_the_same_pipeline_and_is_refused_when_its_aggregate
     let swapped = counting_file(r#"{ total: "sum(event.i)", n: "count()" }"#, &dir.path().join("v3"));
     let err = restored_totals(&swapped, &savepoint).unwrap_err().to_string();
     assert!(err.contains("totals") && err.contains("version"), "{err}");
+    // The refusal left the savepoint as it was: it restores again.
+    let again = counting_file(r#"{ n: "count()", total: "sum(event.i)" }"#, &dir.path().join("v4"));
+    let totals = restored_totals(&again, &savepoint).unwrap();
+    assert_eq!(totals.values().map(|(n, _)| n).sum::<i64>(), 60_000);
 }
 
 #[derive(Clone, Debug, Deserialize, serde::Serialize)]
