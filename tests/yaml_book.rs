@@ -103,7 +103,7 @@ fn running_totals_per_customer() {
 
 #[test]
 fn the_examples_tests_pass() {
-    for (file, cases) in [("clicks_test.yaml", 2), ("payments_test.yaml", 1)] {
+    for (file, cases) in [("clicks_test.yaml", 2), ("payments_test.yaml", 1), ("customers_test.yaml", 1)] {
         let report = weibo_connectors::yaml::TestFile::from_file(examples().join(file)).unwrap().run().unwrap();
         assert!(report.passed(), "{report}");
         assert_eq!(report.cases.len(), cases);
@@ -161,4 +161,12 @@ fn a_wrong_expectation_fails_and_a_wrong_test_file_is_refused() {
             f = bad.display()
         )
     );
+}
+
+#[test]
+fn paid_per_customer_through_a_named_stream() {
+    let out = run("customers.yaml");
+    // Order 1 (ann) is paid within its ten minutes; order 3's payment comes
+    // too late; order 2 is never paid.
+    assert_eq!(out["out"], [r#"{"customer":"ann","paid":30,"orders":1}"#]);
 }

@@ -315,8 +315,8 @@ broken.yaml:5:60: unknown key `grup` in a Kafka source
 broken.yaml:7:26: no field `tss` in source `clicks`
   help: did you mean `ts`? The fields are: user, amount, ts
 broken.yaml:9:25: count is `ten`, not a whole number of at least 0
-broken.yaml:12:5: step 2 does nothing: no `from`, `filter`, `map`, `key_by`, `window`, `aggregate`, `dedup`, `route`, `join`, `to`
-  help: did you mean `filter`? A step is one of: from, filter, map, key_by, window, aggregate, dedup, route, join, to
+broken.yaml:12:5: step 2 does nothing: no `from`, `filter`, `map`, `process`, `key_by`, `window`, `aggregate`, `reduce`, `dedup`, `route`, `join`, `to`
+  help: did you mean `filter`? A step is one of: from, filter, map, process, key_by, window, aggregate, reduce, dedup, route, join, to
 broken.yaml:13:14: no field `amout` in the records of this step
   help: did you mean `event.amount`? The records here have: user, amount, ts
 broken.yaml:13:33: unknown function `sise`

@@ -115,7 +115,11 @@ pub fn state_version(specs: &[AggSpec]) -> u32 {
             s.arg.as_ref().map(|e| e.text.chars().filter(|c| !c.is_whitespace()).collect()).unwrap_or_default();
         layout.push_str(&format!("{:?}({arg});", s.kind));
     }
-    // 1 ..= u32::MAX - 1: a version is at least 1.
+    layout_version(&layout)
+}
+
+/// A state version (at least 1) that is a digest of `layout`.
+pub fn layout_version(layout: &str) -> u32 {
     (xxhash_rust::xxh3::xxh3_64(layout.as_bytes()) % u64::from(u32::MAX - 1)) as u32 + 1
 }
 

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use weibo::prelude::*;
 use weibo::record::Timestamp;
@@ -88,6 +89,16 @@ pub struct SinkUse {
     pub step: String,
 }
 
+/// A `process` step's function: it gets each record as a map of its
+/// fields and pushes the records it gives, each a map (a field of the
+/// step's `gives` that a record lacks is null); an error fails the record
+/// under the step's `on_error` policy. Registered by name with
+/// [`Pipeline::with_function`](super::Pipeline::with_function).
+pub type Function = Arc<dyn Fn(&Value, &mut Vec<Value>) -> Result<(), String> + Send + Sync>;
+
+/// The functions of `process` steps, by name.
+pub type Functions = BTreeMap<String, Function>;
+
 /// The streams of records each sink gets, by sink name.
 type SinkInputs = BTreeMap<String, Vec<SinkUse>>;
 
@@ -101,8 +112,8 @@ enum Cur {
 ///
 /// # Errors
 /// A source that cannot be set up (a Kafka cluster that does not answer).
-pub fn build(spec: &Spec) -> Result<Job, BuildError> {
-    build_with(spec, &mut |_, _| false)
+pub fn build(spec: &Spec, functions: &Functions) -> Result<Job, BuildError> {
+    build_with(spec, functions, &mut |_, _| false)
 }
 
 /// Wires `spec` into a new job, offering each use of a sink to `take`
@@ -111,7 +122,11 @@ pub fn build(spec: &Spec) -> Result<Job, BuildError> {
 ///
 /// # Errors
 /// As [`build`].
-pub fn build_with(spec: &Spec, take: &mut dyn FnMut(&str, &SinkUse) -> bool) -> Result<Job, BuildError> {
+pub fn build_with(
+    spec: &Spec,
+    functions: &Functions,
+    take: &mut dyn FnMut(&str, &SinkUse) -> bool,
+) -> Result<Job, BuildError> {
     let mut job = Job::new(&spec.job);
     if let Some((dir, interval)) = &spec.checkpoints {
         job = job.with_checkpoints(dir.clone(), *interval);
@@ -124,60 +139,109 @@ pub fn build_with(spec: &Spec, take: &mut dyn FnMut(&str, &SinkUse) -> bool) -> 
     }
     let mut sinks: SinkInputs = BTreeMap::new();
     let mut inputs = BTreeMap::new();
-    for name in std::iter::once(&spec.from).chain(spec.steps.iter().filter_map(|s| match &s.kind {
-        StepKind::Join(j) => Some(&j.with),
-        _ => None,
-    })) {
-        if inputs.contains_key(name) {
-            continue;
-        }
-        let source = spec.sources.get(name).ok_or_else(|| BuildError(format!("no source `{name}`")))?;
-        inputs.insert(name.clone(), build_source(&job, name, source, &mut sinks)?);
+    for name in spec.source_names() {
+        let source = spec.sources.get(&name).ok_or_else(|| BuildError(format!("no source `{name}`")))?;
+        let stream = build_source(&job, &name, source, &mut sinks)?;
+        inputs.insert(name, stream);
     }
-    wire(spec, inputs, sinks, take)?;
+    wire(spec, functions, inputs, sinks, take)?;
     Ok(job)
 }
 
-/// Wires the steps of `spec` after `inputs`, the records of its sources
-/// by name (decoded, with their event time: the pipeline's `from` and the
-/// sources it joins with), and the sinks: each use offered to `take`
+/// Wires the streams and steps of `spec` after `inputs`, the records of
+/// its sources by name (decoded, with their event time: those of
+/// [`Spec::source_names`]), and the sinks: each use offered to `take`
 /// first. A test harness wires its inputs this way.
 ///
 /// # Errors
 /// A source missing from `inputs`, a sink that cannot be set up.
 pub fn wire_after(
     spec: &Spec,
+    functions: &Functions,
     inputs: BTreeMap<String, Stream<Row>>,
     take: &mut dyn FnMut(&str, &SinkUse) -> bool,
 ) -> Result<(), BuildError> {
-    wire(spec, inputs, BTreeMap::new(), take)
+    wire(spec, functions, inputs, BTreeMap::new(), take)
 }
 
 fn wire(
     spec: &Spec,
-    inputs: BTreeMap<String, Stream<Row>>,
+    functions: &Functions,
+    mut inputs: BTreeMap<String, Stream<Row>>,
     mut sinks: SinkInputs,
     take: &mut dyn FnMut(&str, &SinkUse) -> bool,
 ) -> Result<(), BuildError> {
-    let source = spec.sources.get(&spec.from).ok_or_else(|| BuildError(format!("no source `{}`", spec.from)))?;
-    let mut schema = source.schema.clone();
-    let input =
-        inputs.get(&spec.from).cloned().ok_or_else(|| BuildError(format!("no input for source `{}`", spec.from)))?;
+    for s in &spec.streams {
+        let out = wire_steps(spec, functions, &s.from, &s.steps, &inputs, &mut sinks)?;
+        inputs.insert(s.name.clone(), out);
+    }
+    wire_steps(spec, functions, &spec.from, &spec.steps, &inputs, &mut sinks)?;
+    for (name, uses) in sinks {
+        let mut outs = Vec::new();
+        for u in uses.iter().filter(|u| !take(&name, u)) {
+            outs.push(to_out(u, &name, spec)?);
+        }
+        let Some(first) = outs.first() else { continue };
+        let all = outs.iter().skip(1).fold(first.clone(), |acc, s| acc.union(s));
+        let sink = spec.sinks.get(&name).ok_or_else(|| BuildError(format!("no sink `{name}`")))?;
+        // A table's columns, unless listed: the fields of the records of
+        // the sink's first use.
+        let fields: Vec<String> =
+            uses.first().map(|u| u.schema.fields.iter().map(|f| f.to_string()).collect()).unwrap_or_default();
+        attach(&all, &name, sink, spec, &fields)?;
+    }
+    Ok(())
+}
+
+/// The fields of the records of the source or stream `name`.
+fn schema_of(spec: &Spec, name: &str) -> Result<Schema, BuildError> {
+    match (spec.sources.get(name), spec.streams.iter().find(|s| s.name == name)) {
+        (Some(source), _) => Ok(source.schema.clone()),
+        (None, Some(stream)) => Ok(stream.schema.clone()),
+        (None, None) => Err(BuildError(format!("no source or stream `{name}`"))),
+    }
+}
+
+/// Wires `steps` after the records of `from` (a source's or a stream's,
+/// in `inputs`), returning the records of the last step.
+fn wire_steps(
+    spec: &Spec,
+    functions: &Functions,
+    from: &str,
+    steps: &[super::spec::Step],
+    inputs: &BTreeMap<String, Stream<Row>>,
+    sinks: &mut SinkInputs,
+) -> Result<Stream<Row>, BuildError> {
+    let mut schema = schema_of(spec, from)?;
+    let input = inputs.get(from).cloned().ok_or_else(|| BuildError(format!("no input for `{from}`")))?;
     let mut cur = Cur::Plain(input);
-    for step in &spec.steps {
+    for step in steps {
         cur = match (&step.kind, cur) {
             (StepKind::Filter(e, policy), Cur::Plain(s)) => {
                 let e = e.clone();
                 Cur::Plain(
-                    under!(policy, &step.name, &schema, &mut sinks, |p| s.try_filter(p, move |r: &Row| e.test(r)))
+                    under!(policy, &step.name, &schema, sinks, |p| s.try_filter(p, move |r: &Row| e.test(r)))
                 )
             }
             (StepKind::Map(exprs, policy), Cur::Plain(s)) => {
                 let f = project(exprs);
-                Cur::Plain(under!(policy, &step.name, &schema, &mut sinks, |p| s.process(p, f)))
+                Cur::Plain(under!(policy, &step.name, &schema, sinks, |p| s.process(p, f)))
+            }
+            (StepKind::Process(function, policy), Cur::Plain(s)) => {
+                let f = functions.get(function).cloned().ok_or_else(|| {
+                    BuildError(format!(
+                        "step `{}` calls the function `{function}`, which is not registered: a pipeline with \
+                         `process` steps runs from a Rust program that registers their functions \
+                         (Pipeline::with_function); the `weibo` command has none",
+                        step.name
+                    ))
+                })?;
+                let g = process(f, &schema, &step.schema);
+                let rows = under!(policy, &step.name, &schema, sinks, |p| s.process(p, g));
+                Cur::Plain(rows.flat_map(|rows: Vec<Row>| rows).name(&format!("{}:rows", step.name)))
             }
             (StepKind::KeyBy(e, partitions, policy), Cur::Plain(s)) => {
-                let mut keyed = keyed_by(&s, e, policy, &step.name, &schema, &mut sinks);
+                let mut keyed = keyed_by(&s, e, policy, &step.name, &schema, sinks);
                 if let Some(n) = partitions {
                     keyed = keyed.with_partitions(*n);
                 }
@@ -197,7 +261,7 @@ fn wire(
                     .state_version(super::agg::state_version(aggregates));
                 if let Some(late) = late {
                     let late_records = out.late_records();
-                    to_sink(&late_records, &schema, late, &format!("{}:late", step.name), &mut sinks);
+                    to_sink(&late_records, &schema, late, &format!("{}:late", step.name), sinks);
                 }
                 let rows = out.into_stream().map(|w: WindowResult<Value, Row>| {
                     let mut row = Row::new([w.key, Value::Int(w.window.start), Value::Int(w.window.end)]);
@@ -231,14 +295,14 @@ fn wire(
                     }
                     Ok((usize::MAX, r.clone()))
                 };
-                let tagged = under!(policy, &step.name, &schema, &mut sinks, |p| s.process(p, f));
+                let tagged = under!(policy, &step.name, &schema, sinks, |p| s.process(p, f));
                 for (i, (_, sink)) in cases.iter().enumerate() {
                     let taken = tagged
                         .filter(move |t: &(usize, Row)| t.0 == i)
                         .name(&format!("{}:{sink}", step.name))
                         .map(|t: (usize, Row)| t.1)
                         .name(&format!("{}:{sink}:rows", step.name));
-                    to_sink(&taken, &schema, sink, &format!("{}:{sink}:json", step.name), &mut sinks);
+                    to_sink(&taken, &schema, sink, &format!("{}:{sink}:json", step.name), sinks);
                 }
                 let rest = tagged
                     .filter(|t: &(usize, Row)| t.0 == usize::MAX)
@@ -250,24 +314,24 @@ fn wire(
             (StepKind::Join(j), Cur::Plain(s)) => {
                 let right =
                     inputs.get(&j.with).ok_or_else(|| BuildError(format!("no input for source `{}`", j.with)))?;
-                let left = keyed_by(&s, &j.key, &OnError::Fail, &format!("{}:key", step.name), &schema, &mut sinks);
+                let left = keyed_by(&s, &j.key, &OnError::Fail, &format!("{}:key", step.name), &schema, sinks);
                 let right = keyed_by(
                     right,
                     &j.with_key,
                     &OnError::Fail,
                     &format!("{}:with_key", step.name),
                     &j.with_schema,
-                    &mut sinks,
+                    sinks,
                 );
                 let joined = join(j, left, right, schema.fields.len()).name(&step.name).uid(&step.name);
                 let joined_schema = Schema::joined(&schema, &j.with_schema);
                 let f = project(&j.select);
                 let select = format!("{}:select", step.name);
-                Cur::Plain(under!(&j.on_error, &select, &joined_schema, &mut sinks, |p| joined.process(p, f)))
+                Cur::Plain(under!(&j.on_error, &select, &joined_schema, sinks, |p| joined.process(p, f)))
             }
             (StepKind::Dedup { key, within, event_time, partitions }, Cur::Plain(s)) => {
                 let step_key = format!("{}:key", step.name);
-                let mut keyed = keyed_by(&s, key, &OnError::Fail, &step_key, &schema, &mut sinks);
+                let mut keyed = keyed_by(&s, key, &OnError::Fail, &step_key, &schema, sinks);
                 let mut ttl = weibo::process::StateTtl::after_write(*within);
                 if *event_time {
                     ttl = ttl.in_event_time();
@@ -290,8 +354,14 @@ fn wire(
                 Cur::Plain(firsts.name(&step.name).uid(&step.name))
             }
             (StepKind::To(sink), Cur::Plain(s)) => {
-                to_sink(&s, &schema, sink, &step.name, &mut sinks);
+                to_sink(&s, &schema, sink, &step.name, sinks);
                 Cur::Plain(s)
+            }
+            (StepKind::Reduce(fields, policy), Cur::Keyed(k)) => {
+                let f = reduce(fields, schema.fields.len());
+                let version = super::agg::layout_version(&format!("reduce:{schema}"));
+                let out = under!(policy, &step.name, &schema, sinks, |p| k.process(p, f));
+                Cur::Plain(out.uid(&step.name).state_version(version))
             }
             (kind, _) => {
                 return Err(BuildError(format!("step `{}` ({kind:?}) does not fit the records before it", step.name)));
@@ -299,21 +369,65 @@ fn wire(
         };
         schema = step.schema.clone();
     }
-    for (name, uses) in sinks {
-        let mut outs = Vec::new();
-        for u in uses.iter().filter(|u| !take(&name, u)) {
-            outs.push(to_out(u, &name, spec)?);
-        }
-        let Some(first) = outs.first() else { continue };
-        let all = outs.iter().skip(1).fold(first.clone(), |acc, s| acc.union(s));
-        let sink = spec.sinks.get(&name).ok_or_else(|| BuildError(format!("no sink `{name}`")))?;
-        // A table's columns, unless listed: the fields of the records of
-        // the sink's first use.
-        let fields: Vec<String> =
-            uses.first().map(|u| u.schema.fields.iter().map(|f| f.to_string()).collect()).unwrap_or_default();
-        attach(&all, &name, sink, spec, &fields)?;
+    match cur {
+        Cur::Plain(s) => Ok(s),
+        Cur::Keyed(_) => Err(BuildError(format!("the steps after `{from}` end with a key_by"))),
     }
-    Ok(())
+}
+
+/// A `process` step's function over rows: `f` over each record (of
+/// `input`) as a map, its records back as rows of `output`.
+fn process(
+    f: Function,
+    input: &Schema,
+    output: &Schema,
+) -> impl Fn(&Row) -> Result<Vec<Row>, EvalError> + Send + Sync + 'static {
+    let (input, output) = (input.clone(), output.clone());
+    move |r: &Row| {
+        let mut records = Vec::new();
+        f(&input.to_value(r), &mut records).map_err(EvalError::new)?;
+        records
+            .iter()
+            .map(|v| match v {
+                Value::Map(_) => Ok(output.row_of(v)),
+                other => {
+                    Err(EvalError::new(format!("the function gave {other} ({}), not a record", other.type_name())))
+                }
+            })
+            .collect()
+    }
+}
+
+/// A keyed reduce's function over records of `n` fields (and the hidden
+/// key after them): the key's first record is its result; each next one
+/// gives each field's new value from `fields` over the result so far and
+/// the record (or the record's own value). The result is kept and
+/// emitted; a failing expression leaves it as it was.
+fn reduce(
+    fields: &[Option<Expr>],
+    n: usize,
+) -> impl for<'c> Fn(&mut KeyedContext<'c, Value, Row, Row>, &Row) -> Result<(), EvalError> + Send + Sync + 'static {
+    let fields = fields.to_vec();
+    move |ctx, r| {
+        let next = match ctx.state() {
+            None => Row(r.0.iter().take(n).cloned().collect()),
+            Some(acc) => {
+                let mut both = acc.clone();
+                both.0.extend(r.0.iter().take(n).cloned());
+                let mut out = smallvec::SmallVec::with_capacity(n);
+                for (i, f) in fields.iter().enumerate() {
+                    out.push(match f {
+                        Some(e) => e.eval(&both)?,
+                        None => r.field(i).clone(),
+                    });
+                }
+                Row(out)
+            }
+        };
+        *ctx.state() = Some(next.clone());
+        ctx.emit(next);
+        Ok(())
+    }
 }
 
 /// `stream` keyed by `key`, computed under `policy` and kept as a last,

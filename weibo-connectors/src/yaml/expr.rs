@@ -54,14 +54,33 @@ impl Schema {
     /// The fields of a join's results: `left`'s then `right`'s, read as
     /// `left.<field>` and `right.<field>`.
     pub fn joined(left: &Schema, right: &Schema) -> Schema {
-        let mut fields: Vec<Arc<str>> = left.fields.iter().map(|f| Arc::from(format!("left.{f}"))).collect();
-        fields.extend(right.fields.iter().map(|f| Arc::from(format!("right.{f}"))));
-        Schema { fields, open: false, bare: false, roots: vec![Arc::from("left"), Arc::from("right")] }
+        Schema::rooted(&[("left", left), ("right", right)])
+    }
+
+    /// Rows of each schema's fields in turn, read as `<root>.<field>`
+    /// (`left` and `right` after a join, `acc` and `event` in a reduce).
+    pub fn rooted(parts: &[(&str, &Schema)]) -> Schema {
+        let fields = parts.iter().flat_map(|(root, s)| s.fields.iter().map(move |f| Arc::from(format!("{root}.{f}"))));
+        Schema {
+            fields: fields.collect(),
+            open: false,
+            bare: false,
+            roots: parts.iter().map(|(root, _)| Arc::from(*root)).collect(),
+        }
     }
 
     /// The index of `field`.
     pub fn index(&self, field: &str) -> Option<usize> {
         self.fields.iter().position(|f| &**f == field)
+    }
+
+    /// The row of this schema a map value gives: its fields by name (a
+    /// field it lacks is null); for an open schema, the value itself.
+    pub fn row_of(&self, v: &Value) -> Row {
+        if self.open {
+            return Row::new([v.clone()]);
+        }
+        Row(self.fields.iter().map(|f| v.get(f).cloned().unwrap_or_default()).collect())
     }
 
     /// A row of this schema as one map value.

@@ -40,7 +40,7 @@ pub mod value;
 use std::fmt;
 use std::path::Path;
 
-pub use build::{BuildError, Out, SinkUse};
+pub use build::{BuildError, Function, Out, SinkUse};
 pub use doc::{Diagnostic, Pos};
 pub use expr::{Expr, Schema};
 pub use spec::Spec;
@@ -48,10 +48,20 @@ pub use testfile::{TestFile, TestReport};
 pub use value::{Row, Value};
 
 /// A checked pipeline file.
-#[derive(Debug)]
 pub struct Pipeline {
     file: String,
     spec: Spec,
+    functions: build::Functions,
+}
+
+impl fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("file", &self.file)
+            .field("spec", &self.spec)
+            .field("functions", &self.functions.keys().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 /// Everything wrong with a pipeline file, each at its position.
@@ -130,7 +140,60 @@ impl Pipeline {
         let errors = |diagnostics| Errors { file: file.to_string(), diagnostics };
         let root = doc::parse(bytes).map_err(|d| errors(vec![d]))?;
         let spec = spec::check(&root, env, base).map_err(errors)?;
-        Ok(Pipeline { file: file.to_string(), spec })
+        Ok(Pipeline { file: file.to_string(), spec, functions: build::Functions::new() })
+    }
+
+    /// Registers the function of the `process` steps that name `name`:
+    /// it gets each record as a map of its fields and pushes the records it
+    /// gives, each a map of the step's `gives` fields (a field it lacks is
+    /// null); an error fails the record under the step's `on_error`. The
+    /// escape hatch of a YAML pipeline run from a Rust program: a lookup,
+    /// a parser, anything an expression cannot say.
+    ///
+    /// ```
+    /// use weibo::prelude::*;
+    /// use weibo_connectors::yaml::{Pipeline, Row, Value};
+    ///
+    /// let file = br#"
+    /// job: words
+    /// sources: { lines: { generator: { count: 2, fields: { line: "i == 0 ? 'a b' : 'c'" } } } }
+    /// pipeline:
+    ///   - from: lines
+    ///   - process: { function: split, gives: [word] }
+    ///   - to: out
+    /// sinks: { out: { stdout: {} } }
+    /// "#;
+    /// let split = |record: &Value, out: &mut Vec<Value>| {
+    ///     let Some(Value::Str(line)) = record.get("line") else { return Err("no line".to_string()) };
+    ///     for word in line.split(' ') {
+    ///         out.push(Value::map([("word", Value::str(word))]));
+    ///     }
+    ///     Ok(())
+    /// };
+    /// let words = CollectSink::new();
+    /// let job = Pipeline::parse("words.yaml", file)?.with_function("split", split).job_with_sinks(|_, records| {
+    ///     records.stream.map(|r: Row| r.field(0).to_string()).sink(words.clone());
+    ///     true
+    /// })?;
+    /// weibo::testing::block_on(job.run())?;
+    /// let mut words = words.values();
+    /// words.sort();
+    /// assert_eq!(words, ["a", "b", "c"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn with_function(
+        mut self,
+        name: &str,
+        f: impl Fn(&Value, &mut Vec<Value>) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Pipeline {
+        self.functions.insert(name.to_string(), std::sync::Arc::new(f));
+        self
+    }
+
+    /// The functions registered for `process` steps.
+    pub fn functions(&self) -> &build::Functions {
+        &self.functions
     }
 
     /// The file's name.
@@ -150,7 +213,7 @@ impl Pipeline {
     /// A connector that cannot be set up (a Kafka cluster that does not
     /// answer).
     pub fn job(&self) -> Result<weibo::Job, BuildError> {
-        build::build(&self.spec)
+        build::build(&self.spec, &self.functions)
     }
 
     /// The pipeline wired into a new job, with some of its sinks replaced:
@@ -187,6 +250,6 @@ impl Pipeline {
     /// # Errors
     /// As [`Pipeline::job`].
     pub fn job_with_sinks(&self, mut take: impl FnMut(&str, &SinkUse) -> bool) -> Result<weibo::Job, BuildError> {
-        build::build_with(&self.spec, &mut take)
+        build::build_with(&self.spec, &self.functions, &mut take)
     }
 }

@@ -31,6 +31,55 @@ pub struct Spec {
     pub from: String,
     /// The steps.
     pub steps: Vec<Step>,
+    /// The named streams (`streams:`), in the file's order: each read
+    /// from a source or an earlier stream, and read by the pipeline or a
+    /// later stream (`from:`, `join: { with: }`) like a source.
+    pub streams: Vec<NamedStream>,
+}
+
+/// A stream declared under `streams:`: steps of its own, whose records
+/// other steps read by its name.
+#[derive(Debug)]
+pub struct NamedStream {
+    /// Its name.
+    pub name: String,
+    /// The source or stream it reads.
+    pub from: String,
+    /// Its steps (named `<stream>/<step>` unless `name:` says otherwise).
+    pub steps: Vec<Step>,
+    /// The fields of its records.
+    pub schema: Schema,
+}
+
+impl Spec {
+    /// The sources the job reads, the pipeline's first: those its steps
+    /// and its streams read, directly or through other streams.
+    pub fn source_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        let mut visit: Vec<&str> = vec![&self.from];
+        visit.extend(joined(&self.steps));
+        while let Some(name) = visit.pop() {
+            if self.sources.contains_key(name) {
+                if !names.iter().any(|n| n == name) {
+                    names.push(name.to_string());
+                }
+            } else if let Some(s) = self.streams.iter().find(|s| s.name == name) {
+                visit.push(&s.from);
+                visit.extend(joined(&s.steps));
+            }
+        }
+        // The pipeline's own source first, the others in the file's order.
+        names.sort_by_key(|n| (*n != self.from, self.sources.keys().position(|k| k == n)));
+        names
+    }
+}
+
+/// The names `steps` join with.
+fn joined(steps: &[Step]) -> impl Iterator<Item = &str> {
+    steps.iter().filter_map(|s| match &s.kind {
+        StepKind::Join(j) => Some(j.with.as_str()),
+        _ => None,
+    })
 }
 
 /// A source.
@@ -206,6 +255,10 @@ pub enum StepKind {
     Filter(Expr, OnError),
     /// New fields, each an expression.
     Map(Vec<Expr>, OnError),
+    /// Each record to the function registered under this name
+    /// ([`crate::yaml::Pipeline::with_function`]), which gives zero or more
+    /// records of the step's fields.
+    Process(String, OnError),
     /// Keys the records (on so many partitions), under a failure policy
     /// for a key that does not evaluate.
     KeyBy(Expr, Option<usize>, OnError),
@@ -229,6 +282,10 @@ pub enum StepKind {
     Route(Vec<(Expr, String)>, OnError),
     /// Joins the records with another source's, by key.
     Join(Box<JoinSpec>),
+    /// A running reduce per key: each field's new value from the key's
+    /// result so far (`acc`) and the new record (`event`), `None` for the
+    /// new record's own; emitted on every record.
+    Reduce(Vec<Option<Expr>>, OnError),
     /// Drops a record whose key was seen within a time bound (event time
     /// when the source has it).
     Dedup {
@@ -318,11 +375,12 @@ fn raw_schema() -> Schema {
 }
 
 /// The keys a pipeline file's top level may have.
-const TOP: &[&str] = &["job", "checkpoints", "admin", "batch_size", "sources", "pipeline", "sinks"];
+const TOP: &[&str] = &["job", "checkpoints", "admin", "batch_size", "sources", "streams", "pipeline", "sinks"];
 const SOURCE_KINDS: &[&str] = &["generator", "file", "kafka"];
 const SOURCE_KEYS: &[&str] = &["generator", "file", "kafka", "schema", "event_time", "on_error"];
 const SINK_KINDS: &[&str] = &["stdout", "blackhole", "file", "kafka", "kafka_exactly_once", "postgres", "http", "s3"];
-const STEP_KINDS: &[&str] = &["from", "filter", "map", "key_by", "window", "aggregate", "dedup", "route", "join", "to"];
+const STEP_KINDS: &[&str] =
+    &["from", "filter", "map", "process", "key_by", "window", "aggregate", "reduce", "dedup", "route", "join", "to"];
 
 /// Reads and checks a parsed pipeline file. `env` gives environment
 /// variables for `${NAME}` in strings; relative paths are taken from
@@ -335,7 +393,7 @@ pub fn check(
     env: &dyn Fn(&str) -> Option<String>,
     base: Option<&std::path::Path>,
 ) -> Result<Spec, Vec<Diagnostic>> {
-    let mut cx = Cx { errors: Vec::new(), env, base };
+    let mut cx = Cx { errors: Vec::new(), env, base, step_names: BTreeMap::new(), stream_names: Vec::new() };
     let spec = cx.top(root);
     if cx.errors.is_empty()
         && let Some(spec) = spec
@@ -352,6 +410,21 @@ struct Cx<'e> {
     errors: Vec<Diagnostic>,
     env: &'e dyn Fn(&str) -> Option<String>,
     base: Option<&'e std::path::Path>,
+    /// The steps' names so far (they are operator ids: one per job).
+    step_names: BTreeMap<String, Pos>,
+    /// The names declared under `streams:`.
+    stream_names: Vec<String>,
+}
+
+/// The steps of the pipeline or of a named stream, checked.
+struct Flow {
+    /// What they read.
+    from: Option<String>,
+    steps: Vec<Step>,
+    /// The fields of the records they give.
+    schema: Schema,
+    /// Whether those records have event time.
+    timed: bool,
 }
 
 /// A mapping whose keys were checked against the known ones.
@@ -598,8 +671,54 @@ impl Cx<'_> {
                 "declare at least one: sources: { name: { generator: {...} } }",
             ),
         }
+        let mut streams = Vec::new();
+        if let Some(node) = top.get("streams") {
+            match node.as_map() {
+                Some(entries) => {
+                    self.stream_names = entries.iter().map(|(k, _)| k.node.clone()).collect();
+                    for (name, def) in entries {
+                        if declared_sources.contains_key(&name.node) {
+                            self.err_help(
+                                name.pos,
+                                format!("a source and a stream are both named `{}`", name.node),
+                                "give the stream a name of its own",
+                            );
+                            continue;
+                        }
+                        let flow = self.steps(def, &declared_sources, &mut sinks, &mut used, Some(&name.node));
+                        let (schema, timed) =
+                            flow.as_ref().map_or((Schema::open(), false), |f| (f.schema.clone(), f.timed));
+                        declared_sources.insert(name.node.clone(), (schema.clone(), timed));
+                        if let Some(Flow { from: Some(from), steps, .. }) = flow {
+                            streams.push(NamedStream { name: name.node.clone(), from, steps, schema });
+                        }
+                    }
+                }
+                None => self.err_help(
+                    node.pos,
+                    format!("streams is {}, not a mapping of names to lists of steps", node.kind()),
+                    "write streams: { valid: [ { from: clicks }, { filter: \"event.amount > 0\" } ] }",
+                ),
+            }
+        }
         let pipeline = self.required(&top, "pipeline", "the pipeline file")?;
-        let (from, steps) = self.steps(pipeline, &declared_sources, &mut sinks, &mut used)?;
+        let Flow { from, steps, .. } = self.steps(pipeline, &declared_sources, &mut sinks, &mut used, None)?;
+        if let Some(entries) = top.get("streams").and_then(Spanned::as_map) {
+            let mut read: Vec<&str> = from.iter().map(String::as_str).chain(joined(&steps)).collect();
+            for s in &streams {
+                read.push(&s.from);
+                read.extend(joined(&s.steps));
+            }
+            for (name, _) in entries {
+                if !read.contains(&name.node.as_str()) && streams.iter().any(|s| s.name == name.node) {
+                    self.err_help(
+                        name.pos,
+                        format!("stream `{}` is read by no step", name.node),
+                        format!("read it with `from: {0}` or `join: {{ with: {0}, ... }}`, or remove it", name.node),
+                    );
+                }
+            }
+        }
         for Use { sink, pos, schema } in &used {
             match sinks.get(sink) {
                 Some(SinkSpec { kind: SinkKind::Kafka { key: Some((text, origin)), .. }, .. }) => {
@@ -636,7 +755,7 @@ impl Cx<'_> {
                 );
             }
         }
-        Some(Spec { job: job?, checkpoints, admin, batch_size, sources, sinks, from: from?, steps })
+        Some(Spec { job: job?, checkpoints, admin, batch_size, sources, sinks, from: from?, steps, streams })
     }
 
     fn source(&mut self, node: &Spanned, name: &str, used: &mut Vec<Use>) -> Option<SourceSpec> {
@@ -969,11 +1088,13 @@ impl Cx<'_> {
         sources: &BTreeMap<String, (Schema, bool)>,
         sinks: &mut BTreeMap<String, SinkSpec>,
         used: &mut Vec<Use>,
-    ) -> Option<(Option<String>, Vec<Step>)> {
+        stream: Option<&str>,
+    ) -> Option<Flow> {
+        let what = stream.map_or_else(|| "pipeline".to_string(), |s| format!("stream `{s}`"));
         let Some(items) = node.as_seq() else {
             self.err_help(
                 node.pos,
-                format!("pipeline is {}, not a list of steps", node.kind()),
+                format!("{what} is {}, not a list of steps", node.kind()),
                 "write one step per line, starting with `- from: <source>`",
             );
             return None;
@@ -985,7 +1106,6 @@ impl Cx<'_> {
         let mut has_to = false;
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         let mut event_time = false;
-        let mut names = std::collections::BTreeSet::new();
         for (index, item) in items.iter().enumerate() {
             let Some(entries) = item.as_map() else {
                 self.err_help(
@@ -1015,11 +1135,12 @@ impl Cx<'_> {
                 continue;
             };
             let extra: &[&str] = match kind.node.as_str() {
-                "filter" | "map" | "route" => &["on_error", "name"],
+                "filter" | "map" | "route" | "process" => &["on_error", "name"],
                 "join" => &["select", "on_error", "name"],
                 "key_by" => &["partitions", "on_error", "name"],
                 "window" => &["aggregate", "name"],
                 "aggregate" => &["name"],
+                "reduce" => &["on_error", "name"],
                 _ => &["name"],
             };
             let mut known: Vec<&str> = vec![kind.node.as_str()];
@@ -1031,27 +1152,33 @@ impl Cx<'_> {
             // A step's name is its operator's name and, for a step with
             // state, the id its state is restored by: by default its kind,
             // numbered from the second step of the kind on, so that moving
-            // steps around in the file keeps their state.
+            // steps around in the file keeps their state; in a named
+            // stream, after the stream's name (`valid/filter`).
             let name = match f.get("name") {
                 Some(n) => self.string(n, "name").unwrap_or_default(),
                 None => {
                     let count = counts.entry(kind.node.clone()).or_insert(0usize);
                     *count += 1;
-                    if *count == 1 { kind.node.clone() } else { format!("{}-{count}", kind.node) }
+                    let plain = if *count == 1 { kind.node.clone() } else { format!("{}-{count}", kind.node) };
+                    stream.map_or_else(|| plain.clone(), |s| format!("{s}/{plain}"))
                 }
             };
-            if !names.insert(name.clone()) {
+            let at = f.get("name").map_or(kind.pos, |n| n.pos);
+            if kind.node != "from"
+                && let Some(first) = self.step_names.insert(name.clone(), at)
+            {
+                self.step_names.insert(name.clone(), first);
                 self.err_help(
-                    f.key_pos("name"),
-                    format!("two steps are named `{name}`"),
-                    "give each step its own name",
+                    at,
+                    format!("two steps are named `{name}` (the first at line {})", first.line),
+                    "give each step its own name: a step's name is its operator's id",
                 );
             }
-            if keyed && !matches!(kind.node.as_str(), "window" | "aggregate") {
+            if keyed && !matches!(kind.node.as_str(), "window" | "aggregate" | "reduce") {
                 self.err_help(
                     kind.pos,
                     format!("`{}` after `key_by`", kind.node),
-                    "a `key_by` step is followed by `window` (with `aggregate`) or `aggregate`",
+                    "a `key_by` step is followed by `window` (with `aggregate`), `aggregate` or `reduce`",
                 );
             }
             if index == 0 && kind.node != "from" {
@@ -1069,14 +1196,7 @@ impl Cx<'_> {
                             schema = s.clone();
                             event_time = *timed;
                         }
-                        None => {
-                            let names: Vec<&str> = sources.keys().map(String::as_str).collect();
-                            let help = match closest(&source, names.iter().copied()) {
-                                Some(near) => format!("did you mean `{near}`?"),
-                                None => format!("the sources are: {}", names.join(", ")),
-                            };
-                            self.err_help(body.pos, format!("no source named `{source}`"), help);
-                        }
+                        None => self.unknown_input(body.pos, &source, sources, stream),
                     }
                     from = Some(source);
                     continue;
@@ -1098,6 +1218,37 @@ impl Cx<'_> {
                     let (names, exprs) = self.fields(entries, &schema);
                     let policy = self.on_error(f.get("on_error"), &schema, used);
                     (exprs.len() == names.len()).then(|| (StepKind::Map(exprs, policy), Schema::of(names)))
+                }
+                ("process", _) => {
+                    let Some(p) = self.map(body, "process", &["function", "gives"]) else { continue };
+                    let function = self.required(&p, "function", "process").and_then(|n| self.string(n, "function"));
+                    let gives = self.required(&p, "gives", "process").map(|n| self.names(n, "gives"));
+                    let policy = self.on_error(f.get("on_error"), &schema, used);
+                    let listed = p.get("gives").is_some_and(|n| n.as_seq().is_some());
+                    match (function, gives) {
+                        (_, Some(gives)) if listed && gives.is_empty() => {
+                            self.err_help(
+                                p.key_pos("gives"),
+                                "a process step that gives no fields",
+                                "list the fields of the records it gives: gives: [user, country]",
+                            );
+                            None
+                        }
+                        (Some(function), Some(gives)) if !gives.is_empty() => {
+                            let mut seen = std::collections::BTreeSet::new();
+                            if let Some(twice) = gives.iter().find(|g| !seen.insert(g.as_str())) {
+                                self.err_help(
+                                    p.key_pos("gives"),
+                                    format!("`{twice}` is listed twice in gives"),
+                                    "list each field once",
+                                );
+                                None
+                            } else {
+                                Some((StepKind::Process(function, policy), Schema::of(gives)))
+                            }
+                        }
+                        _ => None,
+                    }
                 }
                 ("key_by", _) => {
                     let e = self.expr(body, &schema, "key_by");
@@ -1143,6 +1294,14 @@ impl Cx<'_> {
                         }
                         _ => None,
                     }
+                }
+                ("reduce", _) => {
+                    if !keyed {
+                        self.err_help(kind.pos, "a reduce on records without a key", "put a `key_by` step before it");
+                    }
+                    keyed = false;
+                    let policy = self.on_error(f.get("on_error"), &schema, used);
+                    self.reduce(body, &schema).map(|fields| (StepKind::Reduce(fields, policy), schema.clone()))
                 }
                 ("aggregate", _) => {
                     if !keyed {
@@ -1196,7 +1355,7 @@ impl Cx<'_> {
                 ("join", _) => {
                     let select = f.get("select");
                     let policy = self.on_error(f.get("on_error"), &schema, used);
-                    self.join(body, select, &schema, event_time, sources, policy)
+                    self.join(body, select, &schema, event_time, sources, policy, stream)
                         .map(|(join, out)| (StepKind::Join(Box::new(join)), out))
                 }
                 ("dedup", _) => {
@@ -1238,13 +1397,89 @@ impl Cx<'_> {
                 steps.push(Step { kind: kind_out, name, pos: kind.pos, schema: out_schema });
             }
         }
-        if !has_to && !items.is_empty() {
+        if !has_to && !items.is_empty() && stream.is_none() {
             self.err_help(node.pos, "the pipeline's records go nowhere", "end it with a `to` step: - to: <sink>");
         }
-        if from.is_none() && items.is_empty() {
-            self.err_help(node.pos, "the pipeline has no steps", "start it with `- from: <source>`");
+        if keyed && stream.is_some() {
+            self.err_help(
+                node.pos,
+                format!("{what} ends after `key_by`"),
+                "follow `key_by` with `window` (with `aggregate`), `aggregate` or `reduce`",
+            );
         }
-        Some((from, steps))
+        if from.is_none() && items.is_empty() {
+            self.err_help(node.pos, format!("the {what} has no steps"), "start it with `- from: <source>`");
+        }
+        Some(Flow { from, steps, schema, timed: event_time })
+    }
+
+    /// `name`, read by a `from` or a join at `pos`, is no source nor a
+    /// stream declared before.
+    fn unknown_input(&mut self, pos: Pos, name: &str, inputs: &BTreeMap<String, (Schema, bool)>, stream: Option<&str>) {
+        if self.stream_names.iter().any(|s| s == name) {
+            let help = if stream == Some(name) {
+                "a stream cannot read itself".to_string()
+            } else {
+                format!(
+                    "move stream `{name}` above the steps that read it: a stream reads the sources and the streams declared before it"
+                )
+            };
+            self.err_help(pos, format!("stream `{name}` is not declared yet here"), help);
+            return;
+        }
+        let names: Vec<&str> = inputs.keys().map(String::as_str).collect();
+        let what = if self.stream_names.is_empty() { "source" } else { "source or stream" };
+        let help = match closest(name, names.iter().copied()) {
+            Some(near) => format!("did you mean `{near}`?"),
+            None => format!("the {what}s are: {}", names.join(", ")),
+        };
+        self.err_help(pos, format!("no {what} named `{name}`"), help);
+    }
+
+    /// A `reduce` step's fields: for each field of the records, the
+    /// expression over `acc` (the key's result so far) and `event` (the
+    /// new record) that gives its new value; a field not listed takes the
+    /// new record's.
+    fn reduce(&mut self, body: &Spanned, schema: &Schema) -> Option<Vec<Option<Expr>>> {
+        let Some(entries) = body.as_map() else {
+            self.err_help(
+                body.pos,
+                format!("reduce is {}", body.kind()),
+                "give the fields' new values: reduce: { total: \"acc.total + event.total\" }",
+            );
+            return None;
+        };
+        if schema.open {
+            self.err_help(
+                body.pos,
+                "a reduce over records whose fields are not declared",
+                "declare the source's `schema:`, or `map` the fields first",
+            );
+            return None;
+        }
+        let both = Schema::rooted(&[("acc", schema), ("event", schema)]);
+        let mut out: Vec<Option<Expr>> = vec![None; schema.fields.len()];
+        let mut ok = true;
+        for (name, text) in entries {
+            let Some(i) = schema.index(&name.node) else {
+                let help = match closest(&name.node, schema.fields.iter().map(|f| &**f)) {
+                    Some(near) => format!("did you mean `{near}`? The records here have: {schema}"),
+                    None => format!("a reduce gives the fields of its records: {schema}"),
+                };
+                self.err_help(name.pos, format!("no field `{}` in the records of this step", name.node), help);
+                ok = false;
+                continue;
+            };
+            match self.expr(text, &both, &name.node) {
+                Some(e) => {
+                    if let Some(slot) = out.get_mut(i) {
+                        *slot = Some(e);
+                    }
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1256,6 +1491,7 @@ impl Cx<'_> {
         timed: bool,
         sources: &BTreeMap<String, (Schema, bool)>,
         on_error: OnError,
+        stream: Option<&str>,
     ) -> Option<(JoinSpec, Schema)> {
         let known = ["with", "key", "with_key", "interval", "window", "temporal", "type", "partitions"];
         let j = self.map(body, "a join", &known)?;
@@ -1263,12 +1499,7 @@ impl Cx<'_> {
         let (with_schema, with_timed) = match with.as_ref().map(|w| (w, sources.get(w))) {
             Some((_, Some((s, t)))) => (s.clone(), *t),
             Some((w, None)) => {
-                let names: Vec<&str> = sources.keys().map(String::as_str).collect();
-                let help = match closest(w, names.iter().copied()) {
-                    Some(near) => format!("did you mean `{near}`?"),
-                    None => format!("a join is with a source; the sources are: {}", names.join(", ")),
-                };
-                self.err_help(j.get("with").map_or(body.pos, |n| n.pos), format!("no source named `{w}`"), help);
+                self.unknown_input(j.get("with").map_or(body.pos, |n| n.pos), w, sources, stream);
                 (Schema::open(), false)
             }
             None => (Schema::open(), false),

@@ -52,19 +52,6 @@ enum Input {
     Watermark(i64),
 }
 
-/// The sources a pipeline reads: its `from`, then those it joins with.
-fn inputs_of(spec: &super::Spec) -> Vec<String> {
-    let mut names = vec![spec.from.clone()];
-    for step in &spec.steps {
-        if let super::spec::StepKind::Join(j) = &step.kind
-            && !names.contains(&j.with)
-        {
-            names.push(j.with.clone());
-        }
-    }
-    names
-}
-
 /// How each case of a test file went.
 #[derive(Debug)]
 pub struct TestReport {
@@ -148,6 +135,18 @@ impl TestFile {
         Ok(TestFile { file, pipeline, cases })
     }
 
+    /// Registers the function of the pipeline's `process` steps named
+    /// `name` (see [`Pipeline::with_function`]).
+    #[must_use]
+    pub fn with_function(
+        mut self,
+        name: &str,
+        f: impl Fn(&Value, &mut Vec<Value>) -> Result<(), String> + Send + Sync + 'static,
+    ) -> TestFile {
+        self.pipeline = self.pipeline.with_function(name, f);
+        self
+    }
+
     /// Runs every case.
     ///
     /// # Errors
@@ -155,7 +154,7 @@ impl TestFile {
     /// that is in the report).
     pub fn run(&self) -> weibo::Result<TestReport> {
         let spec = self.pipeline.spec();
-        let names = inputs_of(spec);
+        let names = spec.source_names();
         // Per source: its fields and its event time's field.
         let sources: Vec<(Schema, Option<usize>)> = names
             .iter()
@@ -192,7 +191,7 @@ impl TestFile {
                 }
             }
             let mut probes: Vec<(String, Schema, Probe<Row>)> = Vec::new();
-            super::build::wire_after(spec, inputs, &mut |sink, u: &SinkUse| {
+            super::build::wire_after(spec, self.pipeline.functions(), inputs, &mut |sink, u: &SinkUse| {
                 probes.push((sink.to_string(), u.schema.clone(), h.output(&u.stream)));
                 true
             })
@@ -206,7 +205,7 @@ impl TestFile {
                 match i {
                     Input::Record(source, v) => {
                         let Some((schema, time)) = sources.get(*source) else { continue };
-                        let mut row = to_row(v, schema);
+                        let mut row = schema.row_of(v);
                         let at = match time.map(|f| row.field(f)) {
                             Some(Value::Int(ms)) => *ms,
                             Some(Value::Float(ms)) => *ms as i64,
@@ -270,16 +269,8 @@ fn same(a: &Value, b: &Value) -> bool {
     }
 }
 
-/// A record of the source as a row of its schema.
-fn to_row(v: &Value, schema: &Schema) -> Row {
-    if schema.open {
-        return Row::new([v.clone()]);
-    }
-    Row(schema.fields.iter().map(|f| v.get(f).cloned().unwrap_or_default()).collect())
-}
-
 fn read_case(item: &Spanned, pipeline: &Pipeline, problems: &mut Vec<Diagnostic>) -> Option<Case> {
-    let names = inputs_of(pipeline.spec());
+    let names = pipeline.spec().source_names();
     let schema_of = |name: &str| pipeline.spec().sources.get(name).map_or_else(Schema::open, |s| s.schema.clone());
     let Some(entries) = item.as_map() else {
         problems.push(

@@ -75,6 +75,11 @@ impl Value {
         Value::Str(Arc::new(s.to_string()))
     }
 
+    /// A map of `entries`, in their order.
+    pub fn map<'a>(entries: impl IntoIterator<Item = (&'a str, Value)>) -> Value {
+        Value::Map(Arc::new(entries.into_iter().map(|(k, v)| (Arc::from(k), v)).collect()))
+    }
+
     /// A string value, without a copy.
     pub fn string(s: String) -> Value {
         Value::Str(Arc::new(s))
