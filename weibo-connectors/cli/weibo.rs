@@ -18,6 +18,10 @@
 //! weibo savepoint inspect <dir> ...      (as `checkpoint inspect`)
 //! ```
 //!
+//! A checkpoint `<dir>` may be a URL, `s3://<bucket>/<path>`, with
+//! credentials, region and endpoint from the `AWS_*` variables
+//! (`AWS_ENDPOINT` and `AWS_ALLOW_HTTP=true` for a local server).
+//!
 //! Exit codes: 0 when the command did what it says; 1 when it could not
 //! (a pipeline file with errors, a job that failed, the job's admin API
 //! refused or could not be reached, a checkpoint is missing or damaged);
@@ -29,6 +33,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Value, json};
+use weibo::checkpoint::CheckpointStorage;
 use weibo::checkpoint::inspect::{Inspection, encode_key_text};
 use weibo_connectors::yaml::{Pipeline, TestFile};
 
@@ -48,7 +53,8 @@ use weibo_connectors::yaml::{Pipeline, TestFile};
         weibo stop http://127.0.0.1:9090 --savepoint v2\n  \
         weibo checkpoint list ./checkpoints\n  \
         weibo checkpoint verify ./checkpoints/savepoints/v2\n  \
-        weibo checkpoint inspect ./checkpoints/chk-00000000000000000007 --operator totals --key 42"
+        weibo checkpoint inspect ./checkpoints/chk-00000000000000000007 --operator totals --key 42\n  \
+        AWS_REGION=eu-west-1 weibo checkpoint list s3://my-bucket/jobs/orders"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -162,8 +168,9 @@ enum CheckpointCommand {
     /// The complete checkpoints in a job's checkpoint directory, oldest
     /// first, then its savepoints by name.
     List {
-        /// The job's checkpoint directory (`Job::with_checkpoints`).
-        dir: PathBuf,
+        /// The job's checkpoint directory (`Job::with_checkpoints`), or its
+        /// storage's URL (`s3://bucket/prefix`).
+        dir: String,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -176,15 +183,17 @@ enum CheckpointCommand {
     /// manifest, each state file's checksum and entries. Exit code 0 when
     /// it is whole, 1 (with the file that is not) otherwise.
     Verify {
-        /// The checkpoint's or savepoint's directory (the one with a MANIFEST).
-        dir: PathBuf,
+        /// The checkpoint's or savepoint's directory (the one with a
+        /// MANIFEST), or its URL (`s3://bucket/prefix/chk-7`).
+        dir: String,
     },
 }
 
 #[derive(Args, Debug)]
 struct InspectArgs {
-    /// The checkpoint's or savepoint's directory (the one with a MANIFEST).
-    dir: PathBuf,
+    /// The checkpoint's or savepoint's directory (the one with a MANIFEST),
+    /// or its URL (`s3://bucket/prefix/savepoints/v2`).
+    dir: String,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -338,7 +347,7 @@ fn run(cli: Cli) -> Result<String, Failure> {
         Command::Checkpoint { command: CheckpointCommand::List { dir, json } } => list(&dir, json),
         Command::Checkpoint { command: CheckpointCommand::Inspect(args) } => inspect(args),
         Command::Checkpoint { command: CheckpointCommand::Verify { dir } } => {
-            let (inspection, _) = Inspection::open(&dir)?;
+            let (inspection, _) = open_checkpoint(&dir)?;
             let states: usize = inspection.operators.iter().map(|o| o.states.len()).sum();
             let entries: u64 = inspection.operators.iter().flat_map(|o| &o.states).map(|s| s.entries).sum();
             Ok(format!(
@@ -440,7 +449,57 @@ fn call(url: &str, method: &str, path: &str, token: Option<&str>, body: Option<V
 }
 
 /// The complete checkpoints and the savepoints under `dir`.
-fn list(dir: &Path, json: bool) -> Result<String, Failure> {
+/// `s3://<bucket>/<path>` as its bucket and path (without the slashes
+/// around it); `None` for anything else.
+fn s3_url(url: &str) -> Option<(&str, &str)> {
+    let rest = url.strip_prefix("s3://")?;
+    let (bucket, path) = rest.split_once('/').unwrap_or((rest, ""));
+    Some((bucket, path.trim_matches('/')))
+}
+
+/// The S3 storage of `bucket` under `prefix`, configured from the `AWS_*`
+/// variables.
+fn s3_storage(bucket: &str, prefix: &str) -> Result<weibo_connectors::s3::S3Storage, Failure> {
+    if bucket.is_empty() {
+        return Err("an S3 URL names its bucket: s3://<bucket>/<path>".into());
+    }
+    Ok(weibo_connectors::s3::S3Storage::builder(bucket, prefix).from_env().build()?)
+}
+
+/// The checkpoint or savepoint at `dir`: a local directory, or a URL
+/// `s3://bucket/<job's prefix>/chk-<n>` (or `.../savepoints/<name>`).
+fn open_checkpoint(dir: &str) -> Result<(Inspection, weibo::checkpoint::inspect::Opened), Failure> {
+    let Some((bucket, path)) = s3_url(dir) else {
+        return Ok(Inspection::open(Path::new(dir))?);
+    };
+    // The job's storage is what holds `chk-<n>` and `savepoints/`.
+    let segments: Vec<&str> = path.split('/').collect();
+    let split = match segments.as_slice() {
+        [.., "savepoints", _] => segments.len() - 2,
+        [] | [""] => return Err(format!("{dir}: the URL names no checkpoint (s3://<bucket>/<path>/chk-<n>)").into()),
+        _ => segments.len() - 1,
+    };
+    let (prefix, name) = segments.split_at(split);
+    let (prefix, name) = (prefix.join("/"), name.join("/"));
+    let storage: std::sync::Arc<dyn CheckpointStorage> = std::sync::Arc::new(s3_storage(bucket, &prefix)?);
+    let (mut inspection, opened) = Inspection::open_in(&storage, &name)?;
+    inspection.path = PathBuf::from(format!("s3://{bucket}/{path}"));
+    Ok((inspection, opened))
+}
+
+fn list(dir: &str, json: bool) -> Result<String, Failure> {
+    if let Some((bucket, path)) = s3_url(dir) {
+        let storage = s3_storage(bucket, path)?;
+        let mut checkpoints = weibo::checkpoint::complete_checkpoints_in(&storage, "")?;
+        checkpoints.sort_by_key(|(n, _)| n.get());
+        let savepoints = weibo::checkpoint::savepoints_in(&storage)?;
+        let at = |name: &str| storage.locate(name).display().to_string();
+        let checkpoints: Vec<(u64, String)> = checkpoints.iter().map(|(n, d)| (n.get(), at(d))).collect();
+        let savepoints: Vec<(String, String)> =
+            savepoints.iter().map(|s| (s.clone(), at(&format!("savepoints/{s}")))).collect();
+        return listing(dir, &checkpoints, &savepoints, json);
+    }
+    let dir = Path::new(dir);
     if !dir.is_dir() {
         return Err(format!("{}: no such checkpoint directory", dir.display()).into());
     }
@@ -448,29 +507,41 @@ fn list(dir: &Path, json: bool) -> Result<String, Failure> {
     checkpoints.sort_by_key(|(n, _)| n.get());
     let storage = weibo::checkpoint::LocalDir::new(dir.to_path_buf());
     let savepoints = weibo::checkpoint::savepoints_in(&storage)?;
+    let checkpoints: Vec<(u64, String)> = checkpoints.iter().map(|(n, p)| (n.get(), p.display().to_string())).collect();
+    let savepoints: Vec<(String, String)> =
+        savepoints.iter().map(|s| (s.clone(), dir.join("savepoints").join(s).display().to_string())).collect();
+    listing(&dir.display().to_string(), &checkpoints, &savepoints, json)
+}
+
+/// `checkpoint list`'s output: the checkpoints (number, where) and the
+/// savepoints (name, where) of the storage at `dir`.
+fn listing(
+    dir: &str,
+    checkpoints: &[(u64, String)],
+    savepoints: &[(String, String)],
+    json: bool,
+) -> Result<String, Failure> {
     if json {
-        let checkpoints: Vec<Value> =
-            checkpoints.iter().map(|(n, p)| json!({ "checkpoint": n.get(), "path": p })).collect();
-        let savepoints: Vec<Value> =
-            savepoints.iter().map(|s| json!({ "name": s, "path": dir.join("savepoints").join(s) })).collect();
+        let checkpoints: Vec<Value> = checkpoints.iter().map(|(n, p)| json!({ "checkpoint": n, "path": p })).collect();
+        let savepoints: Vec<Value> = savepoints.iter().map(|(s, p)| json!({ "name": s, "path": p })).collect();
         return Ok(serde_json::to_string_pretty(&json!({ "checkpoints": checkpoints, "savepoints": savepoints }))?);
     }
     let mut out = Vec::new();
-    for (n, path) in &checkpoints {
-        out.push(format!("checkpoint {:>6}  {}", n.get(), path.display()));
+    for (n, path) in checkpoints {
+        out.push(format!("checkpoint {n:>6}  {path}"));
     }
-    for name in &savepoints {
-        out.push(format!("savepoint  {name}  {}", dir.join("savepoints").join(name).display()));
+    for (name, path) in savepoints {
+        out.push(format!("savepoint  {name}  {path}"));
     }
     if out.is_empty() {
-        out.push(format!("{}: no complete checkpoint and no savepoint", dir.display()));
+        out.push(format!("{dir}: no complete checkpoint and no savepoint"));
     }
     Ok(out.join("\n"))
 }
 
 /// `checkpoint inspect` and `savepoint inspect`.
 fn inspect(InspectArgs { dir, json, key, operator, state }: InspectArgs) -> Result<String, Failure> {
-    let (inspection, opened) = Inspection::open(&dir)?;
+    let (inspection, opened) = open_checkpoint(&dir)?;
     let Some(key) = key else {
         return Ok(if json { serde_json::to_string_pretty(&inspection)? } else { inspection.to_string() });
     };

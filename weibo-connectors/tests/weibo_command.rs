@@ -176,3 +176,129 @@ fn test_runs_the_test_files_of_a_folder_and_fails_on_a_wrong_expectation() {
     assert!(text(&failed.stderr).contains("1 test(s) failed, 0 passed"), "{}", text(&failed.stderr));
     assert_eq!(weibo(&["test", &dir.path().join("none").display().to_string()]).status.code(), Some(1));
 }
+
+/// A local S3 server (moto, which the README's test command installs) on
+/// a free port, stopped when dropped.
+struct Moto {
+    child: std::process::Child,
+    endpoint: String,
+    port: u16,
+}
+
+impl Moto {
+    fn start() -> Moto {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect(
+                "moto_server: install it with `python3 -m pip install 'moto[server]'` (the README's test command does)",
+            );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "moto_server did not listen on port {port} in 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Moto { child, endpoint: format!("http://127.0.0.1:{port}"), port }
+    }
+
+    /// Creates bucket `name` (moto takes an unsigned request).
+    fn bucket(&self, name: &str) {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            stream,
+            "PUT /{name} HTTP/1.1\r\nhost: 127.0.0.1:{}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+            self.port
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "creating bucket {name}: {answer}");
+    }
+
+    /// `weibo` with the `AWS_*` variables of this server.
+    fn weibo(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_weibo"))
+            .args(args)
+            .env("AWS_ENDPOINT", &self.endpoint)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "testsecret")
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `weibo checkpoint list|inspect|verify` on a job's checkpoints in S3,
+/// by URL: the same answers as for a directory, and a damaged checkpoint
+/// named by its URL.
+#[test]
+fn checkpoint_subcommands_read_a_job_s_checkpoints_in_s3() {
+    use weibo::checkpoint::CheckpointStorage;
+    let moto = Moto::start();
+    moto.bucket("jobs");
+    let storage = weibo_connectors::s3::S3Storage::builder("jobs", "teams/counts")
+        .with_endpoint(&moto.endpoint)
+        .with_region("us-east-1")
+        .with_credentials("test", "testsecret")
+        .allow_http()
+        .path_style()
+        .build()
+        .unwrap();
+    let job = weibo::Job::new("counts").with_checkpoint_storage(storage.clone(), Duration::from_secs(60));
+    job.source(weibo::sources::IterSource::new(0..1_000u64))
+        .key_by(|x: &u64| x % 7)
+        .fold(|| 0u64, |acc, x| *acc += x)
+        .name("totals")
+        .uid("totals")
+        .sink(weibo::sinks::CollectSink::new());
+    tokio::runtime::Runtime::new().unwrap().block_on(job.run()).unwrap();
+
+    let list = moto.weibo(&["checkpoint", "list", "s3://jobs/teams/counts"]);
+    assert_eq!(list.status.code(), Some(0), "{}", text(&list.stderr));
+    let listed = text(&list.stdout);
+    let url = listed
+        .lines()
+        .find_map(|l| l.split_whitespace().nth(2).filter(|u| u.starts_with("s3://jobs/teams/counts/chk-")))
+        .unwrap_or_else(|| panic!("no checkpoint listed: {listed}"))
+        .to_string();
+
+    let verify = moto.weibo(&["checkpoint", "verify", &url]);
+    assert_eq!(verify.status.code(), Some(0), "{}", text(&verify.stderr));
+    assert!(text(&verify.stdout).starts_with(&format!("{url}: checkpoint ")), "{}", text(&verify.stdout));
+    assert!(text(&verify.stdout).contains("of job `counts` is whole"), "{}", text(&verify.stdout));
+
+    let key = moto.weibo(&["checkpoint", "inspect", &url, "--operator", "totals", "--key", "3"]);
+    assert_eq!(key.status.code(), Some(0), "{}", text(&key.stderr));
+    let total: u64 = (0..1_000u64).filter(|x| x % 7 == 3).sum();
+    assert!(text(&key.stdout).ends_with(&format!(": {total}\n")), "{}", text(&key.stdout));
+
+    // A state file gone (state files are shared between checkpoints, under
+    // `shared/`): verify fails, naming it.
+    let all = storage.list("").unwrap();
+    let state =
+        all.iter().find(|f| f.starts_with("shared/totals-")).unwrap_or_else(|| panic!("no state file in {all:?}"));
+    storage.delete(state).unwrap();
+    let damaged = moto.weibo(&["checkpoint", "verify", &url]);
+    assert_eq!(damaged.status.code(), Some(1));
+    let name = state.rsplit('/').next().unwrap();
+    assert!(text(&damaged.stderr).contains(name), "{}", text(&damaged.stderr));
+
+    let none = moto.weibo(&["checkpoint", "list", "s3://jobs/nothing-here"]);
+    assert_eq!(none.status.code(), Some(0), "{}", text(&none.stderr));
+    assert_eq!(text(&none.stdout).trim(), "s3://jobs/nothing-here: no complete checkpoint and no savepoint");
+    let no_bucket = moto.weibo(&["checkpoint", "verify", "s3:///chk-1"]);
+    assert_eq!(no_bucket.status.code(), Some(1));
+    assert!(text(&no_bucket.stderr).contains("names its bucket"), "{}", text(&no_bucket.stderr));
+}

@@ -219,9 +219,7 @@ fn wire_steps(
         cur = match (&step.kind, cur) {
             (StepKind::Filter(e, policy), Cur::Plain(s)) => {
                 let e = e.clone();
-                Cur::Plain(
-                    under!(policy, &step.name, &schema, sinks, |p| s.try_filter(p, move |r: &Row| e.test(r)))
-                )
+                Cur::Plain(under!(policy, &step.name, &schema, sinks, |p| s.try_filter(p, move |r: &Row| e.test(r))))
             }
             (StepKind::Map(exprs, policy), Cur::Plain(s)) => {
                 let f = project(exprs);
