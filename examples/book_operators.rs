@@ -20,6 +20,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     dead_letters(&dir.join("dead-letters.jsonl"))?;
     std::fs::remove_dir_all(&dir)?;
     fail_policy()?;
+    batches()?;
     side_outputs()?;
     // The default panic hook would print the panic this example expects; keep the output clean.
     let hook = std::panic::take_hook();
@@ -112,6 +113,34 @@ fn fail_policy() -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 // ANCHOR_END: fail
+
+// ANCHOR: batches
+fn batches() -> Result<(), Box<dyn Error>> {
+    let prices = CollectSink::new();
+    let job = Job::new("prices");
+    let (cents, dead) = job.source(IterSource::new(lines(&["1.25", "2", "n/a", "0.5"]))).name("lines").process_batch(
+        on_error::DeadLetter,
+        // Every price of a batch is parsed, then converted in one pass (a
+        // vectorised call, a model, a lookup of many keys at once would go
+        // here); a line that is not a price fails alone.
+        |batch: &[String], out: &mut BatchOutput<i64, String>| {
+            let parsed: Vec<Option<f64>> = batch.iter().map(|l| l.parse::<f64>().ok()).collect();
+            for (i, (price, line)) in parsed.iter().zip(batch).enumerate() {
+                match price {
+                    Some(p) => out.emit(i, (p * 100.0).round() as i64),
+                    None => out.fail(i, format!("`{line}` is not a price")),
+                }
+            }
+        },
+    );
+    cents.name("cents").sink(prices.clone());
+    dead.sink(Blackhole::new());
+    let report = job.run_blocking()?;
+    assert_eq!(prices.values(), vec![125, 200, 50]);
+    assert_eq!(report.metrics.operator("cents").map(|m| m.dead_lettered), Some(1));
+    Ok(())
+}
+// ANCHOR_END: batches
 
 // ANCHOR: side_outputs
 /// Large orders go on; small ones and refunds each go to a side output of

@@ -1,5 +1,6 @@
 //! The three failure policies of `process`, each counting every record;
-//! `process` and `try_filter` around records failing mid-batch.
+//! `process` and `try_filter` around records failing mid-batch;
+//! `process_batch` with its records' times and positions, and its policies.
 
 use weibo::testing::TestJob;
 use weibo::{Error, KeyedContext, on_error};
@@ -160,4 +161,89 @@ fn process_and_try_filter_keep_order_and_positions_around_failures() {
         let failed: Vec<(u32, u64)> = letters.iter().map(|d| (d.record, d.position.offset)).collect();
         assert_eq!(failed, vec![(3, 3), (10, 10), (17, 17)]);
     }
+}
+
+/// `process_batch` gives each result the event time and position of the
+/// record it names, whatever the order or number of results per record.
+#[test]
+fn process_batch_results_take_their_records_time_and_position() {
+    use weibo::BatchOutput;
+    let input: Vec<(i64, u32)> = (0..50).map(|i| (1_000 + i * 10, i as u32)).collect();
+    let out = weibo::testing::run_timed(input, |s| {
+        // Record i gives i % 3 results, in reverse order of the batch.
+        s.process_batch(on_error::Fail, |batch: &[u32], out: &mut BatchOutput<(u32, u32), String>| {
+            for (i, v) in batch.iter().enumerate().rev() {
+                for copy in 0..v % 3 {
+                    out.emit(i, (*v, copy));
+                }
+            }
+        })
+        .key_by(|_: &(u32, u32)| 0u8)
+        .process(on_error::Fail, |ctx: &mut KeyedContext<'_, u8, (), (u32, u32, i64)>, r: &(u32, u32)| {
+            let ts = ctx.timestamp().unwrap_or(-1);
+            ctx.emit((r.0, r.1, ts));
+            Ok::<(), String>(())
+        })
+    })
+    .unwrap();
+    let mut got = out;
+    got.sort();
+    let mut want: Vec<(u32, u32, i64)> =
+        (0..50u32).flat_map(|v| (0..v % 3).map(move |c| (v, c, 1_000 + i64::from(v) * 10))).collect();
+    want.sort();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn process_batch_failures_follow_the_policy() {
+    use weibo::BatchOutput;
+    let parse_all = |batch: &[String], out: &mut BatchOutput<u32, String>| {
+        for (i, line) in batch.iter().enumerate() {
+            match parse(line) {
+                Ok(n) => out.emit(i, n),
+                Err(e) => out.fail(i, e),
+            }
+        }
+    };
+    let mut t = TestJob::new("batch-dead-letter");
+    let (ok, dead) = t.input(lines()).name("lines").process_batch(on_error::DeadLetter, parse_all);
+    let (ok, dead) = (t.collect(&ok), t.collect(&dead));
+    let report = t.run().unwrap();
+    assert_eq!(ok.values().len(), 100 - bad_count());
+    let dead = dead.values();
+    assert_eq!(dead.len(), bad_count());
+    assert_eq!((dead[0].record.as_str(), dead[0].position.offset), ("bad-3", 3));
+    assert!(dead[0].error.contains("`bad-3` is not a number"), "{}", dead[0].error);
+    assert_eq!(report.metrics.operator("process_batch").unwrap().dead_lettered, bad_count() as u64);
+
+    let mut t = TestJob::new("batch-drop");
+    let ok = t.input(lines()).process_batch(on_error::Drop, parse_all).name("parse");
+    let ok = t.collect(&ok);
+    let report = t.run().unwrap();
+    assert_eq!(ok.values().len(), 100 - bad_count());
+    assert_eq!(report.metrics.operator("parse").unwrap().dropped, bad_count() as u64);
+
+    let mut t = TestJob::new("batch-fail");
+    let ok = t.input(lines()).name("lines").process_batch(on_error::Fail, parse_all).name("parse");
+    t.collect(&ok);
+    match t.run().unwrap_err() {
+        Error::RecordFailed { operator, position, message } => {
+            assert_eq!((operator.as_str(), position.source.as_str(), position.offset), ("parse", "lines", 3));
+            assert!(message.contains("bad-3"), "{message}");
+        }
+        other => panic!("expected RecordFailed, got {other:?}"),
+    }
+
+    // A result for a record the batch does not have is the function's bug:
+    // the job fails saying so.
+    let mut t = TestJob::new("batch-stray");
+    let ok = t
+        .input(lines())
+        .process_batch(on_error::Fail, |batch: &[String], out: &mut BatchOutput<usize, String>| {
+            out.emit(batch.len(), 0)
+        })
+        .name("stray");
+    t.collect(&ok);
+    let err = t.run().unwrap_err().to_string();
+    assert!(err.contains("`stray`: the batch function gave record"), "{err}");
 }

@@ -102,7 +102,7 @@ pub use runtime::status::JobState;
 #[cfg(feature = "admin")]
 pub use stream::admin::{AdminGroup, AdminOptions};
 pub use stream::job::{DEFAULT_MAX_KEY_GROUPS, Job, JobHandle, JobReport, MigratedState};
-pub use stream::{Aggregate, DeadLetter, KeyedStream, SinkRef, Stream, on_error};
+pub use stream::{Aggregate, BatchOutput, DeadLetter, KeyedStream, SinkRef, Stream, on_error};
 pub use task::{BoxFuture, blocking};
 pub use weibo_macros::{Key, RkyvData};
 

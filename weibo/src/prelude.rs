@@ -42,5 +42,5 @@ pub use crate::sinks::{Blackhole, CollectSink, FileSink, Stdout, TxnFileSink};
 pub use crate::sources::{FileSource, Generator, IterSource};
 pub use crate::state::StateTtl;
 pub use crate::stream::job::{Job, JobHandle};
-pub use crate::stream::{Aggregate, DeadLetter, KeyedStream, Stream, on_error};
+pub use crate::stream::{Aggregate, BatchOutput, DeadLetter, KeyedStream, Stream, on_error};
 pub use crate::time::WatermarkStrategy;

@@ -405,3 +405,165 @@ impl<T: Clone + Send + 'static> PortType for TypedPort<T> {
         erase::<T>(Box::new(DiscardOp))
     }
 }
+
+/// What a batch function ([`crate::Stream::process_batch`]) gives for the
+/// records of one batch: results, each for the record it came from (whose
+/// event time and position it takes), and failures, each of a record.
+pub struct BatchOutput<U, E> {
+    values: Vec<U>,
+    /// The record each value came from, once a value is not its own
+    /// record's (`tracked`); until then the `k`-th value is record `k`'s.
+    from: Vec<u32>,
+    tracked: bool,
+    failed: Vec<(u32, E)>,
+    /// Records in the batch.
+    records: usize,
+    /// An index past the batch, given to `emit` or `fail`.
+    stray: Option<usize>,
+}
+
+impl<U, E> BatchOutput<U, E> {
+    fn new(capacity: usize) -> Self {
+        Self {
+            values: Vec::with_capacity(capacity),
+            from: Vec::new(),
+            tracked: false,
+            failed: Vec::new(),
+            records: 0,
+            stray: None,
+        }
+    }
+
+    fn reset(&mut self, records: usize) {
+        self.values.clear();
+        self.from.clear();
+        self.tracked = false;
+        self.failed.clear();
+        self.records = records;
+        self.stray = None;
+    }
+
+    /// The number of records in the batch.
+    pub fn records(&self) -> usize {
+        self.records
+    }
+
+    /// A result of record `index` of the batch (at its event time and
+    /// position). Results go downstream in the order they are emitted.
+    #[inline]
+    pub fn emit(&mut self, index: usize, value: U) {
+        let Ok(at) = u32::try_from(index) else {
+            self.stray = Some(index);
+            return;
+        };
+        if index >= self.records {
+            self.stray = Some(index);
+            return;
+        }
+        if !self.tracked && index != self.values.len() {
+            // The first value that is not its own record's: from here on,
+            // where each value came from is kept.
+            self.tracked = true;
+            self.from.extend((0..self.values.len()).map(|k| k as u32));
+        }
+        if self.tracked {
+            self.from.push(at);
+        }
+        self.values.push(value);
+    }
+
+    /// Record `index` of the batch failed: the stream's failure policy
+    /// decides what happens to it.
+    pub fn fail(&mut self, index: usize, error: E) {
+        match u32::try_from(index) {
+            Ok(at) if index < self.records => self.failed.push((at, error)),
+            _ => self.stray = Some(index),
+        }
+    }
+}
+
+/// The factory of `process_batch` by `f` under `policy`.
+pub(crate) fn process_batch<I, O, E, F>(policy: Policy, f: Arc<F>) -> Arc<dyn ChainFactory>
+where
+    I: Clone + Send + 'static,
+    O: Send + 'static,
+    E: Display + Send + 'static,
+    F: Fn(&[I], &mut BatchOutput<O, E>) + Send + Sync + 'static,
+{
+    chain_factory(move |ctx, outs| {
+        let info = ctx.info.clone();
+        let (ok, dead) = two(outs, &info.name)?;
+        let next = typed::<O>(ok, &info.name)?;
+        let dead = match policy {
+            Policy::DeadLetter => Some(typed::<DeadLetter<I>>(dead, &info.name)?),
+            _ => None,
+        };
+        Ok(erase::<I>(Box::new(ProcessBatchOp {
+            info,
+            f: f.clone(),
+            output: BatchOutput::new(ctx.batch_size),
+            out: Batch::with_capacity(ctx.batch_size),
+            next,
+            failures: Failures::new(policy, dead)?,
+        })))
+    })
+}
+
+/// `process_batch`: a function over a whole batch, with a failure policy.
+pub(crate) struct ProcessBatchOp<I, O, E, F> {
+    pub(crate) info: OpInfo,
+    pub(crate) f: Arc<F>,
+    pub(crate) output: BatchOutput<O, E>,
+    pub(crate) out: Batch<O>,
+    pub(crate) next: Box<dyn Consumer<O>>,
+    pub(crate) failures: Failures<I>,
+}
+
+impl<I, O, E, F> Consumer<I> for ProcessBatchOp<I, O, E, F>
+where
+    I: Clone + Send + 'static,
+    O: Send + 'static,
+    E: Display + Send + 'static,
+    F: Fn(&[I], &mut BatchOutput<O, E>) + Send + Sync + 'static,
+{
+    fn push(&mut self, batch: &mut Batch<I>) -> Result<()> {
+        let n = batch.len();
+        OperatorCounters::add(&self.info.counters.records_in, n);
+        self.output.reset(n);
+        (self.f)(&batch.values, &mut self.output);
+        if let Some(index) = self.output.stray {
+            batch.clear();
+            return Err(crate::error::internal_error!(
+                "`{}`: the batch function gave record {index} of a batch of {n}",
+                self.info.name
+            ));
+        }
+        // Failures first: under `Fail`, the batch's results go nowhere.
+        for (at, error) in self.output.failed.drain(..) {
+            let i = at as usize;
+            if let (Some(record), Some(meta)) = (batch.values.get(i), batch.meta.get(i)) {
+                self.failures.fail(&self.info, record.clone(), *meta, &error)?;
+            }
+        }
+        let values = &mut self.output.values;
+        if !self.output.tracked && values.len() == n {
+            // One result per record, in order: the batch's metadata as it is.
+            std::mem::swap(&mut self.out.meta, &mut batch.meta);
+            self.out.values.append(values);
+        } else if !self.output.tracked {
+            self.out.meta.extend_from_slice(batch.meta.get(..values.len()).unwrap_or_default());
+            self.out.values.append(values);
+        } else {
+            for (v, &at) in values.drain(..).zip(&self.output.from) {
+                if let Some(meta) = batch.meta.get(at as usize) {
+                    self.out.push(v, *meta);
+                }
+            }
+        }
+        batch.clear();
+        OperatorCounters::add(&self.info.counters.records_out, self.out.len());
+        self.next.push(&mut self.out)?;
+        self.failures.push()
+    }
+    forward_control!(consumer, failures);
+}

@@ -36,6 +36,7 @@ use crate::sinks::{Sink, SinkCommitter, TwoPhaseCommitSink};
 use crate::time::WatermarkStrategy;
 
 pub use crate::operator::policy::DeadLetter;
+pub use crate::operator::stateless::BatchOutput;
 
 /// What `process` does with a record its function fails on.
 ///
@@ -589,6 +590,47 @@ impl<T: Clone + Send + 'static> Stream<T> {
         let policy = policy.policy();
         let factory = stateless::process::<T, U, E, F>(policy, Arc::new(f));
         self.process_node::<U, P>("process", policy, factory, Vec::new())
+    }
+
+    /// Like [`process`](Self::process), a batch at a time: `f` gets the
+    /// records of each batch the operator receives, in order, and gives
+    /// its results on the [`BatchOutput`], each for the record it came
+    /// from (whose event time and position it takes): none, one or several
+    /// per record. A record it [fails](BatchOutput::fail) goes to `policy`
+    /// as in `process`. For work that is cheaper over many records at once
+    /// than one by one: an expression evaluated a column at a time, a
+    /// model scored on a batch, a lookup of many keys in one call. Batches
+    /// are at most [`Job::with_batch_size`] records, and smaller when
+    /// records are slow to come (the buffer timeout).
+    ///
+    /// ```
+    /// use weibo::{BatchOutput, on_error};
+    /// let mut t = weibo::testing::TestJob::new("halves");
+    /// let numbers = t.input(vec![4u32, 3, 8, 0]);
+    /// // Halves of the even numbers; an odd number is a failure.
+    /// let (halves, dead) = numbers.process_batch(on_error::DeadLetter, |batch: &[u32], out: &mut BatchOutput<u32, String>| {
+    ///     for (i, n) in batch.iter().enumerate() {
+    ///         if n % 2 == 0 { out.emit(i, n / 2) } else { out.fail(i, format!("{n} is odd")) }
+    ///     }
+    /// });
+    /// let halves = t.collect(&halves);
+    /// let dead = t.collect(&dead);
+    /// t.run()?;
+    /// assert_eq!(halves.values(), vec![2, 4, 0]);
+    /// assert_eq!(dead.values()[0].error, "3 is odd");
+    /// assert_eq!(dead.values()[0].position.offset, 1);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn process_batch<U, E, F, P>(&self, policy: P, f: F) -> P::Output
+    where
+        U: Clone + Send + 'static,
+        E: Display + Send + 'static,
+        F: Fn(&[T], &mut BatchOutput<U, E>) + Send + Sync + 'static,
+        P: on_error::OnError<T, U>,
+    {
+        let policy = policy.policy();
+        let factory = stateless::process_batch::<T, U, E, F>(policy, Arc::new(f));
+        self.process_node::<U, P>("process_batch", policy, factory, Vec::new())
     }
 
     /// The node of a stateless `process` under `policy`: its results, dead
