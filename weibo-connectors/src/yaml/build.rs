@@ -15,6 +15,7 @@ use super::spec::{
     dead_letter_schema,
 };
 use super::value::{Row, Value};
+use super::vector::{Base, Chain, Stage};
 
 /// `$call` (a `process` or `try_filter` of `$stream` with the failure
 /// policy bound to `$p`) under `policy`: records it fails go to the
@@ -102,10 +103,110 @@ pub type Functions = BTreeMap<String, Function>;
 /// The streams of records each sink gets, by sink name.
 type SinkInputs = BTreeMap<String, Vec<SinkUse>>;
 
-/// The stream at a step: keyed or not.
+/// The stream at a step: keyed or not, or stateless steps waiting to
+/// run as one operator.
 enum Cur {
     Plain(Stream<Row>),
     Keyed(KeyedStream<Value, Row>),
+    Chain(Pending),
+}
+
+/// The records of a source or a named stream, as the steps after it read
+/// them.
+#[derive(Clone)]
+enum Input {
+    Rows(Stream<Row>),
+    Chain(Pending),
+}
+
+/// Stateless steps (a generator's fields, `map`, `filter`, a key) not yet
+/// wired: consecutive ones under the same failure policy (`fail` or
+/// `skip`) run as one operator over whole batches, a column at a time
+/// (see `vector.rs`); one that sends failures to a dead-letter sink runs
+/// alone, so that its dead letters hold the records it got.
+#[derive(Clone)]
+struct Pending {
+    input: PendingInput,
+    chain: Chain,
+    policy: OnError,
+    /// The records that come in.
+    schema: Schema,
+}
+
+#[derive(Clone)]
+enum PendingInput {
+    Rows(Stream<Row>),
+    Index(Stream<u64>),
+}
+
+impl Pending {
+    fn new(input: PendingInput, schema: &Schema, policy: &OnError) -> Pending {
+        Pending {
+            input,
+            chain: Chain { width: schema.fields.len(), stages: Vec::new() },
+            policy: policy.clone(),
+            schema: schema.clone(),
+        }
+    }
+
+    /// Whether a step under `policy` can join the chain.
+    fn takes(&self, policy: &OnError) -> bool {
+        !matches!(self.policy, OnError::DeadLetter(_)) && self.policy == *policy
+    }
+
+    /// Wires the chain: one operator named after its steps.
+    fn wire(self, sinks: &mut SinkInputs) -> Stream<Row> {
+        let mut names: Vec<&str> = self.chain.stages.iter().map(|(n, _)| n.as_str()).collect();
+        names.dedup();
+        let name = names.join("+");
+        let chain = Arc::new(self.chain);
+        match self.input {
+            PendingInput::Rows(s) => under!(&self.policy, &name, &self.schema, sinks, |p| s
+                .process_batch(p, move |rows: &[Row], out: &mut BatchOutput<Row, String>| chain
+                    .run(Base::Rows(rows), out))),
+            PendingInput::Index(s) => under!(&self.policy, &name, &self.schema, sinks, |p| s
+                .process_batch(p, move |index: &[u64], out: &mut BatchOutput<Row, String>| chain
+                    .run(Base::Index(index), out))),
+        }
+    }
+}
+
+impl Input {
+    fn cur(self) -> Cur {
+        match self {
+            Input::Rows(s) => Cur::Plain(s),
+            Input::Chain(p) => Cur::Chain(p),
+        }
+    }
+}
+
+impl Cur {
+    /// The records, with the stateless steps before wired.
+    fn plain(self, sinks: &mut SinkInputs) -> Result<Stream<Row>, BuildError> {
+        match self {
+            Cur::Plain(s) => Ok(s),
+            Cur::Chain(p) => Ok(p.wire(sinks)),
+            Cur::Keyed(_) => Err(BuildError("a keyed stream where records were expected".into())),
+        }
+    }
+
+    /// `stage` (step `name` under `policy`, over records of `schema`) after
+    /// the stream: in the chain before it when it can join it.
+    fn then(
+        self,
+        name: &str,
+        stage: Stage,
+        policy: &OnError,
+        schema: &Schema,
+        sinks: &mut SinkInputs,
+    ) -> Result<Cur, BuildError> {
+        let mut p = match self {
+            Cur::Chain(p) if p.takes(policy) => p,
+            other => Pending::new(PendingInput::Rows(other.plain(sinks)?), schema, policy),
+        };
+        p.chain.stages.push((name.to_string(), stage));
+        Ok(Cur::Chain(p))
+    }
 }
 
 /// Wires `spec` into a new job.
@@ -141,10 +242,11 @@ pub fn build_with(
     let mut inputs = BTreeMap::new();
     for name in spec.source_names() {
         let source = spec.sources.get(&name).ok_or_else(|| BuildError(format!("no source `{name}`")))?;
-        let stream = build_source(&job, &name, source, &mut sinks)?;
-        inputs.insert(name, stream);
+        let input = build_source(&job, &name, source, &mut sinks)?;
+        inputs.insert(name, input);
     }
-    wire(spec, functions, inputs, sinks, take)?;
+    wire_streams(spec, functions, &mut inputs, &mut sinks)?;
+    wire_sinks(spec, sinks, take)?;
     Ok(job)
 }
 
@@ -167,15 +269,32 @@ pub fn wire_after(
 fn wire(
     spec: &Spec,
     functions: &Functions,
-    mut inputs: BTreeMap<String, Stream<Row>>,
+    inputs: BTreeMap<String, Stream<Row>>,
     mut sinks: SinkInputs,
     take: &mut dyn FnMut(&str, &SinkUse) -> bool,
 ) -> Result<(), BuildError> {
+    let mut inputs: BTreeMap<String, Input> = inputs.into_iter().map(|(k, v)| (k, Input::Rows(v))).collect();
+    wire_streams(spec, functions, &mut inputs, &mut sinks)?;
+    wire_sinks(spec, sinks, take)
+}
+
+/// Wires the named streams, then the pipeline, after `inputs`.
+fn wire_streams(
+    spec: &Spec,
+    functions: &Functions,
+    inputs: &mut BTreeMap<String, Input>,
+    sinks: &mut SinkInputs,
+) -> Result<(), BuildError> {
     for s in &spec.streams {
-        let out = wire_steps(spec, functions, &s.from, &s.steps, &inputs, &mut sinks)?;
-        inputs.insert(s.name.clone(), out);
+        let out = wire_steps(spec, functions, &s.from, &s.steps, inputs, sinks)?;
+        inputs.insert(s.name.clone(), Input::Rows(out));
     }
-    wire_steps(spec, functions, &spec.from, &spec.steps, &inputs, &mut sinks)?;
+    wire_steps(spec, functions, &spec.from, &spec.steps, inputs, sinks)?;
+    Ok(())
+}
+
+/// Wires each sink to the records sent to it (those `take` does not).
+fn wire_sinks(spec: &Spec, sinks: SinkInputs, take: &mut dyn FnMut(&str, &SinkUse) -> bool) -> Result<(), BuildError> {
     for (name, uses) in sinks {
         let mut outs = Vec::new();
         for u in uses.iter().filter(|u| !take(&name, u)) {
@@ -209,21 +328,28 @@ fn wire_steps(
     functions: &Functions,
     from: &str,
     steps: &[super::spec::Step],
-    inputs: &BTreeMap<String, Stream<Row>>,
+    inputs: &BTreeMap<String, Input>,
     sinks: &mut SinkInputs,
 ) -> Result<Stream<Row>, BuildError> {
     let mut schema = schema_of(spec, from)?;
     let input = inputs.get(from).cloned().ok_or_else(|| BuildError(format!("no input for `{from}`")))?;
-    let mut cur = Cur::Plain(input);
+    let mut cur = input.cur();
     for step in steps {
+        // The stateless steps before a step that is not one, and does not
+        // start with one (a join's or a dedup's key), run now.
+        let stateless = matches!(
+            step.kind,
+            StepKind::Filter(..) | StepKind::Map(..) | StepKind::KeyBy(..) | StepKind::Join(_) | StepKind::Dedup { .. }
+        );
+        if !stateless && let Cur::Chain(p) = cur {
+            cur = Cur::Plain(p.wire(sinks));
+        }
         cur = match (&step.kind, cur) {
-            (StepKind::Filter(e, policy), Cur::Plain(s)) => {
-                let e = e.clone();
-                Cur::Plain(under!(policy, &step.name, &schema, sinks, |p| s.try_filter(p, move |r: &Row| e.test(r))))
+            (StepKind::Filter(e, policy), cur) => {
+                cur.then(&step.name, Stage::Filter(e.clone()), policy, &schema, sinks)?
             }
-            (StepKind::Map(exprs, policy), Cur::Plain(s)) => {
-                let f = project(exprs);
-                Cur::Plain(under!(policy, &step.name, &schema, sinks, |p| s.process(p, f)))
+            (StepKind::Map(exprs, policy), cur) => {
+                cur.then(&step.name, Stage::Map(exprs.clone()), policy, &schema, sinks)?
             }
             (StepKind::Process(function, policy), Cur::Plain(s)) => {
                 let f = functions.get(function).cloned().ok_or_else(|| {
@@ -238,8 +364,8 @@ fn wire_steps(
                 let rows = under!(policy, &step.name, &schema, sinks, |p| s.process(p, g));
                 Cur::Plain(rows.flat_map(|rows: Vec<Row>| rows).name(&format!("{}:rows", step.name)))
             }
-            (StepKind::KeyBy(e, partitions, policy), Cur::Plain(s)) => {
-                let mut keyed = keyed_by(&s, e, policy, &step.name, &schema, sinks);
+            (StepKind::KeyBy(e, partitions, policy), cur) => {
+                let mut keyed = keyed_by(cur, e, policy, &step.name, &schema, sinks)?;
                 if let Some(n) = partitions {
                     keyed = keyed.with_partitions(*n);
                 }
@@ -309,27 +435,27 @@ fn wire_steps(
                     .name(&format!("{}:rest:rows", step.name));
                 Cur::Plain(rest)
             }
-            (StepKind::Join(j), Cur::Plain(s)) => {
+            (StepKind::Join(j), cur) => {
                 let right =
                     inputs.get(&j.with).ok_or_else(|| BuildError(format!("no input for source `{}`", j.with)))?;
-                let left = keyed_by(&s, &j.key, &OnError::Fail, &format!("{}:key", step.name), &schema, sinks);
+                let left = keyed_by(cur, &j.key, &OnError::Fail, &format!("{}:key", step.name), &schema, sinks)?;
                 let right = keyed_by(
-                    right,
+                    right.clone().cur(),
                     &j.with_key,
                     &OnError::Fail,
                     &format!("{}:with_key", step.name),
                     &j.with_schema,
                     sinks,
-                );
+                )?;
                 let joined = join(j, left, right, schema.fields.len()).name(&step.name).uid(&step.name);
                 let joined_schema = Schema::joined(&schema, &j.with_schema);
                 let f = project(&j.select);
                 let select = format!("{}:select", step.name);
                 Cur::Plain(under!(&j.on_error, &select, &joined_schema, sinks, |p| joined.process(p, f)))
             }
-            (StepKind::Dedup { key, within, event_time, partitions }, Cur::Plain(s)) => {
+            (StepKind::Dedup { key, within, event_time, partitions }, cur) => {
                 let step_key = format!("{}:key", step.name);
-                let mut keyed = keyed_by(&s, key, &OnError::Fail, &step_key, &schema, sinks);
+                let mut keyed = keyed_by(cur, key, &OnError::Fail, &step_key, &schema, sinks)?;
                 let mut ttl = weibo::process::StateTtl::after_write(*within);
                 if *event_time {
                     ttl = ttl.in_event_time();
@@ -368,8 +494,8 @@ fn wire_steps(
         schema = step.schema.clone();
     }
     match cur {
-        Cur::Plain(s) => Ok(s),
         Cur::Keyed(_) => Err(BuildError(format!("the steps after `{from}` end with a key_by"))),
+        other => other.plain(sinks),
     }
 }
 
@@ -428,26 +554,20 @@ fn reduce(
     }
 }
 
-/// `stream` keyed by `key`, computed under `policy` and kept as a last,
-/// hidden field (`key_by`'s own function cannot fail); the node computing
-/// it is named `step`.
+/// The records of `cur` (of `schema`) keyed by `key`, computed under
+/// `policy` (with the stateless steps before it, when it can) and kept as
+/// a last, hidden field (`key_by`'s own function cannot fail); the step
+/// computing it is named `step`.
 fn keyed_by(
-    stream: &Stream<Row>,
+    cur: Cur,
     key: &Expr,
     policy: &OnError,
     step: &str,
     schema: &Schema,
     sinks: &mut SinkInputs,
-) -> KeyedStream<Value, Row> {
-    let e = key.clone();
-    let f = move |r: &Row| {
-        let key = e.eval(r)?;
-        let mut r = r.clone();
-        r.0.push(key);
-        Ok::<_, EvalError>(r)
-    };
-    let with_key = under!(policy, step, schema, sinks, |p| stream.process(p, f));
-    with_key.key_by(|r: &Row| r.0.last().cloned().unwrap_or_default())
+) -> Result<KeyedStream<Value, Row>, BuildError> {
+    let with_key = cur.then(step, Stage::Key(key.clone()), policy, schema, sinks)?.plain(sinks)?;
+    Ok(with_key.key_by(|r: &Row| r.0.last().cloned().unwrap_or_default()))
 }
 
 /// A record of `exprs`' values for each record (a `map`, a join's
@@ -579,7 +699,7 @@ fn describe<T: fmt::Debug + 'static>(record: &T, schema: &Schema) -> Value {
     Value::str(&format!("{record:?}"))
 }
 
-fn build_source(job: &Job, name: &str, source: &SourceSpec, sinks: &mut SinkInputs) -> Result<Stream<Row>, BuildError> {
+fn build_source(job: &Job, name: &str, source: &SourceSpec, sinks: &mut SinkInputs) -> Result<Input, BuildError> {
     let schema = source.schema.clone();
     let time = source.event_time.clone();
     let raw = Schema::of(["text"]);
@@ -589,21 +709,17 @@ fn build_source(job: &Job, name: &str, source: &SourceSpec, sinks: &mut SinkInpu
             if let Some(rate) = rate {
                 g = g.with_rate(*rate);
             }
-            let fields = fields.clone();
             let index = job.source(g).name(name);
-            {
-                let f = move |i: &u64| {
-                    let at = Row::new([Value::Int(i64::try_from(*i).unwrap_or(i64::MAX))]);
-                    let mut row = smallvec::SmallVec::with_capacity(fields.len());
-                    for f in &fields {
-                        row.push(f.eval(&at)?);
-                    }
-                    let row = Row(row);
-                    check_time(&row, time.as_ref())?;
-                    Ok::<_, EvalError>(row)
-                };
-                let step = format!("{name}:fields");
-                under!(&source.on_error, &step, &Schema::of(["i"]), sinks, |p| index.process(p, f))
+            let step = format!("{name}:fields");
+            let mut p = Pending::new(PendingInput::Index(index), &Schema::of(["i"]), &source.on_error);
+            p.chain.stages.push((step.clone(), Stage::Map(fields.clone())));
+            match &time {
+                // Without event time, the fields run with the steps after.
+                None => return Ok(Input::Chain(p)),
+                Some(t) => {
+                    p.chain.stages.push((step, Stage::Time(t.field, t.name.clone())));
+                    p.wire(sinks)
+                }
             }
         }
         SourceKind::File { path } => {
@@ -659,9 +775,9 @@ fn build_source(job: &Job, name: &str, source: &SourceSpec, sinks: &mut SinkInpu
                 strategy = strategy.with_idleness(idle);
             }
             let field = t.field;
-            stream.with_timestamps(move |r: &Row| time_of(r.field(field)), strategy)
+            Input::Rows(stream.with_timestamps(move |r: &Row| time_of(r.field(field)), strategy))
         }
-        None => stream,
+        None => Input::Rows(stream),
     })
 }
 

@@ -136,6 +136,8 @@ pub struct Expr {
     /// The expression as written.
     pub text: Arc<str>,
     eval: Eval,
+    /// The same expression, evaluated a column of a batch at a time.
+    vector: Arc<VExpr>,
     /// The value when the expression reads no field.
     constant: Option<Value>,
 }
@@ -165,6 +167,11 @@ impl Expr {
     /// The value when the expression reads no field.
     pub fn constant(&self) -> Option<&Value> {
         self.constant.as_ref()
+    }
+
+    /// The expression as a tree of column operations.
+    pub(crate) fn vector(&self) -> &VExpr {
+        &self.vector
     }
 }
 
@@ -286,7 +293,8 @@ fn compile_here(text: &str, schema: &Schema, origin: Origin) -> Result<Expr, Vec
         C::Const(v) => Some(v.clone()),
         _ => None,
     };
-    Ok(Expr { text: Arc::from(text), eval: node.into_eval(), constant })
+    let vector = Arc::new(compiler.vnode(&ast));
+    Ok(Expr { text: Arc::from(text), eval: node.into_eval(), vector, constant })
 }
 
 /// A compiled node: a constant and a field read are kept apart so that the
@@ -412,6 +420,42 @@ impl Compiler<'_> {
         }
     }
 
+    /// The vectorised form of `e` (which compiled without errors): the
+    /// operators a column can be computed with, over the scalar form of
+    /// everything else.
+    fn vnode(&mut self, e: &IdedExpr) -> VExpr {
+        use cel::common::ast::operators as op;
+        let Ast::Call(call) = &e.expr else {
+            return VExpr::of(self.node(e));
+        };
+        let args: Vec<&IdedExpr> = call.target.as_deref().into_iter().chain(&call.args).collect();
+        let name = call.func_name.as_str();
+        let mut v = |i: usize| args.get(i).map_or(VExpr::Const(Value::Null), |a| self.vnode(a));
+        let node = match (name, args.len()) {
+            (op::LOGICAL_AND, 2) => VExpr::And(Box::new(v(0)), Box::new(v(1))),
+            (op::LOGICAL_OR, 2) => VExpr::Or(Box::new(v(0)), Box::new(v(1))),
+            (op::LOGICAL_NOT, 1) => VExpr::Not(Box::new(v(0))),
+            (op::NEGATE, 1) => VExpr::Neg(Box::new(v(0))),
+            (op::CONDITIONAL, 3) => VExpr::Cond(Box::new(v(0)), Box::new(v(1)), Box::new(v(2))),
+            (_, 2) if BinKind::of(name).is_some() => {
+                let kind = BinKind::of(name).unwrap_or(BinKind::Eq);
+                match (v(0), v(1)) {
+                    (VExpr::Const(a), VExpr::Const(b)) => match kind.any(&a, &b) {
+                        Ok(folded) => VExpr::Const(folded),
+                        Err(_) => VExpr::Bin(kind, Box::new(VExpr::Const(a)), Box::new(VExpr::Const(b))),
+                    },
+                    (a, b) => VExpr::Bin(kind, Box::new(a), Box::new(b)),
+                }
+            }
+            _ => VExpr::of(self.node(e)),
+        };
+        match node {
+            VExpr::Not(a) if matches!(*a, VExpr::Scalar(_)) => VExpr::of(self.node(e)),
+            VExpr::Neg(a) if matches!(*a, VExpr::Scalar(_)) => VExpr::of(self.node(e)),
+            other => other,
+        }
+    }
+
     fn select(&mut self, _id: u64, operand: &IdedExpr, field: &str, test: bool) -> C {
         if let Ast::Ident(root) = &operand.expr
             && self.schema.roots.iter().any(|r| **r == **root)
@@ -486,11 +530,7 @@ impl Compiler<'_> {
             }
             (op::NEGATE, 1) => {
                 let a = pop(&mut all).into_eval();
-                C::Dyn(Arc::new(move |row| match a(row)? {
-                    Value::Int(i) => i.checked_neg().map(Value::Int).map_or_else(|| fail("int overflow in -"), Ok),
-                    Value::Float(f) => Ok(Value::Float(-f)),
-                    other => fail(format!("-{other}: no - for {}", other.type_name())),
-                }))
+                C::Dyn(Arc::new(move |row| negate(a(row)?)))
             }
             (op::CONDITIONAL, 3) => {
                 let (c, b, a) = (pop(&mut all).into_eval(), pop(&mut all).into_eval(), pop(&mut all).into_eval());
@@ -664,6 +704,120 @@ fn binary(a: C, b: C, f: fn(&Value, &Value) -> Result<Value, EvalError>) -> C {
     }
 }
 
+/// An expression as a tree of operations over columns (see `vector.rs`):
+/// each node computes a column of a batch at a time.
+#[derive(Clone)]
+pub(crate) enum VExpr {
+    /// A constant.
+    Const(Value),
+    /// A field of the records.
+    Field(usize),
+    /// An arithmetic operator or a comparison.
+    Bin(BinKind, Box<VExpr>, Box<VExpr>),
+    /// `&&`, left to right: the right side only where the left is true.
+    And(Box<VExpr>, Box<VExpr>),
+    /// `||`, left to right: the right side only where the left is false.
+    Or(Box<VExpr>, Box<VExpr>),
+    /// `!`.
+    Not(Box<VExpr>),
+    /// Unary `-`.
+    Neg(Box<VExpr>),
+    /// `c ? a : b`: each side only where it is taken.
+    Cond(Box<VExpr>, Box<VExpr>, Box<VExpr>),
+    /// Anything else, record by record.
+    Scalar(Eval),
+}
+
+impl VExpr {
+    fn of(c: C) -> VExpr {
+        match c {
+            C::Const(v) => VExpr::Const(v),
+            C::Field(i) => VExpr::Field(i),
+            C::Dyn(eval) => VExpr::Scalar(eval),
+        }
+    }
+}
+
+/// The binary operators a column is computed with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BinKind {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl BinKind {
+    fn of(name: &str) -> Option<BinKind> {
+        use cel::common::ast::operators as op;
+        Some(match name {
+            op::ADD => BinKind::Add,
+            op::SUBSTRACT => BinKind::Sub,
+            op::MULTIPLY => BinKind::Mul,
+            op::DIVIDE => BinKind::Div,
+            op::MODULO => BinKind::Rem,
+            op::EQUALS => BinKind::Eq,
+            op::NOT_EQUALS => BinKind::Ne,
+            op::LESS => BinKind::Lt,
+            op::LESS_EQUALS => BinKind::Le,
+            op::GREATER => BinKind::Gt,
+            op::GREATER_EQUALS => BinKind::Ge,
+            _ => return None,
+        })
+    }
+
+    /// The operator on two ints, as the record-by-record evaluation has it.
+    #[inline]
+    pub(crate) fn ints(self, a: i64, b: i64) -> Result<Value, EvalError> {
+        match self {
+            BinKind::Add => Add::ints(a, b),
+            BinKind::Sub => Sub::ints(a, b),
+            BinKind::Mul => Mul::ints(a, b),
+            BinKind::Div => Div::ints(a, b),
+            BinKind::Rem => Rem::ints(a, b),
+            BinKind::Eq => Eq::ints(a, b),
+            BinKind::Ne => Ne::ints(a, b),
+            BinKind::Lt => Lt::ints(a, b),
+            BinKind::Le => Le::ints(a, b),
+            BinKind::Gt => Gt::ints(a, b),
+            BinKind::Ge => Ge::ints(a, b),
+        }
+    }
+
+    /// The operator on any two values, as the record-by-record evaluation
+    /// has it.
+    pub(crate) fn any(self, a: &Value, b: &Value) -> Result<Value, EvalError> {
+        if let (Value::Int(x), Value::Int(y)) = (a, b) {
+            return self.ints(*x, *y);
+        }
+        match self {
+            BinKind::Add => Add::any(a, b),
+            BinKind::Sub => Sub::any(a, b),
+            BinKind::Mul => Mul::any(a, b),
+            BinKind::Div => Div::any(a, b),
+            BinKind::Rem => Rem::any(a, b),
+            BinKind::Eq => Eq::any(a, b),
+            BinKind::Ne => Ne::any(a, b),
+            BinKind::Lt => Lt::any(a, b),
+            BinKind::Le => Le::any(a, b),
+            BinKind::Gt => Gt::any(a, b),
+            BinKind::Ge => Ge::any(a, b),
+        }
+    }
+
+    /// Whether it compares (gives a bool) rather than computes.
+    pub(crate) fn compares(self) -> bool {
+        !matches!(self, BinKind::Add | BinKind::Sub | BinKind::Mul | BinKind::Div | BinKind::Rem)
+    }
+}
+
 /// An arithmetic or comparison operator: what it does to two ints (the
 /// common case, inlined) and to any two values.
 trait BinOp: Send + Sync + 'static {
@@ -722,7 +876,17 @@ fn arith<O: BinOp>(a: C, b: C) -> C {
     }
 }
 
-fn truth(v: Value, op: &str) -> Result<bool, EvalError> {
+/// Unary `-`.
+pub(crate) fn negate(v: Value) -> Result<Value, EvalError> {
+    match v {
+        Value::Int(i) => i.checked_neg().map(Value::Int).map_or_else(|| fail("int overflow in -"), Ok),
+        Value::Float(f) => Ok(Value::Float(-f)),
+        other => fail(format!("-{other}: no - for {}", other.type_name())),
+    }
+}
+
+/// The bool `v` is, for operator `op`.
+pub(crate) fn truth(v: Value, op: &str) -> Result<bool, EvalError> {
     match v {
         Value::Bool(b) => Ok(b),
         other => fail(format!("`{op}` on {} ({}), not a bool", other, other.type_name())),

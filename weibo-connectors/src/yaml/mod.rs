@@ -36,6 +36,7 @@ pub mod spec;
 pub mod sql;
 pub mod testfile;
 pub mod value;
+mod vector;
 
 use std::fmt;
 use std::path::Path;

@@ -443,9 +443,40 @@ impl<U, E> BatchOutput<U, E> {
         self.stray = None;
     }
 
+    /// An output for a batch of `records` records, as the operator gives
+    /// one to its function: to test a batch function without a job.
+    ///
+    /// ```
+    /// use weibo::BatchOutput;
+    /// let halve = |batch: &[u32], out: &mut BatchOutput<u32, String>| {
+    ///     for (i, n) in batch.iter().enumerate() {
+    ///         if n % 2 == 0 { out.emit(i, n / 2) } else { out.fail(i, format!("{n} is odd")) }
+    ///     }
+    /// };
+    /// let mut out = BatchOutput::for_records(3);
+    /// halve(&[4, 3, 8], &mut out);
+    /// assert_eq!(out.results().collect::<Vec<_>>(), [(0, &2), (2, &4)]);
+    /// assert_eq!(out.failures().collect::<Vec<_>>(), [(1, &"3 is odd".to_string())]);
+    /// ```
+    pub fn for_records(records: usize) -> Self {
+        let mut out = Self::new(records);
+        out.records = records;
+        out
+    }
+
     /// The number of records in the batch.
     pub fn records(&self) -> usize {
         self.records
+    }
+
+    /// The results so far, each with the index of its record.
+    pub fn results(&self) -> impl Iterator<Item = (usize, &U)> {
+        self.values.iter().enumerate().map(|(k, v)| (self.from.get(k).map_or(k, |&i| i as usize), v))
+    }
+
+    /// The failures so far, each with the index of its record.
+    pub fn failures(&self) -> impl Iterator<Item = (usize, &E)> {
+        self.failed.iter().map(|(i, e)| (*i as usize, e))
     }
 
     /// A result of record `index` of the batch (at its event time and
@@ -470,6 +501,34 @@ impl<U, E> BatchOutput<U, E> {
             self.from.push(at);
         }
         self.values.push(value);
+    }
+
+    /// Results of many records at once: `values[k]` of record
+    /// `indexes[k]`, as [`emit`](Self::emit) one by one would give them.
+    pub fn emit_many(&mut self, indexes: &[usize], mut values: Vec<U>) {
+        if indexes.len() != values.len() {
+            self.stray = Some(indexes.len().max(values.len()));
+            return;
+        }
+        if let Some(&bad) = indexes.iter().find(|&&i| i >= self.records) {
+            self.stray = Some(bad);
+            return;
+        }
+        let start = self.values.len();
+        let in_order = indexes.iter().enumerate().all(|(k, &i)| i == start + k);
+        if !self.tracked && !in_order {
+            self.tracked = true;
+            self.from.extend((0..start).map(|k| k as u32));
+        }
+        if self.tracked {
+            // Below `records`, which is a batch's length: it fits.
+            self.from.extend(indexes.iter().map(|&i| i as u32));
+        }
+        if self.values.is_empty() {
+            std::mem::swap(&mut self.values, &mut values);
+        } else {
+            self.values.append(&mut values);
+        }
     }
 
     /// Record `index` of the batch failed: the stream's failure policy
@@ -546,18 +605,27 @@ where
             }
         }
         let values = &mut self.output.values;
-        if !self.output.tracked && values.len() == n {
-            // One result per record, in order: the batch's metadata as it is.
+        if !self.output.tracked && values.len() == n && self.out.is_empty() {
+            // One result per record, in order: the results and the batch's
+            // metadata as they are (the spent vectors come back for reuse).
             std::mem::swap(&mut self.out.meta, &mut batch.meta);
-            self.out.values.append(values);
+            std::mem::swap(&mut self.out.values, values);
         } else if !self.output.tracked {
             self.out.meta.extend_from_slice(batch.meta.get(..values.len()).unwrap_or_default());
-            self.out.values.append(values);
+            if self.out.values.is_empty() {
+                std::mem::swap(&mut self.out.values, values);
+            } else {
+                self.out.values.append(values);
+            }
         } else {
-            for (v, &at) in values.drain(..).zip(&self.output.from) {
-                if let Some(meta) = batch.meta.get(at as usize) {
-                    self.out.push(v, *meta);
-                }
+            // Each result at its record's metadata (a record of the batch:
+            // `emit` checked).
+            let meta = &batch.meta;
+            self.out.meta.extend(self.output.from.iter().filter_map(|&at| meta.get(at as usize).copied()));
+            if self.out.values.is_empty() {
+                std::mem::swap(&mut self.out.values, values);
+            } else {
+                self.out.values.append(values);
             }
         }
         batch.clear();

@@ -1,0 +1,907 @@
+//! The stateless steps of a pipeline (a generator's fields, `map`,
+//! `filter`, a `key_by`'s key) run over whole batches, their expressions a
+//! column at a time: a field read once per batch into a column of ints,
+//! an operator computed over the column in one loop, a filter narrowing
+//! the batch before the next step reads it. Consecutive steps run as one
+//! [`Chain`], in one operator, and records are built only at its end.
+//!
+//! What the columns do is what [`Expr::eval`] does record by record, the
+//! same values and the same errors (the first of each record, in the order
+//! the record-by-record evaluation meets them): operators over ints loop
+//! over the column; anything else (strings, maps, function calls, mixed
+//! types, a value that overflows) falls back to the record-by-record
+//! operator for the records it concerns. `tests/yaml_vector.rs` checks
+//! both against each other on random records.
+
+use weibo::BatchOutput;
+
+use super::expr::{BinKind, EvalError, Expr, VExpr, negate, truth};
+use super::value::{Row, Value};
+
+/// A column: one value per position of a frame (or of a subset of it).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Col {
+    Int(Vec<i64>),
+    Bool(Vec<bool>),
+    Any(Vec<Value>),
+}
+
+impl Col {
+    /// The value at `j` (null past the end).
+    fn get(&self, j: usize) -> Value {
+        match self {
+            Col::Int(v) => v.get(j).map_or(Value::Null, |x| Value::Int(*x)),
+            Col::Bool(v) => v.get(j).map_or(Value::Null, |x| Value::Bool(*x)),
+            Col::Any(v) => v.get(j).cloned().unwrap_or_default(),
+        }
+    }
+
+    /// `values` as the narrowest column that holds them.
+    fn of(values: Vec<Value>) -> Col {
+        if values.iter().all(|v| matches!(v, Value::Int(_))) {
+            return Col::Int(values.iter().map(|v| if let Value::Int(x) = v { *x } else { 0 }).collect());
+        }
+        if values.iter().all(|v| matches!(v, Value::Bool(_))) {
+            return Col::Bool(values.iter().map(|v| matches!(v, Value::Bool(true))).collect());
+        }
+        Col::Any(values)
+    }
+
+    /// `len` copies of `v`.
+    fn repeat(v: &Value, len: usize) -> Col {
+        match v {
+            Value::Int(x) => Col::Int(vec![*x; len]),
+            Value::Bool(b) => Col::Bool(vec![*b; len]),
+            other => Col::Any(vec![other.clone(); len]),
+        }
+    }
+
+    /// The values at `positions`.
+    fn gather(&self, positions: &[usize]) -> Col {
+        match self {
+            Col::Int(v) => Col::Int(positions.iter().map(|&p| v.get(p).copied().unwrap_or_default()).collect()),
+            Col::Bool(v) => Col::Bool(positions.iter().map(|&p| v.get(p).copied().unwrap_or_default()).collect()),
+            Col::Any(v) => Col::Any(positions.iter().map(|&p| v.get(p).cloned().unwrap_or_default()).collect()),
+        }
+    }
+
+    /// The values where `keep` is true.
+    fn retain(&mut self, keep: &[bool]) {
+        fn by<T>(v: &mut Vec<T>, keep: &[bool]) {
+            let mut k = keep.iter();
+            v.retain(|_| k.next().copied().unwrap_or(false));
+        }
+        match self {
+            Col::Int(v) => by(v, keep),
+            Col::Bool(v) => by(v, keep),
+            Col::Any(v) => by(v, keep),
+        }
+    }
+
+    /// Whether the value at `j` is true, for operator `op`.
+    fn truth_at(&self, j: usize, op: &str) -> Result<bool, EvalError> {
+        match self {
+            Col::Bool(v) => Ok(v.get(j).copied().unwrap_or(false)),
+            other => truth(other.get(j), op),
+        }
+    }
+}
+
+/// The first error of each position of a frame.
+pub(crate) struct Errs {
+    at: Vec<Option<EvalError>>,
+    n: usize,
+    count: usize,
+}
+
+impl Errs {
+    fn new(n: usize) -> Errs {
+        Errs { at: Vec::new(), n, count: 0 }
+    }
+
+    /// Records `e` at `p`, unless `p` already failed.
+    fn set(&mut self, p: usize, e: EvalError) {
+        if self.at.is_empty() {
+            self.at.resize_with(self.n, || None);
+        }
+        if let Some(slot) = self.at.get_mut(p)
+            && slot.is_none()
+        {
+            *slot = Some(e);
+            self.count += 1;
+        }
+    }
+
+    fn has(&self, p: usize) -> bool {
+        self.at.get(p).is_some_and(Option::is_some)
+    }
+}
+
+/// The records a chain starts from.
+#[derive(Clone, Copy)]
+pub(crate) enum Base<'a> {
+    /// Rows.
+    Rows(&'a [Row]),
+    /// A generator's indexes (the one field `i`).
+    Index(&'a [u64]),
+}
+
+/// The records of a batch at a step of a chain, as columns: the
+/// positions still in it (`sel`, each a record of the batch) and their
+/// fields, read from the base when first needed until a step computes new
+/// ones.
+pub(crate) struct Frame<'a> {
+    n: usize,
+    base: Base<'a>,
+    sel: Vec<usize>,
+    /// Whether the fields are still the base's.
+    from_base: bool,
+    cols: Vec<Option<Col>>,
+    /// Fields appended after the record's own (a key).
+    extra: Vec<Col>,
+    /// The records as rows, for the expressions evaluated record by record
+    /// (built when first needed, when they are not the base's).
+    rows: Option<Vec<Row>>,
+}
+
+impl<'a> Frame<'a> {
+    fn new(base: Base<'a>, width: usize) -> Frame<'a> {
+        let n = match base {
+            Base::Rows(r) => r.len(),
+            Base::Index(i) => i.len(),
+        };
+        Frame {
+            n,
+            base,
+            sel: (0..n).collect(),
+            from_base: true,
+            cols: vec![None; width],
+            extra: Vec::new(),
+            rows: None,
+        }
+    }
+
+    /// Field `i`'s column.
+    fn col(&mut self, i: usize) -> &Col {
+        if self.cols.len() <= i {
+            self.cols.resize(i + 1, None);
+        }
+        let (n, from_base, base) = (self.n, self.from_base, self.base);
+        let sel = &self.sel;
+        let Some(slot) = self.cols.get_mut(i) else {
+            return &NO_COLUMN;
+        };
+        slot.get_or_insert_with(|| {
+            if !from_base {
+                return Col::repeat(&Value::Null, n);
+            }
+            match base {
+                Base::Index(idx) if i == 0 => Col::Int(
+                    sel.iter().map(|&s| idx.get(s).map_or(0, |x| i64::try_from(*x).unwrap_or(i64::MAX))).collect(),
+                ),
+                Base::Index(_) => Col::repeat(&Value::Null, n),
+                Base::Rows(rows) => {
+                    let field = |s: usize| rows.get(s).map_or(&Value::Null, |r| r.field(i));
+                    let mut ints = Vec::with_capacity(n);
+                    for &s in sel {
+                        match field(s) {
+                            Value::Int(x) => ints.push(*x),
+                            _ => break,
+                        }
+                    }
+                    if ints.len() == n {
+                        Col::Int(ints)
+                    } else {
+                        Col::Any(sel.iter().map(|&s| field(s).clone()).collect())
+                    }
+                }
+            }
+        })
+    }
+
+    /// The record at position `p`, as a row.
+    fn row(&mut self, p: usize) -> Row {
+        if self.from_base
+            && let Base::Rows(rows) = self.base
+        {
+            return self.sel.get(p).and_then(|&s| rows.get(s)).cloned().unwrap_or_default();
+        }
+        if self.rows.is_none() {
+            let width = self.cols.len();
+            for i in 0..width {
+                self.col(i);
+            }
+            let rows = (0..self.n)
+                .map(|j| Row(self.cols.iter().map(|c| c.as_ref().map_or(Value::Null, |c| c.get(j))).collect()))
+                .collect();
+            self.rows = Some(rows);
+        }
+        self.rows.as_ref().and_then(|r| r.get(p)).cloned().unwrap_or_default()
+    }
+
+    /// New fields, one column each.
+    fn set(&mut self, cols: Vec<Col>) {
+        self.cols = cols.into_iter().map(Some).collect();
+        self.from_base = false;
+        self.rows = None;
+    }
+
+    /// Keeps the positions where `keep` is true.
+    fn retain(&mut self, keep: &[bool]) {
+        let mut k = keep.iter();
+        self.sel.retain(|_| k.next().copied().unwrap_or(false));
+        for c in self.cols.iter_mut().flatten() {
+            c.retain(keep);
+        }
+        for c in &mut self.extra {
+            c.retain(keep);
+        }
+        self.n = self.sel.len();
+        self.rows = None;
+    }
+
+    /// The records, with the appended fields, built a column at a time.
+    fn build_all(&mut self) -> Vec<Row> {
+        let width = self.cols.len() + self.extra.len();
+        let mut rows: Vec<Row> = if self.from_base {
+            (0..self.n).map(|j| self.row(j)).collect()
+        } else {
+            (0..self.n).map(|_| Row(smallvec::SmallVec::with_capacity(width))).collect()
+        };
+        let own = if self.from_base { 0 } else { self.cols.len() };
+        let null = Col::Any(Vec::new());
+        let cols = self.cols.iter().take(own).map(|c| c.as_ref().unwrap_or(&null)).chain(&self.extra);
+        for col in cols {
+            match col {
+                Col::Int(xs) => rows.iter_mut().zip(xs).for_each(|(r, x)| r.0.push(Value::Int(*x))),
+                Col::Bool(bs) => rows.iter_mut().zip(bs).for_each(|(r, b)| r.0.push(Value::Bool(*b))),
+                Col::Any(vs) if vs.len() == rows.len() => {
+                    rows.iter_mut().zip(vs).for_each(|(r, v)| r.0.push(v.clone()));
+                }
+                Col::Any(_) => rows.iter_mut().for_each(|r| r.0.push(Value::Null)),
+            }
+        }
+        rows
+    }
+}
+
+/// What `Frame::col` gives past the frame's fields (never: it makes room
+/// for the field first).
+static NO_COLUMN: Col = Col::Any(Vec::new());
+
+/// The position of the `j`-th value of a column over `pos` (all of the
+/// frame when `None`).
+#[inline]
+fn at(pos: Option<&[usize]>, j: usize) -> usize {
+    pos.map_or(j, |p| p.get(j).copied().unwrap_or(usize::MAX))
+}
+
+/// Evaluates `e` over the positions `pos` of `f` (all when `None`): one
+/// value per position, a placeholder where it failed (the error is in
+/// `errs`).
+pub(crate) fn eval(e: &VExpr, f: &mut Frame<'_>, pos: Option<&[usize]>, errs: &mut Errs) -> Col {
+    let len = pos.map_or(f.n, <[usize]>::len);
+    match e {
+        VExpr::Const(v) => Col::repeat(v, len),
+        VExpr::Field(i) => match pos {
+            None => f.col(*i).clone(),
+            Some(p) => f.col(*i).gather(p),
+        },
+        VExpr::Bin(kind, a, b) => {
+            let x = eval(a, f, pos, errs);
+            if let (Col::Int(xs), VExpr::Const(Value::Int(k))) = (&x, &**b) {
+                return ints(*kind, xs, Ints::Const(*k), pos, errs);
+            }
+            let y = eval(b, f, pos, errs);
+            match (&x, &y) {
+                (Col::Int(xs), Col::Int(ys)) => ints(*kind, xs, Ints::Col(ys), pos, errs),
+                _ => {
+                    let values = (0..len)
+                        .map(|j| {
+                            let p = at(pos, j);
+                            if errs.has(p) {
+                                return Value::Null;
+                            }
+                            kind.any(&x.get(j), &y.get(j)).unwrap_or_else(|e| {
+                                errs.set(p, e);
+                                Value::Null
+                            })
+                        })
+                        .collect();
+                    Col::of(values)
+                }
+            }
+        }
+        VExpr::And(a, b) => logic(a, b, true, f, pos, errs),
+        VExpr::Or(a, b) => logic(a, b, false, f, pos, errs),
+        VExpr::Not(a) => {
+            let x = eval(a, f, pos, errs);
+            let out = (0..len)
+                .map(|j| {
+                    let p = at(pos, j);
+                    if errs.has(p) {
+                        return false;
+                    }
+                    x.truth_at(j, "!").map(|b| !b).unwrap_or_else(|e| {
+                        errs.set(p, e);
+                        false
+                    })
+                })
+                .collect();
+            Col::Bool(out)
+        }
+        VExpr::Neg(a) => {
+            let x = eval(a, f, pos, errs);
+            let values = (0..len)
+                .map(|j| {
+                    let p = at(pos, j);
+                    if errs.has(p) {
+                        return Value::Null;
+                    }
+                    negate(x.get(j)).unwrap_or_else(|e| {
+                        errs.set(p, e);
+                        Value::Null
+                    })
+                })
+                .collect();
+            Col::of(values)
+        }
+        VExpr::Cond(c, a, b) => {
+            let x = eval(c, f, pos, errs);
+            let (mut yes, mut no) = (Vec::new(), Vec::new());
+            // Per value: which side, and where in that side's column.
+            let mut side: Vec<Option<(bool, usize)>> = Vec::with_capacity(len);
+            for j in 0..len {
+                let p = at(pos, j);
+                if errs.has(p) {
+                    side.push(None);
+                    continue;
+                }
+                match x.truth_at(j, "?:") {
+                    Ok(true) => {
+                        side.push(Some((true, yes.len())));
+                        yes.push(p);
+                    }
+                    Ok(false) => {
+                        side.push(Some((false, no.len())));
+                        no.push(p);
+                    }
+                    Err(e) => {
+                        errs.set(p, e);
+                        side.push(None);
+                    }
+                }
+            }
+            let ya = if yes.is_empty() { Col::Any(Vec::new()) } else { eval(a, f, Some(&yes), errs) };
+            let yb = if no.is_empty() { Col::Any(Vec::new()) } else { eval(b, f, Some(&no), errs) };
+            let values = side
+                .iter()
+                .map(|s| match s {
+                    Some((true, k)) => ya.get(*k),
+                    Some((false, k)) => yb.get(*k),
+                    None => Value::Null,
+                })
+                .collect();
+            Col::of(values)
+        }
+        VExpr::Scalar(g) => {
+            let values = (0..len)
+                .map(|j| {
+                    let p = at(pos, j);
+                    if errs.has(p) {
+                        return Value::Null;
+                    }
+                    let row = f.row(p);
+                    g(&row).unwrap_or_else(|e| {
+                        errs.set(p, e);
+                        Value::Null
+                    })
+                })
+                .collect();
+            Col::of(values)
+        }
+    }
+}
+
+/// `&&` (`and`) or `||`: the right side only where the left does not
+/// decide.
+fn logic(a: &VExpr, b: &VExpr, and: bool, f: &mut Frame<'_>, pos: Option<&[usize]>, errs: &mut Errs) -> Col {
+    let op = if and { "&&" } else { "||" };
+    let len = pos.map_or(f.n, <[usize]>::len);
+    let x = eval(a, f, pos, errs);
+    let mut out = vec![false; len];
+    let (mut rest, mut rest_at) = (Vec::new(), Vec::new());
+    for (j, o) in out.iter_mut().enumerate() {
+        let p = at(pos, j);
+        if errs.has(p) {
+            continue;
+        }
+        match x.truth_at(j, op) {
+            Ok(l) if l == and => {
+                rest.push(p);
+                rest_at.push(j);
+            }
+            Ok(l) => *o = l,
+            Err(e) => errs.set(p, e),
+        }
+    }
+    if !rest.is_empty() {
+        let y = eval(b, f, Some(&rest), errs);
+        for (k, (&p, &j)) in rest.iter().zip(&rest_at).enumerate() {
+            if errs.has(p) {
+                continue;
+            }
+            match y.truth_at(k, op) {
+                Ok(r) => {
+                    if let Some(o) = out.get_mut(j) {
+                        *o = r;
+                    }
+                }
+                Err(e) => errs.set(p, e),
+            }
+        }
+    }
+    Col::Bool(out)
+}
+
+/// The right operand of an int operator: a column or a constant.
+#[derive(Clone, Copy)]
+enum Ints<'a> {
+    Col(&'a [i64]),
+    Const(i64),
+}
+
+/// `kind` over two int columns (or a column and a constant), in one loop;
+/// the values that overflow or divide by zero are then failed one by one,
+/// with the record-by-record operator's error.
+fn ints(kind: BinKind, xs: &[i64], ys: Ints<'_>, pos: Option<&[usize]>, errs: &mut Errs) -> Col {
+    if kind.compares() {
+        let cmp: fn(i64, i64) -> bool = match kind {
+            BinKind::Eq => |a, b| a == b,
+            BinKind::Ne => |a, b| a != b,
+            BinKind::Lt => |a, b| a < b,
+            BinKind::Le => |a, b| a <= b,
+            BinKind::Gt => |a, b| a > b,
+            _ => |a, b| a >= b,
+        };
+        return Col::Bool(match ys {
+            Ints::Const(k) => xs.iter().map(|&x| cmp(x, k)).collect(),
+            Ints::Col(ys) => xs.iter().zip(ys).map(|(&x, &y)| cmp(x, y)).collect(),
+        });
+    }
+    // Wrapping results, and whether any went wrong.
+    let (values, bad) = match (kind, ys) {
+        (BinKind::Add, Ints::Const(k)) => wrap(xs.iter().map(|&x| x.overflowing_add(k))),
+        (BinKind::Add, Ints::Col(ys)) => wrap(xs.iter().zip(ys).map(|(&x, &y)| x.overflowing_add(y))),
+        (BinKind::Sub, Ints::Const(k)) => wrap(xs.iter().map(|&x| x.overflowing_sub(k))),
+        (BinKind::Sub, Ints::Col(ys)) => wrap(xs.iter().zip(ys).map(|(&x, &y)| x.overflowing_sub(y))),
+        (BinKind::Mul, Ints::Const(k)) => wrap(xs.iter().map(|&x| x.overflowing_mul(k))),
+        (BinKind::Mul, Ints::Col(ys)) => wrap(xs.iter().zip(ys).map(|(&x, &y)| x.overflowing_mul(y))),
+        // A constant divisor other than 0 and -1 cannot fail; a positive
+        // one divides a column of non-negative ints by a multiplication.
+        (BinKind::Div | BinKind::Rem, Ints::Const(k)) if k != 0 && k != -1 => {
+            let div = kind == BinKind::Div;
+            let values = match Divider::new(k) {
+                Some(d) if xs.iter().all(|&x| x >= 0) => d.apply(xs, div),
+                _ if div => xs.iter().map(|&x| x / k).collect(),
+                _ => xs.iter().map(|&x| x % k).collect(),
+            };
+            (values, false)
+        }
+        (BinKind::Div | BinKind::Rem, _) => {
+            let div = kind == BinKind::Div;
+            let y_at = |j: usize| match ys {
+                Ints::Const(k) => k,
+                Ints::Col(ys) => ys.get(j).copied().unwrap_or(1),
+            };
+            wrap(xs.iter().enumerate().map(|(j, &x)| {
+                let y = y_at(j);
+                if y == 0 || (x == i64::MIN && y == -1) {
+                    (0, true)
+                } else if div {
+                    (x / y, false)
+                } else {
+                    (x % y, false)
+                }
+            }))
+        }
+        _ => (Vec::new(), true),
+    };
+    if bad {
+        let y_at = |j: usize| match ys {
+            Ints::Const(k) => k,
+            Ints::Col(ys) => ys.get(j).copied().unwrap_or_default(),
+        };
+        let values: Vec<Value> = xs
+            .iter()
+            .enumerate()
+            .map(|(j, &x)| {
+                let p = at(pos, j);
+                if errs.has(p) {
+                    return Value::Null;
+                }
+                kind.ints(x, y_at(j)).unwrap_or_else(|e| {
+                    errs.set(p, e);
+                    Value::Null
+                })
+            })
+            .collect();
+        return Col::of(values);
+    }
+    Col::Int(values)
+}
+
+/// Division of non-negative ints by a positive constant `d` without a
+/// division: a shift and a mask for a power of two; otherwise a
+/// multiplication and a shift (Granlund and Montgomery's method for
+/// 63-bit numerators): `m = floor(2^(63 + l) / d) + 1` with
+/// `l = ceil(log2 d)`, and `x / d = floor(x * m / 2^(63 + l))` for every
+/// `0 <= x < 2^63`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Divider {
+    d: i64,
+    how: Divide,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Divide {
+    /// `d = 2^k`.
+    Shift(u32),
+    /// `m` fits 64 bits.
+    Narrow(u64, u32),
+    Wide(u128, u32),
+}
+
+impl Divider {
+    /// The divider by `d`, when `d` is positive.
+    pub(crate) fn new(d: i64) -> Option<Divider> {
+        let unsigned = u64::try_from(d).ok().filter(|&d| d > 0)?;
+        if unsigned.is_power_of_two() {
+            return Some(Divider { d, how: Divide::Shift(unsigned.trailing_zeros()) });
+        }
+        let l = 64 - (unsigned - 1).leading_zeros();
+        let shift = 63 + l;
+        let m = (1u128 << shift) / u128::from(unsigned) + 1;
+        let how = match u64::try_from(m) {
+            Ok(m) => Divide::Narrow(m, shift),
+            Err(_) => Divide::Wide(m, shift),
+        };
+        Some(Divider { d, how })
+    }
+
+    /// `x / d` (`div`) or `x % d` of each `x >= 0` of `xs`.
+    pub(crate) fn apply(self, xs: &[i64], div: bool) -> Vec<i64> {
+        let d = self.d;
+        match (self.how, div) {
+            (Divide::Shift(k), true) => xs.iter().map(|&x| x >> k).collect(),
+            (Divide::Shift(_), false) => xs.iter().map(|&x| x & (d - 1)).collect(),
+            (Divide::Narrow(m, s), true) => xs.iter().map(|&x| ((x as u128 * u128::from(m)) >> s) as i64).collect(),
+            (Divide::Narrow(m, s), false) => {
+                xs.iter().map(|&x| x - ((x as u128 * u128::from(m)) >> s) as i64 * d).collect()
+            }
+            (Divide::Wide(m, s), true) => xs.iter().map(|&x| ((x as u128 * m) >> s) as i64).collect(),
+            (Divide::Wide(m, s), false) => xs.iter().map(|&x| x - ((x as u128 * m) >> s) as i64 * d).collect(),
+        }
+    }
+}
+
+/// Wrapping results and whether any overflowed.
+#[inline]
+fn wrap(results: impl Iterator<Item = (i64, bool)>) -> (Vec<i64>, bool) {
+    let mut bad = false;
+    let values = results
+        .map(|(v, o)| {
+            bad |= o;
+            v
+        })
+        .collect();
+    (values, bad)
+}
+
+/// What a step of a chain does.
+#[derive(Clone, Debug)]
+pub(crate) enum Stage {
+    /// Records of new fields.
+    Map(Vec<Expr>),
+    /// Keeps the records the expression holds for.
+    Filter(Expr),
+    /// Checks that field `field` (named `name`) is an event time.
+    Time(usize, String),
+    /// Appends the key.
+    Key(Expr),
+}
+
+/// Consecutive stateless steps, run over a batch: each record goes
+/// through them in turn, and the records that come out are built at the
+/// end.
+#[derive(Clone, Debug)]
+pub(crate) struct Chain {
+    /// The fields of the records that come in.
+    pub(crate) width: usize,
+    /// The steps, each with its name.
+    pub(crate) stages: Vec<(String, Stage)>,
+}
+
+impl Chain {
+    /// Runs the batch `base` through the steps: each record that comes
+    /// out is emitted for the record of the batch it came from; each that
+    /// fails is failed, with the error (after its step's name, in a chain
+    /// of several steps).
+    pub(crate) fn run(&self, base: Base<'_>, out: &mut BatchOutput<Row, String>) {
+        let mut f = Frame::new(base, self.width);
+        for (step, stage) in &self.stages {
+            if f.n == 0 {
+                return;
+            }
+            let mut errs = Errs::new(f.n);
+            let mut keep: Option<Vec<bool>> = None;
+            match stage {
+                Stage::Map(exprs) => {
+                    let cols = exprs.iter().map(|e| eval(e.vector(), &mut f, None, &mut errs)).collect();
+                    f.set(cols);
+                }
+                Stage::Filter(e) => {
+                    let col = eval(e.vector(), &mut f, None, &mut errs);
+                    let kept = match col {
+                        Col::Bool(b) => b,
+                        other => (0..f.n)
+                            .map(|j| match other.get(j) {
+                                Value::Bool(b) => b,
+                                v => {
+                                    errs.set(j, not_a_bool(e, &v));
+                                    false
+                                }
+                            })
+                            .collect(),
+                    };
+                    keep = Some(kept);
+                }
+                Stage::Time(field, name) => {
+                    let col = f.col(*field).clone();
+                    if !matches!(col, Col::Int(_)) {
+                        for j in 0..f.n {
+                            match col.get(j) {
+                                Value::Int(_) => {}
+                                Value::Float(x) if x.is_finite() => {}
+                                v => errs.set(j, not_a_time(name, &v)),
+                            }
+                        }
+                    }
+                }
+                Stage::Key(e) => {
+                    let col = eval(e.vector(), &mut f, None, &mut errs);
+                    f.extra.push(col);
+                }
+            }
+            if errs.count > 0 {
+                let mut kept = keep.unwrap_or_else(|| vec![true; f.n]);
+                for (j, (slot, k)) in errs.at.iter_mut().zip(kept.iter_mut()).enumerate() {
+                    if let Some(e) = slot.take() {
+                        *k = false;
+                        if let Some(&record) = f.sel.get(j) {
+                            out.fail(record, self.message(step, &e));
+                        }
+                    }
+                }
+                keep = Some(kept);
+            }
+            if let Some(kept) = keep
+                && kept.iter().any(|k| !k)
+            {
+                f.retain(&kept);
+            }
+        }
+        let rows = f.build_all();
+        out.emit_many(&f.sel, rows);
+    }
+
+    fn message(&self, step: &str, e: &EvalError) -> String {
+        if self.stages.len() > 1 { format!("step `{step}`: {e}") } else { e.to_string() }
+    }
+}
+
+/// A filter's expression gave `v`, not a bool (as [`Expr::test`] says).
+fn not_a_bool(e: &Expr, v: &Value) -> EvalError {
+    EvalError::new(format!("`{}` gave {} ({}), not a bool", e.text, v, v.type_name()))
+}
+
+/// The event time `name` is `v`, not milliseconds.
+pub(crate) fn not_a_time(name: &str, v: &Value) -> EvalError {
+    EvalError::new(format!("the event time `{}` is {} ({}), not milliseconds since the epoch", name, v, v.type_name()))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::yaml::doc::Pos;
+    use crate::yaml::expr::{Origin, Schema, compile};
+
+    const AT: Origin = Origin { pos: Pos { line: 1, column: 1 }, quoted: false };
+
+    fn schema() -> Schema {
+        Schema::of(["a", "b", "c", "s"])
+    }
+
+    fn expr(text: &str) -> Expr {
+        compile(text, &schema(), AT).unwrap_or_else(|e| panic!("{text}: {e:?}"))
+    }
+
+    /// What the chain's steps give record by record, with the record-by-
+    /// record evaluation: the records that come out (by index) and the
+    /// failures (by index), sorted.
+    type Outcome = (Vec<(usize, Row)>, Vec<(usize, String)>);
+
+    fn by_records(chain: &Chain, rows: &[Row]) -> Outcome {
+        let (mut out, mut failed) = (Vec::new(), Vec::new());
+        'records: for (i, row) in rows.iter().enumerate() {
+            let mut row = row.clone();
+            for (step, stage) in &chain.stages {
+                let result = match stage {
+                    Stage::Map(exprs) => exprs.iter().map(|e| e.eval(&row)).collect::<Result<Vec<_>, _>>().map(|v| {
+                        row = Row(v.into_iter().collect());
+                        true
+                    }),
+                    Stage::Filter(e) => e.test(&row),
+                    Stage::Key(e) => e.eval(&row).map(|k| {
+                        row.0.push(k);
+                        true
+                    }),
+                    Stage::Time(..) => Ok(true),
+                };
+                match result {
+                    Ok(true) => {}
+                    Ok(false) => continue 'records,
+                    Err(e) => {
+                        failed.push((i, chain.message(step, &e)));
+                        continue 'records;
+                    }
+                }
+            }
+            out.push((i, row));
+        }
+        (out, failed)
+    }
+
+    fn by_columns(chain: &Chain, rows: &[Row]) -> Outcome {
+        let mut out = BatchOutput::for_records(rows.len());
+        chain.run(Base::Rows(rows), &mut out);
+        let mut emitted: Vec<(usize, Row)> = out.results().map(|(i, r)| (i, r.clone())).collect();
+        let mut failed: Vec<(usize, String)> = out.failures().map(|(i, e)| (i, e.clone())).collect();
+        emitted.sort_by_key(|(i, _)| *i);
+        failed.sort();
+        (emitted, failed)
+    }
+
+    /// Ints at the edges (zero, -1, the extremes) and in between.
+    fn int() -> impl Strategy<Value = i64> {
+        prop_oneof![
+            Just(0i64),
+            Just(1),
+            Just(-1),
+            Just(2),
+            Just(7),
+            Just(1000),
+            Just(i64::MAX),
+            Just(i64::MIN),
+            Just(i64::MAX / 3),
+            -1_000i64..1_000,
+            any::<i64>(),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            8 => int().prop_map(Value::Int),
+            1 => any::<bool>().prop_map(Value::Bool),
+            1 => Just(Value::Null),
+            1 => prop_oneof![Just(0.5f64), Just(-2.0), Just(f64::NAN)].prop_map(Value::Float),
+            1 => "[a-c]{0,3}".prop_map(Value::string),
+        ]
+    }
+
+    /// A batch: each column all ints (the loops' case) or of any values.
+    fn batch() -> impl Strategy<Value = Vec<Row>> {
+        (1usize..40, any::<[bool; 4]>()).prop_flat_map(|(n, ints)| {
+            let col = move |k: usize| -> BoxedStrategy<Vec<Value>> {
+                if ints[k] {
+                    proptest::collection::vec(int().prop_map(Value::Int), n).boxed()
+                } else {
+                    proptest::collection::vec(value(), n).boxed()
+                }
+            };
+            (col(0), col(1), col(2), col(3)).prop_map(move |(a, b, c, s)| {
+                (0..n).map(|i| Row::new([a[i].clone(), b[i].clone(), c[i].clone(), s[i].clone()])).collect()
+            })
+        })
+    }
+
+    /// Expressions over the fields: the operators columns compute, and
+    /// what they leave to the record-by-record evaluation.
+    fn text() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            Just("event.a".to_string()),
+            Just("event.b".to_string()),
+            Just("event.c".to_string()),
+            Just("event.s".to_string()),
+            Just("size(event.s)".to_string()),
+            int()
+                .prop_map(|k| if k < 0 { format!("({k})") } else { k.to_string() })
+                .prop_filter("literal", |t| t != "(-9223372036854775808)"),
+            Just("true".to_string()),
+            Just("'ab'".to_string()),
+            Just("null".to_string()),
+        ];
+        leaf.prop_recursive(3, 24, 3, |inner| {
+            let op = prop_oneof![
+                Just("+"),
+                Just("-"),
+                Just("*"),
+                Just("/"),
+                Just("%"),
+                Just("=="),
+                Just("!="),
+                Just("<"),
+                Just("<="),
+                Just(">"),
+                Just(">="),
+                Just("&&"),
+                Just("||"),
+            ];
+            prop_oneof![
+                (inner.clone(), op, inner.clone()).prop_map(|(a, op, b)| format!("({a} {op} {b})")),
+                inner.clone().prop_map(|a| format!("!({a})")),
+                inner.clone().prop_map(|a| format!("-({a})")),
+                (inner.clone(), inner.clone(), inner).prop_map(|(c, a, b)| format!("({c} ? {a} : {b})")),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+        /// A chain of a filter, a map and a key gives what the record-by-
+        /// record evaluation gives: the same records, the same failures.
+        #[test]
+        fn columns_give_what_records_give(rows in batch(), f in text(), m1 in text(), m2 in text(), k in text()) {
+            let chain = Chain {
+                width: 4,
+                stages: vec![
+                    ("filter".into(), Stage::Filter(expr(&f))),
+                    ("map".into(), Stage::Map(vec![expr(&m1), expr(&m2), expr("event.a"), expr("event.s")])),
+                    ("key_by".into(), Stage::Key(expr(&k))),
+                ],
+            };
+            prop_assert_eq!(by_columns(&chain, &rows), by_records(&chain, &rows), "filter {}, map {} / {}, key {}", f, m1, m2, k);
+        }
+
+        /// One expression, alone: the values where it evaluates, the
+        /// errors where it does not.
+        #[test]
+        fn one_expression_as_a_column(rows in batch(), e in text()) {
+            let chain = Chain { width: 4, stages: vec![("map".into(), Stage::Map(vec![expr(&e)]))] };
+            prop_assert_eq!(by_columns(&chain, &rows), by_records(&chain, &rows), "{}", e);
+        }
+
+        /// Division by a positive constant without a division.
+        #[test]
+        fn divider_divides(x in 0i64..=i64::MAX, d in prop_oneof![1i64..3000, Just(i64::MAX), 1i64..=i64::MAX, Just(1i64 << 40)]) {
+            let divider = Divider::new(d).unwrap();
+            prop_assert_eq!(divider.apply(&[x], true), vec![x / d]);
+            prop_assert_eq!(divider.apply(&[x], false), vec![x % d]);
+        }
+    }
+
+    #[test]
+    fn divider_at_the_edges() {
+        for d in [1i64, 2, 3, 7, 10, 1000, 100_000, 2_654_435_761, (1 << 62) + 1, i64::MAX] {
+            let divider = Divider::new(d).unwrap();
+            let xs = [0i64, 1, d - 1, d, d.saturating_add(1), i64::MAX - 1, i64::MAX, i64::MAX / 2];
+            assert_eq!(divider.apply(&xs, true), xs.map(|x| x / d).to_vec(), "{d}");
+            assert_eq!(divider.apply(&xs, false), xs.map(|x| x % d).to_vec(), "{d}");
+        }
+        assert!(Divider::new(0).is_none() && Divider::new(-3).is_none());
+    }
+}
