@@ -482,29 +482,6 @@ fn w2(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
         });
 }
 
-fn rows_w2(job: &Job, n: u64, partitions: usize, total: Arc<Mutex<Out>>) {
-    use weibo_connectors::yaml::{Row, Value};
-    let int = |v: &Value| match v {
-        Value::Int(i) => *i,
-        _ => 0,
-    };
-    job.source(Generator::new(n, |i| i).with_partitions(partitions))
-        .map(|i: u64| {
-            let i = i as i64;
-            Row::new([Value::Int(i.wrapping_mul(MULT as i64) % 100_000), Value::Int(i % 1000), Value::Int(i)])
-        })
-        .map(move |r: Row| Row::new([Value::Int(int(r.field(1)) * 3 + 1)]))
-        .filter(move |r: &Row| int(r.field(0)) % 2 == 0)
-        .sink(Checksum {
-            total,
-            f: move |o: &mut Out, r: &Row| {
-                o.count += 1;
-                o.sum = o.sum.wrapping_add(int(r.field(0)) as u64);
-                o.chk = o.sum;
-            },
-        });
-}
-
 /// W3: a running sum per key over `keys` keys (5,000,000 for w3 proper;
 /// the `w3-100keys` variant uses 100, so its state stays in cache and the
 /// run measures everything but the state's cache misses).
@@ -1089,7 +1066,6 @@ fn main() {
         "w1-100keys" => w1(&job, n, partitions, 100, total.clone()),
         "w1-sum" => w1_sum(&job, n, partitions, total.clone()),
         "w2" => w2(&job, n, partitions, total.clone()),
-        "rows-w2" => rows_w2(&job, n, partitions, total.clone()),
         w if w.starts_with("yaml-") => {}
         "w3" => w3(&job, n, partitions, 5_000_000, total.clone()),
         "w3-100keys" => w3(&job, n, partitions, 100, total.clone()),

@@ -131,7 +131,12 @@ pub struct Aggregates {
     specs: Arc<[AggSpec]>,
     /// Where each aggregate's slots start in the accumulator.
     slots: Arc<[usize]>,
+    /// Per aggregate, the field its argument is when it is one (read
+    /// without evaluating the expression).
+    fields: Arc<[Option<usize>]>,
     width: usize,
+    /// Null fields before the results, for the caller to fill (the key).
+    lead: usize,
     errors: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -144,7 +149,22 @@ impl Aggregates {
             slots.push(width);
             width += if s.kind == AggKind::Avg { 2 } else { 1 };
         }
-        Aggregates { specs: specs.into(), slots: slots.into(), width, errors: Arc::default() }
+        let fields = specs
+            .iter()
+            .map(|s| match s.arg.as_ref().map(Expr::vector) {
+                Some(expr::VExpr::Field(i)) => Some(*i),
+                _ => None,
+            })
+            .collect();
+        Aggregates { specs: specs.into(), slots: slots.into(), fields, width, lead: 0, errors: Arc::default() }
+    }
+
+    /// The same aggregates, whose results start with `lead` null fields
+    /// (for the key, the window) that the caller fills in.
+    #[must_use]
+    pub fn with_lead(mut self, lead: usize) -> Aggregates {
+        self.lead = lead;
+        self
     }
 
     /// How many records' arguments did not evaluate.
@@ -152,19 +172,38 @@ impl Aggregates {
         self.errors.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Adds `value` to `acc` when every aggregate takes it; leaves `acc`
+    /// as it was otherwise.
     fn add_one(&self, acc: &mut Row, value: &Row) -> Result<(), EvalError> {
         let mut args: smallvec::SmallVec<[Value; 4]> = smallvec::SmallVec::new();
-        for s in self.specs.iter() {
-            args.push(match &s.arg {
-                Some(e) => e.eval(value)?,
-                None => Value::Null,
+        for (s, field) in self.specs.iter().zip(self.fields.iter()) {
+            args.push(match (&s.arg, field) {
+                (_, Some(i)) => value.field(*i).clone(),
+                (Some(e), None) => e.eval(value)?,
+                (None, None) => Value::Null,
             });
         }
+        // The sums first, the only updates that can fail besides `min`
+        // and `max` (checked before anything changes): a record that fails
+        // an aggregate changes none.
+        let mut sums: smallvec::SmallVec<[Value; 4]> = smallvec::SmallVec::new();
+        for ((s, &slot), arg) in self.specs.iter().zip(self.slots.iter()).zip(&args) {
+            match s.kind {
+                AggKind::Sum | AggKind::Avg => sums.push(sum(acc.field(slot), arg)?),
+                AggKind::Min | AggKind::Max
+                    if !matches!(arg, Value::Null) && !matches!(acc.field(slot), Value::Null) =>
+                {
+                    expr::order(arg, acc.field(slot), if s.kind == AggKind::Min { "min" } else { "max" })?;
+                }
+                _ => {}
+            }
+        }
+        let mut sums = sums.into_iter();
         for ((s, &slot), arg) in self.specs.iter().zip(self.slots.iter()).zip(args) {
             let Some(cur) = acc.0.get_mut(slot) else { continue };
             match s.kind {
                 AggKind::Count => *cur = Value::Int(int(cur) + 1),
-                AggKind::Sum => *cur = sum(cur, &arg)?,
+                AggKind::Sum => *cur = sums.next().unwrap_or_default(),
                 AggKind::Min | AggKind::Max => {
                     if !matches!(arg, Value::Null) {
                         let replace = match &*cur {
@@ -180,7 +219,7 @@ impl Aggregates {
                     }
                 }
                 AggKind::Avg => {
-                    *cur = sum(cur, &arg)?;
+                    *cur = sums.next().unwrap_or_default();
                     if let Some(n) = acc.0.get_mut(slot + 1) {
                         *n = Value::Int(int(n) + 1);
                     }
@@ -259,13 +298,8 @@ impl Aggregate<Row> for Aggregates {
     }
 
     fn add(&self, acc: &mut Row, value: Row) {
-        // Into a copy: a record that fails any aggregate changes none.
-        let mut next = acc.clone();
-        match self.add_one(&mut next, &value) {
-            Ok(()) => *acc = next,
-            Err(_) => {
-                self.errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
+        if self.add_one(acc, &value).is_err() {
+            self.errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -324,7 +358,8 @@ impl Aggregate<Row> for Aggregates {
     }
 
     fn result(&self, acc: &Row) -> Row {
-        Row::new(self.specs.iter().zip(self.slots.iter()).map(|(s, &slot)| match s.kind {
+        let lead = std::iter::repeat_n(Value::Null, self.lead);
+        Row::new(lead.chain(self.specs.iter().zip(self.slots.iter()).map(|(s, &slot)| match s.kind {
             AggKind::Count => Value::Int(int(acc.field(slot))),
             AggKind::Avg => match (acc.field(slot), int(acc.field(slot + 1))) {
                 (_, 0) => Value::Null,
@@ -337,7 +372,7 @@ impl Aggregate<Row> for Aggregates {
                 _ => Value::Int(0),
             },
             _ => acc.field(slot).clone(),
-        }))
+        })))
     }
 }
 

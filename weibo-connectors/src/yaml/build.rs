@@ -379,7 +379,7 @@ fn wire_steps(
                 };
                 let out = windowed
                     .allowed_lateness(*allowed_lateness)
-                    .aggregate(Aggregates::new(aggregates.clone()))
+                    .aggregate(Aggregates::new(aggregates.clone()).with_lead(3))
                     .name(&step.name)
                     .uid(&step.name)
                     .state_version(super::agg::state_version(aggregates));
@@ -388,21 +388,25 @@ fn wire_steps(
                     to_sink(&late_records, &schema, late, &format!("{}:late", step.name), sinks);
                 }
                 let rows = out.into_stream().map(|w: WindowResult<Value, Row>| {
-                    let mut row = Row::new([w.key, Value::Int(w.window.start), Value::Int(w.window.end)]);
-                    row.0.extend(w.value.0);
+                    let mut row = w.value;
+                    for (slot, v) in row.0.iter_mut().zip([w.key, Value::Int(w.window.start), Value::Int(w.window.end)])
+                    {
+                        *slot = v;
+                    }
                     row
                 });
                 Cur::Plain(rows.name(&format!("{}:results", step.name)))
             }
             (StepKind::Aggregate(aggregates), Cur::Keyed(k)) => {
                 let out = k
-                    .aggregate(Aggregates::new(aggregates.clone()))
+                    .aggregate(Aggregates::new(aggregates.clone()).with_lead(1))
                     .name(&step.name)
                     .uid(&step.name)
                     .state_version(super::agg::state_version(aggregates));
-                let rows = out.map(|(key, value): (Value, Row)| {
-                    let mut row = Row::new([key]);
-                    row.0.extend(value.0);
+                let rows = out.map(|(key, mut row): (Value, Row)| {
+                    if let Some(slot) = row.0.first_mut() {
+                        *slot = key;
+                    }
                     row
                 });
                 Cur::Plain(rows.name(&format!("{}:results", step.name)))

@@ -237,6 +237,7 @@ fn read_str<'a>(input: &mut &'a [u8]) -> Result<&'a str, String> {
 impl PartialEq for Value {
     /// Equality as keys compare: doubles by their bits (so `NaN` equals
     /// itself and `0.0` is not `-0.0`); an int is never a double.
+    #[inline]
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (Value::Null, Value::Null) => true,
@@ -254,6 +255,7 @@ impl PartialEq for Value {
 impl Eq for Value {}
 
 impl Hash for Value {
+    #[inline]
     fn hash<H: Hasher>(&self, state: &mut H) {
         std::mem::discriminant(self).hash(state);
         match self {
