@@ -456,17 +456,20 @@ enum Ints<'a> {
 /// with the record-by-record operator's error.
 fn ints(kind: BinKind, xs: &[i64], ys: Ints<'_>, pos: Option<&[usize]>, errs: &mut Errs) -> Col {
     if kind.compares() {
-        let cmp: fn(i64, i64) -> bool = match kind {
-            BinKind::Eq => |a, b| a == b,
-            BinKind::Ne => |a, b| a != b,
-            BinKind::Lt => |a, b| a < b,
-            BinKind::Le => |a, b| a <= b,
-            BinKind::Gt => |a, b| a > b,
-            _ => |a, b| a >= b,
-        };
-        return Col::Bool(match ys {
-            Ints::Const(k) => xs.iter().map(|&x| cmp(x, k)).collect(),
-            Ints::Col(ys) => xs.iter().zip(ys).map(|(&x, &y)| cmp(x, y)).collect(),
+        // One loop per comparison, each inlined (and vectorised).
+        fn compare(xs: &[i64], ys: Ints<'_>, cmp: impl Fn(i64, i64) -> bool) -> Vec<bool> {
+            match ys {
+                Ints::Const(k) => xs.iter().map(|&x| cmp(x, k)).collect(),
+                Ints::Col(ys) => xs.iter().zip(ys).map(|(&x, &y)| cmp(x, y)).collect(),
+            }
+        }
+        return Col::Bool(match kind {
+            BinKind::Eq => compare(xs, ys, |a, b| a == b),
+            BinKind::Ne => compare(xs, ys, |a, b| a != b),
+            BinKind::Lt => compare(xs, ys, |a, b| a < b),
+            BinKind::Le => compare(xs, ys, |a, b| a <= b),
+            BinKind::Gt => compare(xs, ys, |a, b| a > b),
+            _ => compare(xs, ys, |a, b| a >= b),
         });
     }
     // Wrapping results, and whether any went wrong.
@@ -482,7 +485,7 @@ fn ints(kind: BinKind, xs: &[i64], ys: Ints<'_>, pos: Option<&[usize]>, errs: &m
         (BinKind::Div | BinKind::Rem, Ints::Const(k)) if k != 0 && k != -1 => {
             let div = kind == BinKind::Div;
             let values = match Divider::new(k) {
-                Some(d) if xs.iter().all(|&x| x >= 0) => d.apply(xs, div),
+                Some(d) if xs.iter().copied().min().unwrap_or(0) >= 0 => d.apply(xs, div),
                 _ if div => xs.iter().map(|&x| x / k).collect(),
                 _ => xs.iter().map(|&x| x % k).collect(),
             };
