@@ -155,6 +155,13 @@ impl Expr {
         (self.eval)(row)
     }
 
+    /// The expression's value for each of `rows`, computed a column at a
+    /// time (as a pipeline's stateless steps compute it): the same values
+    /// and errors as [`Expr::eval`] row by row.
+    pub fn eval_column(&self, rows: &[Row]) -> Vec<Result<Value, EvalError>> {
+        super::vector::column(self, rows)
+    }
+
     /// Whether `row` passes the expression (a filter), which must give a bool.
     #[inline]
     pub fn test(&self, row: &Row) -> Result<bool, EvalError> {
@@ -293,7 +300,14 @@ fn compile_here(text: &str, schema: &Schema, origin: Origin) -> Result<Expr, Vec
         C::Const(v) => Some(v.clone()),
         _ => None,
     };
-    let vector = Arc::new(compiler.vnode(&ast));
+    // Columns pay for numbers and bools; an expression over strings,
+    // lists or maps, or calling functions, is evaluated record by record
+    // (where it is cheaper), within the same batches.
+    let vector = match compiler.vnode(&ast) {
+        v if v.numeric() => v,
+        _ => VExpr::Scalar(node.clone_eval()),
+    };
+    let vector = Arc::new(vector);
     Ok(Expr { text: Arc::from(text), eval: node.into_eval(), vector, constant })
 }
 
@@ -306,6 +320,21 @@ enum C {
 }
 
 impl C {
+    /// The evaluation, leaving the node as it is.
+    fn clone_eval(&self) -> Eval {
+        match self {
+            C::Const(v) => {
+                let v = v.clone();
+                Arc::new(move |_| Ok(v.clone()))
+            }
+            C::Field(i) => {
+                let i = *i;
+                Arc::new(move |row| Ok(row.field(i).clone()))
+            }
+            C::Dyn(eval) => eval.clone(),
+        }
+    }
+
     fn into_eval(self) -> Eval {
         match self {
             C::Const(v) => Arc::new(move |_| Ok(v.clone())),
@@ -729,6 +758,19 @@ pub(crate) enum VExpr {
 }
 
 impl VExpr {
+    /// Whether the expression is operators over fields and numbers or
+    /// bools only.
+    fn numeric(&self) -> bool {
+        match self {
+            VExpr::Const(v) => matches!(v, Value::Int(_) | Value::Bool(_) | Value::Float(_) | Value::Null),
+            VExpr::Field(_) => true,
+            VExpr::Bin(_, a, b) | VExpr::And(a, b) | VExpr::Or(a, b) => a.numeric() && b.numeric(),
+            VExpr::Not(a) | VExpr::Neg(a) => a.numeric(),
+            VExpr::Cond(c, a, b) => c.numeric() && a.numeric() && b.numeric(),
+            VExpr::Scalar(_) => false,
+        }
+    }
+
     fn of(c: C) -> VExpr {
         match c {
             C::Const(v) => VExpr::Const(v),

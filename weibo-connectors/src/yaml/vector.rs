@@ -13,6 +13,8 @@
 //! operator for the records it concerns. `tests/yaml_vector.rs` checks
 //! both against each other on random records.
 
+use std::borrow::Cow;
+
 use weibo::BatchOutput;
 
 use super::expr::{BinKind, EvalError, Expr, VExpr, negate, truth};
@@ -33,6 +35,16 @@ impl Col {
             Col::Int(v) => v.get(j).map_or(Value::Null, |x| Value::Int(*x)),
             Col::Bool(v) => v.get(j).map_or(Value::Null, |x| Value::Bool(*x)),
             Col::Any(v) => v.get(j).cloned().unwrap_or_default(),
+        }
+    }
+
+    /// The value at `j`, borrowed when the column holds values (null past
+    /// the end).
+    #[inline]
+    fn at(&self, j: usize) -> Cow<'_, Value> {
+        match self {
+            Col::Any(v) => v.get(j).map_or(Cow::Owned(Value::Null), Cow::Borrowed),
+            other => Cow::Owned(other.get(j)),
         }
     }
 
@@ -206,6 +218,12 @@ impl<'a> Frame<'a> {
         {
             return self.sel.get(p).and_then(|&s| rows.get(s)).cloned().unwrap_or_default();
         }
+        self.materialize();
+        self.rows.as_ref().and_then(|r| r.get(p)).cloned().unwrap_or_default()
+    }
+
+    /// Builds the records as rows (`rows`) from the fields, once.
+    fn materialize(&mut self) {
         if self.rows.is_none() {
             let width = self.cols.len();
             for i in 0..width {
@@ -216,7 +234,6 @@ impl<'a> Frame<'a> {
                 .collect();
             self.rows = Some(rows);
         }
-        self.rows.as_ref().and_then(|r| r.get(p)).cloned().unwrap_or_default()
     }
 
     /// New fields, one column each.
@@ -302,7 +319,7 @@ pub(crate) fn eval(e: &VExpr, f: &mut Frame<'_>, pos: Option<&[usize]>, errs: &m
                             if errs.has(p) {
                                 return Value::Null;
                             }
-                            kind.any(&x.get(j), &y.get(j)).unwrap_or_else(|e| {
+                            kind.any(&x.at(j), &y.at(j)).unwrap_or_else(|e| {
                                 errs.set(p, e);
                                 Value::Null
                             })
@@ -385,17 +402,27 @@ pub(crate) fn eval(e: &VExpr, f: &mut Frame<'_>, pos: Option<&[usize]>, errs: &m
             Col::of(values)
         }
         VExpr::Scalar(g) => {
+            // Each record's row: the base's, borrowed, while the fields are
+            // its; otherwise built once for the frame.
+            let rows: &[Row] = match f.base {
+                Base::Rows(rows) if f.from_base => rows,
+                _ => {
+                    f.materialize();
+                    f.rows.as_deref().unwrap_or_default()
+                }
+            };
+            let by_base = f.from_base && matches!(f.base, Base::Rows(_));
             let values = (0..len)
                 .map(|j| {
                     let p = at(pos, j);
-                    if errs.has(p) {
-                        return Value::Null;
+                    let row = if by_base { f.sel.get(p).and_then(|&s| rows.get(s)) } else { rows.get(p) };
+                    match row {
+                        Some(row) if !errs.has(p) => g(row).unwrap_or_else(|e| {
+                            errs.set(p, e);
+                            Value::Null
+                        }),
+                        _ => Value::Null,
                     }
-                    let row = f.row(p);
-                    g(&row).unwrap_or_else(|e| {
-                        errs.set(p, e);
-                        Value::Null
-                    })
                 })
                 .collect();
             Col::of(values)
@@ -599,6 +626,21 @@ fn wrap(results: impl Iterator<Item = (i64, bool)>) -> (Vec<i64>, bool) {
         })
         .collect();
     (values, bad)
+}
+
+/// `e` over each of `rows`, a column at a time: what [`Expr::eval`] gives
+/// for each row.
+pub(crate) fn column(e: &Expr, rows: &[Row]) -> Vec<Result<Value, EvalError>> {
+    let mut f = Frame::new(Base::Rows(rows), 0);
+    let mut errs = Errs::new(rows.len());
+    let col = eval(e.vector(), &mut f, None, &mut errs);
+    let mut failed = std::mem::take(&mut errs.at).into_iter();
+    (0..rows.len())
+        .map(|j| match failed.next().flatten() {
+            Some(e) => Err(e),
+            None => Ok(col.get(j)),
+        })
+        .collect()
 }
 
 /// What a step of a chain does.
@@ -886,6 +928,14 @@ mod tests {
         fn one_expression_as_a_column(rows in batch(), e in text()) {
             let chain = Chain { width: 4, stages: vec![("map".into(), Stage::Map(vec![expr(&e)]))] };
             prop_assert_eq!(by_columns(&chain, &rows), by_records(&chain, &rows), "{}", e);
+        }
+
+        /// `Expr::eval_column` gives what `Expr::eval` gives row by row.
+        #[test]
+        fn a_column_is_its_rows(rows in batch(), e in text()) {
+            let e = expr(&e);
+            let by_rows: Vec<Result<Value, EvalError>> = rows.iter().map(|r| e.eval(r)).collect();
+            prop_assert_eq!(e.eval_column(&rows), by_rows);
         }
 
         /// Division by a positive constant without a division.
