@@ -4,9 +4,10 @@
 //! whose expression fails keeps the key's result; a reduce's savepoint
 //! restores into changed expressions and is refused for changed fields; a
 //! `process` step runs a registered Rust function under its failure
-//! policy, and one whose function is not registered does not start; and
-//! the mistakes of `streams:`, `reduce` and `process` are each reported at
-//! their line and column.
+//! policy, and one whose function is not registered does not start;
+//! consecutive stateless steps run as one operator that names the failing
+//! step; and the mistakes of `streams:`, `reduce` and `process` are each
+//! reported at their line and column.
 
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
@@ -525,4 +526,48 @@ mistakes.yaml:9:14: process has no `gives`
 mistakes.yaml:9:29: unknown key `give` in process
   help: did you mean `gives`? The keys of process are: function, gives"
     );
+}
+
+/// Consecutive stateless steps run as one operator named after them; a
+/// record failing in it fails the job naming the step, the record's
+/// position and the error, or is skipped and counted under `skip`.
+#[test]
+fn a_chain_of_stateless_steps_fails_naming_its_step_or_counts_what_it_skips() {
+    let file = |policy: &str| {
+        format!(
+            r#"
+job: overflow
+sources:
+  numbers: {{ generator: {{ count: 1000, fields: {{ i: "i", big: "i == 700 ? 9223372036854775807 : i" }} }} }}
+pipeline:
+  - from: numbers
+  - map: {{ i: "event.i", twice: "event.big * 2" }}
+    on_error: {policy}
+  - filter: "event.i % 2 == 0"
+    on_error: {policy}
+  - to: {{ blackhole: {{}} }}
+"#
+        )
+    };
+    let pipeline = Pipeline::parse("overflow.yaml", file("fail").as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    let err = tokio::runtime::Runtime::new().unwrap().block_on(pipeline.job().unwrap().run()).unwrap_err();
+    match err {
+        weibo::Error::RecordFailed { operator, position, message } => {
+            // The generator's fields run with the steps after them (their
+            // policy is `fail` too).
+            assert_eq!(operator, "numbers:fields+map+filter");
+            assert_eq!((position.source.as_str(), position.offset), ("numbers", 700));
+            assert_eq!(message, "step `map`: int overflow in `*`");
+        }
+        other => panic!("expected RecordFailed, got {other:?}"),
+    }
+
+    let pipeline = Pipeline::parse("overflow.yaml", file("skip").as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    let report = run(pipeline.job().unwrap());
+    // The generator's fields fail the job on an error: they run alone.
+    let fields = report.metrics.operator("numbers:fields").unwrap();
+    assert_eq!(fields.records_out, 1000);
+    let chain = report.metrics.operator("map+filter").unwrap();
+    // Record 700, even, is skipped: 499 of the 500 even ones come out.
+    assert_eq!((chain.records_in, chain.dropped, chain.records_out), (1000, 1, 499));
 }
