@@ -71,7 +71,8 @@ fn validate_plan_and_run_exit_codes_and_output() {
     assert_eq!(plan.status.code(), Some(0), "{}", text(&plan.stderr));
     let plan = text(&plan.stdout);
     assert!(plan.contains("job `evens`") && plan.contains("plan of job `evens`"), "{plan}");
-    assert!(plan.contains("filter `filter`"), "{plan}");
+    // The generator's fields and the filter run as one operator.
+    assert!(plan.contains("process_batch `numbers:fields+filter` (on error: fail)"), "{plan}");
     assert_eq!(weibo(&["plan", &bad]).status.code(), Some(1));
 
     let run = weibo(&["run", &good]);

@@ -510,7 +510,7 @@ impl<U, E> BatchOutput<U, E> {
             self.stray = Some(indexes.len().max(values.len()));
             return;
         }
-        if let Some(&bad) = indexes.iter().find(|&&i| i >= self.records) {
+        if let Some(&bad) = indexes.iter().find(|&&i| i >= self.records || u32::try_from(i).is_err()) {
             self.stray = Some(bad);
             return;
         }
@@ -521,7 +521,7 @@ impl<U, E> BatchOutput<U, E> {
             self.from.extend((0..start).map(|k| k as u32));
         }
         if self.tracked {
-            // Below `records`, which is a batch's length: it fits.
+            // Each fits: checked above.
             self.from.extend(indexes.iter().map(|&i| i as u32));
         }
         if self.values.is_empty() {
