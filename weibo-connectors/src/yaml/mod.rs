@@ -1,8 +1,9 @@
 //! Pipelines declared in YAML and run without compiling anything.
 //!
 //! A pipeline file names its sources, its steps (`filter`, `map`,
-//! `key_by`, `window` with `aggregate`, a running `aggregate`, `to`) and
-//! its sinks; expressions are CEL over `event`, the record. The file is
+//! `process`, `key_by`, `window` with `aggregate`, a running `aggregate`,
+//! `reduce`, `dedup`, `route`, `join`, `to`), named streams of steps of
+//! their own, and its sinks; expressions are CEL over `event`, the record. The file is
 //! checked whole before anything runs, each problem reported at its line
 //! and column ([`Errors`]); then it is wired into a [`weibo::Job`] like
 //! any typed pipeline, over [`Row`]s: the same operators, state,
@@ -23,7 +24,10 @@
 //! let pipeline = Pipeline::parse("evens.yaml", file)?;
 //! let job = pipeline.job()?;
 //! let report = weibo::testing::block_on(job.run())?;
-//! assert_eq!(report.metrics.operator("filter").map(|o| o.records_out), Some(5));
+//! // The generator's fields and the filter run as one operator, over
+//! // whole batches.
+//! let chain = report.metrics.operator("numbers:fields+filter");
+//! assert_eq!(chain.map(|o| (o.records_in, o.records_out)), Some((10, 5)));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
