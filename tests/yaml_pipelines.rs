@@ -482,30 +482,6 @@ sinks:
     )
 }
 
-/// The last result per key of `file` restored from `savepoint`.
-fn restored_totals(file: &str, savepoint: &Path) -> weibo::Result<std::collections::BTreeMap<i64, (i64, i64)>> {
-    use weibo_connectors::yaml::{Row, SinkUse, Value};
-    let results = CollectSink::new();
-    let job = Pipeline::parse("upgrade.yaml", file.as_bytes())
-        .unwrap()
-        .job_with_sinks(|_, out: &SinkUse| {
-            out.stream.sink(results.clone());
-            true
-        })
-        .unwrap()
-        .restore_from(savepoint);
-    tokio::runtime::Runtime::new().unwrap().block_on(job.run())?;
-    let int = |v: &Value| if let Value::Int(i) = v { *i } else { -1 };
-    let mut last = std::collections::BTreeMap::new();
-    for r in results.values().into_iter().map(|r: Row| (int(r.field(0)), int(r.field(1)), int(r.field(2)))) {
-        let e = last.entry(r.0).or_insert((0, 0));
-        if r.1 > e.0 {
-            *e = (r.1, r.2);
-        }
-    }
-    Ok(last)
-}
-
 /// A savepoint of a YAML job restores into the same file, and its restore
 /// is refused, not misread, when the aggregates' layout changed.
 #[test]
@@ -518,7 +494,7 @@ fn a_savepoint_restores_into_the_same_pipeline_and_is_refused_when_its_aggregate
     );
     // Renaming a result keeps the layout.
     let renamed = counting_file(r#"{ count: "count()", total: "sum( event.i )" }"#, &dir.path().join("v2"));
-    let totals = restored_totals(&renamed, &savepoint).unwrap();
+    let totals = weibo_tests::yaml_restore::last_per_key(&renamed, &savepoint).unwrap();
     assert_eq!(totals.len(), 10);
     for (key, (n, total)) in totals {
         assert_eq!(n, 6_000, "key {key}");
@@ -527,11 +503,11 @@ fn a_savepoint_restores_into_the_same_pipeline_and_is_refused_when_its_aggregate
     // The same aggregates in another order would read each other's
     // accumulators: refused.
     let swapped = counting_file(r#"{ total: "sum(event.i)", n: "count()" }"#, &dir.path().join("v3"));
-    let err = restored_totals(&swapped, &savepoint).unwrap_err().to_string();
+    let err = weibo_tests::yaml_restore::last_per_key(&swapped, &savepoint).unwrap_err().to_string();
     assert!(err.contains("totals") && err.contains("version"), "{err}");
     // The refusal left the savepoint as it was: it restores again.
     let again = counting_file(r#"{ n: "count()", total: "sum(event.i)" }"#, &dir.path().join("v4"));
-    let totals = restored_totals(&again, &savepoint).unwrap();
+    let totals = weibo_tests::yaml_restore::last_per_key(&again, &savepoint).unwrap();
     assert_eq!(totals.values().map(|(n, _)| n).sum::<i64>(), 60_000);
 }
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use weibo::prelude::*;
 use weibo::time::WatermarkStrategy;
-use weibo_connectors::yaml::{Pipeline, Row, SinkUse, TestFile, Value};
+use weibo_connectors::yaml::{Pipeline, TestFile, Value};
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 struct Order {
@@ -274,29 +274,6 @@ sinks:
     )
 }
 
-/// The last result per key of `file` restored from `savepoint`: (n, total).
-fn restored(file: &str, savepoint: &Path) -> weibo::Result<BTreeMap<i64, (i64, i64)>> {
-    let results = CollectSink::new();
-    let job = Pipeline::parse("upgrade.yaml", file.as_bytes())
-        .unwrap_or_else(|e| panic!("{e}"))
-        .job_with_sinks(|_, out: &SinkUse| {
-            out.stream.sink(results.clone());
-            true
-        })
-        .unwrap()
-        .restore_from(savepoint);
-    tokio::runtime::Runtime::new().unwrap().block_on(job.run())?;
-    let int = |v: &Value| if let Value::Int(i) = v { *i } else { -1 };
-    let mut last = BTreeMap::new();
-    for r in results.values().into_iter().map(|r: Row| (int(r.field(0)), int(r.field(1)), int(r.field(2)))) {
-        let e = last.entry(r.0).or_insert((0, 0));
-        if r.1 > e.0 {
-            *e = (r.1, r.2);
-        }
-    }
-    Ok(last)
-}
-
 /// A reduce keeps the key's last result, a record of the step's fields:
 /// its expressions may change across a restore (the result means the
 /// same), its fields may not.
@@ -310,7 +287,7 @@ fn a_reduce_savepoint_restores_into_new_expressions_and_is_refused_for_new_field
     );
     let rewritten =
         reducing_file(r#"{ n: "event.n + acc.n", total: "event.total + acc.total" }"#, &dir.path().join("v2"));
-    let totals = restored(&rewritten, &savepoint).unwrap();
+    let totals = weibo_tests::yaml_restore::last_per_key(&rewritten, &savepoint).unwrap();
     assert_eq!(totals.len(), 10);
     for (key, (n, total)) in totals {
         assert_eq!(n, 6_000, "key {key}");
@@ -320,11 +297,14 @@ fn a_reduce_savepoint_restores_into_new_expressions_and_is_refused_for_new_field
     let mut reshaped = rewritten.replace(r#"total: "i" }"#, r#"total: "i", extra: "0" }"#);
     reshaped = reshaped.replace(dir.path().join("v2").to_str().unwrap(), dir.path().join("v3").to_str().unwrap());
     assert_ne!(reshaped, rewritten);
-    let err = restored(&reshaped, &savepoint).unwrap_err().to_string();
+    let err = weibo_tests::yaml_restore::last_per_key(&reshaped, &savepoint).unwrap_err().to_string();
     assert!(err.contains("totals") && err.contains("version"), "{err}");
     // The refusal left the savepoint as it was: it restores again.
     let again = reducing_file(r#"{ n: "acc.n + event.n", total: "acc.total + event.total" }"#, &dir.path().join("v4"));
-    assert_eq!(restored(&again, &savepoint).unwrap().values().map(|(n, _)| n).sum::<i64>(), 60_000);
+    assert_eq!(
+        weibo_tests::yaml_restore::last_per_key(&again, &savepoint).unwrap().values().map(|(n, _)| n).sum::<i64>(),
+        60_000
+    );
 }
 
 #[test]

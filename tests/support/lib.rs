@@ -26,6 +26,7 @@ pub mod schedule;
 pub mod two_inputs;
 pub mod upgrade_pipeline;
 pub mod window_model;
+pub mod yaml_restore;
 
 // The examples' pipelines, compiled here as they are in the examples (and
 // shown in the book). Their items are `pub(crate)` there, so the tests

@@ -7,9 +7,9 @@ use crate::codec::key::Key;
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
 use crate::operator::Consumer;
-use crate::operator::factory::{KeyedFactory, keyed_factory, one, two};
+use crate::operator::factory::{KeyedFactory, keyed_factory, one};
 use crate::operator::function::ProcessOutcome;
-use crate::operator::policy::{DeadLetter, Failures, Policy};
+use crate::operator::policy::{Failures, Policy, results_and_dead};
 use crate::operator::{InputOperator, SnapshotAt, emit, restore_state, snapshot_state};
 use crate::operator::{OpInfo, forward_control, typed};
 use crate::record::CheckpointId;
@@ -218,12 +218,7 @@ where
 {
     keyed_factory(move |ctx, outs| {
         let info = ctx.info.clone();
-        let (ok, dead) = two(outs, &info.name)?;
-        let next = typed::<U>(ok, &info.name)?;
-        let dead = match policy {
-            Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
-            _ => None,
-        };
+        let (next, dead) = results_and_dead::<U, T>(outs, policy, &info.name)?;
         let state = ValueStore::<K, S>::open(ctx.state, &ctx.state_scope("value"))?;
         let timers = TimerState::<K>::open(ctx.state, &ctx.state_scope("timers"))?;
         Ok(Box::new(KeyedProcessOp {

@@ -11,7 +11,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::factory::{ChainFactory, chain_factory, two};
+use super::factory::{ChainFactory, chain_factory};
 use super::policy::{DeadLetter, Failures, Policy};
 use super::stateless::{PortType, TypedPort};
 use super::{AnyConsumer, Consumer, OpInfo, emit, erase, typed};
@@ -263,12 +263,7 @@ pub(crate) fn open_process_outputs<U: 'static, I: 'static>(
         return Err(crate::error::internal_error!("`{operator}` has {} outputs, not {}", outs.len(), 2 + opener.len()));
     }
     let sides = opener.open(outs.split_off(2), operator)?;
-    let (ok, dead) = two(outs, operator)?;
-    let next = typed::<U>(ok, operator)?;
-    let dead = match policy {
-        Policy::DeadLetter => Some(typed::<DeadLetter<I>>(dead, operator)?),
-        _ => None,
-    };
+    let (next, dead) = super::policy::results_and_dead::<U, I>(outs, policy, operator)?;
     Ok((next, dead, sides))
 }
 

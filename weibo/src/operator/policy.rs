@@ -6,12 +6,31 @@ use std::fmt::Display;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Consumer, OpInfo};
+use super::{AnyConsumer, Consumer, OpInfo};
 use crate::error::{Error, Result};
 use crate::metrics::OperatorCounters;
 use crate::record::CheckpointId;
 use crate::record::SourcePosition;
 use crate::record::{Batch, Meta, Timestamp};
+
+/// The two outputs of a function under `policy`, `outs`: its results, and
+/// its dead letters (of `I`s) when the policy sends failures there.
+pub(crate) type ResultsAndDead<U, I> = (Box<dyn Consumer<U>>, Option<Box<dyn Consumer<DeadLetter<I>>>>);
+
+/// Opens [`ResultsAndDead`] from `outs` for operator `operator`.
+pub(crate) fn results_and_dead<U: 'static, I: 'static>(
+    outs: Vec<AnyConsumer>,
+    policy: Policy,
+    operator: &str,
+) -> Result<ResultsAndDead<U, I>> {
+    let (ok, dead) = super::factory::two(outs, operator)?;
+    let next = super::typed::<U>(ok, operator)?;
+    let dead = match policy {
+        Policy::DeadLetter => Some(super::typed::<DeadLetter<I>>(dead, operator)?),
+        _ => None,
+    };
+    Ok((next, dead))
+}
 
 /// A record a `process` function failed on, sent to the dead-letter output
 /// under the [`on_error::DeadLetter`](crate::on_error::DeadLetter) policy.

@@ -5,8 +5,8 @@ use std::fmt::Display;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use super::factory::{ChainFactory, chain_factory, one, two};
-use super::policy::{DeadLetter, Failures, Policy};
+use super::factory::{ChainFactory, chain_factory, one};
+use super::policy::{Failures, Policy, results_and_dead};
 use super::{AnyConsumer, OpInfo, erase, forward_control, typed, unerase};
 use crate::error::Result;
 use crate::metrics::OperatorCounters;
@@ -69,12 +69,7 @@ where
 {
     chain_factory(move |ctx, outs| {
         let info = ctx.info.clone();
-        let (ok, dead) = two(outs, &info.name)?;
-        let next = typed::<O>(ok, &info.name)?;
-        let dead = match policy {
-            Policy::DeadLetter => Some(typed::<DeadLetter<I>>(dead, &info.name)?),
-            _ => None,
-        };
+        let (next, dead) = results_and_dead::<O, I>(outs, policy, &info.name)?;
         let out = Batch::with_capacity(ctx.batch_size);
         Ok(erase::<I>(Box::new(ProcessOp { info, f: f.clone(), out, next, failures: Failures::new(policy, dead)? })))
     })
@@ -242,12 +237,7 @@ where
 {
     chain_factory(move |ctx, outs| {
         let info = ctx.info.clone();
-        let (ok, dead) = two(outs, &info.name)?;
-        let next = typed::<T>(ok, &info.name)?;
-        let dead = match policy {
-            Policy::DeadLetter => Some(typed::<DeadLetter<T>>(dead, &info.name)?),
-            _ => None,
-        };
+        let (next, dead) = results_and_dead::<T, T>(outs, policy, &info.name)?;
         let keep = Vec::with_capacity(ctx.batch_size);
         Ok(erase::<T>(Box::new(TryFilterOp {
             info,
@@ -551,12 +541,7 @@ where
 {
     chain_factory(move |ctx, outs| {
         let info = ctx.info.clone();
-        let (ok, dead) = two(outs, &info.name)?;
-        let next = typed::<O>(ok, &info.name)?;
-        let dead = match policy {
-            Policy::DeadLetter => Some(typed::<DeadLetter<I>>(dead, &info.name)?),
-            _ => None,
-        };
+        let (next, dead) = results_and_dead::<O, I>(outs, policy, &info.name)?;
         Ok(erase::<I>(Box::new(ProcessBatchOp {
             info,
             f: f.clone(),
