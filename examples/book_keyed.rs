@@ -16,6 +16,7 @@ fn main() -> weibo::Result<()> {
     reduce()?;
     fold()?;
     aggregate()?;
+    aggregate_with()?;
     process()?;
     named_state()?;
     expiring_state()?;
@@ -143,6 +144,26 @@ fn aggregate() -> weibo::Result<()> {
     Ok(())
 }
 // ANCHOR_END: aggregate
+
+// ANCHOR: aggregate_with
+fn aggregate_with() -> weibo::Result<()> {
+    let lines = CollectSink::new();
+    let job = Job::new("order-lines");
+    job.source(IterSource::new((0..100).map(order)))
+        .key_by(|o: &Order| o.customer)
+        .aggregate_with(OrderStats, |customer: CustomerId, s: Summary| format!("{customer:?}: {} orders", s.orders))
+        .sink(lines.clone());
+    job.run_blocking()?;
+
+    // One line per record, the key put into it by the operator itself.
+    let lines = lines.values();
+    assert_eq!(lines.len(), 100);
+    for (customer, (orders, _)) in expected_totals((0..100).map(order)) {
+        assert!(lines.contains(&format!("{customer:?}: {orders} orders")), "{lines:?}");
+    }
+    Ok(())
+}
+// ANCHOR_END: aggregate_with
 
 // ANCHOR: process_types
 /// Per-customer state: kept by Weibo, one value per key.

@@ -141,12 +141,7 @@ enum PendingInput {
 
 impl Pending {
     fn new(input: PendingInput, schema: &Schema, policy: &OnError) -> Pending {
-        Pending {
-            input,
-            chain: Chain { width: schema.fields.len(), stages: Vec::new() },
-            policy: policy.clone(),
-            schema: schema.clone(),
-        }
+        Pending { input, chain: Chain::new(schema.fields.len()), policy: policy.clone(), schema: schema.clone() }
     }
 
     /// Whether a step under `policy` can join the chain.
@@ -159,7 +154,9 @@ impl Pending {
         let mut names: Vec<&str> = self.chain.stages.iter().map(|(n, _)| n.as_str()).collect();
         names.dedup();
         let name = names.join("+");
-        let chain = Arc::new(self.chain);
+        let mut chain = self.chain;
+        chain.prune();
+        let chain = Arc::new(chain);
         match self.input {
             PendingInput::Rows(s) => under!(&self.policy, &name, &self.schema, sinks, |p| s
                 .process_batch(p, move |rows: &[Row], out: &mut BatchOutput<Row, String>| chain
@@ -398,18 +395,17 @@ fn wire_steps(
                 Cur::Plain(rows.name(&format!("{}:results", step.name)))
             }
             (StepKind::Aggregate(aggregates), Cur::Keyed(k)) => {
-                let out = k
-                    .aggregate(Aggregates::new(aggregates.clone()).with_lead(1))
+                let rows = k
+                    .aggregate_with(Aggregates::new(aggregates.clone()).with_lead(1), |key: Value, mut row: Row| {
+                        if let Some(slot) = row.0.first_mut() {
+                            *slot = key;
+                        }
+                        row
+                    })
                     .name(&step.name)
                     .uid(&step.name)
                     .state_version(super::agg::state_version(aggregates));
-                let rows = out.map(|(key, mut row): (Value, Row)| {
-                    if let Some(slot) = row.0.first_mut() {
-                        *slot = key;
-                    }
-                    row
-                });
-                Cur::Plain(rows.name(&format!("{}:results", step.name)))
+                Cur::Plain(rows)
             }
             (StepKind::Route(cases, policy), Cur::Plain(s)) => {
                 // The index of the first case that takes each record (or
@@ -716,6 +712,9 @@ fn build_source(job: &Job, name: &str, source: &SourceSpec, sinks: &mut SinkInpu
             let index = job.source(g).name(name);
             let step = format!("{name}:fields");
             let mut p = Pending::new(PendingInput::Index(index), &Schema::of(["i"]), &source.on_error);
+            // Indexes past `i64::MAX` read as `i64::MAX` (see `vector.rs`).
+            let last = count.unwrap_or(u64::MAX).saturating_sub(1);
+            p.chain.index_bound = Some(i64::try_from(last).unwrap_or(i64::MAX));
             p.chain.stages.push((step.clone(), Stage::Map(fields.clone())));
             match &time {
                 // Without event time, the fields run with the steps after.

@@ -771,6 +771,63 @@ impl VExpr {
         }
     }
 
+    /// The fields the expression reads, or `None` when it may read any
+    /// (an expression evaluated record by record).
+    pub(crate) fn reads(&self, into: &mut Vec<usize>) -> Option<()> {
+        match self {
+            VExpr::Const(_) => Some(()),
+            VExpr::Field(i) => {
+                into.push(*i);
+                Some(())
+            }
+            VExpr::Bin(_, a, b) | VExpr::And(a, b) | VExpr::Or(a, b) => {
+                a.reads(into)?;
+                b.reads(into)
+            }
+            VExpr::Not(a) | VExpr::Neg(a) => a.reads(into),
+            VExpr::Cond(c, a, b) => {
+                c.reads(into)?;
+                a.reads(into)?;
+                b.reads(into)
+            }
+            VExpr::Scalar(_) => None,
+        }
+    }
+
+    /// Whether the expression cannot fail when field `i` is an int in
+    /// `ranges(i)` (or anything, when `None`): a field, a constant, or
+    /// int operators whose results provably fit 64 bits.
+    pub(crate) fn infallible(&self, ranges: &dyn Fn(usize) -> Option<(i128, i128)>) -> bool {
+        matches!(self, VExpr::Const(_) | VExpr::Field(_)) || self.range(ranges).is_some()
+    }
+
+    /// The least and greatest value of the expression, when it is an int
+    /// computed without a failure from fields of known ranges.
+    pub(crate) fn range(&self, ranges: &dyn Fn(usize) -> Option<(i128, i128)>) -> Option<(i128, i128)> {
+        let fits = |lo: i128, hi: i128| (lo >= i128::from(i64::MIN) && hi <= i128::from(i64::MAX)).then_some((lo, hi));
+        match self {
+            VExpr::Const(Value::Int(k)) => Some((i128::from(*k), i128::from(*k))),
+            VExpr::Field(i) => ranges(*i),
+            VExpr::Bin(kind, a, b) => {
+                let (al, ah) = a.range(ranges)?;
+                let (bl, bh) = b.range(ranges)?;
+                match kind {
+                    BinKind::Add => fits(al + bl, ah + bh),
+                    BinKind::Sub => fits(al - bh, ah - bl),
+                    BinKind::Mul => {
+                        let products = [al * bl, al * bh, ah * bl, ah * bh];
+                        fits(*products.iter().min()?, *products.iter().max()?)
+                    }
+                    // By a positive constant, of a non-negative int.
+                    BinKind::Div if bl == bh && bl > 0 && al >= 0 => Some((al / bl, ah / bl)),
+                    BinKind::Rem if bl == bh && bl > 0 && al >= 0 => Some((0, ah.min(bl - 1))),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
     fn of(c: C) -> VExpr {
         match c {
             C::Const(v) => VExpr::Const(v),

@@ -257,26 +257,26 @@ impl<'a> Frame<'a> {
         self.rows = None;
     }
 
-    /// The records, with the appended fields, built a column at a time.
+    /// The records, with the appended fields: each row written once,
+    /// whole (a pass per column over the rows would write each row's
+    /// memory again per field).
     fn build_all(&mut self) -> Vec<Row> {
-        let width = self.cols.len() + self.extra.len();
-        let mut rows: Vec<Row> = if self.from_base {
-            (0..self.n).map(|j| self.row(j)).collect()
-        } else {
-            (0..self.n).map(|_| Row(smallvec::SmallVec::with_capacity(width))).collect()
-        };
         let own = if self.from_base { 0 } else { self.cols.len() };
         let null = Col::Any(Vec::new());
-        let cols = self.cols.iter().take(own).map(|c| c.as_ref().unwrap_or(&null)).chain(&self.extra);
-        for col in cols {
-            match col {
-                Col::Int(xs) => rows.iter_mut().zip(xs).for_each(|(r, x)| r.0.push(Value::Int(*x))),
-                Col::Bool(bs) => rows.iter_mut().zip(bs).for_each(|(r, b)| r.0.push(Value::Bool(*b))),
-                Col::Any(vs) if vs.len() == rows.len() => {
-                    rows.iter_mut().zip(vs).for_each(|(r, v)| r.0.push(v.clone()));
-                }
-                Col::Any(_) => rows.iter_mut().for_each(|r| r.0.push(Value::Null)),
+        let cols: Vec<&Col> =
+            self.cols.iter().take(own).map(|c| c.as_ref().unwrap_or(&null)).chain(&self.extra).collect();
+        let mut rows = Vec::with_capacity(self.n);
+        if self.from_base {
+            for j in 0..self.n {
+                let mut row = self.row(j);
+                row.0.extend(self.extra.iter().map(|c| c.get(j)));
+                rows.push(row);
             }
+            return rows;
+        }
+        match cols.as_slice() {
+            [Col::Int(xs)] => rows.extend(xs.iter().map(|&x| Row(smallvec::smallvec![Value::Int(x)]))),
+            _ => rows.extend((0..self.n).map(|j| Row(cols.iter().map(|c| c.get(j)).collect()))),
         }
         rows
     }
@@ -305,7 +305,17 @@ pub(crate) fn eval(e: &VExpr, f: &mut Frame<'_>, pos: Option<&[usize]>, errs: &m
             Some(p) => f.col(*i).gather(p),
         },
         VExpr::Bin(kind, a, b) => {
-            let x = eval(a, f, pos, errs);
+            // A field and a constant: over the field's column, not a copy.
+            if let (None, VExpr::Field(i), VExpr::Const(Value::Int(k))) = (pos, &**a, &**b)
+                && let Col::Int(xs) = f.col(*i)
+            {
+                let xs: &[i64] = xs;
+                return ints(*kind, xs, Ints::Const(*k), pos, errs);
+            }
+            let x = match (eval(a, f, pos, errs), &**b) {
+                (Col::Int(xs), VExpr::Const(Value::Int(k))) => return ints_in_place(*kind, xs, *k, pos, errs),
+                (x, _) => x,
+            };
             if let (Col::Int(xs), VExpr::Const(Value::Int(k))) = (&x, &**b) {
                 return ints(*kind, xs, Ints::Const(*k), pos, errs);
             }
@@ -561,6 +571,40 @@ fn ints(kind: BinKind, xs: &[i64], ys: Ints<'_>, pos: Option<&[usize]>, errs: &m
     Col::Int(values)
 }
 
+/// `kind` over a column of ints computed for it and a constant: in the
+/// column's own memory where the operator allows (`+`, `-`, and `/` or `%`
+/// by a positive constant), else as [`ints`].
+fn ints_in_place(kind: BinKind, mut xs: Vec<i64>, k: i64, pos: Option<&[usize]>, errs: &mut Errs) -> Col {
+    match kind {
+        BinKind::Add | BinKind::Sub => {
+            let add = kind == BinKind::Add;
+            let mut bad = false;
+            for x in &mut xs {
+                let (v, o) = if add { x.overflowing_add(k) } else { x.overflowing_sub(k) };
+                *x = v;
+                bad |= o;
+            }
+            if !bad {
+                return Col::Int(xs);
+            }
+            // Back to the operands (wrapping operations undo exactly), for
+            // the failures one by one.
+            for x in &mut xs {
+                *x = if add { x.wrapping_sub(k) } else { x.wrapping_add(k) };
+            }
+            ints(kind, &xs, Ints::Const(k), pos, errs)
+        }
+        BinKind::Div | BinKind::Rem if xs.iter().copied().min().unwrap_or(0) >= 0 => match Divider::new(k) {
+            Some(d) => {
+                d.apply_in_place(&mut xs, kind == BinKind::Div);
+                Col::Int(xs)
+            }
+            None => ints(kind, &xs, Ints::Const(k), pos, errs),
+        },
+        _ => ints(kind, &xs, Ints::Const(k), pos, errs),
+    }
+}
+
 /// Division of non-negative ints by a positive constant `d` without a
 /// division: a shift and a mask for a power of two; otherwise a
 /// multiplication and a shift (Granlund and Montgomery's method for
@@ -601,16 +645,25 @@ impl Divider {
 
     /// `x / d` (`div`) or `x % d` of each `x >= 0` of `xs`.
     pub(crate) fn apply(self, xs: &[i64], div: bool) -> Vec<i64> {
+        let mut out = xs.to_vec();
+        self.apply_in_place(&mut out, div);
+        out
+    }
+
+    /// [`Divider::apply`], in `xs`'s memory.
+    pub(crate) fn apply_in_place(self, xs: &mut [i64], div: bool) {
         let d = self.d;
         match (self.how, div) {
-            (Divide::Shift(k), true) => xs.iter().map(|&x| x >> k).collect(),
-            (Divide::Shift(_), false) => xs.iter().map(|&x| x & (d - 1)).collect(),
-            (Divide::Narrow(m, s), true) => xs.iter().map(|&x| ((x as u128 * u128::from(m)) >> s) as i64).collect(),
-            (Divide::Narrow(m, s), false) => {
-                xs.iter().map(|&x| x - ((x as u128 * u128::from(m)) >> s) as i64 * d).collect()
+            (Divide::Shift(k), true) => xs.iter_mut().for_each(|x| *x >>= k),
+            (Divide::Shift(_), false) => xs.iter_mut().for_each(|x| *x &= d - 1),
+            (Divide::Narrow(m, s), true) => {
+                xs.iter_mut().for_each(|x| *x = ((*x as u128 * u128::from(m)) >> s) as i64);
             }
-            (Divide::Wide(m, s), true) => xs.iter().map(|&x| ((x as u128 * m) >> s) as i64).collect(),
-            (Divide::Wide(m, s), false) => xs.iter().map(|&x| x - ((x as u128 * m) >> s) as i64 * d).collect(),
+            (Divide::Narrow(m, s), false) => {
+                xs.iter_mut().for_each(|x| *x -= ((*x as u128 * u128::from(m)) >> s) as i64 * d);
+            }
+            (Divide::Wide(m, s), true) => xs.iter_mut().for_each(|x| *x = ((*x as u128 * m) >> s) as i64),
+            (Divide::Wide(m, s), false) => xs.iter_mut().for_each(|x| *x -= ((*x as u128 * m) >> s) as i64 * d),
         }
     }
 }
@@ -665,16 +718,92 @@ pub(crate) struct Chain {
     pub(crate) width: usize,
     /// The steps, each with its name.
     pub(crate) stages: Vec<(String, Stage)>,
+    /// The greatest index, when the records are a generator's indexes
+    /// (`Base::Index`) of a bounded generator.
+    pub(crate) index_bound: Option<i64>,
+    /// Per step, the fields of a `map` that nothing reads and that cannot
+    /// fail, left uncomputed (see [`Chain::prune`]).
+    skip: Vec<Vec<bool>>,
 }
 
 impl Chain {
+    /// A chain over records of `width` fields, of no steps yet.
+    pub(crate) fn new(width: usize) -> Chain {
+        Chain { width, stages: Vec::new(), index_bound: None, skip: Vec::new() }
+    }
+
+    /// Marks the fields of each `map` that no later step reads and that
+    /// are not in the records that come out, when computing them cannot
+    /// fail (a field, a constant, int operators whose results fit): they
+    /// are left uncomputed, as a compiler drops a dead store. A field
+    /// that may fail is computed, for its failure.
+    pub(crate) fn prune(&mut self) {
+        // Forward: the ranges of the fields, where they are known ints.
+        let mut ranges: Vec<Option<(i128, i128)>> = match self.index_bound {
+            Some(bound) => vec![Some((0, i128::from(bound)))],
+            None => vec![None; self.width],
+        };
+        let mut at_stage = Vec::with_capacity(self.stages.len());
+        for (_, stage) in &self.stages {
+            at_stage.push(ranges.clone());
+            if let Stage::Map(exprs) = stage {
+                let known = |i: usize| ranges.get(i).copied().flatten();
+                ranges = exprs.iter().map(|e| e.vector().range(&known)).collect();
+            }
+        }
+        // Backward: the fields read after each step (`None`: any).
+        let mut live: Option<Vec<bool>> = None;
+        let mut skip = vec![Vec::new(); self.stages.len()];
+        for (k, (_, stage)) in self.stages.iter().enumerate().rev() {
+            let mut reads = Vec::new();
+            let mut any = false;
+            match stage {
+                Stage::Filter(e) | Stage::Key(e) => any = e.vector().reads(&mut reads).is_none(),
+                Stage::Time(field, _) => reads.push(*field),
+                Stage::Map(exprs) => {
+                    let known = |i: usize| at_stage.get(k).and_then(|r| r.get(i).copied().flatten());
+                    let dead: Vec<bool> = exprs
+                        .iter()
+                        .enumerate()
+                        .map(|(j, e)| {
+                            live.as_ref().is_some_and(|l| !l.get(j).copied().unwrap_or(false))
+                                && e.vector().infallible(&known)
+                        })
+                        .collect();
+                    live = Some(Vec::new());
+                    for (e, &d) in exprs.iter().zip(&dead) {
+                        if !d {
+                            any |= e.vector().reads(&mut reads).is_none();
+                        }
+                    }
+                    if let Some(s) = skip.get_mut(k) {
+                        *s = dead;
+                    }
+                }
+            }
+            if any {
+                live = None;
+            } else if let Some(l) = &mut live {
+                for i in reads {
+                    if l.len() <= i {
+                        l.resize(i + 1, false);
+                    }
+                    if let Some(x) = l.get_mut(i) {
+                        *x = true;
+                    }
+                }
+            }
+        }
+        self.skip = skip;
+    }
+
     /// Runs the batch `base` through the steps: each record that comes
     /// out is emitted for the record of the batch it came from; each that
     /// fails is failed, with the error (after its step's name, in a chain
     /// of several steps).
     pub(crate) fn run(&self, base: Base<'_>, out: &mut BatchOutput<Row, String>) {
         let mut f = Frame::new(base, self.width);
-        for (step, stage) in &self.stages {
+        for (k, (step, stage)) in self.stages.iter().enumerate() {
             if f.n == 0 {
                 return;
             }
@@ -682,7 +811,15 @@ impl Chain {
             let mut keep: Option<Vec<bool>> = None;
             match stage {
                 Stage::Map(exprs) => {
-                    let cols = exprs.iter().map(|e| eval(e.vector(), &mut f, None, &mut errs)).collect();
+                    let skip = self.skip.get(k).map_or(&[][..], Vec::as_slice);
+                    let cols = exprs
+                        .iter()
+                        .enumerate()
+                        .map(|(j, e)| match skip.get(j) {
+                            Some(true) => Col::Any(Vec::new()),
+                            _ => eval(e.vector(), &mut f, None, &mut errs),
+                        })
+                        .collect();
                     f.set(cols);
                 }
                 Stage::Filter(e) => {
@@ -911,22 +1048,40 @@ mod tests {
         /// record evaluation gives: the same records, the same failures.
         #[test]
         fn columns_give_what_records_give(rows in batch(), f in text(), m1 in text(), m2 in text(), k in text()) {
-            let chain = Chain {
-                width: 4,
-                stages: vec![
-                    ("filter".into(), Stage::Filter(expr(&f))),
-                    ("map".into(), Stage::Map(vec![expr(&m1), expr(&m2), expr("event.a"), expr("event.s")])),
-                    ("key_by".into(), Stage::Key(expr(&k))),
-                ],
-            };
+            let mut chain = Chain::new(4);
+            chain.stages = vec![
+                ("filter".into(), Stage::Filter(expr(&f))),
+                ("map".into(), Stage::Map(vec![expr(&m1), expr(&m2), expr("event.a"), expr("event.s")])),
+                ("key_by".into(), Stage::Key(expr(&k))),
+            ];
+            chain.prune();
             prop_assert_eq!(by_columns(&chain, &rows), by_records(&chain, &rows), "filter {}, map {} / {}, key {}", f, m1, m2, k);
+        }
+
+        /// Fields a later `map` drops are left uncomputed only where that
+        /// changes nothing: the same records and the same failures as
+        /// computing every field.
+        #[test]
+        fn dropped_fields_change_nothing(rows in batch(), m1 in text(), m2 in text(), f in text(), last in text()) {
+            let mut chain = Chain::new(4);
+            chain.stages = vec![
+                ("map".into(), Stage::Map(vec![expr(&m1), expr(&m2), expr("event.a"), expr("event.b * 2 + 1")])),
+                ("filter".into(), Stage::Filter(expr(&f))),
+                ("map".into(), Stage::Map(vec![expr(&last), expr("event.c")])),
+            ];
+            let all = by_columns(&chain, &rows);
+            chain.prune();
+            prop_assert_eq!(by_columns(&chain, &rows), all.clone(), "map {} / {}, filter {}, map {}", m1, m2, f, last);
+            prop_assert_eq!(all, by_records(&chain, &rows));
         }
 
         /// One expression, alone: the values where it evaluates, the
         /// errors where it does not.
         #[test]
         fn one_expression_as_a_column(rows in batch(), e in text()) {
-            let chain = Chain { width: 4, stages: vec![("map".into(), Stage::Map(vec![expr(&e)]))] };
+            let mut chain = Chain::new(4);
+            chain.stages = vec![("map".into(), Stage::Map(vec![expr(&e)]))];
+            chain.prune();
             prop_assert_eq!(by_columns(&chain, &rows), by_records(&chain, &rows), "{}", e);
         }
 
@@ -945,6 +1100,37 @@ mod tests {
             prop_assert_eq!(divider.apply(&[x], true), vec![x / d]);
             prop_assert_eq!(divider.apply(&[x], false), vec![x % d]);
         }
+    }
+
+    /// A generator's fields that a `map` drops: the one that cannot fail
+    /// is not computed; the one that may overflow is, for its failure.
+    #[test]
+    fn a_dropped_field_is_computed_when_it_may_fail() {
+        let gen_schema = Schema::of(["i"]);
+        let fields = ["(i * 2654435761) % 100000", "i % 1000", "i"]
+            .map(|t| compile(&t.replace('i', "event.i"), &gen_schema, AT).unwrap_or_else(|e| panic!("{t}: {e:?}")));
+        let value = compile("event.value * 3", &Schema::of(["key", "value", "ts"]), AT).unwrap();
+        let chain = |bound: i64| {
+            let mut c = Chain::new(1);
+            c.index_bound = Some(bound);
+            c.stages =
+                vec![("fields".into(), Stage::Map(fields.to_vec())), ("map".into(), Stage::Map(vec![value.clone()]))];
+            c.prune();
+            c
+        };
+        // 20 M indexes: the key cannot overflow, and is not computed.
+        assert_eq!(chain(20_000_000).skip, vec![vec![true, false, true], vec![false]]);
+        // Any index: the key may overflow, so it is computed, and fails.
+        let unbounded = chain(i64::MAX);
+        assert_eq!(unbounded.skip, vec![vec![false, false, true], vec![false]]);
+        let index = [7u64, 1 << 62];
+        let mut out = BatchOutput::for_records(index.len());
+        unbounded.run(Base::Index(&index), &mut out);
+        let emitted: Vec<(usize, Row)> = out.results().map(|(i, r)| (i, r.clone())).collect();
+        assert_eq!(emitted, vec![(0, Row::new([Value::Int(21)]))]);
+        let failed: Vec<String> = out.failures().map(|(_, e)| e.clone()).collect();
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert!(failed[0].starts_with("step `fields`:"), "{failed:?}");
     }
 
     #[test]

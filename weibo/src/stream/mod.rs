@@ -1164,6 +1164,46 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         )
     }
 
+    /// Like [`aggregate`](Self::aggregate), emitting `output(key, result)`
+    /// after every record instead of the pair: the key goes into the
+    /// result in the operator, with no step after it.
+    ///
+    /// ```
+    /// use weibo::Aggregate;
+    ///
+    /// struct Count;
+    /// impl Aggregate<String> for Count {
+    ///     type Acc = u64;
+    ///     type Out = u64;
+    ///     fn create(&self) -> u64 { 0 }
+    ///     fn add(&self, acc: &mut u64, _word: String) { *acc += 1; }
+    ///     fn merge(&self, acc: &mut u64, other: u64) { *acc += other; }
+    ///     fn result(&self, acc: &u64) -> u64 { *acc }
+    /// }
+    ///
+    /// let words = vec!["a".to_string(), "b".to_string(), "a".to_string()];
+    /// let out = weibo::testing::run(words, |s| {
+    ///     s.key_by(|w: &String| w.clone()).aggregate_with(Count, |word: String, n| format!("{word}={n}"))
+    /// })?;
+    /// assert_eq!(out, vec!["a=1", "b=1", "a=2"]);
+    /// # Ok::<(), weibo::Error>(())
+    /// ```
+    pub fn aggregate_with<G, O, R>(&self, agg: G, output: R) -> Stream<O>
+    where
+        G: Aggregate<T>,
+        O: Clone + Send + 'static,
+        R: Fn(K, G::Out) -> O + Send + Sync + 'static,
+    {
+        let agg = Arc::new(agg);
+        let (create, add, result) = (agg.clone(), agg.clone(), agg);
+        self.fold_with(
+            "aggregate",
+            move || create.create(),
+            move |acc: &mut G::Acc, v: T| add.add(acc, v),
+            move |key: K, acc: &G::Acc| output(key, result.result(acc)),
+        )
+    }
+
     fn fold_with<A, O, I, F, R>(&self, kind: &'static str, init: I, f: F, output: R) -> Stream<O>
     where
         A: Data,
