@@ -188,6 +188,10 @@ impl<'a> Frame<'a> {
                 return Col::repeat(&Value::Null, n);
             }
             match base {
+                // All of the batch still (the positions only ever shrink).
+                Base::Index(idx) if i == 0 && sel.len() == idx.len() => {
+                    Col::Int(idx.iter().map(|&x| i64::try_from(x).unwrap_or(i64::MAX)).collect())
+                }
                 Base::Index(idx) if i == 0 => Col::Int(
                     sel.iter().map(|&s| idx.get(s).map_or(0, |x| i64::try_from(*x).unwrap_or(i64::MAX))).collect(),
                 ),
@@ -571,6 +575,50 @@ fn ints(kind: BinKind, xs: &[i64], ys: Ints<'_>, pos: Option<&[usize]>, errs: &m
     Col::Int(values)
 }
 
+/// `e` over all of `f`, for an expression [`Chain::prune`] proved cannot
+/// fail (ints of known ranges whose results fit, compared): each operator
+/// one loop without an overflow check, in one column's memory. `None`
+/// where a column is not ints after all (for [`eval`] to compute).
+fn eval_unchecked(e: &VExpr, f: &mut Frame<'_>) -> Option<Col> {
+    let int_col = |c: Col| match c {
+        Col::Int(v) => Some(v),
+        _ => None,
+    };
+    match e {
+        VExpr::Const(Value::Int(k)) => Some(Col::Int(vec![*k; f.n])),
+        VExpr::Field(i) => match f.col(*i) {
+            Col::Int(v) => Some(Col::Int(v.clone())),
+            _ => None,
+        },
+        VExpr::Bin(kind, a, b) => {
+            let mut xs = int_col(eval_unchecked(a, f)?)?;
+            if let VExpr::Const(Value::Int(k)) = &**b {
+                let k = *k;
+                match kind {
+                    BinKind::Add => xs.iter_mut().for_each(|x| *x = x.wrapping_add(k)),
+                    BinKind::Sub => xs.iter_mut().for_each(|x| *x = x.wrapping_sub(k)),
+                    BinKind::Mul => xs.iter_mut().for_each(|x| *x = x.wrapping_mul(k)),
+                    BinKind::Div | BinKind::Rem => Divider::new(k)?.apply_in_place(&mut xs, *kind == BinKind::Div),
+                    // A comparison cannot fail.
+                    _ => return Some(ints(*kind, &xs, Ints::Const(k), None, &mut Errs::new(0))),
+                }
+                return Some(Col::Int(xs));
+            }
+            let ys = int_col(eval_unchecked(b, f)?)?;
+            let pairs = xs.iter_mut().zip(&ys);
+            match kind {
+                BinKind::Add => pairs.for_each(|(x, y)| *x = x.wrapping_add(*y)),
+                BinKind::Sub => pairs.for_each(|(x, y)| *x = x.wrapping_sub(*y)),
+                BinKind::Mul => pairs.for_each(|(x, y)| *x = x.wrapping_mul(*y)),
+                BinKind::Div | BinKind::Rem => return None,
+                _ => return Some(ints(*kind, &xs, Ints::Col(&ys), None, &mut Errs::new(0))),
+            }
+            Some(Col::Int(xs))
+        }
+        _ => None,
+    }
+}
+
 /// `kind` over a column of ints computed for it and a constant: in the
 /// column's own memory where the operator allows (`+`, `-`, and `/` or `%`
 /// by a positive constant), else as [`ints`].
@@ -610,11 +658,15 @@ fn ints_in_place(kind: BinKind, mut xs: Vec<i64>, k: i64, pos: Option<&[usize]>,
 /// multiplication and a shift (Granlund and Montgomery's method for
 /// 63-bit numerators): `m = floor(2^(63 + l) / d) + 1` with
 /// `l = ceil(log2 d)`, and `x / d = floor(x * m / 2^(63 + l))` for every
-/// `0 <= x < 2^63`.
+/// `0 <= x < 2^63`. For a column whose ints are all below `2^31`, and
+/// `d < 2^31`, the same method for 31-bit numerators, whose `m` fits 32
+/// bits: two 32-by-32-bit multiplications per int, which vectorise.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Divider {
     d: i64,
     how: Divide,
+    /// `m` and the shift for numerators below `2^31`.
+    small: Option<(u32, u32)>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -631,7 +683,7 @@ impl Divider {
     pub(crate) fn new(d: i64) -> Option<Divider> {
         let unsigned = u64::try_from(d).ok().filter(|&d| d > 0)?;
         if unsigned.is_power_of_two() {
-            return Some(Divider { d, how: Divide::Shift(unsigned.trailing_zeros()) });
+            return Some(Divider { d, how: Divide::Shift(unsigned.trailing_zeros()), small: None });
         }
         let l = 64 - (unsigned - 1).leading_zeros();
         let shift = 63 + l;
@@ -640,7 +692,11 @@ impl Divider {
             Ok(m) => Divide::Narrow(m, shift),
             Err(_) => Divide::Wide(m, shift),
         };
-        Some(Divider { d, how })
+        // `2^(l-1) < d < 2^l <= 2^31`, so `2^31 < m < 2^32`.
+        let small = (unsigned < 1 << 31)
+            .then(|| u32::try_from((1u64 << (31 + l)) / unsigned + 1).ok().map(|m| (m, 31 + l)))
+            .flatten();
+        Some(Divider { d, how, small })
     }
 
     /// `x / d` (`div`) or `x % d` of each `x >= 0` of `xs`.
@@ -653,6 +709,20 @@ impl Divider {
     /// [`Divider::apply`], in `xs`'s memory.
     pub(crate) fn apply_in_place(self, xs: &mut [i64], div: bool) {
         let d = self.d;
+        if let Some((m, s)) = self.small
+            && xs.iter().copied().max().unwrap_or(0) < 1 << 31
+        {
+            // Each `x` below 2^31 and `d` below 2^31: `x * m` below 2^63,
+            // the quotient below 2^31, `q * d` at most `x`.
+            let (m, d32) = (u64::from(m), d as u32 as u64);
+            let quotient = |x: i64| ((x as u32 as u64) * m) >> s;
+            if div {
+                xs.iter_mut().for_each(|x| *x = quotient(*x) as i64);
+            } else {
+                xs.iter_mut().for_each(|x| *x -= ((quotient(*x) as u32 as u64) * d32) as i64);
+            }
+            return;
+        }
         match (self.how, div) {
             (Divide::Shift(k), true) => xs.iter_mut().for_each(|x| *x >>= k),
             (Divide::Shift(_), false) => xs.iter_mut().for_each(|x| *x &= d - 1),
@@ -724,12 +794,15 @@ pub(crate) struct Chain {
     /// Per step, the fields of a `map` that nothing reads and that cannot
     /// fail, left uncomputed (see [`Chain::prune`]).
     skip: Vec<Vec<bool>>,
+    /// Per step, its expressions that cannot fail, computed without
+    /// overflow checks (see [`Chain::prune`]).
+    unchecked: Vec<Vec<bool>>,
 }
 
 impl Chain {
     /// A chain over records of `width` fields, of no steps yet.
     pub(crate) fn new(width: usize) -> Chain {
-        Chain { width, stages: Vec::new(), index_bound: None, skip: Vec::new() }
+        Chain { width, stages: Vec::new(), index_bound: None, skip: Vec::new(), unchecked: Vec::new() }
     }
 
     /// Marks the fields of each `map` that no later step reads and that
@@ -744,13 +817,25 @@ impl Chain {
             None => vec![None; self.width],
         };
         let mut at_stage = Vec::with_capacity(self.stages.len());
+        let mut unchecked = Vec::with_capacity(self.stages.len());
         for (_, stage) in &self.stages {
             at_stage.push(ranges.clone());
+            let known = |i: usize| ranges.get(i).copied().flatten();
+            // An int of a known range, or a comparison of two.
+            let safe = |e: &Expr| match e.vector() {
+                VExpr::Bin(kind, a, b) if kind.compares() => a.range(&known).is_some() && b.range(&known).is_some(),
+                other => other.range(&known).is_some(),
+            };
+            unchecked.push(match stage {
+                Stage::Map(exprs) => exprs.iter().map(safe).collect(),
+                Stage::Filter(e) | Stage::Key(e) => vec![safe(e)],
+                Stage::Time(..) => Vec::new(),
+            });
             if let Stage::Map(exprs) = stage {
-                let known = |i: usize| ranges.get(i).copied().flatten();
                 ranges = exprs.iter().map(|e| e.vector().range(&known)).collect();
             }
         }
+        self.unchecked = unchecked;
         // Backward: the fields read after each step (`None`: any).
         let mut live: Option<Vec<bool>> = None;
         let mut skip = vec![Vec::new(); self.stages.len()];
@@ -817,13 +902,13 @@ impl Chain {
                         .enumerate()
                         .map(|(j, e)| match skip.get(j) {
                             Some(true) => Col::Any(Vec::new()),
-                            _ => eval(e.vector(), &mut f, None, &mut errs),
+                            _ => self.eval(k, j, e, &mut f, &mut errs),
                         })
                         .collect();
                     f.set(cols);
                 }
                 Stage::Filter(e) => {
-                    let col = eval(e.vector(), &mut f, None, &mut errs);
+                    let col = self.eval(k, 0, e, &mut f, &mut errs);
                     let kept = match col {
                         Col::Bool(b) => b,
                         other => (0..f.n)
@@ -851,7 +936,7 @@ impl Chain {
                     }
                 }
                 Stage::Key(e) => {
-                    let col = eval(e.vector(), &mut f, None, &mut errs);
+                    let col = self.eval(k, 0, e, &mut f, &mut errs);
                     f.extra.push(col);
                 }
             }
@@ -875,6 +960,16 @@ impl Chain {
         }
         let rows = f.build_all();
         out.emit_many(&f.sel, rows);
+    }
+
+    /// Expression `j` of step `k`, `e`, over all of `f`: without overflow
+    /// checks where it cannot fail.
+    fn eval(&self, k: usize, j: usize, e: &Expr, f: &mut Frame<'_>, errs: &mut Errs) -> Col {
+        let unchecked = self.unchecked.get(k).and_then(|u| u.get(j)).copied().unwrap_or(false);
+        match unchecked.then(|| eval_unchecked(e.vector(), f)).flatten() {
+            Some(col) => col,
+            None => eval(e.vector(), f, None, errs),
+        }
     }
 
     fn message(&self, step: &str, e: &EvalError) -> String {
@@ -1041,6 +1136,20 @@ mod tests {
         })
     }
 
+    /// Int expressions over one field (`event.v`): what a generator's
+    /// fields compute.
+    fn index_text() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            3 => Just("event.v".to_string()),
+            1 => prop_oneof![Just(0i64), Just(1), Just(2), Just(3), Just(1000), Just(2_654_435_761), Just(i64::MAX), 1i64..100_000]
+                .prop_map(|k| k.to_string()),
+        ];
+        leaf.prop_recursive(3, 12, 2, |inner| {
+            let op = prop_oneof![Just("+"), Just("-"), Just("*"), Just("/"), Just("%")];
+            (inner.clone(), op, inner).prop_map(|(a, op, b)| format!("({a} {op} {b})"))
+        })
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
 
@@ -1093,6 +1202,39 @@ mod tests {
             prop_assert_eq!(e.eval_column(&rows), by_rows);
         }
 
+        /// A generator's chain, whose fields have known ranges (some
+        /// computed without overflow checks, some dropped): what the
+        /// record-by-record evaluation gives, failures included.
+        #[test]
+        fn known_ranges_change_nothing(
+            bound in prop_oneof![Just(i64::MAX), 0i64..100, 0i64..5_000_000_000],
+            picks in proptest::collection::vec(any::<u64>(), 1..40),
+            fields in proptest::collection::vec(index_text(), 3),
+            f in index_text(),
+            last in index_text(),
+        ) {
+            let gen_schema = Schema::of(["i"]);
+            let schema = Schema::of(["x", "y", "z"]);
+            let at = |t: &str, s: &Schema| compile(t, s, AT).unwrap_or_else(|e| panic!("{t}: {e:?}"));
+            let index: Vec<u64> = picks.iter().map(|p| p % (bound as u64).saturating_add(1).max(1)).collect();
+            let mut chain = Chain::new(1);
+            chain.index_bound = Some(bound);
+            chain.stages = vec![
+                ("fields".into(), Stage::Map(fields.iter().map(|t| at(&t.replace("event.v", "event.i"), &gen_schema)).collect())),
+                ("filter".into(), Stage::Filter(at(&format!("({}) % 2 == 0", f.replace("event.v", "event.y")), &schema))),
+                ("map".into(), Stage::Map(vec![at(&last.replace("event.v", "event.x"), &schema), at("event.z", &schema)])),
+            ];
+            chain.prune();
+            let rows: Vec<Row> = index.iter().map(|&i| Row::new([Value::Int(i64::try_from(i).unwrap_or(i64::MAX))])).collect();
+            let mut out = BatchOutput::for_records(index.len());
+            chain.run(Base::Index(&index), &mut out);
+            let mut emitted: Vec<(usize, Row)> = out.results().map(|(i, r)| (i, r.clone())).collect();
+            let mut failed: Vec<(usize, String)> = out.failures().map(|(i, e)| (i, e.clone())).collect();
+            emitted.sort_by_key(|(i, _)| *i);
+            failed.sort();
+            prop_assert_eq!((emitted, failed), by_records(&chain, &rows), "fields {:?}, filter {}, map {}", fields, f, last);
+        }
+
         /// Division by a positive constant without a division.
         #[test]
         fn divider_divides(x in 0i64..=i64::MAX, d in prop_oneof![1i64..3000, Just(i64::MAX), 1i64..=i64::MAX, Just(1i64 << 40)]) {
@@ -1133,13 +1275,29 @@ mod tests {
         assert!(failed[0].starts_with("step `fields`:"), "{failed:?}");
     }
 
+    proptest! {
+        /// Columns below 2^31, divided as 31-bit numerators.
+        #[test]
+        fn small_divider_divides(xs in proptest::collection::vec(0i64..(1 << 31), 1..20), d in prop_oneof![1i64..3000, 1i64..(1 << 31), Just((1i64 << 31) - 1), Just((1i64 << 30) + 1)]) {
+            let divider = Divider::new(d).unwrap();
+            prop_assert_eq!(divider.apply(&xs, true), xs.iter().map(|x| x / d).collect::<Vec<_>>());
+            prop_assert_eq!(divider.apply(&xs, false), xs.iter().map(|x| x % d).collect::<Vec<_>>());
+        }
+    }
+
     #[test]
     fn divider_at_the_edges() {
-        for d in [1i64, 2, 3, 7, 10, 1000, 100_000, 2_654_435_761, (1 << 62) + 1, i64::MAX] {
+        for d in
+            [1i64, 2, 3, 7, 10, 1000, 100_000, (1 << 30) + 1, (1 << 31) - 1, 2_654_435_761, (1 << 62) + 1, i64::MAX]
+        {
             let divider = Divider::new(d).unwrap();
             let xs = [0i64, 1, d - 1, d, d.saturating_add(1), i64::MAX - 1, i64::MAX, i64::MAX / 2];
             assert_eq!(divider.apply(&xs, true), xs.map(|x| x / d).to_vec(), "{d}");
             assert_eq!(divider.apply(&xs, false), xs.map(|x| x % d).to_vec(), "{d}");
+            // Every numerator below 2^31: the 31-bit method.
+            let small = xs.map(|x| x.min((1 << 31) - 1));
+            assert_eq!(divider.apply(&small, true), small.map(|x| x / d).to_vec(), "{d}");
+            assert_eq!(divider.apply(&small, false), small.map(|x| x % d).to_vec(), "{d}");
         }
         assert!(Divider::new(0).is_none() && Divider::new(-3).is_none());
     }
