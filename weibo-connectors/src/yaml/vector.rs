@@ -805,11 +805,14 @@ impl Chain {
         Chain { width, stages: Vec::new(), index_bound: None, skip: Vec::new(), unchecked: Vec::new() }
     }
 
-    /// Marks the fields of each `map` that no later step reads and that
-    /// are not in the records that come out, when computing them cannot
-    /// fail (a field, a constant, int operators whose results fit): they
-    /// are left uncomputed, as a compiler drops a dead store. A field
-    /// that may fail is computed, for its failure.
+    /// Plans the chain from the ranges of its ints (known from a bounded
+    /// generator's indexes on): marks the fields of each `map` that no
+    /// later step reads and that are not in the records that come out,
+    /// when computing them cannot fail (a field, a constant, int
+    /// operators whose results fit), to be left uncomputed as a compiler
+    /// drops a dead store (a field that may fail is computed, for its
+    /// failure); and marks the expressions that cannot fail, to be
+    /// computed without overflow checks.
     pub(crate) fn prune(&mut self) {
         // Forward: the ranges of the fields, where they are known ints.
         let mut ranges: Vec<Option<(i128, i128)>> = match self.index_bound {
