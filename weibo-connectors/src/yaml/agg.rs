@@ -469,18 +469,21 @@ mod tests {
         )
     }
 
+    /// One of each aggregate, the distinct count last.
+    const EVERY: [(&str, &str); 8] = [
+        ("n", "count()"),
+        ("total", "sum(event.amount)"),
+        ("low", "min(event.amount)"),
+        ("high", "max(event.amount)"),
+        ("mean", "avg(event.amount)"),
+        ("first", "first(event.user)"),
+        ("last", "last(event.user)"),
+        ("users", "count_distinct(event.user)"),
+    ];
+
     #[test]
     fn every_aggregate() {
-        let a = aggs(&[
-            ("n", "count()"),
-            ("total", "sum(event.amount)"),
-            ("low", "min(event.amount)"),
-            ("high", "max(event.amount)"),
-            ("mean", "avg(event.amount)"),
-            ("first", "first(event.user)"),
-            ("last", "last(event.user)"),
-            ("users", "count_distinct(event.user)"),
-        ]);
+        let a = aggs(&EVERY);
         let mut acc = a.create();
         for (user, amount) in [("a", 5), ("b", 1), ("a", 9)] {
             a.add(&mut acc, Row::new([Value::str(user), Value::Int(amount)]));
@@ -547,15 +550,9 @@ mod tests {
         /// accumulators, the same failures, record after record.
         #[test]
         fn ints_add_as_values_do(records in proptest::collection::vec(record(), 1..40)) {
-            let a = aggs(&[
-                ("n", "count()"),
-                ("total", "sum(event.amount)"),
-                ("low", "min(event.amount)"),
-                ("high", "max(event.amount)"),
-                ("mean", "avg(event.amount)"),
-                ("first", "first(event.user)"),
-                ("last", "last(event.amount)"),
-            ]);
+            // All but the distinct count, which the int path leaves to
+            // the general one.
+            let a = aggs(&EVERY[..7]);
             let (mut fast, mut general) = (a.create(), a.create());
             for r in records {
                 let before = fast.clone();

@@ -1154,14 +1154,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     where
         G: Aggregate<T>,
     {
-        let agg = Arc::new(agg);
-        let (create, add, result) = (agg.clone(), agg.clone(), agg);
-        self.fold_with(
-            "aggregate",
-            move || create.create(),
-            move |acc: &mut G::Acc, v: T| add.add(acc, v),
-            move |key: K, acc: &G::Acc| (key, result.result(acc)),
-        )
+        self.aggregate_with(agg, |key: K, result: G::Out| (key, result))
     }
 
     /// Like [`aggregate`](Self::aggregate), emitting `output(key, result)`
