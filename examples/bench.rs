@@ -785,7 +785,7 @@ fn ckpt(runtime: &tokio::runtime::Runtime, keys: u64, on_disk: bool) {
     }
 }
 
-/// W1, W2 and W3 declared in YAML (`yaml-w1`, `yaml-w2`, `yaml-w3`): the
+/// W1, W2 and W3 declared in YAML (`yaml-w1`, `yaml-w2`, `yaml-w3`, and `yaml-w3-100keys`, W3 over 100 keys): the
 /// same events from a generator whose fields are CEL expressions over the
 /// index `i`, the same operators, and the results handed to the same
 /// checksum sinks (through `Pipeline::job_with_sinks`).
@@ -812,8 +812,8 @@ fn yaml_job(workload: &str, n: u64, partitions: usize, total: Arc<Mutex<Out>>) -
                 + "pipeline:\n  - from: events\n  - map: { v: \"event.value * 3 + 1\" }\n  \
                - filter: \"event.v % 2 == 0\"\n  - to: out\n"
         }
-        "w3" => {
-            source(5_000_000, "")
+        "w3" | "w3-100keys" => {
+            source(if workload == "w3" { 5_000_000 } else { 100 }, "")
                 + &format!(
                     "pipeline:\n  - from: events\n  - key_by: \"event.key\"\n    partitions: {partitions}\n  \
                  - aggregate: {{ n: \"count()\", sum: \"sum(event.value)\", delta: \"last(event.value)\" }}\n  - to: out\n"
@@ -875,7 +875,7 @@ fn yaml_job(workload: &str, n: u64, partitions: usize, total: Arc<Mutex<Out>>) -
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|yaml-w1|yaml-w2|yaml-w3|sessions|sessions-100keys|dedup|list-append|map-state|join-interval|join-window|join-interval-loop|join-window-loop|async|async-loop> <events> <partitions> [threads] | bench ckpt <keys> 1"
+        "usage: bench <w1|w1-100keys|w1-sum|w2|w3|w3-100keys|w3-sum|yaml-w1|yaml-w2|yaml-w3|yaml-w3-100keys|sessions|sessions-100keys|dedup|list-append|map-state|join-interval|join-window|join-interval-loop|join-window-loop|async|async-loop> <events> <partitions> [threads] | bench ckpt <keys> 1"
     );
     std::process::exit(2)
 }
@@ -1148,6 +1148,7 @@ fn main() {
         ("w3-sum" | "w1-sum", false) => "weibo-sum",
         ("w1-sum", true) => "weibo-fjall-sum",
         ("w3-100keys", _) => "weibo-100keys",
+        ("yaml-w3-100keys", _) => "weibo-yaml-100keys",
         ("w3-sum", true) => "weibo-fjall-sum",
         (w, false) if w.starts_with("yaml-") => "weibo-yaml",
         (w, true) if w.starts_with("yaml-") => "weibo-yaml-fjall",
@@ -1156,7 +1157,7 @@ fn main() {
     };
     let workload = match workload.as_str() {
         "w1-100keys" | "w1-sum" => "w1",
-        "w3-sum" | "w3-100keys" => "w3",
+        "w3-sum" | "w3-100keys" | "yaml-w3-100keys" => "w3",
         w => w.strip_prefix("yaml-").unwrap_or(w),
     };
     println!(

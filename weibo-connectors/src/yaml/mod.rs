@@ -31,6 +31,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod acc;
 pub mod agg;
 pub mod build;
 pub mod doc;

@@ -340,8 +340,7 @@ where
         while let Some((key, v, r)) = records.next(|keys| self.state.prefetch(keys)) {
             // Into the output batch from inside the update, as `reduce`.
             let values = &mut self.out.values;
-            self.state.update(r.group, key.clone(), r.key, |slot| {
-                let acc = slot.get_or_insert_with(init);
+            self.state.modify(r.group, key.clone(), r.key, init, |acc| {
                 f(acc, v);
                 values.push(output(key, acc));
             })?;

@@ -356,6 +356,13 @@ impl<K, V> OccupiedEntry<'_, K, V> {
         &mut self.entry.get_mut().1
     }
 
+    /// The entry's key, and its value to change in place.
+    #[inline]
+    pub(crate) fn key_and_value(&mut self) -> (&K, &mut V) {
+        let (k, v) = self.entry.get_mut();
+        (k, v)
+    }
+
     /// Replaces the value with what `f` makes of it, or removes the entry
     /// if `f` returns `None`.
     ///

@@ -274,6 +274,8 @@ proptest::proptest! {
 #[derive(Clone, Debug)]
 enum StateOp {
     Set(u8, u64),
+    /// Adds to the value in place (`ValueStore::modify`), from 0.
+    Add(u8, u64),
     Remove(u8),
     Get(u8),
     Scan(u16),
@@ -287,6 +289,7 @@ fn state_op() -> impl proptest::strategy::Strategy<Value = StateOp> {
     use proptest::prelude::*;
     prop_oneof![
         6 => (0u8..24, 0u64..1000).prop_map(|(k, v)| StateOp::Set(k, v)),
+        3 => (0u8..24, 0u64..1000).prop_map(|(k, v)| StateOp::Add(k, v)),
         2 => (0u8..24).prop_map(StateOp::Remove),
         2 => (0u8..24).prop_map(StateOp::Get),
         1 => (4u16..8).prop_map(StateOp::Scan),
@@ -478,6 +481,21 @@ fn model_run(
                 let old = s.update(group_of(*key), *key, &k(*key), |v| v.replace(*value)).unwrap();
                 prop_assert_eq!(old, oracle.insert(*key, *value), "{}: old value of {}", name, key);
             }
+            StateOp::Add(key, n) => {
+                let new = s.modify(
+                    group_of(*key),
+                    *key,
+                    &k(*key),
+                    || 0,
+                    |v| {
+                        *v += n;
+                        *v
+                    },
+                );
+                let want = oracle.entry(*key).or_insert(0);
+                *want += n;
+                prop_assert_eq!(new.unwrap(), *want, "{}: sum of {}", name, key);
+            }
             StateOp::Remove(key) => {
                 let old = s.update(group_of(*key), *key, &k(*key), Option::take).unwrap();
                 prop_assert_eq!(old, oracle.remove(key), "{}: removed value of {}", name, key);
@@ -536,7 +554,15 @@ proptest::proptest! {
             let mut chain = Chain::new();
             let write = |s: &mut ValueStore<u8, u64>, oracle: &mut BTreeMap<u8, u64>, key: u8, value: Option<u64>| {
                 let k = crate::codec::key::encode(&key);
-                let old = s.update(group_of(key), key, &k, |v| std::mem::replace(v, value)).unwrap();
+                let old = match value {
+                    // Set in place for odd keys: `modify`, beside a
+                    // shared map too. (u64::MAX: none was there.)
+                    Some(new) if key % 2 == 1 => s
+                        .modify(group_of(key), key, &k, || u64::MAX, |v| Some(std::mem::replace(v, new)))
+                        .unwrap()
+                        .filter(|old| *old != u64::MAX),
+                    _ => s.update(group_of(key), key, &k, |v| std::mem::replace(v, value)).unwrap(),
+                };
                 let want = match value {
                     Some(v) => oracle.insert(key, v),
                     None => oracle.remove(&key),

@@ -145,6 +145,19 @@ pub(super) trait Store<K: Key, V: Data> {
         f: impl FnOnce(&mut Option<V>) -> R,
     ) -> Result<R>;
 
+    /// See [`ValueStore::modify`]. The default is an update.
+    fn modify<R>(
+        &mut self,
+        at: &Shared,
+        group: Group,
+        key: K,
+        key_bytes: &[u8],
+        init: impl FnOnce() -> V,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Result<R> {
+        self.update(at, group, key, key_bytes, |slot| f(slot.get_or_insert_with(init)))
+    }
+
     /// See [`ValueStore::get`].
     fn get(&mut self, at: &Shared, group: Group, key: &K, key_bytes: &[u8]) -> Result<Option<V>>;
 
@@ -444,6 +457,30 @@ impl<K: Key, V: Data> ValueStore<K, V> {
     ) -> Result<R> {
         let group = self.at.owned(group)?;
         dispatch!(&mut self.store, s => s.update(&self.at, group, key, key_bytes, f))
+    }
+
+    /// Changes the value of `key` in `group` in place: `f` gets it (or
+    /// `init()`, stored, when the key has none). What
+    /// [`ValueStore::update`] does with `|slot| f(slot.get_or_insert_with(init))`,
+    /// without moving the value out of its place and back: in memory,
+    /// an update of a value with drop glue (a `Vec`, a `String`, a `Box`)
+    /// takes its entry out of the map and puts it back, which writes the
+    /// map's control bytes as well as the entry; a change in place
+    /// writes the entry alone.
+    ///
+    /// # Errors
+    /// As [`ValueStore::update`].
+    #[inline]
+    pub fn modify<R>(
+        &mut self,
+        group: u16,
+        key: K,
+        key_bytes: &[u8],
+        init: impl FnOnce() -> V,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Result<R> {
+        let group = self.at.owned(group)?;
+        dispatch!(&mut self.store, s => s.modify(&self.at, group, key, key_bytes, init, f))
     }
 
     /// Removes `key_bytes` from `group` of a byte store without reading it

@@ -264,6 +264,57 @@ impl<K: Key, V: Data> Store<K, V> for ObjectStore<K, V> {
         })
     }
 
+    fn modify<R>(
+        &mut self,
+        at: &Shared,
+        group: Group,
+        key: K,
+        key_bytes: &[u8],
+        init: impl FnOnce() -> V,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Result<R> {
+        let index = group.index;
+        // Beside a map a snapshot shares, the update's way.
+        if self.maps.get(index).is_none_or(|m| m.is_shared()) || self.overlays.get(index).is_some_and(|o| !o.is_empty())
+        {
+            return self.update(at, group, key, key_bytes, |slot| f(slot.get_or_insert_with(init)));
+        }
+        let Some(map) = self.maps.get_mut(index) else {
+            return Err(crate::error::internal_error!(
+                "operator `{}` has no map for key group {}",
+                at.operator,
+                group.id
+            ));
+        };
+        let epoch = at.epoch;
+        let map = self.spares.make_mut(map);
+        let map_len = map.len();
+        let log = self.logs.get_mut(index).filter(|_| at.tracking);
+        Ok(match map.entry(key) {
+            flat::Entry::Occupied(mut e) => {
+                let (k, (value, stamp)) = e.key_and_value();
+                // Logged before `f` runs: a change it leaves half done,
+                // unwinding, is still a change.
+                if *stamp != epoch {
+                    if let Some(log) = log {
+                        log.record(k, map_len);
+                    }
+                    *stamp = epoch;
+                }
+                f(value)
+            }
+            flat::Entry::Vacant(e) => {
+                if let Some(log) = log {
+                    log.record(e.key(), map_len);
+                }
+                let mut value = init();
+                let r = f(&mut value);
+                e.insert((value, epoch));
+                r
+            }
+        })
+    }
+
     fn get(&mut self, _at: &Shared, group: Group, key: &K, _key_bytes: &[u8]) -> Result<Option<V>> {
         if let Some((slot, _)) = self.overlays.get(group.index).and_then(|o| o.get(key)) {
             return Ok(slot.clone());
