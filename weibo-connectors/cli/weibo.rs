@@ -16,6 +16,14 @@
 //! weibo checkpoint inspect <dir> --operator <id> [--state <name>] --key <key>
 //! weibo checkpoint verify <dir>
 //! weibo savepoint inspect <dir> ...      (as `checkpoint inspect`)
+//! weibo serve [--dir <dir>] [--listen <addr>]
+//! weibo jobs [--server <url>] list [--json]
+//! weibo jobs submit <name> --yaml <file> [--admin <addr>] [--env K=V]...
+//! weibo jobs submit <name> [--admin <url>] [--env K=V]... -- <program> [<arg>...]
+//! weibo jobs status <name> [--json]
+//! weibo jobs start|cancel|remove <name>
+//! weibo jobs stop <name> [--savepoint <name>]
+//! weibo jobs logs <name> [--lines <n>]
 //! ```
 //!
 //! A checkpoint `<dir>` may be a URL, `s3://<bucket>/<path>`, with
@@ -54,6 +62,10 @@ use weibo_connectors::yaml::{Pipeline, TestFile};
         weibo checkpoint list ./checkpoints\n  \
         weibo checkpoint verify ./checkpoints/savepoints/v2\n  \
         weibo checkpoint inspect ./checkpoints/chk-00000000000000000007 --operator totals --key 42\n  \
+        weibo serve --dir /var/lib/weibo --listen 127.0.0.1:7070\n  \
+        weibo jobs submit clicks --yaml clicks.yaml --admin 127.0.0.1:9101\n  \
+        weibo jobs list\n  \
+        weibo jobs stop clicks --savepoint before-upgrade\n  \
         AWS_REGION=eu-west-1 weibo checkpoint list s3://my-bucket/jobs/orders"
 )]
 struct Cli {
@@ -139,6 +151,104 @@ enum Command {
     Checkpoint {
         #[command(subcommand)]
         command: CheckpointCommand,
+    },
+    /// Runs the control plane for this machine: a registry of jobs in
+    /// `--dir`, each run as a supervised process (restarted with a backoff
+    /// when it dies, failed after a crash loop), and its API on `--listen`
+    /// (its token from `WEIBO_ADMIN_TOKEN`; loopback without one). Jobs
+    /// outlive it; started again, it adopts those still running.
+    Serve {
+        /// The registry's directory.
+        #[arg(long, default_value = "weibo-jobs")]
+        dir: PathBuf,
+        /// The API's address.
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: String,
+    },
+    /// The jobs of a control plane (`weibo serve`), through its API.
+    Jobs {
+        /// The control plane's API (default: `WEIBO_SERVER`, else
+        /// http://127.0.0.1:7070).
+        #[arg(long, global = true)]
+        server: Option<String>,
+        #[command(flatten)]
+        auth: Auth,
+        #[command(subcommand)]
+        command: JobsCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum JobsCommand {
+    /// Every job, its phase and restarts.
+    List {
+        /// Print the API's JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Registers a job and starts it: a pipeline file (`--yaml`, run by
+    /// this `weibo`), or a program and its arguments after `--`.
+    Submit {
+        /// The job's name.
+        name: String,
+        /// The pipeline file.
+        #[arg(long, conflicts_with = "program")]
+        yaml: Option<PathBuf>,
+        /// The job's admin API: for `--yaml`, the address it is served on
+        /// (`127.0.0.1:9101`); for a program, the URL it serves it at.
+        /// Stops and savepoints go through it.
+        #[arg(long)]
+        admin: Option<String>,
+        /// A variable for the job's process (`NAME=value`), repeatable.
+        #[arg(long = "env", value_name = "NAME=VALUE")]
+        env: Vec<String>,
+        /// Restarts allowed within the window before the job is failed.
+        #[arg(long)]
+        max_restarts: Option<u32>,
+        /// The program and its arguments.
+        #[arg(last = true, id = "program")]
+        program: Vec<String>,
+    },
+    /// A job's spec, phase, restarts and latest events.
+    Status {
+        /// The job.
+        name: String,
+        /// Print the API's JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Starts a job that is stopped, finished, failed or cancelled.
+    Start {
+        /// The job.
+        name: String,
+    },
+    /// Stops a job through its admin API with a last checkpoint (or
+    /// savepoint `--savepoint`; refused, the job running on, when it cannot
+    /// be taken), and waits until its process has ended.
+    Stop {
+        /// The job.
+        name: String,
+        /// The savepoint's name.
+        #[arg(long)]
+        savepoint: Option<String>,
+    },
+    /// Kills a job's process, without a checkpoint.
+    Cancel {
+        /// The job.
+        name: String,
+    },
+    /// Removes a job that does not run from the registry.
+    Remove {
+        /// The job.
+        name: String,
+    },
+    /// The last lines of a job's output.
+    Logs {
+        /// The job.
+        name: String,
+        /// How many.
+        #[arg(long, default_value_t = 100)]
+        lines: usize,
     },
 }
 
@@ -344,6 +454,13 @@ fn run(cli: Cli) -> Result<String, Failure> {
                 None => format!("job stopped ({}), without a last checkpoint", state_text(field(&stopped, "status"))),
             })
         }
+        Command::Serve { dir, listen } => serve(dir, &listen),
+        Command::Jobs { server, auth, command } => {
+            let server = server
+                .or_else(|| std::env::var("WEIBO_SERVER").ok().filter(|s| !s.is_empty()))
+                .unwrap_or_else(|| "http://127.0.0.1:7070".into());
+            jobs(&server, auth.token().as_deref(), command)
+        }
         Command::Checkpoint { command: CheckpointCommand::List { dir, json } } => list(&dir, json),
         Command::Checkpoint { command: CheckpointCommand::Inspect(args) } => inspect(args),
         Command::Checkpoint { command: CheckpointCommand::Verify { dir } } => {
@@ -360,6 +477,161 @@ fn run(cli: Cli) -> Result<String, Failure> {
             ))
         }
     }
+}
+
+/// `weibo serve`: the control plane in `dir`, its API on `listen`, until
+/// the process is ended (its jobs run on).
+fn serve(dir: PathBuf, listen: &str) -> Result<String, Failure> {
+    use weibo_connectors::control::{ControlPlane, routes};
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let plane = ControlPlane::open(&dir)?;
+        let mut options = weibo::AdminOptions::new(listen);
+        if let Ok(token) = std::env::var("WEIBO_ADMIN_TOKEN")
+            && !token.is_empty()
+        {
+            options = options.with_token(token);
+        }
+        let service = weibo::AdminService::serve("weibo-serve", &options, routes(plane.clone()))?;
+        println!(
+            "weibo serve: {} jobs in {}, API on http://{}",
+            plane.list().len(),
+            dir.display(),
+            service.local_addr()
+        );
+        use std::io::Write as _;
+        std::io::stdout().flush()?;
+        std::future::pending::<()>().await;
+        Ok::<_, Failure>(String::new())
+    })
+}
+
+/// `weibo jobs …` against the control plane at `server`.
+fn jobs(server: &str, token: Option<&str>, command: JobsCommand) -> Result<String, Failure> {
+    let line = |job: &Value| {
+        let status = field(job, "status");
+        let pid = field(status, "pid").as_u64().map_or_else(String::new, |p| format!(", process {p}"));
+        format!(
+            "{}: {} ({}), {} restarts{pid}",
+            text(field(job, "name")),
+            text(field(status, "phase")),
+            text(field(status, "reason")),
+            field(status, "restarts").as_u64().unwrap_or(0)
+        )
+    };
+    let path = |name: &str, rest: &str| format!("/api/jobs/{}{rest}", percent(name));
+    match command {
+        JobsCommand::List { json } => {
+            let all = call(server, "GET", "/api/jobs", token, None)?;
+            if json {
+                return Ok(serde_json::to_string_pretty(&all)?);
+            }
+            let jobs = field(&all, "jobs").as_array().cloned().unwrap_or_default();
+            if jobs.is_empty() {
+                return Ok("no jobs".into());
+            }
+            Ok(jobs.iter().map(line).collect::<Vec<_>>().join("\n"))
+        }
+        JobsCommand::Submit { name, yaml, admin, env, max_restarts, program } => {
+            let mut spec_env = serde_json::Map::new();
+            for pair in env {
+                let Some((k, v)) = pair.split_once('=') else {
+                    return Err(format!("`--env {pair}`: write NAME=value").into());
+                };
+                spec_env.insert(k.to_string(), json!(v));
+            }
+            let (command, admin_url) = match (yaml, program.is_empty()) {
+                (Some(file), true) => {
+                    let file = std::fs::canonicalize(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+                    pipeline(&file)?;
+                    let me = std::env::current_exe()?;
+                    let mut command = vec![me.display().to_string(), "run".into(), file.display().to_string()];
+                    if let Some(addr) = &admin {
+                        command.extend(["--admin".to_string(), addr.clone()]);
+                    }
+                    (command, admin.map(|a| format!("http://{a}")))
+                }
+                (None, false) => (program, admin),
+                (Some(_), false) => return Err("give a pipeline file (--yaml) or a program after --, not both".into()),
+                (None, true) => {
+                    return Err("give the job's pipeline file (--yaml <file>) or its program after --".into());
+                }
+            };
+            let mut spec = serde_json::Map::new();
+            spec.insert("name".into(), json!(name));
+            spec.insert("command".into(), json!(command));
+            spec.insert("env".into(), Value::Object(spec_env));
+            spec.insert("admin".into(), json!(admin_url));
+            if let Some(n) = max_restarts {
+                spec.insert("restart".into(), json!({ "max_restarts": n }));
+            }
+            let spec = Value::Object(spec);
+            let job = call(server, "POST", "/api/jobs", token, Some(spec))?;
+            Ok(format!("submitted {}", line(&job)))
+        }
+        JobsCommand::Status { name, json } => {
+            let job = call(server, "GET", &path(&name, ""), token, None)?;
+            if json {
+                return Ok(serde_json::to_string_pretty(&job)?);
+            }
+            let mut out = line(&job);
+            for event in field(&job, "events").as_array().into_iter().flatten() {
+                out.push_str(&format!(
+                    "\n  {} -> {}: {}",
+                    text(field(event, "from")),
+                    text(field(event, "to")),
+                    text(field(event, "reason"))
+                ));
+            }
+            Ok(out)
+        }
+        JobsCommand::Start { name } => {
+            call(server, "POST", &path(&name, "/start"), token, Some(json!({})))?;
+            Ok(format!("job `{name}` starting"))
+        }
+        JobsCommand::Stop { name, savepoint } => {
+            let body = savepoint.as_ref().map_or_else(|| json!({}), |s| json!({ "savepoint": s }));
+            call(server, "POST", &path(&name, "/stop"), token, Some(body))?;
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            loop {
+                let job = call(server, "GET", &path(&name, ""), token, None)?;
+                let phase = text(field(field(&job, "status"), "phase"));
+                if phase != "stopping" && phase != "running" {
+                    return Ok(line(&job));
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(format!("job `{name}` is still {phase} after 120 s").into());
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        JobsCommand::Cancel { name } => {
+            call(server, "POST", &path(&name, "/cancel"), token, Some(json!({})))?;
+            Ok(format!("job `{name}` cancelled"))
+        }
+        JobsCommand::Remove { name } => {
+            call(server, "DELETE", &path(&name, ""), token, Some(json!({})))?;
+            Ok(format!("job `{name}` removed"))
+        }
+        JobsCommand::Logs { name, lines } => {
+            let logs = call(server, "GET", &path(&name, &format!("/logs?lines={lines}")), token, None)?;
+            Ok(field(&logs, "lines").as_array().into_iter().flatten().map(text).collect::<Vec<_>>().join("\n"))
+        }
+    }
+}
+
+/// `name` for a URL's path: anything but letters, digits, `-`, `_` and
+/// `.` percent-encoded.
+fn percent(name: &str) -> String {
+    name.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 /// The `*_test.yaml` files under `dir`, at any depth.
@@ -417,7 +689,7 @@ fn status_text(job: &Value) -> String {
 fn call(url: &str, method: &str, path: &str, token: Option<&str>, body: Option<Value>) -> Result<Value, Failure> {
     let base = url.trim_end_matches('/');
     if !(base.starts_with("http://") || base.starts_with("https://")) {
-        return Err(format!("`{url}` is not a job's admin API: give its address as http://host:port").into());
+        return Err(format!("`{url}` is not an API's address: give it as http://host:port").into());
     }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (status, text) = runtime.block_on(async {
@@ -431,7 +703,7 @@ fn call(url: &str, method: &str, path: &str, token: Option<&str>, body: Option<V
         if let Some(b) = body {
             request = request.header("content-type", "application/json").body(b.to_string());
         }
-        let response = request.send().await.map_err(|e| format!("cannot reach the job's admin API at {base}: {e}"))?;
+        let response = request.send().await.map_err(|e| format!("cannot reach the API at {base}: {e}"))?;
         let status = response.status();
         Ok::<_, Failure>((status, response.text().await?))
     })?;
@@ -653,7 +925,7 @@ mod tests {
         let refused = run(cli(&["status", &url])).unwrap_err().to_string();
         assert!(refused.contains("401") && refused.contains("--token or WEIBO_ADMIN_TOKEN"), "{refused}");
         let unreachable = run(with(&["status", "http://127.0.0.1:9"])).unwrap_err().to_string();
-        assert!(unreachable.contains("cannot reach the job's admin API at http://127.0.0.1:9"), "{unreachable}");
+        assert!(unreachable.contains("cannot reach the API at http://127.0.0.1:9"), "{unreachable}");
         let not_a_url = run(with(&["status", "127.0.0.1:9090"])).unwrap_err().to_string();
         assert!(not_a_url.contains("give its address as http://host:port"), "{not_a_url}");
 

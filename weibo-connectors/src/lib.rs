@@ -39,5 +39,8 @@ pub mod s3_sink;
 #[cfg(feature = "yaml")]
 pub mod yaml;
 
+#[cfg(feature = "control")]
+pub mod control;
+
 #[cfg(any(feature = "postgres", feature = "http", feature = "s3"))]
 mod runtime;

@@ -303,3 +303,107 @@ fn checkpoint_subcommands_read_a_job_s_checkpoints_in_s3() {
     assert_eq!(no_bucket.status.code(), Some(1));
     assert!(text(&no_bucket.stderr).contains("names its bucket"), "{}", text(&no_bucket.stderr));
 }
+
+/// `weibo serve` in a child process, killed when dropped (its jobs are
+/// killed by the test that started them).
+struct Serve(std::process::Child, String);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(dir: &Path) -> Serve {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weibo"))
+        .args(["serve", "--dir", &dir.display().to_string(), "--listen", "127.0.0.1:0"])
+        .env_remove("WEIBO_ADMIN_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let url = line.trim().rsplit_once("API on ").map(|(_, url)| url.to_string()).unwrap_or_default();
+    assert!(url.starts_with("http://127.0.0.1:"), "{line}");
+    Serve(child, url)
+}
+
+/// `weibo jobs --server <url> <args>`.
+fn jobs(server: &Serve, args: &[&str]) -> Output {
+    let mut all = vec!["jobs", "--server", &server.1];
+    all.extend_from_slice(args);
+    weibo(&all)
+}
+
+/// Polls `weibo jobs status <name> --json` until its phase is `phase`.
+fn wait_phase(server: &Serve, name: &str, phase: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = jobs(server, &["status", name, "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let job: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if job["status"]["phase"] == phase {
+            return job;
+        }
+        assert!(Instant::now() < deadline, "job `{name}` never {phase}: {job}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn serve_runs_a_yaml_job_and_a_program_and_jobs_manages_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = write(dir.path(), "good.yaml", GOOD);
+    let server = serve(&dir.path().join("plane"));
+
+    // A YAML job, run by this `weibo`: it ends by itself.
+    let submitted = jobs(&server, &["submit", "evens", "--yaml", &good]);
+    assert_eq!(submitted.status.code(), Some(0), "{}", text(&submitted.stderr));
+    assert!(text(&submitted.stdout).starts_with("submitted evens: "), "{}", text(&submitted.stdout));
+    let finished = wait_phase(&server, "evens", "finished");
+    assert_eq!(finished["status"]["last_exit"], "exit code 0");
+    let written = std::fs::read_to_string(dir.path().join("out.jsonl")).unwrap();
+    assert_eq!(written.lines().count(), 50, "the job's output");
+    let logs = jobs(&server, &["logs", "evens", "--lines", "1000"]);
+    assert!(text(&logs.stdout).contains("--- weibo serve: starting"), "{}", text(&logs.stdout));
+    let bad_file = jobs(&server, &["submit", "again", "--yaml", &write(dir.path(), "bad.yaml", BAD)]);
+    assert_eq!(bad_file.status.code(), Some(1));
+    assert!(text(&bad_file.stderr).contains("no field `m`"), "{}", text(&bad_file.stderr));
+
+    // A program: listed running, stopped (SIGTERM, no admin API), removed.
+    let sleeper = jobs(&server, &["submit", "sleeper", "--", "sleep", "600"]);
+    assert_eq!(sleeper.status.code(), Some(0), "{}", text(&sleeper.stderr));
+    let running = wait_phase(&server, "sleeper", "running");
+    let pid = running["status"]["pid"].as_u64().unwrap();
+    let list = text(&jobs(&server, &["list"]).stdout);
+    assert!(list.contains("evens: finished"), "{list}");
+    assert!(list.contains(&format!("sleeper: running (process {pid} started), 0 restarts, process {pid}")), "{list}");
+    let taken = jobs(&server, &["submit", "sleeper", "--", "true"]);
+    assert_eq!(taken.status.code(), Some(1));
+    assert!(
+        text(&taken.stderr).contains("409 Conflict: a job named `sleeper` exists already"),
+        "{}",
+        text(&taken.stderr)
+    );
+    let busy = jobs(&server, &["remove", "sleeper"]);
+    assert_eq!(busy.status.code(), Some(1));
+    assert!(text(&busy.stderr).contains("job `sleeper` is running: stop or cancel it first"), "{}", text(&busy.stderr));
+    let stopped = jobs(&server, &["stop", "sleeper"]);
+    assert_eq!(stopped.status.code(), Some(0), "{}", text(&stopped.stderr));
+    assert!(text(&stopped.stdout).starts_with("sleeper: stopped (stopped on request)"), "{}", text(&stopped.stdout));
+    let status = text(&jobs(&server, &["status", "sleeper"]).stdout);
+    assert!(status.contains("running -> stopping: stop asked: SIGTERM"), "{status}");
+    let removed = jobs(&server, &["remove", "sleeper"]);
+    assert_eq!(removed.status.code(), Some(0), "{}", text(&removed.stderr));
+
+    let missing = jobs(&server, &["status", "nope"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(text(&missing.stderr).contains("404 Not Found: no job named `nope`"), "{}", text(&missing.stderr));
+
+    // A second control plane on the same directory is refused.
+    let second = weibo(&["serve", "--dir", &dir.path().join("plane").display().to_string(), "--listen", "127.0.0.1:0"]);
+    assert_eq!(second.status.code(), Some(1));
+    assert!(text(&second.stderr).contains("another control plane has the directory"), "{}", text(&second.stderr));
+}

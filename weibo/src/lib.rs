@@ -100,7 +100,7 @@ pub use operator::function::{
 pub use operator::keyed::KeyedContext;
 pub use runtime::status::JobState;
 #[cfg(feature = "admin")]
-pub use stream::admin::{AdminGroup, AdminOptions};
+pub use stream::admin::{AdminGroup, AdminOptions, AdminService};
 pub use stream::job::{DEFAULT_MAX_KEY_GROUPS, Job, JobHandle, JobReport, MigratedState};
 pub use stream::{Aggregate, BatchOutput, DeadLetter, KeyedStream, SinkRef, Stream, on_error};
 pub use task::{BoxFuture, blocking};

@@ -149,6 +149,59 @@ impl AdminOptions {
     }
 }
 
+/// Routes of one's own, served as a job's admin API is: from a thread of
+/// its own, loopback unless given a token (then every request but
+/// `/healthz`, `/readyz`, `/` and the `/dashboard/` files needs it as a
+/// bearer token), the same checks of `Host` and `Origin` (a page of
+/// another site cannot change anything), the same caps on connections,
+/// heads, bodies and request rates. What `weibo serve` (the control
+/// plane of `weibo-connectors`) serves its API with. Stops when dropped.
+/// Needs the `admin` feature.
+///
+/// ```
+/// # weibo::testing::block_on(async {
+/// let routes = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+/// let service = weibo::AdminService::serve("tools", &weibo::AdminOptions::new("127.0.0.1:0"), routes)?;
+/// assert!(service.local_addr().ip().is_loopback());
+/// # Ok::<(), weibo::Error>(())
+/// # })?;
+/// # Ok::<(), weibo::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct AdminService {
+    local_addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+impl AdminService {
+    /// Binds `options`' address and serves `routes` there as `name`.
+    ///
+    /// # Errors
+    /// [`Error::Refused`] as for a job's admin API: an address that does
+    /// not parse, a non-loopback one without a token, one that cannot be
+    /// bound, a TLS certificate or key that cannot be read.
+    pub fn serve(name: &str, options: &AdminOptions, routes: Router) -> Result<Self> {
+        let (local_addr, shutdown) = serve(name, options, routes, gate::Layout::Job)?;
+        let token = options.token.as_deref().is_some_and(|t| !t.is_empty());
+        tracing::info!(service = name, %local_addr, token, "admin service listening{}",
+            if token { " (requests need the bearer token)" } else { "" });
+        Ok(Self { local_addr, shutdown: Some(shutdown) })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+}
+
+impl Drop for AdminService {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
 /// What the admin API can do to a running job: filled in once the job
 /// has started (before, only the status and the plan are known).
 pub(crate) struct Control {
