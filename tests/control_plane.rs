@@ -16,37 +16,28 @@ use std::time::Duration;
 
 use weibo::Job;
 use weibo::sinks::TxnFileSink;
-use weibo::sources::FileSource;
-use weibo_connectors::control::{ControlError, ControlPlane, JobSpec, JobStatus, Phase, RestartPolicy};
+use weibo::sources::Generator;
+use weibo_connectors::control::{ControlError, ControlPlane, JobSpec, JobStatus, Phase, RestartPolicy, routes};
 use weibo_tests::crash;
 
 const LINES: usize = 6_000;
 
-fn write_input(path: &Path) {
-    let text: String = (0..LINES).map(|i| format!("{},{}\n", i % 7, i % 100)).collect();
-    std::fs::write(path, text).unwrap();
-}
-
-/// A running sum per key, paced (`pace` ms every 10 lines: 2 ms make
-/// about 1.2 s in all), checkpointed every 100 ms, into the exactly-once
-/// file sink; with an admin API at `admin` when given.
-fn pipeline(input: &Path, out: &Path, checkpoints: &Path, admin: Option<&str>, pace: u64) -> Job {
+/// A running sum per key over generated lines `i % 7, i % 100`, at
+/// `rate` lines a second (none: as fast as it goes; 5,000 make about
+/// 1.2 s in all), checkpointed every 100 ms, into the exactly-once file
+/// sink; with an admin API at `admin` when given.
+fn pipeline(out: &Path, checkpoints: &Path, admin: Option<&str>, rate: f64) -> Job {
     let mut job = Job::new("controlled").with_checkpoints(checkpoints, Duration::from_millis(100));
     if let Some(addr) = admin {
         job = job.with_admin(addr);
     }
-    job.source(FileSource::lines(input))
+    let mut lines = Generator::new(LINES as u64, |i| (i % 7, i % 100, 1u64));
+    if rate > 0.0 {
+        lines = lines.with_rate(rate);
+    }
+    job.source(lines)
         .name("lines")
-        .map(move |line: String| {
-            let (k, v) = line.split_once(',').unwrap_or_default();
-            let (k, v): (u32, u64) = (k.parse().unwrap_or_default(), v.parse().unwrap_or_default());
-            if pace > 0 && v % 10 == 0 {
-                std::thread::sleep(Duration::from_millis(pace));
-            }
-            (k, v, 1u64)
-        })
-        .name("parse")
-        .key_by(|e: &(u32, u64, u64)| e.0)
+        .key_by(|e: &(u64, u64, u64)| e.0)
         .with_partitions(2)
         .reduce(|a, b| (a.0, a.1 + b.1, a.2 + b.2))
         .name("running")
@@ -59,29 +50,31 @@ fn pipeline(input: &Path, out: &Path, checkpoints: &Path, admin: Option<&str>, p
 fn child() {
     let Ok(spec) = std::env::var("WEIBO_CONTROL_CHILD") else { return };
     let parts: Vec<&str> = spec.split('|').collect();
-    let admin = parts.get(3).filter(|a| !a.is_empty()).copied();
-    let pace = parts.get(4).and_then(|p| p.parse().ok()).unwrap_or(2);
-    let job = pipeline(Path::new(parts[0]), Path::new(parts[1]), Path::new(parts[2]), admin, pace);
+    let admin = parts.get(2).filter(|a| !a.is_empty()).copied();
+    let rate = parts.get(3).and_then(|p| p.parse().ok()).unwrap_or(5_000.0);
+    let mut job = pipeline(Path::new(parts[0]), Path::new(parts[1]), admin, rate);
+    // What a binary run by `weibo serve` does to start from the savepoint
+    // of an upgrade.
+    if let Ok(savepoint) = std::env::var("WEIBO_RESTORE_FROM") {
+        job = job.restore_from(savepoint);
+    }
     weibo::testing::block_on(job.run()).unwrap();
 }
 
 struct Dirs {
     root: tempfile::TempDir,
-    input: PathBuf,
     out: PathBuf,
     checkpoints: PathBuf,
 }
 
 fn dirs() -> Dirs {
     let root = tempfile::tempdir().unwrap();
-    let input = root.path().join("input.txt");
-    write_input(&input);
-    Dirs { input, out: root.path().join("out"), checkpoints: root.path().join("checkpoints"), root }
+    Dirs { out: root.path().join("out"), checkpoints: root.path().join("checkpoints"), root }
 }
 
 fn reference() -> BTreeMap<String, usize> {
     let d = dirs();
-    weibo::testing::block_on(pipeline(&d.input, &d.out, &d.checkpoints, None, 0).run()).unwrap();
+    weibo::testing::block_on(pipeline(&d.out, &d.checkpoints, None, 0.0).run()).unwrap();
     let out = crash::committed_lines(&d.out);
     assert_eq!(out.len(), LINES, "one running sum a line");
     out
@@ -91,11 +84,10 @@ fn policy(max_restarts: u32) -> RestartPolicy {
     RestartPolicy { max_restarts, window_secs: 600, backoff_ms: 50, max_backoff_ms: 200 }
 }
 
-/// The spec of the binary job over `d`, paced `pace` ms every 10 lines.
-fn binary_job(name: &str, d: &Dirs, admin: Option<&str>, pace: u64) -> JobSpec {
+/// The spec of the binary job over `d`, at `rate` lines a second.
+fn binary_job(name: &str, d: &Dirs, admin: Option<&str>, rate: f64) -> JobSpec {
     let exe = std::env::current_exe().unwrap().display().to_string();
-    let spec =
-        format!("{}|{}|{}|{}|{pace}", d.input.display(), d.out.display(), d.checkpoints.display(), admin.unwrap_or(""));
+    let spec = format!("{}|{}|{}|{rate}", d.out.display(), d.checkpoints.display(), admin.unwrap_or(""));
     JobSpec {
         name: name.into(),
         command: vec![exe, "--exact".into(), "child".into(), "--nocapture".into(), "--test-threads=1".into()],
@@ -170,7 +162,7 @@ fn a_killed_job_is_restarted_from_its_checkpoint_and_commits_exactly_once() {
     let rt = runtime();
     rt.block_on(async {
         let plane = ControlPlane::open(d.root.path().join("plane")).unwrap();
-        plane.submit(binary_job("sums", &d, None, 2)).unwrap();
+        plane.submit(binary_job("sums", &d, None, 5_000.0)).unwrap();
         let mut pid = None;
         for kills in 0..2u32 {
             let status = running(&plane, "sums", pid).await;
@@ -329,7 +321,7 @@ fn a_stop_takes_a_savepoint_through_the_admin_api_or_leaves_the_job_running() {
     rt.block_on(async {
         let plane = ControlPlane::open(d.root.path().join("plane")).unwrap();
         // Slow enough (about 12 s) to be stopped before it ends.
-        plane.submit(binary_job("sums", &d, Some(&admin), 20)).unwrap();
+        plane.submit(binary_job("sums", &d, Some(&admin), 500.0)).unwrap();
         let status = running(&plane, "sums", None).await;
         reaper.watch(status.pid);
         // Its admin API answers once the job has started.
@@ -356,4 +348,165 @@ fn a_stop_takes_a_savepoint_through_the_admin_api_or_leaves_the_job_running() {
         assert_eq!(done.restarts, 0, "stopped and started, never restarted: {done:?}");
     });
     crash::assert_committed_once(&crash::committed_lines(&d.out), &want);
+}
+
+/// The variables of process `pid`.
+fn environ(pid: u32) -> Vec<String> {
+    let bytes = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    bytes.split(|b| *b == 0).map(|v| String::from_utf8_lossy(v).into_owned()).collect()
+}
+
+#[test]
+fn an_upgrade_starts_the_new_version_from_its_savepoint_or_leaves_the_old_one_running() {
+    if std::env::var("WEIBO_CONTROL_CHILD").is_ok() {
+        return;
+    }
+    let want = reference();
+    let d = dirs();
+    let reaper = Reaper::default();
+    let admin = format!("127.0.0.1:{}", free_port());
+    let rt = runtime();
+    rt.block_on(async {
+        let plane = ControlPlane::open(d.root.path().join("plane")).unwrap();
+        // Version 1, slow.
+        plane.submit(binary_job("sums", &d, Some(&admin), 500.0)).unwrap();
+        let v1 = running(&plane, "sums", None).await;
+        reaper.watch(v1.pid);
+        let deadline = tokio::time::Instant::now() + LONG;
+        while std::net::TcpStream::connect(&admin).is_err() {
+            assert!(tokio::time::Instant::now() < deadline, "the job's admin API never answered");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A savepoint, and the job runs on.
+        let taken = plane.savepoint("sums", "mid-run").await.unwrap();
+        assert_eq!(Path::new(&taken), d.checkpoints.join("savepoints/mid-run"));
+        assert_eq!(plane.status("sums").unwrap().pid, v1.pid);
+        // Version 2 runs faster (and says so in its environment).
+        let mut v2 = binary_job("sums", &d, Some(&admin), 5_000.0);
+        v2.env.insert("VERSION".into(), "2".into());
+        // A savepoint the job refuses: no upgrade, version 1 runs on.
+        let refused = plane.upgrade("sums", Some(v2.clone()), Some("../bad".into())).await.unwrap_err().to_string();
+        assert!(refused.contains("was not upgraded"), "{refused}");
+        let after = plane.status("sums").unwrap();
+        assert_eq!((after.phase, after.pid, after.restore_from), (Phase::Running, v1.pid, None));
+        assert!(!plane.spec("sums").unwrap().env.contains_key("VERSION"), "the spec is unchanged");
+        assert!(plane.events("sums").unwrap().iter().any(|e| e.reason.starts_with("the upgrade was refused")));
+        // A spec for another job is refused before anything is asked.
+        let mut other = v2.clone();
+        other.name = "other".into();
+        assert!(plane.upgrade("sums", Some(other), Some("x".into())).await.is_err());
+        // The upgrade: version 2 starts from the savepoint.
+        plane.upgrade("sums", Some(v2.clone()), Some("to-v2".into())).await.unwrap();
+        let started = running(&plane, "sums", v1.pid).await;
+        reaper.watch(started.pid);
+        let savepoint = d.checkpoints.join("savepoints/to-v2");
+        assert!(savepoint.is_dir());
+        let env = environ(started.pid.unwrap());
+        assert!(env.contains(&"VERSION=2".to_string()), "the new spec runs");
+        let restore = format!("WEIBO_RESTORE_FROM={}", savepoint.display());
+        assert!(env.contains(&restore), "started from the savepoint: {env:?}");
+        assert_eq!(plane.spec("sums").unwrap(), v2);
+        assert!(
+            plane
+                .events("sums")
+                .unwrap()
+                .iter()
+                .any(|e| e.reason.contains("upgraded: the new version starts from savepoint")),
+            "{:?}",
+            plane.events("sums")
+        );
+        let done = plane.wait_for("sums", LONG, |s| s.phase == Phase::Finished).await.unwrap();
+        assert_eq!((done.restarts, done.restore_from.as_deref()), (0, None), "{done:?}");
+    });
+    crash::assert_committed_once(&crash::committed_lines(&d.out), &want);
+}
+
+/// Waits up to 30 s for `expression` to be true in the page.
+async fn until(page: &mut weibo_tests::Page, what: &str, expression: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while page.eval(expression).await != serde_json::Value::Bool(true) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the page never showed {what} ({expression}); errors: {:?}",
+            page.errors()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The page of the control plane in headless Chromium.
+#[test]
+fn the_jobs_page_shows_the_jobs_takes_a_savepoint_and_stops_one() {
+    if std::env::var("WEIBO_CONTROL_CHILD").is_ok() {
+        return;
+    }
+    let d = dirs();
+    let reaper = Reaper::default();
+    let admin = format!("127.0.0.1:{}", free_port());
+    let rt = runtime();
+    rt.block_on(async {
+        let plane = ControlPlane::open(d.root.path().join("plane")).unwrap();
+        let options = weibo::AdminOptions::new("127.0.0.1:0");
+        let service = weibo::AdminService::serve("control", &options, routes(plane.clone())).unwrap();
+        let addr = service.local_addr();
+        plane.submit(binary_job("sums", &d, Some(&admin), 500.0)).unwrap();
+        plane.submit(command_job("sleeper", &["sleep", "600"], policy(5))).unwrap();
+        reaper.watch(running(&plane, "sums", None).await.pid);
+        reaper.watch(running(&plane, "sleeper", None).await.pid);
+
+        let browser = weibo_tests::Browser::start(1280, 800).await;
+        let mut page = browser.page().await;
+        page.navigate(&format!("http://{addr}/")).await;
+        until(
+            &mut page,
+            "two running jobs",
+            "document.querySelectorAll('#jobs tr[data-phase=\"running\"]').length === 2",
+        )
+        .await;
+        // The job's own last checkpoint, asked of its admin API.
+        until(
+            &mut page,
+            "the last checkpoint of sums",
+            "/^[0-9]+$/.test(document.querySelector('#jobs tr[data-job=\"sums\"] td.checkpoint').textContent)",
+        )
+        .await;
+        let link = page.eval("document.querySelector('#jobs tr[data-job=\"sums\"] a').href").await;
+        assert_eq!(link, serde_json::Value::String(format!("http://{admin}/dashboard")));
+        assert_eq!(
+            page.eval(
+                "document.querySelectorAll('#jobs tr[data-job=\"sleeper\"] button[data-action=\"savepoint\"]').length"
+            )
+            .await,
+            serde_json::json!(0),
+            "no savepoint without an admin API"
+        );
+        // A savepoint from the page; the job runs on.
+        page.eval("document.querySelector('#jobs tr[data-job=\"sums\"] button[data-action=\"savepoint\"]').click()")
+            .await;
+        until(
+            &mut page,
+            "the savepoint's path",
+            "/savepoint of sums written to /.test(document.querySelector('#result').textContent)",
+        )
+        .await;
+        let written: Vec<String> = std::fs::read_dir(d.checkpoints.join("savepoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(written.iter().any(|n| n.starts_with("ui-")), "{written:?}");
+        assert_eq!(plane.status("sums").unwrap().phase, Phase::Running);
+        // A stop from the page.
+        page.eval("document.querySelector('#jobs tr[data-job=\"sleeper\"] button[data-action=\"stop\"]').click()")
+            .await;
+        until(
+            &mut page,
+            "the sleeper stopped",
+            "document.querySelector('#jobs tr[data-job=\"sleeper\"]').dataset.phase === 'stopped'",
+        )
+        .await;
+        assert_eq!(plane.status("sleeper").unwrap().phase, Phase::Stopped);
+        assert!(page.errors().is_empty(), "{:?}", page.errors());
+        plane.cancel("sums").unwrap();
+        plane.wait_for("sums", LONG, |s| s.phase == Phase::Cancelled).await.unwrap();
+    });
 }

@@ -23,6 +23,8 @@
 //! weibo jobs status <name> [--json]
 //! weibo jobs start|cancel|remove <name>
 //! weibo jobs stop <name> [--savepoint <name>]
+//! weibo jobs upgrade <name> [--savepoint <name>] [--yaml <file>]
+//! weibo jobs savepoint <name> <savepoint>
 //! weibo jobs logs <name> [--lines <n>]
 //! ```
 //!
@@ -105,7 +107,8 @@ enum Command {
         /// (`host:port`); its token from `WEIBO_ADMIN_TOKEN`.
         #[arg(long)]
         admin: Option<String>,
-        /// Start from this checkpoint or savepoint.
+        /// Start from this checkpoint or savepoint (default:
+        /// `WEIBO_RESTORE_FROM`, which `weibo serve` sets after an upgrade).
         #[arg(long)]
         restore_from: Option<PathBuf>,
     },
@@ -231,6 +234,27 @@ enum JobsCommand {
         /// The savepoint's name.
         #[arg(long)]
         savepoint: Option<String>,
+    },
+    /// Upgrades a job: stops it with savepoint `--savepoint` and starts it
+    /// from it (or, without, from its last checkpoint), as a new pipeline
+    /// file (`--yaml`) when given; the old version runs on when the
+    /// savepoint cannot be taken. Waits until the new version runs.
+    Upgrade {
+        /// The job.
+        name: String,
+        /// The savepoint to stop with and start from.
+        #[arg(long)]
+        savepoint: Option<String>,
+        /// The new pipeline file, for a YAML job.
+        #[arg(long)]
+        yaml: Option<PathBuf>,
+    },
+    /// Takes a savepoint of a running job, which runs on.
+    Savepoint {
+        /// The job.
+        name: String,
+        /// The savepoint's name.
+        savepoint: String,
     },
     /// Kills a job's process, without a checkpoint.
     Cancel {
@@ -422,6 +446,9 @@ fn run(cli: Cli) -> Result<String, Failure> {
                     job = job.with_admin_token(token);
                 }
             }
+            // `weibo serve` names the savepoint an upgraded job starts from.
+            let restore_from = restore_from
+                .or_else(|| std::env::var_os("WEIBO_RESTORE_FROM").filter(|p| !p.is_empty()).map(PathBuf::from));
             if let Some(dir) = restore_from {
                 job = job.restore_from(dir);
             }
@@ -604,6 +631,54 @@ fn jobs(server: &str, token: Option<&str>, command: JobsCommand) -> Result<Strin
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
+        }
+        JobsCommand::Upgrade { name, savepoint, yaml } => {
+            let before = call(server, "GET", &path(&name, ""), token, None)?;
+            let old_pid = field(field(&before, "status"), "pid").as_u64();
+            let mut body = serde_json::Map::new();
+            if let Some(sp) = &savepoint {
+                body.insert("savepoint".into(), json!(sp));
+            }
+            if let Some(file) = yaml {
+                let file = std::fs::canonicalize(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+                pipeline(&file)?;
+                let mut spec = field(&before, "spec").clone();
+                let command: Vec<Value> = field(&spec, "command").as_array().cloned().unwrap_or_default();
+                let is_run = command.get(1).and_then(Value::as_str) == Some("run");
+                if !is_run {
+                    return Err(format!(
+                        "job `{name}` is not a pipeline run by `weibo run`: --yaml cannot replace its file"
+                    )
+                    .into());
+                }
+                let mut command = command;
+                if let Some(slot) = command.get_mut(2) {
+                    *slot = json!(file.display().to_string());
+                }
+                if let Some(map) = spec.as_object_mut() {
+                    map.insert("command".into(), Value::Array(command));
+                }
+                body.insert("spec".into(), spec);
+            }
+            call(server, "POST", &path(&name, "/upgrade"), token, Some(Value::Object(body)))?;
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            loop {
+                let job = call(server, "GET", &path(&name, ""), token, None)?;
+                let status = field(&job, "status");
+                let phase = text(field(status, "phase"));
+                let pid = field(status, "pid").as_u64();
+                if phase == "running" && pid.is_some() && pid != old_pid || phase == "finished" || phase == "failed" {
+                    return Ok(format!("upgraded {}", line(&job)));
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(format!("job `{name}` is still {phase} after 120 s").into());
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        JobsCommand::Savepoint { name, savepoint } => {
+            let taken = call(server, "POST", &path(&name, "/savepoint"), token, Some(json!({ "name": savepoint })))?;
+            Ok(format!("savepoint `{savepoint}` of job `{name}` written to {}", text(field(&taken, "path"))))
         }
         JobsCommand::Cancel { name } => {
             call(server, "POST", &path(&name, "/cancel"), token, Some(json!({})))?;
@@ -927,7 +1002,7 @@ mod tests {
         let unreachable = run(with(&["status", "http://127.0.0.1:9"])).unwrap_err().to_string();
         assert!(unreachable.contains("cannot reach the API at http://127.0.0.1:9"), "{unreachable}");
         let not_a_url = run(with(&["status", "127.0.0.1:9090"])).unwrap_err().to_string();
-        assert!(not_a_url.contains("give its address as http://host:port"), "{not_a_url}");
+        assert!(not_a_url.contains("give it as http://host:port"), "{not_a_url}");
 
         let taken = run(with(&["savepoint", &url, "before-upgrade"])).unwrap();
         assert!(taken.starts_with("savepoint `before-upgrade` written to "), "{taken}");

@@ -4,13 +4,16 @@
 //!
 //! | request | what |
 //! | --- | --- |
-//! | `GET /api/jobs` | every job: spec and status |
+//! | `GET /` | the page of the jobs (`/dashboard/app.js`, `/dashboard/style.css`) |
+//! | `GET /api/jobs` | every job: spec and status (`?live=1`: with each running job's `GET /api/job`) |
 //! | `POST /api/jobs` | submit a job (its spec) and start it |
 //! | `GET /api/jobs/{name}` | its spec, status and latest events |
 //! | `PUT /api/jobs/{name}` | replace its spec (the next start runs it) |
 //! | `DELETE /api/jobs/{name}` | remove a job that does not run |
 //! | `POST /api/jobs/{name}/start` | start it |
 //! | `POST /api/jobs/{name}/stop` | stop it (`{"savepoint": "<name>"}` to take one) |
+//! | `POST /api/jobs/{name}/upgrade` | stop it with a savepoint and start a new spec from it (`{"savepoint": "<name>", "spec": {...}}`; without `savepoint`, from its last checkpoint) |
+//! | `POST /api/jobs/{name}/savepoint` | take savepoint `{"name": "<name>"}`; the job runs on |
 //! | `POST /api/jobs/{name}/cancel` | kill it |
 //! | `GET /api/jobs/{name}/logs?lines=N` | the last lines of its output |
 
@@ -27,12 +30,24 @@ use super::{ControlError, ControlPlane, JobSpec};
 /// The API's routes over `plane`.
 pub fn routes(plane: ControlPlane) -> Router {
     Router::new()
+        .route("/", get(page))
+        .route("/dashboard", get(page))
+        .route(
+            "/dashboard/app.js",
+            get(|| async { file("text/javascript; charset=utf-8", include_str!("page/app.js")) }),
+        )
+        .route(
+            "/dashboard/style.css",
+            get(|| async { file("text/css; charset=utf-8", include_str!("page/style.css")) }),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ok" }))
         .route("/api/jobs", get(list).post(submit))
         .route("/api/jobs/{name}", get(show).put(update).delete(remove))
         .route("/api/jobs/{name}/start", post(start))
         .route("/api/jobs/{name}/stop", post(stop))
+        .route("/api/jobs/{name}/upgrade", post(upgrade))
+        .route("/api/jobs/{name}/savepoint", post(savepoint))
         .route("/api/jobs/{name}/cancel", post(cancel))
         .route("/api/jobs/{name}/logs", get(logs))
         .fallback(|| async { answer_error(StatusCode::NOT_FOUND, "no such endpoint".into()).into_response() })
@@ -84,11 +99,55 @@ fn job_json(plane: &ControlPlane, spec: &JobSpec) -> Value {
     json!({ "name": spec.name, "spec": spec, "status": status })
 }
 
-async fn list(State(plane): State<ControlPlane>) -> Answer {
-    let jobs: Vec<Value> = plane
-        .list()
+async fn page() -> Response {
+    file("text/html; charset=utf-8", include_str!("page/index.html"))
+}
+
+fn file(content_type: &'static str, body: &'static str) -> Response {
+    ([(axum::http::header::CONTENT_TYPE, content_type), (axum::http::header::CACHE_CONTROL, "no-cache")], body)
+        .into_response()
+}
+
+async fn list(State(plane): State<ControlPlane>, uri: axum::http::Uri) -> Answer {
+    let live = match uri.query().unwrap_or_default() {
+        "" => false,
+        "live=1" => true,
+        other => {
+            return Err(answer_error(StatusCode::BAD_REQUEST, format!("`{other}`: the only parameter is `live=1`")));
+        }
+    };
+    let all = plane.list();
+    // Each running job's own view (its last checkpoint), asked of all at
+    // once, a second at most each.
+    let mut asked = tokio::task::JoinSet::new();
+    if live {
+        for (i, (spec, status)) in all.iter().enumerate() {
+            if status.phase == super::Phase::Running && spec.admin.is_some() {
+                let spec = spec.clone();
+                asked.spawn(async move {
+                    let admin = spec.admin.clone().unwrap_or_default();
+                    let answer = tokio::time::timeout(
+                        std::time::Duration::from_secs(1),
+                        super::admin_get(&admin, &spec, "/api/job"),
+                    )
+                    .await;
+                    (i, answer.ok().and_then(Result::ok))
+                });
+            }
+        }
+    }
+    let mut views = vec![Value::Null; all.len()];
+    while let Some(done) = asked.join_next().await {
+        if let Ok((i, Some(view))) = done
+            && let Some(slot) = views.get_mut(i)
+        {
+            *slot = view;
+        }
+    }
+    let jobs: Vec<Value> = all
         .iter()
-        .map(|(spec, status)| json!({ "name": spec.name, "spec": spec, "status": status }))
+        .zip(views)
+        .map(|((spec, status), view)| json!({ "name": spec.name, "spec": spec, "status": status, "live": view }))
         .collect();
     ok(json!({ "jobs": jobs }))
 }
@@ -142,6 +201,35 @@ async fn stop(State(plane): State<ControlPlane>, Path(name): Path<String>, bytes
     let request: StopBody = if bytes.is_empty() { StopBody::default() } else { body(&bytes, "a stop request")? };
     plane.stop(&name, request.savepoint).await?;
     ok(json!({ "stopping": name }))
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct UpgradeBody {
+    #[serde(default)]
+    savepoint: Option<String>,
+    #[serde(default)]
+    spec: Option<JobSpec>,
+}
+
+async fn upgrade(State(plane): State<ControlPlane>, Path(name): Path<String>, bytes: Bytes) -> Answer {
+    let request: UpgradeBody =
+        if bytes.is_empty() { UpgradeBody::default() } else { body(&bytes, "an upgrade request")? };
+    plane.upgrade(&name, request.spec, request.savepoint).await?;
+    ok(json!({ "upgrading": name }))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavepointBody {
+    name: String,
+}
+
+async fn savepoint(State(plane): State<ControlPlane>, Path(name): Path<String>, bytes: Bytes) -> Answer {
+    let request: SavepointBody = body(&bytes, "a savepoint request ({\"name\": \"...\"})")?;
+    let path = plane.savepoint(&name, &request.name).await?;
+    Ok((StatusCode::CREATED, axum::Json(json!({ "job": name, "savepoint": request.name, "path": path })))
+        .into_response())
 }
 
 async fn cancel(State(plane): State<ControlPlane>, Path(name): Path<String>) -> Answer {

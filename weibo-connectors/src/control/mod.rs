@@ -168,6 +168,10 @@ pub struct JobStatus {
     pub since_ms: u64,
     /// Why it is in this phase.
     pub reason: String,
+    /// The savepoint its process starts from (`WEIBO_RESTORE_FROM`), after
+    /// an upgrade, until it has completed a checkpoint of its own.
+    #[serde(default)]
+    pub restore_from: Option<String>,
 }
 
 impl JobStatus {
@@ -182,6 +186,7 @@ impl JobStatus {
             last_exit: None,
             since_ms: now_ms(),
             reason: "submitted".into(),
+            restore_from: None,
         }
     }
 }
@@ -205,6 +210,9 @@ enum Command {
     /// Stop, with a savepoint of this name when given.
     Stop(Option<String>, tokio::sync::oneshot::Sender<Result<(), ControlError>>),
     Cancel,
+    /// Stop (with a savepoint of this name, or a last checkpoint), then
+    /// start this spec (or the same) from it.
+    Upgrade(Option<JobSpec>, Option<String>, tokio::sync::oneshot::Sender<Result<(), ControlError>>),
     /// Leave the job alone: the control plane is closing (its process
     /// runs on) or the job is removed.
     Quit,
@@ -417,6 +425,65 @@ impl ControlPlane {
         rx.await.map_err(|_| ControlError::Refused(format!("job `{name}`'s supervisor has ended")))?
     }
 
+    /// Upgrades job `name`: stops it through its admin API with savepoint
+    /// `savepoint` (or, without one, with a last checkpoint: the
+    /// `last-state` upgrade), writes `spec` (when given) as its spec, and
+    /// starts it from that savepoint (`WEIBO_RESTORE_FROM` holds its
+    /// path, and `weibo run` restores from it) or, for `last-state`, from
+    /// its newest checkpoint. When the savepoint cannot be taken the
+    /// upgrade stops there and the old version runs on: never a start
+    /// from an older checkpoint instead. Returns once the old version is
+    /// stopping.
+    ///
+    /// # Errors
+    /// [`ControlError::NoJob`]; [`ControlError::Refused`] when the job is
+    /// not running, has no admin API (a savepoint is asked), `spec` names
+    /// another job or is not valid, or the job refuses the stop (its
+    /// answer is in the message).
+    pub async fn upgrade(
+        &self,
+        name: &str,
+        spec: Option<JobSpec>,
+        savepoint: Option<String>,
+    ) -> Result<(), ControlError> {
+        if let Some(spec) = &spec {
+            check_spec(spec)?;
+            if spec.name != name {
+                return Err(ControlError::Refused(format!("the new spec names job `{}`, not `{name}`", spec.name)));
+            }
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(name, Command::Upgrade(spec, savepoint, tx))?;
+        rx.await.map_err(|_| ControlError::Refused(format!("job `{name}`'s supervisor has ended")))?
+    }
+
+    /// Takes savepoint `savepoint` of running job `name` through its admin
+    /// API, which goes on running: where it was written.
+    ///
+    /// # Errors
+    /// [`ControlError::NoJob`]; [`ControlError::Refused`] when the job is
+    /// not running, has no admin API, or refuses (its answer in the
+    /// message).
+    pub async fn savepoint(&self, name: &str, savepoint: &str) -> Result<String, ControlError> {
+        let spec = self.spec(name)?;
+        let status = self.status(name)?;
+        if status.phase != Phase::Running {
+            return Err(ControlError::Refused(format!("job `{name}` is {}, not running", phase_name(status.phase))));
+        }
+        let Some(admin) = &spec.admin else {
+            return Err(ControlError::Refused(format!(
+                "job `{name}` has no admin API to take a savepoint through (give its spec `admin`)"
+            )));
+        };
+        let answer = admin_call(admin, &spec, "/api/savepoints", serde_json::json!({ "name": savepoint }))
+            .await
+            .map_err(|why| ControlError::Refused(format!("job `{name}` took no savepoint: {why}")))?;
+        serde_json::from_str::<serde_json::Value>(&answer)
+            .ok()
+            .and_then(|v| v.get("path")?.as_str().map(str::to_string))
+            .ok_or_else(|| ControlError::Refused(format!("job `{name}` did not say where its savepoint is: {answer}")))
+    }
+
     /// Kills job `name`'s process (`SIGKILL`): no checkpoint is taken.
     ///
     /// # Errors
@@ -570,6 +637,8 @@ enum Ended {
     Stopped(String),
     /// After a cancel.
     Cancelled(String),
+    /// After the stop of an upgrade: the new version is to start.
+    Upgraded(String),
     /// The control plane is closing or the job was removed.
     Quit,
 }
@@ -614,8 +683,11 @@ impl Supervisor {
                             s.recent_restarts.clear();
                         });
                     }
-                    Some(Command::Stop(_, reply)) => {
-                        let _ = reply.send(Err(ControlError::Refused(format!("job `{}` is not running", self.name))));
+                    Some(Command::Stop(_, reply) | Command::Upgrade(_, _, reply)) => {
+                        let _ = reply.send(Err(ControlError::Refused(format!(
+                            "job `{}` is not running (to run a new spec, update it and start the job)",
+                            self.name
+                        ))));
                     }
                     Some(Command::Cancel) => {}
                     Some(Command::Quit) | None => return,
@@ -642,6 +714,18 @@ impl Supervisor {
                         s.last_exit = Some(exit);
                     });
                 }
+                Ended::Upgraded(exit) => {
+                    let from = self.plane.status(&self.name).ok().and_then(|s| s.restore_from);
+                    let reason = match &from {
+                        Some(path) => format!("upgraded: the new version starts from savepoint {path}"),
+                        None => "upgraded: the new version starts from the newest checkpoint".into(),
+                    };
+                    self.transition(Phase::Starting, &reason, |s| {
+                        s.pid = None;
+                        s.started_ticks = None;
+                        s.last_exit = Some(exit);
+                    });
+                }
                 Ended::Stopped(exit) => {
                     self.transition(Phase::Stopped, "stopped on request", |s| {
                         s.wanted = false;
@@ -653,6 +737,8 @@ impl Supervisor {
                 Ended::Died(exit) if exit == "exit code 0" => {
                     self.transition(Phase::Finished, "its process ended successfully", |s| {
                         s.wanted = false;
+                        // It has taken its final checkpoint.
+                        s.restore_from = None;
                         s.pid = None;
                         s.started_ticks = None;
                         s.last_exit = Some(exit);
@@ -682,6 +768,12 @@ impl Supervisor {
                         () = tokio::time::sleep(wait) => {}
                         command = commands.recv() => match command {
                             Some(Command::Start) => {}
+                            Some(Command::Upgrade(_, _, reply)) => {
+                                let _ = reply.send(Err(ControlError::Refused(format!(
+                                    "job `{}` is restarting: upgrade it once it runs",
+                                    self.name
+                                ))));
+                            }
                             Some(Command::Stop(_, reply)) => {
                                 self.transition(Phase::Stopped, "stopped on request while it waited to restart", |s| {
                                     s.wanted = false;
@@ -765,6 +857,9 @@ impl Supervisor {
         if let Some(dir) = &spec.dir {
             command.current_dir(dir);
         }
+        if let Some(path) = self.plane.status(&self.name).ok().and_then(|s| s.restore_from) {
+            command.env("WEIBO_RESTORE_FROM", path);
+        }
         let child = command.spawn().map_err(|e| format!("cannot run `{program}`: {e}"))?;
         let pid = child.id();
         let ticks = pid.and_then(start_ticks);
@@ -781,7 +876,14 @@ impl Supervisor {
         let pid = process.pid();
         let mut asked: Option<Phase> = None;
         let mut term_deadline: Option<tokio::time::Instant> = None;
+        // After an upgrade, the job's admin API is asked until it has
+        // completed a checkpoint: from then on a restart resumes from its
+        // own checkpoints, not from the savepoint.
+        let mut ticks = tokio::time::interval(Duration::from_millis(100));
         loop {
+            let restoring = asked.is_none()
+                && self.plane.status(&self.name).is_ok_and(|s| s.restore_from.is_some())
+                && self.spec().is_ok_and(|s| s.admin.is_some());
             let deadline = term_deadline;
             let grace = async move {
                 match deadline {
@@ -793,9 +895,20 @@ impl Supervisor {
                 exit = process.wait() => {
                     return match asked {
                         Some(Phase::Cancelled) => Ended::Cancelled(exit),
+                        Some(Phase::Starting) => Ended::Upgraded(exit),
                         Some(_) => Ended::Stopped(exit),
                         None => Ended::Died(exit),
                     };
+                }
+                _ = ticks.tick(), if restoring => {
+                    if let Ok(spec) = self.spec()
+                        && let Some(admin) = &spec.admin
+                        && admin_get(admin, &spec, "/api/job")
+                            .await
+                            .is_ok_and(|job| job.get("last_checkpoint").is_some_and(|n| !n.is_null()))
+                    {
+                        self.update(|s| s.restore_from = None);
+                    }
                 }
                 () = grace => {
                     if let Some(pid) = pid {
@@ -858,6 +971,22 @@ impl Supervisor {
                             }
                         }
                     }
+                    Some(Command::Upgrade(new, savepoint, reply)) => {
+                        if asked.is_some() {
+                            let _ = reply.send(Err(ControlError::Refused(format!("job `{}` is stopping already", self.name))));
+                            continue;
+                        }
+                        match self.begin_upgrade(new, savepoint, pid).await {
+                            Ok(deadline) => {
+                                asked = Some(Phase::Starting);
+                                term_deadline = deadline;
+                                let _ = reply.send(Ok(()));
+                            }
+                            Err(e) => {
+                                let _ = reply.send(Err(e));
+                            }
+                        }
+                    }
                     Some(Command::Cancel) => {
                         asked = Some(Phase::Cancelled);
                         self.update(|s| s.wanted = false);
@@ -869,6 +998,72 @@ impl Supervisor {
                 },
             }
         }
+    }
+
+    /// Stops the running version for an upgrade: with savepoint
+    /// `savepoint` through the admin API (its path kept for the new
+    /// version to start from), or a last checkpoint, or `SIGTERM` without
+    /// an admin API (then the deadline for `SIGKILL`); then writes the new
+    /// spec. On a refusal nothing changes and the job runs on.
+    async fn begin_upgrade(
+        &self,
+        new: Option<JobSpec>,
+        savepoint: Option<String>,
+        pid: Option<u32>,
+    ) -> Result<Option<tokio::time::Instant>, ControlError> {
+        let spec = self.spec()?;
+        let name = &self.name;
+        let deadline = match (&spec.admin, &savepoint) {
+            (None, Some(_)) => {
+                return Err(ControlError::Refused(format!(
+                    "job `{name}` has no admin API to take a savepoint through (give its spec `admin`)"
+                )));
+            }
+            (Some(admin), _) => {
+                let body = match &savepoint {
+                    Some(sp) => serde_json::json!({ "savepoint": sp }),
+                    None => serde_json::json!({}),
+                };
+                let what =
+                    savepoint.as_ref().map_or_else(|| "a last checkpoint".into(), |sp| format!("savepoint `{sp}`"));
+                self.transition(Phase::Stopping, &format!("upgrade: stop with {what} asked"), |_| {});
+                let answer = match admin_call(admin, &spec, "/api/stop", body).await {
+                    Ok(a) => a,
+                    Err(why) => {
+                        self.transition(
+                            Phase::Running,
+                            &format!("the upgrade was refused, the old version runs on: {why}"),
+                            |_| {},
+                        );
+                        return Err(ControlError::Refused(format!("job `{name}` was not upgraded: {why}")));
+                    }
+                };
+                let path = serde_json::from_str::<serde_json::Value>(&answer)
+                    .ok()
+                    .and_then(|v| v.get("checkpoint")?.as_str().map(str::to_string));
+                if savepoint.is_some() && path.is_none() {
+                    // Stopped, but with no savepoint to start from: the
+                    // new version is not started from anything older.
+                    self.update(|s| s.wanted = false);
+                    return Err(ControlError::Refused(format!(
+                        "job `{name}` stopped without saying where its savepoint is: the new version is not started"
+                    )));
+                }
+                self.update(|s| s.restore_from = savepoint.as_ref().and(path));
+                None
+            }
+            (None, None) => {
+                self.transition(Phase::Stopping, "upgrade: SIGTERM", |_| {});
+                if let Some(pid) = pid {
+                    signal(pid, rustix::process::Signal::TERM);
+                }
+                Some(tokio::time::Instant::now() + TERM_GRACE)
+            }
+        };
+        if let Some(new) = new {
+            self.plane.update(new)?;
+        }
+        Ok(deadline)
     }
 
     fn update(&self, f: impl FnOnce(&mut JobStatus)) {
@@ -930,6 +1125,29 @@ async fn admin_call(admin: &str, spec: &JobSpec, path: &str, body: serde_json::V
     let status = response.status();
     let text = response.text().await.unwrap_or_default();
     if status.is_success() { Ok(text) } else { Err(format!("{base}{path} answered {status}: {}", text.trim())) }
+}
+
+/// Asks the job's admin API at `admin`: `GET path`, as JSON.
+async fn admin_get(admin: &str, spec: &JobSpec, path: &str) -> Result<serde_json::Value, String> {
+    let base = admin.trim_end_matches('/');
+    let token = spec
+        .env
+        .get("WEIBO_ADMIN_TOKEN")
+        .cloned()
+        .or_else(|| std::env::var("WEIBO_ADMIN_TOKEN").ok())
+        .filter(|t| !t.is_empty());
+    let client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|e| format!("no HTTP client: {e}"))?;
+    let mut request = client.get(format!("{base}{path}"));
+    if let Some(t) = token {
+        request = request.bearer_auth(t);
+    }
+    let response = request.send().await.map_err(|e| format!("cannot reach its admin API at {base}: {e}"))?;
+    let text = response.text().await.map_err(|e| format!("{base}{path}: {e}"))?;
+    serde_json::from_str(&text).map_err(|e| format!("{base}{path}: {e}"))
 }
 
 /// The name of `phase`, as the API writes it.
