@@ -667,8 +667,13 @@ fn jobs(server: &str, token: Option<&str>, command: JobsCommand) -> Result<Strin
                 let status = field(&job, "status");
                 let phase = text(field(status, "phase"));
                 let pid = field(status, "pid").as_u64();
-                if phase == "running" && pid.is_some() && pid != old_pid || phase == "finished" || phase == "failed" {
+                if phase == "running" && pid.is_some() && pid != old_pid || phase == "finished" {
                     return Ok(format!("upgraded {}", line(&job)));
+                }
+                if phase == "failed" || phase == "stopped" || phase == "cancelled" {
+                    return Err(
+                        format!("the upgrade of job `{name}` did not start its new version: {}", line(&job)).into()
+                    );
                 }
                 if std::time::Instant::now() > deadline {
                     return Err(format!("job `{name}` is still {phase} after 120 s").into());

@@ -243,8 +243,16 @@ const EVENTS_KEPT: usize = 200;
 /// looked for.
 const ADOPTED_POLL: Duration = Duration::from_millis(200);
 
-/// How long a job stopped without an admin API has after `SIGTERM`.
+/// How long a job's process has to exit after `SIGTERM`, or after its
+/// admin API has stopped it, before `SIGKILL`.
 const TERM_GRACE: Duration = Duration::from_secs(10);
+
+/// How long an adopted process that was stopping has to end.
+const ADOPTED_STOP_GRACE: Duration = Duration::from_secs(120);
+
+/// How long a call to a job's admin API may take (a stop waits for a
+/// last checkpoint or a savepoint).
+const ADMIN_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The control plane: a registry of jobs in a directory, each supervised
 /// by a task of the tokio runtime it was opened on.
@@ -401,11 +409,17 @@ impl ControlPlane {
         Ok(all.iter().skip(all.len().saturating_sub(lines)).map(|l| (*l).to_string()).collect())
     }
 
-    /// Starts job `name` (again), with a fresh restart window.
+    /// Starts job `name` (again), with a fresh restart window; a job
+    /// waiting to restart starts at once.
     ///
     /// # Errors
-    /// [`ControlError::NoJob`].
+    /// [`ControlError::NoJob`]; [`ControlError::Refused`] when its process
+    /// runs (or is starting or stopping).
     pub fn start(&self, name: &str) -> Result<(), ControlError> {
+        let status = self.status(name)?;
+        if status.phase.is_live() {
+            return Err(ControlError::Refused(format!("job `{name}` is {} already", phase_name(status.phase))));
+        }
         self.send(name, Command::Start)
     }
 
@@ -617,10 +631,19 @@ fn exit_text(status: std::process::ExitStatus) -> String {
     }
 }
 
-/// Sends `signal` to process `pid`.
-fn signal(pid: u32, signal: rustix::process::Signal) {
+/// Sends `signal` to the job's process `pid` and its process group (a
+/// wrapper such as `sh -c` and what it runs), if `pid` is still the
+/// process that started at `ticks` (not a later one that got its id).
+fn signal(pid: u32, ticks: Option<u64>, signal: rustix::process::Signal) {
+    if ticks.is_some() && start_ticks(pid) != ticks {
+        return;
+    }
     if let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
-        let _ = rustix::process::kill_process(pid, signal);
+        // The job leads its own group (`process_group(0)`); should it have
+        // left it, the process alone.
+        if rustix::process::kill_process_group(pid, signal).is_err() {
+            let _ = rustix::process::kill_process(pid, signal);
+        }
     }
 }
 
@@ -656,9 +679,15 @@ impl Supervisor {
             _ => None,
         };
         if adopted.is_some() {
-            // A stop under way goes on: the process ends as stopped.
-            let phase = if status.wanted { Phase::Running } else { Phase::Stopping };
+            // A stop (or an upgrade's stop) under way goes on.
+            let phase = if status.phase == Phase::Stopping { Phase::Stopping } else { Phase::Running };
             self.transition(phase, "adopted by a control plane started again", |_| {});
+        } else if status.wanted && status.phase == Phase::Stopping {
+            // The old version of an upgrade ended meanwhile: the new one starts.
+            self.transition(Phase::Starting, "upgrade: the old version ended while no control plane watched it", |s| {
+                s.pid = None;
+                s.started_ticks = None;
+            });
         } else if !status.wanted && status.phase.is_live() {
             self.transition(Phase::Stopped, "its process ended while no control plane watched it", |s| {
                 s.pid = None;
@@ -874,12 +903,26 @@ impl Supervisor {
     /// commands that come meanwhile.
     async fn watch(&self, mut process: Process, commands: &mut mpsc::UnboundedReceiver<Command>) -> Ended {
         let pid = process.pid();
-        let mut asked: Option<Phase> = None;
-        let mut term_deadline: Option<tokio::time::Instant> = None;
-        // After an upgrade, the job's admin API is asked until it has
-        // completed a checkpoint: from then on a restart resumes from its
-        // own checkpoints, not from the savepoint.
-        let mut ticks = tokio::time::interval(Duration::from_millis(100));
+        let ticks = match &process {
+            Process::Adopted { ticks, .. } => Some(*ticks),
+            Process::Child(_) => self.plane.status(&self.name).ok().and_then(|s| s.started_ticks),
+        };
+        // An adopted process in the middle of a stop (or of an upgrade's
+        // stop: the job still wanted) ends as that; if it has not ended in
+        // `ADOPTED_STOP_GRACE`, it is killed.
+        let (mut asked, mut term_deadline) = match self.plane.status(&self.name) {
+            Ok(s) if matches!(process, Process::Adopted { .. }) && s.phase == Phase::Stopping => (
+                Some(if s.wanted { Phase::Starting } else { Phase::Stopping }),
+                Some(tokio::time::Instant::now() + ADOPTED_STOP_GRACE),
+            ),
+            _ => (None, None),
+        };
+        // After an upgrade, the job's admin API is asked until it reports
+        // a checkpoint past the first one it reported (a restored job
+        // reports the checkpoint it restored): from then on a restart
+        // resumes from the job's own checkpoints, not from the savepoint.
+        let mut polls = tokio::time::interval(Duration::from_millis(100));
+        let mut first_seen: Option<u64> = None;
         loop {
             let restoring = asked.is_none()
                 && self.plane.status(&self.name).is_ok_and(|s| s.restore_from.is_some())
@@ -900,19 +943,29 @@ impl Supervisor {
                         None => Ended::Died(exit),
                     };
                 }
-                _ = ticks.tick(), if restoring => {
-                    if let Ok(spec) = self.spec()
-                        && let Some(admin) = &spec.admin
-                        && admin_get(admin, &spec, "/api/job")
-                            .await
-                            .is_ok_and(|job| job.get("last_checkpoint").is_some_and(|n| !n.is_null()))
-                    {
-                        self.update(|s| s.restore_from = None);
+                _ = polls.tick(), if restoring => {
+                    let last = match self.spec() {
+                        Ok(spec) => match &spec.admin {
+                            Some(admin) => admin_get(admin, &spec, "/api/job")
+                                .await
+                                .ok()
+                                .and_then(|job| job.get("last_checkpoint")?.as_u64()),
+                            None => None,
+                        },
+                        Err(_) => None,
+                    };
+                    match (first_seen, last) {
+                        (None, Some(n)) => first_seen = Some(n),
+                        (Some(first), Some(n)) if n > first => {
+                            self.update(|s| s.restore_from = None);
+                            tracing::info!(job = %self.name, checkpoint = n, "the upgraded job has a checkpoint of its own: restarts resume from it");
+                        }
+                        _ => {}
                     }
                 }
                 () = grace => {
                     if let Some(pid) = pid {
-                        signal(pid, rustix::process::Signal::KILL);
+                        signal(pid, ticks, rustix::process::Signal::KILL);
                     }
                     term_deadline = None;
                 }
@@ -939,15 +992,21 @@ impl Supervisor {
                                 self.transition(Phase::Stopping, &match &savepoint {
                                     Some(name) => format!("stop with savepoint `{name}` asked"),
                                     None => "stop asked".into(),
-                                }, |_| {});
+                                }, |s| s.wanted = false);
                                 match admin_call(admin, &spec, "/api/stop", body).await {
-                                    Ok(_) => {
+                                    Ok(answer) => {
                                         asked = Some(Phase::Stopping);
-                                        self.update(|s| s.wanted = false);
+                                        // The job has ended: its process
+                                        // exits now, or is killed.
+                                        term_deadline = Some(tokio::time::Instant::now() + TERM_GRACE);
+                                        if stop_checkpoint(&answer).is_some() {
+                                            // Newer than any savepoint of an upgrade.
+                                            self.update(|s| s.restore_from = None);
+                                        }
                                         let _ = reply.send(Ok(()));
                                     }
                                     Err(why) => {
-                                        self.transition(Phase::Running, &format!("the stop was refused, the job runs on: {why}"), |_| {});
+                                        self.transition(Phase::Running, &format!("the stop was refused, the job runs on: {why}"), |s| s.wanted = true);
                                         let _ = reply.send(Err(ControlError::Refused(format!(
                                             "job `{}` was not stopped: {why}", self.name
                                         ))));
@@ -963,7 +1022,7 @@ impl Supervisor {
                             (None, None) => {
                                 self.transition(Phase::Stopping, "stop asked: SIGTERM", |s| s.wanted = false);
                                 if let Some(pid) = pid {
-                                    signal(pid, rustix::process::Signal::TERM);
+                                    signal(pid, ticks, rustix::process::Signal::TERM);
                                 }
                                 asked = Some(Phase::Stopping);
                                 term_deadline = Some(tokio::time::Instant::now() + TERM_GRACE);
@@ -976,13 +1035,19 @@ impl Supervisor {
                             let _ = reply.send(Err(ControlError::Refused(format!("job `{}` is stopping already", self.name))));
                             continue;
                         }
-                        match self.begin_upgrade(new, savepoint, pid).await {
-                            Ok(deadline) => {
+                        match self.begin_upgrade(new, savepoint, pid, ticks).await {
+                            Ok(()) => {
                                 asked = Some(Phase::Starting);
-                                term_deadline = deadline;
+                                term_deadline = Some(tokio::time::Instant::now() + TERM_GRACE);
                                 let _ = reply.send(Ok(()));
                             }
                             Err(e) => {
+                                // Stopped without a savepoint to start
+                                // from: it ends as stopped.
+                                if self.plane.status(&self.name).is_ok_and(|s| !s.wanted && s.phase == Phase::Stopping) {
+                                    asked = Some(Phase::Stopping);
+                                    term_deadline = Some(tokio::time::Instant::now() + TERM_GRACE);
+                                }
                                 let _ = reply.send(Err(e));
                             }
                         }
@@ -991,7 +1056,7 @@ impl Supervisor {
                         asked = Some(Phase::Cancelled);
                         self.update(|s| s.wanted = false);
                         if let Some(pid) = pid {
-                            signal(pid, rustix::process::Signal::KILL);
+                            signal(pid, ticks, rustix::process::Signal::KILL);
                         }
                     }
                     Some(Command::Quit) | None => return Ended::Quit,
@@ -1010,10 +1075,11 @@ impl Supervisor {
         new: Option<JobSpec>,
         savepoint: Option<String>,
         pid: Option<u32>,
-    ) -> Result<Option<tokio::time::Instant>, ControlError> {
+        ticks: Option<u64>,
+    ) -> Result<(), ControlError> {
         let spec = self.spec()?;
         let name = &self.name;
-        let deadline = match (&spec.admin, &savepoint) {
+        match (&spec.admin, &savepoint) {
             (None, Some(_)) => {
                 return Err(ControlError::Refused(format!(
                     "job `{name}` has no admin API to take a savepoint through (give its spec `admin`)"
@@ -1038,9 +1104,7 @@ impl Supervisor {
                         return Err(ControlError::Refused(format!("job `{name}` was not upgraded: {why}")));
                     }
                 };
-                let path = serde_json::from_str::<serde_json::Value>(&answer)
-                    .ok()
-                    .and_then(|v| v.get("checkpoint")?.as_str().map(str::to_string));
+                let path = stop_checkpoint(&answer);
                 if savepoint.is_some() && path.is_none() {
                     // Stopped, but with no savepoint to start from: the
                     // new version is not started from anything older.
@@ -1049,21 +1113,21 @@ impl Supervisor {
                         "job `{name}` stopped without saying where its savepoint is: the new version is not started"
                     )));
                 }
+                // A last-state upgrade starts from the newest checkpoint,
+                // which the stop just took.
                 self.update(|s| s.restore_from = savepoint.as_ref().and(path));
-                None
             }
             (None, None) => {
                 self.transition(Phase::Stopping, "upgrade: SIGTERM", |_| {});
                 if let Some(pid) = pid {
-                    signal(pid, rustix::process::Signal::TERM);
+                    signal(pid, ticks, rustix::process::Signal::TERM);
                 }
-                Some(tokio::time::Instant::now() + TERM_GRACE)
             }
-        };
+        }
         if let Some(new) = new {
             self.plane.update(new)?;
         }
-        Ok(deadline)
+        Ok(())
     }
 
     fn update(&self, f: impl FnOnce(&mut JobStatus)) {
@@ -1114,6 +1178,7 @@ async fn admin_call(admin: &str, spec: &JobSpec, path: &str, body: serde_json::V
         .filter(|t| !t.is_empty());
     let client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
+        .timeout(ADMIN_CALL_TIMEOUT)
         .build()
         .map_err(|e| format!("no HTTP client: {e}"))?;
     let mut request =
@@ -1125,6 +1190,12 @@ async fn admin_call(admin: &str, spec: &JobSpec, path: &str, body: serde_json::V
     let status = response.status();
     let text = response.text().await.unwrap_or_default();
     if status.is_success() { Ok(text) } else { Err(format!("{base}{path} answered {status}: {}", text.trim())) }
+}
+
+/// Where the checkpoint (or savepoint) a stop took was written, from the
+/// admin API's answer to `POST /api/stop`.
+fn stop_checkpoint(answer: &str) -> Option<String> {
+    serde_json::from_str::<serde_json::Value>(answer).ok()?.get("checkpoint")?.as_str().map(str::to_string)
 }
 
 /// Asks the job's admin API at `admin`: `GET path`, as JSON.
