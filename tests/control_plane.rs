@@ -323,6 +323,16 @@ fn a_control_plane_started_again_adopts_its_running_jobs_and_restarts_the_dead()
     });
 }
 
+/// Waits until the job's admin API at `admin` takes connections (once
+/// the job has started).
+async fn until_listening(admin: &str) {
+    let deadline = tokio::time::Instant::now() + LONG;
+    while std::net::TcpStream::connect(admin).is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "the job's admin API at {admin} never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A port free now on loopback.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -344,12 +354,7 @@ fn a_stop_takes_a_savepoint_through_the_admin_api_or_leaves_the_job_running() {
         plane.submit(binary_job("sums", &d, Some(&admin), 300.0)).unwrap();
         let status = running(&plane, "sums", None).await;
         reaper.watch(status.pid);
-        // Its admin API answers once the job has started.
-        let deadline = tokio::time::Instant::now() + LONG;
-        while std::net::TcpStream::connect(&admin).is_err() {
-            assert!(tokio::time::Instant::now() < deadline, "the job's admin API never answered");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_listening(&admin).await;
         // A savepoint name the job refuses: the stop is refused, the job
         // runs on, unharmed.
         let refused = plane.stop("sums", Some("../escape".into())).await.unwrap_err().to_string();
@@ -392,11 +397,7 @@ fn an_upgrade_starts_the_new_version_from_its_savepoint_or_leaves_the_old_one_ru
         plane.submit(binary_job("sums", &d, Some(&admin), 300.0)).unwrap();
         let v1 = running(&plane, "sums", None).await;
         reaper.watch(v1.pid);
-        let deadline = tokio::time::Instant::now() + LONG;
-        while std::net::TcpStream::connect(&admin).is_err() {
-            assert!(tokio::time::Instant::now() < deadline, "the job's admin API never answered");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_listening(&admin).await;
         // A savepoint, and the job runs on.
         let taken = plane.savepoint("sums", "mid-run").await.unwrap();
         assert_eq!(Path::new(&taken), d.checkpoints.join("savepoints/mid-run"));

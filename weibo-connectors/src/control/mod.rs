@@ -1166,9 +1166,16 @@ impl Supervisor {
     }
 }
 
-/// Asks the job's admin API at `admin`: `POST path` with `body`, the
-/// token from the job's `WEIBO_ADMIN_TOKEN` (or the control plane's).
-async fn admin_call(admin: &str, spec: &JobSpec, path: &str, body: serde_json::Value) -> Result<String, String> {
+/// A request to the job's admin API at `admin`: `method` on `path`, with
+/// the token from the job's `WEIBO_ADMIN_TOKEN` (or the control plane's),
+/// given up after `timeout`.
+fn admin_request(
+    admin: &str,
+    spec: &JobSpec,
+    method: reqwest::Method,
+    path: &str,
+    timeout: Duration,
+) -> Result<reqwest::RequestBuilder, String> {
     let base = admin.trim_end_matches('/');
     let token = spec
         .env
@@ -1177,15 +1184,24 @@ async fn admin_call(admin: &str, spec: &JobSpec, path: &str, body: serde_json::V
         .or_else(|| std::env::var("WEIBO_ADMIN_TOKEN").ok())
         .filter(|t| !t.is_empty());
     let client = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .timeout(ADMIN_CALL_TIMEOUT)
+        .connect_timeout(timeout.min(Duration::from_secs(10)))
+        .timeout(timeout)
         .build()
         .map_err(|e| format!("no HTTP client: {e}"))?;
-    let mut request =
-        client.post(format!("{base}{path}")).header("content-type", "application/json").body(body.to_string());
-    if let Some(t) = token {
-        request = request.bearer_auth(t);
-    }
+    let request = client.request(method, format!("{base}{path}"));
+    Ok(match token {
+        Some(t) => request.bearer_auth(t),
+        None => request,
+    })
+}
+
+/// Asks the job's admin API at `admin`: `POST path` with `body`; its
+/// answer's text, or why it failed (with the API's own message).
+async fn admin_call(admin: &str, spec: &JobSpec, path: &str, body: serde_json::Value) -> Result<String, String> {
+    let base = admin.trim_end_matches('/');
+    let request = admin_request(admin, spec, reqwest::Method::POST, path, ADMIN_CALL_TIMEOUT)?
+        .header("content-type", "application/json")
+        .body(body.to_string());
     let response = request.send().await.map_err(|e| format!("cannot reach its admin API at {base}: {e}"))?;
     let status = response.status();
     let text = response.text().await.unwrap_or_default();
@@ -1201,21 +1217,7 @@ fn stop_checkpoint(answer: &str) -> Option<String> {
 /// Asks the job's admin API at `admin`: `GET path`, as JSON.
 async fn admin_get(admin: &str, spec: &JobSpec, path: &str) -> Result<serde_json::Value, String> {
     let base = admin.trim_end_matches('/');
-    let token = spec
-        .env
-        .get("WEIBO_ADMIN_TOKEN")
-        .cloned()
-        .or_else(|| std::env::var("WEIBO_ADMIN_TOKEN").ok())
-        .filter(|t| !t.is_empty());
-    let client = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(5))
-        .build()
-        .map_err(|e| format!("no HTTP client: {e}"))?;
-    let mut request = client.get(format!("{base}{path}"));
-    if let Some(t) = token {
-        request = request.bearer_auth(t);
-    }
+    let request = admin_request(admin, spec, reqwest::Method::GET, path, Duration::from_secs(5))?;
     let response = request.send().await.map_err(|e| format!("cannot reach its admin API at {base}: {e}"))?;
     let text = response.text().await.map_err(|e| format!("{base}{path}: {e}"))?;
     serde_json::from_str(&text).map_err(|e| format!("{base}{path}: {e}"))
